@@ -1,0 +1,1 @@
+//! cgpu-sim: a simulated NVIDIA driver. See `shim/README.md`.

@@ -1,0 +1,1 @@
+//! cgpu: GPU sharing for containers. See README.md and docs/.
