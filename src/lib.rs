@@ -1,1 +1,3 @@
 //! cgpu: GPU sharing for containers. See README.md and docs/.
+
+pub mod ledger;
