@@ -1,3 +1,4 @@
 //! cgpu: GPU sharing for containers. See README.md and docs/.
 
 pub mod ledger;
+pub mod scheduler;
