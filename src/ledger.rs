@@ -139,11 +139,23 @@ pub struct LedgerFile {
 /// Why a ledger could not be used.
 #[derive(Debug)]
 pub enum LedgerError {
-    Io { path: PathBuf, err: std::io::Error },
-    Corrupt { path: PathBuf, why: String },
-    Version { path: PathBuf, found: u32 },
+    Io {
+        path: PathBuf,
+        err: std::io::Error,
+    },
+    Corrupt {
+        path: PathBuf,
+        why: String,
+    },
+    Version {
+        path: PathBuf,
+        found: u32,
+    },
     /// No free container or process slot.
-    Full { path: PathBuf, what: &'static str },
+    Full {
+        path: PathBuf,
+        what: &'static str,
+    },
 }
 
 /// An allocation refused because it would pass the quota.
