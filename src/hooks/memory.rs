@@ -20,6 +20,16 @@ fn current_ctx() -> usize {
     }
 }
 
+/// Device allocations take whole granules of this many bytes: what the
+/// driver itself charges for an allocation (the simulated driver's granule;
+/// real drivers round at least this far).
+pub const ALLOC_GRANULE: u64 = 512;
+
+/// `n` rounded up to whole granules.
+pub fn granule(n: u64) -> u64 {
+    n.div_ceil(ALLOC_GRANULE).saturating_mul(ALLOC_GRANULE)
+}
+
 /// Reserve `bytes` on `gpu`, run `alloc` (which returns the driver's code and
 /// the new object's key), then keep or give back the reservation.
 fn charged(
@@ -126,7 +136,7 @@ fn pitched(
     let Some(gpu) = current_gpu() else {
         return alloc().0;
     };
-    let bound = pitch_bound(width).saturating_mul(height);
+    let bound = granule(pitch_bound(width).saturating_mul(height));
     let _g = super::context::alloc_guard();
     if !gpu.reserve(bound) {
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -136,7 +146,7 @@ fn pitched(
         gpu.release(bound);
         return rc;
     }
-    let actual = pitch.saturating_mul(height);
+    let actual = granule(pitch.saturating_mul(height));
     if actual <= bound {
         gpu.release(bound - actual);
     } else if !gpu.reserve(actual - bound) {
@@ -596,6 +606,9 @@ mod tests {
 
     #[test]
     fn sizes() {
+        assert_eq!(granule(1), 512);
+        assert_eq!(granule(0), 0);
+        assert_eq!(granule(1024), 1024);
         assert_eq!(pitch_bound(1), 512);
         assert_eq!(pitch_bound(512), 512);
         assert_eq!(pitch_bound(513), 1024);

@@ -120,7 +120,7 @@ macro_rules! api {
                 return None;
             }
             $(
-                if real::$name.sym().addr() == p {
+                if real::$name.sym().lib() == crate::driver::Lib::Cuda && real::$name.sym().addr() == p {
                     return Some((exports::$name as *const () as *mut c_void, stringify!($name)));
                 }
             )*
