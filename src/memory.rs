@@ -20,7 +20,6 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 
@@ -217,27 +216,10 @@ pub fn quota_free(quota: u64, used: u64, phys_free: u64) -> u64 {
     quota.saturating_sub(used).min(phys_free)
 }
 
-static LAST_REAP_NS: AtomicU64 = AtomicU64::new(0);
-
-fn mono_ns() -> u64 {
-    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_nanos() as u64 + 1
-}
-
-/// `ledger.reap()`, at most every 200 ms per process. True if it reaped.
+/// `ledger.reap()`, at most every 200 ms (shared by all processes of the
+/// host through the ledger header), never blocking. True if it reaped.
 fn maybe_reap(ledger: &Ledger) -> bool {
-    let now = mono_ns();
-    let last = LAST_REAP_NS.load(Ordering::Relaxed);
-    if last != 0 && now.saturating_sub(last) < 200_000_000 {
-        return false;
-    }
-    if LAST_REAP_NS
-        .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-        .is_err()
-    {
-        return false;
-    }
-    ledger.reap() > 0
+    ledger.maybe_reap(std::time::Duration::from_millis(200)) > 0
 }
 
 /// This process's state. Replaced (the old one leaked, never touched: its
@@ -264,12 +246,10 @@ extern "C" fn atfork_child() {
             // SAFETY: joined GPUs are leaked ('static) and never freed.
             let gpu = unsafe { &*p };
             if let Acct::Ledger { ledger, .. } = &gpu.acct {
-                // TODO(ledger API): ledger.after_fork_child();
-                let _ = ledger;
+                ledger.after_fork_child();
             }
         }
     }
-    LAST_REAP_NS.store(0, Ordering::Relaxed);
 }
 
 extern "C" fn at_exit() {
