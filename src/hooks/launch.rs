@@ -21,6 +21,13 @@ fn admit(stream: CUstream) {
     crate::scheduler::admit_launch(stream);
 }
 
+/// SCHEDULER COMPLETION POINT: after the real launch returned `rc`.
+#[inline(always)]
+fn launched(stream: CUstream, rc: CUresult) -> CUresult {
+    crate::scheduler::launched(stream, rc);
+    rc
+}
+
 /// `cuLaunchKernel` and `_ptsz`.
 ///
 /// # Safety
@@ -41,7 +48,7 @@ pub unsafe fn launch_kernel(
     extra: *mut Ptr,
 ) -> CUresult {
     admit(stream);
-    super::call_real!(real, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra)
+    launched(stream, super::call_real!(real, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra))
 }
 
 /// `cuLaunchKernelEx` and `_ptsz`.
@@ -55,11 +62,14 @@ pub unsafe fn launch_kernel_ex(
     params: *mut Ptr,
     extra: *mut Ptr,
 ) -> CUresult {
-    if !config.is_null() {
+    let stream = if config.is_null() {
+        std::ptr::null_mut()
+    } else {
         // SAFETY: config is the caller's non-null CUlaunchConfig.
-        admit(unsafe { (*config).hStream });
-    }
-    super::call_real!(real, config, f, params, extra)
+        unsafe { (*config).hStream }
+    };
+    admit(stream);
+    launched(stream, super::call_real!(real, config, f, params, extra))
 }
 
 /// `cuLaunchCooperativeKernel` and `_ptsz`.
@@ -81,7 +91,7 @@ pub unsafe fn launch_cooperative(
     params: *mut Ptr,
 ) -> CUresult {
     admit(stream);
-    super::call_real!(real, f, gx, gy, gz, bx, by, bz, shmem, stream, params)
+    launched(stream, super::call_real!(real, f, gx, gy, gz, bx, by, bz, shmem, stream, params))
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated): admits each stream.
@@ -100,7 +110,14 @@ pub unsafe fn launch_cooperative_multi(
             admit(unsafe { (*list.add(i)).hStream });
         }
     }
-    super::call_real!(real, list, n, flags)
+    let rc = super::call_real!(real, list, n, flags);
+    if !list.is_null() {
+        for i in 0..n as usize {
+            // SAFETY: as above.
+            launched(unsafe { (*list.add(i)).hStream }, rc);
+        }
+    }
+    rc
 }
 
 /// `cuGraphLaunch` and `_ptsz`.
@@ -113,5 +130,5 @@ pub unsafe fn graph_launch(
     stream: CUstream,
 ) -> CUresult {
     admit(stream);
-    super::call_real!(real, exec, stream)
+    launched(stream, super::call_real!(real, exec, stream))
 }
