@@ -41,6 +41,7 @@ fn charged(
     let Some(gpu) = gpu else {
         return alloc().0;
     };
+    let bytes = granule(bytes);
     let _g = super::context::alloc_guard();
     if !gpu.reserve(bytes) {
         tracing::debug!(
