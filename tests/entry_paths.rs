@@ -41,27 +41,56 @@ fn seed_vectors_over_the_three_c_entry_paths() {
         let m = Machine::new("seed-c", &gpus(phys));
         for path in ["linked", "dlsym", "procaddr"] {
             let exe = client(&m, path);
-            let vars = [("ALIYUN_COM_GPU_MEM_CONTAINER", cont), ("ALIYUN_COM_GPU_MEM_DEV", dev)];
+            let vars = [
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", cont),
+                ("ALIYUN_COM_GPU_MEM_DEV", dev),
+            ];
             let out = run_ok(&mut m.preloaded(&exe, &vars));
             let info = op(&out, "info");
             let total = info["total"].as_u64().unwrap();
-            assert_eq!(total / MIB, want, "{path}: {phys} MiB, DEV {dev}, CONTAINER {cont}: {out}");
-            assert_eq!(total, phys * MIB * cont.parse::<u64>().unwrap() / dev.parse::<u64>().unwrap());
+            assert_eq!(
+                total / MIB,
+                want,
+                "{path}: {phys} MiB, DEV {dev}, CONTAINER {cont}: {out}"
+            );
+            assert_eq!(
+                total,
+                phys * MIB * cont.parse::<u64>().unwrap() / dev.parse::<u64>().unwrap()
+            );
             assert_eq!(info["devtotal"].as_u64().unwrap(), total, "{path}");
             // free = quota - (context reservation) and never above the quota
             let free = info["free"].as_u64().unwrap();
             assert!(free < total, "{path}: {out}");
             let alloc = op(&out, "alloc");
             assert_eq!(alloc["fit"], 0, "{path}: {out}");
-            assert_eq!(alloc["over"], 2, "{path}: allocating the whole quota must fail with OOM: {out}");
-            assert_eq!(alloc["free_after"].as_u64().unwrap(), free - 64 * MIB, "{path}: {out}");
+            assert_eq!(
+                alloc["over"], 2,
+                "{path}: allocating the whole quota must fail with OOM: {out}"
+            );
+            assert_eq!(
+                alloc["free_after"].as_u64().unwrap(),
+                free - 64 * MIB,
+                "{path}: {out}"
+            );
             let nvml = op(&out, "nvml");
             assert_eq!(nvml["count"], 1);
-            assert_eq!(nvml["v1"]["total"].as_u64().unwrap(), total, "{path}: {out}");
-            assert_eq!(nvml["v2"]["total"].as_u64().unwrap(), total, "{path}: {out}");
+            assert_eq!(
+                nvml["v1"]["total"].as_u64().unwrap(),
+                total,
+                "{path}: {out}"
+            );
+            assert_eq!(
+                nvml["v2"]["total"].as_u64().unwrap(),
+                total,
+                "{path}: {out}"
+            );
             assert_eq!(nvml["v2"]["version"].as_u64().unwrap(), 0x0200_0028);
             // The container's used: its context reservation (64 MiB freed again).
-            assert_eq!(nvml["v1"]["used"].as_u64().unwrap(), total - free, "{path}: {out}");
+            assert_eq!(
+                nvml["v1"]["used"].as_u64().unwrap(),
+                total - free,
+                "{path}: {out}"
+            );
             assert_eq!(nvml["v1"]["free"].as_u64().unwrap(), free, "{path}: {out}");
         }
     }
@@ -72,10 +101,21 @@ fn cgpu_disable_shows_the_physical_view_over_every_path() {
     let m = Machine::new("disable", &gpus(16130));
     for path in ["linked", "dlsym", "procaddr"] {
         let exe = client(&m, path);
-        let vars = [("ALIYUN_COM_GPU_MEM_CONTAINER", "3"), ("CGPU_DISABLE", "true")];
+        let vars = [
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "3"),
+            ("CGPU_DISABLE", "true"),
+        ];
         let out = run_ok(&mut m.preloaded(&exe, &vars));
-        assert_eq!(op(&out, "info")["total"].as_u64().unwrap() / MIB, 16130, "{path}: {out}");
-        assert_eq!(op(&out, "nvml")["v1"]["total"].as_u64().unwrap() / MIB, 16130, "{path}: {out}");
+        assert_eq!(
+            op(&out, "info")["total"].as_u64().unwrap() / MIB,
+            16130,
+            "{path}: {out}"
+        );
+        assert_eq!(
+            op(&out, "nvml")["v1"]["total"].as_u64().unwrap() / MIB,
+            16130,
+            "{path}: {out}"
+        );
         // Not enforced: the 16130 MiB allocation fails only on the physical memory.
         assert_eq!(op(&out, "alloc")["fit"], 0);
     }
@@ -86,7 +126,11 @@ fn get_proc_address_returns_our_hook_for_exactly_the_drivers_variant() {
     let m = Machine::new("variants", &gpus(15109));
     let exe = client(&m, "procaddr");
     let bare = run_ok(&mut m.bare(&exe).arg("variants"));
-    let pre = run_ok(&mut m.preloaded(&exe, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "4")]).arg("variants"));
+    let pre = run_ok(
+        &mut m
+            .preloaded(&exe, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "4")])
+            .arg("variants"),
+    );
     let (b, p) = (lines(&bare), lines(&pre));
     assert_eq!(b.len(), p.len());
     assert!(b.len() >= 15);
@@ -95,21 +139,38 @@ fn get_proc_address_returns_our_hook_for_exactly_the_drivers_variant() {
         assert_eq!(b["rc"], p["rc"], "return code unchanged: {b} / {p}");
         assert_eq!(b["status"], p["status"], "status unchanged: {b} / {p}");
         assert_eq!(b["null"], p["null"]);
-        let aliases: Vec<&str> = b["aliases"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        let aliases: Vec<&str> = b["aliases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
         if aliases.is_empty() {
             // Not a function we hook: the driver's own pointer, untouched.
             assert_eq!(p["hook"], "driver", "{p}");
         } else {
             // Ours, for a name under which the driver exports that very address.
             let hook = p["hook"].as_str().unwrap();
-            assert!(aliases.contains(&hook), "{} @{} flags {}: hook {hook}, driver gave {aliases:?}", p["sym"], p["ver"], p["flags"]);
+            assert!(
+                aliases.contains(&hook),
+                "{} @{} flags {}: hook {hook}, driver gave {aliases:?}",
+                p["sym"],
+                p["ver"],
+                p["flags"]
+            );
         }
     }
     let hook = |sym: &str, ver: u64| {
-        p.iter().find(|j| j["sym"] == sym && j["ver"] == ver).map(|j| j["hook"].as_str().unwrap().to_string()).unwrap()
+        p.iter()
+            .find(|j| j["sym"] == sym && j["ver"] == ver)
+            .map(|j| j["hook"].as_str().unwrap().to_string())
+            .unwrap()
     };
     // Distinct ABIs: these cannot be aliases of each other.
-    assert!(hook("cuCtxCreate", 3020).ends_with("cuCtxCreate_v2") || hook("cuCtxCreate", 3020) == "cuCtxCreate");
+    assert!(
+        hook("cuCtxCreate", 3020).ends_with("cuCtxCreate_v2")
+            || hook("cuCtxCreate", 3020) == "cuCtxCreate"
+    );
     assert_eq!(hook("cuCtxCreate", 11040), "cuCtxCreate_v3");
     assert_eq!(hook("cuCtxCreate", 12050), "cuCtxCreate_v4");
     assert_eq!(hook("cuMemAlloc", 3020), "cuMemAlloc_v2");
@@ -126,7 +187,10 @@ fn unmodified_cuda_bindings_and_pynvml_see_the_quota() {
     }
     for &(phys, dev, cont, want) in SEEDS.iter().take(3) {
         let m = Machine::new("py", &gpus(phys));
-        let vars = [("ALIYUN_COM_GPU_MEM_CONTAINER", cont), ("ALIYUN_COM_GPU_MEM_DEV", dev)];
+        let vars = [
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", cont),
+            ("ALIYUN_COM_GPU_MEM_DEV", dev),
+        ];
         let mut c = m.preloaded(python(), &vars);
         c.arg(repo().join("tests/py/bindings_meminfo.py"));
         let out = run_ok(&mut c);
@@ -135,7 +199,11 @@ fn unmodified_cuda_bindings_and_pynvml_see_the_quota() {
         assert_eq!(j["devtotal"], j["total"], "{out}");
         assert_eq!(j["alloc_rc"], 0, "{out}");
         assert_eq!(j["over_rc"], 2, "{out}");
-        assert_eq!(j["free"].as_u64().unwrap() - j["free_after_alloc"].as_u64().unwrap(), MIB, "{out}");
+        assert_eq!(
+            j["free"].as_u64().unwrap() - j["free_after_alloc"].as_u64().unwrap(),
+            MIB,
+            "{out}"
+        );
 
         let mut c = m.preloaded(python(), &vars);
         c.arg(repo().join("tests/py/pynvml_meminfo.py"));
@@ -150,18 +218,35 @@ fn unmodified_cuda_bindings_and_pynvml_see_the_quota() {
 #[test]
 fn libcgpu_does_not_link_the_driver() {
     let (cgpu, _) = artifacts();
-    let o = Command::new("readelf").arg("-d").arg(&cgpu).output().expect("readelf (binutils)");
+    let o = Command::new("readelf")
+        .arg("-d")
+        .arg(&cgpu)
+        .output()
+        .expect("readelf (binutils)");
     assert!(o.status.success());
     let s = String::from_utf8_lossy(&o.stdout);
     assert!(s.contains("NEEDED"), "{s}");
     for bad in ["libcuda", "libnvidia-ml"] {
-        assert!(!s.lines().any(|l| l.contains("NEEDED") && l.contains(bad)), "{bad} is NEEDED:\n{s}");
+        assert!(
+            !s.lines().any(|l| l.contains("NEEDED") && l.contains(bad)),
+            "{bad} is NEEDED:\n{s}"
+        );
     }
     // The exports: a dlsym override and the hooked names, nothing else of the driver.
-    let o = Command::new("nm").args(["-D", "--defined-only"]).arg(&cgpu).output().expect("nm");
+    let o = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&cgpu)
+        .output()
+        .expect("nm");
     let syms = String::from_utf8_lossy(&o.stdout);
     for name in cgpu::hooks::HOOKED.iter().chain(["dlsym"].iter()) {
-        assert!(syms.lines().any(|l| l.ends_with(&format!(" {name}"))), "{name} not exported");
+        assert!(
+            syms.lines().any(|l| l.ends_with(&format!(" {name}"))),
+            "{name} not exported"
+        );
     }
-    assert!(!syms.lines().any(|l| l.ends_with(" cuGetExportTable")), "cuGetExportTable must pass through");
+    assert!(
+        !syms.lines().any(|l| l.ends_with(" cuGetExportTable")),
+        "cuGetExportTable must pass through"
+    );
 }

@@ -48,7 +48,10 @@ pub unsafe fn launch_kernel(
     extra: *mut Ptr,
 ) -> CUresult {
     admit(stream);
-    launched(stream, super::call_real!(real, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra))
+    launched(
+        stream,
+        super::call_real!(real, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra),
+    )
 }
 
 /// `cuLaunchKernelEx` and `_ptsz`.
@@ -91,7 +94,10 @@ pub unsafe fn launch_cooperative(
     params: *mut Ptr,
 ) -> CUresult {
     admit(stream);
-    launched(stream, super::call_real!(real, f, gx, gy, gz, bx, by, bz, shmem, stream, params))
+    launched(
+        stream,
+        super::call_real!(real, f, gx, gy, gz, bx, by, bz, shmem, stream, params),
+    )
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated): admits each stream.

@@ -44,13 +44,17 @@ pub fn sim_lib() -> PathBuf {
         let release = profile_dir().ends_with("release");
         let td = repo().join("target/it-sim");
         let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "-q", "-p", "cgpu-sim", "--target-dir"]).arg(&td).current_dir(repo());
+        c.args(["build", "-q", "-p", "cgpu-sim", "--target-dir"])
+            .arg(&td)
+            .current_dir(repo());
         if release {
             c.arg("--release");
         }
         let st = c.status().expect("cargo build -p cgpu-sim");
         assert!(st.success(), "building the simulated driver failed");
-        let p = td.join(if release { "release" } else { "debug" }).join("libcgpu_sim.so");
+        let p = td
+            .join(if release { "release" } else { "debug" })
+            .join("libcgpu_sim.so");
         assert!(p.exists(), "{} missing", p.display());
         p
     })
@@ -76,7 +80,8 @@ pub fn venv() -> Option<PathBuf> {
 
 /// Include directories holding the real `cuda.h` and `nvml.h`.
 pub fn cuda_include_dirs() -> Vec<PathBuf> {
-    let v = venv().expect("test deps (scripts/test-deps.sh) unavailable: cannot fetch cuda.h/nvml.h");
+    let v =
+        venv().expect("test deps (scripts/test-deps.sh) unavailable: cannot fetch cuda.h/nvml.h");
     let mut out = Vec::new();
     fn walk(d: &Path, out: &mut Vec<PathBuf>, depth: u32) {
         let Ok(rd) = std::fs::read_dir(d) else { return };
@@ -84,7 +89,10 @@ pub fn cuda_include_dirs() -> Vec<PathBuf> {
             let p = e.path();
             if p.is_dir() && depth < 8 {
                 walk(&p, out, depth + 1);
-            } else if matches!(p.file_name().and_then(|n| n.to_str()), Some("cuda.h" | "nvml.h")) {
+            } else if matches!(
+                p.file_name().and_then(|n| n.to_str()),
+                Some("cuda.h" | "nvml.h")
+            ) {
                 let dir = p.parent().unwrap().to_path_buf();
                 if !out.contains(&dir) {
                     out.push(dir);
@@ -121,7 +129,12 @@ impl Machine {
         let _ = std::fs::remove_dir_all(&root);
         let libdir = root.join("lib");
         std::fs::create_dir_all(&libdir).unwrap();
-        for l in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"] {
+        for l in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libnvidia-ml.so",
+        ] {
             std::os::unix::fs::symlink(&sim, libdir.join(l)).unwrap();
         }
         let m = Machine {
@@ -155,7 +168,11 @@ impl Machine {
     }
 
     /// A command under `LD_PRELOAD=libcgpu.so` with `vars` set.
-    pub fn preloaded(&self, program: impl AsRef<std::ffi::OsStr>, vars: &[(&str, &str)]) -> Command {
+    pub fn preloaded(
+        &self,
+        program: impl AsRef<std::ffi::OsStr>,
+        vars: &[(&str, &str)],
+    ) -> Command {
         let mut c = self.bare(program);
         c.env("LD_PRELOAD", &self.cgpu);
         for (k, v) in vars {
@@ -249,7 +266,9 @@ pub fn wait_timeout(mut child: Child, t: Duration) -> Output {
 
 /// Parse JSON lines.
 pub fn lines(s: &str) -> Vec<serde_json::Value> {
-    s.lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    s.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
 }
 
 /// The first JSON line whose `op` is `op`.
@@ -270,7 +289,11 @@ pub fn cc(src: &Path, out: &Path, extra: &[&str]) {
     }
     c.args(extra);
     let o = c.output().expect("cc");
-    assert!(o.status.success(), "cc failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Poll `f` until it returns true or `t` passes; returns the elapsed time.

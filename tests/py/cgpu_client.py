@@ -21,6 +21,9 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   ready              print {"op":"ready"} and flush
   hold               print ready, then sleep forever (killed by the test)
   loop MAX           allocate/free random sizes forever (killed by the test)
+  waitline           read one line from stdin
+  poll BYTES SECS    call cuMemGetInfo until free >= BYTES; print {"op":"poll", ms, ok}
+  forksleep SECS     fork a child that only sleeps SECS (holding what fork gave it)
   fork               fork (before this process touched CUDA): the child runs
                      `ctx`, allocs 1 MiB, prints info and nvml, exits 0
   threads T N MAX    T threads each running `race` with N steps
@@ -260,6 +263,26 @@ def main(argv):
                     p = C.c_uint64()
                     if cu.cuMemAlloc_v2(C.byref(p), C.c_size_t(rnd.randint(1, mx))) == 0:
                         mine.append(p.value)
+        elif cmd == "waitline":
+            sys.stdin.readline()
+        elif cmd == "poll":
+            want, secs = int(arg()), float(arg())
+            t0 = time.monotonic()
+            f, t = C.c_size_t(), C.c_size_t()
+            ok = False
+            while time.monotonic() - t0 < secs:
+                cu.cuMemGetInfo_v2(C.byref(f), C.byref(t))
+                if f.value >= want:
+                    ok = True
+                    break
+                time.sleep(0.005)
+            out({"op": "poll", "ok": ok, "ms": (time.monotonic() - t0) * 1000, "free": f.value})
+        elif cmd == "forksleep":
+            secs = float(arg())
+            sys.stdout.flush()
+            if os.fork() == 0:
+                time.sleep(secs)
+                os._exit(0)
         elif cmd == "fork":
             sys.stdout.flush()
             pid = os.fork()
