@@ -151,7 +151,11 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     if let Err(e) = validate_fd(path, fd) {
         return done(e);
     }
-    let map = match map_fd(path, fd) {
+    // Map through the probe description, never through `fd`: a mapping
+    // holds a reference to its file description, and a forked child
+    // inherits the mapping; mapped through `fd`, the child would keep the
+    // parent's liveness locks alive after the parent's death.
+    let map = match map_fd(path, probe) {
         Ok(m) => m,
         Err(e) => return done(e),
     };
