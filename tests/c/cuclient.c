@@ -53,6 +53,8 @@
  *   nvml_procs                nvml_procs ok n=N <pid>:<bytes>...  (ComputeRunningProcesses_v3)
  *   nvml_util                 nvml_util ok gpu=P               (UtilizationRates)
  *   nvml_uuid                 nvml_uuid ok uuid=GPU-...
+ *   same_lib                  same_lib ok same=1|0: dlopen("libcuda.so.1") and
+ *                             dlopen("libnvidia-ml.so.1") give the same loaded library
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -495,6 +497,10 @@ int main(int argc, char **argv) {
             struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
             nanosleep(&t, NULL);
             printf("sleep ok\n");
+        } else if (!strcmp(c, "same_lib")) {
+            void *a = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *b = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+            if (!a || !b) printf("same_lib err=dlopen\n");
+            else printf("same_lib ok same=%d\n", a == b);
         } else if (!strcmp(c, "ready")) {
             printf("ready\n");
         } else if (!strcmp(c, "pid")) {

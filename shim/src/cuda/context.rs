@@ -520,3 +520,33 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
         }
     })
 }
+
+fn peer(peer_ctx: CUcontext) -> CuRes {
+    let d = cu()?;
+    let (_, c) = d.cur_ctx()?;
+    let p = d.ctx(peer_ctx as usize)?;
+    if p.dev == c.dev {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer_ctx: CUcontext, flags: u32) -> CUresult {
+    guard(|| {
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        peer(peer_ctx)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer_ctx: CUcontext) -> CUresult {
+    guard(|| peer(peer_ctx))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
+    guard(|| cu()?.cur_ctx().map(|_| ()))
+}
