@@ -440,3 +440,25 @@ fn recount_postponed_while_busy() {
     assert_eq!(c.suspect.load(Ordering::SeqCst), 0);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn set_weight_respects_free_weight() {
+    let d = tmpdir("setweight");
+    let l = open(&d);
+    l.set_max_inst(4).unwrap();
+    let a = l.join(&req("a", 0)).unwrap();
+    let b = l.join(&req("b", 0)).unwrap();
+    assert_eq!(free_weight(l.file()), 2);
+    assert!(l.set_weight(a.container, 3).is_ok(), "1 own + 2 free");
+    assert_eq!(free_weight(l.file()), 0);
+    let e = l.set_weight(b.container, 2).unwrap_err();
+    assert!(e.contains("max_inst"), "{e}");
+    assert!(l.set_weight(b.container, 0).is_ok());
+    assert!(l.set_weight(a.container, 4).is_ok());
+    assert!(l.set_weight(a.container, 5).is_err());
+    assert!(l.set_weight(31, 1).is_err(), "no live container there");
+    let g = l.file().header.knob_generation.load(Ordering::Relaxed);
+    l.set_highprio(a.container, true).unwrap();
+    assert!(l.file().header.knob_generation.load(Ordering::Relaxed) > g);
+    let _ = std::fs::remove_dir_all(&d);
+}

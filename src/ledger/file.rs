@@ -326,8 +326,9 @@ fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
             Ok(m) if m.ino() == st.st_ino && m.dev() == st.st_dev => {}
             _ => return Ok(true), // replaced meanwhile
         }
-        // Still corrupt? (It cannot heal, but check what we move.)
-        if validate_fd(path, fd).is_ok() {
+        // Still corrupt? (Only a corrupt file is ever moved; a file of
+        // another version never is.)
+        if !matches!(validate_fd(path, fd), Err(LedgerError::Corrupt { .. })) {
             return Ok(true);
         }
         let aside = PathBuf::from(format!("{}.corrupt-{}", path.display(), realtime_ns()));

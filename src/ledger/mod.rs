@@ -762,7 +762,9 @@ impl Ledger {
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    c.peak.fetch_max(new, Ordering::Relaxed);
+                    if new > c.peak.load(Ordering::Relaxed) {
+                        c.peak.fetch_max(new, Ordering::Relaxed);
+                    }
                     p.used.fetch_add(bytes, Ordering::AcqRel);
                     p.pending.fetch_sub(bytes, Ordering::AcqRel);
                     return Ok(());
@@ -1085,13 +1087,20 @@ impl Ledger {
         self.bump();
         Ok(())
     }
-    /// Weight 0..=max_inst of container slot `c` (0 = no compute).
+    /// Weight of container slot `c` (0 = no compute). As in cGPU, the
+    /// weights of live containers may not sum to more than `max_inst`: the
+    /// most it may get is its current weight plus `free_weight`.
     pub fn set_weight(&self, c: usize, w: u32) -> Result<(), String> {
+        let slot = self.live_container(c)?;
         let max = self.file().header.max_inst.load(Ordering::Acquire);
-        if w > max {
-            return Err(format!("weight {w} out of range 0..={max} (max_inst)"));
+        let most = slot.weight.load(Ordering::Acquire) + free_weight(self.file());
+        if w > max || w > most {
+            return Err(format!(
+                "weight {w} out of range 0..={} (max_inst {max}, weights of live containers may not sum past it)",
+                most.min(max)
+            ));
         }
-        self.live_container(c)?.weight.store(w, Ordering::Release);
+        slot.weight.store(w, Ordering::Release);
         self.bump();
         Ok(())
     }
