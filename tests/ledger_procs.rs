@@ -65,7 +65,19 @@ struct Child {
 
 impl Child {
     fn spawn(role: &str, dir: &Path, envs: &[(&str, String)]) -> Child {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
+        Self::spawn_under(&[], role, dir, envs)
+    }
+    /// Run this binary under `wrapper` (e.g. `unshare …`).
+    fn spawn_under(wrapper: &[&str], role: &str, dir: &Path, envs: &[(&str, String)]) -> Child {
+        let exe = std::env::current_exe().unwrap();
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(&exe),
+            Some((w, rest)) => {
+                let mut c = Command::new(w);
+                c.args(rest).arg(&exe);
+                c
+            }
+        };
         cmd.env("CGPU_LEDGER_CHILD", role)
             .env("DIR", dir)
             .stdin(Stdio::piped())
@@ -691,6 +703,66 @@ fn concurrent_creation(_seed: u64) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A process in its own PID namespace (where it is pid 1, a pid that is
+/// always "alive" to `kill(pid, 0)` on the host) is told apart and reaped
+/// by its lock alone. Skipped where PID namespaces cannot be made.
+fn pid_namespace(_seed: u64) {
+    let wrapper = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"];
+    let ok = Command::new(wrapper[0])
+        .args(&wrapper[1..])
+        .arg("true")
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        println!("  skipped: cannot create a PID namespace here (needs unshare and CAP_SYS_ADMIN)");
+        return;
+    }
+    let dir = tmpdir("pidns");
+    let l = Ledger::open_or_create(&dir, UUID, 0, 0).unwrap();
+    let me = l.join(&join_req("nspod", 0)).unwrap();
+    let mut k = Child::spawn_under(
+        &wrapper,
+        "holder",
+        &dir,
+        &[
+            ("ID", "nspod".into()),
+            ("QUOTA", "0".into()),
+            ("HOLD", "12345".into()),
+        ],
+    );
+    k.expect("held", Duration::from_secs(60));
+    let snap = l.snapshot();
+    let mine = snap
+        .processes
+        .iter()
+        .find(|p| p.slot == me.process)
+        .unwrap();
+    let theirs = snap
+        .processes
+        .iter()
+        .find(|p| p.slot != me.process)
+        .unwrap();
+    println!(
+        "  pidns: host process pid {} ns {}, namespaced pid {} ns {}",
+        mine.pid, mine.pidns, theirs.pid, theirs.pidns
+    );
+    assert_eq!(theirs.pid, 1, "pid 1 inside its namespace");
+    assert_ne!(theirs.pidns, mine.pidns);
+    assert!(theirs.alive);
+    let c = &l.file().containers[me.container];
+    assert_eq!(c.used.load(Ordering::SeqCst), 12345);
+    k.kill9(); // kills unshare; --kill-child takes the namespaced process down with it
+    let took = within(Duration::from_secs(3), || {
+        l.reap();
+        c.used.load(Ordering::SeqCst) == 0 && c.nprocs.load(Ordering::SeqCst) == 1
+    });
+    assert!(took.is_some(), "namespaced process reaped by its lock");
+    l.leave(me);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 fn main() {
     if let Ok(role) = std::env::var("CGPU_LEDGER_CHILD") {
         child_main(&role);
@@ -707,6 +779,7 @@ fn main() {
         ("concurrent_creation", concurrent_creation),
         ("race_8_processes", race_8_processes),
         ("fork_child", fork_child),
+        ("pid_namespace", pid_namespace),
         ("kill9_random_points", kill9_random_points),
     ];
     for (name, t) in tests {
