@@ -177,3 +177,41 @@ fn a_process_killed_on_the_device_does_not_block_others() {
     let st = env.stats();
     assert_eq!(st.processes.iter().filter(|p| p.alive).count(), 0);
 }
+
+/// NVML utilisation reflects device time: a busy process shows ~100%.
+#[test]
+fn nvml_utilisation_follows_device_time() {
+    let env = SimEnv::new();
+    let c = cuclient(LinkMode::Link);
+    let mut a = env.spawn(&c, &["pid", "spin_for", "3000", "100000"]);
+    let pa: u32 = read_until(&mut a, "pid", Duration::from_secs(30))
+        .last()
+        .and_then(|l| cgpu_testkit::field(l, "pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = env.cuclient(
+        LinkMode::Dlsym,
+        &["nvml_util", "sleep", "300", "nvml_util", "nvml_putil"],
+    );
+    let last_util = out
+        .lines()
+        .rfind(|l| l.starts_with("nvml_util ok"))
+        .unwrap();
+    let gpu: u32 = cgpu_testkit::field(last_util, "gpu")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(gpu >= 80, "{out}");
+    let putil = cgpu_testkit::line(&out, "nvml_putil");
+    let sm: u32 = putil
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{pa}:")))
+        .unwrap_or_else(|| panic!("{putil}"))
+        .parse()
+        .unwrap();
+    assert!(sm >= 80, "{putil}");
+    let _ = a.kill();
+    let _ = a.wait();
+}

@@ -135,3 +135,22 @@ fn get_proc_address_returns_the_variant_itself() {
         sym("cuGraphInstantiate_v2")
     );
 }
+
+/// Every exported variant has an address of its own (identical bodies are
+/// never folded), as in the real driver: interposers map pointers to variants.
+#[test]
+fn every_variant_has_its_own_address() {
+    let a = cgpu_testkit::artifacts();
+    let path = CString::new(a.libsim.to_str().unwrap()).unwrap();
+    // SAFETY: loading our own library.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    let mut seen = std::collections::HashMap::new();
+    for e in all_entries() {
+        let c = CString::new(e.symbol).unwrap();
+        // SAFETY: valid handle and name.
+        let p = unsafe { libc::dlsym(h, c.as_ptr()) } as usize;
+        if let Some(other) = seen.insert(p, e.symbol) {
+            assert_eq!(other, e.symbol, "{other} and {} share an address", e.symbol);
+        }
+    }
+}

@@ -413,10 +413,19 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         let i = d.check_dev(dev)?;
         let mut p = d.primary[i].lock();
         if p.refs == 0 {
-            if p.handle != 0 {
-                d.objs.lock().remove(p.handle);
+            // The primary context keeps its handle across release/retain.
+            let old = match d.objs.lock().get(p.handle) {
+                Some(Obj::Ctx(c)) => Some(Arc::clone(c)),
+                _ => None,
+            };
+            match old {
+                Some(c) => {
+                    d.charge(i, d.cfg.ctx_bytes)?;
+                    c.flags.store(p.flags, Relaxed);
+                    c.destroyed.store(false, Release);
+                }
+                None => p.handle = new_ctx(d, i, true, p.flags)?,
             }
-            p.handle = new_ctx(d, i, true, p.flags)?;
         }
         p.refs += 1;
         // SAFETY: out pointer from the caller (checked non-null).

@@ -943,12 +943,14 @@ macro_rules! variant {
     (async $imp:ident ($($a:ident : $t:ty),*) $name:ident) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t,)* stream: CUstream) -> CUresult {
+            std::hint::black_box(stringify!($name));
             guard(|| with_stream(stream, || $imp($($a),*)))
         }
     };
     ($imp:ident ($($a:ident : $t:ty),*) $name:ident) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+            std::hint::black_box(stringify!($name));
             guard(|| $imp($($a),*))
         }
     };

@@ -72,6 +72,8 @@ macro_rules! legacy_stubs {
     ($($sym:ident),* $(,)?) => {$(
         #[unsafe(no_mangle)]
         pub extern "C" fn $sym() -> cgpu_ffi::CUresult {
+            // A distinct body per symbol: distinct addresses.
+            std::hint::black_box(stringify!($sym));
             cgpu_ffi::CUDA_ERROR_NOT_SUPPORTED
         }
     )*};
