@@ -45,9 +45,15 @@ fn check_bindings(v: &Value) {
     assert_eq!(v["copy_ok"], true);
     assert_eq!(v["async_copy_ok"], true);
     assert_eq!(v["missing_kernel_error"], "CUDA_ERROR_NOT_FOUND");
-    // 10 kernels x 2 ms, timed with events on the device clock
+    // 10 kernels x 2 ms, timed with events on the device clock: at least the
+    // kernels' device time, at most the host's wall time around it (idle gaps
+    // between slow launches count, as on a real GPU).
     let ms = v["elapsed_ms"].as_f64().unwrap();
-    assert!((20.0..=25.0).contains(&ms), "elapsed {ms} ms");
+    let wall = v["wall_ms"].as_f64().unwrap();
+    assert!(
+        ms >= 20.0 && ms <= wall + 0.5,
+        "elapsed {ms} ms, wall {wall} ms"
+    );
 }
 
 #[test]

@@ -6,6 +6,7 @@ Usage: python cuda_bindings_client.py CHUNK_BYTES SPIN_NS SPIN_COUNT
 import ctypes
 import json
 import sys
+import time
 
 from cuda.bindings import driver as d
 
@@ -84,11 +85,13 @@ err, _ = d.cuModuleGetFunction(mod, b"not_there")
 out["missing_kernel_error"] = err.name
 e0 = ok(d.cuEventCreate(0))
 e1 = ok(d.cuEventCreate(0))
+t0 = time.monotonic()
 ok(d.cuEventRecord(e0, stream))
 for _ in range(SPIN_COUNT):
     ok(d.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, ((SPIN_NS,), (ctypes.c_uint64,)), 0))
 ok(d.cuEventRecord(e1, stream))
 ok(d.cuEventSynchronize(e1))
+out["wall_ms"] = (time.monotonic() - t0) * 1000
 out["elapsed_ms"] = ok(d.cuEventElapsedTime(e0, e1))
 ok(d.cuStreamDestroy(stream))
 ok(d.cuMemFree(a))
