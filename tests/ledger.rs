@@ -97,13 +97,15 @@ fn reserve_release_quota() {
     l.try_reserve(&m, 2 * GIB).unwrap();
     l.set_memsize(m.container, GIB).unwrap();
     assert!(l.try_reserve(&m, 1).is_err());
+    assert_eq!(l.container_of(&m).free_bytes(), Some(0), "never wraps");
+    assert_eq!(l.process_of(&m).used.load(Ordering::Relaxed), 2 * GIB);
     let snap = l.snapshot();
-    assert_eq!(
-        snap.containers[0]
-            .quota
-            .saturating_sub(snap.containers[0].used),
-        0
-    );
+    assert_eq!(snap.containers[0].used, 2 * GIB);
+    assert_eq!(snap.containers[0].quota, GIB);
+    assert_eq!(snap.processes[0].used, 2 * GIB);
+    assert!(snap.processes[0].alive);
+    let json = serde_json::to_string(&snap).unwrap();
+    assert!(json.contains("\"oom_count\""), "{json}");
     l.release(&m, 2 * GIB);
     assert!(l.try_reserve(&m, GIB).is_ok());
     l.leave(m);
@@ -129,6 +131,7 @@ fn enforce_off_and_unlimited_record_only() {
             .load(Ordering::Relaxed),
         5 * GIB
     );
+    assert_eq!(l.container_of(&m).free_bytes(), None);
     let m2 = l.join(&req("unl", QUOTA_UNLIMITED)).unwrap();
     assert_eq!(
         l.file().containers[m2.container]

@@ -331,6 +331,7 @@ fn child_main(role: &str) {
             say(&format!("ok {ino} {}", m.container));
             wait_stdin_eof();
         }
+        "default_dir" => say(&format!("dir {}", Ledger::default_dir().display())),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -703,6 +704,23 @@ fn concurrent_creation(_seed: u64) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `CGPU_LEDGER_DIR` names the directory (checked in a child process, whose
+/// environment we set before it starts).
+fn default_dir_env(_seed: u64) {
+    let dir = tmpdir("defaultdir");
+    let want = dir.join("custom");
+    let k = Child::spawn(
+        "default_dir",
+        &dir,
+        &[("CGPU_LEDGER_DIR", want.display().to_string())],
+    );
+    assert_eq!(
+        k.expect("dir", Duration::from_secs(60)),
+        format!("dir {}", want.display())
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A process in its own PID namespace (where it is pid 1, a pid that is
 /// always "alive" to `kill(pid, 0)` on the host) is told apart and reaped
 /// by its lock alone. Skipped where PID namespaces cannot be made.
@@ -776,6 +794,7 @@ fn main() {
         .collect();
     type TestFn = fn(u64);
     let tests: &[(&str, TestFn)] = &[
+        ("default_dir_env", default_dir_env),
         ("concurrent_creation", concurrent_creation),
         ("race_8_processes", race_8_processes),
         ("fork_child", fork_child),

@@ -288,6 +288,16 @@ impl ContainerSlot {
     pub fn id_str(&self) -> &str {
         nul_str(&self.id)
     }
+    /// Bytes it may still allocate: `quota − used`, never below 0 (also when
+    /// an operator lowered the quota under what is held); `None` when not
+    /// limited (quota 0) or not enforcing.
+    pub fn free_bytes(&self) -> Option<u64> {
+        let quota = self.quota.load(Ordering::Acquire);
+        if quota == 0 || self.enforce_off.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        Some(quota.saturating_sub(self.used.load(Ordering::Acquire)))
+    }
     /// Live and named `id`?
     fn is(&self, id: &str) -> bool {
         self.state.load(Ordering::Acquire) == SLOT_LIVE && self.id_str() == id
@@ -999,6 +1009,18 @@ impl Ledger {
     /// True after `after_fork_child`: this handle must be replaced.
     pub fn is_stale(&self) -> bool {
         self.stale.load(Ordering::Acquire)
+    }
+
+    /// The container slot of a membership.
+    #[inline]
+    pub fn container_of(&self, m: &Membership) -> &ContainerSlot {
+        &self.file().containers[m.container]
+    }
+
+    /// The process slot of a membership.
+    #[inline]
+    pub fn process_of(&self, m: &Membership) -> &ProcessSlot {
+        &self.file().processes[m.process]
     }
 
     /// Live containers (slot index, slot).
