@@ -59,12 +59,6 @@ fn close(fd: i32) {
 }
 
 fn map_fd(path: &Path, fd: i32) -> Result<NonNull<LedgerFile>, LedgerError> {
-    // Map through an open file description of its own: a mapping keeps its
-    // description alive, and a forked child inherits the mapping, so mapping
-    // the lock-holding `fd` would keep a dead parent's liveness lock held for
-    // as long as the child lives.
-    let own = open_fd(Path::new(&format!("/proc/self/fd/{fd}")), libc::O_RDWR).unwrap_or(-1);
-    let mfd = if own >= 0 { own } else { fd };
     // SAFETY: a fresh shared mapping of an fd we hold; the kernel picks the
     // address. The file is exactly SIZE bytes (checked or set by the caller).
     let p = unsafe {
@@ -73,13 +67,10 @@ fn map_fd(path: &Path, fd: i32) -> Result<NonNull<LedgerFile>, LedgerError> {
             SIZE,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_SHARED,
-            mfd,
+            fd,
             0,
         )
     };
-    if own >= 0 {
-        close(own);
-    }
     if p == libc::MAP_FAILED {
         return Err(LedgerError::io(path, io::Error::last_os_error()));
     }
