@@ -125,10 +125,9 @@ fn cgpu_disable_shows_the_physical_view_over_every_path() {
 fn get_proc_address_returns_our_hook_for_exactly_the_drivers_variant() {
     let m = Machine::new("variants", &gpus(15109));
     let exe = client(&m, "procaddr");
-    let bare = run_ok(&mut m.bare(&exe).arg("variants"));
+    let bare = run_ok(m.bare(&exe).arg("variants"));
     let pre = run_ok(
-        &mut m
-            .preloaded(&exe, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "4")])
+        m.preloaded(&exe, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "4")])
             .arg("variants"),
     );
     let (b, p) = (lines(&bare), lines(&pre));

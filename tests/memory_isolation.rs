@@ -21,7 +21,10 @@ fn ledger(m: &Machine) -> Ledger {
 }
 
 /// (used, peak, quota) of container `id`, and its processes' (pid, used).
-fn container(l: &Ledger, id: &str) -> Option<(u64, u64, u64, Vec<(u32, u64)>)> {
+/// (used, peak, quota, [(pid, used)]).
+type View = (u64, u64, u64, Vec<(u32, u64)>);
+
+fn container(l: &Ledger, id: &str) -> Option<View> {
     let c = l.find_container(id)?;
     let s = &l.file().containers[c];
     let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Acquire);

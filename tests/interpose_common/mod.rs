@@ -21,87 +21,30 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `libcgpu.so` (built with this test) and the simulated driver.
+/// `libcgpu.so` and the simulated driver (built by `cgpu_testkit`).
 pub fn artifacts() -> (PathBuf, PathBuf) {
-    let dir = profile_dir();
-    let cgpu = dir.join("libcgpu.so");
-    assert!(cgpu.exists(), "{} missing", cgpu.display());
-    (cgpu, sim_lib())
+    let a = cgpu_testkit::artifacts();
+    assert!(a.libcgpu.exists(), "{} missing", a.libcgpu.display());
+    (a.libcgpu.clone(), sim_lib())
 }
 
-/// The simulated driver: `target/<profile>/libcgpu_sim.so` when the
-/// workspace build made it, else built once into `target/it-sim/`.
+/// The simulated driver (`CGPU_TEST_SIM` overrides).
 pub fn sim_lib() -> PathBuf {
-    static SIM: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    SIM.get_or_init(|| {
-        if let Some(p) = std::env::var_os("CGPU_TEST_SIM") {
-            return PathBuf::from(p);
-        }
-        let p = profile_dir().join("libcgpu_sim.so");
-        if p.exists() {
-            return p;
-        }
-        let release = profile_dir().ends_with("release");
-        let td = repo().join("target/it-sim");
-        let mut c = Command::new(env!("CARGO"));
-        c.args(["build", "-q", "-p", "cgpu-sim", "--target-dir"])
-            .arg(&td)
-            .current_dir(repo());
-        if release {
-            c.arg("--release");
-        }
-        let st = c.status().expect("cargo build -p cgpu-sim");
-        assert!(st.success(), "building the simulated driver failed");
-        let p = td
-            .join(if release { "release" } else { "debug" })
-            .join("libcgpu_sim.so");
-        assert!(p.exists(), "{} missing", p.display());
-        p
-    })
-    .clone()
+    match std::env::var_os("CGPU_TEST_SIM") {
+        Some(p) => PathBuf::from(p),
+        None => cgpu_testkit::artifacts().libsim.clone(),
+    }
 }
 
-/// `target/test-deps/venv` (cuda-bindings, nvidia-ml-py, real headers),
-/// made by `scripts/test-deps.sh` when missing.
+/// The venv with cuda-bindings, nvidia-ml-py and the real headers.
 pub fn venv() -> Option<PathBuf> {
-    static V: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    V.get_or_init(|| {
-        let v = repo().join("target/test-deps/venv");
-        if !v.join(".cgpu-test-deps-v1").exists() {
-            let script = repo().join("scripts/test-deps.sh");
-            if script.exists() {
-                let _ = Command::new("bash").arg(script).arg(&v).status();
-            }
-        }
-        v.join(".cgpu-test-deps-v1").exists().then_some(v)
-    })
-    .clone()
+    Some(cgpu_testkit::test_deps().venv.clone())
 }
 
 /// Include directories holding the real `cuda.h` and `nvml.h`.
 pub fn cuda_include_dirs() -> Vec<PathBuf> {
-    let v =
-        venv().expect("test deps (scripts/test-deps.sh) unavailable: cannot fetch cuda.h/nvml.h");
-    let mut out = Vec::new();
-    fn walk(d: &Path, out: &mut Vec<PathBuf>, depth: u32) {
-        let Ok(rd) = std::fs::read_dir(d) else { return };
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() && depth < 8 {
-                walk(&p, out, depth + 1);
-            } else if matches!(
-                p.file_name().and_then(|n| n.to_str()),
-                Some("cuda.h" | "nvml.h")
-            ) {
-                let dir = p.parent().unwrap().to_path_buf();
-                if !out.contains(&dir) {
-                    out.push(dir);
-                }
-            }
-        }
-    }
-    walk(&v.join("lib"), &mut out, 0);
-    out
+    let d = cgpu_testkit::test_deps();
+    vec![d.cuda_include.clone(), d.nvml_include.clone()]
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
@@ -219,10 +162,7 @@ impl Drop for Machine {
 
 /// The Python that has cuda-bindings and nvidia-ml-py (for ctypes any will do).
 pub fn python() -> PathBuf {
-    match venv() {
-        Some(v) => v.join("bin/python"),
-        None => PathBuf::from("python3"),
-    }
+    cgpu_testkit::test_deps().python.clone()
 }
 
 /// Run to completion, assert success, return stdout.
