@@ -452,6 +452,10 @@ fn set_weight_respects_free_weight() {
     let a = l.join(&req("a", 0)).unwrap();
     let b = l.join(&req("b", 0)).unwrap();
     assert_eq!(free_weight(l.file()), 2);
+    assert_eq!(
+        l.file().header.policy.load(Ordering::Relaxed),
+        DEFAULT_POLICY
+    );
     assert!(l.set_weight(a.container, 3).is_ok(), "1 own + 2 free");
     assert_eq!(free_weight(l.file()), 0);
     let e = l.set_weight(b.container, 2).unwrap_err();
@@ -460,6 +464,11 @@ fn set_weight_respects_free_weight() {
     assert!(l.set_weight(a.container, 4).is_ok());
     assert!(l.set_weight(a.container, 5).is_err());
     assert!(l.set_weight(31, 1).is_err(), "no live container there");
+    assert_eq!(
+        l.file().header.policy.load(Ordering::Relaxed),
+        2,
+        "weight > 1 switched policy"
+    );
     let g = l.file().header.knob_generation.load(Ordering::Relaxed);
     l.set_highprio(a.container, true).unwrap();
     assert!(l.file().header.knob_generation.load(Ordering::Relaxed) > g);

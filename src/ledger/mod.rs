@@ -623,19 +623,8 @@ impl Ledger {
         for w in &slot.sched {
             w.store(0, Ordering::Relaxed);
         }
-        // SPEC §3: a weight > 1 switches the GPU to policy 2 unless an
-        // operator set the policy explicitly.
-        if req.weight > 1
-            && h.policy_explicit.load(Ordering::Relaxed) == 0
-            && h.policy.swap(2, Ordering::AcqRel) != 2
-        {
-            h.knob_generation.fetch_add(1, Ordering::AcqRel);
-            tracing::info!(
-                "GPU {}: weight {} > 1 switches policy to 2",
-                h.uuid_str(),
-                req.weight
-            );
-        }
+        // The requested weight counts, even if clamped (SPEC §1).
+        self.weight_switches_policy(req.weight);
         slot.state.store(SLOT_LIVE, Ordering::Release);
         Ok(c)
     }
@@ -1060,6 +1049,21 @@ impl Ledger {
 /// `knob_generation` so running jobs notice. A smaller `memsize` than what
 /// is held refuses further allocations; it never frees memory under a job.
 impl Ledger {
+    /// SPEC §1/§3: a weight > 1 switches the GPU to policy 2 unless an
+    /// operator set the policy explicitly (at join and on `set_weight`).
+    fn weight_switches_policy(&self, weight: u32) {
+        let h = &self.file().header;
+        if weight > 1
+            && h.policy_explicit.load(Ordering::Acquire) == 0
+            && h.policy.swap(2, Ordering::AcqRel) != 2
+        {
+            h.knob_generation.fetch_add(1, Ordering::AcqRel);
+            tracing::info!(
+                "GPU {}: weight {weight} > 1 switches policy to 2",
+                h.uuid_str()
+            );
+        }
+    }
     fn bump(&self) {
         self.file()
             .header
@@ -1123,6 +1127,7 @@ impl Ledger {
             ));
         }
         slot.weight.store(w, Ordering::Release);
+        self.weight_switches_policy(w);
         self.bump();
         Ok(())
     }
