@@ -338,6 +338,18 @@ pub fn cu() -> Result<&'static Driver, CUresult> {
     }
 }
 
+/// The simulated driver version, without initialising anything.
+pub fn driver_version() -> i32 {
+    match DRIVER.get() {
+        Some(Ok(d)) => d.cfg.driver_version,
+        _ => std::env::var("CGPU_SIM_DRIVER_VERSION")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|v| (1000..100_000).contains(v))
+            .unwrap_or(13000),
+    }
+}
+
 pub fn trace(args: std::fmt::Arguments) {
     if let Some(Ok(d)) = DRIVER.get() {
         if !d.cfg.trace {

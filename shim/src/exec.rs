@@ -36,10 +36,12 @@ pub enum Op {
     Kernel {
         remaining_ns: u64,
         seq: u64,
+        submit: u64,
     },
     Marker {
         ev: Option<Arc<EventTimes>>,
         seq: u64,
+        submit: u64,
     },
 }
 
@@ -135,6 +137,7 @@ impl Executor {
         q.ops.push_back(Op::Kernel {
             remaining_ns: ns,
             seq,
+            submit: now_mono_ns(),
         });
         self.ensure_thread(&mut q);
         if !q.busy && q.ops.len() == 1 {
@@ -153,15 +156,20 @@ impl Executor {
             e.ts.store(0, Release);
             e.seq.store(seq, Release);
         }
+        let now = now_mono_ns();
         if q.ops.is_empty() && !q.busy {
-            let ts = now_mono_ns().max(self.last_end.load(Acquire));
+            let ts = now.max(self.last_end.load(Acquire));
             if let Some(e) = &ev {
                 e.ts.store(ts, Release);
             }
             self.done_seq.store(seq, Release);
             return seq;
         }
-        q.ops.push_back(Op::Marker { ev, seq });
+        q.ops.push_back(Op::Marker {
+            ev,
+            seq,
+            submit: now,
+        });
         self.ensure_thread(&mut q);
         if !q.busy && q.ops.len() == 1 {
             self.work_cv.notify_one();
@@ -190,8 +198,8 @@ impl Executor {
             let mut q = self.q.lock();
             // Leading markers complete without the device.
             while let Some(Op::Marker { .. }) = q.ops.front() {
-                if let Some(Op::Marker { ev, seq }) = q.ops.pop_front() {
-                    let ts = now_mono_ns().max(self.last_end.load(Acquire));
+                if let Some(Op::Marker { ev, seq, submit }) = q.ops.pop_front() {
+                    let ts = submit.max(self.last_end.load(Acquire));
                     if let Some(e) = ev {
                         e.ts.store(ts, Release);
                     }
@@ -220,24 +228,36 @@ impl Executor {
                 slice_used = 0;
                 q = self.q.lock();
             }
-            // Take a batch up to the end of the slice.
-            let start = now_mono_ns().max(self.last_end.load(Acquire));
-            let mut cursor = start;
+            // Take a batch up to the end of the slice. The device timeline is
+            // virtual: an op starts when it was submitted or when the device
+            // finished the previous one, whichever is later (so back-to-back
+            // kernels have no gaps and wake-up latency is not device time);
+            // it never runs ahead of the wall clock (we sleep until it).
+            let mut cursor = self
+                .last_end
+                .load(Acquire)
+                .max(dev.last_end_ns.load(Acquire));
             let budget = self.timeslice_ns.saturating_sub(slice_used).max(1);
             let mut used = 0u64;
             let mut charged = 0u64;
             let mut kernels = 0u64;
             while let Some(op) = q.ops.front_mut() {
                 match op {
-                    Op::Marker { ev, .. } => {
+                    Op::Marker { ev, submit, .. } => {
+                        cursor = cursor.max(*submit);
                         if let Some(e) = ev {
                             e.ts.store(cursor, Release);
                         }
                     }
-                    Op::Kernel { remaining_ns, .. } => {
+                    Op::Kernel {
+                        remaining_ns,
+                        submit,
+                        ..
+                    } => {
                         if used >= budget {
                             break;
                         }
+                        cursor = cursor.max(*submit);
                         let run = (*remaining_ns).min(budget - used);
                         *remaining_ns -= run;
                         used += run;
@@ -260,6 +280,7 @@ impl Executor {
             }
             sleep_until(cursor);
             self.last_end.store(cursor, Release);
+            dev.last_end_ns.fetch_max(cursor, AcqRel);
             // Charge and complete.
             let rec = self.shared.slot(self.slot);
             rec.time_ns[self.dev].fetch_add(charged, Relaxed);

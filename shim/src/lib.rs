@@ -26,8 +26,15 @@ use cgpu_ffi::*;
 pub type CuRes = Result<(), CUresult>;
 
 /// Runs an API body, turning a panic into `CUDA_ERROR_UNKNOWN`.
+///
+/// `#[track_caller]` gives every exported function a body of its own (its
+/// call-site location), so LLVM never merges two variants with the same code
+/// into one address: like the real driver, every symbol has its own address,
+/// which interposers use to tell variants apart.
 #[inline]
+#[track_caller]
 pub fn guard(f: impl FnOnce() -> CuRes) -> CUresult {
+    std::hint::black_box(std::panic::Location::caller());
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e,
@@ -37,7 +44,9 @@ pub fn guard(f: impl FnOnce() -> CuRes) -> CUresult {
 
 /// Runs an NVML body, turning a panic into `NVML_ERROR_UNKNOWN`.
 #[inline]
+#[track_caller]
 pub fn nvml_guard(f: impl FnOnce() -> Result<(), nvmlReturn_t>) -> nvmlReturn_t {
+    std::hint::black_box(std::panic::Location::caller());
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => NVML_SUCCESS,
         Ok(Err(e)) => e,

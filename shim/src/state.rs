@@ -64,7 +64,9 @@ pub struct DeviceRec {
     pub seq: AtomicU32,
     pub busy_ns: AtomicU64,
     pub kernels: AtomicU64,
-    pub _reserved: [u64; 8],
+    /// Device time (CLOCK_MONOTONIC ns) at which the last batch ends.
+    pub last_end_ns: AtomicU64,
+    pub _reserved: [u64; 7],
 }
 
 #[repr(C)]

@@ -100,3 +100,118 @@ fn device_time_and_kernels_are_recorded_per_process() {
         .unwrap();
     assert!((5_000_000..1_000_000_000).contains(&wall), "{wall}");
 }
+
+/// Two processes that keep the device busy get ~50% each, whatever their
+/// kernel lengths (50 us vs 1 ms), measured over a window where both run.
+#[test]
+fn two_busy_processes_share_the_device_equally() {
+    let env = SimEnv::new();
+    let c = cuclient(LinkMode::Link);
+    let mut a = env.spawn(&c, &["pid", "spin_for", "5000", "50000"]);
+    let mut b = env.spawn(&c, &["pid", "spin_for", "5000", "1000000"]);
+    let pa: u32 = read_until(&mut a, "pid", Duration::from_secs(30))
+        .last()
+        .and_then(|l| cgpu_testkit::field(l, "pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pb: u32 = read_until(&mut b, "pid", Duration::from_secs(30))
+        .last()
+        .and_then(|l| cgpu_testkit::field(l, "pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let s1 = env.stats();
+    std::thread::sleep(Duration::from_millis(2500));
+    let s2 = env.stats();
+    let d = |p: u32| {
+        let t1 = s1.process(p, 0).map(|x| x.device_time_ns).unwrap_or(0);
+        let t2 = s2.process(p, 0).map(|x| x.device_time_ns).unwrap_or(0);
+        (t2 - t1) as f64
+    };
+    let (ta, tb) = (d(pa), d(pb));
+    let share = ta / (ta + tb);
+    eprintln!(
+        "device time in window: a {:.3} s, b {:.3} s, share a {:.3}",
+        ta / 1e9,
+        tb / 1e9,
+        share
+    );
+    assert!(
+        ta + tb > 1.0e9,
+        "the device was busy most of the 2.5 s window: {}",
+        (ta + tb) / 1e9
+    );
+    assert!((0.45..=0.55).contains(&share), "share of a = {share:.3}");
+    for ch in [a, b] {
+        let o = cgpu_testkit::wait_output(ch, Duration::from_secs(60));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains("spin_for ok"),
+            "{out}\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+/// A process killed while it owns the device does not block the others.
+#[test]
+fn a_process_killed_on_the_device_does_not_block_others() {
+    let env = SimEnv::new();
+    let c = cuclient(LinkMode::Link);
+    let mut a = env.spawn(&c, &["ready", "spin_for", "60000", "2000000"]);
+    read_until(&mut a, "ready", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut b = env.spawn(&c, &["ready", "spin", "1000000", "300"]);
+    read_until(&mut b, "ready", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(200));
+    a.kill().unwrap();
+    a.wait().unwrap();
+    let t = std::time::Instant::now();
+    let o = cgpu_testkit::wait_output(b, Duration::from_secs(60));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("spin ok count=300"), "{out}");
+    // B had at most 300 ms of work left; generous bound for a slow machine.
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    let st = env.stats();
+    assert_eq!(st.processes.iter().filter(|p| p.alive).count(), 0);
+}
+
+/// NVML utilisation reflects device time: a busy process shows ~100%.
+#[test]
+fn nvml_utilisation_follows_device_time() {
+    let env = SimEnv::new();
+    let c = cuclient(LinkMode::Link);
+    let mut a = env.spawn(&c, &["pid", "spin_for", "3000", "100000"]);
+    let pa: u32 = read_until(&mut a, "pid", Duration::from_secs(30))
+        .last()
+        .and_then(|l| cgpu_testkit::field(l, "pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let out = env.cuclient(
+        LinkMode::Dlsym,
+        &["nvml_util", "sleep", "300", "nvml_util", "nvml_putil"],
+    );
+    let last_util = out
+        .lines()
+        .rfind(|l| l.starts_with("nvml_util ok"))
+        .unwrap();
+    let gpu: u32 = cgpu_testkit::field(last_util, "gpu")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(gpu >= 80, "{out}");
+    let putil = cgpu_testkit::line(&out, "nvml_putil");
+    let sm: u32 = putil
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{pa}:")))
+        .unwrap_or_else(|| panic!("{putil}"))
+        .parse()
+        .unwrap();
+    assert!(sm >= 80, "{putil}");
+    let _ = a.kill();
+    let _ = a.wait();
+}

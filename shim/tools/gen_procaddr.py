@@ -35,6 +35,10 @@ exported = {l.strip() for l in open(exported_file) if l.strip().startswith("cu")
 variants = collections.defaultdict(set)  # api -> {(ver, flavour)}
 for m in re.finditer(r"PFN_(\w+)_v(\d+)(_ptds|_ptsz)?\)\s*\(", src):
     variants[m.group(1)].add((int(m.group(2)), m.group(3) or ""))
+# A few typedefs lack their version suffix (header bug); their #define has it.
+for m in re.finditer(r"#define PFN_(\w+)\s+PFN_(\w+)_v(\d+)\s*$", src, re.M):
+    if m.group(1) == m.group(2) and not variants.get(m.group(1)):
+        variants[m.group(1)].add((int(m.group(3)), ""))
 
 rows = collections.defaultdict(list)  # api -> [(ver, flavour, symbol)]
 for api, vs in variants.items():
@@ -68,6 +72,8 @@ for api in sorted(implemented):
         ents.append(f"{v}{' ptds' if f else ''} => {s}")
     out.append(f"    {api}: " + ", ".join(ents) + ";")
 out.append("}")
+out += ["", "/// Variants exported only for their names (they answer NOT_SUPPORTED).",
+        "pub const LEGACY_STUBS: &[&str] = &[" + ", ".join(f'"{s}"' for s in stubs) + "];"]
 missing = sorted(s for s in exported if not any(s == x for api in rows for _, _, x in rows[api]))
 if missing:
     print("// exported but not in any PFN typedef: " + " ".join(missing), file=sys.stderr)

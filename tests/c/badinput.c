@@ -114,6 +114,19 @@ int main(void) {
     EXPECT(cuCtxDestroy(ctx), CUDA_ERROR_INVALID_CONTEXT);
     EXPECT(cuMemAlloc(&p, 16), CUDA_ERROR_INVALID_CONTEXT);
 
+    /* The primary context keeps its handle across release and retain. */
+    CUcontext p1, p2;
+    EXPECT(cuDevicePrimaryCtxRetain(&p1, dev), CUDA_SUCCESS);
+    EXPECT(cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
+    EXPECT(cuDevicePrimaryCtxRelease(dev), CUDA_ERROR_INVALID_CONTEXT);
+    EXPECT(cuDevicePrimaryCtxRetain(&p2, dev), CUDA_SUCCESS);
+    if (p1 != p2) { printf("FAIL primary handle changed\n"); fails++; }
+    EXPECT(cuCtxSetCurrent(p2), CUDA_SUCCESS);
+    EXPECT(cuMemAlloc(&p, 16), CUDA_SUCCESS);
+    EXPECT(cuDevicePrimaryCtxRelease(dev), CUDA_SUCCESS);
+    EXPECT(cuMemFree(p), CUDA_ERROR_INVALID_VALUE);  /* went with the context */
+    EXPECT(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+
     /* NVML */
     EXPECT_NV(nvmlInit_v2(), NVML_SUCCESS);
     EXPECT_NV(nvmlDeviceGetHandleByIndex_v2(9, &nd), NVML_ERROR_INVALID_ARGUMENT);

@@ -53,6 +53,9 @@
  *   nvml_procs                nvml_procs ok n=N <pid>:<bytes>...  (ComputeRunningProcesses_v3)
  *   nvml_util                 nvml_util ok gpu=P               (UtilizationRates)
  *   nvml_uuid                 nvml_uuid ok uuid=GPU-...
+ *   nvml_putil                nvml_putil ok n=N <pid>:<smUtil%>...  (ProcessUtilization)
+ *   same_lib                  same_lib ok same=1|0: dlopen("libcuda.so.1") and
+ *                             dlopen("libnvidia-ml.so.1") give the same loaded library
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -129,7 +132,8 @@
     X(DeviceGetMemoryInfo_v2, __typeof__(&nvmlDeviceGetMemoryInfo_v2), "nvmlDeviceGetMemoryInfo_v2") \
     X(DeviceGetComputeRunningProcesses_v3, __typeof__(&nvmlDeviceGetComputeRunningProcesses_v3), "nvmlDeviceGetComputeRunningProcesses_v3") \
     X(DeviceGetUtilizationRates, __typeof__(&nvmlDeviceGetUtilizationRates), "nvmlDeviceGetUtilizationRates") \
-    X(DeviceGetUUID, __typeof__(&nvmlDeviceGetUUID), "nvmlDeviceGetUUID")
+    X(DeviceGetUUID, __typeof__(&nvmlDeviceGetUUID), "nvmlDeviceGetUUID")                  \
+    X(DeviceGetProcessUtilization, __typeof__(&nvmlDeviceGetProcessUtilization), "nvmlDeviceGetProcessUtilization")
 
 static struct {
 #define F(field, type, sym, api, ver) type field;
@@ -495,6 +499,10 @@ int main(int argc, char **argv) {
             struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
             nanosleep(&t, NULL);
             printf("sleep ok\n");
+        } else if (!strcmp(c, "same_lib")) {
+            void *a = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *b = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+            if (!a || !b) printf("same_lib err=dlopen\n");
+            else printf("same_lib ok same=%d\n", a == b);
         } else if (!strcmp(c, "ready")) {
             printf("ready\n");
         } else if (!strcmp(c, "pid")) {
@@ -555,6 +563,18 @@ int main(int argc, char **argv) {
             nvmlUtilization_t u;
             nvmlReturn_t e = nv.DeviceGetUtilizationRates(h, &u);
             if (e) printf("nvml_util err=%d\n", e); else printf("nvml_util ok gpu=%u\n", u.gpu);
+        } else if (!strcmp(c, "nvml_putil")) {
+            nvmlDevice_t h = nvml_dev();
+            if (!h) continue;
+            unsigned n = 0;
+            nvmlReturn_t e = nv.DeviceGetProcessUtilization(h, NULL, &n, 0);
+            if (e && e != NVML_ERROR_INSUFFICIENT_SIZE) { printf("nvml_putil err=%d\n", e); continue; }
+            nvmlProcessUtilizationSample_t s[256];
+            n = 256;
+            if ((e = nv.DeviceGetProcessUtilization(h, s, &n, 0))) { printf("nvml_putil err=%d\n", e); continue; }
+            printf("nvml_putil ok n=%u", n);
+            for (unsigned k = 0; k < n; k++) printf(" %u:%u", s[k].pid, s[k].smUtil);
+            printf("\n");
         } else if (!strcmp(c, "nvml_uuid")) {
             nvmlDevice_t h = nvml_dev();
             if (!h) continue;

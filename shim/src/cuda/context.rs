@@ -413,10 +413,19 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
         let i = d.check_dev(dev)?;
         let mut p = d.primary[i].lock();
         if p.refs == 0 {
-            if p.handle != 0 {
-                d.objs.lock().remove(p.handle);
+            // The primary context keeps its handle across release/retain.
+            let old = match d.objs.lock().get(p.handle) {
+                Some(Obj::Ctx(c)) => Some(Arc::clone(c)),
+                _ => None,
+            };
+            match old {
+                Some(c) => {
+                    d.charge(i, d.cfg.ctx_bytes)?;
+                    c.flags.store(p.flags, Relaxed);
+                    c.destroyed.store(false, Release);
+                }
+                None => p.handle = new_ctx(d, i, true, p.flags)?,
             }
-            p.handle = new_ctx(d, i, true, p.flags)?;
         }
         p.refs += 1;
         // SAFETY: out pointer from the caller (checked non-null).
@@ -519,4 +528,34 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxGetState(
             put(active, (p.refs > 0) as i32, CUDA_ERROR_INVALID_VALUE)
         }
     })
+}
+
+fn peer(peer_ctx: CUcontext) -> CuRes {
+    let d = cu()?;
+    let (_, c) = d.cur_ctx()?;
+    let p = d.ctx(peer_ctx as usize)?;
+    if p.dev == c.dev {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxEnablePeerAccess(peer_ctx: CUcontext, flags: u32) -> CUresult {
+    guard(|| {
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        peer(peer_ctx)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer_ctx: CUcontext) -> CUresult {
+    guard(|| peer(peer_ctx))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
+    guard(|| cu()?.cur_ctx().map(|_| ()))
 }

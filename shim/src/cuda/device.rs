@@ -57,6 +57,7 @@ pub unsafe extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuDeviceGetUuid(uuid, dev) }
 }
@@ -251,5 +252,52 @@ pub unsafe extern "C" fn cuDeviceCanAccessPeer(
         let b = d.check_dev(peer)?;
         // SAFETY: out pointer from the caller.
         unsafe { put(can, (a != b) as i32, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetP2PAttribute(
+    value: *mut i32,
+    attr: u32,
+    src: CUdevice,
+    dst: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let (a, b) = (d.check_dev(src)?, d.check_dev(dst)?);
+        if a == b || attr > 5 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // PERFORMANCE_RANK 0, ACCESS_SUPPORTED 1, NATIVE_ATOMIC 0, CUDA_ARRAY_ACCESS 0
+        let v = i32::from(attr == 2);
+        // SAFETY: out pointer from the caller.
+        unsafe { put(value, v, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetExecAffinitySupport(
+    pi: *mut i32,
+    _typ: u32,
+    dev: CUdevice,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        d.check_dev(dev)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(pi, 0, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+/// LUIDs exist on Windows only.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuDeviceGetLuid(
+    _luid: *mut c_char,
+    _mask: *mut u32,
+    dev: CUdevice,
+) -> CUresult {
+    guard(|| {
+        cu()?.check_dev(dev)?;
+        Err(CUDA_ERROR_NOT_SUPPORTED)
     })
 }

@@ -18,10 +18,7 @@ pub unsafe extern "C" fn cuInit(flags: u32) -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuDriverGetVersion(version: *mut i32) -> CUresult {
     guard(|| {
-        let v = match crate::driver::core() {
-            Ok(d) => d.cfg.driver_version,
-            Err(_) => crate::config::Config::from_env().driver_version,
-        };
+        let v = crate::driver::driver_version();
         // SAFETY: out pointer from the caller.
         unsafe { put(version, v, CUDA_ERROR_INVALID_VALUE) }
     })

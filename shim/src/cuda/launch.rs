@@ -120,6 +120,7 @@ macro_rules! launch_variants {
             params: *mut *mut c_void,
             extra: *mut *mut c_void,
         ) -> CUresult {
+            std::hint::black_box(stringify!($name));
             guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, shmem, stream, params, extra))
         }
     )+};
@@ -137,6 +138,7 @@ macro_rules! coop_variants {
             stream: CUstream,
             params: *mut *mut c_void,
         ) -> CUresult {
+            std::hint::black_box(stringify!($name));
             guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, shmem, stream, params, std::ptr::null_mut()))
         }
     )+};

@@ -943,12 +943,14 @@ macro_rules! variant {
     (async $imp:ident ($($a:ident : $t:ty),*) $name:ident) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t,)* stream: CUstream) -> CUresult {
+            std::hint::black_box(stringify!($name));
             guard(|| with_stream(stream, || $imp($($a),*)))
         }
     };
     ($imp:ident ($($a:ident : $t:ty),*) $name:ident) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
+            std::hint::black_box(stringify!($name));
             guard(|| $imp($($a),*))
         }
     };
@@ -1156,6 +1158,136 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 12 => (data as *mut usize).write_unaligned(a.size as usize),
                 13 => (data as *mut u32).write_unaligned(1),
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
+        Ok(())
+    })
+}
+
+// ------------------------------------------------------------ hints, pointers
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemLocation {
+    pub typ: u32,
+    pub id: i32,
+}
+
+fn prefetch(p: CUdeviceptr, n: usize, stream: CUstream) -> CuRes {
+    let d = cu()?;
+    d.stream(stream as usize)?;
+    check_dev_range(d, p, n as u64)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPrefetchAsync(
+    p: CUdeviceptr,
+    n: usize,
+    _dev: CUdevice,
+    stream: CUstream,
+) -> CUresult {
+    guard(|| prefetch(p, n, stream))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPrefetchAsync_ptsz(
+    p: CUdeviceptr,
+    n: usize,
+    _dev: CUdevice,
+    stream: CUstream,
+) -> CUresult {
+    guard(|| prefetch(p, n, stream))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
+    p: CUdeviceptr,
+    n: usize,
+    _loc: MemLocation,
+    _flags: u32,
+    stream: CUstream,
+) -> CUresult {
+    guard(|| prefetch(p, n, stream))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemPrefetchAsync_v2_ptsz(
+    p: CUdeviceptr,
+    n: usize,
+    _loc: MemLocation,
+    _flags: u32,
+    stream: CUstream,
+) -> CUresult {
+    guard(|| prefetch(p, n, stream))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAdvise(
+    p: CUdeviceptr,
+    n: usize,
+    _advice: u32,
+    _dev: CUdevice,
+) -> CUresult {
+    guard(|| check_dev_range(cu()?, p, n as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAdvise_v2(
+    p: CUdeviceptr,
+    n: usize,
+    _advice: u32,
+    _loc: MemLocation,
+) -> CUresult {
+    guard(|| check_dev_range(cu()?, p, n as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let a = d.allocs.lock();
+        match a.range(..=(p as u64)).next_back() {
+            Some((s, al)) if al.kind == AllocKind::Host && (p as u64) < s + al.size => {}
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        // SAFETY: out pointer from the caller.
+        unsafe { put(flags, 0, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+/// Size of each `CUpointer_attribute` value (for NULL defaults).
+fn pointer_attr_size(attr: u32) -> usize {
+    match attr {
+        1 | 3 | 4 | 7 | 11 | 12 | 14 | 16 => 8,
+        5 => 16,
+        _ => 4,
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuPointerGetAttributes(
+    n: u32,
+    attrs: *const u32,
+    data: *mut *mut c_void,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    guard(|| {
+        cu()?;
+        if n > 0 && (attrs.is_null() || data.is_null()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        for i in 0..n as usize {
+            // SAFETY: attrs and data hold n entries by the caller's contract.
+            let (a, out) = unsafe { (*attrs.add(i), *data.add(i)) };
+            if out.is_null() {
+                continue;
+            }
+            // SAFETY: same contract as cuPointerGetAttribute for each entry.
+            if unsafe { cuPointerGetAttribute(out, a, ptr) } != CUDA_SUCCESS {
+                // Not a CUDA pointer: NULL defaults and success, as documented.
+                // SAFETY: out has room for the attribute's value.
+                unsafe { std::ptr::write_bytes(out as *mut u8, 0, pointer_attr_size(a)) };
             }
         }
         Ok(())

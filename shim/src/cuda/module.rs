@@ -89,6 +89,7 @@ pub unsafe extern "C" fn cuModuleLoadDataEx(
     _opts: *mut u32,
     _vals: *mut *mut c_void,
 ) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuModuleLoadData(pm, image) }
 }
@@ -370,6 +371,7 @@ pub unsafe extern "C" fn cuKernelGetAttribute(
     k: CUkernel,
     _dev: CUdevice,
 ) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuFuncGetAttribute(pi, attrib, k as CUfunction) }
 }
@@ -381,6 +383,7 @@ pub unsafe extern "C" fn cuKernelSetAttribute(
     k: CUkernel,
     _dev: CUdevice,
 ) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuFuncSetAttribute(k as CUfunction, attrib, value) }
 }
@@ -404,6 +407,116 @@ pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: CUfunction) 
         // SAFETY: out pointer from the caller; the string outlives the call.
         unsafe { put(name, c.as_ptr(), CUDA_ERROR_INVALID_VALUE) }
     })
+}
+
+// ------------------------------------------------------ enumeration, loading
+
+fn module_funcs(m: usize, library: bool, count: *mut u32, out: *mut CUfunction, cap: u32) -> CuRes {
+    let d = cu()?;
+    let md = match d.objs.lock().get(m) {
+        Some(Obj::Module(md)) if md.library == library || !library => Arc::clone(md),
+        _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+    };
+    let names = md.entries.clone().unwrap_or_default();
+    if !count.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *count = names.len() as u32 };
+        return Ok(());
+    }
+    if out.is_null() || (cap as usize) < names.len() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for (i, n) in names.iter().enumerate() {
+        let c = std::ffi::CString::new(n.as_str()).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: out holds cap >= names.len() entries.
+        get_function(unsafe { out.add(i) }, m, c.as_ptr())?;
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut u32, m: CUmodule) -> CUresult {
+    guard(|| {
+        if count.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        module_funcs(m as usize, false, count, std::ptr::null_mut(), 0)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleEnumerateFunctions(
+    out: *mut CUfunction,
+    n: u32,
+    m: CUmodule,
+) -> CUresult {
+    guard(|| module_funcs(m as usize, false, std::ptr::null_mut(), out, n))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut u32, lib: CUlibrary) -> CUresult {
+    guard(|| {
+        if count.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        module_funcs(lib as usize, true, count, std::ptr::null_mut(), 0)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryEnumerateKernels(
+    out: *mut CUkernel,
+    n: u32,
+    lib: CUlibrary,
+) -> CUresult {
+    guard(|| module_funcs(lib as usize, true, std::ptr::null_mut(), out, n))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, k: CUkernel) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuFuncGetName(name, k as CUfunction) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetModule(pm: *mut CUmodule, f: CUfunction) -> CUresult {
+    guard(|| {
+        let func = cu()?.func(f as usize)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(pm, func.module as CUmodule, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetLibrary(pl: *mut CUlibrary, k: CUkernel) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuFuncGetModule(pl as *mut CUmodule, k as CUfunction) }
+}
+
+/// `CU_MODULE_EAGER_LOADING`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut u32) -> CUresult {
+    guard(|| {
+        cu()?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(mode, 1, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: CUfunction) -> CUresult {
+    guard(|| {
+        cu()?.func(f as usize)?;
+        // SAFETY: out pointer from the caller (CU_FUNCTION_LOADING_STATE_LOADED).
+        unsafe { put(state, 1, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncLoad(f: CUfunction) -> CUresult {
+    guard(|| cu()?.func(f as usize).map(|_| ()))
 }
 
 #[cfg(test)]

@@ -72,6 +72,8 @@ macro_rules! legacy_stubs {
     ($($sym:ident),* $(,)?) => {$(
         #[unsafe(no_mangle)]
         pub extern "C" fn $sym() -> cgpu_ffi::CUresult {
+            // A distinct body per symbol: distinct addresses.
+            std::hint::black_box(stringify!($sym));
             cgpu_ffi::CUDA_ERROR_NOT_SUPPORTED
         }
     )*};
@@ -110,9 +112,7 @@ pub fn resolve(
     let list = table()
         .get(name)
         .ok_or(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)?;
-    let driver = crate::driver::core()
-        .map(|d| d.cfg.driver_version)
-        .unwrap_or(13000);
+    let driver = crate::driver::driver_version();
     let v = version.min(driver).max(0) as u32;
     let pick = |fl: Flavour| {
         list.iter()
@@ -148,6 +148,8 @@ fn get_proc(
     trace(format_args!(
         "cuGetProcAddress({name}, {version}, {flags}) -> {}",
         match &r {
+            Ok(e) if super::procaddr_table::LEGACY_STUBS.contains(&e.symbol) =>
+                "legacy stub (NOT_SUPPORTED)",
             Ok(e) => e.symbol,
             Err(1) => "SYMBOL_NOT_FOUND",
             Err(_) => "VERSION_NOT_SUFFICIENT",

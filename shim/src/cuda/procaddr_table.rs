@@ -29,7 +29,6 @@ legacy_stubs! {
     cuMemsetD32,
     cuMemsetD8,
     cuModuleGetGlobal,
-    cuStreamGetCtx_v2,
 }
 
 proc_table! {
@@ -38,6 +37,8 @@ proc_table! {
     cuArrayDestroy: 2000 => cuArrayDestroy;
     cuCtxCreate: 2000 => cuCtxCreate, 3020 => cuCtxCreate_v2, 11040 => cuCtxCreate_v3, 12050 => cuCtxCreate_v4;
     cuCtxDestroy: 2000 => cuCtxDestroy, 4000 => cuCtxDestroy_v2;
+    cuCtxDisablePeerAccess: 4000 => cuCtxDisablePeerAccess;
+    cuCtxEnablePeerAccess: 4000 => cuCtxEnablePeerAccess;
     cuCtxGetApiVersion: 3020 => cuCtxGetApiVersion;
     cuCtxGetCacheConfig: 3020 => cuCtxGetCacheConfig;
     cuCtxGetCurrent: 4000 => cuCtxGetCurrent;
@@ -48,11 +49,14 @@ proc_table! {
     cuCtxGetStreamPriorityRange: 5050 => cuCtxGetStreamPriorityRange;
     cuCtxPopCurrent: 2000 => cuCtxPopCurrent, 4000 => cuCtxPopCurrent_v2;
     cuCtxPushCurrent: 2000 => cuCtxPushCurrent, 4000 => cuCtxPushCurrent_v2;
+    cuCtxRecordEvent: 12050 => cuCtxRecordEvent;
+    cuCtxResetPersistingL2Cache: 11000 => cuCtxResetPersistingL2Cache;
     cuCtxSetCacheConfig: 3020 => cuCtxSetCacheConfig;
     cuCtxSetCurrent: 4000 => cuCtxSetCurrent;
     cuCtxSetFlags: 12010 => cuCtxSetFlags;
     cuCtxSetLimit: 3010 => cuCtxSetLimit;
     cuCtxSynchronize: 2000 => cuCtxSynchronize, 13000 => cuCtxSynchronize_v2;
+    cuCtxWaitEvent: 12050 => cuCtxWaitEvent;
     cuDeviceCanAccessPeer: 4000 => cuDeviceCanAccessPeer;
     cuDeviceComputeCapability: 2000 => cuDeviceComputeCapability;
     cuDeviceGet: 2000 => cuDeviceGet;
@@ -60,8 +64,11 @@ proc_table! {
     cuDeviceGetByPCIBusId: 4010 => cuDeviceGetByPCIBusId;
     cuDeviceGetCount: 2000 => cuDeviceGetCount;
     cuDeviceGetDefaultMemPool: 11020 => cuDeviceGetDefaultMemPool;
+    cuDeviceGetExecAffinitySupport: 11040 => cuDeviceGetExecAffinitySupport;
+    cuDeviceGetLuid: 10000 => cuDeviceGetLuid;
     cuDeviceGetMemPool: 11020 => cuDeviceGetMemPool;
     cuDeviceGetName: 2000 => cuDeviceGetName;
+    cuDeviceGetP2PAttribute: 8000 => cuDeviceGetP2PAttribute;
     cuDeviceGetPCIBusId: 4010 => cuDeviceGetPCIBusId;
     cuDeviceGetUuid: 9020 => cuDeviceGetUuid, 11040 => cuDeviceGetUuid_v2;
     cuDevicePrimaryCtxGetState: 7000 => cuDevicePrimaryCtxGetState;
@@ -80,7 +87,10 @@ proc_table! {
     cuEventRecordWithFlags: 11010 => cuEventRecordWithFlags, 11010 ptds => cuEventRecordWithFlags_ptsz;
     cuEventSynchronize: 2000 => cuEventSynchronize;
     cuFuncGetAttribute: 2020 => cuFuncGetAttribute;
+    cuFuncGetModule: 11000 => cuFuncGetModule;
     cuFuncGetName: 12030 => cuFuncGetName;
+    cuFuncIsLoaded: 12040 => cuFuncIsLoaded;
+    cuFuncLoad: 12040 => cuFuncLoad;
     cuFuncSetAttribute: 9000 => cuFuncSetAttribute;
     cuFuncSetCacheConfig: 3000 => cuFuncSetCacheConfig;
     cuGetErrorName: 6000 => cuGetErrorName;
@@ -98,18 +108,23 @@ proc_table! {
     cuInit: 2000 => cuInit;
     cuKernelGetAttribute: 12000 => cuKernelGetAttribute;
     cuKernelGetFunction: 12000 => cuKernelGetFunction;
+    cuKernelGetLibrary: 12050 => cuKernelGetLibrary;
+    cuKernelGetName: 12030 => cuKernelGetName;
     cuKernelSetAttribute: 12000 => cuKernelSetAttribute;
     cuLaunchCooperativeKernel: 9000 => cuLaunchCooperativeKernel, 9000 ptds => cuLaunchCooperativeKernel_ptsz;
     cuLaunchHostFunc: 10000 => cuLaunchHostFunc, 10000 ptds => cuLaunchHostFunc_ptsz;
     cuLaunchKernel: 4000 => cuLaunchKernel, 7000 ptds => cuLaunchKernel_ptsz;
     cuLaunchKernelEx: 11060 => cuLaunchKernelEx, 11060 ptds => cuLaunchKernelEx_ptsz;
+    cuLibraryEnumerateKernels: 12040 => cuLibraryEnumerateKernels;
     cuLibraryGetKernel: 12000 => cuLibraryGetKernel;
+    cuLibraryGetKernelCount: 12040 => cuLibraryGetKernelCount;
     cuLibraryGetModule: 12000 => cuLibraryGetModule;
     cuLibraryLoadData: 12000 => cuLibraryLoadData;
     cuLibraryLoadFromFile: 12000 => cuLibraryLoadFromFile;
     cuLibraryUnload: 12000 => cuLibraryUnload;
     cuMemAddressFree: 10020 => cuMemAddressFree;
     cuMemAddressReserve: 10020 => cuMemAddressReserve;
+    cuMemAdvise: 8000 => cuMemAdvise, 12020 => cuMemAdvise_v2;
     cuMemAlloc: 2000 => cuMemAlloc, 3020 => cuMemAlloc_v2;
     cuMemAllocAsync: 11020 => cuMemAllocAsync, 11020 ptds => cuMemAllocAsync_ptsz;
     cuMemAllocFromPoolAsync: 11020 => cuMemAllocFromPoolAsync, 11020 ptds => cuMemAllocFromPoolAsync_ptsz;
@@ -126,6 +141,7 @@ proc_table! {
     cuMemGetInfo: 2000 => cuMemGetInfo, 3020 => cuMemGetInfo_v2;
     cuMemHostAlloc: 2020 => cuMemHostAlloc;
     cuMemHostGetDevicePointer: 2020 => cuMemHostGetDevicePointer, 3020 => cuMemHostGetDevicePointer_v2;
+    cuMemHostGetFlags: 2030 => cuMemHostGetFlags;
     cuMemHostRegister: 4000 => cuMemHostRegister, 6050 => cuMemHostRegister_v2;
     cuMemHostUnregister: 4000 => cuMemHostUnregister;
     cuMemMap: 10020 => cuMemMap;
@@ -134,6 +150,7 @@ proc_table! {
     cuMemPoolGetAttribute: 11020 => cuMemPoolGetAttribute;
     cuMemPoolSetAttribute: 11020 => cuMemPoolSetAttribute;
     cuMemPoolTrimTo: 11020 => cuMemPoolTrimTo;
+    cuMemPrefetchAsync: 8000 => cuMemPrefetchAsync, 8000 ptds => cuMemPrefetchAsync_ptsz, 12020 => cuMemPrefetchAsync_v2, 12020 ptds => cuMemPrefetchAsync_v2_ptsz;
     cuMemRelease: 10020 => cuMemRelease;
     cuMemRetainAllocationHandle: 11000 => cuMemRetainAllocationHandle;
     cuMemSetAccess: 10020 => cuMemSetAccess;
@@ -163,8 +180,11 @@ proc_table! {
     cuMemsetD32Async: 3020 => cuMemsetD32Async, 7000 ptds => cuMemsetD32Async_ptsz;
     cuMemsetD8: 2000 => cuMemsetD8, 3020 => cuMemsetD8_v2, 7000 ptds => cuMemsetD8_v2_ptds;
     cuMemsetD8Async: 3020 => cuMemsetD8Async, 7000 ptds => cuMemsetD8Async_ptsz;
+    cuModuleEnumerateFunctions: 12040 => cuModuleEnumerateFunctions;
     cuModuleGetFunction: 2000 => cuModuleGetFunction;
+    cuModuleGetFunctionCount: 12040 => cuModuleGetFunctionCount;
     cuModuleGetGlobal: 2000 => cuModuleGetGlobal, 3020 => cuModuleGetGlobal_v2;
+    cuModuleGetLoadingMode: 11070 => cuModuleGetLoadingMode;
     cuModuleLoad: 2000 => cuModuleLoad;
     cuModuleLoadData: 2000 => cuModuleLoadData;
     cuModuleLoadDataEx: 2010 => cuModuleLoadDataEx;
@@ -172,16 +192,52 @@ proc_table! {
     cuModuleUnload: 2000 => cuModuleUnload;
     cuOccupancyMaxActiveBlocksPerMultiprocessor: 6050 => cuOccupancyMaxActiveBlocksPerMultiprocessor;
     cuPointerGetAttribute: 4000 => cuPointerGetAttribute;
+    cuPointerGetAttributes: 7000 => cuPointerGetAttributes;
     cuProfilerStart: 4000 => cuProfilerStart;
     cuProfilerStop: 4000 => cuProfilerStop;
+    cuStreamAddCallback: 5000 => cuStreamAddCallback, 7000 ptds => cuStreamAddCallback_ptsz;
+    cuStreamAttachMemAsync: 6000 => cuStreamAttachMemAsync, 7000 ptds => cuStreamAttachMemAsync_ptsz;
     cuStreamCreate: 2000 => cuStreamCreate;
     cuStreamCreateWithPriority: 5050 => cuStreamCreateWithPriority;
     cuStreamDestroy: 2000 => cuStreamDestroy, 4000 => cuStreamDestroy_v2;
-    cuStreamGetCtx: 9020 => cuStreamGetCtx, 9020 ptds => cuStreamGetCtx_ptsz, 12050 => cuStreamGetCtx_v2;
+    cuStreamGetAttribute: 11000 => cuStreamGetAttribute, 11000 ptds => cuStreamGetAttribute_ptsz;
+    cuStreamGetCaptureInfo: 10010 => cuStreamGetCaptureInfo, 10010 ptds => cuStreamGetCaptureInfo_ptsz, 11030 => cuStreamGetCaptureInfo_v2, 11030 ptds => cuStreamGetCaptureInfo_v2_ptsz, 12030 => cuStreamGetCaptureInfo_v3, 12030 ptds => cuStreamGetCaptureInfo_v3_ptsz;
+    cuStreamGetCtx: 9020 => cuStreamGetCtx, 9020 ptds => cuStreamGetCtx_ptsz, 12050 => cuStreamGetCtx_v2, 12050 ptds => cuStreamGetCtx_v2_ptsz;
+    cuStreamGetDevice: 12080 => cuStreamGetDevice, 12080 ptds => cuStreamGetDevice_ptsz;
     cuStreamGetFlags: 5050 => cuStreamGetFlags, 7000 ptds => cuStreamGetFlags_ptsz;
     cuStreamGetId: 12000 => cuStreamGetId, 12000 ptds => cuStreamGetId_ptsz;
     cuStreamGetPriority: 5050 => cuStreamGetPriority, 7000 ptds => cuStreamGetPriority_ptsz;
+    cuStreamIsCapturing: 10000 => cuStreamIsCapturing, 10000 ptds => cuStreamIsCapturing_ptsz;
     cuStreamQuery: 2000 => cuStreamQuery, 7000 ptds => cuStreamQuery_ptsz;
+    cuStreamSetAttribute: 11000 => cuStreamSetAttribute, 11000 ptds => cuStreamSetAttribute_ptsz;
     cuStreamSynchronize: 2000 => cuStreamSynchronize, 7000 ptds => cuStreamSynchronize_ptsz;
     cuStreamWaitEvent: 3020 => cuStreamWaitEvent, 7000 ptds => cuStreamWaitEvent_ptsz;
 }
+
+/// Variants exported only for their names (they answer NOT_SUPPORTED).
+pub const LEGACY_STUBS: &[&str] = &[
+    "cuArray3DCreate",
+    "cuArrayCreate",
+    "cuMemAllocHost",
+    "cuMemAllocPitch",
+    "cuMemFree",
+    "cuMemGetAddressRange",
+    "cuMemHostGetDevicePointer",
+    "cuMemHostRegister",
+    "cuMemcpy2D",
+    "cuMemcpy2DAsync",
+    "cuMemcpy2DUnaligned",
+    "cuMemcpyDtoD",
+    "cuMemcpyDtoDAsync",
+    "cuMemcpyDtoH",
+    "cuMemcpyDtoHAsync",
+    "cuMemcpyHtoD",
+    "cuMemcpyHtoDAsync",
+    "cuMemsetD16",
+    "cuMemsetD2D16",
+    "cuMemsetD2D32",
+    "cuMemsetD2D8",
+    "cuMemsetD32",
+    "cuMemsetD8",
+    "cuModuleGetGlobal",
+];

@@ -342,6 +342,7 @@ pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
     stream: CUstream,
     flags: u32,
 ) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuEventRecordWithFlags(h, stream, flags) }
 }
@@ -423,6 +424,293 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     start: CUevent,
     end: CUevent,
 ) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuEventElapsedTime(ms, start, end) }
+}
+
+// ------------------------------------------------ more stream queries, capture
+
+fn get_ctx_v2(h: CUstream, pctx: *mut CUcontext, pgreen: *mut *mut c_void) -> CuRes {
+    if pctx.is_null() && pgreen.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if !pgreen.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *pgreen = std::ptr::null_mut() };
+    }
+    if pctx.is_null() {
+        return cu()?.stream(h as usize).map(|_| ());
+    }
+    get_ctx(h, pctx)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_v2(
+    h: CUstream,
+    pctx: *mut CUcontext,
+    pgreen: *mut *mut c_void,
+) -> CUresult {
+    guard(|| get_ctx_v2(h, pctx, pgreen))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_v2_ptsz(
+    h: CUstream,
+    pctx: *mut CUcontext,
+    pgreen: *mut *mut c_void,
+) -> CUresult {
+    guard(|| get_ctx_v2(h, pctx, pgreen))
+}
+
+fn get_device(h: CUstream, dev: *mut CUdevice) -> CuRes {
+    let (d, _) = cu()?.stream(h as usize)?;
+    // SAFETY: out pointer from the caller.
+    unsafe { put(dev, d as CUdevice, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetDevice(h: CUstream, dev: *mut CUdevice) -> CUresult {
+    guard(|| get_device(h, dev))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetDevice_ptsz(h: CUstream, dev: *mut CUdevice) -> CUresult {
+    guard(|| get_device(h, dev))
+}
+
+/// `CUstreamCallback`.
+pub type CUstreamCallback = Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>;
+
+fn add_callback(h: CUstream, cb: CUstreamCallback, data: *mut c_void, flags: u32) -> CuRes {
+    let d = cu()?;
+    let cb = cb.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (dev, seq) = stream_target(h)?;
+    let (hs, data) = (h as usize, data as usize);
+    let e = Arc::clone(d.exec(dev));
+    std::thread::spawn(move || {
+        e.wait(seq);
+        // SAFETY: the user's callback with the user's arguments, as CUDA calls it.
+        unsafe { cb(hs as CUstream, CUDA_SUCCESS, data as *mut c_void) };
+    });
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAddCallback(
+    h: CUstream,
+    cb: CUstreamCallback,
+    data: *mut c_void,
+    flags: u32,
+) -> CUresult {
+    guard(|| add_callback(h, cb, data, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
+    h: CUstream,
+    cb: CUstreamCallback,
+    data: *mut c_void,
+    flags: u32,
+) -> CUresult {
+    guard(|| add_callback(h, cb, data, flags))
+}
+
+fn is_capturing(h: CUstream, status: *mut u32) -> CuRes {
+    cu()?.stream(h as usize)?;
+    // SAFETY: out pointer from the caller. Stream capture is not simulated:
+    // streams are never capturing (CU_STREAM_CAPTURE_STATUS_NONE).
+    unsafe { put(status, 0, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(h: CUstream, status: *mut u32) -> CUresult {
+    guard(|| is_capturing(h, status))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(h: CUstream, status: *mut u32) -> CUresult {
+    guard(|| is_capturing(h, status))
+}
+
+/// Capture info of a never-capturing stream: status NONE, other outputs zeroed.
+fn capture_info(h: CUstream, status: *mut u32, outs: &[*mut u64]) -> CuRes {
+    is_capturing(h, status)?;
+    for &o in outs {
+        if !o.is_null() {
+            // SAFETY: non-null out pointer (id, graph, deps, edge data or count).
+            unsafe { o.write_unaligned(0) };
+        }
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_ptsz(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    g: *mut u64,
+    deps: *mut u64,
+    n: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id, g, deps, n]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    g: *mut u64,
+    deps: *mut u64,
+    n: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id, g, deps, n]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    g: *mut u64,
+    deps: *mut u64,
+    edges: *mut u64,
+    n: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id, g, deps, edges, n]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    g: *mut u64,
+    deps: *mut u64,
+    edges: *mut u64,
+    n: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id, g, deps, edges, n]))
+}
+
+fn attach_mem(h: CUstream, _p: CUdeviceptr, _len: usize, flags: u32) -> CuRes {
+    cu()?.stream(h as usize)?;
+    if !matches!(flags, 1 | 2 | 4) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAttachMemAsync(
+    h: CUstream,
+    p: CUdeviceptr,
+    len: usize,
+    flags: u32,
+) -> CUresult {
+    guard(|| attach_mem(h, p, len, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAttachMemAsync_ptsz(
+    h: CUstream,
+    p: CUdeviceptr,
+    len: usize,
+    flags: u32,
+) -> CUresult {
+    guard(|| attach_mem(h, p, len, flags))
+}
+
+/// Stream attributes are accepted and read back as zeroes (a 64-byte union).
+fn stream_attr(h: CUstream, value: *mut u8) -> CuRes {
+    cu()?.stream(h as usize)?;
+    if value.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetAttribute(h: CUstream, _attr: u32, value: *mut u8) -> CUresult {
+    guard(|| {
+        stream_attr(h, value)?;
+        // SAFETY: value points to a CUstreamAttrValue (64 bytes).
+        unsafe { std::ptr::write_bytes(value, 0, 64) };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetAttribute_ptsz(
+    h: CUstream,
+    attr: u32,
+    value: *mut u8,
+) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuStreamGetAttribute(h, attr, value) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamSetAttribute(
+    h: CUstream,
+    _attr: u32,
+    value: *const u8,
+) -> CUresult {
+    guard(|| stream_attr(h, value as *mut u8))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamSetAttribute_ptsz(
+    h: CUstream,
+    attr: u32,
+    value: *const u8,
+) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuStreamSetAttribute(h, attr, value) }
+}
+
+fn ctx_event(ctx: CUcontext, ev: CUevent, record: bool) -> CuRes {
+    let d = cu()?;
+    let c = d.ctx(ctx as usize)?;
+    let e = d.event(ev as usize)?;
+    if record {
+        e.dev.store(c.dev as u32, Relaxed);
+        d.exec(c.dev).marker(Some(Arc::clone(&e.times)));
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxRecordEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
+    guard(|| ctx_event(ctx, ev, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxWaitEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
+    guard(|| ctx_event(ctx, ev, false))
 }
