@@ -31,9 +31,9 @@ def variant(b, label, vmm, extra_env, ids):
     ok_fill = (f1["oom"] and f1["error"] == want and f1["bytes"] <= min(free0, q)
                and f1["bytes"] >= free0 - 3 * CHUNK)
     c.result("%s over quota -> OOM (%s)" % (ids[0], label),
-             "%s; 1 alloc of quota+1GiB refused; fill stops at <= free %.2f GiB (quota %d GiB)"
-             % (want.split(".")[-1], free0 / c.GiB, QUOTA_GIB),
-             "big alloc: %s; fill: %s after %.2f GiB; free after %.0f MiB"
+             "%s; quota+1GiB refused; fill stops at free %.2f GiB"
+             % (want.split(".")[-1], free0 / c.GiB),
+             "big: %s; fill: %s at %.2f GiB, free left %.0f MiB"
              % (big["error"] or "succeeded!", f1["error"] or "no error", f1["bytes"] / c.GiB,
                 m1["free"] / c.MiB),
              ok_big and ok_fill)
