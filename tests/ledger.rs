@@ -97,13 +97,15 @@ fn reserve_release_quota() {
     l.try_reserve(&m, 2 * GIB).unwrap();
     l.set_memsize(m.container, GIB).unwrap();
     assert!(l.try_reserve(&m, 1).is_err());
+    assert_eq!(l.container_of(&m).free_bytes(), Some(0), "never wraps");
+    assert_eq!(l.process_of(&m).used.load(Ordering::Relaxed), 2 * GIB);
     let snap = l.snapshot();
-    assert_eq!(
-        snap.containers[0]
-            .quota
-            .saturating_sub(snap.containers[0].used),
-        0
-    );
+    assert_eq!(snap.containers[0].used, 2 * GIB);
+    assert_eq!(snap.containers[0].quota, GIB);
+    assert_eq!(snap.processes[0].used, 2 * GIB);
+    assert!(snap.processes[0].alive);
+    let json = serde_json::to_string(&snap).unwrap();
+    assert!(json.contains("\"oom_count\""), "{json}");
     l.release(&m, 2 * GIB);
     assert!(l.try_reserve(&m, GIB).is_ok());
     l.leave(m);
@@ -129,6 +131,7 @@ fn enforce_off_and_unlimited_record_only() {
             .load(Ordering::Relaxed),
         5 * GIB
     );
+    assert_eq!(l.container_of(&m).free_bytes(), None);
     let m2 = l.join(&req("unl", QUOTA_UNLIMITED)).unwrap();
     assert_eq!(
         l.file().containers[m2.container]
@@ -449,6 +452,10 @@ fn set_weight_respects_free_weight() {
     let a = l.join(&req("a", 0)).unwrap();
     let b = l.join(&req("b", 0)).unwrap();
     assert_eq!(free_weight(l.file()), 2);
+    assert_eq!(
+        l.file().header.policy.load(Ordering::Relaxed),
+        DEFAULT_POLICY
+    );
     assert!(l.set_weight(a.container, 3).is_ok(), "1 own + 2 free");
     assert_eq!(free_weight(l.file()), 0);
     let e = l.set_weight(b.container, 2).unwrap_err();
@@ -457,8 +464,57 @@ fn set_weight_respects_free_weight() {
     assert!(l.set_weight(a.container, 4).is_ok());
     assert!(l.set_weight(a.container, 5).is_err());
     assert!(l.set_weight(31, 1).is_err(), "no live container there");
+    assert_eq!(
+        l.file().header.policy.load(Ordering::Relaxed),
+        2,
+        "weight > 1 switched policy"
+    );
     let g = l.file().header.knob_generation.load(Ordering::Relaxed);
     l.set_highprio(a.container, true).unwrap();
     assert!(l.file().header.knob_generation.load(Ordering::Relaxed) > g);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn full_tables_and_missing_file() {
+    let d = tmpdir("full");
+    let l = open(&d);
+    let ids: Vec<String> = (0..MAX_CONTAINERS + 1).map(|i| format!("c{i}")).collect();
+    let mut ms = Vec::new();
+    for id in &ids[..MAX_CONTAINERS] {
+        ms.push(l.join(&req(id, 0)).unwrap());
+    }
+    match l.join(&req(&ids[MAX_CONTAINERS], 0)) {
+        Err(LedgerError::Full {
+            what: "container", ..
+        }) => {}
+        other => panic!("expected Full(container), got {other:?}"),
+    }
+    for _ in MAX_CONTAINERS..MAX_PROCESSES {
+        ms.push(l.join(&req("c0", 0)).unwrap());
+    }
+    match l.join(&req("c1", 0)) {
+        Err(LedgerError::Full {
+            what: "process", ..
+        }) => {}
+        other => panic!("expected Full(process), got {other:?}"),
+    }
+    assert_eq!(
+        l.containers().count(),
+        MAX_CONTAINERS,
+        "nothing half-claimed left"
+    );
+    // Bad ids are refused clearly.
+    assert!(l.join(&req("", 0)).is_err());
+    assert!(l.join(&req(&"x".repeat(ID_LEN + 1), 0)).is_err());
+    for m in ms {
+        l.leave(m);
+    }
+    assert_eq!(l.containers().count(), 0);
+    assert_eq!(l.snapshot().processes.len(), 0);
+    match Ledger::open(&d.join("absent.ledger")) {
+        Err(LedgerError::Io { err, .. }) => assert_eq!(err.kind(), std::io::ErrorKind::NotFound),
+        other => panic!("expected Io(NotFound), got {other:?}"),
+    }
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -177,6 +177,24 @@ fn say(s: &str) {
     o.flush().unwrap();
 }
 
+/// Does any process hold the ledger's table lock (bytes [0, 8))?
+fn table_locked(path: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: all-zero is a valid flock; l_pid must be 0 for OFD locks.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as _;
+    fl.l_whence = libc::SEEK_SET as _;
+    fl.l_start = 0;
+    fl.l_len = 8;
+    // SAFETY: valid fd and flock.
+    assert_eq!(
+        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_GETLK, &mut fl) },
+        0
+    );
+    fl.l_type != libc::F_UNLCK as libc::c_short
+}
+
 /// Wait (bounded) until `f` holds; returns how long it took.
 fn within(timeout: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
     let t0 = Instant::now();
@@ -331,6 +349,7 @@ fn child_main(role: &str) {
             say(&format!("ok {ino} {}", m.container));
             wait_stdin_eof();
         }
+        "default_dir" => say(&format!("dir {}", Ledger::default_dir().display())),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -537,8 +556,19 @@ fn kill9_random_points(seed: u64) {
             for mut v in victims {
                 if in_join {
                     v.expect("joining", Duration::from_secs(60));
-                    // Let it get into join and hold the table lock.
-                    std::thread::sleep(Duration::from_millis(50));
+                    // Wait until it is inside join: table lock held, a
+                    // process slot half-claimed.
+                    let inside = within(Duration::from_secs(30), || {
+                        table_locked(l.path())
+                            && l.file()
+                                .processes
+                                .iter()
+                                .any(|p| p.state.load(Ordering::SeqCst) == SLOT_CLAIMING)
+                    });
+                    assert!(
+                        inside.is_some(),
+                        "round {round}: victim never paused inside join"
+                    );
                     // A live holder: a slot-table operation gives up in bounded
                     // time, and the hot path keeps going meanwhile.
                     let before = ops.load(Ordering::Relaxed);
@@ -547,9 +577,11 @@ fn kill9_random_points(seed: u64) {
                     let waited = t0.elapsed();
                     assert_eq!(n, 0);
                     assert!(waited < Duration::from_secs(5), "reap waited {waited:?}");
-                    if waited >= Duration::from_millis(1500) {
-                        table_kills += 1; // it really held the lock while we waited
-                    }
+                    assert!(
+                        waited >= Duration::from_millis(1900),
+                        "reap waited the 2 s bound: {waited:?}"
+                    );
+                    table_kills += 1;
                     assert!(ops.load(Ordering::Relaxed) > before, "hot path blocked");
                 } else {
                     v.expect("joined", Duration::from_secs(60));
@@ -597,7 +629,7 @@ fn kill9_random_points(seed: u64) {
         "  kill9: 50 rounds, {table_kills} kills while holding the table lock, {} recounts after a death mid-operation, worst time from kill to whole {worst:?}",
         cs.recounts.load(Ordering::SeqCst)
     );
-    assert!(table_kills >= 4, "the table-lock kills really happened");
+    assert_eq!(table_kills, 5);
     assert_eq!(cs.used.load(Ordering::SeqCst), holds.iter().sum::<u64>());
     for h in holders {
         assert!(h.finish(Duration::from_secs(30)).success());
@@ -703,6 +735,23 @@ fn concurrent_creation(_seed: u64) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `CGPU_LEDGER_DIR` names the directory (checked in a child process, whose
+/// environment we set before it starts).
+fn default_dir_env(_seed: u64) {
+    let dir = tmpdir("defaultdir");
+    let want = dir.join("custom");
+    let k = Child::spawn(
+        "default_dir",
+        &dir,
+        &[("CGPU_LEDGER_DIR", want.display().to_string())],
+    );
+    assert_eq!(
+        k.expect("dir", Duration::from_secs(60)),
+        format!("dir {}", want.display())
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A process in its own PID namespace (where it is pid 1, a pid that is
 /// always "alive" to `kill(pid, 0)` on the host) is told apart and reaped
 /// by its lock alone. Skipped where PID namespaces cannot be made.
@@ -776,6 +825,7 @@ fn main() {
         .collect();
     type TestFn = fn(u64);
     let tests: &[(&str, TestFn)] = &[
+        ("default_dir_env", default_dir_env),
         ("concurrent_creation", concurrent_creation),
         ("race_8_processes", race_8_processes),
         ("fork_child", fork_child),

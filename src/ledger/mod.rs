@@ -288,6 +288,16 @@ impl ContainerSlot {
     pub fn id_str(&self) -> &str {
         nul_str(&self.id)
     }
+    /// Bytes it may still allocate: `quota − used`, never below 0 (also when
+    /// an operator lowered the quota under what is held); `None` when not
+    /// limited (quota 0) or not enforcing.
+    pub fn free_bytes(&self) -> Option<u64> {
+        let quota = self.quota.load(Ordering::Acquire);
+        if quota == 0 || self.enforce_off.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        Some(quota.saturating_sub(self.used.load(Ordering::Acquire)))
+    }
     /// Live and named `id`?
     fn is(&self, id: &str) -> bool {
         self.state.load(Ordering::Acquire) == SLOT_LIVE && self.id_str() == id
@@ -613,19 +623,8 @@ impl Ledger {
         for w in &slot.sched {
             w.store(0, Ordering::Relaxed);
         }
-        // SPEC §3: a weight > 1 switches the GPU to policy 2 unless an
-        // operator set the policy explicitly.
-        if req.weight > 1
-            && h.policy_explicit.load(Ordering::Relaxed) == 0
-            && h.policy.swap(2, Ordering::AcqRel) != 2
-        {
-            h.knob_generation.fetch_add(1, Ordering::AcqRel);
-            tracing::info!(
-                "GPU {}: weight {} > 1 switches policy to 2",
-                h.uuid_str(),
-                req.weight
-            );
-        }
+        // The requested weight counts, even if clamped (SPEC §1).
+        self.weight_switches_policy(req.weight);
         slot.state.store(SLOT_LIVE, Ordering::Release);
         Ok(c)
     }
@@ -1001,6 +1000,18 @@ impl Ledger {
         self.stale.load(Ordering::Acquire)
     }
 
+    /// The container slot of a membership.
+    #[inline]
+    pub fn container_of(&self, m: &Membership) -> &ContainerSlot {
+        &self.file().containers[m.container]
+    }
+
+    /// The process slot of a membership.
+    #[inline]
+    pub fn process_of(&self, m: &Membership) -> &ProcessSlot {
+        &self.file().processes[m.process]
+    }
+
     /// Live containers (slot index, slot).
     pub fn containers(&self) -> impl Iterator<Item = (usize, &ContainerSlot)> {
         self.file()
@@ -1038,6 +1049,21 @@ impl Ledger {
 /// `knob_generation` so running jobs notice. A smaller `memsize` than what
 /// is held refuses further allocations; it never frees memory under a job.
 impl Ledger {
+    /// SPEC §1/§3: a weight > 1 switches the GPU to policy 2 unless an
+    /// operator set the policy explicitly (at join and on `set_weight`).
+    fn weight_switches_policy(&self, weight: u32) {
+        let h = &self.file().header;
+        if weight > 1
+            && h.policy_explicit.load(Ordering::Acquire) == 0
+            && h.policy.swap(2, Ordering::AcqRel) != 2
+        {
+            h.knob_generation.fetch_add(1, Ordering::AcqRel);
+            tracing::info!(
+                "GPU {}: weight {weight} > 1 switches policy to 2",
+                h.uuid_str()
+            );
+        }
+    }
     fn bump(&self) {
         self.file()
             .header
@@ -1101,6 +1127,7 @@ impl Ledger {
             ));
         }
         slot.weight.store(w, Ordering::Release);
+        self.weight_switches_policy(w);
         self.bump();
         Ok(())
     }
