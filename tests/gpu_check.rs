@@ -18,11 +18,13 @@ const ALL_ROWS: &[&str] = &[
     "5", "6a", "6c",
 ];
 
-/// Rows that must PASS with what is on main now. The physical view under
-/// CGPU_DISABLE, an idle container costing a busy one nothing, and the
-/// overhead bound hold for a pass-through library too; the memory rows (1a-1e,
-/// 2*, 3*) join when the memory hooks land, 4a when the scheduler does.
-const MUST_PASS: &[&str] = &["1f", "1g", "4b", "5"];
+/// Rows that must PASS with what is on main now: the memory view, quota and
+/// sharing rows (memory hooks landed), an idle container costing a busy one
+/// nothing, and the overhead bound. 4a (weights 1:2) joins when the scheduler
+/// lands.
+const MUST_PASS: &[&str] = &[
+    "1a", "1b", "1c", "1d", "1e", "1f", "1g", "2a", "2b", "2c", "2d", "3a", "3b", "3c", "4b", "5",
+];
 
 #[derive(Debug)]
 struct Row {
