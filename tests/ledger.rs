@@ -474,3 +474,47 @@ fn set_weight_respects_free_weight() {
     assert!(l.file().header.knob_generation.load(Ordering::Relaxed) > g);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn full_tables_and_missing_file() {
+    let d = tmpdir("full");
+    let l = open(&d);
+    let ids: Vec<String> = (0..MAX_CONTAINERS + 1).map(|i| format!("c{i}")).collect();
+    let mut ms = Vec::new();
+    for id in &ids[..MAX_CONTAINERS] {
+        ms.push(l.join(&req(id, 0)).unwrap());
+    }
+    match l.join(&req(&ids[MAX_CONTAINERS], 0)) {
+        Err(LedgerError::Full {
+            what: "container", ..
+        }) => {}
+        other => panic!("expected Full(container), got {other:?}"),
+    }
+    for _ in MAX_CONTAINERS..MAX_PROCESSES {
+        ms.push(l.join(&req("c0", 0)).unwrap());
+    }
+    match l.join(&req("c1", 0)) {
+        Err(LedgerError::Full {
+            what: "process", ..
+        }) => {}
+        other => panic!("expected Full(process), got {other:?}"),
+    }
+    assert_eq!(
+        l.containers().count(),
+        MAX_CONTAINERS,
+        "nothing half-claimed left"
+    );
+    // Bad ids are refused clearly.
+    assert!(l.join(&req("", 0)).is_err());
+    assert!(l.join(&req(&"x".repeat(ID_LEN + 1), 0)).is_err());
+    for m in ms {
+        l.leave(m);
+    }
+    assert_eq!(l.containers().count(), 0);
+    assert_eq!(l.snapshot().processes.len(), 0);
+    match Ledger::open(&d.join("absent.ledger")) {
+        Err(LedgerError::Io { err, .. }) => assert_eq!(err.kind(), std::io::ErrorKind::NotFound),
+        other => panic!("expected Io(NotFound), got {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -212,11 +212,19 @@ impl Executor {
                 self.space_cv.notify_all();
                 if owned {
                     owned = false;
-                    want.store(0, Release);
                     self.release_device();
                 }
+                want.store(0, Release);
                 while q.ops.is_empty() {
-                    self.work_cv.wait(&mut q);
+                    // `want` stays set across a slice-end release, so a peer
+                    // may hand us the device after our queue ran dry (or
+                    // just as we cleared `want`): never sit on it while idle,
+                    // or the peer waits forever on a live owner.
+                    if dev.owner.load(Acquire) == self.slot as u32 + 1 {
+                        self.release_device();
+                    }
+                    self.work_cv
+                        .wait_for(&mut q, std::time::Duration::from_millis(10));
                 }
             }
             q.busy = true;

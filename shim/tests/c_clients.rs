@@ -92,9 +92,10 @@ fn all_three_bindings_work() {
             .unwrap()
             .parse()
             .unwrap();
+        let wall = num(&out, "spin_events", "wall_ns") as f64 / 1e6;
         assert!(
-            (4.0..40.0).contains(&ms),
-            "{m}: events measured {ms} ms for 4 ms of kernels"
+            ms >= 4.0 && ms <= wall + 0.5,
+            "{m}: events measured {ms} ms for 4 ms of kernels (wall {wall} ms)"
         );
         assert!(num(&out, "graph", "wall_ns") >= 2_000_000, "{m}: {out}");
         assert_eq!(num(&out, "nvml_count", "n"), 2);

@@ -812,13 +812,19 @@ fn array_create(
         .and_then(|v| v.checked_mul(fb * ch as u64))
         .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     let (ctx, c) = d.cur_ctx()?;
-    let base = alloc_on(d, ctx, c.dev, bytes, AllocKind::Device, 0)?;
-    // The backing allocation is the array's; hide it from cuMemFree.
-    if let Some(a) = d.allocs.lock().get_mut(&base) {
-        a.kind = AllocKind::Host;
-        a.charged = 0;
-    }
+    // Arrays are opaque: their backing is not in the pointer map.
     let charged = charged_size(bytes);
+    if charged > d.devs[c.dev].total {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    d.charge(c.dev, charged)?;
+    let base = match map_anon(charged as usize) {
+        Ok(b) => b,
+        Err(e) => {
+            d.uncharge(c.dev, charged);
+            return Err(e);
+        }
+    };
     let h = d.objs.lock().insert(Obj::Array(Arc::new(Array {
         dev: c.dev,
         bytes: charged,
@@ -839,7 +845,7 @@ fn array_destroy(d: &Driver, h: usize) -> CuRes {
         }
         None => return Err(CUDA_ERROR_INVALID_HANDLE),
     };
-    let _ = free_dev(d, a.base, &[AllocKind::Host]);
+    unmap(a.base, a.bytes as usize);
     d.uncharge(a.dev, a.bytes);
     Ok(())
 }
