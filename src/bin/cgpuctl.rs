@@ -327,7 +327,7 @@ fn cmd_set(mut a: Args, dir: &Path) {
     }
     for (gi, c, path) in &t {
         let f = gpus[*gi].ledger.file();
-        match knobs::set(f, k, *c, v) {
+        match knobs::set(&gpus[*gi].ledger, k, *c, v) {
             Ok(prev) => println!("{path}: {prev} -> {v}"),
             Err(e) => usage(format!("{path}: {e}")),
         }
@@ -495,7 +495,7 @@ fn main() {
     let mut a = Args::from_env();
     let dir_arg = a.value(&["--dir"]).unwrap_or_else(|e| usage(e));
     let cmd = a.positional();
-    let dir: PathBuf = monitor::ledger_dir(dir_arg.as_deref());
+    let dir = || -> PathBuf { monitor::ledger_dir(dir_arg.as_deref()) };
     match cmd.as_deref() {
         None | Some("help") => match a.positional().as_deref() {
             Some("get") => print!("{HELP_GET}"),
@@ -513,13 +513,13 @@ fn main() {
                 print!("{HELP}")
             }
         },
-        Some("get") => cmd_get(a, &dir),
-        Some("set") => cmd_set(a, &dir),
-        Some("tree") => cmd_tree(a, &dir),
-        Some("inspect") => cmd_inspect(a, &dir),
-        Some("version") => cmd_version(a, &dir),
-        Some("gc") => cmd_gc(a, &dir),
-        Some("exporter") => cmd_exporter(a, &dir),
+        Some("get") => cmd_get(a, &dir()),
+        Some("set") => cmd_set(a, &dir()),
+        Some("tree") => cmd_tree(a, &dir()),
+        Some("inspect") => cmd_inspect(a, &dir()),
+        Some("version") => cmd_version(a, &dir()),
+        Some("gc") => cmd_gc(a, &dir()),
+        Some("exporter") => cmd_exporter(a, &dir()),
         Some(other) => usage(format!("unknown command `{other}` (see cgpuctl --help)")),
     }
 }

@@ -61,11 +61,7 @@ fn allocated(g: &GpuInfo) -> u64 {
 }
 
 fn percent(a: u64, t: u64) -> u64 {
-    if t == 0 {
-        0
-    } else {
-        a * 100 / t
-    }
+    (a * 100).checked_div(t).unwrap_or(0)
 }
 
 fn row(out: &mut String, cols: &[String], widths: &[usize]) {

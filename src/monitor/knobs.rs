@@ -7,8 +7,8 @@
 //! longer switches the GPU to policy 2 (SPEC §1).
 
 use super::{container_live, cstr, GIB};
-use crate::ledger::{free_weight, LedgerFile, ID_LEN};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use crate::ledger::{free_weight, Ledger, LedgerFile, ID_LEN};
+use std::sync::atomic::Ordering::Acquire;
 
 /// A knob of SPEC §3.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -239,32 +239,29 @@ pub fn check(f: &LedgerFile, k: Knob, c: Option<usize>, v: u64) -> Result<(), St
     }
 }
 
-/// Write a knob (after [`check`]). Returns the previous value.
-pub fn set(f: &LedgerFile, k: Knob, c: Option<usize>, v: u64) -> Result<u64, String> {
+/// Write a knob (after [`check`]) through the ledger's setters, which
+/// bump `knob_generation`. Returns the previous value.
+pub fn set(l: &Ledger, k: Knob, c: Option<usize>, v: u64) -> Result<u64, String> {
+    let f = l.file();
     check(f, k, c, v)?;
-    let h = &f.header;
-    let v32 = v as u32;
-    let prev = match (k, c) {
-        (Knob::Policy, _) => {
-            let p = h.policy.swap(v32, AcqRel);
-            h.policy_explicit.store(1, Release);
-            p.into()
-        }
-        (Knob::MaxInst, _) => h.max_inst.swap(v32, AcqRel).into(),
-        (Knob::PrioRatio, _) => h.prio_ratio.swap(v32, AcqRel).into(),
-        (Knob::DefaultMemsize, _) => h.default_memsize.swap(v, AcqRel),
-        (Knob::Weight, Some(c)) => f.containers[c].weight.swap(v32, AcqRel).into(),
-        (Knob::Memsize, Some(c)) => f.containers[c].quota.swap(v, AcqRel),
-        (Knob::Highprio, Some(c)) => f.containers[c].highprio.swap(v32, AcqRel).into(),
-        (_, None) => {
-            return Err(format!(
-                "{} is per container: give --container ID",
-                k.name()
-            ))
-        }
-        (Knob::FreeWeight, _) => unreachable!("checked"),
-    };
-    h.knob_generation.fetch_add(1, AcqRel);
+    if k.per_container() && c.is_none() {
+        return Err(format!(
+            "{} is per container: give --container ID",
+            k.name()
+        ));
+    }
+    let prev = get(f, k, c);
+    let v32 = u32::try_from(v).map_err(|_| format!("{} {v} is out of range", k.name()));
+    match (k, c) {
+        (Knob::Policy, _) => l.set_policy(v32?),
+        (Knob::MaxInst, _) => l.set_max_inst(v32?),
+        (Knob::PrioRatio, _) => l.set_prio_ratio(v32?),
+        (Knob::DefaultMemsize, _) => l.set_default_memsize(v),
+        (Knob::Weight, Some(c)) => l.set_weight(c, v32?),
+        (Knob::Memsize, Some(c)) => l.set_memsize(c, v),
+        (Knob::Highprio, Some(c)) => l.set_highprio(c, v != 0),
+        _ => Err(format!("{} cannot be written", k.name())),
+    }?;
     Ok(prev)
 }
 
@@ -273,6 +270,47 @@ mod tests {
     use super::super::testutil::*;
     use super::super::MIB;
     use super::*;
+
+    #[test]
+    fn set_through_ledger() {
+        let d = std::env::temp_dir().join(format!("cgpu-knobs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        let l = Ledger::open_or_create(&d, "GPU-k", 0, 16 * GIB).unwrap();
+        let m = l
+            .join(&crate::ledger::JoinRequest {
+                container_id: "abc",
+                quota: GIB,
+                weight: 1,
+                highprio: false,
+                enforce_off: false,
+            })
+            .unwrap();
+        let f = l.file();
+        let g0 = f.header.knob_generation.load(Acquire);
+        let before = get(f, Knob::Policy, None);
+        assert_eq!(set(&l, Knob::Policy, None, 3).unwrap(), before);
+        assert_eq!(get(f, Knob::Policy, None), 3);
+        assert_eq!(f.header.policy_explicit.load(Acquire), 1);
+        assert_eq!(set(&l, Knob::Weight, Some(m.container), 5).unwrap(), 1);
+        assert_eq!(get(f, Knob::Weight, Some(m.container)), 5);
+        set(&l, Knob::Memsize, Some(m.container), 512 * MIB).unwrap();
+        assert_eq!(get(f, Knob::Memsize, Some(m.container)), 512 * MIB);
+        set(&l, Knob::Highprio, Some(m.container), 1).unwrap();
+        set(&l, Knob::DefaultMemsize, None, 2 * GIB).unwrap();
+        set(&l, Knob::PrioRatio, None, 50).unwrap();
+        set(&l, Knob::MaxInst, None, 10).unwrap();
+        assert_eq!(f.header.knob_generation.load(Acquire), g0 + 7);
+        assert!(set(&l, Knob::Weight, Some(m.container), 11).is_err());
+        assert!(set(&l, Knob::Weight, None, 1).is_err());
+        assert_eq!(
+            f.header.knob_generation.load(Acquire),
+            g0 + 7,
+            "refused: no write"
+        );
+        l.leave(m);
+        let _ = std::fs::remove_dir_all(&d);
+    }
 
     #[test]
     fn sizes() {
@@ -306,15 +344,8 @@ mod tests {
         assert!(check(&f, Knob::Memsize, Some(0), 0).is_err());
         assert!(check(&f, Knob::Memsize, Some(0), 17 * GIB).is_err());
         assert!(check(&f, Knob::FreeWeight, None, 1).is_err());
-        let g0 = f.header.knob_generation.load(Acquire);
-        assert_eq!(set(&f, Knob::Policy, None, 3).unwrap(), 1);
-        assert_eq!(get(&f, Knob::Policy, None), 3);
-        assert_eq!(f.header.policy_explicit.load(Acquire), 1);
-        set(&f, Knob::Weight, Some(1), 5).unwrap();
-        assert_eq!(get(&f, Knob::Weight, Some(1)), 5);
-        set(&f, Knob::Memsize, Some(0), 512 * MIB).unwrap();
-        assert_eq!(get(&f, Knob::Memsize, Some(0)), 512 * MIB);
-        assert_eq!(f.header.knob_generation.load(Acquire), g0 + 3);
+        assert_eq!(get(&f, Knob::Weight, Some(1)), 3);
+        assert_eq!(get(&f, Knob::FreeWeight, None), 11);
         assert_eq!(find_container(&f, "bb"), Some(1));
         assert_eq!(find_container(&f, "zz"), None);
     }

@@ -227,7 +227,7 @@ mod tests {
         assert!(fl.contains("0/policy: 1\n"), "{fl}");
         assert!(fl.contains("0/max_inst: 16\n"), "{fl}");
         assert!(
-            fl.contains("0/012b2edccd7a/meminfo: Free: 6241972224\n"),
+            fl.contains("0/012b2edccd7a/meminfo: Free: 6242172928\n"),
             "{fl}"
         );
         assert!(
@@ -237,8 +237,9 @@ mod tests {
         assert!(fl.contains("0/012b2edccd7a/memsize: 6442450944\n"), "{fl}");
         assert!(fl.contains("default_memsize: 0\n"), "{fl}");
         let t = render(&r, false);
+        println!("{t}");
         assert!(t.contains("├── 012b2edccd7a/"), "{t}");
-        assert!(t.contains("meminfo: Free: 6241972224"), "{t}");
+        assert!(t.contains("meminfo: Free: 6242172928"), "{t}");
         // `ls` order inside the GPU dir
         let i0 = t.find("012b2edccd7a/").unwrap();
         let i1 = t.find("0852a381c0cf/").unwrap();
