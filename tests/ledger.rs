@@ -97,13 +97,15 @@ fn reserve_release_quota() {
     l.try_reserve(&m, 2 * GIB).unwrap();
     l.set_memsize(m.container, GIB).unwrap();
     assert!(l.try_reserve(&m, 1).is_err());
+    assert_eq!(l.container_of(&m).free_bytes(), Some(0), "never wraps");
+    assert_eq!(l.process_of(&m).used.load(Ordering::Relaxed), 2 * GIB);
     let snap = l.snapshot();
-    assert_eq!(
-        snap.containers[0]
-            .quota
-            .saturating_sub(snap.containers[0].used),
-        0
-    );
+    assert_eq!(snap.containers[0].used, 2 * GIB);
+    assert_eq!(snap.containers[0].quota, GIB);
+    assert_eq!(snap.processes[0].used, 2 * GIB);
+    assert!(snap.processes[0].alive);
+    let json = serde_json::to_string(&snap).unwrap();
+    assert!(json.contains("\"oom_count\""), "{json}");
     l.release(&m, 2 * GIB);
     assert!(l.try_reserve(&m, GIB).is_ok());
     l.leave(m);
@@ -129,6 +131,7 @@ fn enforce_off_and_unlimited_record_only() {
             .load(Ordering::Relaxed),
         5 * GIB
     );
+    assert_eq!(l.container_of(&m).free_bytes(), None);
     let m2 = l.join(&req("unl", QUOTA_UNLIMITED)).unwrap();
     assert_eq!(
         l.file().containers[m2.container]
@@ -352,5 +355,166 @@ fn threads_race_one_process() {
             .load(Ordering::Relaxed),
         0
     );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A process that dies mid-operation leaves `pending` set; whether its CAS
+/// on the container happened is unknowable from its slot. The reap keeps
+/// the bytes counted (never under-counts), then recounts exactly. Each
+/// handle has its own lock descriptions, so dropping one is a death.
+#[test]
+fn death_mid_operation_is_recounted_exactly() {
+    let d = tmpdir("midop");
+    let survivor = open(&d);
+    let m = survivor.join(&req("pod", 10 * GIB)).unwrap();
+    survivor.try_reserve(&m, GIB).unwrap();
+    let c = &survivor.file().containers[m.container];
+    // (a) died after the container CAS, before moving pending to used;
+    // (b) died after setting pending, before the CAS;
+    // (c) died in release after the process slot gave bytes back, before the container.
+    for (case, cas_done) in [("a", true), ("b", false), ("c", true)] {
+        let victim = open(&d);
+        let vm = victim.join(&req("pod", 0)).unwrap();
+        victim.try_reserve(&vm, 3 * GIB).unwrap();
+        let p = &victim.file().processes[vm.process];
+        let x = 2 * GIB;
+        p.pending.fetch_add(x, Ordering::SeqCst);
+        match case {
+            "c" => {
+                p.used.fetch_sub(x, Ordering::SeqCst); // slot gave back, container not yet
+            }
+            _ if cas_done => {
+                c.used.fetch_add(x, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+        let before = c.used.load(Ordering::SeqCst);
+        drop(victim); // its liveness lock goes: dead
+        assert!(!survivor.is_alive(vm.process));
+        assert_eq!(survivor.reap(), 1, "case {case}");
+        assert_eq!(
+            c.used.load(Ordering::SeqCst),
+            GIB,
+            "case {case}: whole again, exactly"
+        );
+        assert_eq!(c.suspect.load(Ordering::SeqCst), 0);
+        assert!(before >= GIB);
+        assert_eq!(c.nprocs.load(Ordering::SeqCst), 1);
+    }
+    assert_eq!(c.recounts.load(Ordering::SeqCst), 3);
+    // The survivor still works normally.
+    survivor.try_reserve(&m, 9 * GIB).unwrap();
+    assert!(survivor.try_reserve(&m, 1).is_err());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// While a live process has an operation in flight the recount waits (the
+/// bytes stay counted: safe), and happens at the next quiet reap.
+#[test]
+fn recount_postponed_while_busy() {
+    let d = tmpdir("busy");
+    let a = open(&d);
+    let m = a.join(&req("pod", 0)).unwrap();
+    a.try_reserve(&m, 100).unwrap();
+    let c = &a.file().containers[m.container];
+    let victim = open(&d);
+    let vm = victim.join(&req("pod", 0)).unwrap();
+    victim.file().processes[vm.process]
+        .pending
+        .store(50, Ordering::SeqCst);
+    c.used.fetch_add(50, Ordering::SeqCst);
+    drop(victim);
+    // The survivor looks busy (in-flight op).
+    a.file().processes[m.process]
+        .pending
+        .store(7, Ordering::SeqCst);
+    assert_eq!(a.reap(), 1);
+    assert_eq!(
+        c.used.load(Ordering::SeqCst),
+        150,
+        "kept counted while busy"
+    );
+    assert_eq!(c.suspect.load(Ordering::SeqCst), 50);
+    a.file().processes[m.process]
+        .pending
+        .store(0, Ordering::SeqCst);
+    assert_eq!(a.maybe_reap(std::time::Duration::ZERO), 0);
+    assert_eq!(c.used.load(Ordering::SeqCst), 100, "recounted once quiet");
+    assert_eq!(c.suspect.load(Ordering::SeqCst), 0);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn set_weight_respects_free_weight() {
+    let d = tmpdir("setweight");
+    let l = open(&d);
+    l.set_max_inst(4).unwrap();
+    let a = l.join(&req("a", 0)).unwrap();
+    let b = l.join(&req("b", 0)).unwrap();
+    assert_eq!(free_weight(l.file()), 2);
+    assert_eq!(
+        l.file().header.policy.load(Ordering::Relaxed),
+        DEFAULT_POLICY
+    );
+    assert!(l.set_weight(a.container, 3).is_ok(), "1 own + 2 free");
+    assert_eq!(free_weight(l.file()), 0);
+    let e = l.set_weight(b.container, 2).unwrap_err();
+    assert!(e.contains("max_inst"), "{e}");
+    assert!(l.set_weight(b.container, 0).is_ok());
+    assert!(l.set_weight(a.container, 4).is_ok());
+    assert!(l.set_weight(a.container, 5).is_err());
+    assert!(l.set_weight(31, 1).is_err(), "no live container there");
+    assert_eq!(
+        l.file().header.policy.load(Ordering::Relaxed),
+        2,
+        "weight > 1 switched policy"
+    );
+    let g = l.file().header.knob_generation.load(Ordering::Relaxed);
+    l.set_highprio(a.container, true).unwrap();
+    assert!(l.file().header.knob_generation.load(Ordering::Relaxed) > g);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn full_tables_and_missing_file() {
+    let d = tmpdir("full");
+    let l = open(&d);
+    let ids: Vec<String> = (0..MAX_CONTAINERS + 1).map(|i| format!("c{i}")).collect();
+    let mut ms = Vec::new();
+    for id in &ids[..MAX_CONTAINERS] {
+        ms.push(l.join(&req(id, 0)).unwrap());
+    }
+    match l.join(&req(&ids[MAX_CONTAINERS], 0)) {
+        Err(LedgerError::Full {
+            what: "container", ..
+        }) => {}
+        other => panic!("expected Full(container), got {other:?}"),
+    }
+    for _ in MAX_CONTAINERS..MAX_PROCESSES {
+        ms.push(l.join(&req("c0", 0)).unwrap());
+    }
+    match l.join(&req("c1", 0)) {
+        Err(LedgerError::Full {
+            what: "process", ..
+        }) => {}
+        other => panic!("expected Full(process), got {other:?}"),
+    }
+    assert_eq!(
+        l.containers().count(),
+        MAX_CONTAINERS,
+        "nothing half-claimed left"
+    );
+    // Bad ids are refused clearly.
+    assert!(l.join(&req("", 0)).is_err());
+    assert!(l.join(&req(&"x".repeat(ID_LEN + 1), 0)).is_err());
+    for m in ms {
+        l.leave(m);
+    }
+    assert_eq!(l.containers().count(), 0);
+    assert_eq!(l.snapshot().processes.len(), 0);
+    match Ledger::open(&d.join("absent.ledger")) {
+        Err(LedgerError::Io { err, .. }) => assert_eq!(err.kind(), std::io::ErrorKind::NotFound),
+        other => panic!("expected Io(NotFound), got {other:?}"),
+    }
     let _ = std::fs::remove_dir_all(&d);
 }

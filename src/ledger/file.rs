@@ -151,7 +151,11 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     if let Err(e) = validate_fd(path, fd) {
         return done(e);
     }
-    let map = match map_fd(path, fd) {
+    // Map through the probe description, never through `fd`: a mapping
+    // holds a reference to its file description, and a forked child
+    // inherits the mapping; mapped through `fd`, the child would keep the
+    // parent's liveness locks alive after the parent's death.
+    let map = match map_fd(path, probe) {
         Ok(m) => m,
         Err(e) => return done(e),
     };
@@ -322,8 +326,9 @@ fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
             Ok(m) if m.ino() == st.st_ino && m.dev() == st.st_dev => {}
             _ => return Ok(true), // replaced meanwhile
         }
-        // Still corrupt? (It cannot heal, but check what we move.)
-        if validate_fd(path, fd).is_ok() {
+        // Still corrupt? (Only a corrupt file is ever moved; a file of
+        // another version never is.)
+        if !matches!(validate_fd(path, fd), Err(LedgerError::Corrupt { .. })) {
             return Ok(true);
         }
         let aside = PathBuf::from(format!("{}.corrupt-{}", path.display(), realtime_ns()));

@@ -121,10 +121,17 @@ pub struct ContainerSlot {
     pub created_ns: u64,
     /// 1 when memory enforcement is off (`CGPU_DISABLE`): usage recorded only.
     pub enforce_off: AtomicU32,
-    pub _pad: u32,
+    /// Bumped (wrapping) by every reserve/release before it touches `used`:
+    /// lets `reap` recognise an instant when no operation is in flight.
+    pub ops: AtomicU32,
     /// Scheduler state (`scheduler` defines the words).
     pub sched: [AtomicU64; SCHED_CONTAINER_WORDS],
-    pub reserved: [u64; 8],
+    /// Upper bound of bytes `used` may still count for processes that died
+    /// mid-operation; cleared when `reap` recounts `used` exactly.
+    pub suspect: AtomicU64,
+    /// Times `reap` recounted `used` after such a death.
+    pub recounts: AtomicU64,
+    pub reserved: [u64; 6],
 }
 
 /// One process using this GPU.
@@ -281,6 +288,16 @@ impl ContainerSlot {
     pub fn id_str(&self) -> &str {
         nul_str(&self.id)
     }
+    /// Bytes it may still allocate: `quota − used`, never below 0 (also when
+    /// an operator lowered the quota under what is held); `None` when not
+    /// limited (quota 0) or not enforcing.
+    pub fn free_bytes(&self) -> Option<u64> {
+        let quota = self.quota.load(Ordering::Acquire);
+        if quota == 0 || self.enforce_off.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        Some(quota.saturating_sub(self.used.load(Ordering::Acquire)))
+    }
     /// Live and named `id`?
     fn is(&self, id: &str) -> bool {
         self.state.load(Ordering::Acquire) == SLOT_LIVE && self.id_str() == id
@@ -293,11 +310,13 @@ pub struct Ledger {
     /// `MAP_SHARED` mapping of exactly `size_of::<LedgerFile>()` bytes.
     map: NonNull<LedgerFile>,
     /// Descriptor through which this process holds the table lock and its
-    /// liveness locks. -1 once closed (after `fork`).
+    /// liveness locks. Nothing else may reference its open file description
+    /// (no mapping, no dup), so that it dies with this process. -1 once
+    /// closed (after `fork`).
     fd: AtomicI32,
-    /// A second open file description, used only to probe other slots' locks
-    /// (`F_OFD_GETLK` ignores the prober's own description, so probing
-    /// through `fd` would see our own slots as dead).
+    /// A second open file description: the mapping is made through it, and
+    /// it probes slots' locks (`F_OFD_GETLK` ignores the prober's own
+    /// description, so probing through `fd` would see our own slots as dead).
     probe_fd: AtomicI32,
     /// Threads of one process share `fd`, and OFD locks do not exclude each
     /// other within one description: this serialises them first.
@@ -354,8 +373,8 @@ impl Drop for TableGuard<'_> {
     }
 }
 
-/// Test hook: how long `join` sleeps while holding the table lock with its
-/// slots half-claimed (so that tests can `kill -9` a process there).
+/// Test hook: how long `join` sleeps while holding the table lock with a
+/// process slot half-claimed (so that tests can `kill -9` a process there).
 #[doc(hidden)]
 pub static TEST_JOIN_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
 
@@ -523,11 +542,6 @@ impl Ledger {
             None => (self.claim_container(req)?, true),
         };
 
-        let pause = TEST_JOIN_PAUSE_MS.load(Ordering::Relaxed);
-        if pause > 0 {
-            std::thread::sleep(Duration::from_millis(pause));
-        }
-
         let Some(p) = self.claim_process(fd, c) else {
             if created {
                 self.free_container(c);
@@ -601,25 +615,16 @@ impl Ledger {
         slot.weight.store(weight, Ordering::Relaxed);
         slot.nprocs.store(0, Ordering::Relaxed);
         slot.oom_count.store(0, Ordering::Relaxed);
+        slot.suspect.store(0, Ordering::Relaxed);
+        slot.recounts.store(0, Ordering::Relaxed);
         slot.highprio.store(req.highprio as u32, Ordering::Relaxed);
         slot.enforce_off
             .store(req.enforce_off as u32, Ordering::Relaxed);
         for w in &slot.sched {
             w.store(0, Ordering::Relaxed);
         }
-        // SPEC §3: a weight > 1 switches the GPU to policy 2 unless an
-        // operator set the policy explicitly.
-        if req.weight > 1
-            && h.policy_explicit.load(Ordering::Relaxed) == 0
-            && h.policy.swap(2, Ordering::AcqRel) != 2
-        {
-            h.knob_generation.fetch_add(1, Ordering::AcqRel);
-            tracing::info!(
-                "GPU {}: weight {} > 1 switches policy to 2",
-                h.uuid_str(),
-                req.weight
-            );
-        }
+        // The requested weight counts, even if clamped (SPEC §1).
+        self.weight_switches_policy(req.weight);
         slot.state.store(SLOT_LIVE, Ordering::Release);
         Ok(c)
     }
@@ -641,6 +646,10 @@ impl Ledger {
                 _ => continue,
             }
             p.state.store(SLOT_CLAIMING, Ordering::Release);
+            let pause = TEST_JOIN_PAUSE_MS.load(Ordering::Relaxed);
+            if pause > 0 {
+                std::thread::sleep(Duration::from_millis(pause));
+            }
             p.container.store(c as u32, Ordering::Relaxed);
             p.pid.store(pid, Ordering::Relaxed);
             p.pidns.store(pidns, Ordering::Relaxed);
@@ -675,8 +684,11 @@ impl Ledger {
             sat_sub(&f.containers[c].used, held);
             let pending = p.pending.swap(0, Ordering::AcqRel);
             if pending != 0 {
-                tracing::warn!(
-                    "process slot {i} (pid {}) died with {pending} bytes in flight: kept as held by container {} until its last process goes",
+                // Did its last CAS on the container happen? Unknowable here:
+                // keep the bytes counted (safe) and recount when quiet.
+                f.containers[c].suspect.fetch_add(pending, Ordering::AcqRel);
+                tracing::debug!(
+                    "process slot {i} (pid {}) died with {pending} bytes in flight: container {} recounts",
                     p.pid.load(Ordering::Relaxed),
                     f.containers[c].id_str()
                 );
@@ -723,9 +735,11 @@ impl Ledger {
         let f = self.file();
         let c = &f.containers[m.container];
         let p = &f.processes[m.process];
-        // Crash consistency: `pending` covers the window in which the
-        // container may hold bytes that the process slot does not show yet.
+        // Crash consistency: while `pending` is non-zero the container may
+        // count up to `pending` bytes that the process slot does not show
+        // (yet). `ops` is bumped before `used` changes (see `resync`).
         p.pending.fetch_add(bytes, Ordering::AcqRel);
+        c.ops.fetch_add(1, Ordering::AcqRel);
         let mut cur = c.used.load(Ordering::Acquire);
         loop {
             let quota = c.quota.load(Ordering::Acquire);
@@ -747,7 +761,9 @@ impl Ledger {
                 .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
             {
                 Ok(_) => {
-                    c.peak.fetch_max(new, Ordering::Relaxed);
+                    if new > c.peak.load(Ordering::Relaxed) {
+                        c.peak.fetch_max(new, Ordering::Relaxed);
+                    }
                     p.used.fetch_add(bytes, Ordering::AcqRel);
                     p.pending.fetch_sub(bytes, Ordering::AcqRel);
                     return Ok(());
@@ -766,16 +782,21 @@ impl Ledger {
         }
         let f = self.file();
         let p = &f.processes[m.process];
-        // Process first, container second: a crash in between leaves the
-        // container over-counted (safe), never under-counted.
+        let c = &f.containers[m.container];
+        // Process first, container second, `pending` around both: a crash in
+        // between leaves the container over-counted (safe), never
+        // under-counted, and flagged for an exact recount.
+        p.pending.fetch_add(bytes, Ordering::AcqRel);
+        c.ops.fetch_add(1, Ordering::AcqRel);
         let took = sat_sub(&p.used, bytes);
+        sat_sub(&c.used, took);
+        p.pending.fetch_sub(bytes, Ordering::AcqRel);
         if took != bytes {
             tracing::warn!(
                 "release of {bytes} bytes but process slot {} held {took}: clamped",
                 m.process
             );
         }
-        sat_sub(&f.containers[m.container].used, took);
     }
 
     /// Reclaim the slots and bytes of dead processes and containers without
@@ -835,10 +856,10 @@ impl Ledger {
                 _ => return true,
             }
         }
-        f.containers
-            .iter()
-            .enumerate()
-            .any(|(c, s)| s.state.load(Ordering::Acquire) != SLOT_FREE && !has_procs[c])
+        f.containers.iter().enumerate().any(|(c, s)| {
+            s.state.load(Ordering::Acquire) != SLOT_FREE
+                && (!has_procs[c] || s.suspect.load(Ordering::Relaxed) != 0)
+        })
     }
 
     /// Under the table lock (so no join is half-way): free dead and
@@ -878,9 +899,64 @@ impl Ledger {
             if nprocs[c] == 0 {
                 tracing::debug!("container {} has no process left: slot freed", s.id_str());
                 self.free_container(c);
+            } else if s.suspect.load(Ordering::Acquire) != 0 {
+                self.resync(c);
             }
         }
         reaped
+    }
+
+    /// Under the table lock (dead slots already freed): make container `c`'s
+    /// `used` exactly the sum of its live processes' `used`, removing what
+    /// processes that died mid-operation left behind. Needs an instant when
+    /// none of its processes has an operation in flight: read `ops`, `used`,
+    /// every live slot (all `pending` zero), `used` and `ops` again; if
+    /// nothing moved, `used − Σ` is exactly the leftover, and subtracting it
+    /// (rather than storing Σ) stays right whatever completes meanwhile.
+    /// Gives up after a bounded number of tries (the next reap retries).
+    fn resync(&self, c: usize) -> bool {
+        let f = self.file();
+        let s = &f.containers[c];
+        let sc = Ordering::SeqCst;
+        for attempt in 0..256 {
+            if attempt > 0 {
+                std::thread::yield_now();
+            }
+            let o0 = s.ops.load(sc);
+            let c1 = s.used.load(sc);
+            let mut sum = 0u64;
+            let mut busy = false;
+            for (_, p) in self.processes_of(c) {
+                if p.pending.load(sc) != 0 {
+                    busy = true;
+                    break;
+                }
+                sum = sum.saturating_add(p.used.load(sc));
+            }
+            if busy || s.used.load(sc) != c1 || s.ops.load(sc) != o0 {
+                continue;
+            }
+            if c1 >= sum {
+                sat_sub(&s.used, c1 - sum);
+            } else {
+                // Under-counted (cannot happen by this protocol): count up, the safe way.
+                tracing::warn!(
+                    "container {}: used {c1} < sum of its processes {sum}",
+                    s.id_str()
+                );
+                s.used.fetch_add(sum - c1, sc);
+            }
+            let suspect = s.suspect.swap(0, sc);
+            s.recounts.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                "container {}: recounted used after a process died mid-operation ({} bytes given back, at most {suspect} suspected)",
+                s.id_str(),
+                c1.saturating_sub(sum)
+            );
+            return true;
+        }
+        tracing::debug!("container {}: busy, recount postponed", s.id_str());
+        false
     }
 
     /// Is the process in slot `i` alive (its liveness lock held)? A lock held
@@ -924,6 +1000,18 @@ impl Ledger {
         self.stale.load(Ordering::Acquire)
     }
 
+    /// The container slot of a membership.
+    #[inline]
+    pub fn container_of(&self, m: &Membership) -> &ContainerSlot {
+        &self.file().containers[m.container]
+    }
+
+    /// The process slot of a membership.
+    #[inline]
+    pub fn process_of(&self, m: &Membership) -> &ProcessSlot {
+        &self.file().processes[m.process]
+    }
+
     /// Live containers (slot index, slot).
     pub fn containers(&self) -> impl Iterator<Item = (usize, &ContainerSlot)> {
         self.file()
@@ -961,6 +1049,21 @@ impl Ledger {
 /// `knob_generation` so running jobs notice. A smaller `memsize` than what
 /// is held refuses further allocations; it never frees memory under a job.
 impl Ledger {
+    /// SPEC §1/§3: a weight > 1 switches the GPU to policy 2 unless an
+    /// operator set the policy explicitly (at join and on `set_weight`).
+    fn weight_switches_policy(&self, weight: u32) {
+        let h = &self.file().header;
+        if weight > 1
+            && h.policy_explicit.load(Ordering::Acquire) == 0
+            && h.policy.swap(2, Ordering::AcqRel) != 2
+        {
+            h.knob_generation.fetch_add(1, Ordering::AcqRel);
+            tracing::info!(
+                "GPU {}: weight {weight} > 1 switches policy to 2",
+                h.uuid_str()
+            );
+        }
+    }
     fn bump(&self) {
         self.file()
             .header
@@ -1010,13 +1113,21 @@ impl Ledger {
         self.bump();
         Ok(())
     }
-    /// Weight 0..=max_inst of container slot `c` (0 = no compute).
+    /// Weight of container slot `c` (0 = no compute). As in cGPU, the
+    /// weights of live containers may not sum to more than `max_inst`: the
+    /// most it may get is its current weight plus `free_weight`.
     pub fn set_weight(&self, c: usize, w: u32) -> Result<(), String> {
+        let slot = self.live_container(c)?;
         let max = self.file().header.max_inst.load(Ordering::Acquire);
-        if w > max {
-            return Err(format!("weight {w} out of range 0..={max} (max_inst)"));
+        let most = slot.weight.load(Ordering::Acquire) + free_weight(self.file());
+        if w > max || w > most {
+            return Err(format!(
+                "weight {w} out of range 0..={} (max_inst {max}, weights of live containers may not sum past it)",
+                most.min(max)
+            ));
         }
-        self.live_container(c)?.weight.store(w, Ordering::Release);
+        slot.weight.store(w, Ordering::Release);
+        self.weight_switches_policy(w);
         self.bump();
         Ok(())
     }

@@ -41,6 +41,10 @@ pub struct ContainerSnapshot {
     pub enforce_off: bool,
     pub nprocs: u32,
     pub oom_count: u64,
+    /// Bytes `used` may still count for processes that died mid-operation.
+    pub suspect: u64,
+    /// Times `used` was recounted after such a death.
+    pub recounts: u64,
     pub created_ns: u64,
     /// Per-container scheduler words.
     pub sched: Vec<u64>,
@@ -85,6 +89,8 @@ impl Snapshot {
                 enforce_off: c.enforce_off.load(r) != 0,
                 nprocs: c.nprocs.load(r),
                 oom_count: c.oom_count.load(r),
+                suspect: c.suspect.load(r),
+                recounts: c.recounts.load(r),
                 created_ns: c.created_ns,
                 sched: words(&c.sched),
             })
