@@ -362,10 +362,7 @@ impl Proc {
             // SAFETY: slots hold leaked, never-freed Gpus (or the sentinel, checked above).
             return Some(unsafe { &*p });
         }
-        let Some(info) = info() else {
-            return None;
-        };
-        match self.gpu_by_info(info) {
+        match self.gpu_by_info(info()?) {
             Some(g) => {
                 slot.store(g as *const Gpu as *mut Gpu, Ordering::Release);
                 Some(g)
