@@ -219,6 +219,10 @@ want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
   echo "nvidia-smi:     ${NVSMI:-not used}"
 } | tee -a "$LOG"
 
+if [ -n "$NVSMI" ]; then
+  log ""; log "=============== nvidia-smi (no LD_PRELOAD)"
+  timeout 30 "$NVSMI" >>"$LOG" 2>&1
+fi
 log ""; log "=============== probe (no LD_PRELOAD)"
 (cd "$HERE" && timeout -k 10 "${LIMIT[probe]}" "$PY" "$HERE/probe.py") >"$WORK/probe.out" 2>&1
 rc=$?

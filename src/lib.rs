@@ -5,4 +5,5 @@ pub mod driver;
 pub mod hooks;
 pub mod ledger;
 pub mod memory;
+pub mod monitor;
 pub mod scheduler;

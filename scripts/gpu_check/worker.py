@@ -204,7 +204,6 @@ class TorchBackend:
         self._train = (model, opt, x, g, small)
 
     def train_step(self):
-        t = self.torch
         model, opt, x, g, small = self._train
         out = model(x)
         loss = out.float().pow(2).mean()
