@@ -1,0 +1,26 @@
+//! The CUDA driver API, by area. Every `#[unsafe(no_mangle)]` function here is
+//! exported under the real driver's symbol name (`_v2`, `_ptds`, `_ptsz`
+//! suffixes included) and listed in `procaddr_table.rs` for `cuGetProcAddress`.
+
+pub mod context;
+pub mod device;
+pub mod graph;
+pub mod init;
+pub mod launch;
+pub mod memory;
+pub mod module;
+pub mod procaddr;
+mod procaddr_table;
+pub mod stream;
+pub mod vmm;
+
+pub use context::*;
+pub use device::*;
+pub use graph::*;
+pub use init::*;
+pub use launch::*;
+pub use memory::*;
+pub use module::*;
+pub use procaddr::*;
+pub use stream::*;
+pub use vmm::*;

@@ -1,0 +1,533 @@
+//! Modules, libraries, functions and kernels. Images are PTX text (function
+//! names from its `.entry` lines; other names are `CUDA_ERROR_NOT_FOUND`) or
+//! any other bytes, e.g. cubin/fatbin (every name resolves). A function whose
+//! name starts with `cgpu_sim_spin` runs for its first parameter's ns.
+
+use crate::driver::{cu, Func, Module, Obj, Timing};
+use crate::{guard, put, read_cstr, CuRes};
+use cgpu_ffi::*;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void};
+use std::sync::Arc;
+
+pub const SPIN_PREFIX: &str = "cgpu_sim_spin";
+
+/// Entry names of a PTX text, `None` if the image is not PTX.
+pub fn ptx_entries(text: &str) -> Option<Vec<String>> {
+    let is_ptx = text.contains(".entry") || text.contains(".version") || text.contains(".target");
+    if !is_ptx {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(".entry") {
+        rest = &rest[i + 6..];
+        let name: String = rest
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.'))
+            .collect();
+        if !name.is_empty() {
+            out.push(name);
+        }
+    }
+    Some(out)
+}
+
+/// Reads an image given by pointer: ELF/fatbin → binary; otherwise a
+/// NUL-terminated text (at most 256 MiB is scanned).
+///
+/// # Safety
+/// `image` points to a module image as the CUDA API requires.
+unsafe fn image_entries(image: *const c_void) -> Option<Vec<String>> {
+    let p = image as *const u8;
+    // SAFETY: every image is at least 4 bytes long (ELF/fatbin magic or PTX text).
+    let head = unsafe { std::slice::from_raw_parts(p, 4) };
+    if head == b"\x7fELF" || head == [0x50, 0xed, 0x55, 0xba] || head == [0x46, 0x61, 0x74, 0x62] {
+        return None;
+    }
+    let mut n = 0usize;
+    // SAFETY: a non-binary image is a NUL-terminated string.
+    while n < (256 << 20) && unsafe { *p.add(n) } != 0 {
+        n += 1;
+    }
+    // SAFETY: n bytes were just read.
+    let bytes = unsafe { std::slice::from_raw_parts(p, n) };
+    ptx_entries(&String::from_utf8_lossy(bytes))
+}
+
+fn load(pm: *mut CUmodule, entries: Option<Vec<String>>, library: bool) -> CuRes {
+    let d = cu()?;
+    let (ctx, _) = d.cur_ctx()?;
+    let h = d.objs.lock().insert(Obj::Module(Arc::new(Module {
+        ctx,
+        entries,
+        library,
+    })));
+    // SAFETY: out pointer from the caller.
+    unsafe { put(pm, h as CUmodule, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadData(pm: *mut CUmodule, image: *const c_void) -> CUresult {
+    guard(|| {
+        cu()?;
+        if pm.is_null() || image.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: image from the caller (checked non-null).
+        load(pm, unsafe { image_entries(image) }, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadDataEx(
+    pm: *mut CUmodule,
+    image: *const c_void,
+    _n: u32,
+    _opts: *mut u32,
+    _vals: *mut *mut c_void,
+) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuModuleLoadData(pm, image) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoadFatBinary(
+    pm: *mut CUmodule,
+    image: *const c_void,
+) -> CUresult {
+    guard(|| {
+        cu()?;
+        if pm.is_null() || image.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        load(pm, None, false)
+    })
+}
+
+fn read_file(fname: *const c_char) -> Result<Option<Vec<String>>, CUresult> {
+    // SAFETY: NUL-terminated path from the caller.
+    let path = unsafe { read_cstr(fname) }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let bytes = std::fs::read(&path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    if bytes.starts_with(b"\x7fELF") {
+        return Ok(None);
+    }
+    Ok(ptx_entries(&String::from_utf8_lossy(&bytes)))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleLoad(pm: *mut CUmodule, fname: *const c_char) -> CUresult {
+    guard(|| {
+        cu()?;
+        if pm.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        load(pm, read_file(fname)?, false)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleUnload(m: CUmodule) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let mut objs = d.objs.lock();
+        match objs.get(m as usize) {
+            Some(Obj::Module(md)) if !md.library => {
+                objs.remove(m as usize);
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    })
+}
+
+fn get_function(pf: *mut CUfunction, m: usize, name: *const c_char) -> CuRes {
+    let d = cu()?;
+    if pf.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: NUL-terminated name from the caller.
+    let name = unsafe { read_cstr(name) }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let md = match d.objs.lock().get(m) {
+        Some(Obj::Module(md)) => Arc::clone(md),
+        _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+    };
+    if let Some(es) = &md.entries {
+        if !es.contains(&name) {
+            return Err(CUDA_ERROR_NOT_FOUND);
+        }
+    }
+    // One handle per (module, name), as the driver returns.
+    let mut objs = d.objs.lock();
+    let existing = objs
+        .iter()
+        .find(|(_, o)| matches!(o, Obj::Func(f) if f.module == m && f.name == name))
+        .map(|(h, _)| *h);
+    let h = match existing {
+        Some(h) => h,
+        None => {
+            let timing = if name.starts_with(SPIN_PREFIX) {
+                Timing::Spin
+            } else {
+                Timing::Fixed
+            };
+            objs.insert(Obj::Func(Arc::new(Func {
+                module: m,
+                name,
+                timing,
+                attrs: Mutex::new(HashMap::new()),
+            })))
+        }
+    };
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(pf, h as CUfunction, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetFunction(
+    pf: *mut CUfunction,
+    m: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    guard(|| get_function(pf, m as usize, name))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetGlobal_v2(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    m: CUmodule,
+    name: *const c_char,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        if name.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        match d.objs.lock().get(m as usize) {
+            Some(Obj::Module(_)) => {}
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+        let _ = (dptr, bytes);
+        Err(CUDA_ERROR_NOT_FOUND)
+    })
+}
+
+// -------------------------------------------------------------------- libraries
+
+fn library_load(lib: *mut CUlibrary, entries: Option<Vec<String>>) -> CuRes {
+    let d = cu()?;
+    if lib.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // Libraries are context-independent; tie it to the current one if any.
+    let ctx = d.cur_ctx().map(|c| c.0).unwrap_or(0);
+    let h = d.objs.lock().insert(Obj::Module(Arc::new(Module {
+        ctx,
+        entries,
+        library: true,
+    })));
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(lib, h as CUlibrary, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryLoadData(
+    lib: *mut CUlibrary,
+    code: *const c_void,
+    _jit_opts: *mut u32,
+    _jit_vals: *mut *mut c_void,
+    _n_jit: u32,
+    _lib_opts: *mut u32,
+    _lib_vals: *mut *mut c_void,
+    _n_lib: u32,
+) -> CUresult {
+    guard(|| {
+        cu()?;
+        if code.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: image from the caller (checked non-null).
+        library_load(lib, unsafe { image_entries(code) })
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryLoadFromFile(
+    lib: *mut CUlibrary,
+    fname: *const c_char,
+    _jit_opts: *mut u32,
+    _jit_vals: *mut *mut c_void,
+    _n_jit: u32,
+    _lib_opts: *mut u32,
+    _lib_vals: *mut *mut c_void,
+    _n_lib: u32,
+) -> CUresult {
+    guard(|| {
+        cu()?;
+        library_load(lib, read_file(fname)?)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let mut objs = d.objs.lock();
+        match objs.get(lib as usize) {
+            Some(Obj::Module(md)) if md.library => {
+                objs.remove(lib as usize);
+                Ok(())
+            }
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    })
+}
+
+/// A `CUkernel` is also accepted wherever a `CUfunction` is (as in CUDA 12).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetKernel(
+    pk: *mut CUkernel,
+    lib: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    guard(|| get_function(pk, lib as usize, name))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetModule(pm: *mut CUmodule, lib: CUlibrary) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        match d.objs.lock().get(lib as usize) {
+            Some(Obj::Module(md)) if md.library => {}
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+        // SAFETY: out pointer from the caller.
+        unsafe { put(pm, lib as CUmodule, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetFunction(pf: *mut CUfunction, k: CUkernel) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        d.func(k as usize)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(pf, k as CUfunction, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+// --------------------------------------------------------- function attributes
+
+fn func_attr(f: &Func, attrib: i32) -> Option<i32> {
+    if let Some(v) = f.attrs.lock().get(&attrib) {
+        return Some(*v);
+    }
+    Some(match attrib {
+        0 => 1024, // MAX_THREADS_PER_BLOCK
+        1 => 0,    // SHARED_SIZE_BYTES
+        2 => 0,    // CONST_SIZE_BYTES
+        3 => 0,    // LOCAL_SIZE_BYTES
+        4 => 32,   // NUM_REGS
+        5 => 80,   // PTX_VERSION
+        6 => 80,   // BINARY_VERSION
+        7 => 0,    // CACHE_MODE_CA
+        8 => 0,    // MAX_DYNAMIC_SHARED_SIZE_BYTES
+        9 => -1,   // PREFERRED_SHARED_MEMORY_CARVEOUT
+        10..=15 => 0,
+        _ => return None,
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetAttribute(pi: *mut i32, attrib: i32, f: CUfunction) -> CUresult {
+    guard(|| {
+        let func = cu()?.func(f as usize)?;
+        let v = func_attr(&func, attrib).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(pi, v, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncSetAttribute(f: CUfunction, attrib: i32, value: i32) -> CUresult {
+    guard(|| {
+        let func = cu()?.func(f as usize)?;
+        if !matches!(attrib, 8..=15) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        func.attrs.lock().insert(attrib, value);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetAttribute(
+    pi: *mut i32,
+    attrib: i32,
+    k: CUkernel,
+    _dev: CUdevice,
+) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuFuncGetAttribute(pi, attrib, k as CUfunction) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelSetAttribute(
+    attrib: i32,
+    value: i32,
+    k: CUkernel,
+    _dev: CUdevice,
+) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuFuncSetAttribute(k as CUfunction, attrib, value) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncSetCacheConfig(f: CUfunction, _cfg: u32) -> CUresult {
+    guard(|| cu()?.func(f as usize).map(|_| ()))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: CUfunction) -> CUresult {
+    guard(|| {
+        let func = cu()?.func(f as usize)?;
+        // Names live as long as the process (leaked once per function handle).
+        static NAMES: std::sync::OnceLock<Mutex<HashMap<usize, std::ffi::CString>>> =
+            std::sync::OnceLock::new();
+        let mut names = NAMES.get_or_init(|| Mutex::new(HashMap::new())).lock();
+        let c = names
+            .entry(f as usize)
+            .or_insert_with(|| std::ffi::CString::new(func.name.clone()).unwrap_or_default());
+        // SAFETY: out pointer from the caller; the string outlives the call.
+        unsafe { put(name, c.as_ptr(), CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+// ------------------------------------------------------ enumeration, loading
+
+fn module_funcs(m: usize, library: bool, count: *mut u32, out: *mut CUfunction, cap: u32) -> CuRes {
+    let d = cu()?;
+    let md = match d.objs.lock().get(m) {
+        Some(Obj::Module(md)) if md.library == library || !library => Arc::clone(md),
+        _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+    };
+    let names = md.entries.clone().unwrap_or_default();
+    if !count.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *count = names.len() as u32 };
+        return Ok(());
+    }
+    if out.is_null() || (cap as usize) < names.len() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for (i, n) in names.iter().enumerate() {
+        let c = std::ffi::CString::new(n.as_str()).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: out holds cap >= names.len() entries.
+        get_function(unsafe { out.add(i) }, m, c.as_ptr())?;
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut u32, m: CUmodule) -> CUresult {
+    guard(|| {
+        if count.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        module_funcs(m as usize, false, count, std::ptr::null_mut(), 0)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleEnumerateFunctions(
+    out: *mut CUfunction,
+    n: u32,
+    m: CUmodule,
+) -> CUresult {
+    guard(|| module_funcs(m as usize, false, std::ptr::null_mut(), out, n))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut u32, lib: CUlibrary) -> CUresult {
+    guard(|| {
+        if count.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        module_funcs(lib as usize, true, count, std::ptr::null_mut(), 0)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryEnumerateKernels(
+    out: *mut CUkernel,
+    n: u32,
+    lib: CUlibrary,
+) -> CUresult {
+    guard(|| module_funcs(lib as usize, true, std::ptr::null_mut(), out, n))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, k: CUkernel) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuFuncGetName(name, k as CUfunction) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncGetModule(pm: *mut CUmodule, f: CUfunction) -> CUresult {
+    guard(|| {
+        let func = cu()?.func(f as usize)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(pm, func.module as CUmodule, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuKernelGetLibrary(pl: *mut CUlibrary, k: CUkernel) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuFuncGetModule(pl as *mut CUmodule, k as CUfunction) }
+}
+
+/// `CU_MODULE_EAGER_LOADING`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut u32) -> CUresult {
+    guard(|| {
+        cu()?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(mode, 1, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: CUfunction) -> CUresult {
+    guard(|| {
+        cu()?.func(f as usize)?;
+        // SAFETY: out pointer from the caller (CU_FUNCTION_LOADING_STATE_LOADED).
+        unsafe { put(state, 1, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuFuncLoad(f: CUfunction) -> CUresult {
+    guard(|| cu()?.func(f as usize).map(|_| ()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ptx() {
+        let t = ".version 7.0\n.target sm_80\n.visible .entry cgpu_sim_spin(\n .param .u64 a)\n{ ret; }\n.entry other_k() {}";
+        assert_eq!(
+            super::ptx_entries(t).unwrap(),
+            vec!["cgpu_sim_spin", "other_k"]
+        );
+        assert!(super::ptx_entries("\x01\x02garbage").is_none());
+    }
+}

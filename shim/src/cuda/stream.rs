@@ -1,0 +1,716 @@
+//! Streams and events. Work of all streams of a process on a device runs in
+//! submission order on the device's executor (which respects each stream's
+//! order and every cross-stream dependency); a stream remembers the sequence
+//! number of its last operation, an event the one of its last record.
+
+use crate::driver::{cu, Event, Obj, Stream};
+use crate::exec::EventTimes;
+use crate::{guard, put, CuRes};
+use cgpu_ffi::*;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Arc;
+
+fn create(ph: *mut CUstream, flags: u32, prio: i32) -> CuRes {
+    let d = cu()?;
+    if ph.is_null() || flags & !1 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (ctx, c) = d.cur_ctx()?;
+    let s = Stream {
+        ctx,
+        dev: c.dev,
+        flags,
+        prio: prio.clamp(-5, 0),
+        last_seq: AtomicU64::new(0),
+    };
+    let h = d.objs.lock().insert(Obj::Stream(Arc::new(s)));
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(ph, h as CUstream, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: u32) -> CUresult {
+    guard(|| create(ph, flags, 0))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamCreateWithPriority(
+    ph: *mut CUstream,
+    flags: u32,
+    prio: i32,
+) -> CUresult {
+    guard(|| create(ph, flags, prio))
+}
+
+fn destroy(h: CUstream) -> CuRes {
+    let d = cu()?;
+    let mut objs = d.objs.lock();
+    match objs.get(h as usize) {
+        Some(Obj::Stream(_)) => {
+            objs.remove(h as usize);
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamDestroy(h: CUstream) -> CUresult {
+    guard(|| destroy(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamDestroy_v2(h: CUstream) -> CUresult {
+    guard(|| destroy(h))
+}
+
+/// The sequence number a synchronisation on `h` must wait for.
+fn stream_target(h: CUstream) -> Result<(usize, u64), CUresult> {
+    let d = cu()?;
+    let (dev, s) = d.stream(h as usize)?;
+    let seq = match s {
+        Some(s) => s.last_seq.load(Acquire),
+        // default stream: everything submitted on the device so far
+        None => d
+            .exec_if_started(dev)
+            .map(|e| e.submitted_seq())
+            .unwrap_or(0),
+    };
+    Ok((dev, seq))
+}
+
+fn synchronize(h: CUstream) -> CuRes {
+    let d = cu()?;
+    let (dev, seq) = stream_target(h)?;
+    if seq > 0 {
+        d.exec(dev).wait(seq);
+    }
+    Ok(())
+}
+
+fn query(h: CUstream) -> CuRes {
+    let d = cu()?;
+    let (dev, seq) = stream_target(h)?;
+    if seq == 0 || d.exec(dev).done_seq() >= seq {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_NOT_READY)
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
+    guard(|| synchronize(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
+    guard(|| synchronize(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
+    guard(|| query(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
+    guard(|| query(h))
+}
+
+fn wait_event(h: CUstream, ev: CUevent, flags: u32) -> CuRes {
+    let d = cu()?;
+    d.stream(h as usize)?;
+    d.event(ev as usize)?;
+    if flags & !1 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // Submission order already puts the stream's later work after the record.
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitEvent(h: CUstream, ev: CUevent, flags: u32) -> CUresult {
+    guard(|| wait_event(h, ev, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitEvent_ptsz(h: CUstream, ev: CUevent, flags: u32) -> CUresult {
+    guard(|| wait_event(h, ev, flags))
+}
+
+fn get_flags(h: CUstream, flags: *mut u32) -> CuRes {
+    let d = cu()?;
+    let (_, s) = d.stream(h as usize)?;
+    // SAFETY: out pointer from the caller.
+    unsafe {
+        put(
+            flags,
+            s.map(|s| s.flags).unwrap_or(0),
+            CUDA_ERROR_INVALID_VALUE,
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetFlags(h: CUstream, flags: *mut u32) -> CUresult {
+    guard(|| get_flags(h, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetFlags_ptsz(h: CUstream, flags: *mut u32) -> CUresult {
+    guard(|| get_flags(h, flags))
+}
+
+fn get_priority(h: CUstream, prio: *mut i32) -> CuRes {
+    let d = cu()?;
+    let (_, s) = d.stream(h as usize)?;
+    // SAFETY: out pointer from the caller.
+    unsafe {
+        put(
+            prio,
+            s.map(|s| s.prio).unwrap_or(0),
+            CUDA_ERROR_INVALID_VALUE,
+        )
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetPriority(h: CUstream, prio: *mut i32) -> CUresult {
+    guard(|| get_priority(h, prio))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetPriority_ptsz(h: CUstream, prio: *mut i32) -> CUresult {
+    guard(|| get_priority(h, prio))
+}
+
+fn get_ctx(h: CUstream, pctx: *mut CUcontext) -> CuRes {
+    let d = cu()?;
+    let ctx = match d.stream(h as usize)? {
+        (_, Some(s)) => s.ctx,
+        (_, None) => d.cur_ctx()?.0,
+    };
+    // SAFETY: out pointer from the caller.
+    unsafe { put(pctx, ctx as CUcontext, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) -> CUresult {
+    guard(|| get_ctx(h, pctx))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_ptsz(h: CUstream, pctx: *mut CUcontext) -> CUresult {
+    guard(|| get_ctx(h, pctx))
+}
+
+fn get_id(h: CUstream, id: *mut u64) -> CuRes {
+    let d = cu()?;
+    d.stream(h as usize)?;
+    // SAFETY: out pointer from the caller.
+    unsafe { put(id, h as u64, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetId(h: CUstream, id: *mut u64) -> CUresult {
+    guard(|| get_id(h, id))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetId_ptsz(h: CUstream, id: *mut u64) -> CUresult {
+    guard(|| get_id(h, id))
+}
+
+/// Host callback: runs once the stream's prior work is done (on a helper thread).
+pub type CUhostFn = Option<unsafe extern "C" fn(*mut c_void)>;
+
+fn launch_host_func(h: CUstream, f: CUhostFn, data: *mut c_void) -> CuRes {
+    let d = cu()?;
+    let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let (dev, seq) = stream_target(h)?;
+    let data = data as usize;
+    let e = Arc::clone(d.exec(dev));
+    std::thread::spawn(move || {
+        e.wait(seq);
+        // SAFETY: the user's callback with the user's data, as CUDA calls it.
+        unsafe { f(data as *mut c_void) };
+    });
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchHostFunc(h: CUstream, f: CUhostFn, data: *mut c_void) -> CUresult {
+    guard(|| launch_host_func(h, f, data))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLaunchHostFunc_ptsz(
+    h: CUstream,
+    f: CUhostFn,
+    data: *mut c_void,
+) -> CUresult {
+    guard(|| launch_host_func(h, f, data))
+}
+
+// ----------------------------------------------------------------------- events
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        if ph.is_null() || flags & !0xf != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if flags & CU_EVENT_INTERPROCESS != 0 && flags & CU_EVENT_DISABLE_TIMING == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (_, c) = d.cur_ctx()?;
+        let e = Event {
+            dev: AtomicU32::new(c.dev as u32),
+            flags,
+            times: Arc::new(EventTimes::default()),
+        };
+        let h = d.objs.lock().insert(Obj::Event(Arc::new(e)));
+        // SAFETY: out pointer from the caller (checked non-null).
+        unsafe { put(ph, h as CUevent, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+fn event_destroy(h: CUevent) -> CuRes {
+    let d = cu()?;
+    let mut objs = d.objs.lock();
+    match objs.get(h as usize) {
+        Some(Obj::Event(_)) => {
+            objs.remove(h as usize);
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventDestroy(h: CUevent) -> CUresult {
+    guard(|| event_destroy(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventDestroy_v2(h: CUevent) -> CUresult {
+    guard(|| event_destroy(h))
+}
+
+fn record(h: CUevent, stream: CUstream) -> CuRes {
+    let d = cu()?;
+    let e = d.event(h as usize)?;
+    let (dev, s) = d.stream(stream as usize)?;
+    e.dev.store(dev as u32, Relaxed);
+    let seq = d.exec(dev).marker(Some(Arc::clone(&e.times)));
+    if let Some(s) = s {
+        s.last_seq.fetch_max(seq, AcqRel);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecord(h: CUevent, stream: CUstream) -> CUresult {
+    guard(|| record(h, stream))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecord_ptsz(h: CUevent, stream: CUstream) -> CUresult {
+    guard(|| record(h, stream))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecordWithFlags(
+    h: CUevent,
+    stream: CUstream,
+    flags: u32,
+) -> CUresult {
+    guard(|| {
+        if flags & !1 != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        record(h, stream)
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
+    h: CUevent,
+    stream: CUstream,
+    flags: u32,
+) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuEventRecordWithFlags(h, stream, flags) }
+}
+
+fn event_done(e: &Event) -> Result<bool, CUresult> {
+    let d = cu()?;
+    let seq = e.times.seq.load(Acquire);
+    if seq == 0 {
+        return Ok(true);
+    }
+    Ok(d.exec(e.dev.load(Relaxed) as usize).done_seq() >= seq)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventQuery(h: CUevent) -> CUresult {
+    guard(|| {
+        let e = cu()?.event(h as usize)?;
+        if event_done(&e)? {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_NOT_READY)
+        }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let e = d.event(h as usize)?;
+        let seq = e.times.seq.load(Acquire);
+        if seq > 0 {
+            d.exec(e.dev.load(Relaxed) as usize).wait(seq);
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        if ms.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (a, b) = (d.event(start as usize)?, d.event(end as usize)?);
+        if a.flags & CU_EVENT_DISABLE_TIMING != 0 || b.flags & CU_EVENT_DISABLE_TIMING != 0 {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        if a.times.seq.load(Acquire) == 0 || b.times.seq.load(Acquire) == 0 {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        if !event_done(&a)? || !event_done(&b)? {
+            return Err(CUDA_ERROR_NOT_READY);
+        }
+        let (ta, tb) = (
+            a.times.ts.load(Acquire) as i128,
+            b.times.ts.load(Acquire) as i128,
+        );
+        // SAFETY: out pointer from the caller (checked non-null).
+        unsafe {
+            put(
+                ms,
+                ((tb - ta) as f64 / 1e6) as f32,
+                CUDA_ERROR_INVALID_VALUE,
+            )
+        }
+    })
+}
+
+/// CUDA 12.8+: same as `cuEventElapsedTime`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuEventElapsedTime(ms, start, end) }
+}
+
+// ------------------------------------------------ more stream queries, capture
+
+fn get_ctx_v2(h: CUstream, pctx: *mut CUcontext, pgreen: *mut *mut c_void) -> CuRes {
+    if pctx.is_null() && pgreen.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if !pgreen.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *pgreen = std::ptr::null_mut() };
+    }
+    if pctx.is_null() {
+        return cu()?.stream(h as usize).map(|_| ());
+    }
+    get_ctx(h, pctx)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_v2(
+    h: CUstream,
+    pctx: *mut CUcontext,
+    pgreen: *mut *mut c_void,
+) -> CUresult {
+    guard(|| get_ctx_v2(h, pctx, pgreen))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCtx_v2_ptsz(
+    h: CUstream,
+    pctx: *mut CUcontext,
+    pgreen: *mut *mut c_void,
+) -> CUresult {
+    guard(|| get_ctx_v2(h, pctx, pgreen))
+}
+
+fn get_device(h: CUstream, dev: *mut CUdevice) -> CuRes {
+    let (d, _) = cu()?.stream(h as usize)?;
+    // SAFETY: out pointer from the caller.
+    unsafe { put(dev, d as CUdevice, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetDevice(h: CUstream, dev: *mut CUdevice) -> CUresult {
+    guard(|| get_device(h, dev))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetDevice_ptsz(h: CUstream, dev: *mut CUdevice) -> CUresult {
+    guard(|| get_device(h, dev))
+}
+
+/// `CUstreamCallback`.
+pub type CUstreamCallback = Option<unsafe extern "C" fn(CUstream, CUresult, *mut c_void)>;
+
+fn add_callback(h: CUstream, cb: CUstreamCallback, data: *mut c_void, flags: u32) -> CuRes {
+    let d = cu()?;
+    let cb = cb.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (dev, seq) = stream_target(h)?;
+    let (hs, data) = (h as usize, data as usize);
+    let e = Arc::clone(d.exec(dev));
+    std::thread::spawn(move || {
+        e.wait(seq);
+        // SAFETY: the user's callback with the user's arguments, as CUDA calls it.
+        unsafe { cb(hs as CUstream, CUDA_SUCCESS, data as *mut c_void) };
+    });
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAddCallback(
+    h: CUstream,
+    cb: CUstreamCallback,
+    data: *mut c_void,
+    flags: u32,
+) -> CUresult {
+    guard(|| add_callback(h, cb, data, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
+    h: CUstream,
+    cb: CUstreamCallback,
+    data: *mut c_void,
+    flags: u32,
+) -> CUresult {
+    guard(|| add_callback(h, cb, data, flags))
+}
+
+fn is_capturing(h: CUstream, status: *mut u32) -> CuRes {
+    cu()?.stream(h as usize)?;
+    // SAFETY: out pointer from the caller. Stream capture is not simulated:
+    // streams are never capturing (CU_STREAM_CAPTURE_STATUS_NONE).
+    unsafe { put(status, 0, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing(h: CUstream, status: *mut u32) -> CUresult {
+    guard(|| is_capturing(h, status))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(h: CUstream, status: *mut u32) -> CUresult {
+    guard(|| is_capturing(h, status))
+}
+
+/// Capture info of a never-capturing stream: status NONE, other outputs zeroed.
+fn capture_info(h: CUstream, status: *mut u32, outs: &[*mut u64]) -> CuRes {
+    is_capturing(h, status)?;
+    for &o in outs {
+        if !o.is_null() {
+            // SAFETY: non-null out pointer (id, graph, deps, edge data or count).
+            unsafe { o.write_unaligned(0) };
+        }
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_ptsz(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    g: *mut u64,
+    deps: *mut u64,
+    n: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id, g, deps, n]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    g: *mut u64,
+    deps: *mut u64,
+    n: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id, g, deps, n]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    g: *mut u64,
+    deps: *mut u64,
+    edges: *mut u64,
+    n: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id, g, deps, edges, n]))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
+    h: CUstream,
+    status: *mut u32,
+    id: *mut u64,
+    g: *mut u64,
+    deps: *mut u64,
+    edges: *mut u64,
+    n: *mut u64,
+) -> CUresult {
+    guard(|| capture_info(h, status, &[id, g, deps, edges, n]))
+}
+
+fn attach_mem(h: CUstream, _p: CUdeviceptr, _len: usize, flags: u32) -> CuRes {
+    cu()?.stream(h as usize)?;
+    if !matches!(flags, 1 | 2 | 4) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAttachMemAsync(
+    h: CUstream,
+    p: CUdeviceptr,
+    len: usize,
+    flags: u32,
+) -> CUresult {
+    guard(|| attach_mem(h, p, len, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamAttachMemAsync_ptsz(
+    h: CUstream,
+    p: CUdeviceptr,
+    len: usize,
+    flags: u32,
+) -> CUresult {
+    guard(|| attach_mem(h, p, len, flags))
+}
+
+/// Stream attributes are accepted and read back as zeroes (a 64-byte union).
+fn stream_attr(h: CUstream, value: *mut u8) -> CuRes {
+    cu()?.stream(h as usize)?;
+    if value.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetAttribute(h: CUstream, _attr: u32, value: *mut u8) -> CUresult {
+    guard(|| {
+        stream_attr(h, value)?;
+        // SAFETY: value points to a CUstreamAttrValue (64 bytes).
+        unsafe { std::ptr::write_bytes(value, 0, 64) };
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamGetAttribute_ptsz(
+    h: CUstream,
+    attr: u32,
+    value: *mut u8,
+) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuStreamGetAttribute(h, attr, value) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamSetAttribute(
+    h: CUstream,
+    _attr: u32,
+    value: *const u8,
+) -> CUresult {
+    guard(|| stream_attr(h, value as *mut u8))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamSetAttribute_ptsz(
+    h: CUstream,
+    attr: u32,
+    value: *const u8,
+) -> CUresult {
+    std::hint::black_box(concat!(file!(), line!()));
+    // SAFETY: same contract.
+    unsafe { cuStreamSetAttribute(h, attr, value) }
+}
+
+fn ctx_event(ctx: CUcontext, ev: CUevent, record: bool) -> CuRes {
+    let d = cu()?;
+    let c = d.ctx(ctx as usize)?;
+    let e = d.event(ev as usize)?;
+    if record {
+        e.dev.store(c.dev as u32, Relaxed);
+        d.exec(c.dev).marker(Some(Arc::clone(&e.times)));
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxRecordEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
+    guard(|| ctx_event(ctx, ev, true))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuCtxWaitEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
+    guard(|| ctx_event(ctx, ev, false))
+}

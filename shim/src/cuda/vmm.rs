@@ -1,0 +1,392 @@
+//! The virtual memory management API (`cuMemCreate`, `cuMemAddressReserve`,
+//! `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`, `cuMemRelease`, ...).
+//!
+//! A physical allocation is a `memfd` of its size, charged to the device at
+//! `cuMemCreate`; a reservation is a `PROT_NONE` mapping; `cuMemMap` maps the
+//! memfd over the reservation (shared, so two mappings of one handle see the
+//! same bytes) and `cuMemSetAccess` makes it read-write. The memory returns
+//! to the device when the handle is released and no mapping is left.
+
+use crate::driver::{cu, Driver, PhysMem};
+use crate::{guard, put, CuRes};
+use cgpu_ffi::*;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::Arc;
+
+pub const GRANULARITY: u64 = 2 << 20;
+
+/// The head of `CUmemAllocationProp`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AllocPropHead {
+    pub typ: u32,
+    pub handle_types: u32,
+    pub loc_type: u32,
+    pub loc_id: i32,
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AccessDesc {
+    pub loc_type: u32,
+    pub loc_id: i32,
+    pub flags: u32,
+}
+
+fn read_prop(d: &Driver, prop: *const AllocPropHead) -> Result<usize, CUresult> {
+    if prop.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null CUmemAllocationProp from the caller.
+    let p = unsafe { prop.read_unaligned() };
+    if p.typ != 1 || p.loc_type != 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    d.check_dev(p.loc_id).map_err(|_| CUDA_ERROR_INVALID_DEVICE)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationGranularity(
+    g: *mut usize,
+    prop: *const AllocPropHead,
+    _option: u32,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        read_prop(d, prop)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(g, GRANULARITY as usize, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x7e00_0000);
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemCreate(
+    h: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const AllocPropHead,
+    flags: u64,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        if h.is_null() || flags != 0 || size == 0 || size as u64 % GRANULARITY != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dev = read_prop(d, prop)?;
+        d.charge(dev, size as u64)?;
+        d.touch_dev(dev);
+        // SAFETY: memfd_create with a static NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"cgpu-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: fd is our fresh memfd.
+        if fd < 0 || unsafe { libc::ftruncate(fd, size as i64) } != 0 {
+            if fd >= 0 {
+                // SAFETY: closing our own fd.
+                unsafe { libc::close(fd) };
+            }
+            d.uncharge(dev, size as u64);
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let id = NEXT_HANDLE.fetch_add(1, Relaxed);
+        d.phys.lock().insert(
+            id,
+            Arc::new(PhysMem {
+                dev,
+                size: size as u64,
+                fd,
+                released: AtomicBool::new(false),
+                maps: AtomicU32::new(0),
+            }),
+        );
+        // SAFETY: out pointer from the caller (checked non-null).
+        unsafe { put(h, id, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+fn maybe_free(d: &Driver, id: u64, p: &PhysMem) {
+    if p.released.load(Acquire) && p.maps.load(Acquire) == 0 && d.phys.lock().remove(&id).is_some()
+    {
+        // SAFETY: closing the memfd we own; no mapping uses the fd itself.
+        unsafe { libc::close(p.fd) };
+        d.uncharge(p.dev, p.size);
+    }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let p = d
+            .phys
+            .lock()
+            .get(&h)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if p.released.swap(true, AcqRel) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        maybe_free(d, h, &p);
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAddressReserve(
+    ptr: *mut CUdeviceptr,
+    size: usize,
+    align: usize,
+    _addr: CUdeviceptr,
+    flags: u64,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        if ptr.is_null() || size == 0 || flags != 0 || size as u64 % GRANULARITY != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if align != 0 && !align.is_power_of_two() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let align = align.max(GRANULARITY as usize);
+        let len = size.checked_add(align).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        // SAFETY: a fresh PROT_NONE reservation.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let base = p as usize;
+        let start = base.next_multiple_of(align);
+        // Trim the slack around the aligned range.
+        // SAFETY: both pieces lie in the mapping just created and are ours.
+        unsafe {
+            if start > base {
+                libc::munmap(p, start - base);
+            }
+            let end = start + size;
+            if base + len > end {
+                libc::munmap(end as *mut c_void, base + len - end);
+            }
+        }
+        d.vmm_reserved.lock().insert(start as u64, size as u64);
+        // SAFETY: out pointer from the caller (checked non-null).
+        unsafe { put(ptr, start as u64, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemAddressFree(ptr: CUdeviceptr, size: usize) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let mut r = d.vmm_reserved.lock();
+        if r.get(&ptr) != Some(&(size as u64)) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if d.vmm_maps
+            .lock()
+            .range(ptr..ptr + size as u64)
+            .next()
+            .is_some()
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        r.remove(&ptr);
+        // SAFETY: the reservation is ours and has no mapping left.
+        unsafe { libc::munmap(ptr as *mut c_void, size) };
+        Ok(())
+    })
+}
+
+fn in_reservation(d: &Driver, ptr: u64, size: u64) -> bool {
+    d.vmm_reserved
+        .lock()
+        .range(..=ptr)
+        .next_back()
+        .is_some_and(|(s, l)| ptr + size <= s + l)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemMap(
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    h: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let (ptr64, size64) = (ptr, size as u64);
+        if flags != 0 || size == 0 || ptr64 % GRANULARITY != 0 || size64 % GRANULARITY != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = d
+            .phys
+            .lock()
+            .get(&h)
+            .cloned()
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if p.released.load(Acquire) || offset as u64 + size64 > p.size {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if !in_reservation(d, ptr64, size64) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut maps = d.vmm_maps.lock();
+        let overlaps = maps
+            .range(..ptr64 + size64)
+            .next_back()
+            .is_some_and(|(s, (l, _))| s + l > ptr64);
+        if overlaps {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: [ptr, ptr+size) lies in our PROT_NONE reservation with no
+        // mapping; MAP_FIXED replaces our own pages only.
+        let r = unsafe {
+            libc::mmap(
+                ptr as *mut c_void,
+                size,
+                libc::PROT_NONE,
+                libc::MAP_SHARED | libc::MAP_FIXED,
+                p.fd,
+                offset as i64,
+            )
+        };
+        if r == libc::MAP_FAILED {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        maps.insert(ptr64, (size64, h));
+        p.maps.fetch_add(1, AcqRel);
+        Ok(())
+    })
+}
+
+fn unmap(d: &Driver, ptr: u64, size: u64) -> CuRes {
+    let (len, h) = d
+        .vmm_maps
+        .lock()
+        .remove(&ptr)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if len != size {
+        d.vmm_maps.lock().insert(ptr, (len, h));
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the range was our mapping; put a PROT_NONE reservation back.
+    unsafe {
+        libc::mmap(
+            ptr as *mut c_void,
+            size as usize,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+            -1,
+            0,
+        );
+    }
+    let p = d.phys.lock().get(&h).cloned();
+    if let Some(p) = p {
+        p.maps.fetch_sub(1, AcqRel);
+        maybe_free(d, h, &p);
+    }
+    Ok(())
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
+    guard(|| unmap(cu()?, ptr, size as u64))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemSetAccess(
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const AccessDesc,
+    count: usize,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        if desc.is_null() || count == 0 || size == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut prot = libc::PROT_NONE;
+        for i in 0..count {
+            // SAFETY: desc holds count entries by the caller's contract.
+            let a = unsafe { desc.add(i).read_unaligned() };
+            if a.loc_type != 1 || d.check_dev(a.loc_id).is_err() || a.flags > 3 || a.flags == 2 {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            prot = match a.flags {
+                1 => libc::PROT_READ,
+                3 => libc::PROT_READ | libc::PROT_WRITE,
+                _ => prot,
+            };
+        }
+        // The whole range must be mapped.
+        let maps = d.vmm_maps.lock();
+        let mut cur = ptr;
+        let end = ptr + size as u64;
+        while cur < end {
+            match maps.range(..=cur).next_back() {
+                Some((s, (l, _))) if cur < s + l => cur = s + l,
+                _ => return Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
+        // SAFETY: the whole range is our mapped memory.
+        if unsafe { libc::mprotect(ptr as *mut c_void, size, prot) } != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAccess(
+    flags: *mut u64,
+    loc: *const AccessDesc,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        if loc.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mapped = d
+            .vmm_maps
+            .lock()
+            .range(..=ptr)
+            .next_back()
+            .is_some_and(|(s, (l, _))| ptr < s + l);
+        if !mapped {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: out pointer from the caller.
+        unsafe { put(flags, 3, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemRetainAllocationHandle(
+    h: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let a = addr as u64;
+        let found = d
+            .vmm_maps
+            .lock()
+            .range(..=a)
+            .next_back()
+            .and_then(|(s, (l, id))| (a < s + l).then_some(*id));
+        let id = found.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(h, id, CUDA_ERROR_INVALID_VALUE) }
+    })
+}

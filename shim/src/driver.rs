@@ -1,0 +1,470 @@
+//! The per-process driver: configuration, the shared state and our slot in
+//! it, per-device executors, and the registry of every handle we hand out
+//! (contexts, streams, events, modules, functions, graphs, pools, ...).
+//! Handles are opaque numbers shaped like pointers; they are looked up here
+//! and never dereferenced, so a foreign or freed handle is an error code,
+//! never a crash.
+
+use crate::config::{arch_of, Config};
+use crate::exec::{EventTimes, Executor};
+use crate::state::{self, DeviceInit, Shared};
+use cgpu_ffi::*;
+use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, OnceLock};
+
+pub struct DevInfo {
+    pub name: String,
+    pub uuid: String,
+    pub uuid_bytes: [u8; 16],
+    pub total: u64,
+    pub cc: (i32, i32),
+    pub sms: i32,
+    pub pci_bus: u32,
+}
+
+pub struct Ctx {
+    pub dev: usize,
+    pub primary: bool,
+    pub flags: AtomicU32,
+    pub destroyed: AtomicBool,
+}
+
+pub struct Stream {
+    pub ctx: usize,
+    pub dev: usize,
+    pub flags: u32,
+    pub prio: i32,
+    pub last_seq: AtomicU64,
+}
+
+pub struct Event {
+    pub dev: AtomicU32,
+    pub flags: u32,
+    pub times: Arc<EventTimes>,
+}
+
+/// How long a function's launches take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timing {
+    /// `cgpu_sim_spin*`: the first parameter (u64) in ns.
+    Spin,
+    /// Any other kernel: `CGPU_SIM_KERNEL_NS`.
+    Fixed,
+}
+
+pub struct Module {
+    pub ctx: usize,
+    /// Entry names from PTX; `None` for binary images (any name resolves).
+    pub entries: Option<Vec<String>>,
+    pub library: bool,
+}
+
+pub struct Func {
+    pub module: usize,
+    pub name: String,
+    pub timing: Timing,
+    pub attrs: Mutex<HashMap<i32, i32>>,
+}
+
+#[derive(Clone)]
+pub struct KernelNode {
+    pub func: Arc<Func>,
+    pub ns: u64,
+}
+
+#[derive(Default)]
+pub struct Graph {
+    pub kernels: Vec<(usize, KernelNode)>,
+    pub nodes: Vec<usize>,
+}
+
+pub struct GraphExec {
+    pub kernels: Vec<KernelNode>,
+}
+
+pub struct Pool {
+    pub dev: usize,
+    pub attrs: Mutex<HashMap<i32, u64>>,
+}
+
+pub struct PhysMem {
+    pub dev: usize,
+    pub size: u64,
+    pub fd: i32,
+    /// Released by cuMemRelease (memory returns when unmapped too).
+    pub released: AtomicBool,
+    pub maps: AtomicU32,
+}
+
+pub struct Array {
+    pub dev: usize,
+    pub bytes: u64,
+    pub ctx: usize,
+    pub base: u64,
+}
+
+#[derive(Clone)]
+pub enum Obj {
+    Ctx(Arc<Ctx>),
+    Stream(Arc<Stream>),
+    Event(Arc<Event>),
+    Module(Arc<Module>),
+    Func(Arc<Func>),
+    Graph(Arc<Mutex<Graph>>),
+    GraphNode(usize),
+    GraphExec(Arc<GraphExec>),
+    Pool(Arc<Pool>),
+    Array(Arc<Array>),
+}
+
+pub struct Objects {
+    next: usize,
+    map: HashMap<usize, Obj>,
+}
+
+/// Handles look like heap pointers but are only keys of `Objects`.
+const HANDLE_BASE: usize = 0x5c00_0000_0000;
+
+impl Objects {
+    pub fn insert(&mut self, o: Obj) -> usize {
+        self.next += 1;
+        let h = HANDLE_BASE + self.next * 0x40;
+        self.map.insert(h, o);
+        h
+    }
+    pub fn get(&self, h: usize) -> Option<&Obj> {
+        self.map.get(&h)
+    }
+    /// Puts an object back under its old handle.
+    pub fn insert_at(&mut self, h: usize, o: Obj) {
+        self.map.insert(h, o);
+    }
+    pub fn remove(&mut self, h: usize) -> Option<Obj> {
+        self.map.remove(&h)
+    }
+    pub fn iter(&self) -> impl Iterator<Item = (&usize, &Obj)> {
+        self.map.iter()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AllocKind {
+    Device,
+    Managed,
+    Async,
+    Host,
+}
+
+#[derive(Clone, Debug)]
+pub struct Alloc {
+    pub size: u64,
+    /// Bytes charged to the device (0 for host memory).
+    pub charged: u64,
+    pub dev: usize,
+    pub ctx: usize,
+    pub kind: AllocKind,
+    /// mmap'd length (0: not ours to munmap, e.g. registered host memory).
+    pub map_len: usize,
+    /// Pool handle for stream-ordered allocations (0: none).
+    pub pool: usize,
+}
+
+#[derive(Default)]
+pub struct PrimaryCtx {
+    pub handle: usize,
+    pub refs: u32,
+    pub flags: u32,
+}
+
+pub struct Driver {
+    pub cfg: Config,
+    pub shared: &'static Shared,
+    pub slot: usize,
+    pub devs: Vec<DevInfo>,
+    execs: Vec<OnceLock<Arc<Executor>>>,
+    pub objs: Mutex<Objects>,
+    pub allocs: Mutex<BTreeMap<u64, Alloc>>,
+    /// VMM: mapped ranges (start → (len, phys handle)), reserved ranges.
+    pub vmm_maps: Mutex<BTreeMap<u64, (u64, u64)>>,
+    pub vmm_reserved: Mutex<BTreeMap<u64, u64>>,
+    pub phys: Mutex<HashMap<u64, Arc<PhysMem>>>,
+    pub primary: Vec<Mutex<PrimaryCtx>>,
+    pub default_pools: Vec<OnceLock<usize>>,
+    pub current_pools: Vec<Mutex<usize>>,
+}
+
+static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
+static CUDA_INIT: AtomicBool = AtomicBool::new(false);
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// This thread's context stack (top = current).
+    pub static CTX_STACK: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+extern "C" fn at_exit() {
+    if let Some(Ok(d)) = DRIVER.get() {
+        if !FORKED.load(Relaxed) {
+            d.shared.release_own_slot(d.slot);
+        }
+    }
+}
+
+extern "C" fn at_fork_child() {
+    // The child shares our state file's open description (and so our
+    // liveness lock): it must not keep us "alive" nor use our slot.
+    FORKED.store(true, Relaxed);
+    if let Some(Ok(d)) = DRIVER.get() {
+        // SAFETY: closing our own descriptor in the child; the mapping stays.
+        unsafe { libc::close(d.shared.fd()) };
+    }
+}
+
+fn comm() -> String {
+    std::fs::read_to_string("/proc/self/comm")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn build() -> Result<Driver, String> {
+    let cfg = Config::from_env();
+    let want: Vec<DeviceInit> = cfg
+        .gpus
+        .iter()
+        .map(|g| DeviceInit {
+            total_bytes: g.total_bytes,
+            name: &g.name,
+        })
+        .collect();
+    let shared = Shared::open(&cfg.state_dir, Some(&want))
+        .map_err(|e| format!("cannot open the state in {}: {e}", cfg.state_dir.display()))?;
+    let shared: &'static Shared = Box::leak(Box::new(shared));
+    let slot = shared
+        .claim_slot(std::process::id(), &comm())
+        .map_err(|e| e.to_string())?;
+    state::set_own_slot_hint(slot);
+    let n = shared.ndev();
+    let mut devs = Vec::with_capacity(n);
+    for d in 0..n {
+        let name = shared.dev_name(d);
+        let uuid = shared.dev_uuid(d);
+        let hex: String = uuid
+            .trim_start_matches("GPU-")
+            .chars()
+            .filter(|c| *c != '-')
+            .collect();
+        let mut ub = [0u8; 16];
+        for (i, b) in ub.iter_mut().enumerate() {
+            *b = hex
+                .get(2 * i..2 * i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .unwrap_or(0);
+        }
+        let (maj, min, sms) = arch_of(&name);
+        devs.push(DevInfo {
+            name,
+            uuid,
+            uuid_bytes: ub,
+            total: shared.dev(d).total_bytes,
+            cc: (maj, min),
+            sms,
+            pci_bus: 0x17 + d as u32 * 0x10,
+        });
+    }
+    // SAFETY: registering plain extern "C" handlers without captured state.
+    unsafe {
+        libc::atexit(at_exit);
+        libc::pthread_atfork(None, None, Some(at_fork_child));
+    }
+    Ok(Driver {
+        cfg,
+        shared,
+        slot,
+        execs: (0..n).map(|_| OnceLock::new()).collect(),
+        objs: Mutex::new(Objects {
+            next: 0,
+            map: HashMap::new(),
+        }),
+        allocs: Mutex::new(BTreeMap::new()),
+        vmm_maps: Mutex::new(BTreeMap::new()),
+        vmm_reserved: Mutex::new(BTreeMap::new()),
+        phys: Mutex::new(HashMap::new()),
+        primary: (0..n).map(|_| Mutex::new(PrimaryCtx::default())).collect(),
+        default_pools: (0..n).map(|_| OnceLock::new()).collect(),
+        current_pools: (0..n).map(|_| Mutex::new(0)).collect(),
+        devs,
+    })
+}
+
+/// The driver, initialising it on first use (shared by cuInit and nvmlInit).
+pub fn core() -> Result<&'static Driver, &'static str> {
+    if FORKED.load(Relaxed) {
+        return Err("forked child");
+    }
+    match DRIVER.get_or_init(|| {
+        let r = build();
+        if let Err(e) = &r {
+            eprintln!("cgpu-sim: {e}");
+        }
+        r
+    }) {
+        Ok(d) => Ok(d),
+        Err(_) => Err("init failed"),
+    }
+}
+
+/// `cuInit`.
+pub fn cuda_init() -> Result<&'static Driver, CUresult> {
+    let d = core().map_err(|_| CUDA_ERROR_NO_DEVICE)?;
+    if d.devs.is_empty() {
+        return Err(CUDA_ERROR_NO_DEVICE);
+    }
+    CUDA_INIT.store(true, Release);
+    Ok(d)
+}
+
+/// The driver for a CUDA call: `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`.
+#[inline]
+pub fn cu() -> Result<&'static Driver, CUresult> {
+    if !CUDA_INIT.load(Acquire) || FORKED.load(Relaxed) {
+        return Err(CUDA_ERROR_NOT_INITIALIZED);
+    }
+    match DRIVER.get() {
+        Some(Ok(d)) => Ok(d),
+        _ => Err(CUDA_ERROR_NOT_INITIALIZED),
+    }
+}
+
+/// The simulated driver version, without initialising anything.
+pub fn driver_version() -> i32 {
+    match DRIVER.get() {
+        Some(Ok(d)) => d.cfg.driver_version,
+        _ => std::env::var("CGPU_SIM_DRIVER_VERSION")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|v| (1000..100_000).contains(v))
+            .unwrap_or(13000),
+    }
+}
+
+pub fn trace(args: std::fmt::Arguments) {
+    if let Some(Ok(d)) = DRIVER.get() {
+        if !d.cfg.trace {
+            return;
+        }
+    } else if std::env::var_os("CGPU_SIM_TRACE").is_none_or(|v| v.is_empty() || v == "0") {
+        return;
+    }
+    eprintln!("cgpu-sim: {args}");
+}
+
+impl Driver {
+    pub fn exec(&self, dev: usize) -> &Arc<Executor> {
+        self.execs[dev]
+            .get_or_init(|| Executor::new(self.shared, self.slot, dev, self.cfg.timeslice_ns))
+    }
+
+    pub fn exec_if_started(&self, dev: usize) -> Option<&Arc<Executor>> {
+        self.execs.get(dev).and_then(|e| e.get())
+    }
+
+    pub fn check_dev(&self, dev: CUdevice) -> Result<usize, CUresult> {
+        if dev < 0 || dev as usize >= self.devs.len() {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        Ok(dev as usize)
+    }
+
+    pub fn ctx(&self, h: usize) -> Result<Arc<Ctx>, CUresult> {
+        match self.objs.lock().get(h) {
+            Some(Obj::Ctx(c)) => {
+                if c.destroyed.load(Acquire) {
+                    Err(CUDA_ERROR_CONTEXT_IS_DESTROYED)
+                } else {
+                    Ok(Arc::clone(c))
+                }
+            }
+            _ => Err(CUDA_ERROR_INVALID_CONTEXT),
+        }
+    }
+
+    /// The calling thread's current context.
+    pub fn cur_ctx(&self) -> Result<(usize, Arc<Ctx>), CUresult> {
+        let h = CTX_STACK
+            .with(|s| s.borrow().last().copied())
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if h == 0 {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        Ok((h, self.ctx(h)?))
+    }
+
+    /// Resolves a stream handle (NULL, `CU_STREAM_LEGACY`, `CU_STREAM_PER_THREAD`
+    /// = the current context's default stream) to (device, stream object).
+    pub fn stream(&self, h: usize) -> Result<(usize, Option<Arc<Stream>>), CUresult> {
+        if h == 0 || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD {
+            let (_, c) = self.cur_ctx()?;
+            return Ok((c.dev, None));
+        }
+        let objs = self.objs.lock();
+        match objs.get(h) {
+            Some(Obj::Stream(s)) => {
+                let s = Arc::clone(s);
+                drop(objs);
+                if let Ok(c) = self.ctx(s.ctx) {
+                    let _ = c;
+                    Ok((s.dev, Some(s)))
+                } else {
+                    Err(CUDA_ERROR_CONTEXT_IS_DESTROYED)
+                }
+            }
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    pub fn event(&self, h: usize) -> Result<Arc<Event>, CUresult> {
+        match self.objs.lock().get(h) {
+            Some(Obj::Event(e)) => Ok(Arc::clone(e)),
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    pub fn func(&self, h: usize) -> Result<Arc<Func>, CUresult> {
+        match self.objs.lock().get(h) {
+            Some(Obj::Func(f)) => Ok(Arc::clone(f)),
+            _ => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    }
+
+    /// Charges `bytes` on `dev` to this process or fails with OUT_OF_MEMORY.
+    pub fn charge(&self, dev: usize, bytes: u64) -> Result<(), CUresult> {
+        if self.shared.try_charge(self.slot, dev, bytes) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
+
+    pub fn uncharge(&self, dev: usize, bytes: u64) {
+        self.shared.uncharge(self.slot, dev, bytes);
+    }
+
+    /// Marks that this process uses `dev` (NVML lists it from then on).
+    pub fn touch_dev(&self, dev: usize) {
+        self.shared
+            .slot(self.slot)
+            .dev_mask
+            .fetch_or(1 << dev, Relaxed);
+    }
+
+    /// (free, total) of a device, reaping dead processes first.
+    pub fn mem_info(&self, dev: usize) -> (u64, u64) {
+        self.shared.reap(Some(self.slot));
+        let total = self.devs[dev].total;
+        let used = self.shared.used(dev);
+        (total.saturating_sub(used), total)
+    }
+}

@@ -1,0 +1,395 @@
+//! Device time: one executor thread per (process, device) runs the process's
+//! queued work in submission order (which respects every stream's order), and
+//! the device is time-sliced between processes through the shared state.
+//!
+//! Kernels sleep, never spin. While it owns the device, the executor takes
+//! the queued kernels' virtual durations up to the end of its timeslice
+//! (`CGPU_SIM_TIMESLICE_US`, default 2000), sleeps once for the batch, then
+//! completes them and charges exact device time. At the end of a timeslice it
+//! hands the device to the next process (round robin over slots) that wants
+//! it; a long kernel is preempted at the slice boundary and resumes in the
+//! next slice, as contexts are time-sliced on a real GPU. Waiters wait on a
+//! futex in the shared file with a timeout, and reclaim the device from an
+//! owner that died (its OFD lock is gone).
+//!
+//! The device clock is CLOCK_MONOTONIC; a batch starting at `t` completes
+//! its kernels at `t + d1`, `t + d1 + d2`, ... Event timestamps are those
+//! completion times, so `cuEventElapsedTime` measures device wall time,
+//! including slices given to other processes.
+
+use crate::state::{futex_wait, futex_wake, now_mono_ns, Shared};
+use parking_lot::{Condvar, Mutex};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Arc;
+
+/// Timing of an event: the sequence number of its marker and its device time.
+#[derive(Default)]
+pub struct EventTimes {
+    /// Sequence number of the last record; 0 = never recorded.
+    pub seq: AtomicU64,
+    /// Device time (CLOCK_MONOTONIC ns) at which the marker completed.
+    pub ts: AtomicU64,
+}
+
+pub enum Op {
+    Kernel {
+        remaining_ns: u64,
+        seq: u64,
+        submit: u64,
+    },
+    Marker {
+        ev: Option<Arc<EventTimes>>,
+        seq: u64,
+        submit: u64,
+    },
+}
+
+impl Op {
+    fn seq(&self) -> u64 {
+        match self {
+            Op::Kernel { seq, .. } | Op::Marker { seq, .. } => *seq,
+        }
+    }
+}
+
+struct Queue {
+    ops: VecDeque<Op>,
+    next_seq: u64,
+    /// The executor is between taking a batch and completing it.
+    busy: bool,
+    started: bool,
+}
+
+/// Maximum queued operations before a launch blocks (the real push buffer
+/// is bounded too).
+const QUEUE_MAX: usize = 4096;
+
+pub struct Executor {
+    q: Mutex<Queue>,
+    work_cv: Condvar,
+    done_cv: Condvar,
+    space_cv: Condvar,
+    done_seq: AtomicU64,
+    last_end: AtomicU64,
+    pub dev: usize,
+    slot: usize,
+    shared: &'static Shared,
+    timeslice_ns: u64,
+}
+
+impl Executor {
+    pub fn new(
+        shared: &'static Shared,
+        slot: usize,
+        dev: usize,
+        timeslice_ns: u64,
+    ) -> Arc<Executor> {
+        Arc::new(Executor {
+            q: Mutex::new(Queue {
+                ops: VecDeque::new(),
+                next_seq: 1,
+                busy: false,
+                started: false,
+            }),
+            work_cv: Condvar::new(),
+            done_cv: Condvar::new(),
+            space_cv: Condvar::new(),
+            done_seq: AtomicU64::new(0),
+            last_end: AtomicU64::new(0),
+            dev,
+            slot,
+            shared,
+            timeslice_ns,
+        })
+    }
+
+    pub fn done_seq(&self) -> u64 {
+        self.done_seq.load(Acquire)
+    }
+
+    /// Last sequence number handed out (everything submitted so far).
+    pub fn submitted_seq(&self) -> u64 {
+        self.q.lock().next_seq - 1
+    }
+
+    fn ensure_thread(self: &Arc<Self>, q: &mut Queue) {
+        if !q.started {
+            q.started = true;
+            let me = Arc::clone(self);
+            let r = std::thread::Builder::new()
+                .name(format!("cgpu-sim-dev{}", self.dev))
+                .spawn(move || me.run());
+            if r.is_err() {
+                q.started = false;
+            }
+        }
+    }
+
+    /// Queues a kernel of `ns` device time; returns its sequence number.
+    pub fn launch(self: &Arc<Self>, ns: u64) -> u64 {
+        let mut q = self.q.lock();
+        while q.ops.len() >= QUEUE_MAX {
+            self.space_cv.wait(&mut q);
+        }
+        let seq = q.next_seq;
+        q.next_seq += 1;
+        q.ops.push_back(Op::Kernel {
+            remaining_ns: ns,
+            seq,
+            submit: now_mono_ns(),
+        });
+        self.ensure_thread(&mut q);
+        if !q.busy && q.ops.len() == 1 {
+            self.work_cv.notify_one();
+        }
+        seq
+    }
+
+    /// Queues a marker (event record / stream point); returns its sequence.
+    /// With nothing queued, completes it at once at the current device time.
+    pub fn marker(self: &Arc<Self>, ev: Option<Arc<EventTimes>>) -> u64 {
+        let mut q = self.q.lock();
+        let seq = q.next_seq;
+        q.next_seq += 1;
+        if let Some(e) = &ev {
+            e.ts.store(0, Release);
+            e.seq.store(seq, Release);
+        }
+        let now = now_mono_ns();
+        if q.ops.is_empty() && !q.busy {
+            let ts = now.max(self.last_end.load(Acquire));
+            if let Some(e) = &ev {
+                e.ts.store(ts, Release);
+            }
+            self.done_seq.store(seq, Release);
+            return seq;
+        }
+        q.ops.push_back(Op::Marker {
+            ev,
+            seq,
+            submit: now,
+        });
+        self.ensure_thread(&mut q);
+        if !q.busy && q.ops.len() == 1 {
+            self.work_cv.notify_one();
+        }
+        seq
+    }
+
+    /// Blocks until everything up to `seq` completed.
+    pub fn wait(&self, seq: u64) {
+        if self.done_seq() >= seq {
+            return;
+        }
+        let mut q = self.q.lock();
+        while self.done_seq() < seq {
+            self.done_cv.wait(&mut q);
+        }
+    }
+
+    fn run(self: Arc<Self>) {
+        let dev = self.shared.dev(self.dev);
+        let want = &self.shared.slot(self.slot).want[self.dev];
+        let mut owned = false;
+        let mut slice_used = 0u64;
+        let mut done: Vec<Op> = Vec::new();
+        loop {
+            let mut q = self.q.lock();
+            // Leading markers complete without the device.
+            while let Some(Op::Marker { .. }) = q.ops.front() {
+                if let Some(Op::Marker { ev, seq, submit }) = q.ops.pop_front() {
+                    let ts = submit.max(self.last_end.load(Acquire));
+                    if let Some(e) = ev {
+                        e.ts.store(ts, Release);
+                    }
+                    self.done_seq.store(seq, Release);
+                }
+            }
+            if q.ops.is_empty() {
+                q.busy = false;
+                self.done_cv.notify_all();
+                self.space_cv.notify_all();
+                if owned {
+                    owned = false;
+                    self.release_device();
+                }
+                want.store(0, Release);
+                while q.ops.is_empty() {
+                    // `want` stays set across a slice-end release, so a peer
+                    // may hand us the device after our queue ran dry (or
+                    // just as we cleared `want`): never sit on it while idle,
+                    // or the peer waits forever on a live owner.
+                    if dev.owner.load(Acquire) == self.slot as u32 + 1 {
+                        self.release_device();
+                    }
+                    self.work_cv
+                        .wait_for(&mut q, std::time::Duration::from_millis(10));
+                }
+            }
+            q.busy = true;
+            if !owned {
+                drop(q);
+                want.store(1, Release);
+                self.acquire_device();
+                owned = true;
+                slice_used = 0;
+                q = self.q.lock();
+            }
+            // Take a batch up to the end of the slice. The device timeline is
+            // virtual: an op starts when it was submitted or when the device
+            // finished the previous one, whichever is later (so back-to-back
+            // kernels have no gaps and wake-up latency is not device time);
+            // it never runs ahead of the wall clock (we sleep until it).
+            let mut cursor = self
+                .last_end
+                .load(Acquire)
+                .max(dev.last_end_ns.load(Acquire));
+            let budget = self.timeslice_ns.saturating_sub(slice_used).max(1);
+            let mut used = 0u64;
+            let mut charged = 0u64;
+            let mut kernels = 0u64;
+            while let Some(op) = q.ops.front_mut() {
+                match op {
+                    Op::Marker { ev, submit, .. } => {
+                        cursor = cursor.max(*submit);
+                        if let Some(e) = ev {
+                            e.ts.store(cursor, Release);
+                        }
+                    }
+                    Op::Kernel {
+                        remaining_ns,
+                        submit,
+                        ..
+                    } => {
+                        if used >= budget {
+                            break;
+                        }
+                        cursor = cursor.max(*submit);
+                        let run = (*remaining_ns).min(budget - used);
+                        *remaining_ns -= run;
+                        used += run;
+                        cursor += run;
+                        charged += run;
+                        if *remaining_ns > 0 {
+                            break; // preempted at the slice boundary
+                        }
+                        kernels += 1;
+                    }
+                }
+                if let Some(op) = q.ops.pop_front() {
+                    done.push(op);
+                }
+            }
+            let space = q.ops.len() < QUEUE_MAX;
+            drop(q);
+            if space {
+                self.space_cv.notify_all();
+            }
+            sleep_until(cursor);
+            self.last_end.store(cursor, Release);
+            dev.last_end_ns.fetch_max(cursor, AcqRel);
+            // Charge and complete.
+            let rec = self.shared.slot(self.slot);
+            rec.time_ns[self.dev].fetch_add(charged, Relaxed);
+            rec.kernels[self.dev].fetch_add(kernels, Relaxed);
+            dev.busy_ns.fetch_add(charged, Relaxed);
+            dev.kernels.fetch_add(kernels, Relaxed);
+            if let Some(last) = done.last() {
+                let s = last.seq();
+                let _q = self.q.lock();
+                self.done_seq.store(s, Release);
+                self.done_cv.notify_all();
+            }
+            done.clear();
+            slice_used += used;
+            if slice_used >= self.timeslice_ns {
+                slice_used = 0;
+                if self.others_want() {
+                    self.release_device();
+                    owned = false;
+                }
+            }
+        }
+    }
+
+    fn others_want(&self) -> bool {
+        let me = self.slot;
+        (0..self.shared.nslots())
+            .any(|s| s != me && self.shared.slot(s).want[self.dev].load(Acquire) != 0)
+    }
+
+    fn acquire_device(&self) {
+        let dev = self.shared.dev(self.dev);
+        let me = self.slot as u32 + 1;
+        loop {
+            let seq = dev.seq.load(Acquire);
+            let o = dev.owner.load(Acquire);
+            if o == me {
+                return;
+            }
+            if o == 0 {
+                if dev.owner.compare_exchange(0, me, AcqRel, Acquire).is_ok() {
+                    return;
+                }
+                continue;
+            }
+            futex_wait(&dev.seq, seq, 10_000_000);
+            if dev.seq.load(Acquire) == seq && dev.owner.load(Acquire) == o {
+                // No handoff for 10 ms: is the owner still alive?
+                if !self.shared.slot_lock_held(o as usize - 1) {
+                    self.shared.reap(Some(self.slot));
+                    if dev.owner.compare_exchange(o, 0, AcqRel, Acquire).is_ok() {
+                        dev.seq.fetch_add(1, AcqRel);
+                        futex_wake(&dev.seq);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands the device to the next process (round robin) that wants it and
+    /// is alive, or frees it.
+    fn release_device(&self) {
+        let dev = self.shared.dev(self.dev);
+        let me = self.slot;
+        let n = self.shared.nslots().max(me + 1);
+        let mut next = 0u32;
+        for i in 1..n {
+            let s = (me + i) % n;
+            if self.shared.slot(s).want[self.dev].load(Acquire) != 0 {
+                if self.shared.slot_lock_held(s) {
+                    next = s as u32 + 1;
+                    break;
+                }
+                self.shared.reap(Some(me));
+            }
+        }
+        dev.owner.store(next, Release);
+        dev.seq.fetch_add(1, AcqRel);
+        futex_wake(&dev.seq);
+    }
+}
+
+/// Sleeps until CLOCK_MONOTONIC reaches `t` (absolute, so a batch costs one
+/// syscall whatever its length).
+pub fn sleep_until(t: u64) {
+    let ts = libc::timespec {
+        tv_sec: (t / 1_000_000_000) as _,
+        tv_nsec: (t % 1_000_000_000) as _,
+    };
+    loop {
+        // SAFETY: ts is a valid timespec; no remaining-time out pointer with TIMER_ABSTIME.
+        let r = unsafe {
+            libc::clock_nanosleep(
+                libc::CLOCK_MONOTONIC,
+                libc::TIMER_ABSTIME,
+                &ts,
+                std::ptr::null_mut(),
+            )
+        };
+        if r != libc::EINTR {
+            return;
+        }
+    }
+}

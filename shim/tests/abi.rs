@@ -1,0 +1,162 @@
+//! Our repr(C) types and constants (crate cgpu-ffi, and the shim's own
+//! descriptor structs) against the real cuda.h / nvml.h: a C program
+//! compiled against the headers prints sizeof/offsetof/values, which must
+//! equal ours.
+
+use cgpu_ffi::*;
+use cgpu_sim::cuda::graph::KernelNodeParams;
+use cgpu_sim::cuda::memory::{
+    CUmemPoolPropsHead, CudaArray3dDescriptor, CudaArrayDescriptor, CudaMemcpy2D, MemLocation,
+};
+use cgpu_sim::cuda::vmm::{AccessDesc, AllocPropHead};
+use std::mem::{offset_of, size_of};
+
+macro_rules! checks {
+    ($($c:expr => $r:expr),* $(,)?) => { vec![$(($c.to_string(), $r as i64)),*] };
+}
+
+#[test]
+fn ffi_matches_the_real_headers() {
+    let mut v: Vec<(String, i64)> = checks![
+        "sizeof(CUresult)" => size_of::<CUresult>(),
+        "sizeof(CUdevice)" => size_of::<CUdevice>(),
+        "sizeof(CUdeviceptr)" => size_of::<CUdeviceptr>(),
+        "sizeof(unsigned int)" => size_of::<CUdeviceptr_v1>(),
+        "sizeof(CUmemGenericAllocationHandle)" => size_of::<CUmemGenericAllocationHandle>(),
+        "(long long)CU_STREAM_LEGACY" => CU_STREAM_LEGACY,
+        "(long long)CU_STREAM_PER_THREAD" => CU_STREAM_PER_THREAD,
+        "CU_GET_PROC_ADDRESS_DEFAULT" => CU_GET_PROC_ADDRESS_DEFAULT,
+        "CU_GET_PROC_ADDRESS_LEGACY_STREAM" => CU_GET_PROC_ADDRESS_LEGACY_STREAM,
+        "CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM" => CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+        "CU_GET_PROC_ADDRESS_SUCCESS" => CU_GET_PROC_ADDRESS_SUCCESS,
+        "CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND" => CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+        "CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT" => CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT,
+        "CU_DEVICE_ATTRIBUTE_MAX" => CU_DEVICE_ATTRIBUTE_MAX,
+        "CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT" => CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR" => CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+        "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR" => CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+        "CU_DEVICE_ATTRIBUTE_PCI_BUS_ID" => CU_DEVICE_ATTRIBUTE_PCI_BUS_ID,
+        "CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED" => CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+        "CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED" => CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        "CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR" => CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR,
+        "(long long)CU_LAUNCH_PARAM_END" => CU_LAUNCH_PARAM_END,
+        "(long long)CU_LAUNCH_PARAM_BUFFER_POINTER" => CU_LAUNCH_PARAM_BUFFER_POINTER,
+        "(long long)CU_LAUNCH_PARAM_BUFFER_SIZE" => CU_LAUNCH_PARAM_BUFFER_SIZE,
+        "sizeof(CUlaunchAttribute)" => size_of::<CUlaunchAttribute>(),
+        "offsetof(CUlaunchAttribute, value)" => offset_of!(CUlaunchAttribute, value),
+        "sizeof(CUlaunchConfig)" => size_of::<CUlaunchConfig>(),
+        "offsetof(CUlaunchConfig, sharedMemBytes)" => offset_of!(CUlaunchConfig, sharedMemBytes),
+        "offsetof(CUlaunchConfig, hStream)" => offset_of!(CUlaunchConfig, hStream),
+        "offsetof(CUlaunchConfig, attrs)" => offset_of!(CUlaunchConfig, attrs),
+        "offsetof(CUlaunchConfig, numAttrs)" => offset_of!(CUlaunchConfig, numAttrs),
+        "sizeof(CUctxCreateParams)" => size_of::<CUctxCreateParams>(),
+        "offsetof(CUctxCreateParams, numExecAffinityParams)" => offset_of!(CUctxCreateParams, numExecAffinityParams),
+        "offsetof(CUctxCreateParams, cigParams)" => offset_of!(CUctxCreateParams, cigParams),
+        "CU_EVENT_DEFAULT" => CU_EVENT_DEFAULT,
+        "CU_EVENT_BLOCKING_SYNC" => CU_EVENT_BLOCKING_SYNC,
+        "CU_EVENT_DISABLE_TIMING" => CU_EVENT_DISABLE_TIMING,
+        "CU_EVENT_INTERPROCESS" => CU_EVENT_INTERPROCESS,
+        "CU_STREAM_DEFAULT" => CU_STREAM_DEFAULT,
+        "CU_STREAM_NON_BLOCKING" => CU_STREAM_NON_BLOCKING,
+        "CU_MEM_ATTACH_GLOBAL" => CU_MEM_ATTACH_GLOBAL,
+        "CU_MEM_ATTACH_HOST" => CU_MEM_ATTACH_HOST,
+        "CU_MEM_ATTACH_SINGLE" => CU_MEM_ATTACH_SINGLE,
+        // NVML
+        "sizeof(nvmlMemory_t)" => size_of::<nvmlMemory_t>(),
+        "sizeof(nvmlMemory_v2_t)" => size_of::<nvmlMemory_v2_t>(),
+        "offsetof(nvmlMemory_v2_t, total)" => offset_of!(nvmlMemory_v2_t, total),
+        "offsetof(nvmlMemory_v2_t, used)" => offset_of!(nvmlMemory_v2_t, used),
+        "nvmlMemory_v2" => nvmlMemory_v2,
+        "sizeof(nvmlProcessInfo_v1_t)" => size_of::<nvmlProcessInfo_v1_t>(),
+        "sizeof(nvmlProcessInfo_t)" => size_of::<nvmlProcessInfo_t>(),
+        "offsetof(nvmlProcessInfo_t, usedGpuMemory)" => offset_of!(nvmlProcessInfo_t, usedGpuMemory),
+        "offsetof(nvmlProcessInfo_t, computeInstanceId)" => offset_of!(nvmlProcessInfo_t, computeInstanceId),
+        "sizeof(nvmlUtilization_t)" => size_of::<nvmlUtilization_t>(),
+        "sizeof(nvmlProcessUtilizationSample_t)" => size_of::<nvmlProcessUtilizationSample_t>(),
+        "offsetof(nvmlProcessUtilizationSample_t, smUtil)" => offset_of!(nvmlProcessUtilizationSample_t, smUtil),
+        "sizeof(nvmlPciInfo_t)" => size_of::<nvmlPciInfo_t>(),
+        "offsetof(nvmlPciInfo_t, pciSubSystemId)" => offset_of!(nvmlPciInfo_t, pciSubSystemId),
+        "offsetof(nvmlPciInfo_t, busId)" => offset_of!(nvmlPciInfo_t, busId),
+        "NVML_DEVICE_NAME_BUFFER_SIZE" => NVML_DEVICE_NAME_BUFFER_SIZE,
+        "NVML_DEVICE_NAME_V2_BUFFER_SIZE" => NVML_DEVICE_NAME_V2_BUFFER_SIZE,
+        "NVML_DEVICE_UUID_BUFFER_SIZE" => NVML_DEVICE_UUID_BUFFER_SIZE,
+        "NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE" => NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE,
+        "(long long)NVML_VALUE_NOT_AVAILABLE" => NVML_VALUE_NOT_AVAILABLE_ULL as i64,
+        // The shim's own descriptor structs
+        "sizeof(CUDA_MEMCPY2D)" => size_of::<CudaMemcpy2D>(),
+        "offsetof(CUDA_MEMCPY2D, srcPitch)" => offset_of!(CudaMemcpy2D, src_pitch),
+        "offsetof(CUDA_MEMCPY2D, dstMemoryType)" => offset_of!(CudaMemcpy2D, dst_memory_type),
+        "offsetof(CUDA_MEMCPY2D, dstArray)" => offset_of!(CudaMemcpy2D, dst_array),
+        "offsetof(CUDA_MEMCPY2D, Height)" => offset_of!(CudaMemcpy2D, height),
+        "sizeof(CUDA_ARRAY_DESCRIPTOR)" => size_of::<CudaArrayDescriptor>(),
+        "offsetof(CUDA_ARRAY_DESCRIPTOR, NumChannels)" => offset_of!(CudaArrayDescriptor, channels),
+        "sizeof(CUDA_ARRAY3D_DESCRIPTOR)" => size_of::<CudaArray3dDescriptor>(),
+        "offsetof(CUDA_ARRAY3D_DESCRIPTOR, Flags)" => offset_of!(CudaArray3dDescriptor, flags),
+        "offsetof(CUDA_KERNEL_NODE_PARAMS, kernelParams)" => offset_of!(KernelNodeParams, kernel_params),
+        "offsetof(CUDA_KERNEL_NODE_PARAMS, extra)" => offset_of!(KernelNodeParams, extra),
+        "offsetof(CUDA_KERNEL_NODE_PARAMS_v1, extra)" => offset_of!(KernelNodeParams, extra),
+        "offsetof(CUmemAllocationProp, location.id)" => offset_of!(AllocPropHead, loc_id),
+        "offsetof(CUmemPoolProps, location.id)" => offset_of!(CUmemPoolPropsHead, loc_id),
+        "sizeof(CUmemAccessDesc)" => size_of::<AccessDesc>(),
+        "offsetof(CUmemAccessDesc, flags)" => offset_of!(AccessDesc, flags),
+        "sizeof(CUmemLocation)" => size_of::<MemLocation>(),
+    ];
+    for (val, name, _) in CU_RESULTS {
+        v.push((name.to_string(), *val as i64));
+    }
+    for (name, val) in [
+        ("NVML_SUCCESS", NVML_SUCCESS),
+        ("NVML_ERROR_UNINITIALIZED", NVML_ERROR_UNINITIALIZED),
+        ("NVML_ERROR_INVALID_ARGUMENT", NVML_ERROR_INVALID_ARGUMENT),
+        ("NVML_ERROR_NOT_SUPPORTED", NVML_ERROR_NOT_SUPPORTED),
+        ("NVML_ERROR_NO_PERMISSION", NVML_ERROR_NO_PERMISSION),
+        (
+            "NVML_ERROR_ALREADY_INITIALIZED",
+            NVML_ERROR_ALREADY_INITIALIZED,
+        ),
+        ("NVML_ERROR_NOT_FOUND", NVML_ERROR_NOT_FOUND),
+        ("NVML_ERROR_INSUFFICIENT_SIZE", NVML_ERROR_INSUFFICIENT_SIZE),
+        ("NVML_ERROR_DRIVER_NOT_LOADED", NVML_ERROR_DRIVER_NOT_LOADED),
+        (
+            "NVML_ERROR_FUNCTION_NOT_FOUND",
+            NVML_ERROR_FUNCTION_NOT_FOUND,
+        ),
+        ("NVML_ERROR_GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST),
+        ("NVML_ERROR_NO_DATA", NVML_ERROR_NO_DATA),
+        (
+            "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+            NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+        ),
+        ("NVML_ERROR_GPU_NOT_FOUND", NVML_ERROR_GPU_NOT_FOUND),
+        ("NVML_ERROR_UNKNOWN", NVML_ERROR_UNKNOWN),
+    ] {
+        v.push((name.to_string(), val as i64));
+    }
+
+    let mut c = String::from("#include <cuda.h>\n#include <nvml.h>\n#include <stddef.h>\n#include <stdio.h>\nint main(void) {\n");
+    for (i, (expr, _)) in v.iter().enumerate() {
+        c += &format!("    printf(\"{i} %lld\\n\", (long long)({expr}));\n");
+    }
+    c += "    return 0;\n}\n";
+    let dir = cgpu_testkit::artifacts().profile_dir.join("c-clients");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("abi_dump.c");
+    if std::fs::read_to_string(&src).ok().as_deref() != Some(c.as_str()) {
+        std::fs::write(&src, &c).unwrap();
+    }
+    let bin = cgpu_testkit::compile_c(&src, &[], cgpu_testkit::LinkMode::Dlsym);
+    let o = std::process::Command::new(&bin).output().unwrap();
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    let mut bad = Vec::new();
+    for l in out.lines() {
+        let (i, val) = l.split_once(' ').unwrap();
+        let (expr, ours) = &v[i.parse::<usize>().unwrap()];
+        let real: i64 = val.parse().unwrap();
+        if real != *ours {
+            bad.push(format!("{expr}: header {real}, ours {ours}"));
+        }
+    }
+    assert_eq!(out.lines().count(), v.len());
+    assert!(bad.is_empty(), "ABI mismatches:\n{}", bad.join("\n"));
+}

@@ -1,0 +1,156 @@
+//! The cuGetProcAddress table: every entry agrees with the real
+//! cudaTypedefs.h, and the library's own cuGetProcAddress_v2 returns, for
+//! each (name, version, flags), the same pointer as dlsym of the variant.
+
+use cgpu_sim::cuda::procaddr::{all_entries, Flavour};
+use std::ffi::{c_void, CString};
+
+type GetProc = unsafe extern "C" fn(*const i8, *mut *mut c_void, i32, u64, *mut u32) -> u32;
+
+#[test]
+fn table_matches_the_real_headers() {
+    let deps = cgpu_testkit::test_deps();
+    let src = std::fs::read_to_string(deps.cuda_include.join("cudaTypedefs.h")).unwrap();
+    // CUDA 13 additions and the 12.0 rename, not in the 12.9 typedefs.
+    let extras = [
+        ("cuCtxGetDevice", 13000),
+        ("cuCtxSynchronize", 13000),
+        ("cuProfilerStart", 4000),
+        ("cuProfilerStop", 4000),
+        ("cuGraphInstantiate", 12000),
+    ];
+    let entries = all_entries();
+    assert!(entries.len() > 250, "{}", entries.len());
+    for e in &entries {
+        if extras.contains(&(e.name, e.version)) {
+            continue;
+        }
+        let found = match e.flavour {
+            Flavour::Default => {
+                src.contains(&format!("PFN_{}_v{})(", e.name, e.version))
+                    || src.contains(&format!(
+                        "#define PFN_{} PFN_{}_v{}\n",
+                        e.name, e.name, e.version
+                    ))
+            }
+            Flavour::PerThread => {
+                src.contains(&format!("PFN_{}_v{}_ptds)(", e.name, e.version))
+                    || src.contains(&format!("PFN_{}_v{}_ptsz)(", e.name, e.version))
+            }
+        };
+        assert!(found, "{e:?} has no PFN typedef in cudaTypedefs.h");
+        // The symbol follows the driver's naming: base[_vN][_ptds|_ptsz].
+        let base = e.symbol.trim_end_matches("_ptds").trim_end_matches("_ptsz");
+        let ok = base == e.name
+            || base
+                .strip_prefix(e.name)
+                .and_then(|r| r.strip_prefix("_v"))
+                .is_some_and(|n| n.parse::<u32>().is_ok());
+        assert!(ok, "{e:?}");
+        assert_eq!(e.flavour == Flavour::PerThread, e.symbol != base, "{e:?}");
+    }
+}
+
+#[test]
+fn get_proc_address_returns_the_variant_itself() {
+    let a = cgpu_testkit::artifacts();
+    let path = CString::new(a.libsim.to_str().unwrap()).unwrap();
+    // SAFETY: loading our own library; symbols are looked up on its handle.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!h.is_null());
+    let sym = |s: &str| {
+        let c = CString::new(s).unwrap();
+        // SAFETY: h is a valid handle, c a NUL-terminated name.
+        unsafe { libc::dlsym(h, c.as_ptr()) }
+    };
+    let gp = sym("cuGetProcAddress_v2");
+    assert!(!gp.is_null());
+    // SAFETY: cuGetProcAddress_v2 has this signature.
+    let gp: GetProc = unsafe { std::mem::transmute::<*mut c_void, GetProc>(gp) };
+    let query = |name: &str, ver: i32, flags: u64| {
+        let c = CString::new(name).unwrap();
+        let mut p = std::ptr::null_mut();
+        let mut st = 99u32;
+        // SAFETY: valid name, out pointers.
+        let r = unsafe { gp(c.as_ptr(), &mut p, ver, flags, &mut st) };
+        (r, p, st)
+    };
+    let entries = all_entries();
+    for e in &entries {
+        let direct = sym(e.symbol);
+        assert!(!direct.is_null(), "{} is not exported", e.symbol);
+        let flags = if e.flavour == Flavour::PerThread {
+            2
+        } else {
+            0
+        };
+        // Asked exactly at its version, a variant is returned unless a newer
+        // entry has the same version (an alias).
+        let same_ver = entries
+            .iter()
+            .filter(|x| x.name == e.name && x.version == e.version && x.flavour == e.flavour)
+            .count();
+        let (r, p, st) = query(e.name, e.version as i32, flags);
+        assert_eq!((r, st), (0, 0), "{e:?}");
+        if same_ver == 1 {
+            assert_eq!(p, direct, "{e:?}");
+        }
+        let min = entries
+            .iter()
+            .filter(|x| x.name == e.name)
+            .map(|x| x.version)
+            .min()
+            .unwrap();
+        if min > 1000 {
+            let (r, p, st) = query(e.name, min as i32 - 1, 0);
+            assert_eq!((r, st), (500, 2), "{} below {min}", e.name);
+            assert!(p.is_null());
+        }
+    }
+    let (r, p, st) = query("cuDefinitelyNotAFunction", 13000, 0);
+    assert_eq!((r, st), (500, 1));
+    assert!(p.is_null());
+    // Without the flag: the legacy default-stream variants.
+    assert_eq!(query("cuMemcpyHtoD", 13000, 0).1, sym("cuMemcpyHtoD_v2"));
+    assert_eq!(
+        query("cuMemcpyHtoD", 13000, 2).1,
+        sym("cuMemcpyHtoD_v2_ptds")
+    );
+    assert_eq!(query("cuMemcpyHtoD", 13000, 1).1, sym("cuMemcpyHtoD_v2"));
+    assert_eq!(
+        query("cuEventRecord", 12000, 2).1,
+        sym("cuEventRecord_ptsz")
+    );
+    assert_eq!(query("cuCtxCreate", 12050, 0).1, sym("cuCtxCreate_v4"));
+    assert_eq!(query("cuCtxCreate", 12040, 0).1, sym("cuCtxCreate_v3"));
+    assert_eq!(query("cuCtxCreate", 11030, 0).1, sym("cuCtxCreate_v2"));
+    assert_eq!(query("cuMemAlloc", 3020, 0).1, sym("cuMemAlloc_v2"));
+    assert_eq!(query("cuMemAlloc", 3010, 0).1, sym("cuMemAlloc"));
+    assert_eq!(
+        query("cuGraphInstantiate", 12000, 0).1,
+        sym("cuGraphInstantiateWithFlags")
+    );
+    assert_eq!(
+        query("cuGraphInstantiate", 11000, 0).1,
+        sym("cuGraphInstantiate_v2")
+    );
+}
+
+/// Every exported variant has an address of its own (identical bodies are
+/// never folded), as in the real driver: interposers map pointers to variants.
+#[test]
+fn every_variant_has_its_own_address() {
+    let a = cgpu_testkit::artifacts();
+    let path = CString::new(a.libsim.to_str().unwrap()).unwrap();
+    // SAFETY: loading our own library.
+    let h = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    let mut seen = std::collections::HashMap::new();
+    for e in all_entries() {
+        let c = CString::new(e.symbol).unwrap();
+        // SAFETY: valid handle and name.
+        let p = unsafe { libc::dlsym(h, c.as_ptr()) } as usize;
+        if let Some(other) = seen.insert(p, e.symbol) {
+            assert_eq!(other, e.symbol, "{other} and {} share an address", e.symbol);
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Unmodified NVIDIA Python packages on the sim: cuda-bindings (driver API)
+//! and nvidia-ml-py (pynvml), from PyPI, in the test venv.
+
+use cgpu_testkit::{read_until, test_deps, LinkMode, SimEnv};
+use serde_json::Value;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+fn run_py(env: &SimEnv, script: &str, args: &[&str]) -> (Value, String) {
+    let deps = test_deps();
+    let path = cgpu_testkit::workspace_root()
+        .join("shim/tests/py")
+        .join(script);
+    let mut full = vec![path.to_str().unwrap()];
+    full.extend_from_slice(args);
+    let o = env.run(&deps.python, &full);
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        o.status.success(),
+        "{script} failed: {:?}\n{stdout}\n{stderr}",
+        o.status
+    );
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    (v, stderr)
+}
+
+fn check_bindings(v: &Value) {
+    assert_eq!(v["driver_version"], 13000);
+    assert_eq!(v["count"], 1);
+    assert_eq!(v["name"], "NVIDIA A10");
+    assert_eq!(v["total"], 4000 * MIB);
+    assert_eq!(v["cc"], serde_json::json!([8, 6]));
+    assert_eq!(
+        v["meminfo"],
+        serde_json::json!([(4000 - 300) * MIB, 4000 * MIB])
+    );
+    assert_eq!(v["oom_error"], "CUDA_ERROR_OUT_OF_MEMORY");
+    // 3700 MiB free in 256 MiB chunks
+    assert_eq!(v["oom_count"], 14);
+    assert_eq!(v["free_at_oom"], (3700 - 14 * 256) * MIB);
+    assert_eq!(v["free_after"], 3700 * MIB);
+    assert_eq!(v["copy_ok"], true);
+    assert_eq!(v["async_copy_ok"], true);
+    assert_eq!(v["missing_kernel_error"], "CUDA_ERROR_NOT_FOUND");
+    // 10 kernels x 2 ms, timed with events on the device clock: at least the
+    // kernels' device time, at most the host's wall time around it (idle gaps
+    // between slow launches count, as on a real GPU).
+    let ms = v["elapsed_ms"].as_f64().unwrap();
+    let wall = v["wall_ms"].as_f64().unwrap();
+    assert!(
+        ms >= 20.0 && ms <= wall + 0.5,
+        "elapsed {ms} ms, wall {wall} ms"
+    );
+}
+
+#[test]
+fn cuda_bindings_runs_unmodified() {
+    let env = SimEnv::new().gpus("4000:NVIDIA A10");
+    let (v, _) = run_py(
+        &env,
+        "cuda_bindings_client.py",
+        &["268435456", "2000000", "10"],
+    );
+    check_bindings(&v);
+}
+
+/// With per-thread default streams, cuda-bindings asks with flags=2 and gets
+/// the _ptds/_ptsz variants; every name it resolves eagerly is a real
+/// implementation (none is a NOT_SUPPORTED legacy stub).
+#[test]
+fn cuda_bindings_per_thread_default_stream() {
+    let env = SimEnv::new()
+        .gpus("4000:NVIDIA A10")
+        .env("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "1")
+        .env("CGPU_SIM_TRACE", "1");
+    let (v, trace) = run_py(
+        &env,
+        "cuda_bindings_client.py",
+        &["268435456", "2000000", "10"],
+    );
+    check_bindings(&v);
+    let reqs: Vec<&str> = trace
+        .lines()
+        .filter(|l| l.contains("cuGetProcAddress("))
+        .collect();
+    assert!(
+        reqs.len() > 300,
+        "eager resolution pass: {} requests",
+        reqs.len()
+    );
+    assert!(
+        reqs.iter().all(|l| l.contains(", 2) -> ")),
+        "all with the PTDS flag"
+    );
+    assert!(!trace.contains("legacy stub"), "{trace}");
+    for want in [
+        "cuGetProcAddress(cuMemcpyHtoD, 7000, 2) -> cuMemcpyHtoD_v2_ptds",
+        "cuGetProcAddress(cuLaunchKernel, 7000, 2) -> cuLaunchKernel_ptsz",
+        "cuGetProcAddress(cuStreamSynchronize, 7000, 2) -> cuStreamSynchronize_ptsz",
+        "cuGetProcAddress(cuMemAlloc, 3020, 2) -> cuMemAlloc_v2",
+        "cuGetProcAddress(cuCtxCreate, 12050, 2) -> cuCtxCreate_v4",
+        "cuGetProcAddress(cuCtxGetDevice, 13000, 2) -> cuCtxGetDevice_v2",
+    ] {
+        assert!(trace.contains(want), "missing `{want}` in\n{trace}");
+    }
+}
+
+#[test]
+fn pynvml_reads_devices_memory_and_processes() {
+    let env = SimEnv::new()
+        .gpus("4000:NVIDIA A10,8000:Tesla T4")
+        .ctx_mib(300);
+    let mut holder = env.spawn(
+        cgpu_testkit::cuclient(LinkMode::Link),
+        &["pid", "alloc", "104857600", "hold"],
+    );
+    let lines = read_until(&mut holder, "holding", Duration::from_secs(60));
+    let pid: u64 = lines
+        .iter()
+        .find_map(|l| cgpu_testkit::field(l, "pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (v, _) = run_py(&env, "pynvml_client.py", &[]);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert_eq!(v["cuda"], 13000);
+    assert_eq!(v["bad_index"], "Invalid Argument");
+    let devs = v["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 2);
+    assert_eq!(devs[0]["name"], "NVIDIA A10");
+    assert_eq!(devs[1]["name"], "Tesla T4");
+    assert_ne!(devs[0]["uuid"], devs[1]["uuid"]);
+    assert_eq!(devs[0]["total"], 4000 * MIB);
+    assert_eq!(devs[0]["used"], 400 * MIB);
+    assert_eq!(devs[0]["free"], 3600 * MIB);
+    assert_eq!(devs[0]["v2"]["used"], 400 * MIB);
+    assert_eq!(devs[0]["v2"]["total"], 4000 * MIB);
+    assert_eq!(devs[0]["procs"], serde_json::json!([[pid, 400 * MIB]]));
+    assert_eq!(devs[1]["used"], 0);
+    assert_eq!(devs[1]["procs"], serde_json::json!([]));
+    assert_eq!(devs[0]["cc"], serde_json::json!([8, 6]));
+}

@@ -1,0 +1,163 @@
+//! `cgpu-smi`: who holds what on every GPU (SPEC §5). Read-only.
+
+use cgpu::monitor::{self, args::Args, table, Report, Sample, Status};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+const HELP: &str = "\
+cgpu-smi: show every container on every GPU of this host (read-only)
+
+USAGE:
+    cgpu-smi [OPTIONS]
+
+OPTIONS:
+    -d, --detail          per-process lines (pid, MiB: cGPU's meminfo), weight,
+                          time held back, free memory
+        --json            machine-readable output (schema in docs/tools.md);
+                          with -l, one JSON document per line
+    -l, --loop SECONDS    refresh every SECONDS (like nvidia-smi -l); the
+                          utilisation is over the time since the last refresh
+        --instant         do not wait 1 s to measure utilisation (shows `-`)
+        --dir DIR         ledger directory (default: $CGPU_LEDGER_DIR, else
+                          /run/cgpu if writable, else /dev/shm/cgpu)
+    -h, --help            this help
+    -V, --version         print the version
+
+COLUMNS:
+    GPU        GPU index            pod       container id
+    highprio   1: high priority     GPU-Util/Limit   percent of GPU time used
+               over the last second / the limit its policy and weight give
+    GPU Memory Usage/Total   MiB held / the container's quota (or the GPU's
+               memory when it has none)
+
+Never blocks or alters a job. A ledger that is corrupt or of another format
+version is shown as such and none of its numbers are used; the exit status is
+then 3 (0 otherwise, 2 for usage errors).
+";
+
+struct Opts {
+    detail: bool,
+    json: bool,
+    every: Option<f64>,
+    instant: bool,
+    dir: std::path::PathBuf,
+}
+
+fn parse() -> Result<Option<Opts>, String> {
+    let mut a = Args::from_env();
+    if a.flag(&["-h", "--help"]) {
+        print!("{HELP}");
+        return Ok(None);
+    }
+    if a.flag(&["-V", "--version"]) {
+        println!(
+            "cgpu-smi {} (ledger format {})",
+            monitor::CGPU_VERSION,
+            cgpu::ledger::FORMAT_VERSION
+        );
+        return Ok(None);
+    }
+    let detail = a.flag(&["-d", "--detail"]);
+    let json = a.flag(&["--json"]);
+    let instant = a.flag(&["--instant"]);
+    let every = match a.value(&["-l", "--loop"])? {
+        None => None,
+        Some(s) => match s.parse::<f64>() {
+            Ok(x) if x > 0.0 && x.is_finite() => Some(x),
+            _ => return Err(format!("--loop: `{s}` is not a positive number of seconds")),
+        },
+    };
+    let dir = a.value(&["--dir"])?;
+    a.finish()?;
+    Ok(Some(Opts {
+        detail,
+        json,
+        every,
+        instant,
+        dir: monitor::ledger_dir(dir.as_deref()),
+    }))
+}
+
+fn print(r: &Report, o: &Opts) {
+    let text = if o.json {
+        // serialising plain data cannot fail
+        let mut s = if o.every.is_some() {
+            serde_json::to_string(r).unwrap_or_default()
+        } else {
+            serde_json::to_string_pretty(r).unwrap_or_default()
+        };
+        s.push('\n');
+        s
+    } else {
+        table::render(r, o.detail)
+    };
+    let mut out = std::io::stdout().lock();
+    // a closed pipe (`cgpu-smi | head`) is not an error worth a panic
+    if out
+        .write_all(text.as_bytes())
+        .and_then(|_| out.flush())
+        .is_err()
+    {
+        std::process::exit(0);
+    }
+}
+
+fn untrusted(r: &Report) -> bool {
+    r.gpus.iter().any(|g| g.status != Status::Ok)
+}
+
+fn main() {
+    cgpu_tools_log();
+    let o = match parse() {
+        Ok(Some(o)) => o,
+        Ok(None) => return,
+        Err(e) => {
+            eprintln!("cgpu-smi: error: {e}");
+            std::process::exit(2);
+        }
+    };
+    match o.every {
+        None => {
+            let mut cur: Sample = monitor::sample_dir(&o.dir);
+            if !o.instant {
+                std::thread::sleep(Duration::from_secs(1));
+                let prev = cur;
+                cur = monitor::sample_dir(&o.dir);
+                monitor::apply_util(&prev, &mut cur);
+            }
+            print(&cur.report, &o);
+            if untrusted(&cur.report) {
+                std::process::exit(3);
+            }
+        }
+        Some(secs) => {
+            let period = Duration::from_secs_f64(secs);
+            let mut prev: Option<Sample> = None;
+            let mut next = Instant::now();
+            loop {
+                let mut cur = monitor::sample_dir(&o.dir);
+                if let Some(p) = &prev {
+                    monitor::apply_util(p, &mut cur);
+                }
+                print(&cur.report, &o);
+                prev = Some(cur);
+                next += period;
+                let now = Instant::now();
+                if next > now {
+                    std::thread::sleep(next - now);
+                } else {
+                    next = now;
+                }
+            }
+        }
+    }
+}
+
+/// Log to stderr at the level `CGPU_LOG` gives (default: warnings).
+fn cgpu_tools_log() {
+    let filter = std::env::var("CGPU_LOG").unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,614 @@
+//! The container's environment (SPEC §1), parsed once.
+//!
+//! Every parser here is a pure function of the variable's value, with unit
+//! tests for the seed vectors. [`get`] reads the process environment the first
+//! time it is called (lazily, from the first hooked call, never from a
+//! library constructor) and logs one clear error per bad value. Any bad value
+//! switches the whole library to pass-through ("isolation OFF"), which is
+//! the safe behaviour SPEC §1 asks for: the job runs unchanged, and the log
+//! says that nothing is enforced.
+
+use std::ffi::CString;
+use std::sync::OnceLock;
+
+/// One GiB.
+pub const GIB: u64 = 1 << 30;
+/// One MiB.
+pub const MIB: u64 = 1 << 20;
+/// Highest compute weight a container may ask for (cGPU's `max_inst` ≤ 25).
+pub const MAX_WEIGHT: u32 = 25;
+/// Longest container id the ledger stores (its slot holds 64 bytes, NUL-padded).
+pub const MAX_CONTAINER_ID: usize = 63;
+
+/// What the library does with memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// No isolation: every call passes through unchanged (unset variables, or
+    /// a bad value anywhere).
+    PassThrough,
+    /// Quotas enforced (SPEC §2).
+    Enforce,
+    /// `CGPU_DISABLE=true`: physical view, usage recorded in the ledger only.
+    Record,
+}
+
+/// A GPU named in `ALIYUN_COM_GPU_VISIBLE_DEVICES`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceSel {
+    /// Host index (as the driver numbers the GPUs).
+    Index(u32),
+    /// `GPU-…` UUID, compared case-insensitively.
+    Uuid(String),
+}
+
+/// The parsed environment.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub mode: Mode,
+    /// `ALIYUN_COM_GPU_MEM_CONTAINER`: GiB per visible GPU; the last value
+    /// repeats; 0 = that GPU is not limited. Empty when unset.
+    pub mem_container: Vec<u64>,
+    /// `ALIYUN_COM_GPU_MEM_DEV`: the GPU's total in whole GiB as the operator counts it.
+    pub mem_dev: Option<u64>,
+    /// `ALIYUN_COM_GPU_VISIBLE_DEVICES`; `None` = all GPUs visible.
+    pub visible: Option<Vec<DeviceSel>>,
+    /// `ALIYUN_COM_GPU_SCHD_WEIGHT`; `None` when unset (the ledger's default applies).
+    pub weight: Option<u32>,
+    /// `ALIYUN_COM_GPU_HIGH_PRIO`.
+    pub high_prio: bool,
+    /// Ledger key of this container (`CGPU_CONTAINER_ID`, cgroup, hostname).
+    pub container_id: String,
+    /// `CGPU_REAL_LIBCUDA`, else `libcuda.so.1`.
+    pub real_libcuda: CString,
+    /// `CGPU_REAL_LIBNVML`, else `libnvidia-ml.so.1`.
+    pub real_libnvml: CString,
+    /// One line per bad value (already logged).
+    pub errors: Vec<String>,
+}
+
+impl Config {
+    /// True when memory is tracked through the ledger (enforced or recorded).
+    pub fn isolating(&self) -> bool {
+        self.mode != Mode::PassThrough
+    }
+
+    /// No `ALIYUN_COM_GPU_MEM_CONTAINER` at all (and no bad value): the
+    /// ledger's `default_memsize` may apply.
+    pub fn unset(&self) -> bool {
+        self.errors.is_empty() && self.mem_container.is_empty()
+    }
+
+    /// The container's GiB for the GPU at container-visible index `i`
+    /// (the last list value repeats); 0 = not limited.
+    pub fn container_gib(&self, i: usize) -> u64 {
+        container_gib(&self.mem_container, i)
+    }
+
+    /// Visible total (quota) in bytes for GPU `i` whose physical total is
+    /// `physical`; `None` = not limited (the physical view).
+    pub fn quota_bytes(&self, i: usize, physical: u64) -> Option<u64> {
+        if self.mode == Mode::PassThrough {
+            return None;
+        }
+        match self.container_gib(i) {
+            0 => None,
+            gib => Some(visible_total(physical, gib, self.mem_dev)),
+        }
+    }
+}
+
+/// The value for GPU `i` from a `CONTAINER` list (the last value repeats).
+pub fn container_gib(list: &[u64], i: usize) -> u64 {
+    match list.get(i) {
+        Some(v) => *v,
+        None => list.last().copied().unwrap_or(0),
+    }
+}
+
+/// SPEC §1: `floor(physical * container / dev)` with `ALIYUN_COM_GPU_MEM_DEV`,
+/// else `container` GiB exactly.
+pub fn visible_total(physical_bytes: u64, container_gib: u64, dev_gib: Option<u64>) -> u64 {
+    match dev_gib {
+        Some(dev) if dev > 0 => {
+            let v = (physical_bytes as u128) * (container_gib as u128) / (dev as u128);
+            v.min(u64::MAX as u128) as u64
+        }
+        _ => container_gib.saturating_mul(GIB),
+    }
+}
+
+/// Parse `ALIYUN_COM_GPU_MEM_CONTAINER`: comma-separated whole GiB.
+pub fn parse_mem_container(v: &str) -> Result<Vec<u64>, String> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(Vec::new());
+    }
+    v.split(',')
+        .map(|p| {
+            let p = p.trim();
+            p.parse::<u64>()
+                .ok()
+                .filter(|g| *g <= 1 << 20)
+                .ok_or_else(|| format!("'{p}' is not a whole number of GiB"))
+        })
+        .collect()
+}
+
+/// Parse `ALIYUN_COM_GPU_MEM_DEV`: a whole number of GiB ≥ 1.
+pub fn parse_mem_dev(v: &str) -> Result<u64, String> {
+    match v.trim().parse::<u64>() {
+        Ok(g) if (1..=1 << 20).contains(&g) => Ok(g),
+        _ => Err("expected the GPU's total as a whole number of GiB (≥ 1)".into()),
+    }
+}
+
+/// Parse a boolean (`CGPU_DISABLE`): `true`/`1`/`yes`/`on`, `false`/`0`/`no`/`off`, empty = false.
+pub fn parse_bool(v: &str) -> Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" | "" => Ok(false),
+        _ => Err("expected true/1 or false/0".into()),
+    }
+}
+
+/// Parse `ALIYUN_COM_GPU_HIGH_PRIO`: `0` or `1` (also true/false).
+pub fn parse_high_prio(v: &str) -> Result<bool, String> {
+    parse_bool(v).map_err(|_| "expected 0 or 1".into())
+}
+
+/// Parse `ALIYUN_COM_GPU_SCHD_WEIGHT`: integer `1..=25`.
+pub fn parse_weight(v: &str) -> Result<u32, String> {
+    match v.trim().parse::<u32>() {
+        Ok(w) if (1..=MAX_WEIGHT).contains(&w) => Ok(w),
+        _ => Err(format!("expected an integer weight 1..={MAX_WEIGHT}")),
+    }
+}
+
+/// Parse `ALIYUN_COM_GPU_VISIBLE_DEVICES`: indices and/or `GPU-…` UUIDs.
+pub fn parse_visible(v: &str) -> Result<Option<Vec<DeviceSel>>, String> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let mut out: Vec<DeviceSel> = Vec::new();
+    for p in v.split(',') {
+        let p = p.trim();
+        let sel = if let Ok(i) = p.parse::<u32>() {
+            DeviceSel::Index(i)
+        } else if is_uuid(p) {
+            DeviceSel::Uuid(p.to_ascii_lowercase())
+        } else {
+            return Err(format!("'{p}' is neither a GPU index nor a GPU-… UUID"));
+        };
+        if out.contains(&sel) {
+            return Err(format!("'{p}' is listed twice"));
+        }
+        out.push(sel);
+    }
+    Ok(Some(out))
+}
+
+fn is_uuid(p: &str) -> bool {
+    let rest = match p.get(..4) {
+        Some(pre) if pre.eq_ignore_ascii_case("GPU-") || pre.eq_ignore_ascii_case("MIG-") => {
+            &p[4..]
+        }
+        _ => return false,
+    };
+    !rest.is_empty() && rest.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+}
+
+/// Validate `CGPU_CONTAINER_ID`.
+pub fn parse_container_id(v: &str) -> Result<String, String> {
+    let v = v.trim();
+    if v.is_empty() || v.len() > MAX_CONTAINER_ID || v.chars().any(|c| c.is_control()) {
+        return Err(format!("expected 1..={MAX_CONTAINER_ID} printable bytes"));
+    }
+    Ok(v.to_string())
+}
+
+/// The container id in a `/proc/self/cgroup` text: the first run of 64 hex
+/// digits in a path (docker, containerd, cri-o), its first 12 digits.
+pub fn container_id_from_cgroup(text: &str) -> Option<String> {
+    for line in text.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        let b = path.as_bytes();
+        let mut run = 0usize;
+        for (i, c) in b.iter().enumerate() {
+            if c.is_ascii_hexdigit() {
+                run += 1;
+                if run == 64 {
+                    let after = b.get(i + 1);
+                    if after.is_none_or(|c| !c.is_ascii_hexdigit()) {
+                        let start = i + 1 - 64;
+                        return Some(path[start..start + 12].to_ascii_lowercase());
+                    }
+                }
+            } else {
+                run = 0;
+            }
+        }
+    }
+    None
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its whole length; gethostname NUL-terminates
+    // when the name fits, and we search for the NUL within the buffer.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let n = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+    let s = String::from_utf8_lossy(&buf[..n]).into_owned();
+    let s: String = s.chars().take(MAX_CONTAINER_ID).collect();
+    if s.is_empty() {
+        "unknown".into()
+    } else {
+        s
+    }
+}
+
+/// Parse a whole environment given as a lookup function (testable).
+pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -> Config {
+    let mut errors = Vec::new();
+    let mut bad = |name: &str, value: &str, why: String| {
+        errors.push(format!("{name}='{value}': {why}"));
+    };
+
+    let mut mem_container = Vec::new();
+    if let Some(v) = get("ALIYUN_COM_GPU_MEM_CONTAINER") {
+        match parse_mem_container(&v) {
+            Ok(l) => mem_container = l,
+            Err(e) => bad("ALIYUN_COM_GPU_MEM_CONTAINER", &v, e),
+        }
+    }
+    let mut mem_dev = None;
+    if let Some(v) = get("ALIYUN_COM_GPU_MEM_DEV").filter(|v| !v.trim().is_empty()) {
+        match parse_mem_dev(&v) {
+            Ok(d) => mem_dev = Some(d),
+            Err(e) => bad("ALIYUN_COM_GPU_MEM_DEV", &v, e),
+        }
+    }
+    let mut disable = false;
+    if let Some(v) = get("CGPU_DISABLE") {
+        match parse_bool(&v) {
+            Ok(d) => disable = d,
+            Err(e) => bad("CGPU_DISABLE", &v, e),
+        }
+    }
+    let mut visible = None;
+    if let Some(v) = get("ALIYUN_COM_GPU_VISIBLE_DEVICES") {
+        match parse_visible(&v) {
+            Ok(l) => visible = l,
+            Err(e) => bad("ALIYUN_COM_GPU_VISIBLE_DEVICES", &v, e),
+        }
+    }
+    let mut weight = None;
+    if let Some(v) = get("ALIYUN_COM_GPU_SCHD_WEIGHT").filter(|v| !v.trim().is_empty()) {
+        match parse_weight(&v) {
+            Ok(w) => weight = Some(w),
+            Err(e) => bad("ALIYUN_COM_GPU_SCHD_WEIGHT", &v, e),
+        }
+    }
+    let mut high_prio = false;
+    if let Some(v) = get("ALIYUN_COM_GPU_HIGH_PRIO") {
+        match parse_high_prio(&v) {
+            Ok(h) => high_prio = h,
+            Err(e) => bad("ALIYUN_COM_GPU_HIGH_PRIO", &v, e),
+        }
+    }
+    let mut container_id = None;
+    if let Some(v) = get("CGPU_CONTAINER_ID").filter(|v| !v.is_empty()) {
+        match parse_container_id(&v) {
+            Ok(id) => container_id = Some(id),
+            Err(e) => bad("CGPU_CONTAINER_ID", &v, e),
+        }
+    }
+    let container_id = container_id
+        .or_else(|| cgroup.and_then(container_id_from_cgroup))
+        .unwrap_or_else(hostname);
+    let lib = |name: &str, default: &str, errors_ok: &mut bool| -> CString {
+        match get(name).filter(|v| !v.is_empty()) {
+            Some(v) => CString::new(v).unwrap_or_else(|_| {
+                *errors_ok = false;
+                CString::new(default).unwrap_or_default()
+            }),
+            None => CString::new(default).unwrap_or_default(),
+        }
+    };
+    let (mut ok_cuda, mut ok_nvml) = (true, true);
+    let real_libcuda = lib("CGPU_REAL_LIBCUDA", "libcuda.so.1", &mut ok_cuda);
+    let real_libnvml = lib("CGPU_REAL_LIBNVML", "libnvidia-ml.so.1", &mut ok_nvml);
+    if !ok_cuda {
+        bad("CGPU_REAL_LIBCUDA", "…", "contains a NUL byte".into());
+    }
+    if !ok_nvml {
+        bad("CGPU_REAL_LIBNVML", "…", "contains a NUL byte".into());
+    }
+
+    let any_limit = mem_container.iter().any(|&g| g > 0);
+    let mode = if !errors.is_empty() || !any_limit {
+        Mode::PassThrough
+    } else if disable {
+        Mode::Record
+    } else {
+        Mode::Enforce
+    };
+    if !errors.is_empty() {
+        // A bad value anywhere: pass everything through, devices included.
+        visible = None;
+    }
+    Config {
+        mode,
+        mem_container,
+        mem_dev,
+        visible,
+        weight,
+        high_prio,
+        container_id,
+        real_libcuda,
+        real_libnvml,
+        errors,
+    }
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+static LOGGING: std::sync::Once = std::sync::Once::new();
+
+/// Install the stderr logger (filter from `CGPU_LOG`, default `warn`). Lazy:
+/// called from the first hooked call, never from a constructor.
+pub fn init_logging() {
+    LOGGING.call_once(|| {
+        let filter = std::env::var("CGPU_LOG").unwrap_or_default();
+        let filter = if filter.trim().is_empty() {
+            "warn".to_string()
+        } else {
+            filter
+        };
+        let (env_filter, bad) = match tracing_subscriber::EnvFilter::try_new(&filter) {
+            Ok(f) => (f, false),
+            Err(_) => (tracing_subscriber::EnvFilter::new("warn"), true),
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .with_env_filter(env_filter)
+            .with_target(false)
+            .try_init();
+        if bad {
+            tracing::error!(
+                "cgpu: bad environment: CGPU_LOG='{filter}': not a log filter; using 'warn'"
+            );
+        }
+    });
+}
+
+/// The process's configuration, parsed (and its errors logged) on first use.
+pub fn get() -> &'static Config {
+    CONFIG.get_or_init(|| {
+        init_logging();
+        let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok();
+        let env = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
+        let c = from_lookup(&env, cgroup.as_deref());
+        for e in &c.errors {
+            tracing::error!("cgpu: bad environment: {e}");
+        }
+        if !c.errors.is_empty() {
+            tracing::error!(
+                "cgpu: isolation OFF: every CUDA and NVML call passes through unchanged (fix the variable above)"
+            );
+        } else {
+            match c.mode {
+                Mode::PassThrough => tracing::info!(
+                    "cgpu: ALIYUN_COM_GPU_MEM_CONTAINER unset or 0: memory isolation off (pass-through)"
+                ),
+                Mode::Record => tracing::warn!(
+                    "cgpu: CGPU_DISABLE set: memory not enforced, usage recorded (container {})",
+                    c.container_id
+                ),
+                Mode::Enforce => tracing::info!(
+                    "cgpu: enforcing GPU memory {:?} GiB (DEV {:?}) for container {}",
+                    c.mem_container,
+                    c.mem_dev,
+                    c.container_id
+                ),
+            }
+        }
+        c
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(vars: &[(&str, &str)]) -> Config {
+        let m: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        from_lookup(&|k| m.get(k).cloned(), None)
+    }
+
+    fn mib(physical_mib: u64, dev: u64, container: u64) -> u64 {
+        visible_total(physical_mib * MIB, container, Some(dev)) / MIB
+    }
+
+    #[test]
+    fn seed_vectors() {
+        assert_eq!(mib(15109, 15, 6), 6043); // T4
+        assert_eq!(mib(16160, 15, 4), 4309); // V100
+        assert_eq!(mib(23028, 23, 3), 3003); // A10
+        assert_eq!(mib(23028, 23, 4), 4004);
+        assert_eq!(mib(23028, 23, 5), 5006);
+        assert_eq!(mib(23028, 23, 6), 6007);
+        // TensorFlow prints 4.21GiB for 4309 MiB.
+        let v100 = visible_total(16160 * MIB, 4, Some(15));
+        assert_eq!(format!("{:.2}", v100 as f64 / GIB as f64), "4.21");
+        // Without DEV: CONTAINER GiB exactly.
+        assert_eq!(visible_total(15109 * MIB, 6, None), 6 * GIB);
+    }
+
+    #[test]
+    fn seed_vectors_through_config() {
+        let c = cfg(&[
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "6"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "15"),
+        ]);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.quota_bytes(0, 15109 * MIB).unwrap() / MIB, 6043);
+        // CGPU_DISABLE: the physical view.
+        let c = cfg(&[
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "3"),
+            ("CGPU_DISABLE", "true"),
+        ]);
+        assert_eq!(c.mode, Mode::Record);
+        let c = cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "3"), ("CGPU_DISABLE", "1")]);
+        assert_eq!(c.mode, Mode::Record);
+        let c = cfg(&[
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "3"),
+            ("CGPU_DISABLE", "false"),
+        ]);
+        assert_eq!(c.mode, Mode::Enforce);
+    }
+
+    #[test]
+    fn list_semantics() {
+        let c = cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "3,1")]);
+        assert_eq!(
+            (c.container_gib(0), c.container_gib(1), c.container_gib(7)),
+            (3, 1, 1)
+        );
+        let c = cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "3,4,5,6")]);
+        assert_eq!(
+            (0..5).map(|i| c.container_gib(i)).collect::<Vec<_>>(),
+            vec![3, 4, 5, 6, 6]
+        );
+        let c = cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "1,0,0")]);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.quota_bytes(0, 16 * GIB), Some(GIB));
+        assert_eq!(c.quota_bytes(1, 16 * GIB), None);
+        assert_eq!(c.quota_bytes(5, 16 * GIB), None);
+    }
+
+    #[test]
+    fn unset_and_zero_pass_through() {
+        assert_eq!(cfg(&[]).mode, Mode::PassThrough);
+        assert_eq!(
+            cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "0")]).mode,
+            Mode::PassThrough
+        );
+        assert_eq!(
+            cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "")]).mode,
+            Mode::PassThrough
+        );
+        assert_eq!(cfg(&[]).quota_bytes(0, GIB), None);
+        assert!(cfg(&[]).errors.is_empty());
+    }
+
+    #[test]
+    fn bad_values_name_variable_and_value_and_pass_through() {
+        let cases: &[(&str, &str)] = &[
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "abc"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "3,,1"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "-1"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "1.5"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "0"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "15GiB"),
+            ("CGPU_DISABLE", "maybe"),
+            ("ALIYUN_COM_GPU_VISIBLE_DEVICES", "zero"),
+            ("ALIYUN_COM_GPU_VISIBLE_DEVICES", "0,0"),
+            ("ALIYUN_COM_GPU_SCHD_WEIGHT", "0"),
+            ("ALIYUN_COM_GPU_SCHD_WEIGHT", "26"),
+            ("ALIYUN_COM_GPU_SCHD_WEIGHT", "x"),
+            ("ALIYUN_COM_GPU_HIGH_PRIO", "2"),
+        ];
+        for (k, v) in cases {
+            let mut vars = vec![("ALIYUN_COM_GPU_MEM_CONTAINER", "4")];
+            vars.retain(|(n, _)| n != k);
+            vars.push((k, v));
+            let c = cfg(&vars);
+            assert_eq!(c.mode, Mode::PassThrough, "{k}={v}");
+            assert_eq!(c.errors.len(), 1, "{k}={v}: {:?}", c.errors);
+            assert!(
+                c.errors[0].contains(k) && c.errors[0].contains(v),
+                "{:?}",
+                c.errors
+            );
+            assert_eq!(c.quota_bytes(0, 16 * GIB), None);
+            assert!(c.visible.is_none());
+        }
+    }
+
+    #[test]
+    fn visible_devices() {
+        let c = cfg(&[("ALIYUN_COM_GPU_VISIBLE_DEVICES", "1, 0")]);
+        assert_eq!(
+            c.visible,
+            Some(vec![DeviceSel::Index(1), DeviceSel::Index(0)])
+        );
+        let c = cfg(&[(
+            "ALIYUN_COM_GPU_VISIBLE_DEVICES",
+            "GPU-B084AE33-e4a2-1c2f-2f4a-9bd1de0b14aa,2",
+        )]);
+        assert_eq!(
+            c.visible,
+            Some(vec![
+                DeviceSel::Uuid("gpu-b084ae33-e4a2-1c2f-2f4a-9bd1de0b14aa".into()),
+                DeviceSel::Index(2)
+            ])
+        );
+        assert!(cfg(&[("ALIYUN_COM_GPU_VISIBLE_DEVICES", "")])
+            .visible
+            .is_none());
+    }
+
+    #[test]
+    fn weight_prio_ids() {
+        let c = cfg(&[
+            ("ALIYUN_COM_GPU_SCHD_WEIGHT", "3"),
+            ("ALIYUN_COM_GPU_HIGH_PRIO", "1"),
+            ("CGPU_CONTAINER_ID", "pod-a"),
+        ]);
+        assert_eq!(
+            (c.weight, c.high_prio, c.container_id.as_str()),
+            (Some(3), true, "pod-a")
+        );
+        let long = "x".repeat(64);
+        let c = cfg(&[("CGPU_CONTAINER_ID", &long)]);
+        assert_eq!(c.errors.len(), 1);
+    }
+
+    #[test]
+    fn cgroup_ids() {
+        let id = "012b2edccd7a9f3bd8d3c1a5b2e0c6f1d9e8a7b6c5d4e3f2a1b0c9d8e7f6a5b4";
+        for text in [
+            format!("12:memory:/docker/{id}\n0::/\n"),
+            format!("0::/system.slice/docker-{id}.scope\n"),
+            format!("0::/kubepods/besteffort/pod1234/cri-containerd-{id}.scope\n"),
+            format!("1:name=systemd:/kubepods/crio-{id}\n"),
+        ] {
+            assert_eq!(
+                container_id_from_cgroup(&text).as_deref(),
+                Some("012b2edccd7a"),
+                "{text}"
+            );
+        }
+        assert_eq!(container_id_from_cgroup("0::/\n"), None);
+        assert_eq!(
+            container_id_from_cgroup("0::/user.slice/user-1000.slice\n"),
+            None
+        );
+    }
+
+    #[test]
+    fn real_lib_paths() {
+        let c = cfg(&[]);
+        assert_eq!(c.real_libcuda.to_str().unwrap(), "libcuda.so.1");
+        assert_eq!(c.real_libnvml.to_str().unwrap(), "libnvidia-ml.so.1");
+        let c = cfg(&[("CGPU_REAL_LIBCUDA", "/x/libcuda.so")]);
+        assert_eq!(c.real_libcuda.to_str().unwrap(), "/x/libcuda.so");
+    }
+}

@@ -1,0 +1,317 @@
+//! Contexts: what a context reserves on the device counts against the quota
+//! (real drivers take a few hundred MiB). We measure it as the driver reports
+//! it: this process's device memory (NVML's per-process `usedGpuMemory`, else
+//! the device's used memory) just before and after the real creation, with
+//! this process's allocations held off meanwhile. The reservation is charged
+//! after the fact; if it would pass the quota, the new context is destroyed
+//! again and `CUDA_ERROR_OUT_OF_MEMORY` returned. Destroying a context (or
+//! releasing the primary context to zero, or resetting it) gives back its
+//! reservation and everything allocated in it.
+
+use std::cell::Cell;
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::device::cuda_gpu;
+use super::real;
+use super::sig;
+use super::types::*;
+use crate::driver::RealFn;
+use crate::memory::{proc_state, Gpu, Kind};
+
+/// Allocations take it shared, context creation exclusively (so a
+/// concurrent allocation is not mistaken for the context's reservation).
+static MEASURE: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    static IN_MEASURE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Held by allocation paths (shared; skipped when nested in a measurement).
+pub fn alloc_guard() -> Option<RwLockReadGuard<'static, ()>> {
+    if IN_MEASURE.with(|m| m.get()) {
+        None
+    } else {
+        Some(MEASURE.read())
+    }
+}
+
+struct Measuring(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+
+impl Measuring {
+    fn start() -> Option<Measuring> {
+        if IN_MEASURE.with(|m| m.get()) {
+            return None;
+        }
+        let g = MEASURE.write();
+        IN_MEASURE.with(|m| m.set(true));
+        Some(Measuring(g))
+    }
+}
+
+impl Drop for Measuring {
+    fn drop(&mut self) {
+        IN_MEASURE.with(|m| m.set(false));
+    }
+}
+
+/// 0 untried, 1 ok, 2 unavailable.
+static NVML_STATE: AtomicU8 = AtomicU8::new(0);
+static WARNED: AtomicBool = AtomicBool::new(false);
+
+fn nvml_ready() -> bool {
+    match NVML_STATE.load(Ordering::Acquire) {
+        1 => true,
+        2 => false,
+        _ => {
+            let ok = super::call_real!(real::nvmlInit_v2,) == NVML_SUCCESS;
+            NVML_STATE.store(if ok { 1 } else { 2 }, Ordering::Release);
+            ok
+        }
+    }
+}
+
+/// This process's device memory on `gpu` as the driver reports it.
+fn device_bytes(gpu: &Gpu) -> Option<u64> {
+    if !nvml_ready() {
+        return None;
+    }
+    let uuid = CString::new(gpu.uuid.as_str()).ok()?;
+    let mut h: nvmlDevice_t = std::ptr::null_mut();
+    if super::call_real!(real::nvmlDeviceGetHandleByUUID, uuid.as_ptr(), &mut h) != NVML_SUCCESS {
+        return None;
+    }
+    let me = std::process::id();
+    let mut infos = vec![nvmlProcessInfo_t::default(); 64];
+    for _ in 0..3 {
+        let mut n = infos.len() as u32;
+        let rc = super::call_real!(
+            real::nvmlDeviceGetComputeRunningProcesses_v3,
+            h,
+            &mut n,
+            infos.as_mut_ptr()
+        );
+        if rc == NVML_ERROR_INSUFFICIENT_SIZE {
+            infos.resize(n as usize + 16, nvmlProcessInfo_t::default());
+            continue;
+        }
+        if rc != NVML_SUCCESS {
+            break;
+        }
+        let mine = infos[..n as usize]
+            .iter()
+            .filter(|p| p.pid == me)
+            .map(|p| p.usedGpuMemory)
+            .sum();
+        return Some(mine);
+    }
+    // Fallback: the device's used memory.
+    let mut m = nvmlMemory_t::default();
+    (super::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) == NVML_SUCCESS).then_some(m.used)
+}
+
+/// Run `create`, measuring the device memory it reserved. `None` if it
+/// could not be measured (then nothing is charged, with a warning).
+fn measured(gpu: &Gpu, create: impl FnOnce() -> CUresult) -> (CUresult, Option<u64>) {
+    let _m = Measuring::start();
+    let before = device_bytes(gpu);
+    let rc = create();
+    let after = device_bytes(gpu);
+    let delta = match (before, after) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b)),
+        _ => {
+            if !WARNED.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "cgpu: cannot measure what a context reserves (NVML unavailable); context reservations are not counted"
+                );
+            }
+            None
+        }
+    };
+    (rc, delta)
+}
+
+/// Charge a new context's reservation; on over-quota destroy it again.
+fn charge_new_ctx(
+    gpu: &'static Gpu,
+    ctx: *mut CUcontext,
+    rc: CUresult,
+    delta: Option<u64>,
+) -> CUresult {
+    if rc != CUDA_SUCCESS || ctx.is_null() {
+        return rc;
+    }
+    // SAFETY: ctx was written by the driver on success.
+    let c = unsafe { *ctx };
+    let bytes = delta.unwrap_or(0);
+    if !gpu.reserve(bytes) {
+        super::call_real!(real::cuCtxDestroy_v2, c);
+        tracing::debug!("cgpu: context reservation of {bytes} bytes would pass the quota");
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    proc_state().track(Kind::Context, c as u64, gpu, bytes, c as usize);
+    rc
+}
+
+/// `cuCtxCreate` / `_v2`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn ctx_create(
+    real: &RealFn<sig::cuCtxCreate_v2>,
+    ctx: *mut CUcontext,
+    flags: u32,
+    dev: CUdevice,
+) -> CUresult {
+    let Some(gpu) = cuda_gpu(dev) else {
+        return super::call_real!(real, ctx, flags, dev);
+    };
+    let (rc, d) = measured(gpu, || super::call_real!(real, ctx, flags, dev));
+    charge_new_ctx(gpu, ctx, rc, d)
+}
+
+/// `cuCtxCreate_v3`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn ctx_create_v3(
+    real: &RealFn<sig::cuCtxCreate_v3>,
+    ctx: *mut CUcontext,
+    params: *mut CUexecAffinityParam,
+    n: i32,
+    flags: u32,
+    dev: CUdevice,
+) -> CUresult {
+    let Some(gpu) = cuda_gpu(dev) else {
+        return super::call_real!(real, ctx, params, n, flags, dev);
+    };
+    let (rc, d) = measured(gpu, || super::call_real!(real, ctx, params, n, flags, dev));
+    charge_new_ctx(gpu, ctx, rc, d)
+}
+
+/// `cuCtxCreate_v4`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn ctx_create_v4(
+    real: &RealFn<sig::cuCtxCreate_v4>,
+    ctx: *mut CUcontext,
+    params: *mut CUctxCreateParams,
+    flags: u32,
+    dev: CUdevice,
+) -> CUresult {
+    let Some(gpu) = cuda_gpu(dev) else {
+        return super::call_real!(real, ctx, params, flags, dev);
+    };
+    let (rc, d) = measured(gpu, || super::call_real!(real, ctx, params, flags, dev));
+    charge_new_ctx(gpu, ctx, rc, d)
+}
+
+/// `cuCtxDestroy` / `_v2`: gives back the reservation and what was allocated in it.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn ctx_destroy(real: &RealFn<sig::cuCtxDestroy_v2>, ctx: CUcontext) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, ctx);
+    }
+    let rc = super::call_real!(real, ctx);
+    if rc == CUDA_SUCCESS {
+        let st = proc_state();
+        let _g = alloc_guard();
+        st.release_context(ctx as usize);
+        if let Some(e) = st.untrack(Kind::Context, ctx as u64) {
+            e.gpu.release(e.bytes);
+        }
+    }
+    rc
+}
+
+/// `cuDevicePrimaryCtxRetain`: the first retain creates the primary context.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn primary_retain(
+    real: &RealFn<sig::cuDevicePrimaryCtxRetain>,
+    ctx: *mut CUcontext,
+    dev: CUdevice,
+) -> CUresult {
+    let Some(gpu) = cuda_gpu(dev) else {
+        return super::call_real!(real, ctx, dev);
+    };
+    let (rc, delta) = measured(gpu, || super::call_real!(real, ctx, dev));
+    if rc != CUDA_SUCCESS || ctx.is_null() {
+        return rc;
+    }
+    // SAFETY: written by the driver on success.
+    let c = unsafe { *ctx } as usize;
+    if gpu.primary_refs.fetch_add(1, Ordering::AcqRel) == 0 {
+        let bytes = delta.unwrap_or(0);
+        if !gpu.reserve(bytes) {
+            gpu.primary_refs.fetch_sub(1, Ordering::AcqRel);
+            super::call_real!(real::cuDevicePrimaryCtxRelease_v2, dev);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        gpu.primary_bytes.fetch_add(bytes, Ordering::AcqRel);
+        gpu.primary_ctx.store(c, Ordering::Release);
+    } else if delta.unwrap_or(0) > 0 {
+        // Re-created after a reset by another retain path: charge the new reservation.
+        let bytes = delta.unwrap_or(0);
+        if gpu.reserve(bytes) {
+            gpu.primary_bytes.fetch_add(bytes, Ordering::AcqRel);
+        }
+    }
+    rc
+}
+
+fn primary_gone(gpu: &Gpu) {
+    let st = proc_state();
+    let _g = alloc_guard();
+    st.release_context(gpu.primary_ctx.swap(0, Ordering::AcqRel));
+    gpu.release(gpu.primary_bytes.swap(0, Ordering::AcqRel));
+}
+
+/// `cuDevicePrimaryCtxRelease` / `_v2`: at zero the context is destroyed.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn primary_release(
+    real: &RealFn<sig::cuDevicePrimaryCtxRelease_v2>,
+    dev: CUdevice,
+) -> CUresult {
+    let rc = super::call_real!(real, dev);
+    if rc == CUDA_SUCCESS {
+        if let Some(gpu) = cuda_gpu(dev) {
+            let prev = gpu
+                .primary_refs
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                    Some(r.saturating_sub(1))
+                })
+                .unwrap_or(0);
+            if prev == 1 {
+                primary_gone(gpu);
+            }
+        }
+    }
+    rc
+}
+
+/// `cuDevicePrimaryCtxReset` / `_v2`: destroys the primary context's state.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn primary_reset(
+    real: &RealFn<sig::cuDevicePrimaryCtxReset_v2>,
+    dev: CUdevice,
+) -> CUresult {
+    let rc = super::call_real!(real, dev);
+    if rc == CUDA_SUCCESS {
+        if let Some(gpu) = cuda_gpu(dev) {
+            gpu.primary_refs.store(0, Ordering::Release);
+            primary_gone(gpu);
+        }
+    }
+    rc
+}

@@ -1,0 +1,120 @@
+//! Our `dlsym` export: clients that `dlopen` the driver and resolve functions
+//! on their own handle (ctypes, pynvml, TensorFlow, `nvidia-smi`) get our
+//! hooks, which plain symbol interposition cannot give them.
+//!
+//! - Names not starting with `cu` or `nvml`: forwarded to the real `dlsym` at
+//!   once: no allocation, no lock, no recursion (Rust's std and libc resolve
+//!   weak symbols through `dlsym`).
+//! - `RTLD_NEXT`: "next" is decided by glibc from the caller's return
+//!   address. A tail jump (x86-64, aarch64) hands the call to the real
+//!   `dlsym` with the caller's own return address, so the answer is exactly
+//!   what it would have been without us.
+//! - `cu*`/`nvml*` names: forwarded; when the real result is non-null and is
+//!   the real driver's function of a name we hook (or our own export, for
+//!   `RTLD_DEFAULT`), our hook is returned instead. A same-named function of
+//!   some other library is left alone.
+
+use std::ffi::{c_char, c_void, CStr};
+
+use crate::driver;
+
+/// The body of `dlsym` (reached from the trampoline for every handle but
+/// `RTLD_NEXT`).
+///
+/// # Safety
+/// `dlsym`'s contract: `name` is NULL or a NUL-terminated string.
+pub unsafe extern "C" fn dlsym_impl(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    let Some(real) = driver::real_dlsym() else {
+        return std::ptr::null_mut();
+    };
+    // SAFETY: forwarded with the caller's own arguments.
+    let r = unsafe { real(handle, name) };
+    if r.is_null() || name.is_null() {
+        return r;
+    }
+    // SAFETY: name is NUL-terminated; we read at most up to its NUL.
+    let is_ours = unsafe {
+        let b0 = *name as u8;
+        let b1 = if b0 != 0 { *name.add(1) as u8 } else { 0 };
+        match (b0, b1) {
+            (b'c', b'u') => true,
+            (b'n', b'v') => *name.add(2) as u8 == b'm' && *name.add(3) as u8 == b'l',
+            _ => false,
+        }
+    };
+    if !is_ours {
+        return r;
+    }
+    // SAFETY: name is a NUL-terminated string (dlsym's contract).
+    let bytes = unsafe { CStr::from_ptr(name) }.to_bytes();
+    match std::panic::catch_unwind(|| substitute(bytes, r)) {
+        Ok(p) => p,
+        Err(_) => r,
+    }
+}
+
+/// Our hook for `name` if `r` is the driver's function of that name (or our export).
+pub fn substitute(name: &[u8], r: *mut c_void) -> *mut c_void {
+    match super::hook_by_name(name) {
+        Some((ours, real)) if r == ours || real.addr() == r as usize => ours,
+        _ => r,
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+/// Exported `dlsym`: a trampoline that keeps the caller's return address.
+///
+/// # Safety
+/// `dlsym`'s contract.
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // handle == RTLD_NEXT (-1) and the real dlsym known: tail-jump to it, so
+    // that it sees our caller's return address. Otherwise tail-jump to the body.
+    core::arch::naked_asm!(
+        "cmp rdi, -1",
+        "jne 2f",
+        "mov rax, qword ptr [rip + {real}]",
+        "test rax, rax",
+        "jz 2f",
+        "jmp rax",
+        "2:",
+        "jmp {body}",
+        real = sym driver::REAL_DLSYM,
+        body = sym dlsym_impl,
+    )
+}
+
+#[cfg(target_arch = "aarch64")]
+/// Exported `dlsym`: a trampoline that keeps the caller's return address.
+///
+/// # Safety
+/// `dlsym`'s contract.
+#[unsafe(naked)]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    core::arch::naked_asm!(
+        "cmn x0, #1",
+        "b.ne 2f",
+        "adrp x16, {real}",
+        "ldr x16, [x16, :lo12:{real}]",
+        "cbz x16, 2f",
+        "br x16",
+        "2:",
+        "b {body}",
+        real = sym driver::REAL_DLSYM,
+        body = sym dlsym_impl,
+    )
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+/// Exported `dlsym` (no trampoline on this architecture: `RTLD_NEXT` is
+/// answered as seen from libcgpu).
+///
+/// # Safety
+/// `dlsym`'s contract.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+    // SAFETY: same contract.
+    unsafe { dlsym_impl(handle, name) }
+}

@@ -1,0 +1,619 @@
+//! Memory hooks (SPEC §2): every allocation family reserves against the
+//! container's quota BEFORE the real allocator runs, gives the reservation
+//! back if the driver fails, and records what it took; every free path gives
+//! back exactly that, once. Unknown pointers and double frees go to the
+//! driver and are charged nothing. Views report the quota.
+
+use super::device::{cuda_gpu, current_gpu};
+use super::sig;
+use super::types::*;
+use crate::driver::RealFn;
+use crate::memory::{proc_state, Gpu, Kind};
+
+/// The current context handle (0 if none): allocations die with it.
+fn current_ctx() -> usize {
+    let mut c: CUcontext = std::ptr::null_mut();
+    if super::call_real!(super::real::cuCtxGetCurrent, &mut c) == CUDA_SUCCESS {
+        c as usize
+    } else {
+        0
+    }
+}
+
+/// Device allocations take whole granules of this many bytes: what the
+/// driver itself charges for an allocation (the simulated driver's granule;
+/// real drivers round at least this far).
+pub const ALLOC_GRANULE: u64 = 512;
+
+/// `n` rounded up to whole granules.
+pub fn granule(n: u64) -> u64 {
+    n.div_ceil(ALLOC_GRANULE).saturating_mul(ALLOC_GRANULE)
+}
+
+/// Reserve `bytes` on `gpu`, run `alloc` (which returns the driver's code and
+/// the new object's key), then keep or give back the reservation.
+fn charged(
+    gpu: Option<&'static Gpu>,
+    kind: Kind,
+    bytes: u64,
+    alloc: impl FnOnce() -> (CUresult, u64),
+) -> CUresult {
+    let Some(gpu) = gpu else {
+        return alloc().0;
+    };
+    let bytes = granule(bytes);
+    let _g = super::context::alloc_guard();
+    if !gpu.reserve(bytes) {
+        tracing::debug!(
+            "cgpu: {kind:?} of {bytes} bytes refused: container would pass its quota of {:?} on GPU {}",
+            gpu.quota,
+            gpu.visible_index
+        );
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let (rc, key) = alloc();
+    if rc != CUDA_SUCCESS {
+        gpu.release(bytes);
+        return rc;
+    }
+    proc_state().track(kind, key, gpu, bytes, current_ctx());
+    rc
+}
+
+/// Forget `key`, run `free`, then give back what it held (or put the entry
+/// back if the driver refused).
+fn uncharged(kind: Kind, key: u64, free: impl FnOnce() -> CUresult) -> CUresult {
+    if !crate::memory::tracking() {
+        return free();
+    }
+    let st = proc_state();
+    let _g = super::context::alloc_guard();
+    let entry = st.untrack(kind, key);
+    let rc = free();
+    if let Some(e) = entry {
+        if rc == CUDA_SUCCESS {
+            e.gpu.release(e.bytes);
+        } else {
+            st.track(kind, key, e.gpu, e.bytes, e.ctx);
+        }
+    }
+    rc
+}
+
+/// Read an out-parameter the driver just wrote (0 if null).
+///
+/// # Safety
+/// `p` is null or valid for reads.
+unsafe fn out<T: Copy + Into<u64>>(p: *const T) -> u64 {
+    if p.is_null() {
+        0
+    } else {
+        // SAFETY: per the contract above.
+        unsafe { (*p).into() }
+    }
+}
+
+/// `cuMemAlloc_v2`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc(
+    real: &RealFn<sig::cuMemAlloc_v2>,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+) -> CUresult {
+    charged(current_gpu(), Kind::Ptr, size as u64, || {
+        let rc = super::call_real!(real, dptr, size);
+        // SAFETY: dptr was written by the driver on success (or is null).
+        (rc, unsafe { out(dptr) })
+    })
+}
+
+/// `cuMemAlloc` (legacy 32-bit ABI).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_v1(real: &RealFn<sig::cuMemAlloc>, dptr: *mut u32, size: u32) -> CUresult {
+    charged(current_gpu(), Kind::Ptr, size as u64, || {
+        let rc = super::call_real!(real, dptr, size);
+        // SAFETY: as above.
+        (rc, unsafe { out(dptr) })
+    })
+}
+
+/// Pitch the driver will choose at most: the width rounded up to 512 bytes
+/// (the largest texture pitch alignment of NVIDIA GPUs).
+fn pitch_bound(width: u64) -> u64 {
+    width.div_ceil(512).saturating_mul(512).max(width)
+}
+
+/// Pitched allocation: reserve the bound, then settle on the real pitch × height.
+fn pitched(
+    width: u64,
+    height: u64,
+    alloc: impl FnOnce() -> (CUresult, u64, u64),
+    free: impl FnOnce(u64),
+) -> CUresult {
+    let Some(gpu) = current_gpu() else {
+        return alloc().0;
+    };
+    let bound = granule(pitch_bound(width).saturating_mul(height));
+    let _g = super::context::alloc_guard();
+    if !gpu.reserve(bound) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let (rc, ptr, pitch) = alloc();
+    if rc != CUDA_SUCCESS {
+        gpu.release(bound);
+        return rc;
+    }
+    let actual = granule(pitch.saturating_mul(height));
+    if actual <= bound {
+        gpu.release(bound - actual);
+    } else if !gpu.reserve(actual - bound) {
+        gpu.release(bound);
+        free(ptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    proc_state().track(Kind::Ptr, ptr, gpu, actual, current_ctx());
+    rc
+}
+
+/// `cuMemAllocPitch_v2`: charges the real pitch × height.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_pitch(
+    real: &RealFn<sig::cuMemAllocPitch_v2>,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width: usize,
+    height: usize,
+    elem: u32,
+) -> CUresult {
+    pitched(
+        width as u64,
+        height as u64,
+        || {
+            let rc = super::call_real!(real, dptr, pitch, width, height, elem);
+            // SAFETY: written by the driver on success.
+            (rc, unsafe { out(dptr) }, unsafe {
+                out(pitch as *const usize as *const u64)
+            })
+        },
+        |p| {
+            super::call_real!(super::real::cuMemFree_v2, p);
+        },
+    )
+}
+
+/// `cuMemAllocPitch` (legacy 32-bit ABI).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_pitch_v1(
+    real: &RealFn<sig::cuMemAllocPitch>,
+    dptr: *mut u32,
+    pitch: *mut u32,
+    width: u32,
+    height: u32,
+    elem: u32,
+) -> CUresult {
+    pitched(
+        width as u64,
+        height as u64,
+        || {
+            let rc = super::call_real!(real, dptr, pitch, width, height, elem);
+            // SAFETY: written by the driver on success.
+            (rc, unsafe { out(dptr) }, unsafe { out(pitch) })
+        },
+        |p| {
+            super::call_real!(super::real::cuMemFree, p as u32);
+        },
+    )
+}
+
+/// `cuMemAllocManaged`: counted in full against the current device.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_managed(
+    real: &RealFn<sig::cuMemAllocManaged>,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    flags: u32,
+) -> CUresult {
+    charged(current_gpu(), Kind::Ptr, size as u64, || {
+        let rc = super::call_real!(real, dptr, size, flags);
+        // SAFETY: written by the driver on success.
+        (rc, unsafe { out(dptr) })
+    })
+}
+
+/// `cuMemAllocAsync` and `_ptsz`: charged when returned, released when freed.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_async(
+    real: &RealFn<sig::cuMemAllocAsync>,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: CUstream,
+) -> CUresult {
+    charged(current_gpu(), Kind::Ptr, size as u64, || {
+        let rc = super::call_real!(real, dptr, size, stream);
+        // SAFETY: written by the driver on success.
+        (rc, unsafe { out(dptr) })
+    })
+}
+
+/// `cuMemAllocFromPoolAsync` and `_ptsz`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_from_pool_async(
+    real: &RealFn<sig::cuMemAllocFromPoolAsync>,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    charged(current_gpu(), Kind::Ptr, size as u64, || {
+        let rc = super::call_real!(real, dptr, size, pool, stream);
+        // SAFETY: written by the driver on success.
+        (rc, unsafe { out(dptr) })
+    })
+}
+
+/// `cuMemCreate` (virtual memory API, PyTorch's expandable segments):
+/// charged against the device the properties name.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_create(
+    real: &RealFn<sig::cuMemCreate>,
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> CUresult {
+    let gpu = if prop.is_null() {
+        None
+    } else {
+        // SAFETY: prop is the caller's non-null property struct.
+        let loc = unsafe { (*prop).location };
+        // CU_MEM_LOCATION_TYPE_DEVICE = 1
+        if loc.type_ == 1 {
+            cuda_gpu(loc.id)
+        } else {
+            None
+        }
+    };
+    charged(gpu, Kind::Handle, size as u64, || {
+        let rc = super::call_real!(real, handle, size, prop, flags);
+        // SAFETY: written by the driver on success.
+        (rc, unsafe { out(handle) })
+    })
+}
+
+/// Bytes per element of a `CUarray_format`.
+pub fn format_bytes(format: i32) -> u64 {
+    match format {
+        0x01 | 0x08 | 0xb0 | 0xb1 => 1, // UNSIGNED_INT8, SIGNED_INT8, UNORM_INT8X1, SNORM_INT8X1
+        0x02 | 0x09 | 0x10 => 2,        // UNSIGNED_INT16, SIGNED_INT16, HALF
+        0x03 | 0x0a | 0x20 => 4,        // UNSIGNED_INT32, SIGNED_INT32, FLOAT
+        _ => 16,                        // packed / block formats: a conservative bound
+    }
+}
+
+/// Bytes of a `w × h × d` array of `channels` elements of `format`.
+pub fn array_bytes(w: usize, h: usize, d: usize, format: i32, channels: u32) -> u64 {
+    (w.max(1) as u64)
+        .saturating_mul(h.max(1) as u64)
+        .saturating_mul(d.max(1) as u64)
+        .saturating_mul(channels.max(1) as u64)
+        .saturating_mul(format_bytes(format))
+}
+
+fn array_charge(bytes: u64, create: impl FnOnce() -> (CUresult, u64), kind: Kind) -> CUresult {
+    charged(current_gpu(), kind, bytes, create)
+}
+
+/// `cuArrayCreate_v2`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn array_create(
+    real: &RealFn<sig::cuArrayCreate_v2>,
+    arr: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
+    if desc.is_null() {
+        return super::call_real!(real, arr, desc);
+    }
+    // SAFETY: desc is the caller's non-null descriptor.
+    let d = unsafe { &*desc };
+    let bytes = array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels);
+    array_charge(
+        bytes,
+        || {
+            let rc = super::call_real!(real, arr, desc);
+            // SAFETY: written by the driver on success.
+            (rc, unsafe { out(arr as *const usize as *const u64) })
+        },
+        Kind::Array,
+    )
+}
+
+/// `cuArrayCreate` (same ABI as `_v2` on 64-bit).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn array_create_v1(
+    real: &RealFn<sig::cuArrayCreate>,
+    arr: *mut CUarray,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
+) -> CUresult {
+    if desc.is_null() {
+        return super::call_real!(real, arr, desc);
+    }
+    // SAFETY: as above.
+    let d = unsafe { &*desc };
+    let bytes = array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels);
+    array_charge(
+        bytes,
+        || {
+            let rc = super::call_real!(real, arr, desc);
+            // SAFETY: as above.
+            (rc, unsafe { out(arr as *const usize as *const u64) })
+        },
+        Kind::Array,
+    )
+}
+
+/// `cuArray3DCreate_v2`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn array3d_create(
+    real: &RealFn<sig::cuArray3DCreate_v2>,
+    arr: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
+    if desc.is_null() {
+        return super::call_real!(real, arr, desc);
+    }
+    // SAFETY: as above.
+    let d = unsafe { &*desc };
+    let bytes = array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels);
+    array_charge(
+        bytes,
+        || {
+            let rc = super::call_real!(real, arr, desc);
+            // SAFETY: as above.
+            (rc, unsafe { out(arr as *const usize as *const u64) })
+        },
+        Kind::Array,
+    )
+}
+
+/// `cuArray3DCreate`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn array3d_create_v1(
+    real: &RealFn<sig::cuArray3DCreate>,
+    arr: *mut CUarray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> CUresult {
+    if desc.is_null() {
+        return super::call_real!(real, arr, desc);
+    }
+    // SAFETY: as above.
+    let d = unsafe { &*desc };
+    let bytes = array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels);
+    array_charge(
+        bytes,
+        || {
+            let rc = super::call_real!(real, arr, desc);
+            // SAFETY: as above.
+            (rc, unsafe { out(arr as *const usize as *const u64) })
+        },
+        Kind::Array,
+    )
+}
+
+/// `cuMipmappedArrayCreate`: all levels (bounded by 4/3 of level 0).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mipmapped_array_create(
+    real: &RealFn<sig::cuMipmappedArrayCreate>,
+    arr: *mut CUmipmappedArray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    levels: u32,
+) -> CUresult {
+    if desc.is_null() {
+        return super::call_real!(real, arr, desc, levels);
+    }
+    // SAFETY: as above.
+    let d = unsafe { &*desc };
+    let mut bytes = 0u64;
+    let (mut w, mut h, mut z) = (d.Width.max(1), d.Height.max(1), d.Depth.max(1));
+    for _ in 0..levels.max(1) {
+        bytes = bytes.saturating_add(array_bytes(w, h, z, d.Format, d.NumChannels));
+        w = (w / 2).max(1);
+        h = (h / 2).max(1);
+        z = (z / 2).max(1);
+    }
+    array_charge(
+        bytes,
+        || {
+            let rc = super::call_real!(real, arr, desc, levels);
+            // SAFETY: as above.
+            (rc, unsafe { out(arr as *const usize as *const u64) })
+        },
+        Kind::Mipmap,
+    )
+}
+
+/// `cuMemFree_v2`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_free(real: &RealFn<sig::cuMemFree_v2>, dptr: CUdeviceptr) -> CUresult {
+    uncharged(Kind::Ptr, dptr, || super::call_real!(real, dptr))
+}
+
+/// `cuMemFree` (legacy).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_free_v1(real: &RealFn<sig::cuMemFree>, dptr: u32) -> CUresult {
+    uncharged(Kind::Ptr, dptr as u64, || super::call_real!(real, dptr))
+}
+
+/// `cuMemFreeAsync` and `_ptsz`: released when the free is enqueued.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_free_async(
+    real: &RealFn<sig::cuMemFreeAsync>,
+    dptr: CUdeviceptr,
+    stream: CUstream,
+) -> CUresult {
+    uncharged(Kind::Ptr, dptr, || super::call_real!(real, dptr, stream))
+}
+
+/// `cuMemRelease`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_release(
+    real: &RealFn<sig::cuMemRelease>,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    uncharged(Kind::Handle, handle, || super::call_real!(real, handle))
+}
+
+/// `cuArrayDestroy`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn array_destroy(real: &RealFn<sig::cuArrayDestroy>, arr: CUarray) -> CUresult {
+    uncharged(Kind::Array, arr as u64, || super::call_real!(real, arr))
+}
+
+/// `cuMipmappedArrayDestroy`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mipmapped_array_destroy(
+    real: &RealFn<sig::cuMipmappedArrayDestroy>,
+    arr: CUmipmappedArray,
+) -> CUresult {
+    uncharged(Kind::Mipmap, arr as u64, || super::call_real!(real, arr))
+}
+
+/// `cuMemGetInfo_v2`: total = quota, free = min(quota − used, physical free).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_get_info(
+    real: &RealFn<sig::cuMemGetInfo_v2>,
+    free: *mut usize,
+    total: *mut usize,
+) -> CUresult {
+    let rc = super::call_real!(real, free, total);
+    if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
+        return rc;
+    }
+    if let Some(gpu) = current_gpu() {
+        // SAFETY: both out-parameters are non-null and were written by the driver.
+        unsafe {
+            let (f, t) = gpu.view(*free as u64, *total as u64);
+            *free = f as usize;
+            *total = t as usize;
+        }
+    }
+    rc
+}
+
+/// `cuMemGetInfo` (legacy 32-bit ABI; clamped as the driver clamps).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_get_info_v1(
+    real: &RealFn<sig::cuMemGetInfo>,
+    free: *mut u32,
+    total: *mut u32,
+) -> CUresult {
+    let rc = super::call_real!(real, free, total);
+    if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
+        return rc;
+    }
+    if let Some(gpu) = current_gpu() {
+        // SAFETY: both out-parameters are non-null and were written by the driver.
+        unsafe {
+            let (f, t) = gpu.view(*free as u64, *total as u64);
+            *free = f.min(u32::MAX as u64) as u32;
+            *total = t.min(u32::MAX as u64) as u32;
+        }
+    }
+    rc
+}
+
+/// `cuDeviceTotalMem_v2`: the quota.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn device_total_mem(
+    real: &RealFn<sig::cuDeviceTotalMem_v2>,
+    bytes: *mut usize,
+    dev: CUdevice,
+) -> CUresult {
+    let rc = super::call_real!(real, bytes, dev);
+    if rc == CUDA_SUCCESS && !bytes.is_null() {
+        if let Some(q) = cuda_gpu(dev).and_then(|g| g.view_quota()) {
+            // SAFETY: non-null out-parameter.
+            unsafe { *bytes = q as usize };
+        }
+    }
+    rc
+}
+
+/// `cuDeviceTotalMem` (legacy 32-bit ABI).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn device_total_mem_v1(
+    real: &RealFn<sig::cuDeviceTotalMem>,
+    bytes: *mut u32,
+    dev: CUdevice,
+) -> CUresult {
+    let rc = super::call_real!(real, bytes, dev);
+    if rc == CUDA_SUCCESS && !bytes.is_null() {
+        if let Some(q) = cuda_gpu(dev).and_then(|g| g.view_quota()) {
+            // SAFETY: non-null out-parameter.
+            unsafe { *bytes = q.min(u32::MAX as u64) as u32 };
+        }
+    }
+    rc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(granule(1), 512);
+        assert_eq!(granule(0), 0);
+        assert_eq!(granule(1024), 1024);
+        assert_eq!(pitch_bound(1), 512);
+        assert_eq!(pitch_bound(512), 512);
+        assert_eq!(pitch_bound(513), 1024);
+        assert_eq!(array_bytes(100, 0, 0, 0x20, 4), 1600);
+        assert_eq!(array_bytes(10, 10, 10, 0x01, 1), 1000);
+    }
+}

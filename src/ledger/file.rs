@@ -1,0 +1,368 @@
+//! Creating, validating and mapping ledger files.
+//!
+//! Creation is race-free across processes: a new file is built and fully
+//! initialised under a private temporary name, then `link`ed into place
+//! (which fails if another process got there first; we then use theirs). So
+//! a file at the final name is always complete, and `ready` is set before it
+//! gets that name.
+
+use super::*;
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+const SIZE: usize = std::mem::size_of::<LedgerFile>();
+
+fn cpath(path: &Path) -> Result<CString, LedgerError> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| {
+        LedgerError::io(
+            path,
+            io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"),
+        )
+    })
+}
+
+/// Create `dir` (and parents) if missing; a directory we create is made
+/// world-writable and sticky (`1777`, like `/tmp`) so that containers
+/// running as different uids can all create and open ledgers in it.
+pub(super) fn ensure_dir(dir: &Path) -> io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
+    Ok(())
+}
+
+pub(super) fn writable(dir: &Path) -> bool {
+    let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a valid NUL-terminated path.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
+}
+
+fn open_fd(path: &Path, flags: libc::c_int) -> Result<i32, LedgerError> {
+    let c = cpath(path)?;
+    // SAFETY: `c` is a valid NUL-terminated path; mode is used only with O_CREAT.
+    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o666 as libc::c_uint) };
+    if fd < 0 {
+        return Err(LedgerError::io(path, io::Error::last_os_error()));
+    }
+    Ok(fd)
+}
+
+fn close(fd: i32) {
+    // SAFETY: the caller owns `fd` and does not use it afterwards.
+    unsafe { libc::close(fd) };
+}
+
+fn map_fd(path: &Path, fd: i32) -> Result<NonNull<LedgerFile>, LedgerError> {
+    // SAFETY: a fresh shared mapping of an fd we hold; the kernel picks the
+    // address. The file is exactly SIZE bytes (checked or set by the caller).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(LedgerError::io(path, io::Error::last_os_error()));
+    }
+    Ok(NonNull::new(p.cast()).expect("mmap never returns NULL on success"))
+}
+
+fn unmap(p: NonNull<LedgerFile>) {
+    // SAFETY: `p` came from `map_fd` with length SIZE and is not used after.
+    unsafe { libc::munmap(p.as_ptr().cast(), SIZE) };
+}
+
+/// Check the first bytes and the size of an open ledger file, before
+/// mapping it. Version is checked before size: another version may have
+/// another size.
+fn validate_fd(path: &Path, fd: i32) -> Result<(), LedgerError> {
+    let corrupt = |why: String| LedgerError::Corrupt {
+        path: path.to_owned(),
+        why,
+    };
+    // SAFETY: `st` is a valid out-pointer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 {
+        return Err(LedgerError::io(path, io::Error::last_os_error()));
+    }
+    let len = st.st_size as u64;
+    let mut head = [0u8; 24];
+    // SAFETY: `head` is a valid buffer of its length.
+    let n = unsafe { libc::pread(fd, head.as_mut_ptr().cast(), head.len(), 0) };
+    if n < 0 {
+        return Err(LedgerError::io(path, io::Error::last_os_error()));
+    }
+    if (n as usize) < head.len() {
+        return Err(corrupt(format!("only {len} bytes long")));
+    }
+    let magic = u64::from_le_bytes(head[0..8].try_into().unwrap());
+    let version = u32::from_le_bytes(head[8..12].try_into().unwrap());
+    let header_size = u32::from_le_bytes(head[12..16].try_into().unwrap());
+    let file_size = u64::from_le_bytes(head[16..24].try_into().unwrap());
+    if magic != LEDGER_MAGIC {
+        return Err(corrupt(format!("bad magic {magic:#018x}")));
+    }
+    if version != FORMAT_VERSION {
+        return Err(LedgerError::Version {
+            path: path.to_owned(),
+            found: version,
+        });
+    }
+    if header_size as usize != std::mem::size_of::<LedgerHeader>() {
+        return Err(corrupt(format!(
+            "header_size {header_size}, expected {}",
+            std::mem::size_of::<LedgerHeader>()
+        )));
+    }
+    if file_size != SIZE as u64 || len != SIZE as u64 {
+        return Err(corrupt(format!(
+            "size {len} (header says {file_size}), expected {SIZE}"
+        )));
+    }
+    Ok(())
+}
+
+/// Open and validate an existing ledger (no create).
+pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
+    let fd = open_fd(path, libc::O_RDWR)?;
+    let probe = match open_fd(path, libc::O_RDWR) {
+        Ok(p) => p,
+        Err(e) => {
+            close(fd);
+            return Err(e);
+        }
+    };
+    let done = |e| {
+        close(fd);
+        close(probe);
+        Err(e)
+    };
+    if let Err(e) = validate_fd(path, fd) {
+        return done(e);
+    }
+    // Map through the probe description, never through `fd`: a mapping
+    // holds a reference to its file description, and a forked child
+    // inherits the mapping; mapped through `fd`, the child would keep the
+    // parent's liveness locks alive after the parent's death.
+    let map = match map_fd(path, probe) {
+        Ok(m) => m,
+        Err(e) => return done(e),
+    };
+    let l = Ledger {
+        path: path.to_owned(),
+        map,
+        fd: AtomicI32::new(fd),
+        probe_fd: AtomicI32::new(probe),
+        table: parking_lot::Mutex::new(()),
+        stale: AtomicBool::new(false),
+    };
+    if l.file().header.ready.load(Ordering::Acquire) != 1 {
+        return Err(LedgerError::Corrupt {
+            path: path.to_owned(),
+            why: "never finished initialising (ready != 1)".into(),
+        });
+    }
+    Ok(l)
+}
+
+pub(super) fn open_or_create(
+    dir: &Path,
+    uuid: &str,
+    gpu_index: u32,
+    physical_total: u64,
+) -> Result<Ledger, LedgerError> {
+    let path = Ledger::path_for(dir, uuid);
+    if uuid.is_empty()
+        || uuid.len() >= UUID_LEN
+        || uuid.contains(['/', '\0'])
+        || uuid.starts_with('.')
+    {
+        return Err(LedgerError::io(
+            &path,
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad GPU uuid {uuid:?}"),
+            ),
+        ));
+    }
+    ensure_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
+    // Each round either opens the file, creates it, or moves a dead corrupt
+    // one aside; a few rounds cover losing races to other creators.
+    let mut last = None;
+    for _ in 0..5 {
+        match open(&path) {
+            Ok(l) => {
+                if l.uuid() != uuid {
+                    return Err(LedgerError::Corrupt {
+                        path,
+                        why: format!("holds GPU {:?}, expected {uuid:?}", l.uuid()),
+                    });
+                }
+                return Ok(l);
+            }
+            Err(LedgerError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
+                create(dir, &path, uuid, gpu_index, physical_total)?;
+            }
+            Err(e @ LedgerError::Corrupt { .. }) => {
+                if !set_aside_if_dead(&path)? {
+                    return Err(e);
+                }
+                last = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        LedgerError::io(
+            &path,
+            io::Error::other("ledger kept changing while opening it"),
+        )
+    }))
+}
+
+/// Build a complete ledger under a temporary name and link it into place.
+/// `Ok` also when another process created it first.
+fn create(
+    dir: &Path,
+    path: &Path,
+    uuid: &str,
+    gpu_index: u32,
+    physical_total: u64,
+) -> Result<(), LedgerError> {
+    let tmp = dir.join(format!(
+        ".{uuid}.ledger.tmp-{}-{}",
+        std::process::id(),
+        realtime_ns()
+    ));
+    let fd = open_fd(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)?;
+    let result = (|| {
+        // SAFETY: plain syscalls on the fd we just created.
+        unsafe {
+            // Readable and writable by every uid, whatever the umask.
+            libc::fchmod(fd, 0o666);
+            if libc::ftruncate(fd, SIZE as libc::off_t) != 0 {
+                return Err(LedgerError::io(&tmp, io::Error::last_os_error()));
+            }
+        }
+        let map = map_fd(&tmp, fd)?;
+        // SAFETY: the file is private to us until linked; the fresh pages are
+        // zero, which is a valid value of every field.
+        unsafe { init(map.as_ptr(), uuid, gpu_index, physical_total) };
+        unmap(map);
+        let (ct, cp) = (cpath(&tmp)?, cpath(path)?);
+        // SAFETY: both are valid NUL-terminated paths.
+        if unsafe { libc::link(ct.as_ptr(), cp.as_ptr()) } != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EEXIST) {
+                return Err(LedgerError::io(path, err));
+            }
+        } else {
+            tracing::info!("created ledger {} for GPU {uuid}", path.display());
+        }
+        Ok(())
+    })();
+    close(fd);
+    let _ = std::fs::remove_file(&tmp);
+    result
+}
+
+/// # Safety
+/// `f` points to a writable, zeroed mapping of a whole `LedgerFile` that no
+/// other process can see yet.
+unsafe fn init(f: *mut LedgerFile, uuid: &str, gpu_index: u32, physical_total: u64) {
+    let mut u = [0u8; UUID_LEN];
+    u[..uuid.len()].copy_from_slice(uuid.as_bytes());
+    // SAFETY: per the contract, `f` is valid and exclusively ours.
+    let h = unsafe { &mut (*f).header };
+    h.magic = LEDGER_MAGIC;
+    h.version = FORMAT_VERSION;
+    h.header_size = std::mem::size_of::<LedgerHeader>() as u32;
+    h.file_size = SIZE as u64;
+    h.gpu_index = gpu_index;
+    h.uuid = u;
+    h.physical_total = physical_total;
+    h.created_ns = realtime_ns();
+    h.policy.store(DEFAULT_POLICY, Ordering::Relaxed);
+    h.max_inst.store(DEFAULT_MAX_INST, Ordering::Relaxed);
+    h.prio_ratio.store(DEFAULT_PRIO_RATIO, Ordering::Relaxed);
+    h.ready.store(1, Ordering::Release);
+}
+
+/// A corrupt file may be replaced only if nobody holds any lock on it (no
+/// process is joined to it). Take a whole-file lock to prove that and to
+/// keep other recoverers off this inode, check that the name still refers
+/// to it, and rename it to `<name>.corrupt-<ns>`. `Ok(true)`: moved (or
+/// already replaced by someone else): retry opening.
+fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
+    let fd = match open_fd(path, libc::O_RDWR) {
+        Ok(fd) => fd,
+        Err(LedgerError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
+            return Ok(true)
+        }
+        Err(e) => return Err(e),
+    };
+    let result = (|| {
+        if !lock::try_lock(fd, 0, 0).map_err(|e| LedgerError::io(path, e))? {
+            return Ok(false); // in use by someone: never touch it
+        }
+        // SAFETY: valid out-pointer for fstat on our fd.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(LedgerError::io(path, io::Error::last_os_error()));
+        }
+        match std::fs::metadata(path) {
+            Ok(m) if m.ino() == st.st_ino && m.dev() == st.st_dev => {}
+            _ => return Ok(true), // replaced meanwhile
+        }
+        // Still corrupt? (Only a corrupt file is ever moved; a file of
+        // another version never is.)
+        if !matches!(validate_fd(path, fd), Err(LedgerError::Corrupt { .. })) {
+            return Ok(true);
+        }
+        let aside = PathBuf::from(format!("{}.corrupt-{}", path.display(), realtime_ns()));
+        std::fs::rename(path, &aside).map_err(|e| LedgerError::io(path, e))?;
+        tracing::warn!(
+            "ledger {} was corrupt and unused: moved to {} and recreated",
+            path.display(),
+            aside.display()
+        );
+        Ok(true)
+    })();
+    close(fd);
+    result
+}
+
+/// (pid, pid-namespace inode, start time in clock ticks since boot) of this
+/// process, for display. 0 where /proc does not tell.
+pub(super) fn self_identity() -> (i32, u64, u64) {
+    let pid = std::process::id() as i32;
+    let pidns = std::fs::read_link("/proc/self/ns/pid")
+        .ok()
+        .and_then(|l| {
+            let s = l.to_string_lossy().into_owned();
+            s.strip_prefix("pid:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .unwrap_or(0);
+    // Field 22 of /proc/self/stat; fields are counted after the `)` that
+    // ends the command name (which may itself contain spaces).
+    let start = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 1..];
+            rest.split_whitespace().nth(19)?.parse().ok()
+        })
+        .unwrap_or(0);
+    (pid, pidns, start)
+}

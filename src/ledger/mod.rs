@@ -1,0 +1,1163 @@
+//! The per-GPU shared-memory ledger (SPEC §2–§3).
+//!
+//! One file per physical GPU, named by UUID (`<dir>/<uuid>.ledger`), mapped
+//! `MAP_SHARED` by every process of every container on the host. The layout
+//! is `repr(C)`, versioned, and written down for C tools in `include/cgpu.h`
+//! (a test checks the two agree).
+//!
+//! Concurrency model:
+//! - hot path (reserve/release bytes, scheduler counters): atomics only;
+//! - slot-table changes (join, leave, reap): an OFD record lock on the
+//!   table-lock byte range, released by the kernel if the holder dies;
+//! - liveness: each process holds an OFD write lock on its own process slot's
+//!   byte range for its lifetime; a slot whose range is unlocked is dead,
+//!   whatever its pid says (pids mean nothing across PID namespaces).
+//!
+//! Design, locking protocol and crash semantics: `docs/ledger.md`.
+
+mod file;
+mod lock;
+mod snapshot;
+
+pub use snapshot::{ContainerSnapshot, ProcessSnapshot, Snapshot};
+
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// `b"CGPULEDG"` read as a little-endian u64.
+pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"CGPULEDG");
+/// Bumped on any layout change.
+pub const FORMAT_VERSION: u32 = 1;
+/// Container slots per GPU (cGPU's `max_inst` is at most 25).
+pub const MAX_CONTAINERS: usize = 32;
+/// Process slots per GPU.
+pub const MAX_PROCESSES: usize = 256;
+/// Bytes for a container id, NUL-padded.
+pub const ID_LEN: usize = 64;
+/// Bytes for a GPU UUID string (`GPU-…`), NUL-padded.
+pub const UUID_LEN: usize = 96;
+/// Words of per-GPU scheduler state (owned by `scheduler`).
+pub const SCHED_GPU_WORDS: usize = 32;
+/// Words of per-container scheduler state (owned by `scheduler`).
+pub const SCHED_CONTAINER_WORDS: usize = 16;
+
+/// Slot states (containers and processes).
+pub const SLOT_FREE: u32 = 0;
+pub const SLOT_CLAIMING: u32 = 1;
+pub const SLOT_LIVE: u32 = 2;
+
+/// Knob defaults written when a ledger is created (see docs/ledger.md).
+pub const DEFAULT_POLICY: u32 = 1;
+pub const DEFAULT_MAX_INST: u32 = 16;
+pub const DEFAULT_PRIO_RATIO: u32 = 80;
+/// Knob ranges (SPEC §3).
+pub const POLICY_MAX: u32 = 5;
+pub const MAX_INST_RANGE: std::ops::RangeInclusive<u32> = 1..=25;
+pub const PRIO_RATIO_RANGE: std::ops::RangeInclusive<u32> = 20..=99;
+
+/// `JoinRequest::quota` value meaning "explicitly not limited" (a `0` inside
+/// `ALIYUN_COM_GPU_MEM_CONTAINER`'s list); a plain 0 means "no quota set",
+/// which gets the GPU's `default_memsize`.
+pub const QUOTA_UNLIMITED: u64 = u64::MAX;
+
+/// Per-GPU header and knobs (cGPU's `/proc/cgpu_km/<gpu>/…`).
+#[repr(C)]
+pub struct LedgerHeader {
+    pub magic: u64,
+    pub version: u32,
+    /// `size_of::<LedgerHeader>()`.
+    pub header_size: u32,
+    /// `size_of::<LedgerFile>()`; the file is exactly this long.
+    pub file_size: u64,
+    /// 0 while being created, 1 when ready.
+    pub ready: AtomicU32,
+    /// Index of the GPU as the host driver numbers it (informational).
+    pub gpu_index: u32,
+    pub uuid: [u8; UUID_LEN],
+    /// Physical memory in bytes, as the driver reports it.
+    pub physical_total: u64,
+    /// CLOCK_REALTIME ns at creation.
+    pub created_ns: u64,
+    /// Compute policy 0..=5 (SPEC §4).
+    pub policy: AtomicU32,
+    /// 1 once an operator set the policy explicitly (then a weight > 1 does not switch it to 2).
+    pub policy_explicit: AtomicU32,
+    /// 1..=25.
+    pub max_inst: AtomicU32,
+    /// 20..=99.
+    pub prio_ratio: AtomicU32,
+    /// Quota in bytes for containers that set none (0 = pass-through).
+    pub default_memsize: AtomicU64,
+    /// Bumped on every knob write, so running jobs notice changes cheaply.
+    pub knob_generation: AtomicU64,
+    /// Scheduler state (`scheduler` defines the words).
+    pub sched: [AtomicU64; SCHED_GPU_WORDS],
+    /// CLOCK_MONOTONIC ns of the last `maybe_reap` (rate limit shared by all processes).
+    pub last_reap_ns: AtomicU64,
+    pub reserved: [u64; 15],
+}
+
+/// One container on this GPU.
+#[repr(C)]
+pub struct ContainerSlot {
+    pub state: AtomicU32,
+    pub highprio: AtomicU32,
+    /// Container id, NUL-padded UTF-8.
+    pub id: [u8; ID_LEN],
+    /// Bytes; 0 = not limited.
+    pub quota: AtomicU64,
+    /// Bytes held by all its processes (allocations + context reservations).
+    pub used: AtomicU64,
+    /// Highest `used` ever reached.
+    pub peak: AtomicU64,
+    /// Compute weight (0 = no compute: arrived when `free_weight` was 0).
+    pub weight: AtomicU32,
+    /// Live processes.
+    pub nprocs: AtomicU32,
+    /// Allocations refused for quota.
+    pub oom_count: AtomicU64,
+    pub created_ns: u64,
+    /// 1 when memory enforcement is off (`CGPU_DISABLE`): usage recorded only.
+    pub enforce_off: AtomicU32,
+    /// Bumped (wrapping) by every reserve/release before it touches `used`:
+    /// lets `reap` recognise an instant when no operation is in flight.
+    pub ops: AtomicU32,
+    /// Scheduler state (`scheduler` defines the words).
+    pub sched: [AtomicU64; SCHED_CONTAINER_WORDS],
+    /// Upper bound of bytes `used` may still count for processes that died
+    /// mid-operation; cleared when `reap` recounts `used` exactly.
+    pub suspect: AtomicU64,
+    /// Times `reap` recounted `used` after such a death.
+    pub recounts: AtomicU64,
+    pub reserved: [u64; 6],
+}
+
+/// One process using this GPU.
+#[repr(C)]
+pub struct ProcessSlot {
+    pub state: AtomicU32,
+    /// Index of its container slot.
+    pub container: AtomicU32,
+    /// Pid in the process's own PID namespace (informational).
+    pub pid: AtomicI32,
+    pub _pad: u32,
+    /// Inode of its `/proc/self/ns/pid` (tells namespaces apart).
+    pub pidns: AtomicU64,
+    /// `starttime` field of `/proc/self/stat` (with pid and pidns: a unique key).
+    pub start_time: AtomicU64,
+    /// Bytes it holds now.
+    pub used: AtomicU64,
+    /// Bytes of a reservation in flight (crash-consistency, see `try_reserve`).
+    pub pending: AtomicU64,
+    /// GPU time charged to this process, ns (scheduler).
+    pub gpu_time_ns: AtomicU64,
+    /// Kernel launches admitted (scheduler).
+    pub launches: AtomicU64,
+    pub reserved: [u64; 4],
+}
+
+/// The whole file.
+#[repr(C)]
+pub struct LedgerFile {
+    pub header: LedgerHeader,
+    pub containers: [ContainerSlot; MAX_CONTAINERS],
+    pub processes: [ProcessSlot; MAX_PROCESSES],
+}
+
+/// Why a ledger could not be used.
+#[derive(Debug)]
+pub enum LedgerError {
+    Io {
+        path: PathBuf,
+        err: std::io::Error,
+    },
+    Corrupt {
+        path: PathBuf,
+        why: String,
+    },
+    Version {
+        path: PathBuf,
+        found: u32,
+    },
+    /// No free container or process slot.
+    Full {
+        path: PathBuf,
+        what: &'static str,
+    },
+}
+
+/// An allocation refused because it would pass the quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaExceeded {
+    pub quota: u64,
+    pub used: u64,
+    pub requested: u64,
+}
+
+/// What a process asks for when it joins a GPU's ledger.
+#[derive(Debug, Clone)]
+pub struct JoinRequest<'a> {
+    pub container_id: &'a str,
+    /// Bytes. 0 = none set: the GPU's `default_memsize` applies (itself 0 =
+    /// not limited); [`QUOTA_UNLIMITED`] = explicitly not limited. Only the
+    /// container's first joiner sets it; later joiners' values are ignored
+    /// (`cgpuctl set memsize` changes it).
+    pub quota: u64,
+    /// Requested compute weight (1..=max_inst).
+    pub weight: u32,
+    pub highprio: bool,
+    /// `CGPU_DISABLE`: record usage without enforcing.
+    pub enforce_off: bool,
+}
+
+/// This process's place in one ledger: its container and process slot. Holds
+/// the liveness lock for as long as it lives.
+#[derive(Debug)]
+pub struct Membership {
+    pub container: usize,
+    pub process: usize,
+}
+
+impl std::fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LedgerError::Io { path, err } => write!(f, "ledger {}: {err}", path.display()),
+            LedgerError::Corrupt { path, why } => {
+                write!(f, "ledger {} is corrupt: {why}", path.display())
+            }
+            LedgerError::Version { path, found } => write!(
+                f,
+                "ledger {} has format version {found}, this build speaks {FORMAT_VERSION}",
+                path.display()
+            ),
+            LedgerError::Full { path, what } => {
+                write!(f, "ledger {} has no free {what} slot", path.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for LedgerError {}
+
+impl std::fmt::Display for QuotaExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes requested, {} of {} held",
+            self.requested, self.used, self.quota
+        )
+    }
+}
+
+impl LedgerError {
+    fn io(path: &Path, err: std::io::Error) -> Self {
+        LedgerError::Io {
+            path: path.to_owned(),
+            err,
+        }
+    }
+}
+
+/// Byte offset of process slot `i` in the file; its liveness lock covers
+/// `[offset, offset + size_of::<ProcessSlot>())`.
+pub fn process_slot_offset(i: usize) -> u64 {
+    (std::mem::offset_of!(LedgerFile, processes) + i * std::mem::size_of::<ProcessSlot>()) as u64
+}
+
+/// The table lock covers the magic's 8 bytes (locks are advisory: this
+/// never stops anyone from reading the magic).
+const TABLE_LOCK: (u64, u64) = (0, 8);
+
+fn nul_str(bytes: &[u8]) -> &str {
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    std::str::from_utf8(&bytes[..end]).unwrap_or("")
+}
+
+impl LedgerHeader {
+    /// The GPU UUID (`""` if not valid UTF-8).
+    pub fn uuid_str(&self) -> &str {
+        nul_str(&self.uuid)
+    }
+}
+
+impl ContainerSlot {
+    /// The container id (`""` if not valid UTF-8). Stable while the slot is
+    /// `SLOT_LIVE`: ids are only written while a slot is being claimed.
+    pub fn id_str(&self) -> &str {
+        nul_str(&self.id)
+    }
+    /// Bytes it may still allocate: `quota − used`, never below 0 (also when
+    /// an operator lowered the quota under what is held); `None` when not
+    /// limited (quota 0) or not enforcing.
+    pub fn free_bytes(&self) -> Option<u64> {
+        let quota = self.quota.load(Ordering::Acquire);
+        if quota == 0 || self.enforce_off.load(Ordering::Relaxed) != 0 {
+            return None;
+        }
+        Some(quota.saturating_sub(self.used.load(Ordering::Acquire)))
+    }
+    /// Live and named `id`?
+    fn is(&self, id: &str) -> bool {
+        self.state.load(Ordering::Acquire) == SLOT_LIVE && self.id_str() == id
+    }
+}
+
+/// One mapped GPU ledger.
+pub struct Ledger {
+    path: PathBuf,
+    /// `MAP_SHARED` mapping of exactly `size_of::<LedgerFile>()` bytes.
+    map: NonNull<LedgerFile>,
+    /// Descriptor through which this process holds the table lock and its
+    /// liveness locks. Nothing else may reference its open file description
+    /// (no mapping, no dup), so that it dies with this process. -1 once
+    /// closed (after `fork`).
+    fd: AtomicI32,
+    /// A second open file description: the mapping is made through it, and
+    /// it probes slots' locks (`F_OFD_GETLK` ignores the prober's own
+    /// description, so probing through `fd` would see our own slots as dead).
+    probe_fd: AtomicI32,
+    /// Threads of one process share `fd`, and OFD locks do not exclude each
+    /// other within one description: this serialises them first.
+    table: parking_lot::Mutex<()>,
+    /// Set in a forked child: this mapping's memberships belong to the parent.
+    stale: AtomicBool,
+}
+
+// SAFETY: everything mutable in the mapping is an atomic or is written only
+// under the table lock (ids, timestamps, via raw pointers); the fds are
+// atomics and the mutex is Sync. The mapping lives as long as the `Ledger`.
+unsafe impl Send for Ledger {}
+// SAFETY: as above.
+unsafe impl Sync for Ledger {}
+
+impl std::fmt::Debug for Ledger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ledger")
+            .field("path", &self.path)
+            .field("fd", &self.fd.load(Ordering::Relaxed))
+            .field("stale", &self.stale.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Drop for Ledger {
+    fn drop(&mut self) {
+        for fd in [&self.fd, &self.probe_fd] {
+            let fd = fd.swap(-1, Ordering::AcqRel);
+            if fd >= 0 {
+                // SAFETY: we own this descriptor; closing it drops our OFD
+                // locks (any membership not left is then reaped by others).
+                unsafe { libc::close(fd) };
+            }
+        }
+        // SAFETY: `map` is the mapping created in `file::map` with exactly
+        // this length; no reference into it outlives `self`.
+        unsafe {
+            libc::munmap(self.map.as_ptr().cast(), std::mem::size_of::<LedgerFile>());
+        }
+    }
+}
+
+/// Held while the slot table may change: the in-process mutex plus the OFD
+/// lock on `TABLE_LOCK`. Dropping it releases both.
+struct TableGuard<'a> {
+    fd: i32,
+    _inner: parking_lot::MutexGuard<'a, ()>,
+}
+
+impl Drop for TableGuard<'_> {
+    fn drop(&mut self) {
+        let _ = lock::unlock(self.fd, TABLE_LOCK.0, TABLE_LOCK.1);
+    }
+}
+
+/// Test hook: how long `join` sleeps while holding the table lock with a
+/// process slot half-claimed (so that tests can `kill -9` a process there).
+#[doc(hidden)]
+pub static TEST_JOIN_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Default minimum interval between two `maybe_reap` scans (all processes together).
+pub const REAP_INTERVAL: Duration = Duration::from_millis(200);
+
+fn now_ns(clock: libc::clockid_t) -> u64 {
+    // SAFETY: `ts` is a valid out-pointer for clock_gettime.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the clock ids used are always available on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+pub(crate) fn realtime_ns() -> u64 {
+    now_ns(libc::CLOCK_REALTIME)
+}
+
+/// Saturating subtract on a shared counter; returns what was subtracted.
+fn sat_sub(a: &AtomicU64, v: u64) -> u64 {
+    let mut cur = a.load(Ordering::Acquire);
+    loop {
+        let take = v.min(cur);
+        match a.compare_exchange_weak(cur, cur - take, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return take,
+            Err(x) => cur = x,
+        }
+    }
+}
+
+impl Ledger {
+    /// `CGPU_LEDGER_DIR`, else `/run/cgpu` if writable (created), else `/dev/shm/cgpu`.
+    pub fn default_dir() -> PathBuf {
+        if let Some(d) = std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
+            return PathBuf::from(d);
+        }
+        let run = Path::new("/run/cgpu");
+        if file::ensure_dir(run).is_ok() && file::writable(run) {
+            return run.to_owned();
+        }
+        PathBuf::from("/dev/shm/cgpu")
+    }
+    /// `<dir>/<uuid>.ledger`.
+    pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
+        dir.join(format!("{uuid}.ledger"))
+    }
+    /// All ledger files in `dir`, sorted.
+    pub fn list(dir: &Path) -> Vec<PathBuf> {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut v: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok())
+            .filter(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                !n.starts_with('.') && n.ends_with(".ledger")
+            })
+            .map(|e| e.path())
+            .collect();
+        v.sort();
+        v
+    }
+    /// Open the GPU's ledger, creating and initialising it if absent.
+    pub fn open_or_create(
+        dir: &Path,
+        uuid: &str,
+        gpu_index: u32,
+        physical_total: u64,
+    ) -> Result<Ledger, LedgerError> {
+        file::open_or_create(dir, uuid, gpu_index, physical_total)
+    }
+    /// Open an existing ledger for reading and knob writes (tools). Validates
+    /// magic, version and size; never creates, never joins.
+    pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
+        file::open(path)
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn file(&self) -> &LedgerFile {
+        // SAFETY: the mapping is valid, aligned (page) and of the right size
+        // for as long as `self` lives; shared mutation goes through atomics.
+        unsafe { self.map.as_ref() }
+    }
+    /// The GPU UUID recorded in the header.
+    pub fn uuid(&self) -> &str {
+        self.file().header.uuid_str()
+    }
+    fn raw(&self) -> *mut LedgerFile {
+        self.map.as_ptr()
+    }
+    fn fd(&self) -> Result<i32, LedgerError> {
+        match self.fd.load(Ordering::Acquire) {
+            fd if fd >= 0 && !self.stale.load(Ordering::Acquire) => Ok(fd),
+            _ => Err(LedgerError::io(
+                &self.path,
+                std::io::Error::other("ledger handle inherited across fork: re-open and re-join"),
+            )),
+        }
+    }
+
+    fn lock_table(&self) -> Result<TableGuard<'_>, LedgerError> {
+        let fd = self.fd()?;
+        let inner = self
+            .table
+            .try_lock_for(lock::TABLE_LOCK_TIMEOUT)
+            .ok_or_else(|| {
+                LedgerError::io(
+                    &self.path,
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "table lock held by another thread for 2 s",
+                    ),
+                )
+            })?;
+        lock::lock_timeout(fd, TABLE_LOCK.0, TABLE_LOCK.1, lock::TABLE_LOCK_TIMEOUT)
+            .map_err(|e| LedgerError::io(&self.path, e))?;
+        Ok(TableGuard { fd, _inner: inner })
+    }
+
+    /// One attempt, no waiting: for paths that must not block.
+    fn try_lock_table(&self) -> Option<TableGuard<'_>> {
+        let fd = self.fd().ok()?;
+        let inner = self.table.try_lock()?;
+        match lock::try_lock(fd, TABLE_LOCK.0, TABLE_LOCK.1) {
+            Ok(true) => Some(TableGuard { fd, _inner: inner }),
+            _ => None,
+        }
+    }
+
+    /// Claim (or find, by id) the container slot and a process slot; take the
+    /// liveness lock. Reaps dead slots first.
+    pub fn join(&self, req: &JoinRequest<'_>) -> Result<Membership, LedgerError> {
+        let id = req.container_id;
+        if id.is_empty() || id.len() > ID_LEN || id.contains('\0') {
+            return Err(LedgerError::io(
+                &self.path,
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("container id {id:?} must be 1..={ID_LEN} bytes without NUL"),
+                ),
+            ));
+        }
+        let fd = self.fd()?;
+        let _g = self.lock_table()?;
+        self.reap_locked();
+        let f = self.file();
+
+        let (c, created) = match f.containers.iter().position(|c| c.is(id)) {
+            Some(c) => {
+                let slot = &f.containers[c];
+                let quota = slot.quota.load(Ordering::Relaxed);
+                if req.quota != 0
+                    && req.quota != quota
+                    && !(req.quota == QUOTA_UNLIMITED && quota == 0)
+                {
+                    tracing::info!(
+                        "container {id}: keeping quota {quota} set by its first process (this one asked {}; use `cgpuctl set memsize` to change it)",
+                        req.quota
+                    );
+                }
+                (c, false)
+            }
+            None => (self.claim_container(req)?, true),
+        };
+
+        let Some(p) = self.claim_process(fd, c) else {
+            if created {
+                self.free_container(c);
+            }
+            return Err(LedgerError::Full {
+                path: self.path.clone(),
+                what: "process",
+            });
+        };
+        f.containers[c].nprocs.fetch_add(1, Ordering::AcqRel);
+        Ok(Membership {
+            container: c,
+            process: p,
+        })
+    }
+
+    /// Under the table lock: claim a free container slot for `req`.
+    fn claim_container(&self, req: &JoinRequest<'_>) -> Result<usize, LedgerError> {
+        let f = self.file();
+        let h = &f.header;
+        let c = f
+            .containers
+            .iter()
+            .position(|c| c.state.load(Ordering::Acquire) == SLOT_FREE)
+            .ok_or_else(|| LedgerError::Full {
+                path: self.path.clone(),
+                what: "container",
+            })?;
+        let slot = &f.containers[c];
+        slot.state.store(SLOT_CLAIMING, Ordering::Release);
+
+        let quota = match req.quota {
+            0 => h.default_memsize.load(Ordering::Relaxed),
+            QUOTA_UNLIMITED => 0,
+            q => q,
+        };
+        let fw = free_weight(f);
+        let want = req.weight.max(1);
+        let weight = if fw == 0 {
+            tracing::warn!(
+                "container {}: free_weight is 0 on GPU {} (max_inst {} taken): it gets weight 0 and no compute until weight frees up",
+                req.container_id,
+                h.uuid_str(),
+                h.max_inst.load(Ordering::Relaxed)
+            );
+            0
+        } else if want > fw {
+            tracing::warn!(
+                "container {}: asked weight {want}, only {fw} free on GPU {}: weight {fw}",
+                req.container_id,
+                h.uuid_str()
+            );
+            fw
+        } else {
+            want
+        };
+
+        let mut id = [0u8; ID_LEN];
+        id[..req.container_id.len()].copy_from_slice(req.container_id.as_bytes());
+        // SAFETY: `raw()` points into our live mapping; the slot is CLAIMING
+        // under the table lock, so no other process writes these plain
+        // fields, and readers only trust them once the slot is LIVE.
+        unsafe {
+            let s = std::ptr::addr_of_mut!((*self.raw()).containers[c]);
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*s).id), id);
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*s).created_ns), realtime_ns());
+        }
+        slot.quota.store(quota, Ordering::Relaxed);
+        slot.used.store(0, Ordering::Relaxed);
+        slot.peak.store(0, Ordering::Relaxed);
+        slot.weight.store(weight, Ordering::Relaxed);
+        slot.nprocs.store(0, Ordering::Relaxed);
+        slot.oom_count.store(0, Ordering::Relaxed);
+        slot.suspect.store(0, Ordering::Relaxed);
+        slot.recounts.store(0, Ordering::Relaxed);
+        slot.highprio.store(req.highprio as u32, Ordering::Relaxed);
+        slot.enforce_off
+            .store(req.enforce_off as u32, Ordering::Relaxed);
+        for w in &slot.sched {
+            w.store(0, Ordering::Relaxed);
+        }
+        // The requested weight counts, even if clamped (SPEC §1).
+        self.weight_switches_policy(req.weight);
+        slot.state.store(SLOT_LIVE, Ordering::Release);
+        Ok(c)
+    }
+
+    /// Under the table lock: claim a free process slot for container `c` and
+    /// take its liveness lock through `fd`.
+    fn claim_process(&self, fd: i32, c: usize) -> Option<usize> {
+        let f = self.file();
+        let (pid, pidns, start_time) = file::self_identity();
+        for (i, p) in f.processes.iter().enumerate() {
+            if p.state.load(Ordering::Acquire) != SLOT_FREE {
+                continue;
+            }
+            // A free slot whose range is still locked (cannot normally
+            // happen) is skipped rather than shared.
+            let off = process_slot_offset(i);
+            match lock::try_lock(fd, off, std::mem::size_of::<ProcessSlot>() as u64) {
+                Ok(true) => {}
+                _ => continue,
+            }
+            p.state.store(SLOT_CLAIMING, Ordering::Release);
+            let pause = TEST_JOIN_PAUSE_MS.load(Ordering::Relaxed);
+            if pause > 0 {
+                std::thread::sleep(Duration::from_millis(pause));
+            }
+            p.container.store(c as u32, Ordering::Relaxed);
+            p.pid.store(pid, Ordering::Relaxed);
+            p.pidns.store(pidns, Ordering::Relaxed);
+            p.start_time.store(start_time, Ordering::Relaxed);
+            p.used.store(0, Ordering::Relaxed);
+            p.pending.store(0, Ordering::Relaxed);
+            p.gpu_time_ns.store(0, Ordering::Relaxed);
+            p.launches.store(0, Ordering::Relaxed);
+            p.state.store(SLOT_LIVE, Ordering::Release);
+            return Some(i);
+        }
+        None
+    }
+
+    /// Under the table lock: free container slot `c` (its knobs go with it).
+    fn free_container(&self, c: usize) {
+        let s = &self.file().containers[c];
+        s.used.store(0, Ordering::Relaxed);
+        s.nprocs.store(0, Ordering::Relaxed);
+        s.weight.store(0, Ordering::Relaxed);
+        s.state.store(SLOT_FREE, Ordering::Release);
+    }
+
+    /// Under the table lock: free process slot `i` after moving what it holds
+    /// off its container.
+    fn free_process(&self, i: usize) {
+        let f = self.file();
+        let p = &f.processes[i];
+        let c = p.container.load(Ordering::Acquire) as usize;
+        if p.state.load(Ordering::Acquire) == SLOT_LIVE && c < MAX_CONTAINERS {
+            let held = p.used.swap(0, Ordering::AcqRel);
+            sat_sub(&f.containers[c].used, held);
+            let pending = p.pending.swap(0, Ordering::AcqRel);
+            if pending != 0 {
+                // Did its last CAS on the container happen? Unknowable here:
+                // keep the bytes counted (safe) and recount when quiet.
+                f.containers[c].suspect.fetch_add(pending, Ordering::AcqRel);
+                tracing::debug!(
+                    "process slot {i} (pid {}) died with {pending} bytes in flight: container {} recounts",
+                    p.pid.load(Ordering::Relaxed),
+                    f.containers[c].id_str()
+                );
+            }
+        }
+        p.state.store(SLOT_FREE, Ordering::Release);
+    }
+
+    /// Give back everything `m` holds and free its process slot (normal exit).
+    pub fn leave(&self, m: Membership) {
+        if self.stale.load(Ordering::Acquire) {
+            return; // the parent's membership: not ours to give back
+        }
+        let f = self.file();
+        let p = &f.processes[m.process];
+        // Move the bytes first, then drop the liveness lock: a reaper that
+        // sees us dead then finds nothing left to subtract twice.
+        let held = p.used.swap(0, Ordering::AcqRel);
+        sat_sub(&f.containers[m.container].used, held);
+        if let Ok(fd) = self.fd() {
+            let _ = lock::unlock(
+                fd,
+                process_slot_offset(m.process),
+                std::mem::size_of::<ProcessSlot>() as u64,
+            );
+        }
+        // Free the slot now if we can; otherwise the next reap does.
+        match self.lock_table() {
+            Ok(_g) => {
+                self.reap_locked();
+            }
+            Err(e) => tracing::warn!("leave: {e}; the slot is reaped later"),
+        }
+    }
+
+    /// Lock-free: reserve `bytes` against the container's quota in one atomic
+    /// step (CAS), recording them on the process slot. Never lets the
+    /// container's `used` pass its quota when enforcing.
+    #[inline]
+    pub fn try_reserve(&self, m: &Membership, bytes: u64) -> Result<(), QuotaExceeded> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let f = self.file();
+        let c = &f.containers[m.container];
+        let p = &f.processes[m.process];
+        // Crash consistency: while `pending` is non-zero the container may
+        // count up to `pending` bytes that the process slot does not show
+        // (yet). `ops` is bumped before `used` changes (see `resync`).
+        p.pending.fetch_add(bytes, Ordering::AcqRel);
+        c.ops.fetch_add(1, Ordering::AcqRel);
+        let mut cur = c.used.load(Ordering::Acquire);
+        loop {
+            let quota = c.quota.load(Ordering::Acquire);
+            let enforce = quota != 0 && c.enforce_off.load(Ordering::Relaxed) == 0;
+            let new = match cur.checked_add(bytes) {
+                Some(n) if !enforce || n <= quota => n,
+                _ => {
+                    p.pending.fetch_sub(bytes, Ordering::AcqRel);
+                    c.oom_count.fetch_add(1, Ordering::Relaxed);
+                    return Err(QuotaExceeded {
+                        quota,
+                        used: cur,
+                        requested: bytes,
+                    });
+                }
+            };
+            match c
+                .used
+                .compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    if new > c.peak.load(Ordering::Relaxed) {
+                        c.peak.fetch_max(new, Ordering::Relaxed);
+                    }
+                    p.used.fetch_add(bytes, Ordering::AcqRel);
+                    p.pending.fetch_sub(bytes, Ordering::AcqRel);
+                    return Ok(());
+                }
+                Err(x) => cur = x,
+            }
+        }
+    }
+
+    /// Lock-free: give back `bytes` previously reserved by `m`. Giving back
+    /// more than the process holds logs a warning and clamps.
+    #[inline]
+    pub fn release(&self, m: &Membership, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let f = self.file();
+        let p = &f.processes[m.process];
+        let c = &f.containers[m.container];
+        // Process first, container second, `pending` around both: a crash in
+        // between leaves the container over-counted (safe), never
+        // under-counted, and flagged for an exact recount.
+        p.pending.fetch_add(bytes, Ordering::AcqRel);
+        c.ops.fetch_add(1, Ordering::AcqRel);
+        let took = sat_sub(&p.used, bytes);
+        sat_sub(&c.used, took);
+        p.pending.fetch_sub(bytes, Ordering::AcqRel);
+        if took != bytes {
+            tracing::warn!(
+                "release of {bytes} bytes but process slot {} held {took}: clamped",
+                m.process
+            );
+        }
+    }
+
+    /// Reclaim the slots and bytes of dead processes and containers without
+    /// processes. Returns how many process slots were reclaimed. Waits at
+    /// most 2 s for the table lock (returns 0 and logs if it could not).
+    pub fn reap(&self) -> usize {
+        if !self.needs_reap() {
+            return 0;
+        }
+        match self.lock_table() {
+            Ok(_g) => self.reap_locked(),
+            Err(e) => {
+                tracing::warn!("reap: {e}");
+                0
+            }
+        }
+    }
+
+    /// Never blocks: reap if no process reaped in the last `min_interval`
+    /// (the timestamp is shared in the header) and the table lock is free
+    /// right now. Cheap enough for allocation and meminfo paths.
+    pub fn maybe_reap(&self, min_interval: Duration) -> usize {
+        let h = &self.file().header;
+        let now = now_ns(libc::CLOCK_MONOTONIC);
+        let last = h.last_reap_ns.load(Ordering::Relaxed);
+        let due = now < last || now - last >= min_interval.as_nanos() as u64;
+        if !due
+            || h.last_reap_ns
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return 0;
+        }
+        if !self.needs_reap() {
+            return 0;
+        }
+        match self.try_lock_table() {
+            Some(_g) => self.reap_locked(),
+            None => 0,
+        }
+    }
+
+    /// Lock-free pre-check: any dead or half-claimed process slot, or a live
+    /// container without live processes?
+    fn needs_reap(&self) -> bool {
+        let f = self.file();
+        let mut has_procs = [false; MAX_CONTAINERS];
+        for (i, p) in f.processes.iter().enumerate() {
+            match p.state.load(Ordering::Acquire) {
+                SLOT_FREE => {}
+                SLOT_LIVE if self.is_alive(i) => {
+                    let c = p.container.load(Ordering::Relaxed) as usize;
+                    if c < MAX_CONTAINERS {
+                        has_procs[c] = true;
+                    }
+                }
+                _ => return true,
+            }
+        }
+        f.containers.iter().enumerate().any(|(c, s)| {
+            s.state.load(Ordering::Acquire) != SLOT_FREE
+                && (!has_procs[c] || s.suspect.load(Ordering::Relaxed) != 0)
+        })
+    }
+
+    /// Under the table lock (so no join is half-way): free dead and
+    /// half-claimed process slots, recount `nprocs`, free containers left
+    /// without processes.
+    fn reap_locked(&self) -> usize {
+        let f = self.file();
+        let mut reaped = 0;
+        let mut nprocs = [0u32; MAX_CONTAINERS];
+        for (i, p) in f.processes.iter().enumerate() {
+            match p.state.load(Ordering::Acquire) {
+                SLOT_FREE => continue,
+                SLOT_LIVE if self.is_alive(i) => {
+                    let c = p.container.load(Ordering::Relaxed) as usize;
+                    if c < MAX_CONTAINERS {
+                        nprocs[c] += 1;
+                        continue;
+                    }
+                    tracing::warn!("process slot {i} names container slot {c}: freed");
+                }
+                SLOT_LIVE => {}
+                _ => tracing::debug!("process slot {i}: claimer died mid-join"),
+            }
+            tracing::debug!(
+                "reaping process slot {i} (pid {}, {} bytes)",
+                p.pid.load(Ordering::Relaxed),
+                p.used.load(Ordering::Relaxed)
+            );
+            self.free_process(i);
+            reaped += 1;
+        }
+        for (c, s) in f.containers.iter().enumerate() {
+            if s.state.load(Ordering::Acquire) == SLOT_FREE {
+                continue;
+            }
+            s.nprocs.store(nprocs[c], Ordering::Release);
+            if nprocs[c] == 0 {
+                tracing::debug!("container {} has no process left: slot freed", s.id_str());
+                self.free_container(c);
+            } else if s.suspect.load(Ordering::Acquire) != 0 {
+                self.resync(c);
+            }
+        }
+        reaped
+    }
+
+    /// Under the table lock (dead slots already freed): make container `c`'s
+    /// `used` exactly the sum of its live processes' `used`, removing what
+    /// processes that died mid-operation left behind. Needs an instant when
+    /// none of its processes has an operation in flight: read `ops`, `used`,
+    /// every live slot (all `pending` zero), `used` and `ops` again; if
+    /// nothing moved, `used − Σ` is exactly the leftover, and subtracting it
+    /// (rather than storing Σ) stays right whatever completes meanwhile.
+    /// Gives up after a bounded number of tries (the next reap retries).
+    fn resync(&self, c: usize) -> bool {
+        let f = self.file();
+        let s = &f.containers[c];
+        let sc = Ordering::SeqCst;
+        for attempt in 0..256 {
+            if attempt > 0 {
+                std::thread::yield_now();
+            }
+            let o0 = s.ops.load(sc);
+            let c1 = s.used.load(sc);
+            let mut sum = 0u64;
+            let mut busy = false;
+            for (_, p) in self.processes_of(c) {
+                if p.pending.load(sc) != 0 {
+                    busy = true;
+                    break;
+                }
+                sum = sum.saturating_add(p.used.load(sc));
+            }
+            if busy || s.used.load(sc) != c1 || s.ops.load(sc) != o0 {
+                continue;
+            }
+            if c1 >= sum {
+                sat_sub(&s.used, c1 - sum);
+            } else {
+                // Under-counted (cannot happen by this protocol): count up, the safe way.
+                tracing::warn!(
+                    "container {}: used {c1} < sum of its processes {sum}",
+                    s.id_str()
+                );
+                s.used.fetch_add(sum - c1, sc);
+            }
+            let suspect = s.suspect.swap(0, sc);
+            s.recounts.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                "container {}: recounted used after a process died mid-operation ({} bytes given back, at most {suspect} suspected)",
+                s.id_str(),
+                c1.saturating_sub(sum)
+            );
+            return true;
+        }
+        tracing::debug!("container {}: busy, recount postponed", s.id_str());
+        false
+    }
+
+    /// Is the process in slot `i` alive (its liveness lock held)? A lock held
+    /// through this very handle counts as alive.
+    pub fn is_alive(&self, i: usize) -> bool {
+        let fd = self.probe_fd.load(Ordering::Acquire);
+        if i >= MAX_PROCESSES || fd < 0 {
+            return false;
+        }
+        // On an error (cannot happen on a valid fd) say alive: never reap on doubt.
+        lock::is_locked(
+            fd,
+            process_slot_offset(i),
+            std::mem::size_of::<ProcessSlot>() as u64,
+        )
+        .unwrap_or(true)
+    }
+
+    /// For a `pthread_atfork` child handler; async-signal-safe (two `close`s
+    /// and atomic stores). The child shares the parent's open file
+    /// descriptions, hence its locks: keeping them would make the parent look
+    /// alive after its death. Closing only drops the child's reference. After
+    /// this, the handle must not be used for reserve/release (its
+    /// memberships are the parent's); `join`/`reap` return errors or do
+    /// nothing; open a new `Ledger` and join again.
+    pub fn after_fork_child(&self) {
+        self.stale.store(true, Ordering::Release);
+        for fd in [&self.fd, &self.probe_fd] {
+            let fd = fd.swap(-1, Ordering::AcqRel);
+            if fd >= 0 {
+                // SAFETY: close(2) is async-signal-safe; the child owns its
+                // copy of the descriptor. The parent's locks survive (they go
+                // only when the last reference to the description closes).
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
+
+    /// True after `after_fork_child`: this handle must be replaced.
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
+
+    /// The container slot of a membership.
+    #[inline]
+    pub fn container_of(&self, m: &Membership) -> &ContainerSlot {
+        &self.file().containers[m.container]
+    }
+
+    /// The process slot of a membership.
+    #[inline]
+    pub fn process_of(&self, m: &Membership) -> &ProcessSlot {
+        &self.file().processes[m.process]
+    }
+
+    /// Live containers (slot index, slot).
+    pub fn containers(&self) -> impl Iterator<Item = (usize, &ContainerSlot)> {
+        self.file()
+            .containers
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.state.load(Ordering::Acquire) == SLOT_LIVE)
+    }
+
+    /// Live container slot named `id`.
+    pub fn find_container(&self, id: &str) -> Option<usize> {
+        self.file().containers.iter().position(|c| c.is(id))
+    }
+
+    /// Process slots in use by container `c` (slot index, slot). Includes
+    /// slots of processes that died and were not reaped yet (`is_alive`).
+    pub fn processes_of(&self, c: usize) -> impl Iterator<Item = (usize, &ProcessSlot)> {
+        self.file()
+            .processes
+            .iter()
+            .enumerate()
+            .filter(move |(_, p)| {
+                p.state.load(Ordering::Acquire) == SLOT_LIVE
+                    && p.container.load(Ordering::Relaxed) as usize == c
+            })
+    }
+
+    /// Plain-data copy of the whole ledger for tools.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::take(self)
+    }
+}
+
+/// Knob writes (`cgpuctl set`), range-checked as cGPU does. Each bumps
+/// `knob_generation` so running jobs notice. A smaller `memsize` than what
+/// is held refuses further allocations; it never frees memory under a job.
+impl Ledger {
+    /// SPEC §1/§3: a weight > 1 switches the GPU to policy 2 unless an
+    /// operator set the policy explicitly (at join and on `set_weight`).
+    fn weight_switches_policy(&self, weight: u32) {
+        let h = &self.file().header;
+        if weight > 1
+            && h.policy_explicit.load(Ordering::Acquire) == 0
+            && h.policy.swap(2, Ordering::AcqRel) != 2
+        {
+            h.knob_generation.fetch_add(1, Ordering::AcqRel);
+            tracing::info!(
+                "GPU {}: weight {weight} > 1 switches policy to 2",
+                h.uuid_str()
+            );
+        }
+    }
+    fn bump(&self) {
+        self.file()
+            .header
+            .knob_generation
+            .fetch_add(1, Ordering::AcqRel);
+    }
+    fn live_container(&self, c: usize) -> Result<&ContainerSlot, String> {
+        self.file()
+            .containers
+            .get(c)
+            .filter(|s| s.state.load(Ordering::Acquire) == SLOT_LIVE)
+            .ok_or_else(|| format!("no live container in slot {c}"))
+    }
+    /// Policy 0..=5; marks it explicit (a weight > 1 no longer switches it).
+    pub fn set_policy(&self, policy: u32) -> Result<(), String> {
+        if policy > POLICY_MAX {
+            return Err(format!("policy {policy} out of range 0..={POLICY_MAX}"));
+        }
+        let h = &self.file().header;
+        h.policy.store(policy, Ordering::Release);
+        h.policy_explicit.store(1, Ordering::Release);
+        self.bump();
+        Ok(())
+    }
+    pub fn set_max_inst(&self, v: u32) -> Result<(), String> {
+        if !MAX_INST_RANGE.contains(&v) {
+            return Err(format!("max_inst {v} out of range {MAX_INST_RANGE:?}"));
+        }
+        self.file().header.max_inst.store(v, Ordering::Release);
+        self.bump();
+        Ok(())
+    }
+    pub fn set_prio_ratio(&self, v: u32) -> Result<(), String> {
+        if !PRIO_RATIO_RANGE.contains(&v) {
+            return Err(format!("prio_ratio {v} out of range {PRIO_RATIO_RANGE:?}"));
+        }
+        self.file().header.prio_ratio.store(v, Ordering::Release);
+        self.bump();
+        Ok(())
+    }
+    /// Bytes; 0 = containers without a quota are not limited.
+    pub fn set_default_memsize(&self, bytes: u64) -> Result<(), String> {
+        self.file()
+            .header
+            .default_memsize
+            .store(bytes, Ordering::Release);
+        self.bump();
+        Ok(())
+    }
+    /// Weight of container slot `c` (0 = no compute). As in cGPU, the
+    /// weights of live containers may not sum to more than `max_inst`: the
+    /// most it may get is its current weight plus `free_weight`.
+    pub fn set_weight(&self, c: usize, w: u32) -> Result<(), String> {
+        let slot = self.live_container(c)?;
+        let max = self.file().header.max_inst.load(Ordering::Acquire);
+        let most = slot.weight.load(Ordering::Acquire) + free_weight(self.file());
+        if w > max || w > most {
+            return Err(format!(
+                "weight {w} out of range 0..={} (max_inst {max}, weights of live containers may not sum past it)",
+                most.min(max)
+            ));
+        }
+        slot.weight.store(w, Ordering::Release);
+        self.weight_switches_policy(w);
+        self.bump();
+        Ok(())
+    }
+    /// Quota in bytes of container slot `c` (0 = not limited).
+    pub fn set_memsize(&self, c: usize, bytes: u64) -> Result<(), String> {
+        self.live_container(c)?
+            .quota
+            .store(bytes, Ordering::Release);
+        self.bump();
+        Ok(())
+    }
+    pub fn set_highprio(&self, c: usize, on: bool) -> Result<(), String> {
+        self.live_container(c)?
+            .highprio
+            .store(on as u32, Ordering::Release);
+        self.bump();
+        Ok(())
+    }
+}
+
+/// `free_weight` of SPEC §3: `max_inst − Σ weights of live containers`, never below 0.
+pub fn free_weight(f: &LedgerFile) -> u32 {
+    let used: u32 = f
+        .containers
+        .iter()
+        .filter(|c| c.state.load(Ordering::Acquire) == SLOT_LIVE)
+        .map(|c| c.weight.load(Ordering::Relaxed))
+        .fold(0u32, |a, w| a.saturating_add(w));
+    f.header
+        .max_inst
+        .load(Ordering::Relaxed)
+        .saturating_sub(used)
+}

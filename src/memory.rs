@@ -1,0 +1,672 @@
+//! The memory quota (SPEC §2): per-GPU accounting against the ledger, the
+//! per-allocation bookkeeping that makes every free path give back exactly
+//! what was taken (once), and the quota view of memory info.
+//!
+//! - A GPU is joined lazily, at the first call that needs it: its UUID and
+//!   physical total come from the real driver (CUDA or NVML, whichever the
+//!   process uses first), its quota from the config, its ledger from
+//!   [`Ledger::open_or_create`]. A ledger that cannot be used falls back to
+//!   enforcing within this process alone, with a clear warning (never
+//!   silently unenforced).
+//! - Reserve before the real allocator; give back on its failure; over quota
+//!   → `CUDA_ERROR_OUT_OF_MEMORY` without calling the driver.
+//! - Stream-ordered pools: an allocation is charged when `cuMemAllocAsync` /
+//!   `cuMemAllocFromPoolAsync` returns it and released when it is freed
+//!   (`cuMemFreeAsync` or `cuMemFree`). Memory a pool keeps cached after a
+//!   free is not charged (the driver may hold it until `cuMemPoolTrimTo`).
+//! - `fork`: the child handler only resets atomics (and lets the ledger
+//!   forget the parent's slot); the child re-joins lazily.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Once;
+
+use parking_lot::Mutex;
+
+use crate::config::{self, Mode};
+use crate::ledger::{JoinRequest, Ledger, Membership, QUOTA_UNLIMITED};
+
+/// Most GPUs per host we track (CUDA ordinals above are passed through).
+pub const MAX_GPUS: usize = 64;
+
+/// What a bookkeeping entry is keyed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A device pointer (`cuMemAlloc*`).
+    Ptr,
+    /// A `cuMemCreate` handle.
+    Handle,
+    /// A CUDA array.
+    Array,
+    /// A mipmapped array.
+    Mipmap,
+    /// A created context.
+    Context,
+}
+
+enum Acct {
+    Ledger {
+        ledger: Ledger,
+        m: Membership,
+    },
+    /// The ledger is unusable: enforce within this process alone.
+    Local {
+        used: AtomicU64,
+        peak: AtomicU64,
+    },
+}
+
+/// One GPU this process uses.
+pub struct Gpu {
+    pub uuid: String,
+    /// Index as the host driver numbers it.
+    pub host_index: u32,
+    /// Index as the container sees it (`ALIYUN_COM_GPU_VISIBLE_DEVICES`).
+    pub visible_index: usize,
+    pub physical_total: u64,
+    /// Bytes visible to the container; `None` = not limited (physical view).
+    pub quota: Option<u64>,
+    /// Refuse allocations past the quota (false with `CGPU_DISABLE`).
+    pub enforce: bool,
+    acct: Acct,
+    left: AtomicBool,
+    /// Primary-context retains by this process, and what the primary context reserved.
+    pub primary_refs: AtomicU32,
+    pub primary_bytes: AtomicU64,
+    /// The primary context's handle (0 = none yet).
+    pub primary_ctx: AtomicUsize,
+}
+
+impl Gpu {
+    /// Reserve `bytes`; false = over quota (nothing taken).
+    pub fn reserve(&self, bytes: u64) -> bool {
+        if bytes == 0 || self.left.load(Ordering::Relaxed) {
+            return true;
+        }
+        match &self.acct {
+            Acct::Ledger { ledger, m } => {
+                if ledger.try_reserve(m, bytes).is_ok() {
+                    return true;
+                }
+                // Maybe a dead process still holds bytes: reap, try once more.
+                if maybe_reap(ledger) {
+                    return ledger.try_reserve(m, bytes).is_ok();
+                }
+                false
+            }
+            Acct::Local { used, peak } => {
+                let limit = if self.enforce {
+                    self.quota.unwrap_or(u64::MAX)
+                } else {
+                    u64::MAX
+                };
+                let mut cur = used.load(Ordering::Relaxed);
+                loop {
+                    let Some(next) = cur.checked_add(bytes).filter(|n| *n <= limit) else {
+                        return false;
+                    };
+                    match used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+                    {
+                        Ok(_) => {
+                            peak.fetch_max(next, Ordering::Relaxed);
+                            return true;
+                        }
+                        Err(c) => cur = c,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Give back `bytes` reserved earlier.
+    pub fn release(&self, bytes: u64) {
+        if bytes == 0 || self.left.load(Ordering::Relaxed) {
+            return;
+        }
+        match &self.acct {
+            Acct::Ledger { ledger, m } => ledger.release(m, bytes),
+            Acct::Local { used, .. } => {
+                let _ = used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
+                    Some(u.saturating_sub(bytes))
+                });
+            }
+        }
+    }
+
+    /// Bytes held by the whole container on this GPU.
+    pub fn container_used(&self) -> u64 {
+        match &self.acct {
+            Acct::Ledger { ledger, m } => ledger.file().containers[m.container]
+                .used
+                .load(Ordering::Acquire),
+            Acct::Local { used, .. } => used.load(Ordering::Acquire),
+        }
+    }
+
+    /// Bytes held by this process on this GPU.
+    pub fn process_used(&self) -> u64 {
+        match &self.acct {
+            Acct::Ledger { ledger, m } => ledger.file().processes[m.process]
+                .used
+                .load(Ordering::Acquire),
+            Acct::Local { used, .. } => used.load(Ordering::Acquire),
+        }
+    }
+
+    /// Is accounting shared through the ledger (vs. this process alone)?
+    pub fn shared(&self) -> bool {
+        matches!(self.acct, Acct::Ledger { .. })
+    }
+
+    /// The ledger and membership, when shared (scheduler, tools).
+    pub fn ledger(&self) -> Option<(&Ledger, &Membership)> {
+        match &self.acct {
+            Acct::Ledger { ledger, m } => Some((ledger, m)),
+            Acct::Local { .. } => None,
+        }
+    }
+
+    /// The quota view: `Some(quota)` when the container sees its slice,
+    /// `None` for the physical view (not limited, or `CGPU_DISABLE`). Read
+    /// live from the ledger, so `cgpuctl` changing `memsize` shows at once.
+    pub fn view_quota(&self) -> Option<u64> {
+        if !self.enforce {
+            return None;
+        }
+        match &self.acct {
+            Acct::Ledger { ledger, m } => {
+                let c = ledger.container_of(m);
+                let q = c.quota.load(Ordering::Acquire);
+                (q != 0 && c.enforce_off.load(Ordering::Relaxed) == 0).then_some(q)
+            }
+            Acct::Local { .. } => self.quota,
+        }
+    }
+
+    /// `(free, total)` the container sees, given the physical numbers.
+    pub fn view(&self, phys_free: u64, phys_total: u64) -> (u64, u64) {
+        match self.view_quota() {
+            Some(q) => {
+                if let Acct::Ledger { ledger, .. } = &self.acct {
+                    maybe_reap(ledger);
+                }
+                (quota_free(q, self.container_used(), phys_free), q)
+            }
+            None => (phys_free, phys_total),
+        }
+    }
+
+    /// Pids of the container's live processes on this GPU (NVML process lists).
+    pub fn container_pids(&self) -> Vec<u32> {
+        let me = std::process::id();
+        let mut pids = vec![me];
+        if let Acct::Ledger { ledger, m } = &self.acct {
+            let f = ledger.file();
+            for p in f.processes.iter() {
+                if p.state.load(Ordering::Acquire) == crate::ledger::SLOT_LIVE
+                    && p.container.load(Ordering::Acquire) as usize == m.container
+                {
+                    let pid = p.pid.load(Ordering::Acquire);
+                    if pid > 0 && !pids.contains(&(pid as u32)) {
+                        pids.push(pid as u32);
+                    }
+                }
+            }
+        }
+        pids
+    }
+}
+
+/// `min(quota − used, physical free)`, saturating (usage above the quota
+/// never wraps into a huge free).
+pub fn quota_free(quota: u64, used: u64, phys_free: u64) -> u64 {
+    quota.saturating_sub(used).min(phys_free)
+}
+
+/// `ledger.reap()`, at most every 200 ms (shared by all processes of the
+/// host through the ledger header), never blocking. True if it reaped.
+fn maybe_reap(ledger: &Ledger) -> bool {
+    ledger.maybe_reap(std::time::Duration::from_millis(200)) > 0
+}
+
+/// This process's state. Replaced (the old one leaked, never touched: its
+/// locks may be held by threads that do not exist in the child) after `fork`.
+pub struct Proc {
+    pid: u32,
+    gpus: Mutex<Vec<&'static Gpu>>,
+    by_cuda: [AtomicPtr<Gpu>; MAX_GPUS],
+    allocs: Mutex<HashMap<(Kind, u64), Entry>>,
+}
+
+static PROC: AtomicPtr<Proc> = AtomicPtr::new(std::ptr::null_mut());
+/// Every GPU joined, for the fork and exit handlers (lock-free).
+static JOINED: [AtomicPtr<Gpu>; MAX_GPUS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS];
+static HANDLERS: Once = Once::new();
+
+extern "C" fn atfork_child() {
+    // Only atomics: the parent's state (and its locks) is abandoned.
+    PROC.store(std::ptr::null_mut(), Ordering::Release);
+    for g in JOINED.iter() {
+        let p = g.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() {
+            // SAFETY: joined GPUs are leaked ('static) and never freed.
+            let gpu = unsafe { &*p };
+            if let Acct::Ledger { ledger, .. } = &gpu.acct {
+                ledger.after_fork_child();
+            }
+        }
+    }
+}
+
+extern "C" fn at_exit() {
+    for g in JOINED.iter() {
+        let p = g.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if p.is_null() {
+            continue;
+        }
+        // SAFETY: joined GPUs are leaked ('static) and never freed.
+        let gpu = unsafe { &*p };
+        if gpu.left.swap(true, Ordering::AcqRel) {
+            continue;
+        }
+        if let Acct::Ledger { ledger, m } = &gpu.acct {
+            let m = Membership {
+                container: m.container,
+                process: m.process,
+            };
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ledger.leave(m)));
+        }
+    }
+}
+
+/// The process state, created on first use (and again in a forked child).
+pub fn proc_state() -> &'static Proc {
+    let p = PROC.load(Ordering::Acquire);
+    if !p.is_null() {
+        // SAFETY: PROC only ever holds leaked Box<Proc>s.
+        return unsafe { &*p };
+    }
+    HANDLERS.call_once(|| {
+        // SAFETY: registering plain extern "C" handlers that touch only atomics
+        // (child) or leave the ledgers (exit).
+        unsafe {
+            libc::pthread_atfork(None, None, Some(atfork_child));
+            libc::atexit(at_exit);
+        }
+    });
+    let fresh = Box::into_raw(Box::new(Proc {
+        pid: std::process::id(),
+        gpus: Mutex::new(Vec::new()),
+        by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
+        allocs: Mutex::new(HashMap::new()),
+    }));
+    match PROC.compare_exchange(
+        std::ptr::null_mut(),
+        fresh,
+        Ordering::AcqRel,
+        Ordering::Acquire,
+    ) {
+        // SAFETY: we just published our leaked box.
+        Ok(_) => unsafe { &*fresh },
+        Err(winner) => {
+            // SAFETY: fresh was never published; winner is a leaked box.
+            unsafe {
+                drop(Box::from_raw(fresh));
+                &*winner
+            }
+        }
+    }
+}
+
+/// Sentinel in `by_cuda`: this device is decided not to be tracked.
+fn not_tracked() -> *mut Gpu {
+    std::ptr::dangling_mut::<Gpu>()
+}
+
+/// One bookkeeping entry.
+#[derive(Clone, Copy)]
+pub struct Entry {
+    pub gpu: &'static Gpu,
+    pub bytes: u64,
+    /// The context it was made in (0 = unknown).
+    pub ctx: usize,
+}
+
+/// Identity of a GPU as the driver reports it.
+pub struct GpuInfo {
+    pub uuid: String,
+    pub host_index: u32,
+    pub visible_index: usize,
+    pub physical_total: u64,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The tracked GPU for CUDA device `dev` (fast, lock-free after the first
+    /// decision, negative ones included).
+    pub fn gpu_for_cuda(
+        &self,
+        dev: i32,
+        info: impl FnOnce() -> Option<GpuInfo>,
+    ) -> Option<&'static Gpu> {
+        let slot = self.by_cuda.get(usize::try_from(dev).ok()?)?;
+        let p = slot.load(Ordering::Acquire);
+        if p == not_tracked() {
+            return None;
+        }
+        if !p.is_null() {
+            // SAFETY: slots hold leaked, never-freed Gpus (or the sentinel, checked above).
+            return Some(unsafe { &*p });
+        }
+        match self.gpu_by_info(info()?) {
+            Some(g) => {
+                slot.store(g as *const Gpu as *mut Gpu, Ordering::Release);
+                Some(g)
+            }
+            None => {
+                slot.store(not_tracked(), Ordering::Release);
+                None
+            }
+        }
+    }
+
+    /// The tracked GPU with this identity, joining its ledger if new.
+    pub fn gpu_by_info(&self, info: GpuInfo) -> Option<&'static Gpu> {
+        let mut gpus = self.gpus.lock();
+        if let Some(g) = gpus
+            .iter()
+            .find(|g| g.uuid.eq_ignore_ascii_case(&info.uuid))
+        {
+            return Some(g);
+        }
+        let g: &'static Gpu = Box::leak(Box::new(join(info)?));
+        gpus.push(g);
+        if let Some(s) = JOINED.iter().find(|s| s.load(Ordering::Acquire).is_null()) {
+            s.store(g as *const Gpu as *mut Gpu, Ordering::Release);
+        }
+        Some(g)
+    }
+
+    /// The tracked GPU by UUID, if this process joined it.
+    pub fn gpu_by_uuid(&self, uuid: &str) -> Option<&'static Gpu> {
+        self.gpus
+            .lock()
+            .iter()
+            .find(|g| g.uuid.eq_ignore_ascii_case(uuid))
+            .copied()
+    }
+
+    /// All GPUs joined so far.
+    pub fn gpus(&self) -> Vec<&'static Gpu> {
+        self.gpus.lock().clone()
+    }
+
+    /// Remember that `key` holds `bytes` on `gpu`, made in context `ctx`.
+    pub fn track(&self, kind: Kind, key: u64, gpu: &'static Gpu, bytes: u64, ctx: usize) {
+        if let Some(old) = self
+            .allocs
+            .lock()
+            .insert((kind, key), Entry { gpu, bytes, ctx })
+        {
+            // The driver handed out a key we still had: it was freed behind
+            // our back; give its bytes back.
+            old.gpu.release(old.bytes);
+        }
+    }
+
+    /// Forget `key`; what it held (once).
+    pub fn untrack(&self, kind: Kind, key: u64) -> Option<Entry> {
+        self.allocs.lock().remove(&(kind, key))
+    }
+
+    /// A context was destroyed: the driver freed everything made in it.
+    /// Give back what its allocations held (the context's own reservation
+    /// is released by the caller). Returns the bytes released.
+    pub fn release_context(&self, ctx: usize) -> u64 {
+        if ctx == 0 {
+            return 0;
+        }
+        let mut freed = Vec::new();
+        self.allocs.lock().retain(|k, e| {
+            if e.ctx == ctx && k.0 != Kind::Context {
+                freed.push(*e);
+                false
+            } else {
+                true
+            }
+        });
+        let mut total = 0;
+        for e in freed {
+            e.gpu.release(e.bytes);
+            total += e.bytes;
+        }
+        total
+    }
+
+    /// Number of tracked entries (tests).
+    pub fn tracked(&self) -> usize {
+        self.allocs.lock().len()
+    }
+}
+
+/// Is a ledger-configured `default_memsize` possible for a container that
+/// sets no `ALIYUN_COM_GPU_MEM_CONTAINER` (any ledger with a default set)?
+/// Checked once; never creates a file.
+fn default_possible() -> bool {
+    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *P.get_or_init(|| {
+        let dir = Ledger::default_dir();
+        Ledger::list(&dir).iter().any(|p| {
+            Ledger::open(p)
+                .is_ok_and(|l| l.file().header.default_memsize.load(Ordering::Acquire) > 0)
+        })
+    })
+}
+
+/// Does this process track memory at all? (Isolation configured, or no
+/// `ALIYUN_COM_GPU_MEM_CONTAINER` while an operator set a `default_memsize`.)
+#[inline]
+pub fn tracking() -> bool {
+    let cfg = config::get();
+    cfg.isolating() || (cfg.unset() && default_possible())
+}
+
+/// The `default_memsize` of this GPU's existing ledger, if set.
+fn default_memsize(uuid: &str) -> Option<u64> {
+    let path = Ledger::path_for(&Ledger::default_dir(), uuid);
+    if !path.exists() {
+        return None;
+    }
+    let l = Ledger::open(&path).ok()?;
+    let d = l.file().header.default_memsize.load(Ordering::Acquire);
+    (d > 0).then_some(d)
+}
+
+/// Join the ledger for one GPU (or fall back to enforcing locally).
+fn join(info: GpuInfo) -> Option<Gpu> {
+    let cfg = config::get();
+    let (quota, enforce, req_quota, enforce_off) = if cfg.isolating() {
+        let q = cfg.quota_bytes(info.visible_index, info.physical_total);
+        // A 0 in the list: explicitly not limited (not the GPU's default).
+        (
+            q,
+            cfg.mode == Mode::Enforce,
+            q.unwrap_or(QUOTA_UNLIMITED),
+            cfg.mode == Mode::Record,
+        )
+    } else if cfg.unset() {
+        // No ALIYUN_COM_GPU_MEM_CONTAINER: the operator's default_memsize, if any.
+        let d = default_memsize(&info.uuid)?;
+        tracing::warn!(
+            "cgpu: GPU {} ({}): no ALIYUN_COM_GPU_MEM_CONTAINER; the ledger's default_memsize {d} bytes applies",
+            info.visible_index,
+            info.uuid
+        );
+        (Some(d), true, 0, false)
+    } else {
+        return None;
+    };
+    let req = JoinRequest {
+        container_id: &cfg.container_id,
+        quota: req_quota,
+        weight: cfg.weight.unwrap_or(1),
+        highprio: cfg.high_prio,
+        enforce_off,
+    };
+    let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let dir = Ledger::default_dir();
+        let ledger = Ledger::open_or_create(&dir, &info.uuid, info.host_index, info.physical_total)
+            .map_err(|e| format!("{e:?}"))?;
+        let m = ledger.join(&req).map_err(|e| format!("{e:?}"))?;
+        Ok::<_, String>((ledger, m))
+    }))
+    .unwrap_or_else(|_| Err("ledger code panicked".into()));
+    let acct = match joined {
+        Ok((ledger, m)) => {
+            tracing::info!(
+                "cgpu: GPU {} ({}): container {} quota {:?} bytes, ledger {}",
+                info.visible_index,
+                info.uuid,
+                cfg.container_id,
+                quota,
+                ledger.path().display()
+            );
+            Acct::Ledger { ledger, m }
+        }
+        Err(e) => {
+            tracing::warn!(
+                "cgpu: GPU {} ({}): ledger unusable ({e}); enforcing the quota ({:?} bytes) within this process alone: other processes of the container are NOT counted",
+                info.visible_index,
+                info.uuid,
+                quota
+            );
+            Acct::Local {
+                used: AtomicU64::new(0),
+                peak: AtomicU64::new(0),
+            }
+        }
+    };
+    Some(Gpu {
+        uuid: info.uuid,
+        host_index: info.host_index,
+        visible_index: info.visible_index,
+        physical_total: info.physical_total,
+        quota,
+        enforce,
+        acct,
+        left: AtomicBool::new(false),
+        primary_refs: AtomicU32::new(0),
+        primary_bytes: AtomicU64::new(0),
+        primary_ctx: AtomicUsize::new(0),
+    })
+}
+
+/// Format a CUDA UUID as NVML prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let h = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_saturates() {
+        assert_eq!(quota_free(10, 3, 100), 7);
+        assert_eq!(quota_free(10, 3, 5), 5);
+        assert_eq!(quota_free(10, 13, 100), 0);
+        assert_eq!(quota_free(0, 0, 100), 0);
+    }
+
+    #[test]
+    fn uuid_format() {
+        let b = [
+            0xb0, 0x84, 0xae, 0x33, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+        ];
+        assert_eq!(format_uuid(&b), "GPU-b084ae33-0102-0304-0506-0708090a0b0c");
+    }
+
+    fn local_gpu(quota: Option<u64>, enforce: bool) -> Gpu {
+        Gpu {
+            uuid: "GPU-test".into(),
+            host_index: 0,
+            visible_index: 0,
+            physical_total: 100,
+            quota,
+            enforce,
+            acct: Acct::Local {
+                used: AtomicU64::new(0),
+                peak: AtomicU64::new(0),
+            },
+            left: AtomicBool::new(false),
+            primary_refs: AtomicU32::new(0),
+            primary_bytes: AtomicU64::new(0),
+            primary_ctx: AtomicUsize::new(0),
+        }
+    }
+
+    #[test]
+    fn local_fallback_enforces() {
+        let g = local_gpu(Some(10), true);
+        assert!(g.reserve(6));
+        assert!(!g.reserve(5));
+        assert!(g.reserve(4));
+        assert!(!g.reserve(1));
+        assert_eq!(g.container_used(), 10);
+        assert_eq!(g.view(100, 100), (0, 10));
+        g.release(6);
+        assert_eq!(g.view(100, 100), (6, 10));
+        assert_eq!(g.view(2, 100), (2, 10));
+        // CGPU_DISABLE: records, does not refuse, physical view.
+        let g = local_gpu(Some(10), false);
+        assert!(g.reserve(60));
+        assert_eq!(g.container_used(), 60);
+        assert_eq!(g.view(40, 100), (40, 100));
+    }
+
+    #[test]
+    fn local_fallback_never_passes_quota_under_threads() {
+        let g: &'static Gpu = Box::leak(Box::new(local_gpu(Some(1000), true)));
+        let hs: Vec<_> = (0..8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for i in 0..2000u64 {
+                        let b = 1 + (i * 7 + t) % 97;
+                        if g.reserve(b) {
+                            held.push(b);
+                        }
+                        assert!(g.container_used() <= 1000);
+                        if i % 3 == 0 {
+                            if let Some(b) = held.pop() {
+                                g.release(b);
+                            }
+                        }
+                    }
+                    for b in held {
+                        g.release(b);
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        assert_eq!(g.container_used(), 0);
+        if let Acct::Local { peak, .. } = &g.acct {
+            assert!(peak.load(Ordering::Relaxed) <= 1000);
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Every way a client reaches the driver is caught (SPEC §2): a C client
+//! compiled three ways against the real headers (linked `-lcuda`, `dlsym` on
+//! its own handle, `cuGetProcAddress_v2`), unmodified cuda-bindings and
+//! nvidia-ml-py; `cuGetProcAddress` hands back our hook for exactly the
+//! variant the driver returns; `libcgpu.so` does not link the driver.
+
+mod interpose_common;
+
+use interpose_common::*;
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The seed vectors of SPEC §1: (physical MiB, DEV, CONTAINER, expected MiB).
+const SEEDS: &[(u64, &str, &str, u64)] = &[
+    (15109, "15", "6", 6043),
+    (16160, "15", "4", 4309),
+    (23028, "23", "3", 3003),
+    (23028, "23", "4", 4004),
+    (23028, "23", "5", 5006),
+    (23028, "23", "6", 6007),
+];
+
+fn client(m: &Machine, path: &str) -> PathBuf {
+    let out = m.root.join(format!("client_{path}"));
+    if !out.exists() {
+        let src = repo().join("tests/entry_paths_client.c");
+        let flag = format!("-DPATH_{}", path.to_uppercase());
+        let l = format!("-L{}", m.libdir.display());
+        cc(&src, &out, &[&flag, &l, "-lcuda", "-lnvidia-ml", "-ldl"]);
+    }
+    out
+}
+
+fn gpus(mib: u64) -> String {
+    format!("{mib}:Seed GPU")
+}
+
+#[test]
+fn seed_vectors_over_the_three_c_entry_paths() {
+    for &(phys, dev, cont, want) in SEEDS {
+        let m = Machine::new("seed-c", &gpus(phys));
+        for path in ["linked", "dlsym", "procaddr"] {
+            let exe = client(&m, path);
+            let vars = [
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", cont),
+                ("ALIYUN_COM_GPU_MEM_DEV", dev),
+            ];
+            let out = run_ok(&mut m.preloaded(&exe, &vars));
+            let info = op(&out, "info");
+            let total = info["total"].as_u64().unwrap();
+            assert_eq!(
+                total / MIB,
+                want,
+                "{path}: {phys} MiB, DEV {dev}, CONTAINER {cont}: {out}"
+            );
+            assert_eq!(
+                total,
+                phys * MIB * cont.parse::<u64>().unwrap() / dev.parse::<u64>().unwrap()
+            );
+            assert_eq!(info["devtotal"].as_u64().unwrap(), total, "{path}");
+            // free = quota - (context reservation) and never above the quota
+            let free = info["free"].as_u64().unwrap();
+            assert!(free < total, "{path}: {out}");
+            let alloc = op(&out, "alloc");
+            assert_eq!(alloc["fit"], 0, "{path}: {out}");
+            assert_eq!(
+                alloc["over"], 2,
+                "{path}: allocating the whole quota must fail with OOM: {out}"
+            );
+            assert_eq!(
+                alloc["free_after"].as_u64().unwrap(),
+                free - 64 * MIB,
+                "{path}: {out}"
+            );
+            let nvml = op(&out, "nvml");
+            assert_eq!(nvml["count"], 1);
+            assert_eq!(
+                nvml["v1"]["total"].as_u64().unwrap(),
+                total,
+                "{path}: {out}"
+            );
+            assert_eq!(
+                nvml["v2"]["total"].as_u64().unwrap(),
+                total,
+                "{path}: {out}"
+            );
+            assert_eq!(nvml["v2"]["version"].as_u64().unwrap(), 0x0200_0028);
+            // The container's used: its context reservation (64 MiB freed again).
+            assert_eq!(
+                nvml["v1"]["used"].as_u64().unwrap(),
+                total - free,
+                "{path}: {out}"
+            );
+            assert_eq!(nvml["v1"]["free"].as_u64().unwrap(), free, "{path}: {out}");
+        }
+    }
+}
+
+#[test]
+fn cgpu_disable_shows_the_physical_view_over_every_path() {
+    let m = Machine::new("disable", &gpus(16130));
+    for path in ["linked", "dlsym", "procaddr"] {
+        let exe = client(&m, path);
+        let vars = [
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "3"),
+            ("CGPU_DISABLE", "true"),
+        ];
+        let out = run_ok(&mut m.preloaded(&exe, &vars));
+        assert_eq!(
+            op(&out, "info")["total"].as_u64().unwrap() / MIB,
+            16130,
+            "{path}: {out}"
+        );
+        assert_eq!(
+            op(&out, "nvml")["v1"]["total"].as_u64().unwrap() / MIB,
+            16130,
+            "{path}: {out}"
+        );
+        // Not enforced: the 16130 MiB allocation fails only on the physical memory.
+        assert_eq!(op(&out, "alloc")["fit"], 0);
+    }
+}
+
+#[test]
+fn get_proc_address_returns_our_hook_for_exactly_the_drivers_variant() {
+    let m = Machine::new("variants", &gpus(15109));
+    let exe = client(&m, "procaddr");
+    let bare = run_ok(m.bare(&exe).arg("variants"));
+    let pre = run_ok(
+        m.preloaded(&exe, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "4")])
+            .arg("variants"),
+    );
+    let (b, p) = (lines(&bare), lines(&pre));
+    assert_eq!(b.len(), p.len());
+    assert!(b.len() >= 15);
+    for (b, p) in b.iter().zip(&p) {
+        assert_eq!(b["sym"], p["sym"]);
+        assert_eq!(b["rc"], p["rc"], "return code unchanged: {b} / {p}");
+        assert_eq!(b["status"], p["status"], "status unchanged: {b} / {p}");
+        assert_eq!(b["null"], p["null"]);
+        let aliases: Vec<&str> = b["aliases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        if aliases.is_empty() {
+            // Not a function we hook: the driver's own pointer, untouched.
+            assert_eq!(p["hook"], "driver", "{p}");
+        } else {
+            // Ours, for a name under which the driver exports that very address.
+            let hook = p["hook"].as_str().unwrap();
+            assert!(
+                aliases.contains(&hook),
+                "{} @{} flags {}: hook {hook}, driver gave {aliases:?}",
+                p["sym"],
+                p["ver"],
+                p["flags"]
+            );
+        }
+    }
+    let hook = |sym: &str, ver: u64| {
+        p.iter()
+            .find(|j| j["sym"] == sym && j["ver"] == ver)
+            .map(|j| j["hook"].as_str().unwrap().to_string())
+            .unwrap()
+    };
+    // Distinct ABIs: these cannot be aliases of each other.
+    assert!(
+        hook("cuCtxCreate", 3020).ends_with("cuCtxCreate_v2")
+            || hook("cuCtxCreate", 3020) == "cuCtxCreate"
+    );
+    assert_eq!(hook("cuCtxCreate", 11040), "cuCtxCreate_v3");
+    assert_eq!(hook("cuCtxCreate", 12050), "cuCtxCreate_v4");
+    assert_eq!(hook("cuMemAlloc", 3020), "cuMemAlloc_v2");
+    assert_eq!(hook("cuGetProcAddress", 12000), "cuGetProcAddress_v2");
+    assert_eq!(hook("cuGetProcAddress", 11030), "cuGetProcAddress");
+    assert_eq!(hook("cuGetExportTable", 3000), "driver");
+    assert_eq!(hook("cuCtxGetDevice", 2000), "driver");
+}
+
+#[test]
+fn unmodified_cuda_bindings_and_pynvml_see_the_quota() {
+    if venv().is_none() {
+        panic!("test deps missing: run scripts/test-deps.sh (needs PyPI)");
+    }
+    for &(phys, dev, cont, want) in SEEDS.iter().take(3) {
+        let m = Machine::new("py", &gpus(phys));
+        let vars = [
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", cont),
+            ("ALIYUN_COM_GPU_MEM_DEV", dev),
+        ];
+        let mut c = m.preloaded(python(), &vars);
+        c.arg(repo().join("tests/py/bindings_meminfo.py"));
+        let out = run_ok(&mut c);
+        let j: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(j["total"].as_u64().unwrap() / MIB, want, "{out}");
+        assert_eq!(j["devtotal"], j["total"], "{out}");
+        assert_eq!(j["alloc_rc"], 0, "{out}");
+        assert_eq!(j["over_rc"], 2, "{out}");
+        assert_eq!(
+            j["free"].as_u64().unwrap() - j["free_after_alloc"].as_u64().unwrap(),
+            MIB,
+            "{out}"
+        );
+
+        let mut c = m.preloaded(python(), &vars);
+        c.arg(repo().join("tests/py/pynvml_meminfo.py"));
+        let out = run_ok(&mut c);
+        let j: serde_json::Value = serde_json::from_str(out.lines().last().unwrap()).unwrap();
+        assert_eq!(j["count"], 1);
+        assert_eq!(j["v1"]["total"].as_u64().unwrap() / MIB, want, "{out}");
+        assert_eq!(j["v2"]["total"].as_u64().unwrap() / MIB, want, "{out}");
+    }
+}
+
+#[test]
+fn libcgpu_does_not_link_the_driver() {
+    let (cgpu, _) = artifacts();
+    let o = Command::new("readelf")
+        .arg("-d")
+        .arg(&cgpu)
+        .output()
+        .expect("readelf (binutils)");
+    assert!(o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("NEEDED"), "{s}");
+    for bad in ["libcuda", "libnvidia-ml"] {
+        assert!(
+            !s.lines().any(|l| l.contains("NEEDED") && l.contains(bad)),
+            "{bad} is NEEDED:\n{s}"
+        );
+    }
+    // The exports: a dlsym override and the hooked names, nothing else of the driver.
+    let o = Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(&cgpu)
+        .output()
+        .expect("nm");
+    let syms = String::from_utf8_lossy(&o.stdout);
+    for name in cgpu::hooks::HOOKED.iter().chain(["dlsym"].iter()) {
+        assert!(
+            syms.lines().any(|l| l.ends_with(&format!(" {name}"))),
+            "{name} not exported"
+        );
+    }
+    assert!(
+        !syms.lines().any(|l| l.ends_with(" cuGetExportTable")),
+        "cuGetExportTable must pass through"
+    );
+}

@@ -1,0 +1,520 @@
+//! Single-process ledger tests: files, validation, join/leave, reserve/release,
+//! knobs, free_weight. Multi-process races and kills: `ledger_procs.rs`.
+
+use cgpu::ledger::*;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+const GIB: u64 = 1 << 30;
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cgpu-ledger-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn req(id: &str, quota: u64) -> JoinRequest<'_> {
+    JoinRequest {
+        container_id: id,
+        quota,
+        weight: 1,
+        highprio: false,
+        enforce_off: false,
+    }
+}
+
+fn open(dir: &Path) -> Ledger {
+    Ledger::open_or_create(dir, "GPU-test-0", 0, 16 * GIB).unwrap()
+}
+
+#[test]
+fn create_defaults_and_reopen() {
+    let d = tmpdir("create");
+    let l = open(&d);
+    let h = &l.file().header;
+    assert_eq!(h.magic, LEDGER_MAGIC);
+    assert_eq!(h.version, FORMAT_VERSION);
+    assert_eq!(h.file_size as usize, std::mem::size_of::<LedgerFile>());
+    assert_eq!(h.ready.load(Ordering::Relaxed), 1);
+    assert_eq!(h.policy.load(Ordering::Relaxed), DEFAULT_POLICY);
+    assert_eq!(h.max_inst.load(Ordering::Relaxed), 16);
+    assert_eq!(h.prio_ratio.load(Ordering::Relaxed), 80);
+    assert_eq!(h.physical_total, 16 * GIB);
+    assert_eq!(l.uuid(), "GPU-test-0");
+    let path = Ledger::path_for(&d, "GPU-test-0");
+    let md = std::fs::metadata(&path).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(md.permissions().mode() & 0o777, 0o666);
+    assert_eq!(md.len() as usize, std::mem::size_of::<LedgerFile>());
+    // A second handle sees the same memory.
+    let l2 = Ledger::open(&path).unwrap();
+    l.file().header.default_memsize.store(7, Ordering::Relaxed);
+    assert_eq!(l2.file().header.default_memsize.load(Ordering::Relaxed), 7);
+    assert_eq!(Ledger::list(&d), vec![path]);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn reserve_release_quota() {
+    let d = tmpdir("quota");
+    let l = open(&d);
+    let m = l.join(&req("c1", 3 * GIB)).unwrap();
+    assert!(l.try_reserve(&m, 2 * GIB).is_ok());
+    assert!(l.try_reserve(&m, GIB).is_ok());
+    let e = l.try_reserve(&m, 1).unwrap_err();
+    assert_eq!(
+        e,
+        QuotaExceeded {
+            quota: 3 * GIB,
+            used: 3 * GIB,
+            requested: 1
+        }
+    );
+    let c = &l.file().containers[m.container];
+    assert_eq!(c.oom_count.load(Ordering::Relaxed), 1);
+    assert_eq!(c.peak.load(Ordering::Relaxed), 3 * GIB);
+    l.release(&m, GIB);
+    assert_eq!(c.used.load(Ordering::Relaxed), 2 * GIB);
+    assert_eq!(
+        l.file().processes[m.process].used.load(Ordering::Relaxed),
+        2 * GIB
+    );
+    // Releasing more than held clamps, never wraps.
+    l.release(&m, 10 * GIB);
+    assert_eq!(c.used.load(Ordering::Relaxed), 0);
+    assert_eq!(
+        l.file().processes[m.process].used.load(Ordering::Relaxed),
+        0
+    );
+    assert_eq!(
+        l.file().processes[m.process]
+            .pending
+            .load(Ordering::Relaxed),
+        0
+    );
+    // Quota lowered below what is held: refuses, never wraps.
+    l.try_reserve(&m, 2 * GIB).unwrap();
+    l.set_memsize(m.container, GIB).unwrap();
+    assert!(l.try_reserve(&m, 1).is_err());
+    assert_eq!(l.container_of(&m).free_bytes(), Some(0), "never wraps");
+    assert_eq!(l.process_of(&m).used.load(Ordering::Relaxed), 2 * GIB);
+    let snap = l.snapshot();
+    assert_eq!(snap.containers[0].used, 2 * GIB);
+    assert_eq!(snap.containers[0].quota, GIB);
+    assert_eq!(snap.processes[0].used, 2 * GIB);
+    assert!(snap.processes[0].alive);
+    let json = serde_json::to_string(&snap).unwrap();
+    assert!(json.contains("\"oom_count\""), "{json}");
+    l.release(&m, 2 * GIB);
+    assert!(l.try_reserve(&m, GIB).is_ok());
+    l.leave(m);
+    assert_eq!(
+        l.containers().count(),
+        0,
+        "last process gone: container freed"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn enforce_off_and_unlimited_record_only() {
+    let d = tmpdir("off");
+    let l = open(&d);
+    let mut r = req("off", GIB);
+    r.enforce_off = true;
+    let m = l.join(&r).unwrap();
+    l.try_reserve(&m, 5 * GIB).unwrap();
+    assert_eq!(
+        l.file().containers[m.container]
+            .used
+            .load(Ordering::Relaxed),
+        5 * GIB
+    );
+    assert_eq!(l.container_of(&m).free_bytes(), None);
+    let m2 = l.join(&req("unl", QUOTA_UNLIMITED)).unwrap();
+    assert_eq!(
+        l.file().containers[m2.container]
+            .quota
+            .load(Ordering::Relaxed),
+        0
+    );
+    l.try_reserve(&m2, 100 * GIB).unwrap();
+    // No quota set: default_memsize applies.
+    l.set_default_memsize(2 * GIB).unwrap();
+    let m3 = l.join(&req("dflt", 0)).unwrap();
+    assert_eq!(
+        l.file().containers[m3.container]
+            .quota
+            .load(Ordering::Relaxed),
+        2 * GIB
+    );
+    assert!(l.try_reserve(&m3, 3 * GIB).is_err());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn same_container_shares_quota_first_joiner_wins() {
+    let d = tmpdir("share");
+    let l = open(&d);
+    let a = l.join(&req("pod", 2 * GIB)).unwrap();
+    let b = l.join(&req("pod", 8 * GIB)).unwrap();
+    assert_eq!(a.container, b.container);
+    assert_ne!(a.process, b.process);
+    let c = &l.file().containers[a.container];
+    assert_eq!(c.quota.load(Ordering::Relaxed), 2 * GIB);
+    assert_eq!(c.nprocs.load(Ordering::Relaxed), 2);
+    l.try_reserve(&a, GIB).unwrap();
+    l.try_reserve(&b, GIB).unwrap();
+    assert!(l.try_reserve(&b, 1).is_err());
+    assert!(l.is_alive(a.process) && l.is_alive(b.process));
+    l.leave(a);
+    assert_eq!(c.used.load(Ordering::Relaxed), GIB);
+    assert_eq!(c.nprocs.load(Ordering::Relaxed), 1);
+    assert_eq!(l.containers().count(), 1);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn weights_free_weight_and_policy_switch() {
+    let d = tmpdir("weight");
+    let l = open(&d);
+    l.set_max_inst(4).unwrap();
+    let mut r = req("w3", 0);
+    r.weight = 3;
+    let a = l.join(&r).unwrap();
+    assert_eq!(free_weight(l.file()), 1);
+    assert_eq!(
+        l.file().header.policy.load(Ordering::Relaxed),
+        2,
+        "weight > 1 switches to 2"
+    );
+    let mut r = req("w2", 0);
+    r.weight = 2;
+    let b = l.join(&r).unwrap();
+    assert_eq!(
+        l.file().containers[b.container]
+            .weight
+            .load(Ordering::Relaxed),
+        1,
+        "clamped to free"
+    );
+    assert_eq!(free_weight(l.file()), 0);
+    let c = l.join(&req("late", 0)).unwrap();
+    assert_eq!(
+        l.file().containers[c.container]
+            .weight
+            .load(Ordering::Relaxed),
+        0
+    );
+    l.leave(a);
+    assert_eq!(free_weight(l.file()), 3);
+    // Explicit policy sticks.
+    l.set_policy(1).unwrap();
+    let mut r = req("w2b", 0);
+    r.weight = 2;
+    l.join(&r).unwrap();
+    assert_eq!(l.file().header.policy.load(Ordering::Relaxed), 1);
+    assert!(l.set_policy(6).is_err());
+    assert!(l.set_max_inst(0).is_err() && l.set_max_inst(26).is_err());
+    assert!(l.set_prio_ratio(19).is_err() && l.set_prio_ratio(100).is_err());
+    assert!(l.set_prio_ratio(99).is_ok());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn corrupt_version_and_unwritable() {
+    let d = tmpdir("bad");
+    let path = Ledger::path_for(&d, "GPU-test-0");
+    let size = std::mem::size_of::<LedgerFile>();
+
+    // Wrong version: an error, and the file is left alone.
+    {
+        let l = open(&d);
+        drop(l);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        match Ledger::open_or_create(&d, "GPU-test-0", 0, 0) {
+            Err(LedgerError::Version { found: 7, .. }) => {}
+            other => panic!("expected Version, got {other:?}"),
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), bytes, "never rewritten");
+        let msg = Ledger::open(&path).unwrap_err().to_string();
+        assert!(msg.contains("version 7"), "{msg}");
+    }
+
+    // Garbage, held by a live process: Corrupt, left alone.
+    std::fs::write(&path, vec![0xAB; size]).unwrap();
+    let holder = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: zeroed flock is valid; the fd is open.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = libc::F_WRLCK as _;
+        fl.l_start = 100;
+        fl.l_len = 10;
+        // SAFETY: valid fd and flock.
+        assert_eq!(
+            unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_OFD_SETLK, &fl) },
+            0
+        );
+    }
+    match Ledger::open_or_create(&d, "GPU-test-0", 0, 0) {
+        Err(LedgerError::Corrupt { why, .. }) => assert!(why.contains("magic"), "{why}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert!(matches!(
+        Ledger::open(&path),
+        Err(LedgerError::Corrupt { .. })
+    ));
+    drop(holder);
+
+    // Same garbage, nobody holds it: set aside and recreated.
+    let l = open(&d);
+    assert_eq!(l.file().header.magic, LEDGER_MAGIC);
+    let aside: Vec<_> = std::fs::read_dir(&d)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1);
+    drop(l);
+
+    // Truncated file: Corrupt from open().
+    std::fs::write(&path, b"CGPULEDG").unwrap();
+    assert!(matches!(
+        Ledger::open(&path),
+        Err(LedgerError::Corrupt { .. })
+    ));
+
+    // Unwritable directory (unless we are root, who can write anywhere).
+    let ro = d.join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o555)).unwrap();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(matches!(
+            Ledger::open_or_create(&ro, "GPU-x", 0, 0),
+            Err(LedgerError::Io { .. })
+        ));
+    }
+    // A path under a regular file can never be created, root or not.
+    let file_as_dir = d.join("plainfile");
+    std::fs::write(&file_as_dir, b"x").unwrap();
+    match Ledger::open_or_create(&file_as_dir, "GPU-x", 0, 0) {
+        Err(e @ LedgerError::Io { .. }) => assert!(e.to_string().contains("plainfile")),
+        other => panic!("expected Io, got {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn threads_race_one_process() {
+    let d = tmpdir("threads");
+    let l = open(&d);
+    let quota = 1000u64;
+    let m = l.join(&req("t", quota)).unwrap();
+    let max_seen = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (l, m, max_seen) = (&l, &m, &max_seen);
+            s.spawn(move || {
+                let mut held = Vec::new();
+                let mut x = t + 1;
+                for _ in 0..20000 {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let sz = (x >> 33) % 97 + 1;
+                    if x & 1 == 0 && l.try_reserve(m, sz).is_ok() {
+                        held.push(sz);
+                    } else if let Some(b) = held.pop() {
+                        l.release(m, b);
+                    }
+                    let u = l.file().containers[m.container]
+                        .used
+                        .load(Ordering::Relaxed);
+                    max_seen.fetch_max(u, Ordering::Relaxed);
+                }
+                for b in held {
+                    l.release(m, b);
+                }
+            });
+        }
+    });
+    assert!(max_seen.load(Ordering::Relaxed) <= quota);
+    assert_eq!(
+        l.file().containers[m.container]
+            .used
+            .load(Ordering::Relaxed),
+        0
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A process that dies mid-operation leaves `pending` set; whether its CAS
+/// on the container happened is unknowable from its slot. The reap keeps
+/// the bytes counted (never under-counts), then recounts exactly. Each
+/// handle has its own lock descriptions, so dropping one is a death.
+#[test]
+fn death_mid_operation_is_recounted_exactly() {
+    let d = tmpdir("midop");
+    let survivor = open(&d);
+    let m = survivor.join(&req("pod", 10 * GIB)).unwrap();
+    survivor.try_reserve(&m, GIB).unwrap();
+    let c = &survivor.file().containers[m.container];
+    // (a) died after the container CAS, before moving pending to used;
+    // (b) died after setting pending, before the CAS;
+    // (c) died in release after the process slot gave bytes back, before the container.
+    for (case, cas_done) in [("a", true), ("b", false), ("c", true)] {
+        let victim = open(&d);
+        let vm = victim.join(&req("pod", 0)).unwrap();
+        victim.try_reserve(&vm, 3 * GIB).unwrap();
+        let p = &victim.file().processes[vm.process];
+        let x = 2 * GIB;
+        p.pending.fetch_add(x, Ordering::SeqCst);
+        match case {
+            "c" => {
+                p.used.fetch_sub(x, Ordering::SeqCst); // slot gave back, container not yet
+            }
+            _ if cas_done => {
+                c.used.fetch_add(x, Ordering::SeqCst);
+            }
+            _ => {}
+        }
+        let before = c.used.load(Ordering::SeqCst);
+        drop(victim); // its liveness lock goes: dead
+        assert!(!survivor.is_alive(vm.process));
+        assert_eq!(survivor.reap(), 1, "case {case}");
+        assert_eq!(
+            c.used.load(Ordering::SeqCst),
+            GIB,
+            "case {case}: whole again, exactly"
+        );
+        assert_eq!(c.suspect.load(Ordering::SeqCst), 0);
+        assert!(before >= GIB);
+        assert_eq!(c.nprocs.load(Ordering::SeqCst), 1);
+    }
+    assert_eq!(c.recounts.load(Ordering::SeqCst), 3);
+    // The survivor still works normally.
+    survivor.try_reserve(&m, 9 * GIB).unwrap();
+    assert!(survivor.try_reserve(&m, 1).is_err());
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// While a live process has an operation in flight the recount waits (the
+/// bytes stay counted: safe), and happens at the next quiet reap.
+#[test]
+fn recount_postponed_while_busy() {
+    let d = tmpdir("busy");
+    let a = open(&d);
+    let m = a.join(&req("pod", 0)).unwrap();
+    a.try_reserve(&m, 100).unwrap();
+    let c = &a.file().containers[m.container];
+    let victim = open(&d);
+    let vm = victim.join(&req("pod", 0)).unwrap();
+    victim.file().processes[vm.process]
+        .pending
+        .store(50, Ordering::SeqCst);
+    c.used.fetch_add(50, Ordering::SeqCst);
+    drop(victim);
+    // The survivor looks busy (in-flight op).
+    a.file().processes[m.process]
+        .pending
+        .store(7, Ordering::SeqCst);
+    assert_eq!(a.reap(), 1);
+    assert_eq!(
+        c.used.load(Ordering::SeqCst),
+        150,
+        "kept counted while busy"
+    );
+    assert_eq!(c.suspect.load(Ordering::SeqCst), 50);
+    a.file().processes[m.process]
+        .pending
+        .store(0, Ordering::SeqCst);
+    assert_eq!(a.maybe_reap(std::time::Duration::ZERO), 0);
+    assert_eq!(c.used.load(Ordering::SeqCst), 100, "recounted once quiet");
+    assert_eq!(c.suspect.load(Ordering::SeqCst), 0);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn set_weight_respects_free_weight() {
+    let d = tmpdir("setweight");
+    let l = open(&d);
+    l.set_max_inst(4).unwrap();
+    let a = l.join(&req("a", 0)).unwrap();
+    let b = l.join(&req("b", 0)).unwrap();
+    assert_eq!(free_weight(l.file()), 2);
+    assert_eq!(
+        l.file().header.policy.load(Ordering::Relaxed),
+        DEFAULT_POLICY
+    );
+    assert!(l.set_weight(a.container, 3).is_ok(), "1 own + 2 free");
+    assert_eq!(free_weight(l.file()), 0);
+    let e = l.set_weight(b.container, 2).unwrap_err();
+    assert!(e.contains("max_inst"), "{e}");
+    assert!(l.set_weight(b.container, 0).is_ok());
+    assert!(l.set_weight(a.container, 4).is_ok());
+    assert!(l.set_weight(a.container, 5).is_err());
+    assert!(l.set_weight(31, 1).is_err(), "no live container there");
+    assert_eq!(
+        l.file().header.policy.load(Ordering::Relaxed),
+        2,
+        "weight > 1 switched policy"
+    );
+    let g = l.file().header.knob_generation.load(Ordering::Relaxed);
+    l.set_highprio(a.container, true).unwrap();
+    assert!(l.file().header.knob_generation.load(Ordering::Relaxed) > g);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn full_tables_and_missing_file() {
+    let d = tmpdir("full");
+    let l = open(&d);
+    let ids: Vec<String> = (0..MAX_CONTAINERS + 1).map(|i| format!("c{i}")).collect();
+    let mut ms = Vec::new();
+    for id in &ids[..MAX_CONTAINERS] {
+        ms.push(l.join(&req(id, 0)).unwrap());
+    }
+    match l.join(&req(&ids[MAX_CONTAINERS], 0)) {
+        Err(LedgerError::Full {
+            what: "container", ..
+        }) => {}
+        other => panic!("expected Full(container), got {other:?}"),
+    }
+    for _ in MAX_CONTAINERS..MAX_PROCESSES {
+        ms.push(l.join(&req("c0", 0)).unwrap());
+    }
+    match l.join(&req("c1", 0)) {
+        Err(LedgerError::Full {
+            what: "process", ..
+        }) => {}
+        other => panic!("expected Full(process), got {other:?}"),
+    }
+    assert_eq!(
+        l.containers().count(),
+        MAX_CONTAINERS,
+        "nothing half-claimed left"
+    );
+    // Bad ids are refused clearly.
+    assert!(l.join(&req("", 0)).is_err());
+    assert!(l.join(&req(&"x".repeat(ID_LEN + 1), 0)).is_err());
+    for m in ms {
+        l.leave(m);
+    }
+    assert_eq!(l.containers().count(), 0);
+    assert_eq!(l.snapshot().processes.len(), 0);
+    match Ledger::open(&d.join("absent.ledger")) {
+        Err(LedgerError::Io { err, .. }) => assert_eq!(err.kind(), std::io::ErrorKind::NotFound),
+        other => panic!("expected Io(NotFound), got {other:?}"),
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

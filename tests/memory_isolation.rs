@@ -1,0 +1,637 @@
+//! Memory isolation on the simulated driver (SPEC §2), with real processes
+//! under `LD_PRELOAD`: every allocation family, the container's quota shared
+//! by its processes and never passed under racing, containers isolated from
+//! each other, `kill -9` at random points, `fork` and threads, pass-through
+//! when unset, documented behaviour for bad values, hidden GPUs.
+
+mod interpose_common;
+
+use cgpu::ledger::Ledger;
+use interpose_common::*;
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+const T4: &str = "15109:Tesla T4";
+const CTX: u64 = 300 * MIB; // the sim's default context reservation
+
+fn ledger(m: &Machine) -> Ledger {
+    Ledger::open(&m.ledger_file().expect("a ledger file")).expect("ledger opens")
+}
+
+/// (used, peak, quota) of container `id`, and its processes' (pid, used).
+/// (used, peak, quota, [(pid, used)]).
+type View = (u64, u64, u64, Vec<(u32, u64)>);
+
+fn container(l: &Ledger, id: &str) -> Option<View> {
+    let c = l.find_container(id)?;
+    let s = &l.file().containers[c];
+    let ld = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Acquire);
+    let procs = l
+        .processes_of(c)
+        .map(|(_, p)| {
+            (
+                p.pid.load(std::sync::atomic::Ordering::Acquire) as u32,
+                ld(&p.used),
+            )
+        })
+        .collect();
+    Some((ld(&s.used), ld(&s.peak), ld(&s.quota), procs))
+}
+
+fn vars<'a>(id: &'a str, gib: &'a str) -> [(&'a str, &'a str); 2] {
+    [
+        ("CGPU_CONTAINER_ID", id),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", gib),
+    ]
+}
+
+/// Spawn a client that reports `ready`; returns the child and its stdout reader.
+fn spawn_ready(
+    mut c: std::process::Command,
+) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+    c.stdout(Stdio::piped()).stderr(Stdio::inherit());
+    let mut child = c.spawn().unwrap();
+    let mut r = BufReader::new(child.stdout.take().unwrap());
+    let start = Instant::now();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 {
+            panic!("client exited before ready: {:?}", child.wait());
+        }
+        if line.contains("\"ready\"") {
+            break;
+        }
+        assert!(line.contains("\"op\""), "unexpected output: {line}");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "not ready after 60 s"
+        );
+    }
+    (child, r)
+}
+
+#[test]
+fn every_allocation_family_is_charged_and_given_back_exactly() {
+    let m = Machine::new("families", T4);
+    let v = vars("fam", "4");
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx", "info", "alloc", "1000", "pitch", "1000", "10", "managed", "5000", "async",
+            "3000", "vmm", "1", "array", "100", "10", "info", "nvml", "freeall", "info",
+        ],
+    ));
+    let infos: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "info")
+        .collect();
+    let quota = 4 * GIB;
+    assert_eq!(infos[0]["total"].as_u64().unwrap(), quota);
+    assert_eq!(infos[0]["free"].as_u64().unwrap(), quota - CTX, "{out}");
+    for fam in ["alloc", "pitch", "managed", "async", "vmm", "array"] {
+        assert_eq!(op(&out, fam)["rc"], 0, "{fam}: {out}");
+    }
+    // 1000 -> 1024 (granule), pitch 1024 x 10, 5000 -> 5120, 3000 -> 3072,
+    // one VMM granule, 100 x 10 floats 4000 -> 4096.
+    let vmm = op(&out, "vmm")["bytes"].as_u64().unwrap();
+    let charged = 1024 + 10240 + 5120 + 3072 + vmm + 4096;
+    assert_eq!(
+        infos[1]["free"].as_u64().unwrap(),
+        quota - CTX - charged,
+        "{out}"
+    );
+    // The sim's own per-process number agrees to the byte (NVML, unfiltered pid).
+    let nvml = op(&out, "nvml");
+    let sim_used = nvml["procs"][0][1].as_u64().unwrap();
+    assert_eq!(sim_used, CTX + charged, "{out}");
+    assert_eq!(nvml["v1"]["used"].as_u64().unwrap(), CTX + charged);
+    assert!(
+        op(&out, "freeall")["rcs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r == 0),
+        "{out}"
+    );
+    assert_eq!(
+        infos[2]["free"].as_u64().unwrap(),
+        quota - CTX,
+        "everything given back: {out}"
+    );
+}
+
+#[test]
+fn over_quota_is_out_of_memory_and_leaks_nothing() {
+    let m = Machine::new("oom", T4);
+    let v = vars("oom", "1");
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "alloc",
+            "734003200",
+            "alloc",
+            "104857600",
+            "alloc",
+            "1048576",
+            "info",
+            "freeall",
+            "info",
+        ],
+    ));
+    let allocs: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "alloc")
+        .collect();
+    // 300 MiB context + 700 MiB fits 1 GiB; +100 MiB does not; 1 MiB still does.
+    assert_eq!(allocs[0]["rc"], 0, "{out}");
+    assert_eq!(allocs[1]["rc"], 2, "CUDA_ERROR_OUT_OF_MEMORY: {out}");
+    assert_eq!(allocs[2]["rc"], 0, "{out}");
+    let infos: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "info")
+        .collect();
+    assert_eq!(infos[0]["free"].as_u64().unwrap(), GIB - CTX - 701 * MIB);
+    assert_eq!(infos[1]["free"].as_u64().unwrap(), GIB - CTX);
+}
+
+#[test]
+fn two_containers_on_one_gpu_one_going_over_fails_alone() {
+    // Seed: Pod 1 asks 5 GiB, Pod 2 10 GiB of a 15 GiB T4.
+    let m = Machine::new("pods", T4);
+    let p2v = vars("pod2", "10");
+    let (mut pod2, _r) =
+        spawn_ready(m.client(Some(&p2v), &["ctx", "alloc", "8589934592", "info", "hold"]));
+    let p1v = vars("pod1", "5");
+    let out = run_ok(&mut m.client(
+        Some(&p1v),
+        &[
+            "ctx",
+            "alloc",
+            "4294967296",
+            "alloc",
+            "1073741824",
+            "info",
+            "freeall",
+        ],
+    ));
+    let allocs: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "alloc")
+        .collect();
+    assert_eq!(allocs[0]["rc"], 0, "{out}");
+    assert_eq!(allocs[1]["rc"], 2, "pod 1 over its 5 GiB fails: {out}");
+    assert_eq!(op(&out, "info")["total"].as_u64().unwrap(), 5 * GIB);
+    // Pod 2 is unaffected: it still holds its 8 GiB and can take 1 more.
+    let l = ledger(&m);
+    let (used2, _, quota2, _) = container(&l, "pod2").unwrap();
+    assert_eq!(quota2, 10 * GIB);
+    assert_eq!(used2, CTX + 8 * GIB);
+    let out = run_ok(&mut m.client(Some(&p2v), &["ctx", "alloc", "1073741824", "info"]));
+    assert_eq!(op(&out, "alloc")["rc"], 0, "{out}");
+    let _ = pod2.kill();
+    let _ = pod2.wait();
+}
+
+#[test]
+fn eight_processes_racing_never_pass_the_quota_and_agree_with_the_driver() {
+    let m = Machine::new("race", "23028:NVIDIA A10");
+    let v = vars("racers", "6");
+    let quota = 6 * GIB;
+    let mut kids = Vec::new();
+    for seed in 0..8 {
+        let s = seed.to_string();
+        let hold = (1 + seed as u64 * 7) * MIB;
+        let args = [
+            "ctx",
+            "race",
+            &s,
+            "150",
+            "400000000",
+            "alloc",
+            &hold.to_string(),
+            "hold",
+        ];
+        kids.push(spawn_ready(m.client(Some(&v), &args)));
+    }
+    // All eight are done racing and hold their context and one allocation.
+    let l = ledger(&m);
+    let (used, peak, q, procs) = container(&l, "racers").unwrap();
+    assert_eq!(q, quota);
+    assert!(peak <= quota, "peak {peak} passed the quota {quota}");
+    assert_eq!(procs.len(), 8);
+    let sim: HashMap<u32, u64> = m.sim_process_bytes().into_iter().collect();
+    let mut sum = 0;
+    for (pid, bytes) in &procs {
+        assert_eq!(
+            sim.get(pid),
+            Some(bytes),
+            "pid {pid}: ledger {bytes}, sim {:?}",
+            sim.get(pid)
+        );
+        sum += bytes;
+    }
+    assert_eq!(sum, used, "container total is the sum of its processes");
+    let expect: u64 = (0..8u64).map(|s| CTX + (1 + s * 7) * MIB).sum();
+    assert_eq!(used, expect);
+    // The race really pressed against the quota.
+    assert!(
+        peak > quota - 400_000_000,
+        "peak {peak}: the racers never came near the quota"
+    );
+    for (mut k, _) in kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+}
+
+#[test]
+fn threads_of_one_process_share_the_quota_exactly() {
+    let m = Machine::new("threads", T4);
+    let v = vars("thr", "2");
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &["ctx", "threads", "8", "200", "100000000", "info", "nvml"],
+    ));
+    let t = op(&out, "threads");
+    assert!(t["ok"].as_u64().unwrap() > 100, "{out}");
+    assert!(
+        t["oom"].as_u64().unwrap() > 0,
+        "8 threads x 100 MB must press on 2 GiB: {out}"
+    );
+    assert_eq!(
+        op(&out, "info")["free"].as_u64().unwrap(),
+        2 * GIB - CTX,
+        "{out}"
+    );
+    assert_eq!(op(&out, "nvml")["procs"][0][1].as_u64().unwrap(), CTX);
+}
+
+#[test]
+fn kill_9_at_random_points_gives_the_quota_back_within_a_second() {
+    let m = Machine::new("kill", T4);
+    let v = vars("victims", "3");
+    let quota = 3 * GIB;
+    let mut worst = Duration::ZERO;
+    for i in 0..8u64 {
+        // A survivor of the same container waits, then polls its free memory.
+        let mut sc = m.client(
+            Some(&v),
+            &[
+                "ctx",
+                "ready",
+                "waitline",
+                "poll",
+                &(quota - CTX).to_string(),
+                "5",
+            ],
+        );
+        sc.stdin(Stdio::piped());
+        let (mut survivor, mut sr) = spawn_ready(sc);
+        let (mut victim, _vr) = spawn_ready(m.client(Some(&v), &["ctx", "loop", "300000000"]));
+        std::thread::sleep(Duration::from_millis(20 + (i * 37) % 200));
+        victim.kill().unwrap();
+        victim.wait().unwrap();
+        let killed = Instant::now();
+        survivor.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let mut line = String::new();
+        sr.read_line(&mut line).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("{line}"));
+        assert_eq!(j["ok"], true, "round {i}: quota not whole again: {line}");
+        let took = killed.elapsed();
+        assert!(took < Duration::from_secs(5), "survivor hung");
+        assert!(j["ms"].as_f64().unwrap() < 1000.0, "round {i}: {line}");
+        worst = worst.max(Duration::from_secs_f64(j["ms"].as_f64().unwrap() / 1000.0));
+        let st = wait_timeout(survivor, Duration::from_secs(30));
+        assert!(st.status.success());
+    }
+    eprintln!("worst time to whole quota after kill -9: {worst:?}");
+}
+
+#[test]
+fn fork_child_neither_keeps_the_parent_alive_nor_double_frees() {
+    let m = Machine::new("fork", T4);
+    let v = vars("forker", "4");
+    // The parent holds 1 GiB, forks a child that sleeps 20 s (sharing its file
+    // descriptions), then the parent is killed: its bytes must come back
+    // although the child lives on.
+    let (mut parent, _r) = spawn_ready(m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "alloc",
+            "1073741824",
+            "forksleep",
+            "20",
+            "fork",
+            "info",
+            "hold",
+        ],
+    ));
+    let l = ledger(&m);
+    let (used, ..) = container(&l, "forker").unwrap();
+    assert_eq!(
+        used,
+        CTX + GIB,
+        "the forked children did not change the parent's charge"
+    );
+    parent.kill().unwrap();
+    parent.wait().unwrap();
+    let probe = |m: &Machine| {
+        let out = run_ok(&mut m.client(Some(&v), &["ctx", "info"]));
+        op(&out, "info")["free"].as_u64().unwrap()
+    };
+    let t = eventually(Duration::from_secs(3), || probe(&m) == 4 * GIB - CTX);
+    assert!(
+        t.is_some(),
+        "the killed parent's bytes never came back while its child lived"
+    );
+}
+
+#[test]
+fn unset_environment_is_pure_pass_through() {
+    let m = Machine::new("unset", T4);
+    let args = [
+        "ctx", "info", "alloc", "1000000", "info", "nvml", "freeall", "info",
+    ];
+    let bare = run_ok(&mut m.client(None, &args));
+    let pre = run_ok(&mut m.client(Some(&[]), &args));
+    let strip = |s: &str| {
+        lines(s)
+            .into_iter()
+            .map(|mut j| {
+                if let Some(p) = j.get_mut("procs") {
+                    *p = serde_json::Value::Null;
+                }
+                j
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        strip(&bare),
+        strip(&pre),
+        "numbers differ under the preload with no variables"
+    );
+    assert_eq!(op(&pre, "info")["total"].as_u64().unwrap(), 15109 * MIB);
+    assert!(
+        m.ledger_file().is_none(),
+        "pass-through must not create a ledger"
+    );
+}
+
+#[test]
+fn bad_values_log_one_clear_error_and_pass_through() {
+    let m = Machine::new("bad", T4);
+    for (k, val) in [
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "six"),
+        ("ALIYUN_COM_GPU_MEM_DEV", "0"),
+        ("CGPU_DISABLE", "maybe"),
+        ("ALIYUN_COM_GPU_VISIBLE_DEVICES", "first"),
+        ("ALIYUN_COM_GPU_SCHD_WEIGHT", "99"),
+        ("ALIYUN_COM_GPU_HIGH_PRIO", "yes please"),
+    ] {
+        let mut vars = vec![
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "15"),
+        ];
+        vars.retain(|(n, _)| *n != k);
+        vars.push((k, val));
+        let o = run(&mut m.client(Some(&vars), &["ctx", "info", "alloc", "4294967296"]));
+        assert!(o.status.success(), "{k}={val}: the job must run");
+        let out = String::from_utf8_lossy(&o.stdout);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            op(&out, "info")["total"].as_u64().unwrap(),
+            15109 * MIB,
+            "{k}={val}: physical view"
+        );
+        assert_eq!(op(&out, "alloc")["rc"], 0, "{k}={val}: not enforced");
+        let named: Vec<_> = err
+            .lines()
+            .filter(|l| l.contains(k) && l.contains(val))
+            .collect();
+        assert_eq!(
+            named.len(),
+            1,
+            "{k}={val}: one error naming variable and value:\n{err}"
+        );
+        assert!(err.contains("isolation OFF"), "{k}={val}: {err}");
+    }
+}
+
+#[test]
+fn visible_devices_hide_the_other_gpus_from_cuda_and_nvml() {
+    let m = Machine::new("visible", "23028:NVIDIA A10,15109:Tesla T4");
+    let bare = run_ok(&mut m.client(None, &["ctx", "1", "info", "nvml"]));
+    assert_eq!(op(&bare, "info")["count"], 2);
+    let v = [
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "5"),
+        ("ALIYUN_COM_GPU_MEM_DEV", "14"),
+        ("ALIYUN_COM_GPU_VISIBLE_DEVICES", "1"),
+    ];
+    let out = run_ok(&mut m.client(Some(&v), &["ctx", "0", "info", "nvml"]));
+    let info = op(&out, "info");
+    assert_eq!(info["count"], 1, "{out}");
+    // Container GPU 0 is host GPU 1 (the T4): 15109 MiB * 5 / 14.
+    assert_eq!(
+        info["total"].as_u64().unwrap(),
+        15109 * MIB * 5 / 14,
+        "{out}"
+    );
+    let nvml = op(&out, "nvml");
+    assert_eq!(nvml["count"], 1);
+    assert_eq!(nvml["v1"]["total"], info["total"]);
+    // Asking for container GPU 1 fails as for a missing device.
+    let o = run(&mut m.client(Some(&v), &["ctx", "1"]));
+    assert!(!o.status.success());
+}
+
+#[test]
+fn cgpu_disable_records_usage_without_enforcing() {
+    let m = Machine::new("record", T4);
+    let v = [
+        ("CGPU_CONTAINER_ID", "rec"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+        ("CGPU_DISABLE", "1"),
+    ];
+    let (mut k, _r) =
+        spawn_ready(m.client(Some(&v), &["ctx", "alloc", "2147483648", "info", "hold"]));
+    let l = ledger(&m);
+    let (used, _, quota, _) = container(&l, "rec").unwrap();
+    assert_eq!(quota, GIB);
+    assert_eq!(
+        used,
+        CTX + 2 * GIB,
+        "usage is recorded past the (unenforced) quota"
+    );
+    let _ = k.kill();
+    let _ = k.wait();
+}
+
+#[test]
+fn memsize_changed_in_the_ledger_takes_effect_in_a_running_job() {
+    let m = Machine::new("memsize", T4);
+    let v = vars("resize", "4");
+    let mut c = m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "info",
+            "ready",
+            "waitline",
+            "info",
+            "alloc",
+            "2147483648",
+        ],
+    );
+    c.stdin(Stdio::piped());
+    let (mut k, mut r) = spawn_ready(c);
+    let l = ledger(&m);
+    let id = l.find_container("resize").unwrap();
+    l.set_memsize(id, 2 * GIB).unwrap();
+    k.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    for _ in 0..2 {
+        r.read_line(&mut rest).unwrap();
+    }
+    let info = op(&rest, "info");
+    assert_eq!(info["total"].as_u64().unwrap(), 2 * GIB, "{rest}");
+    assert_eq!(info["free"].as_u64().unwrap(), 2 * GIB - CTX, "{rest}");
+    assert_eq!(
+        op(&rest, "alloc")["rc"],
+        2,
+        "the new quota is enforced: {rest}"
+    );
+    let _ = wait_timeout(k, Duration::from_secs(30));
+}
+
+#[test]
+fn default_memsize_applies_to_a_container_that_sets_no_quota() {
+    let m = Machine::new("default", T4);
+    // Some container made the GPU's ledger; the operator sets a default.
+    run_ok(&mut m.client(Some(&vars("first", "4")), &["ctx", "info"]));
+    let l = ledger(&m);
+    l.set_default_memsize(2 * GIB).unwrap();
+    let v = [("CGPU_CONTAINER_ID", "nodefault")];
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "info",
+            "alloc",
+            "1073741824",
+            "alloc",
+            "1073741824",
+            "nvml",
+        ],
+    ));
+    assert_eq!(
+        op(&out, "info")["total"].as_u64().unwrap(),
+        2 * GIB,
+        "{out}"
+    );
+    let allocs: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "alloc")
+        .collect();
+    assert_eq!(allocs[0]["rc"], 0);
+    assert_eq!(
+        allocs[1]["rc"], 2,
+        "300 MiB + 2 x 1 GiB passes the 2 GiB default: {out}"
+    );
+    assert_eq!(op(&out, "nvml")["v1"]["total"].as_u64().unwrap(), 2 * GIB);
+    // "0" is not "unset": explicitly pass-through.
+    let v0 = [
+        ("CGPU_CONTAINER_ID", "zero"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "0"),
+    ];
+    let out = run_ok(&mut m.client(Some(&v0), &["ctx", "info"]));
+    assert_eq!(
+        op(&out, "info")["total"].as_u64().unwrap(),
+        15109 * MIB,
+        "{out}"
+    );
+}
+
+#[test]
+fn unusable_ledger_directory_enforces_within_the_process_and_says_so() {
+    let m = Machine::new("noledger", T4);
+    let v = [
+        ("CGPU_CONTAINER_ID", "alone"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+        ("CGPU_LEDGER_DIR", "/proc/self/no-such-dir"),
+    ];
+    let o = run(&mut m.client(
+        Some(&v),
+        &["ctx", "info", "alloc", "943718400", "alloc", "1048576"],
+    ));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("within this process alone"), "{err}");
+    assert_eq!(op(&out, "info")["total"].as_u64().unwrap(), GIB);
+    let allocs: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "alloc")
+        .collect();
+    assert_eq!(allocs[0]["rc"], 2, "300 MiB + 900 MiB passes 1 GiB: {out}");
+    assert_eq!(allocs[1]["rc"], 0);
+}
+
+#[test]
+fn missing_real_driver_is_a_clear_error_not_a_crash() {
+    let m = Machine::new("nodriver", T4);
+    let src = repo().join("tests/entry_paths_client.c");
+    let exe = m.root.join("client_linked");
+    let l = format!("-L{}", m.libdir.display());
+    cc(
+        &src,
+        &exe,
+        &["-DPATH_LINKED", &l, "-lcuda", "-lnvidia-ml", "-ldl"],
+    );
+    let v = [
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+        ("CGPU_REAL_LIBCUDA", "/nonexistent/libcuda.so.1"),
+    ];
+    let o = run(&mut m.preloaded(&exe, &v));
+    let err = String::from_utf8_lossy(&o.stderr);
+    // Our exported cuCtxCreate_v2 answers CUDA_ERROR_NOT_INITIALIZED: the
+    // client reports the failed init and exits 3 (no signal, no hang).
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("cannot load the real driver") && err.contains("CGPU_REAL_LIBCUDA"),
+        "{err}"
+    );
+}
+
+#[test]
+fn nvml_process_lists_show_only_the_containers_processes() {
+    let m = Machine::new("procs", T4);
+    let (mut b, _rb) = spawn_ready(m.client(Some(&vars("B", "3")), &["ctx", "ready", "hold"]));
+    let (mut a1, _ra) = spawn_ready(m.client(Some(&vars("A", "3")), &["ctx", "ready", "hold"]));
+    let all = m.sim_process_bytes();
+    assert_eq!(all.len(), 2, "bare NVML sees both: {all:?}");
+    let out = run_ok(&mut m.client(Some(&vars("A", "3")), &["ctx", "nvml"]));
+    let procs: Vec<u64> = op(&out, "nvml")["procs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        procs.len(),
+        2,
+        "A's two processes (the holder and this one): {out}"
+    );
+    assert!(procs.contains(&(a1.id() as u64)), "{out}");
+    assert!(
+        !procs.contains(&(b.id() as u64)),
+        "container B's process must be hidden: {out}"
+    );
+    for k in [&mut a1, &mut b] {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+}

@@ -1,0 +1,384 @@
+//! Support for the tools' tests: ledger-level client processes, running the
+//! binaries, and a small Prometheus text parser.
+#![allow(dead_code)]
+
+use cgpu::ledger::{JoinRequest, Ledger};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+
+pub const GIB: u64 = 1 << 30;
+pub const MIB: u64 = 1 << 20;
+
+pub fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cgpu-tools-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn smi() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cgpu-smi"))
+}
+
+pub fn ctl() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_cgpuctl"))
+}
+
+/// Run with `--dir dir` and the given args.
+pub fn run(mut c: Command, dir: &Path, args: &[&str]) -> Output {
+    c.arg("--dir").arg(dir).args(args);
+    c.env_remove("CGPU_LEDGER_DIR");
+    c.output().expect("run tool")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A child process killed when the test ends, passed or not.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// What a client process is asked to be.
+#[derive(Clone, Debug)]
+pub struct ClientSpec {
+    pub uuid: String,
+    pub index: u32,
+    pub id: String,
+    pub quota: u64,
+    pub weight: u32,
+    pub highprio: bool,
+    pub bytes: u64,
+}
+
+/// A separate process (this test binary re-executed) that joined a ledger
+/// through the ledger API and holds `bytes`; it answers `alloc N` / `free N`
+/// on stdin with `R: ok` / `R: oom` and stays until `exit` or killed.
+pub struct Client {
+    pub child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+    pub pid: u32,
+    pub container: usize,
+    pub process: usize,
+}
+
+/// Env var that turns this test binary into a client.
+pub const HELPER_ENV: &str = "CGPU_TOOLS_TEST_CLIENT";
+
+impl Client {
+    pub fn start(test_name: &str, dir: &Path, s: &ClientSpec) -> Client {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(HELPER_ENV, "1")
+            .env("T_DIR", dir)
+            .env("T_UUID", &s.uuid)
+            .env("T_INDEX", s.index.to_string())
+            .env("T_ID", &s.id)
+            .env("T_QUOTA", s.quota.to_string())
+            .env("T_WEIGHT", s.weight.to_string())
+            .env("T_HIGHPRIO", if s.highprio { "1" } else { "0" })
+            .env("T_BYTES", s.bytes.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn client");
+        let pid = child.id();
+        let input = child.stdin.take().unwrap();
+        let mut output = BufReader::new(child.stdout.take().unwrap());
+        let line = read_tagged(&mut output, "ready ");
+        let v: Vec<usize> = line
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
+        Client {
+            child,
+            input,
+            output,
+            pid,
+            container: v[0],
+            process: v[1],
+        }
+    }
+
+    fn ask(&mut self, cmd: &str) -> String {
+        writeln!(self.input, "{cmd}").unwrap();
+        self.input.flush().unwrap();
+        read_tagged(&mut self.output, "R: ")
+    }
+
+    /// Ask for `bytes` more: true if granted.
+    pub fn alloc(&mut self, bytes: u64) -> bool {
+        match self.ask(&format!("alloc {bytes}")).as_str() {
+            "ok" => true,
+            "oom" => false,
+            other => panic!("client said {other}"),
+        }
+    }
+
+    pub fn free(&mut self, bytes: u64) {
+        assert_eq!(self.ask(&format!("free {bytes}")), "ok");
+    }
+
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn exit(mut self) {
+        let _ = writeln!(self.input, "exit");
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn read_tagged(r: &mut impl BufRead, tag: &str) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line).unwrap() == 0 {
+            panic!("client exited before saying `{tag}`");
+        }
+        // libtest may have printed `test client_process ... ` before it
+        if let Some(i) = line.find(tag) {
+            return line[i + tag.len()..].trim_end().to_owned();
+        }
+    }
+}
+
+/// Body of the client process: call first thing in the helper test.
+pub fn client_main_if_asked() -> bool {
+    if std::env::var_os(HELPER_ENV).is_none() {
+        return false;
+    }
+    let e = |k: &str| std::env::var(k).unwrap();
+    let dir = PathBuf::from(e("T_DIR"));
+    let l = Ledger::open_or_create(&dir, &e("T_UUID"), e("T_INDEX").parse().unwrap(), 16 * GIB)
+        .unwrap();
+    let id = e("T_ID");
+    let m = l
+        .join(&JoinRequest {
+            container_id: &id,
+            quota: e("T_QUOTA").parse().unwrap(),
+            weight: e("T_WEIGHT").parse().unwrap(),
+            highprio: e("T_HIGHPRIO") == "1",
+            enforce_off: false,
+        })
+        .unwrap();
+    let bytes: u64 = e("T_BYTES").parse().unwrap();
+    if bytes > 0 {
+        l.try_reserve(&m, bytes).unwrap();
+    }
+    let out = std::io::stdout();
+    {
+        let mut o = out.lock();
+        writeln!(o, "ready {} {}", m.container, m.process).unwrap();
+        o.flush().unwrap();
+    }
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let line = line.unwrap();
+        let mut it = line.split_whitespace();
+        let reply = match (it.next(), it.next().and_then(|x| x.parse::<u64>().ok())) {
+            (Some("alloc"), Some(n)) => {
+                if l.try_reserve(&m, n).is_ok() {
+                    "ok"
+                } else {
+                    "oom"
+                }
+            }
+            (Some("free"), Some(n)) => {
+                l.release(&m, n);
+                "ok"
+            }
+            (Some("exit"), _) => break,
+            _ => "?",
+        };
+        let mut o = out.lock();
+        writeln!(o, "R: {reply}").unwrap();
+        o.flush().unwrap();
+    }
+    l.leave(m);
+    true
+}
+
+/// One sample line of Prometheus text.
+#[derive(Debug, Clone)]
+pub struct PromSample {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+/// A strict-enough parser of the Prometheus text exposition format 0.0.4:
+/// `# HELP`/`# TYPE` lines (TYPE before samples, at most once per family),
+/// `name{label="value",…} value`, with label-value escapes `\\ \" \n`.
+/// Returns the samples and the declared types.
+pub fn parse_prometheus(text: &str) -> Result<(Vec<PromSample>, BTreeMap<String, String>), String> {
+    let mut types = BTreeMap::new();
+    let mut helps = BTreeMap::new();
+    let mut samples = Vec::new();
+    let valid_name = |n: &str| {
+        !n.is_empty()
+            && n.chars().enumerate().all(|(i, c)| {
+                c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
+            })
+    };
+    for (ln, line) in text.lines().enumerate() {
+        let err = |m: &str| format!("line {}: {m}: {line:?}", ln + 1);
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# ") {
+            let mut p = rest.splitn(3, ' ');
+            match (p.next(), p.next(), p.next()) {
+                (Some("HELP"), Some(n), Some(h)) => {
+                    if !valid_name(n) {
+                        return Err(err("bad name"));
+                    }
+                    if helps.insert(n.to_owned(), h.to_owned()).is_some() {
+                        return Err(err("second HELP"));
+                    }
+                }
+                (Some("TYPE"), Some(n), Some(t)) => {
+                    if !valid_name(n) {
+                        return Err(err("bad name"));
+                    }
+                    if !["counter", "gauge", "histogram", "summary", "untyped"].contains(&t) {
+                        return Err(err("bad type"));
+                    }
+                    if samples.iter().any(|s: &PromSample| s.name == n) {
+                        return Err(err("TYPE after samples"));
+                    }
+                    if types.insert(n.to_owned(), t.to_owned()).is_some() {
+                        return Err(err("second TYPE"));
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        if line.starts_with('#') {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).ok_or_else(|| err("no value"))?;
+        let name = &line[..name_end];
+        if !valid_name(name) {
+            return Err(err("bad metric name"));
+        }
+        let mut labels = BTreeMap::new();
+        let mut rest = &line[name_end..];
+        if let Some(r) = rest.strip_prefix('{') {
+            let mut chars = r.char_indices().peekable();
+            let consumed;
+            loop {
+                // label name
+                let mut lname = String::new();
+                while let Some(&(_, c)) = chars.peek() {
+                    if c == '=' || c == '}' {
+                        break;
+                    }
+                    lname.push(c);
+                    chars.next();
+                }
+                match chars.next() {
+                    Some((i, '}')) if lname.is_empty() => {
+                        consumed = Some(i + 1);
+                        break;
+                    }
+                    Some((_, '=')) => {}
+                    _ => return Err(err("bad label")),
+                }
+                if !valid_name(&lname) || lname.contains(':') {
+                    return Err(err("bad label name"));
+                }
+                if chars.next().map(|x| x.1) != Some('"') {
+                    return Err(err("label value not quoted"));
+                }
+                let mut val = String::new();
+                loop {
+                    match chars.next() {
+                        Some((_, '\\')) => match chars.next().map(|x| x.1) {
+                            Some('\\') => val.push('\\'),
+                            Some('"') => val.push('"'),
+                            Some('n') => val.push('\n'),
+                            _ => return Err(err("bad escape")),
+                        },
+                        Some((_, '"')) => break,
+                        Some((_, '\n')) | None => return Err(err("unterminated label value")),
+                        Some((_, c)) => val.push(c),
+                    }
+                }
+                if labels.insert(lname, val).is_some() {
+                    return Err(err("repeated label"));
+                }
+                match chars.next() {
+                    Some((_, ',')) => continue,
+                    Some((i, '}')) => {
+                        consumed = Some(i + 1);
+                        break;
+                    }
+                    _ => return Err(err("expected , or }")),
+                }
+            }
+            rest = &r[consumed.ok_or_else(|| err("unterminated labels"))?..];
+        }
+        let mut parts = rest.split_whitespace();
+        let v = parts.next().ok_or_else(|| err("no value"))?;
+        let value = match v {
+            "NaN" => f64::NAN,
+            "+Inf" => f64::INFINITY,
+            "-Inf" => f64::NEG_INFINITY,
+            _ => v.parse::<f64>().map_err(|_| err("bad value"))?,
+        };
+        if let Some(ts) = parts.next() {
+            ts.parse::<i64>().map_err(|_| err("bad timestamp"))?;
+        }
+        if parts.next().is_some() {
+            return Err(err("trailing garbage"));
+        }
+        if !types.contains_key(name) {
+            return Err(err("sample without TYPE"));
+        }
+        samples.push(PromSample {
+            name: name.to_owned(),
+            labels,
+            value,
+        });
+    }
+    Ok((samples, types))
+}
+
+/// Find the one sample of `name` whose labels include all of `want`.
+pub fn find<'a>(s: &'a [PromSample], name: &str, want: &[(&str, &str)]) -> Option<&'a PromSample> {
+    let m: Vec<&PromSample> = s
+        .iter()
+        .filter(|x| {
+            x.name == name
+                && want
+                    .iter()
+                    .all(|(k, v)| x.labels.get(*k).map(String::as_str) == Some(*v))
+        })
+        .collect();
+    assert!(m.len() <= 1, "{name} {want:?}: several samples");
+    m.first().copied()
+}
