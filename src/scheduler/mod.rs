@@ -26,7 +26,7 @@ pub use gate::{CUcontext, DriverOps, Gate};
 use crate::ledger::{ContainerSlot, Ledger, LedgerFile, Membership, MAX_CONTAINERS, SLOT_LIVE};
 use cgpu_ffi::CUresult;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicPtr, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
 use words::container as cw;
 
 /// Opaque `CUstream` as the launch hooks see it.
@@ -34,6 +34,12 @@ pub type Stream = *mut std::ffi::c_void;
 
 /// The gate of this process (null: not scheduling, every launch passes).
 static GATE: AtomicPtr<Gate> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Lazy attachment: not tried yet / attached or given up.
+const UNDECIDED: u8 = 0;
+const ATTACHING: u8 = 1;
+const DECIDED: u8 = 2;
+static ATTACH: AtomicU8 = AtomicU8::new(UNDECIDED);
 
 thread_local! {
     /// This thread's launch in flight was admitted through `GATE`.
@@ -46,9 +52,15 @@ thread_local! {
 /// thread until it may launch.
 #[inline]
 pub fn admit_launch(_stream: Stream) {
-    let g = GATE.load(Acquire);
+    let mut g = GATE.load(Acquire);
     if g.is_null() {
-        return;
+        if ATTACH.load(Relaxed) != UNDECIDED {
+            return;
+        }
+        g = attach_lazily();
+        if g.is_null() {
+            return;
+        }
     }
     // SAFETY: a gate, once published, is never freed (leaked on attach).
     let g = unsafe { &*g };
@@ -69,12 +81,47 @@ pub fn launched(_stream: Stream, _result: CUresult) {
     }
 }
 
+/// First launch of the process (or of a forked child): attach to the GPU of
+/// the current context if the process is in its ledger (memory isolation on,
+/// as with cGPU: no `ALIYUN_COM_GPU_MEM_CONTAINER`, no cGPU).
+#[cold]
+#[inline(never)]
+fn attach_lazily() -> *mut Gate {
+    use crate::hooks::real;
+    // One thread attaches; others launch unscheduled meanwhile (no lock, so
+    // a fork in the middle cannot leave the child stuck).
+    if ATTACH.compare_exchange(UNDECIDED, ATTACHING, AcqRel, Acquire).is_err() {
+        return GATE.load(Acquire);
+    }
+    let r = std::panic::catch_unwind(|| {
+        let gpu = crate::hooks::device::current_gpu()?;
+        let (ledger, m) = gpu.ledger()?;
+        let drv = DriverOps {
+            ctx_get_current: real::cuCtxGetCurrent.get()?,
+            ctx_set_current: real::cuCtxSetCurrent.get()?,
+            ctx_synchronize: real::cuCtxSynchronize.get()?,
+        };
+        Some(attach(ledger, m, drv))
+    });
+    match r {
+        Ok(Some(Ok(()))) => {
+            tracing::debug!("cgpu: compute scheduling on");
+        }
+        Ok(Some(Err(e))) => tracing::error!("cgpu: {e}"),
+        Ok(None) => tracing::debug!("cgpu: no shared ledger for this GPU: kernel launches are not scheduled"),
+        Err(_) => tracing::error!("cgpu: scheduler attach panicked: kernel launches are not scheduled"),
+    }
+    ATTACH.store(DECIDED, Release);
+    GATE.load(Acquire)
+}
+
 /// Join the compute scheduler of the GPU whose ledger is `ledger`, as the
 /// process slot of membership `m`. `drv` are the real driver's functions.
 /// Starts the process's helper thread (slice timer and drainer). Replaces an
 /// earlier attachment (after `fork`, the child attaches again).
 /// Without a successful attach, launches are not held back.
 pub fn attach(ledger: &'static Ledger, m: &Membership, drv: DriverOps) -> Result<(), String> {
+    ATTACH.store(DECIDED, Release);
     let gate: &'static Gate = Box::leak(Box::new(Gate::new(ledger, m.container, m.process, drv)));
     std::thread::Builder::new()
         .name("cgpu-sched".into())
@@ -103,6 +150,7 @@ pub fn detach() {
 /// again (the hooks re-join the ledger in the child, then call [`attach`]).
 pub fn after_fork_child() {
     GATE.store(std::ptr::null_mut(), Release);
+    ATTACH.store(UNDECIDED, Release);
 }
 
 fn register_atfork() {
