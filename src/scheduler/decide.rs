@@ -25,8 +25,16 @@ pub const SLICE_NS: u64 = 20_000_000;
 
 impl Params {
     pub fn for_knobs(k: &Knobs) -> Params {
-        let slice_ns = if k.policy == SOFT { 4 * SLICE_NS } else { SLICE_NS };
-        Params { slice_ns, cap_ns: 2 * slice_ns as i64, floor_ns: -1_000_000_000 }
+        let slice_ns = if k.policy == SOFT {
+            4 * SLICE_NS
+        } else {
+            SLICE_NS
+        };
+        Params {
+            slice_ns,
+            cap_ns: 2 * slice_ns as i64,
+            floor_ns: -1_000_000_000,
+        }
     }
 }
 
@@ -47,7 +55,11 @@ pub struct Entry {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision {
     /// Give the GPU to container `c` for `budget_ns`, at most `allow` launches.
-    Run { c: usize, budget_ns: u64, allow: u64 },
+    Run {
+        c: usize,
+        budget_ns: u64,
+        allow: u64,
+    },
     /// Nobody may run now; look again at `until` (or when someone arrives).
     Idle { until: u64 },
 }
@@ -110,16 +122,18 @@ pub fn decide(
         // Most credit first; on a tie, not the one that just held it.
         let better = match best {
             None => true,
-            Some(b) => {
-                e.tokens > es[b].tokens || e.tokens == es[b].tokens && holder == Some(b)
-            }
+            Some(b) => e.tokens > es[b].tokens || e.tokens == es[b].tokens && holder == Some(b),
         };
         if better {
             best = Some(i);
         }
     }
     match best {
-        Some(c) => Decision::Run { c, budget_ns: p.slice_ns, allow: allowance(p.slice_ns, es[c].ns_per_launch) },
+        Some(c) => Decision::Run {
+            c,
+            budget_ns: p.slice_ns,
+            allow: allowance(p.slice_ns, es[c].ns_per_launch),
+        },
         None => Decision::Idle { until },
     }
 }
@@ -154,13 +168,26 @@ mod tests {
     use crate::scheduler::policy::{FAIR_SHARE, FIXED, PREEMPTIVE, WEIGHTED};
 
     fn busy(weight: u32) -> Entry {
-        Entry { live: true, weight, highprio: false, wants: true, tokens: 0, ns_per_launch: 0 }
+        Entry {
+            live: true,
+            weight,
+            highprio: false,
+            wants: true,
+            tokens: 0,
+            ns_per_launch: 0,
+        }
     }
 
     /// Drive `decide` as the runtime does, with an ideal device: the holder
     /// holds each slice for `hold(budget)` ns (its kernels may overrun), a
     /// handover costs `gap` ns; returns each container's GPU time.
-    fn simulate(k: Knobs, es: &mut [Entry], total: u64, hold: impl Fn(u64) -> u64, gap: u64) -> (Vec<u64>, u64) {
+    fn simulate(
+        k: Knobs,
+        es: &mut [Entry],
+        total: u64,
+        hold: impl Fn(u64) -> u64,
+        gap: u64,
+    ) -> (Vec<u64>, u64) {
         let mut got = vec![0u64; es.len()];
         let mut now = 0u64;
         let mut last = 0u64;
@@ -193,12 +220,19 @@ mod tests {
         let sum: u64 = got.iter().sum();
         for (g, w) in got.iter().zip(want) {
             let share = *g as f64 / sum as f64;
-            assert!((share - w).abs() <= tol * w, "got {got:?} shares, want {want:?}");
+            assert!(
+                (share - w).abs() <= tol * w,
+                "got {got:?} shares, want {want:?}"
+            );
         }
     }
 
     fn knobs(policy: u32, max_inst: u32) -> Knobs {
-        Knobs { policy, max_inst, prio_ratio: 80 }
+        Knobs {
+            policy,
+            max_inst,
+            prio_ratio: 80,
+        }
     }
 
     #[test]
@@ -226,7 +260,13 @@ mod tests {
         ratio_close(&got, &[1.0 / 3.0; 3], 0.01);
         assert_eq!(got.iter().sum::<u64>(), now);
 
-        let mut es = [busy(1), Entry { wants: false, ..busy(1) }];
+        let mut es = [
+            busy(1),
+            Entry {
+                wants: false,
+                ..busy(1)
+            },
+        ];
         let (got, now) = simulate(knobs(PREEMPTIVE, 10), &mut es, 10_000_000_000, |b| b, 0);
         assert_eq!(got[1], 0);
         assert_eq!(got[0], now);
@@ -245,7 +285,13 @@ mod tests {
         assert!((s - 0.30).abs() < 0.01, "{s}");
 
         // Weight-2 container alive but idle: the weight-1 one keeps to 1/3.
-        let mut es = [busy(1), Entry { wants: false, ..busy(2) }];
+        let mut es = [
+            busy(1),
+            Entry {
+                wants: false,
+                ..busy(2)
+            },
+        ];
         let (got, now) = simulate(knobs(WEIGHTED, 10), &mut es, 10_000_000_000, |b| b, 0);
         let s = got[0] as f64 / now as f64;
         assert!(s <= 1.0 / 3.0 + 0.005 && s > 0.32, "{s}");
@@ -253,14 +299,35 @@ mod tests {
 
     #[test]
     fn high_priority_gets_prio_ratio() {
-        let mut es = [Entry { highprio: true, ..busy(1) }, busy(1)];
-        let (got, _) = simulate(knobs(PREEMPTIVE, 10), &mut es, 20_000_000_000, |b| b, 30_000);
+        let mut es = [
+            Entry {
+                highprio: true,
+                ..busy(1)
+            },
+            busy(1),
+        ];
+        let (got, _) = simulate(
+            knobs(PREEMPTIVE, 10),
+            &mut es,
+            20_000_000_000,
+            |b| b,
+            30_000,
+        );
         ratio_close(&got, &[0.8, 0.2], 0.01);
     }
 
     #[test]
     fn weight_zero_and_dead_never_run() {
-        let mut es = [Entry { weight: 0, ..busy(0) }, Entry { live: false, ..busy(1) }];
+        let mut es = [
+            Entry {
+                weight: 0,
+                ..busy(0)
+            },
+            Entry {
+                live: false,
+                ..busy(1)
+            },
+        ];
         for p in 0..5 {
             let d = decide(&knobs(p, 4), 1_000_000_000, 0, None, &mut es);
             assert_eq!(d, Decision::Idle { until: u64::MAX }, "policy {p}");
@@ -269,19 +336,45 @@ mod tests {
 
     #[test]
     fn idle_until_is_when_credit_returns() {
-        let mut es = [Entry { tokens: -30_000_000, ..busy(1) }];
+        let mut es = [Entry {
+            tokens: -30_000_000,
+            ..busy(1)
+        }];
         // Fair share 1/4: 30 ms of debt takes 120 ms to repay.
         let d = decide(&knobs(FAIR_SHARE, 4), 1_000, 1_000, None, &mut es);
-        assert_eq!(d, Decision::Idle { until: 1_000 + 120_000_004 + 1 });
+        assert_eq!(
+            d,
+            Decision::Idle {
+                until: 1_000 + 120_000_004 + 1
+            }
+        );
         // And then it runs.
-        let d = decide(&knobs(FAIR_SHARE, 4), 1_000 + 120_000_005, 1_000, None, &mut es);
+        let d = decide(
+            &knobs(FAIR_SHARE, 4),
+            1_000 + 120_000_005,
+            1_000,
+            None,
+            &mut es,
+        );
         assert!(matches!(d, Decision::Run { c: 0, .. }), "{d:?}");
     }
 
     #[test]
     fn buckets_are_bounded() {
-        let mut es = [Entry { wants: false, ..busy(1) }, busy(1)];
-        decide(&knobs(WEIGHTED, 10), 100_000_000_000, 0, Some((1, 100_000_000_000)), &mut es);
+        let mut es = [
+            Entry {
+                wants: false,
+                ..busy(1)
+            },
+            busy(1),
+        ];
+        decide(
+            &knobs(WEIGHTED, 10),
+            100_000_000_000,
+            0,
+            Some((1, 100_000_000_000)),
+            &mut es,
+        );
         let p = Params::for_knobs(&knobs(WEIGHTED, 10));
         assert_eq!(es[0].tokens, p.cap_ns);
         assert_eq!(es[1].tokens, p.floor_ns);

@@ -110,7 +110,11 @@ impl Gate {
 
     fn knobs(&self) -> Knobs {
         let h = &self.file().header;
-        Knobs::sanitized(h.policy.load(Acquire), h.max_inst.load(Acquire), h.prio_ratio.load(Acquire))
+        Knobs::sanitized(
+            h.policy.load(Acquire),
+            h.max_inst.load(Acquire),
+            h.prio_ratio.load(Acquire),
+        )
     }
 
     /// Fast path: true = admitted (the caller must call [`Gate::done`]).
@@ -120,7 +124,8 @@ impl Gate {
         let w = self.token().load(SeqCst);
         if (w >> 32) as u32 == self.running_hi
             && SEEN.with(|s| s.get()) == (w as u32 as u64 | (self.epoch as u64) << 32)
-            && self.c(cw::SLICE_LAUNCHES).fetch_add(1, Relaxed) < self.g(gw::SLICE_ALLOW).load(Relaxed)
+            && self.c(cw::SLICE_LAUNCHES).fetch_add(1, Relaxed)
+                < self.g(gw::SLICE_ALLOW).load(Relaxed)
         {
             return true;
         }
@@ -163,9 +168,11 @@ impl Gate {
                 // Re-assert (a racing last-waiter-leaves may have cleared it).
                 self.set_bit(cw::WANT, self.container, true);
             }
-            if self.slot(self.container).weight.load(Relaxed) == 0 && !self.warned_weight0.swap(true, Relaxed) {
+            if self.slot(self.container).weight.load(Relaxed) == 0
+                && !self.warned_weight0.swap(true, Relaxed)
+            {
                 tracing::warn!(
-                    "cgpu: container {} has compute weight 0 (it arrived when free_weight was 0): its kernel launches wait until an operator gives it weight (`cgpuctl set weight`)",
+                    "cgpu: container {} has compute weight 0 (it arrived when free_weight was 0, or an operator set it): its kernel launches wait until an operator gives it weight (`cgpuctl set weight`)",
                     id_of(self.slot(self.container))
                 );
             }
@@ -176,7 +183,8 @@ impl Gate {
         };
         if let Some(s) = waited_since {
             self.want(false);
-            self.c(cw::THROTTLED_NS).fetch_add(now_ns().saturating_sub(s), Relaxed);
+            self.c(cw::THROTTLED_NS)
+                .fetch_add(now_ns().saturating_sub(s), Relaxed);
         }
         admitted
     }
@@ -195,7 +203,8 @@ impl Gate {
             return Enter::Retry;
         }
         SEEN.with(|s| s.set(key));
-        if self.c(cw::SLICE_LAUNCHES).fetch_add(1, Relaxed) < self.g(gw::SLICE_ALLOW).load(Relaxed) {
+        if self.c(cw::SLICE_LAUNCHES).fetch_add(1, Relaxed) < self.g(gw::SLICE_ALLOW).load(Relaxed)
+        {
             return Enter::Admitted;
         }
         // Allowance used up: the queue is long enough; end the slice so the
@@ -294,7 +303,11 @@ impl Gate {
     /// RUNNING → DRAINING (only from exactly `t`).
     fn end_slice(&self, t: Token) -> bool {
         let next = t.next(DRAINING, t.holder, None);
-        if self.token().compare_exchange(t.pack(), next.pack(), SeqCst, SeqCst).is_ok() {
+        if self
+            .token()
+            .compare_exchange(t.pack(), next.pack(), SeqCst, SeqCst)
+            .is_ok()
+        {
             self.g(gw::STATE_SINCE).store(now_ns(), Release);
             futex_wake(self.token());
             true
@@ -359,7 +372,9 @@ impl Gate {
             }
             _ /* IDLE */ => {
                 let until = self.g(gw::IDLE_UNTIL).load(Acquire);
-                if watch.idle_seq != Some(t.seq) || now >= until {
+                let knobs_moved =
+                    self.file().header.knob_generation.load(Relaxed) != self.g(gw::KNOB_GEN_SEEN).load(Relaxed);
+                if watch.idle_seq != Some(t.seq) || now >= until || knobs_moved {
                     watch.idle_seq = Some(t.seq);
                     self.try_decide(t);
                     return 0;
@@ -373,7 +388,11 @@ impl Gate {
     /// DECIDING), charge the holder, choose the next one.
     pub(crate) fn try_decide(&self, t: Token) -> bool {
         let mine = t.next(DECIDING, None, Some(self.process));
-        if self.token().compare_exchange(t.pack(), mine.pack(), SeqCst, SeqCst).is_err() {
+        if self
+            .token()
+            .compare_exchange(t.pack(), mine.pack(), SeqCst, SeqCst)
+            .is_err()
+        {
             return false;
         }
         let now = now_ns();
@@ -414,9 +433,14 @@ impl Gate {
             s.sched[cw::TOKENS].store(es[i].tokens as u64, Release);
         }
         self.g(gw::LAST_REFILL).store(now, Release);
-        self.g(gw::KNOB_GEN_SEEN).store(f.header.knob_generation.load(Relaxed), Relaxed);
+        self.g(gw::KNOB_GEN_SEEN)
+            .store(f.header.knob_generation.load(Relaxed), Relaxed);
         let next = match d {
-            Decision::Run { c, budget_ns, allow } => {
+            Decision::Run {
+                c,
+                budget_ns,
+                allow,
+            } => {
                 let cs = &f.containers[c].sched;
                 cs[cw::SLICE_LAUNCHES].store(0, SeqCst);
                 for i in 0..cw::SET_WORDS {
@@ -436,7 +460,11 @@ impl Gate {
         };
         // Only we may move the token out of our DECIDING state (unless we
         // were declared dead, in which case a successor owns it: do nothing).
-        if self.token().compare_exchange(mine.pack(), next.pack(), SeqCst, SeqCst).is_ok() {
+        if self
+            .token()
+            .compare_exchange(mine.pack(), next.pack(), SeqCst, SeqCst)
+            .is_ok()
+        {
             futex_wake(self.token());
         }
         true
@@ -462,8 +490,10 @@ impl Gate {
                     }
                     sleep = 10_000_000;
                 } else if t.state == RUNNING {
-                    let end =
-                        self.g(gw::SLICE_START).load(Acquire).saturating_add(self.g(gw::SLICE_BUDGET).load(Acquire));
+                    let end = self
+                        .g(gw::SLICE_START)
+                        .load(Acquire)
+                        .saturating_add(self.g(gw::SLICE_BUDGET).load(Acquire));
                     if now >= end {
                         let k = self.knobs();
                         if !k.native() && (!k.work_conserving() || self.others_want(t.holder)) {

@@ -90,7 +90,10 @@ fn attach_lazily() -> *mut Gate {
     use crate::hooks::real;
     // One thread attaches; others launch unscheduled meanwhile (no lock, so
     // a fork in the middle cannot leave the child stuck).
-    if ATTACH.compare_exchange(UNDECIDED, ATTACHING, AcqRel, Acquire).is_err() {
+    if ATTACH
+        .compare_exchange(UNDECIDED, ATTACHING, AcqRel, Acquire)
+        .is_err()
+    {
         return GATE.load(Acquire);
     }
     let r = std::panic::catch_unwind(|| {
@@ -108,8 +111,12 @@ fn attach_lazily() -> *mut Gate {
             tracing::debug!("cgpu: compute scheduling on");
         }
         Ok(Some(Err(e))) => tracing::error!("cgpu: {e}"),
-        Ok(None) => tracing::debug!("cgpu: no shared ledger for this GPU: kernel launches are not scheduled"),
-        Err(_) => tracing::error!("cgpu: scheduler attach panicked: kernel launches are not scheduled"),
+        Ok(None) => tracing::debug!(
+            "cgpu: no shared ledger for this GPU: kernel launches are not scheduled"
+        ),
+        Err(_) => {
+            tracing::error!("cgpu: scheduler attach panicked: kernel launches are not scheduled")
+        }
     }
     ATTACH.store(DECIDED, Release);
     GATE.load(Acquire)
@@ -126,7 +133,9 @@ pub fn attach(ledger: &'static Ledger, m: &Membership, drv: DriverOps) -> Result
     std::thread::Builder::new()
         .name("cgpu-sched".into())
         .spawn(move || gate.helper_loop())
-        .map_err(|e| format!("cannot start the scheduler thread: {e}; kernel launches are not held back"))?;
+        .map_err(|e| {
+            format!("cannot start the scheduler thread: {e}; kernel launches are not held back")
+        })?;
     let old = GATE.swap(gate as *const Gate as *mut Gate, AcqRel);
     if !old.is_null() {
         // SAFETY: leaked, never freed.
@@ -187,7 +196,11 @@ pub fn container_stats(slot: &ContainerSlot) -> ContainerSchedStats {
 /// The GPU's knobs, range-clamped.
 pub fn knobs(file: &LedgerFile) -> policy::Knobs {
     let h = &file.header;
-    policy::Knobs::sanitized(h.policy.load(Relaxed), h.max_inst.load(Relaxed), h.prio_ratio.load(Relaxed))
+    policy::Knobs::sanitized(
+        h.policy.load(Relaxed),
+        h.max_inst.load(Relaxed),
+        h.prio_ratio.load(Relaxed),
+    )
 }
 
 /// The compute limit, in percent of the GPU, that the GPU's policy and the

@@ -71,7 +71,11 @@ pub fn shares(k: &Knobs, ms: &[Member], out: &mut [f64]) {
     let hp = |m: &Member| m.eligible() && m.highprio && m.active;
     let normal = |m: &Member| m.eligible() && !m.highprio;
     let any_hp = ms.iter().any(hp);
-    let p = if any_hp { k.prio_ratio as f64 / 100.0 } else { 0.0 };
+    let p = if any_hp {
+        k.prio_ratio as f64 / 100.0
+    } else {
+        0.0
+    };
 
     // The policy's rule over one group, scaled to `total`.
     let mut assign = |in_group: &dyn Fn(&Member) -> bool, total: f64| {
@@ -109,7 +113,11 @@ pub fn shares(k: &Knobs, ms: &[Member], out: &mut [f64]) {
         // The high-priority group takes `p` whatever the policy; within it,
         // by weight where the policy uses weights, else equally.
         let by_weight = matches!(k.policy, WEIGHTED | FIXED);
-        let sum: f64 = ms.iter().filter(|m| hp(m)).map(|m| if by_weight { m.weight as f64 } else { 1.0 }).sum();
+        let sum: f64 = ms
+            .iter()
+            .filter(|m| hp(m))
+            .map(|m| if by_weight { m.weight as f64 } else { 1.0 })
+            .sum();
         for (i, m) in ms.iter().enumerate() {
             if hp(m) {
                 out[i] = p * if by_weight { m.weight as f64 } else { 1.0 } / sum;
@@ -119,7 +127,12 @@ pub fn shares(k: &Knobs, ms: &[Member], out: &mut [f64]) {
 
     if k.work_conserving() {
         // Idle containers' time goes to those with work: renormalise.
-        let sum: f64 = ms.iter().zip(out.iter()).filter(|(m, _)| m.active).map(|(_, x)| x).sum();
+        let sum: f64 = ms
+            .iter()
+            .zip(out.iter())
+            .filter(|(m, _)| m.active)
+            .map(|(_, x)| x)
+            .sum();
         for (m, x) in ms.iter().zip(out.iter_mut()) {
             *x = if m.active && sum > 0.0 { *x / sum } else { 0.0 };
         }
@@ -132,7 +145,13 @@ pub fn limit_percent(k: &Knobs, ms: &[Member], i: usize) -> u32 {
     if k.native() {
         return 100;
     }
-    let all: Vec<Member> = ms.iter().map(|m| Member { active: m.live, ..*m }).collect();
+    let all: Vec<Member> = ms
+        .iter()
+        .map(|m| Member {
+            active: m.live,
+            ..*m
+        })
+        .collect();
     let mut out = vec![0.0; ms.len()];
     shares(k, &all, &mut out);
     (out.get(i).copied().unwrap_or(0.0) * 100.0).round() as u32
@@ -143,10 +162,19 @@ mod tests {
     use super::*;
 
     fn m(weight: u32, active: bool) -> Member {
-        Member { live: true, weight, highprio: false, active }
+        Member {
+            live: true,
+            weight,
+            highprio: false,
+            active,
+        }
     }
     fn knobs(policy: u32, max_inst: u32) -> Knobs {
-        Knobs { policy, max_inst, prio_ratio: 80 }
+        Knobs {
+            policy,
+            max_inst,
+            prio_ratio: 80,
+        }
     }
     fn run(k: Knobs, ms: &[Member]) -> Vec<f64> {
         let mut out = vec![0.0; ms.len()];
@@ -169,7 +197,10 @@ mod tests {
 
     #[test]
     fn preemptive_divides_among_containers_with_work() {
-        close(&run(knobs(1, 10), &[m(1, true), m(1, true), m(1, true)]), &[1.0 / 3.0; 3]);
+        close(
+            &run(knobs(1, 10), &[m(1, true), m(1, true), m(1, true)]),
+            &[1.0 / 3.0; 3],
+        );
         close(&run(knobs(1, 10), &[m(1, true), m(1, false)]), &[1.0, 0.0]);
         // Weights do not matter in policy 1.
         close(&run(knobs(1, 10), &[m(1, true), m(4, true)]), &[0.5, 0.5]);
@@ -178,14 +209,31 @@ mod tests {
 
     #[test]
     fn weighted_counts_live_idle_containers() {
-        close(&run(knobs(2, 10), &[m(1, true), m(2, true)]), &[1.0 / 3.0, 2.0 / 3.0]);
-        close(&run(knobs(2, 10), &[m(1, true), m(1, true), m(2, true), m(4, true)]), &[0.125, 0.125, 0.25, 0.5]);
+        close(
+            &run(knobs(2, 10), &[m(1, true), m(2, true)]),
+            &[1.0 / 3.0, 2.0 / 3.0],
+        );
+        close(
+            &run(
+                knobs(2, 10),
+                &[m(1, true), m(1, true), m(2, true), m(4, true)],
+            ),
+            &[0.125, 0.125, 0.25, 0.5],
+        );
         // The weight-2 container idle but alive still holds its slices.
-        close(&run(knobs(2, 10), &[m(1, true), m(2, false)]), &[1.0 / 3.0, 2.0 / 3.0]);
+        close(
+            &run(knobs(2, 10), &[m(1, true), m(2, false)]),
+            &[1.0 / 3.0, 2.0 / 3.0],
+        );
         // Alone: all of it.
         close(&run(knobs(2, 10), &[m(3, true)]), &[1.0]);
         // A dead slot counts for nothing.
-        let dead = Member { live: false, weight: 5, highprio: false, active: false };
+        let dead = Member {
+            live: false,
+            weight: 5,
+            highprio: false,
+            active: false,
+        };
         close(&run(knobs(2, 10), &[m(1, true), dead]), &[1.0, 0.0]);
     }
 
@@ -212,15 +260,26 @@ mod tests {
 
     #[test]
     fn high_priority_takes_prio_ratio_when_busy_and_nothing_when_idle() {
-        let hp = |active| Member { live: true, weight: 1, highprio: true, active };
+        let hp = |active| Member {
+            live: true,
+            weight: 1,
+            highprio: true,
+            active,
+        };
         close(&run(knobs(1, 10), &[hp(true), m(1, true)]), &[0.8, 0.2]);
         close(&run(knobs(1, 10), &[hp(false), m(1, true)]), &[0.0, 1.0]);
         // Alone with work (work-conserving): everything.
         close(&run(knobs(1, 10), &[hp(true), m(1, false)]), &[1.0, 0.0]);
         // Non-work-conserving: the others share the rest by the policy.
         close(&run(knobs(3, 10), &[hp(true), m(5, true)]), &[0.8, 0.1]);
-        close(&run(knobs(2, 10), &[hp(true), m(1, true), m(3, true)]), &[0.8, 0.05, 0.15]);
-        close(&run(knobs(2, 10), &[hp(false), m(1, true), m(3, true)]), &[0.0, 0.25, 0.75]);
+        close(
+            &run(knobs(2, 10), &[hp(true), m(1, true), m(3, true)]),
+            &[0.8, 0.05, 0.15],
+        );
+        close(
+            &run(knobs(2, 10), &[hp(false), m(1, true), m(3, true)]),
+            &[0.0, 0.25, 0.75],
+        );
     }
 
     #[test]
@@ -235,7 +294,21 @@ mod tests {
 
     #[test]
     fn knobs_are_sanitized() {
-        assert_eq!(Knobs::sanitized(9, 0, 5), Knobs { policy: 1, max_inst: 1, prio_ratio: 20 });
-        assert_eq!(Knobs::sanitized(2, 99, 100), Knobs { policy: 2, max_inst: 25, prio_ratio: 99 });
+        assert_eq!(
+            Knobs::sanitized(9, 0, 5),
+            Knobs {
+                policy: 1,
+                max_inst: 1,
+                prio_ratio: 20
+            }
+        );
+        assert_eq!(
+            Knobs::sanitized(2, 99, 100),
+            Knobs {
+                policy: 2,
+                max_inst: 25,
+                prio_ratio: 99
+            }
+        );
     }
 }

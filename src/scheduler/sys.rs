@@ -5,7 +5,10 @@ use std::sync::atomic::AtomicU64;
 /// `CLOCK_MONOTONIC` ns: one clock for every process on the host.
 #[inline]
 pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -26,11 +29,22 @@ fn low_half(w: &AtomicU64) -> *const u32 {
 /// in a `MAP_SHARED` file mapping used by many processes.
 pub fn futex_wait(w: &AtomicU64, expect: u32, timeout_ns: u64) {
     let t = timeout_ns.clamp(1_000, 1_000_000_000);
-    let ts = libc::timespec { tv_sec: (t / 1_000_000_000) as _, tv_nsec: (t % 1_000_000_000) as _ };
+    let ts = libc::timespec {
+        tv_sec: (t / 1_000_000_000) as _,
+        tv_nsec: (t % 1_000_000_000) as _,
+    };
     // SAFETY: the address is a live, 4-byte aligned word of our mapping; the
     // kernel only reads it; `ts` outlives the call.
     unsafe {
-        libc::syscall(libc::SYS_futex, low_half(w), libc::FUTEX_WAIT, expect, &ts as *const libc::timespec, 0usize, 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            low_half(w),
+            libc::FUTEX_WAIT,
+            expect,
+            &ts as *const libc::timespec,
+            0usize,
+            0u32,
+        );
     }
 }
 
@@ -38,6 +52,14 @@ pub fn futex_wait(w: &AtomicU64, expect: u32, timeout_ns: u64) {
 pub fn futex_wake(w: &AtomicU64) {
     // SAFETY: as in `futex_wait`; FUTEX_WAKE does not touch user memory.
     unsafe {
-        libc::syscall(libc::SYS_futex, low_half(w), libc::FUTEX_WAKE, i32::MAX, 0usize, 0usize, 0u32);
+        libc::syscall(
+            libc::SYS_futex,
+            low_half(w),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            0usize,
+            0usize,
+            0u32,
+        );
     }
 }

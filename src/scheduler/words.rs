@@ -96,12 +96,23 @@ impl Token {
     /// The word a holder's fast path compares against: RUNNING by `c` at `seq`.
     #[inline]
     pub fn running(seq: u32, c: usize) -> u64 {
-        Token { seq, state: RUNNING, holder: Some(c), aux: None }.pack()
+        Token {
+            seq,
+            state: RUNNING,
+            holder: Some(c),
+            aux: None,
+        }
+        .pack()
     }
     /// The next state, with the sequence number advanced.
     #[inline]
     pub fn next(self, state: u8, holder: Option<usize>, aux: Option<usize>) -> Token {
-        Token { seq: self.seq.wrapping_add(1), state, holder, aux }
+        Token {
+            seq: self.seq.wrapping_add(1),
+            state,
+            holder,
+            aux,
+        }
     }
 }
 
@@ -112,17 +123,57 @@ mod tests {
     #[test]
     fn token_round_trips() {
         for t in [
-            Token { seq: 0, state: IDLE, holder: None, aux: None },
-            Token { seq: u32::MAX, state: RUNNING, holder: Some(31), aux: None },
-            Token { seq: 7, state: DECIDING, holder: None, aux: Some(255) },
-            Token { seq: 9, state: DRAINING, holder: Some(0), aux: Some(0) },
+            Token {
+                seq: 0,
+                state: IDLE,
+                holder: None,
+                aux: None,
+            },
+            Token {
+                seq: u32::MAX,
+                state: RUNNING,
+                holder: Some(31),
+                aux: None,
+            },
+            Token {
+                seq: 7,
+                state: DECIDING,
+                holder: None,
+                aux: Some(255),
+            },
+            Token {
+                seq: 9,
+                state: DRAINING,
+                holder: Some(0),
+                aux: Some(0),
+            },
         ] {
             assert_eq!(Token::unpack(t.pack()), t);
         }
         // A zeroed ledger reads as IDLE, nobody holding.
-        assert_eq!(Token::unpack(0), Token { seq: 0, state: IDLE, holder: None, aux: None });
-        assert_eq!(Token::running(5, 3), Token { seq: 5, state: RUNNING, holder: Some(3), aux: None }.pack());
-        assert_eq!(container::DRAIN + container::SET_WORDS, container::LAST_WAIT_NS);
+        assert_eq!(
+            Token::unpack(0),
+            Token {
+                seq: 0,
+                state: IDLE,
+                holder: None,
+                aux: None
+            }
+        );
+        assert_eq!(
+            Token::running(5, 3),
+            Token {
+                seq: 5,
+                state: RUNNING,
+                holder: Some(3),
+                aux: None
+            }
+            .pack()
+        );
+        assert_eq!(
+            container::DRAIN + container::SET_WORDS,
+            container::LAST_WAIT_NS
+        );
         const { assert!(container::LAST_WAIT_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
         const { assert!(gpu::KNOB_GEN_SEEN < crate::ledger::SCHED_GPU_WORDS) };
     }
