@@ -139,6 +139,11 @@ if [ -z "$CTL" ]; then
   elif command -v cgpuctl >/dev/null 2>&1; then CTL="$(command -v cgpuctl)"; fi
 fi
 
+SMI=""
+for c in "$(dirname "${CTL:-/nonexistent/x}")/cgpu-smi" "$LIBDIR/cgpu-smi"; do
+  if [ -x "$c" ]; then SMI="$c"; break; fi
+done
+
 if [ "$SIM" = 1 ]; then
   if [ -z "$SIM_LIB" ]; then
     for c in "$LIBDIR/libcgpu_sim.so" "$ROOT/target/release/libcgpu_sim.so" "$ROOT/target/debug/libcgpu_sim.so"; do
@@ -163,7 +168,7 @@ PY="${PY:-$(command -v python3 || command -v python || true)}"
 [ -n "$PY" ] || fail_setup "no python3 found (--python PATH)"
 
 export CGPU_CHECK_LIB="$LIB" CGPU_CHECK_CGPUCTL="$CTL" CGPU_CHECK_PYTHON="$PY" \
-  CGPU_CHECK_WORKDIR="$WORK" CGPU_CHECK_QUICK="$QUICK" CGPU_CHECK_SIM="$SIM" \
+  CGPU_CHECK_CGPUSMI="$SMI" CGPU_CHECK_WORKDIR="$WORK" CGPU_CHECK_QUICK="$QUICK" CGPU_CHECK_SIM="$SIM" \
   CGPU_CHECK_BACKEND="$BACKEND" CGPU_CHECK_NVIDIA_SMI="$NVSMI" CGPU_CHECK_GPU="$GPU_INDEX" \
   PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 

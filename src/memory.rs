@@ -167,12 +167,19 @@ impl Gpu {
     }
 
     /// The quota view: `Some(quota)` when the container sees its slice,
-    /// `None` for the physical view (not limited, or `CGPU_DISABLE`).
+    /// `None` for the physical view (not limited, or `CGPU_DISABLE`). Read
+    /// live from the ledger, so `cgpuctl` changing `memsize` shows at once.
     pub fn view_quota(&self) -> Option<u64> {
-        if self.enforce {
-            self.quota
-        } else {
-            None
+        if !self.enforce {
+            return None;
+        }
+        match &self.acct {
+            Acct::Ledger { ledger, m } => {
+                let c = ledger.container_of(m);
+                let q = c.quota.load(Ordering::Acquire);
+                (q != 0 && c.enforce_off.load(Ordering::Relaxed) == 0).then_some(q)
+            }
+            Acct::Local { .. } => self.quota,
         }
     }
 
@@ -437,7 +444,7 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         return None;
     }
     let quota = cfg.quota_bytes(info.visible_index, info.physical_total);
-    let enforce = cfg.mode == Mode::Enforce && quota.is_some();
+    let enforce = cfg.mode == Mode::Enforce;
     let req = JoinRequest {
         container_id: &cfg.container_id,
         quota: quota.unwrap_or(0),

@@ -469,3 +469,40 @@ fn cgpu_disable_records_usage_without_enforcing() {
     let _ = k.kill();
     let _ = k.wait();
 }
+
+#[test]
+fn memsize_changed_in_the_ledger_takes_effect_in_a_running_job() {
+    let m = Machine::new("memsize", T4);
+    let v = vars("resize", "4");
+    let mut c = m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "info",
+            "ready",
+            "waitline",
+            "info",
+            "alloc",
+            "2147483648",
+        ],
+    );
+    c.stdin(Stdio::piped());
+    let (mut k, mut r) = spawn_ready(c);
+    let l = ledger(&m);
+    let id = l.find_container("resize").unwrap();
+    l.set_memsize(id, 2 * GIB).unwrap();
+    k.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    for _ in 0..2 {
+        r.read_line(&mut rest).unwrap();
+    }
+    let info = op(&rest, "info");
+    assert_eq!(info["total"].as_u64().unwrap(), 2 * GIB, "{rest}");
+    assert_eq!(info["free"].as_u64().unwrap(), 2 * GIB - CTX, "{rest}");
+    assert_eq!(
+        op(&rest, "alloc")["rc"],
+        2,
+        "the new quota is enforced: {rest}"
+    );
+    let _ = wait_timeout(k, Duration::from_secs(30));
+}

@@ -63,6 +63,7 @@ def weights(b, warm, window):
         if ok_ctl is False:
             c.say("  cgpuctl could not set policy 2 (%s); relying on the weight-2 switch" % text)
         r1, r2 = run_together([w1, w2], warm, window)
+        c.log_ledger(ledger, "after the 1:2 run")
         ratio = r2["rate"] / max(r1["rate"], 1e-9)
         t = tol()
         c.result(name, "2.00 +-%d%%" % round(t * 100),
@@ -86,6 +87,7 @@ def idle(b, warm, window):
             "sched-idle", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=MEM_GIB), **loop_args(b))
         idler.call("meminfo")
         (shared,) = run_together([busy], warm, window)
+        c.log_ledger(ledger, "busy + idle")
         frac = shared["rate"] / max(alone["rate"], 1e-9)
         need = 0.90 if c.SIM else 0.97
         c.result(name, ">= %.2f of alone" % need,

@@ -29,6 +29,7 @@ SIM = setting("SIM") == "1"
 QUICK = setting("QUICK") == "1"
 LIB = setting("LIB")
 CGPUCTL = setting("CGPUCTL")
+CGPUSMI = setting("CGPUSMI")
 PYTHON = setting("PYTHON", sys.executable)
 WORKDIR = setting("WORKDIR", "/tmp")
 NVIDIA_SMI = setting("NVIDIA_SMI")
@@ -279,6 +280,17 @@ class section:
             if n.split()[0] not in done:
                 result(n, "-", "error: %s: %s" % (type(e).__name__, e), False)
         return True
+
+
+def log_ledger(ledger, what):
+    """Put the operator's view of `ledger` (cgpu-smi, cgpuctl tree) in the log."""
+    env = base_env()
+    env["CGPU_LEDGER_DIR"] = ledger
+    for tool, args in ((CGPUSMI, []), (CGPUCTL, ["tree"])):
+        if tool:
+            rc, out, err = run_cmd([tool] + args, env, 15)
+            say("  --- %s %s (%s), rc=%s\n%s%s" % (os.path.basename(tool), " ".join(args), what, rc,
+                                                   out, err))
 
 
 def main_wrapper(fn):
