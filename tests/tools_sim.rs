@@ -214,7 +214,6 @@ fn lowered_memsize_refuses_a_running_clients_next_allocation() {
 /// After `cgpuctl set memsize`, the running client's `cuMemGetInfo` shows the
 /// new quota as its total (and 0 free when it holds more).
 #[test]
-#[ignore = "hooks: cuMemGetInfo reports the quota from the environment, not the ledger's live memsize (reported to the lead)"]
 fn lowered_memsize_shows_in_a_running_clients_meminfo() {
     let s = Sim::new("meminfo");
     let mut a = KillOnDrop(s.client(
