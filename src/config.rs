@@ -72,6 +72,12 @@ impl Config {
         self.mode != Mode::PassThrough
     }
 
+    /// No `ALIYUN_COM_GPU_MEM_CONTAINER` at all (and no bad value): the
+    /// ledger's `default_memsize` may apply.
+    pub fn unset(&self) -> bool {
+        self.errors.is_empty() && self.mem_container.is_empty()
+    }
+
     /// The container's GiB for the GPU at container-visible index `i`
     /// (the last list value repeats); 0 = not limited.
     pub fn container_gib(&self, i: usize) -> u64 {

@@ -24,7 +24,7 @@ use std::sync::Once;
 use parking_lot::Mutex;
 
 use crate::config::{self, Mode};
-use crate::ledger::{JoinRequest, Ledger, Membership};
+use crate::ledger::{JoinRequest, Ledger, Membership, QUOTA_UNLIMITED};
 
 /// Most GPUs per host we track (CUDA ordinals above are passed through).
 pub const MAX_GPUS: usize = 64;
@@ -319,6 +319,11 @@ pub fn proc_state() -> &'static Proc {
     }
 }
 
+/// Sentinel in `by_cuda`: this device is decided not to be tracked.
+fn not_tracked() -> *mut Gpu {
+    std::ptr::dangling_mut::<Gpu>()
+}
+
 /// One bookkeeping entry.
 #[derive(Clone, Copy)]
 pub struct Entry {
@@ -341,7 +346,8 @@ impl Proc {
         self.pid
     }
 
-    /// The tracked GPU for CUDA device `dev` (fast, lock-free after the first call).
+    /// The tracked GPU for CUDA device `dev` (fast, lock-free after the first
+    /// decision, negative ones included).
     pub fn gpu_for_cuda(
         &self,
         dev: i32,
@@ -349,13 +355,23 @@ impl Proc {
     ) -> Option<&'static Gpu> {
         let slot = self.by_cuda.get(usize::try_from(dev).ok()?)?;
         let p = slot.load(Ordering::Acquire);
+        if p == not_tracked() {
+            return None;
+        }
         if !p.is_null() {
-            // SAFETY: slots hold leaked, never-freed Gpus.
+            // SAFETY: slots hold leaked, never-freed Gpus (or the sentinel, checked above).
             return Some(unsafe { &*p });
         }
-        let g = self.gpu_by_info(info()?)?;
-        slot.store(g as *const Gpu as *mut Gpu, Ordering::Release);
-        Some(g)
+        match self.gpu_by_info(info()?) {
+            Some(g) => {
+                slot.store(g as *const Gpu as *mut Gpu, Ordering::Release);
+                Some(g)
+            }
+            None => {
+                slot.store(not_tracked(), Ordering::Release);
+                None
+            }
+        }
     }
 
     /// The tracked GPU with this identity, joining its ledger if new.
@@ -437,20 +453,69 @@ impl Proc {
     }
 }
 
+/// Is a ledger-configured `default_memsize` possible for a container that
+/// sets no `ALIYUN_COM_GPU_MEM_CONTAINER` (any ledger with a default set)?
+/// Checked once; never creates a file.
+fn default_possible() -> bool {
+    static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *P.get_or_init(|| {
+        let dir = Ledger::default_dir();
+        Ledger::list(&dir).iter().any(|p| {
+            Ledger::open(p)
+                .is_ok_and(|l| l.file().header.default_memsize.load(Ordering::Acquire) > 0)
+        })
+    })
+}
+
+/// Does this process track memory at all? (Isolation configured, or no
+/// `ALIYUN_COM_GPU_MEM_CONTAINER` while an operator set a `default_memsize`.)
+#[inline]
+pub fn tracking() -> bool {
+    let cfg = config::get();
+    cfg.isolating() || (cfg.unset() && default_possible())
+}
+
+/// The `default_memsize` of this GPU's existing ledger, if set.
+fn default_memsize(uuid: &str) -> Option<u64> {
+    let path = Ledger::path_for(&Ledger::default_dir(), uuid);
+    if !path.exists() {
+        return None;
+    }
+    let l = Ledger::open(&path).ok()?;
+    let d = l.file().header.default_memsize.load(Ordering::Acquire);
+    (d > 0).then_some(d)
+}
+
 /// Join the ledger for one GPU (or fall back to enforcing locally).
 fn join(info: GpuInfo) -> Option<Gpu> {
     let cfg = config::get();
-    if !cfg.isolating() {
+    let (quota, enforce, req_quota, enforce_off) = if cfg.isolating() {
+        let q = cfg.quota_bytes(info.visible_index, info.physical_total);
+        // A 0 in the list: explicitly not limited (not the GPU's default).
+        (
+            q,
+            cfg.mode == Mode::Enforce,
+            q.unwrap_or(QUOTA_UNLIMITED),
+            cfg.mode == Mode::Record,
+        )
+    } else if cfg.unset() {
+        // No ALIYUN_COM_GPU_MEM_CONTAINER: the operator's default_memsize, if any.
+        let d = default_memsize(&info.uuid)?;
+        tracing::warn!(
+            "cgpu: GPU {} ({}): no ALIYUN_COM_GPU_MEM_CONTAINER; the ledger's default_memsize {d} bytes applies",
+            info.visible_index,
+            info.uuid
+        );
+        (Some(d), true, 0, false)
+    } else {
         return None;
-    }
-    let quota = cfg.quota_bytes(info.visible_index, info.physical_total);
-    let enforce = cfg.mode == Mode::Enforce;
+    };
     let req = JoinRequest {
         container_id: &cfg.container_id,
-        quota: quota.unwrap_or(0),
+        quota: req_quota,
         weight: cfg.weight.unwrap_or(1),
         highprio: cfg.high_prio,
-        enforce_off: cfg.mode == Mode::Record,
+        enforce_off,
     };
     let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let dir = Ledger::default_dir();

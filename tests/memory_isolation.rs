@@ -506,3 +506,132 @@ fn memsize_changed_in_the_ledger_takes_effect_in_a_running_job() {
     );
     let _ = wait_timeout(k, Duration::from_secs(30));
 }
+
+#[test]
+fn default_memsize_applies_to_a_container_that_sets_no_quota() {
+    let m = Machine::new("default", T4);
+    // Some container made the GPU's ledger; the operator sets a default.
+    run_ok(&mut m.client(Some(&vars("first", "4")), &["ctx", "info"]));
+    let l = ledger(&m);
+    l.set_default_memsize(2 * GIB).unwrap();
+    let v = [("CGPU_CONTAINER_ID", "nodefault")];
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "info",
+            "alloc",
+            "1073741824",
+            "alloc",
+            "1073741824",
+            "nvml",
+        ],
+    ));
+    assert_eq!(
+        op(&out, "info")["total"].as_u64().unwrap(),
+        2 * GIB,
+        "{out}"
+    );
+    let allocs: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "alloc")
+        .collect();
+    assert_eq!(allocs[0]["rc"], 0);
+    assert_eq!(
+        allocs[1]["rc"], 2,
+        "300 MiB + 2 x 1 GiB passes the 2 GiB default: {out}"
+    );
+    assert_eq!(op(&out, "nvml")["v1"]["total"].as_u64().unwrap(), 2 * GIB);
+    // "0" is not "unset": explicitly pass-through.
+    let v0 = [
+        ("CGPU_CONTAINER_ID", "zero"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "0"),
+    ];
+    let out = run_ok(&mut m.client(Some(&v0), &["ctx", "info"]));
+    assert_eq!(
+        op(&out, "info")["total"].as_u64().unwrap(),
+        15109 * MIB,
+        "{out}"
+    );
+}
+
+#[test]
+fn unusable_ledger_directory_enforces_within_the_process_and_says_so() {
+    let m = Machine::new("noledger", T4);
+    let v = [
+        ("CGPU_CONTAINER_ID", "alone"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+        ("CGPU_LEDGER_DIR", "/proc/self/no-such-dir"),
+    ];
+    let o = run(&mut m.client(
+        Some(&v),
+        &["ctx", "info", "alloc", "943718400", "alloc", "1048576"],
+    ));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("within this process alone"), "{err}");
+    assert_eq!(op(&out, "info")["total"].as_u64().unwrap(), GIB);
+    let allocs: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "alloc")
+        .collect();
+    assert_eq!(allocs[0]["rc"], 2, "300 MiB + 900 MiB passes 1 GiB: {out}");
+    assert_eq!(allocs[1]["rc"], 0);
+}
+
+#[test]
+fn missing_real_driver_is_a_clear_error_not_a_crash() {
+    let m = Machine::new("nodriver", T4);
+    let src = repo().join("tests/entry_paths_client.c");
+    let exe = m.root.join("client_linked");
+    let l = format!("-L{}", m.libdir.display());
+    cc(
+        &src,
+        &exe,
+        &["-DPATH_LINKED", &l, "-lcuda", "-lnvidia-ml", "-ldl"],
+    );
+    let v = [
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
+        ("CGPU_REAL_LIBCUDA", "/nonexistent/libcuda.so.1"),
+    ];
+    let o = run(&mut m.preloaded(&exe, &v));
+    let err = String::from_utf8_lossy(&o.stderr);
+    // Our exported cuCtxCreate_v2 answers CUDA_ERROR_NOT_INITIALIZED: the
+    // client reports the failed init and exits 3 (no signal, no hang).
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(
+        err.contains("cannot load the real driver") && err.contains("CGPU_REAL_LIBCUDA"),
+        "{err}"
+    );
+}
+
+#[test]
+fn nvml_process_lists_show_only_the_containers_processes() {
+    let m = Machine::new("procs", T4);
+    let (mut b, _rb) = spawn_ready(m.client(Some(&vars("B", "3")), &["ctx", "ready", "hold"]));
+    let (mut a1, _ra) = spawn_ready(m.client(Some(&vars("A", "3")), &["ctx", "ready", "hold"]));
+    let all = m.sim_process_bytes();
+    assert_eq!(all.len(), 2, "bare NVML sees both: {all:?}");
+    let out = run_ok(&mut m.client(Some(&vars("A", "3")), &["ctx", "nvml"]));
+    let procs: Vec<u64> = op(&out, "nvml")["procs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        procs.len(),
+        2,
+        "A's two processes (the holder and this one): {out}"
+    );
+    assert!(procs.contains(&(a1.id() as u64)), "{out}");
+    assert!(
+        !procs.contains(&(b.id() as u64)),
+        "container B's process must be hidden: {out}"
+    );
+    for k in [&mut a1, &mut b] {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+}

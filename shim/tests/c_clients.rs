@@ -252,3 +252,40 @@ fn calls_before_init_and_bad_arguments() {
     );
     assert!(out.contains("ALL OK"), "{out}");
 }
+
+/// Every launch path runs timed kernels (spin from kernelParams and from an
+/// `extra` buffer, cuLaunchKernelEx, cooperative), other kernels take
+/// CGPU_SIM_KERNEL_NS, PTX names are checked and binary images resolve any name.
+#[test]
+fn launch_paths_and_kernel_timing() {
+    let env = SimEnv::new().env("CGPU_SIM_KERNEL_NS", "2000000");
+    for mode in LinkMode::ALL {
+        let out = env.cuclient(
+            mode,
+            &[
+                "pid",
+                "launch_ways",
+                "3000000",
+                "kernel",
+                "my_kernel",
+                "3",
+                "kernel_bin",
+                "anything_at_all",
+                "2",
+            ],
+        );
+        let pid = num(&out, "pid", "pid") as u32;
+        assert!(num(&out, "launch_ways", "wall_ns") >= 12_000_000, "{out}");
+        assert!(num(&out, "kernel", "wall_ns") >= 6_000_000, "{out}");
+        assert!(num(&out, "kernel_bin", "wall_ns") >= 4_000_000, "{out}");
+        let st = env.stats();
+        let p = st.process(pid, 0).unwrap();
+        assert_eq!(p.kernels, 4 + 3 + 2, "{}", mode.name());
+        assert_eq!(
+            p.device_time_ns,
+            4 * 3_000_000 + 5 * 2_000_000,
+            "{}",
+            mode.name()
+        );
+    }
+}

@@ -214,7 +214,7 @@ pub unsafe fn ctx_create_v4(
 /// # Safety
 /// The driver's contract.
 pub unsafe fn ctx_destroy(real: &RealFn<sig::cuCtxDestroy_v2>, ctx: CUcontext) -> CUresult {
-    if !crate::config::get().isolating() {
+    if !crate::memory::tracking() {
         return super::call_real!(real, ctx);
     }
     let rc = super::call_real!(real, ctx);

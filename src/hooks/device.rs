@@ -90,7 +90,7 @@ pub fn cuda_visible_index(dev: CUdevice) -> Option<usize> {
 
 /// The tracked GPU for CUDA device `dev` (`None`: pass-through, or hidden).
 pub fn cuda_gpu(dev: CUdevice) -> Option<&'static Gpu> {
-    if !config::get().isolating() {
+    if !crate::memory::tracking() {
         return None;
     }
     memory::proc_state().gpu_for_cuda(dev, || {
@@ -117,7 +117,7 @@ pub fn current_device() -> Option<CUdevice> {
 
 /// The tracked GPU of the current context.
 pub fn current_gpu() -> Option<&'static Gpu> {
-    if !config::get().isolating() {
+    if !crate::memory::tracking() {
         return None;
     }
     cuda_gpu(current_device()?)

@@ -63,7 +63,7 @@ fn charged(
 /// Forget `key`, run `free`, then give back what it held (or put the entry
 /// back if the driver refused).
 fn uncharged(kind: Kind, key: u64, free: impl FnOnce() -> CUresult) -> CUresult {
-    if !crate::config::get().isolating() {
+    if !crate::memory::tracking() {
         return free();
     }
     let st = proc_state();

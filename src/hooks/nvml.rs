@@ -67,7 +67,7 @@ fn host_index(h: nvmlDevice_t) -> Option<u32> {
 
 /// The tracked GPU behind an NVML handle (`None`: pass-through or hidden).
 pub(crate) fn nvml_gpu(h: nvmlDevice_t) -> Option<&'static Gpu> {
-    if !config::get().isolating() {
+    if !crate::memory::tracking() {
         return None;
     }
     let uuid = nvml_uuid(h)?;

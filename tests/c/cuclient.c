@@ -40,6 +40,13 @@
  *   spin_for MS NS            keep the device busy for MS ms of wall time (batches of NS kernels,
  *                             ~4 ms queued ahead): spin_for ok kernels=K wall_ns=W
  *   graph NS COUNT            a graph of COUNT kernel nodes, launched once and synchronised
+ *   launch_ways NS            one cgpu_sim_spin(NS) launch each way: cuLaunchKernel with kernelParams,
+ *                             with an `extra` buffer, cuLaunchKernelEx, cuLaunchCooperativeKernel;
+ *                             synchronised: launch_ways ok launches=4 wall_ns=W
+ *   kernel NAME COUNT         COUNT launches of a no-argument kernel NAME from a PTX module
+ *                             (device time CGPU_SIM_KERNEL_NS each), synchronised:
+ *                             kernel ok count=C wall_ns=W | kernel err=E
+ *   kernel_bin NAME COUNT     same from a binary (ELF) image: any name resolves
  *   sync                      cuCtxSynchronize: sync ok
  *   sleep MS                  sleep ok
  *   ready                     prints "ready" (a synchronisation point for tests)
@@ -109,6 +116,8 @@
     X(ModuleLoadData, PFN_cuModuleLoadData_v2000, "cuModuleLoadData", "cuModuleLoadData", 2000) \
     X(ModuleGetFunction, PFN_cuModuleGetFunction_v2000, "cuModuleGetFunction", "cuModuleGetFunction", 2000) \
     X(LaunchKernel, PFN_cuLaunchKernel_v4000, "cuLaunchKernel", "cuLaunchKernel", 4000)      \
+    X(LaunchKernelEx, PFN_cuLaunchKernelEx_v11060, "cuLaunchKernelEx", "cuLaunchKernelEx", 11060) \
+    X(LaunchCooperativeKernel, PFN_cuLaunchCooperativeKernel_v9000, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", 9000) \
     X(StreamCreate, PFN_cuStreamCreate_v2000, "cuStreamCreate", "cuStreamCreate", 2000)      \
     X(StreamSynchronize, PFN_cuStreamSynchronize_v2000, "cuStreamSynchronize", "cuStreamSynchronize", 2000) \
     X(StreamDestroy, PFN_cuStreamDestroy_v4000, "cuStreamDestroy_v2", "cuStreamDestroy", 4000) \
@@ -490,6 +499,49 @@ int main(int argc, char **argv) {
             if (r) printf("graph err=%d\n", r);
             else { printf("graph ok nodes=%ld wall_ns=%llu\n", count, (unsigned long long)(now_ns() - t0)); cu.GraphExecDestroy(ge); }
             cu.GraphDestroy(g);
+        } else if (!strcmp(c, "launch_ways")) {
+            NEED(1);
+            uint64_t ns = strtoull(argv[++i], NULL, 0);
+            CUDA_OR_ERR(c);
+            if ((r = spin_func())) { printf("launch_ways err=%d\n", r); continue; }
+            uint64_t t0 = now_ns();
+            void *args[] = {&ns};
+            uint64_t buf = ns;
+            size_t bufsize = sizeof buf;
+            void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &buf, CU_LAUNCH_PARAM_BUFFER_SIZE, &bufsize, CU_LAUNCH_PARAM_END};
+            CUlaunchConfig cfg;
+            memset(&cfg, 0, sizeof cfg);
+            cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+            cfg.blockDimX = 32; cfg.blockDimY = cfg.blockDimZ = 1;
+            r = cu.LaunchKernel(spin_fn, 1, 1, 1, 32, 1, 1, 0, 0, args, NULL);
+            if (!r) r = cu.LaunchKernel(spin_fn, 1, 1, 1, 32, 1, 1, 0, 0, NULL, extra);
+            if (!r) r = cu.LaunchKernelEx(&cfg, spin_fn, args, NULL);
+            if (!r) r = cu.LaunchCooperativeKernel(spin_fn, 1, 1, 1, 32, 1, 1, 0, 0, args);
+            if (!r) r = cu.CtxSynchronize();
+            if (r) printf("launch_ways err=%d\n", r);
+            else printf("launch_ways ok launches=4 wall_ns=%llu\n", (unsigned long long)(now_ns() - t0));
+        } else if (!strcmp(c, "kernel") || !strcmp(c, "kernel_bin")) {
+            NEED(2);
+            const char *name = argv[i + 1];
+            long count = atol(argv[i + 2]);
+            i += 2;
+            CUDA_OR_ERR(c);
+            char image[512];
+            if (!strcmp(c, "kernel"))
+                snprintf(image, sizeof image, ".version 7.0\n.target sm_52\n.visible .entry %s()\n{\n ret;\n}\n", name);
+            else {
+                memset(image, 0, sizeof image);
+                memcpy(image, "\x7f" "ELF\x02\x01\x01", 7);
+            }
+            CUmodule m;
+            CUfunction f;
+            if ((r = cu.ModuleLoadData(&m, image)) || (r = cu.ModuleGetFunction(&f, m, name))) { printf("%s err=%d\n", c, r); continue; }
+            uint64_t t0 = now_ns();
+            r = CUDA_SUCCESS;
+            for (long k = 0; k < count && !r; k++) r = cu.LaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, 0, NULL, NULL);
+            if (!r) r = cu.CtxSynchronize();
+            if (r) printf("%s err=%d\n", c, r);
+            else printf("%s ok count=%ld wall_ns=%llu\n", c, count, (unsigned long long)(now_ns() - t0));
         } else if (!strcmp(c, "sync")) {
             CUDA_OR_ERR(c);
             if ((r = cu.CtxSynchronize())) printf("sync err=%d\n", r); else printf("sync ok\n");

@@ -56,7 +56,7 @@ fn create(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = d.check_dev(dev)?;
-    if flags & !0x1f != 0 {
+    if flags & !0xff != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let h = new_ctx(d, dev, false, flags)?;
@@ -488,7 +488,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult {
 fn primary_set_flags(dev: CUdevice, flags: u32) -> CuRes {
     let d = cu()?;
     let i = d.check_dev(dev)?;
-    if flags & !0x1f != 0 {
+    if flags & !0xff != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let mut p = d.primary[i].lock();
