@@ -458,6 +458,12 @@ fn help_for_every_command() {
     }
     let o = ctl().output().unwrap();
     assert_eq!(o.status.code(), Some(2), "no command");
+    let o = ctl().arg("--version").output().unwrap();
+    assert!(o.status.success());
+    assert_eq!(
+        stdout(&o),
+        format!("cgpuctl {} (ledger format 1)\n", env!("CARGO_PKG_VERSION"))
+    );
     let o = smi().arg("--help").output().unwrap();
     assert!(o.status.success());
     assert!(stdout(&o).contains("--loop SECONDS"));
