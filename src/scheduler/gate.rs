@@ -148,11 +148,16 @@ impl Gate {
         let mut watch = Watch::default();
         let admitted = loop {
             let k = self.knobs();
-            if k.native() || self.stop.load(Relaxed) {
-                break false;
-            }
             let w = self.token().load(SeqCst);
             let t = Token::unpack(w);
+            if k.native() || self.stop.load(Relaxed) {
+                if k.native() && matches!(t.state, RUNNING | DRAINING) {
+                    // No control: the slice in force is void (never charge a
+                    // holder for time spent under policy 5).
+                    self.void_slice(t);
+                }
+                break false;
+            }
             if t.state == RUNNING && t.holder == Some(self.container) {
                 match self.try_enter(t) {
                     Enter::Admitted => break true,
@@ -313,6 +318,19 @@ impl Gate {
             true
         } else {
             false
+        }
+    }
+
+    /// Policy 5: drop the token to IDLE without charging anyone.
+    fn void_slice(&self, t: Token) {
+        let next = t.next(IDLE, None, None);
+        if self
+            .token()
+            .compare_exchange(t.pack(), next.pack(), SeqCst, SeqCst)
+            .is_ok()
+        {
+            self.g(gw::IDLE_UNTIL).store(0, Release);
+            futex_wake(self.token());
         }
     }
 
@@ -477,7 +495,11 @@ impl Gate {
             let t = Token::unpack(w);
             let now = now_ns();
             let mut sleep = MAX_SLEEP_NS;
-            if t.holder == Some(self.container) {
+            if self.knobs().native() {
+                if matches!(t.state, RUNNING | DRAINING) {
+                    self.void_slice(t);
+                }
+            } else if t.holder == Some(self.container) {
                 if t.state == DRAINING {
                     let b = 1u64 << (self.process % 64);
                     if self.c(cw::DRAIN + self.process / 64).load(SeqCst) & b != 0 {
