@@ -11,8 +11,16 @@ use sched_support::*;
 use std::time::{Duration, Instant};
 
 const TOL: f64 = 0.10;
-const WARMUP: Duration = Duration::from_millis(700);
-const WINDOW: Duration = Duration::from_millis(2500);
+
+/// One scenario at a time: each is a handful of processes sharing one
+/// simulated GPU, and the CI machine has two cores.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+const WARMUP: Duration = Duration::from_millis(600);
+const WINDOW: Duration = Duration::from_millis(2000);
 /// Long enough for warm-up, window and slack on a slow machine.
 const RUN_MS: u64 = 8000;
 const MS: u64 = 1_000_000;
@@ -64,21 +72,25 @@ fn weighted_one_to_two(kernel_ns: u64) {
 
 #[test]
 fn weighted_one_to_two_1ms_kernels() {
+    let _serial = serial();
     weighted_one_to_two(MS);
 }
 
 #[test]
 fn weighted_one_to_two_50us_kernels() {
+    let _serial = serial();
     weighted_one_to_two(50_000);
 }
 
 #[test]
 fn weighted_one_to_two_20ms_kernels() {
+    let _serial = serial();
     weighted_one_to_two(20 * MS);
 }
 
 #[test]
 fn weighted_one_one_two_four() {
+    let _serial = serial();
     let (_s, m) = run(
         &[
             Ctr::new("a", 1).busy(RUN_MS, MS),
@@ -97,6 +109,7 @@ fn weighted_one_one_two_four() {
 
 #[test]
 fn preemptive_three_busy() {
+    let _serial = serial();
     let (_s, m) = run(
         &[
             Ctr::new("a", 1).busy(RUN_MS, MS),
@@ -123,6 +136,7 @@ fn preemptive_three_busy() {
 
 #[test]
 fn preemptive_one_busy_one_idle() {
+    let _serial = serial();
     let (_s, m) = run(
         &[
             Ctr::new("busy", 1).busy(RUN_MS, MS),
@@ -144,6 +158,7 @@ fn preemptive_one_busy_one_idle() {
 
 #[test]
 fn weighted_idle_weight_two_keeps_its_slices() {
+    let _serial = serial();
     let (_s, m) = run(
         &[Ctr::new("w1", 1).busy(RUN_MS, MS), Ctr::new("w2", 2).idle()],
         2,
@@ -158,18 +173,21 @@ fn weighted_idle_weight_two_keeps_its_slices() {
 
 #[test]
 fn fair_share_max_inst_four_alone() {
+    let _serial = serial();
     let (_s, m) = run(&[Ctr::new("solo", 1).busy(RUN_MS, MS)], 0, Some(4), None);
     check("policy 0, max_inst 4, alone", m.of_wall("solo"), 0.25);
 }
 
 #[test]
 fn fixed_weight_three_of_ten() {
+    let _serial = serial();
     let (_s, m) = run(&[Ctr::new("fixed", 3).busy(RUN_MS, MS)], 3, Some(10), None);
     check("policy 3, weight 3, max_inst 10", m.of_wall("fixed"), 0.30);
 }
 
 #[test]
 fn high_priority_takes_prio_ratio_then_gives_all_back() {
+    let _serial = serial();
     // The high-priority container works 4.5 s, then idles.
     let s = Scenario::start(&[
         Ctr::new("hp", 1)
@@ -208,6 +226,7 @@ fn high_priority_takes_prio_ratio_then_gives_all_back() {
 
 #[test]
 fn policy_change_native_to_weighted_within_a_second() {
+    let _serial = serial();
     let s = Scenario::start(&[
         Ctr::new("w1", 1).busy(RUN_MS, MS),
         Ctr::new("w2", 2).busy(RUN_MS, MS),
@@ -227,6 +246,7 @@ fn policy_change_native_to_weighted_within_a_second() {
 
 #[test]
 fn multi_process_container_shares_one_bucket() {
+    let _serial = serial();
     // Container "pair" runs two processes, "single" one; 1:1 by container.
     let (_s, m) = run(
         &[
@@ -251,6 +271,7 @@ fn multi_process_container_shares_one_bucket() {
 
 #[test]
 fn killed_holder_never_leaves_others_waiting() {
+    let _serial = serial();
     let mut s = Scenario::start(&[
         Ctr::new("victim", 1).busy(RUN_MS, MS),
         Ctr::new("survivor", 1).busy(RUN_MS, MS),
@@ -281,6 +302,7 @@ fn killed_holder_never_leaves_others_waiting() {
 /// has no compute (weight 0) and runs once it gets weight again.
 #[test]
 fn every_launch_path_is_gated() {
+    let _serial = serial();
     let script = [
         "init",
         "ready",

@@ -21,7 +21,7 @@ pub struct Params {
 /// Base slice: long enough that a handover (a drain and a wake-up, tens to
 /// hundreds of µs) costs well under 1% of the GPU, short enough that 20 ms
 /// kernels still alternate many times per second.
-pub const SLICE_NS: u64 = 20_000_000;
+pub const SLICE_NS: u64 = 40_000_000;
 
 impl Params {
     pub fn for_knobs(k: &Knobs) -> Params {
@@ -383,8 +383,8 @@ mod tests {
     #[test]
     fn allowance_and_estimate() {
         assert_eq!(allowance(SLICE_NS, 0), 8);
-        assert_eq!(allowance(SLICE_NS, 20_000_000), 2);
-        assert_eq!(allowance(SLICE_NS, 50_000), 601);
+        assert_eq!(allowance(SLICE_NS, 40_000_000), 2);
+        assert_eq!(allowance(SLICE_NS, 100_000), 601);
         assert_eq!(update_estimate(0, 1000, 10), 100);
         assert_eq!(update_estimate(100, 2000, 10), 125);
         assert_eq!(update_estimate(100, 2000, 0), 100);

@@ -169,6 +169,8 @@ impl Gate {
             if waited_since.is_none() {
                 waited_since = Some(now);
                 self.want(true);
+                // Tell the holder's helpers someone waits (idle hand-over).
+                futex_wake(self.token());
             } else {
                 // Re-assert (a racing last-waiter-leaves may have cleared it).
                 self.set_bit(cw::WANT, self.container, true);
@@ -348,15 +350,10 @@ impl Gate {
                     self.end_slice(t);
                     return 0;
                 }
-                // Idle holder: no launch for IDLE_GRACE_NS (or a dead one).
-                let cnt = self.slot(h).sched[cw::SLICE_LAUNCHES].load(Relaxed);
-                if watch.seq != Some(t.seq) || watch.count != cnt {
-                    *watch = Watch { seq: Some(t.seq), count: cnt, since: now, ..*watch };
-                } else if now.saturating_sub(watch.since) >= IDLE_GRACE_NS {
-                    self.end_slice(t);
-                    return 0;
-                }
-                (end - now).min(IDLE_GRACE_NS / 2)
+                // An idle holder is handed over by its own helper thread; a
+                // dead one (no helper) at its slice's end.
+                let _ = h;
+                (end - now).min(MAX_SLEEP_NS)
             }
             DRAINING => {
                 let h = t.holder.unwrap_or(0);
@@ -392,8 +389,11 @@ impl Gate {
                 let until = self.g(gw::IDLE_UNTIL).load(Acquire);
                 let knobs_moved =
                     self.file().header.knob_generation.load(Relaxed) != self.g(gw::KNOB_GEN_SEEN).load(Relaxed);
-                if watch.idle_seq != Some(t.seq) || now >= until || knobs_moved {
-                    watch.idle_seq = Some(t.seq);
+                // Decide on arrival (my want may be news), when someone's
+                // credit comes back, or when an operator changed a knob;
+                // never again for nothing (waiters would chase each other).
+                if !watch.arrived || now >= until || knobs_moved {
+                    watch.arrived = true;
                     self.try_decide(t);
                     return 0;
                 }
@@ -404,14 +404,14 @@ impl Gate {
 
     /// Take the DECIDING state from exactly `t` (DRAINING, IDLE or a stale
     /// DECIDING), charge the holder, choose the next one.
-    pub(crate) fn try_decide(&self, t: Token) -> bool {
+    pub(crate) fn try_decide(&self, t: Token) -> Option<Token> {
         let mine = t.next(DECIDING, None, Some(self.process));
         if self
             .token()
             .compare_exchange(t.pack(), mine.pack(), SeqCst, SeqCst)
             .is_err()
         {
-            return false;
+            return None;
         }
         let now = now_ns();
         self.g(gw::STATE_SINCE).store(now, Release);
@@ -485,11 +485,12 @@ impl Gate {
         {
             futex_wake(self.token());
         }
-        true
+        Some(next)
     }
 
     /// Helper thread: slice timer for my container, drainer for my process.
     pub(crate) fn helper_loop(&self) {
+        let mut watch = Watch::default();
         while !self.stop.load(Relaxed) {
             let w = self.token().load(SeqCst);
             let t = Token::unpack(w);
@@ -516,14 +517,32 @@ impl Gate {
                         .g(gw::SLICE_START)
                         .load(Acquire)
                         .saturating_add(self.g(gw::SLICE_BUDGET).load(Acquire));
-                    if now >= end {
-                        let k = self.knobs();
-                        if !k.native() && (!k.work_conserving() || self.others_want(t.holder)) {
+                    let others = self.others_want(t.holder);
+                    // An operator changed a knob: decide again now, not at
+                    // the slice's end (knobs take effect within ~100 ms).
+                    let knobs_moved = self.file().header.knob_generation.load(Relaxed)
+                        != self.g(gw::KNOB_GEN_SEEN).load(Relaxed);
+                    if knobs_moved || now >= end && (others || !self.knobs().work_conserving()) {
+                        self.end_slice(t);
+                        continue;
+                    }
+                    if others {
+                        // Others wait: give the GPU up as soon as my
+                        // container stops launching (idle, or dead).
+                        let cnt = self.c(cw::SLICE_LAUNCHES).load(Relaxed);
+                        if watch.seq != Some(t.seq) || watch.count != cnt {
+                            watch = Watch {
+                                seq: Some(t.seq),
+                                count: cnt,
+                                since: now,
+                                ..watch
+                            };
+                        } else if now.saturating_sub(watch.since) >= IDLE_GRACE_NS {
                             self.end_slice(t);
                             continue;
                         }
-                        sleep = IDLE_GRACE_NS;
-                    } else {
+                        sleep = end.saturating_sub(now).clamp(1, IDLE_GRACE_NS);
+                    } else if now < end {
                         sleep = end - now;
                     }
                 }
@@ -576,7 +595,8 @@ struct Watch {
     seq: Option<u32>,
     count: u64,
     since: u64,
-    idle_seq: Option<u32>,
+    /// This wait already decided once from IDLE.
+    arrived: bool,
 }
 
 /// A container slot's id, for messages.
