@@ -1,0 +1,296 @@
+//! The operator tools against ledgers written by real processes under
+//! `LD_PRELOAD=libcgpu.so` on the simulated driver (`cuclient`): the numbers
+//! `cgpu-smi` shows equal the ledger's and the sim's own, and a knob set with
+//! `cgpuctl` reaches a running process.
+
+mod tools_support;
+
+use cgpu::ledger::Ledger;
+use cgpu_testkit::{artifacts, cuclient, field, read_until, LinkMode, SimEnv};
+use serde_json::Value;
+use std::process::{Child, Stdio};
+use std::sync::atomic::Ordering::Acquire;
+use std::time::Duration;
+use tools_support::*;
+
+const T4: &str = "15109:Tesla T4";
+const CTX: u64 = 300 * MIB;
+
+struct Sim {
+    env: SimEnv,
+    dir: std::path::PathBuf,
+}
+
+impl Sim {
+    fn new(name: &str) -> Sim {
+        let a = artifacts();
+        let dir = tmpdir(&format!("sim-{name}"));
+        let env = SimEnv::new()
+            .gpus(T4)
+            .ctx_mib(CTX / MIB)
+            .preload(&a.libcgpu)
+            .env("CGPU_LEDGER_DIR", &dir.display().to_string());
+        Sim { env, dir }
+    }
+
+    /// A cuclient of container `id` (quota `gib`, weight `w`) running `args`.
+    fn client(&self, id: &str, gib: &str, w: &str, args: &[&str]) -> Child {
+        self.env
+            .command(cuclient(LinkMode::Link))
+            .env("CGPU_CONTAINER_ID", id)
+            .env("ALIYUN_COM_GPU_MEM_CONTAINER", gib)
+            .env("ALIYUN_COM_GPU_SCHD_WEIGHT", w)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn cuclient")
+    }
+
+    fn ledger(&self) -> Ledger {
+        let p = Ledger::list(&self.dir)
+            .into_iter()
+            .next()
+            .expect("a ledger");
+        Ledger::open(&p).unwrap()
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Wait for `tag` from the client; returns its pid (the client runs `pid` first).
+fn wait_for(c: &mut Child, tag: &str) -> (u32, Vec<String>) {
+    let lines = read_until(c, tag, Duration::from_secs(120));
+    assert!(
+        lines.last().is_some_and(|l| l.starts_with(tag)),
+        "client never said {tag}: {lines:?}"
+    );
+    let pid = lines
+        .iter()
+        .find_map(|l| field(l, "pid"))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(c.id());
+    (pid, lines)
+}
+
+fn containers(v: &Value) -> Vec<Value> {
+    v["gpus"][0]["gpu"]["containers"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn by_id(cs: &[Value], id: &str) -> Value {
+    cs.iter().find(|c| c["id"] == id).unwrap().clone()
+}
+
+#[test]
+fn smi_on_the_sim_equals_the_ledger_and_the_sim() {
+    let s = Sim::new("numbers");
+    let mut a1 = KillOnDrop(s.client("alpha", "4", "1", &["pid", "alloc", "1073741824", "hold"]));
+    let mut a2 = KillOnDrop(s.client("alpha", "4", "1", &["pid", "alloc", "536870912", "hold"]));
+    let mut b = KillOnDrop(s.client("beta", "2", "1", &["pid", "alloc", "104857600", "hold"]));
+    let (pa1, _) = wait_for(&mut a1.0, "holding");
+    let (pa2, _) = wait_for(&mut a2.0, "holding");
+    let (pb, _) = wait_for(&mut b.0, "holding");
+
+    let o = run(smi(), &s.dir, &["--json", "--instant"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let st = s.env.stats();
+    assert_eq!(v["gpus"][0]["gpu"]["uuid"], st.devices[0].uuid.as_str());
+    assert_eq!(
+        v["gpus"][0]["gpu"]["physical_total_bytes"],
+        st.devices[0].total_bytes
+    );
+    let cs = containers(&v);
+    assert_eq!(cs.len(), 2);
+    for (id, pids, quota, held) in [
+        ("alpha", vec![pa1, pa2], 4 * GIB, 2 * CTX + 1536 * MIB),
+        ("beta", vec![pb], 2 * GIB, CTX + 100 * MIB),
+    ] {
+        let c = by_id(&cs, id);
+        assert_eq!(c["quota_bytes"], quota, "{id}");
+        assert_eq!(c["used_bytes"], held, "{id}: the ledger");
+        let sim: u64 = pids
+            .iter()
+            .map(|p| st.process(*p, 0).expect("sim knows the pid").mem_bytes)
+            .sum();
+        assert_eq!(c["used_bytes"], sim, "{id}: the sim");
+        for p in c["processes"].as_array().unwrap() {
+            let pid = p["pid"].as_u64().unwrap() as u32;
+            assert!(pids.contains(&pid), "{id}: pid {pid}");
+            assert_eq!(p["used_bytes"], st.process(pid, 0).unwrap().mem_bytes);
+        }
+        let l = s.ledger();
+        let slot = l.find_container(id).unwrap();
+        assert_eq!(
+            c["used_bytes"],
+            l.file().containers[slot].used.load(Acquire)
+        );
+    }
+    // and the table says the same in MiB
+    let o = run(smi(), &s.dir, &["--instant"]);
+    let t = stdout(&o);
+    let row = t.lines().find(|l| l.contains("| alpha ")).unwrap();
+    assert!(
+        row.contains(&format!(" {}/4096 ", (2 * CTX + 1536 * MIB) / MIB)),
+        "{t}"
+    );
+    let row = t.lines().find(|l| l.contains("| beta ")).unwrap();
+    assert!(row.contains(" 400/2048 "), "{t}");
+    // the tree's meminfo lists each process with the sim's bytes
+    let o = run(ctl(), &s.dir, &["tree", "--flat"]);
+    let t = stdout(&o);
+    let m1 = st.process(pa1, 0).unwrap().mem_bytes;
+    assert!(
+        t.contains(&format!("0/alpha/meminfo: PID: {pa1} Mem: {m1}\n")),
+        "{t}"
+    );
+    assert!(
+        t.contains(&format!(
+            "0/beta/meminfo: Free: {}\n",
+            2 * GIB - CTX - 100 * MIB
+        )),
+        "{t}"
+    );
+}
+
+#[test]
+fn lowered_memsize_refuses_a_running_clients_next_allocation() {
+    let s = Sim::new("memsize");
+    // holds its context + 1 GiB, waits 5 s, then asks for 512 MiB more
+    let mut a = KillOnDrop(s.client(
+        "alpha",
+        "2",
+        "1",
+        &[
+            "pid",
+            "alloc",
+            "1073741824",
+            "ready",
+            "sleep",
+            "5000",
+            "alloc",
+            "536870912",
+            "meminfo",
+            "hold",
+        ],
+    ));
+    let (pid, _) = wait_for(&mut a.0, "ready");
+    let o = run(
+        ctl(),
+        &s.dir,
+        &["set", "memsize", "1200M", "--container", "alpha"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("further allocations are refused"),
+        "{}",
+        stderr(&o)
+    );
+    let (_, lines) = wait_for(&mut a.0, "holding");
+    let alloc = lines.iter().find(|l| l.starts_with("alloc")).unwrap();
+    assert_eq!(alloc, "alloc err=2", "CUDA_ERROR_OUT_OF_MEMORY: {lines:?}");
+    // nothing was freed under it
+    let st = s.env.stats();
+    assert_eq!(st.process(pid, 0).unwrap().mem_bytes, CTX + GIB);
+    let l = s.ledger();
+    let c = &l.file().containers[l.find_container("alpha").unwrap()];
+    assert_eq!(c.used.load(Acquire), CTX + GIB);
+    assert!(c.oom_count.load(Acquire) >= 1);
+    let o = run(smi(), &s.dir, &["--json", "--instant"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let c = by_id(&containers(&v), "alpha");
+    assert_eq!(c["free_bytes"], 0, "never below 0");
+    assert_eq!(c["total_bytes"], 1200 * MIB);
+}
+
+/// After `cgpuctl set memsize`, the running client's `cuMemGetInfo` shows the
+/// new quota as its total (and 0 free when it holds more).
+#[test]
+fn lowered_memsize_shows_in_a_running_clients_meminfo() {
+    let s = Sim::new("meminfo");
+    let mut a = KillOnDrop(s.client(
+        "alpha",
+        "2",
+        "1",
+        &[
+            "pid",
+            "alloc",
+            "1073741824",
+            "ready",
+            "sleep",
+            "5000",
+            "meminfo",
+            "hold",
+        ],
+    ));
+    wait_for(&mut a.0, "ready");
+    let o = run(
+        ctl(),
+        &s.dir,
+        &["set", "memsize", "1200M", "--container", "alpha"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (_, lines) = wait_for(&mut a.0, "holding");
+    let mi = lines.iter().find(|l| l.starts_with("meminfo")).unwrap();
+    assert_eq!(
+        field(mi, "total"),
+        Some((1200 * MIB).to_string().as_str()),
+        "{mi}"
+    );
+    assert_eq!(field(mi, "free"), Some("0"), "{mi}");
+}
+
+/// Device time per container: what the ledger was charged (cgpu-smi's JSON)
+/// against what the sim's executor charged; and the utilisation over a
+/// second against the sim's device time over the same second.
+#[test]
+#[ignore = "needs the scheduler's accounting (issue 4); run with --ignored once it landed"]
+fn utilisation_equals_the_sims_device_time() {
+    let s = Sim::new("util");
+    let busy = ["pid", "ready", "spin_for", "4000", "1000000", "hold"];
+    let mut a = KillOnDrop(s.client("alpha", "1", "1", &busy));
+    let mut b = KillOnDrop(s.client("beta", "1", "2", &busy));
+    let (pa, _) = wait_for(&mut a.0, "ready");
+    let (pb, _) = wait_for(&mut b.0, "ready");
+    std::thread::sleep(Duration::from_millis(1000));
+    let before = s.env.stats();
+    let t0 = std::time::Instant::now();
+    let o = run(smi(), &s.dir, &["--json"]);
+    let window = t0.elapsed().as_nanos() as f64;
+    let after = s.env.stats();
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let cs = containers(&v);
+    let sim_pct = |pid| {
+        let d = after.process(pid, 0).unwrap().device_time_ns
+            - before.process(pid, 0).unwrap().device_time_ns;
+        d as f64 / window * 100.0
+    };
+    for (id, pid) in [("alpha", pa), ("beta", pb)] {
+        let u = by_id(&cs, id)["util_percent"].as_f64().unwrap();
+        // smi's 1 s window lies inside the sim's window (a bit longer)
+        let sim = sim_pct(pid);
+        assert!((u - sim).abs() <= 10.0, "{id}: smi {u}% sim {sim}%");
+    }
+    wait_for(&mut a.0, "holding");
+    wait_for(&mut b.0, "holding");
+    let st = s.env.stats();
+    let o = run(smi(), &s.dir, &["--json", "--instant"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    for (id, pid) in [("alpha", pa), ("beta", pb)] {
+        let c = by_id(&containers(&v), id);
+        let led = c["gpu_time_ns"].as_u64().unwrap() as f64;
+        let sim = st.process(pid, 0).unwrap().device_time_ns as f64;
+        assert!(
+            (led - sim).abs() <= 0.1 * sim,
+            "{id}: ledger {led} ns, sim {sim} ns"
+        );
+    }
+}
