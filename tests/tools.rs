@@ -27,6 +27,7 @@ fn spec(uuid: &str, index: u32, id: &str, quota: u64, weight: u32, bytes: u64) -
         weight,
         highprio: false,
         bytes,
+        join_pause_ms: 0,
     }
 }
 
@@ -458,9 +459,62 @@ fn help_for_every_command() {
     }
     let o = ctl().output().unwrap();
     assert_eq!(o.status.code(), Some(2), "no command");
+    let o = ctl().arg("--version").output().unwrap();
+    assert!(o.status.success());
+    assert_eq!(
+        stdout(&o),
+        format!("cgpuctl {} (ledger format 1)\n", env!("CARGO_PKG_VERSION"))
+    );
     let o = smi().arg("--help").output().unwrap();
     assert!(o.status.success());
     assert!(stdout(&o).contains("--loop SECONDS"));
+}
+
+#[test]
+fn reading_never_waits_for_a_job_holding_the_table_lock() {
+    let dir = tmpdir("nowait");
+    let a = start(&dir, spec("GPU-w0", 0, "alpha", GIB, 1, 3 * MIB));
+    // beta holds the ledger's table lock for 120 s in the middle of joining
+    let mut bs = spec("GPU-w0", 0, "beta", GIB, 1, 0);
+    bs.join_pause_ms = 120_000;
+    let b = Client::spawn("client_process", &dir, &bs);
+    let l = ledger(&dir, "GPU-w0");
+    let t = std::time::Instant::now();
+    while l.find_container("beta").is_none() {
+        assert!(t.elapsed().as_secs() < 60, "beta never started joining");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let held = std::time::Instant::now();
+    for (tool, args) in [
+        (
+            smi as fn() -> std::process::Command,
+            &["--json", "--instant"][..],
+        ),
+        (smi, &["-d", "--instant"][..]),
+        (ctl, &["tree"][..]),
+        (ctl, &["inspect"][..]),
+        (ctl, &["get", "policy"][..]),
+        (ctl, &["set", "prio_ratio", "60"][..]),
+    ] {
+        let o = run(tool(), &dir, args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    }
+    let o = run(smi(), &dir, &["--json", "--instant"]);
+    let v = json(&o);
+    let cs = v["gpus"][0]["gpu"]["containers"].as_array().unwrap();
+    assert!(cs
+        .iter()
+        .any(|c| c["id"] == "alpha" && c["used_bytes"] == 3 * MIB));
+    // all of that while the lock was held (the tools did not wait for it)
+    assert!(
+        held.elapsed().as_secs() < 120,
+        "the tools took {:?}: they waited for the lock",
+        held.elapsed()
+    );
+    assert_eq!(l.file().header.prio_ratio.load(Acquire), 60);
+    drop(b);
+    drop(a);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Write a copy of ledger `src` as `dst` with `patch` applied to its bytes.

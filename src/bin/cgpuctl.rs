@@ -494,6 +494,13 @@ fn main() {
 
     let mut a = Args::from_env();
     let dir_arg = a.value(&["--dir"]).unwrap_or_else(|e| usage(e));
+    if a.flag(&["-V", "--version"]) {
+        println!(
+            "cgpuctl {} (ledger format {FORMAT_VERSION})",
+            monitor::CGPU_VERSION
+        );
+        return;
+    }
     let cmd = a.positional();
     let dir = || -> PathBuf { monitor::ledger_dir(dir_arg.as_deref()) };
     match cmd.as_deref() {

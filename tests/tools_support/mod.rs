@@ -61,6 +61,8 @@ pub struct ClientSpec {
     pub weight: u32,
     pub highprio: bool,
     pub bytes: u64,
+    /// Hold the table lock this long while joining (0: no pause).
+    pub join_pause_ms: u64,
 }
 
 /// A separate process (this test binary re-executed) that joined a ledger
@@ -80,7 +82,12 @@ pub const HELPER_ENV: &str = "CGPU_TOOLS_TEST_CLIENT";
 
 impl Client {
     pub fn start(test_name: &str, dir: &Path, s: &ClientSpec) -> Client {
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        Client::spawn(test_name, dir, s).wait_ready()
+    }
+
+    /// Start without waiting for it to have joined.
+    pub fn spawn(test_name: &str, dir: &Path, s: &ClientSpec) -> Starting {
+        let child = Command::new(std::env::current_exe().unwrap())
             .args([test_name, "--exact", "--nocapture", "--test-threads=1"])
             .env(HELPER_ENV, "1")
             .env("T_DIR", dir)
@@ -91,11 +98,32 @@ impl Client {
             .env("T_WEIGHT", s.weight.to_string())
             .env("T_HIGHPRIO", if s.highprio { "1" } else { "0" })
             .env("T_BYTES", s.bytes.to_string())
+            .env("T_JOIN_PAUSE_MS", s.join_pause_ms.to_string())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("spawn client");
+        Starting(Some(child))
+    }
+}
+
+/// A client process that may not have joined yet.
+pub struct Starting(Option<Child>);
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Starting {
+    /// Wait until it joined and holds its bytes.
+    pub fn wait_ready(mut self) -> Client {
+        let mut child = self.0.take().unwrap();
         let pid = child.id();
         let input = child.stdin.take().unwrap();
         let mut output = BufReader::new(child.stdout.take().unwrap());
@@ -113,7 +141,9 @@ impl Client {
             process: v[1],
         }
     }
+}
 
+impl Client {
     fn ask(&mut self, cmd: &str) -> String {
         writeln!(self.input, "{cmd}").unwrap();
         self.input.flush().unwrap();
@@ -175,6 +205,11 @@ pub fn client_main_if_asked() -> bool {
     let l = Ledger::open_or_create(&dir, &e("T_UUID"), e("T_INDEX").parse().unwrap(), 16 * GIB)
         .unwrap();
     let id = e("T_ID");
+    if let Ok(ms) = std::env::var("T_JOIN_PAUSE_MS") {
+        // hold the ledger's table lock this long in the middle of joining
+        cgpu::ledger::TEST_JOIN_PAUSE_MS
+            .store(ms.parse().unwrap(), std::sync::atomic::Ordering::Relaxed);
+    }
     let m = l
         .join(&JoinRequest {
             container_id: &id,
