@@ -115,3 +115,40 @@ fn nvml_lists_processes_with_a_context() {
     };
     assert_eq!(line(&o1, "nvml_uuid"), line(&o2, "nvml_uuid"));
 }
+
+/// `cgpu-sim-stat`: the human view, a missing state, and --install-dir.
+#[test]
+fn sim_stat_tool() {
+    let a = cgpu_testkit::artifacts();
+    let env = SimEnv::new().gpus("1000:NVIDIA A10");
+    let stat = |args: &[&str]| {
+        std::process::Command::new(&a.sim_stat)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let dir = env.state_dir.to_str().unwrap();
+    let o = stat(&["--state", dir]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no simulated GPU state"));
+    env.cuclient(LinkMode::Link, &["spin", "1000000", "3"]);
+    let o = stat(&["--state", dir]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("GPU 0 NVIDIA A10"), "{out}");
+    assert!(out.contains("exited") && out.contains("kernels 3"), "{out}");
+    let libdir = env.state_dir.join("libdir");
+    let o = stat(&["--install-dir", libdir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for n in [
+        "libcuda.so.1",
+        "libcuda.so",
+        "libnvidia-ml.so.1",
+        "libnvidia-ml.so",
+    ] {
+        assert_eq!(
+            std::fs::canonicalize(libdir.join(n)).unwrap(),
+            std::fs::canonicalize(&a.libsim).unwrap()
+        );
+    }
+    assert_eq!(stat(&["--bogus"]).status.code(), Some(2));
+}
