@@ -45,7 +45,7 @@ fn main() {
     let warm = Duration::from_millis(1000);
     let run_ms = (secs + 4) * 1000;
     let mut rows: Vec<Row> = Vec::new();
-    let mut push =
+    let push =
         |rows: &mut Vec<Row>, sc: &str, what: &str, target: f64, achieved: f64, at_least: bool| {
             let r = Row {
                 scenario: sc.into(),
