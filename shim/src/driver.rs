@@ -417,12 +417,10 @@ impl Driver {
             Some(Obj::Stream(s)) => {
                 let s = Arc::clone(s);
                 drop(objs);
-                if let Ok(c) = self.ctx(s.ctx) {
-                    let _ = c;
-                    Ok((s.dev, Some(s)))
-                } else {
-                    Err(CUDA_ERROR_CONTEXT_IS_DESTROYED)
-                }
+                // A stream of a destroyed context is gone with it.
+                self.ctx(s.ctx)
+                    .map_err(|_| CUDA_ERROR_CONTEXT_IS_DESTROYED)?;
+                Ok((s.dev, Some(s)))
             }
             _ => Err(CUDA_ERROR_INVALID_HANDLE),
         }
