@@ -249,3 +249,59 @@ fn libcgpu_does_not_link_the_driver() {
         "cuGetExportTable must pass through"
     );
 }
+
+#[test]
+fn dlsym_keeps_rtld_next_semantics_and_other_names_untouched() {
+    let m = Machine::new("rtldnext", &gpus(15109));
+    let src = m.root.join("next.c");
+    std::fs::write(
+        &src,
+        r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+static const char *lib(void *p) { Dl_info d; return p && dladdr(p, &d) && d.dli_fname ? d.dli_fname : "null"; }
+int main(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    printf("{\"op\":\"next_printf\",\"same\":%d}\n", dlsym(RTLD_NEXT, "printf") == (void *)printf);
+    printf("{\"op\":\"default_strlen\",\"same\":%d}\n", dlsym(RTLD_DEFAULT, "strlen") == (void *)strlen);
+    printf("{\"op\":\"next_cu\",\"lib\":\"%s\"}\n", lib(dlsym(RTLD_NEXT, "cuMemAlloc_v2")));
+    printf("{\"op\":\"handle_cu\",\"lib\":\"%s\"}\n", lib(dlsym(h, "cuMemAlloc_v2")));
+    printf("{\"op\":\"handle_pass\",\"lib\":\"%s\"}\n", lib(dlsym(h, "cuCtxGetDevice")));
+    printf("{\"op\":\"handle_missing\",\"null\":%d}\n", dlsym(h, "cuNoSuchFunction") == NULL);
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    let exe = m.root.join("next");
+    cc(&src, &exe, &["-ldl"]);
+    let out = run_ok(&mut m.preloaded(&exe, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "2")]));
+    assert_eq!(op(&out, "next_printf")["same"], 1, "{out}");
+    assert_eq!(op(&out, "default_strlen")["same"], 1, "{out}");
+    // From the executable, "next" is libcgpu (preloaded right after it).
+    assert!(
+        op(&out, "next_cu")["lib"]
+            .as_str()
+            .unwrap()
+            .contains("libcgpu"),
+        "{out}"
+    );
+    assert!(
+        op(&out, "handle_cu")["lib"]
+            .as_str()
+            .unwrap()
+            .contains("libcgpu"),
+        "{out}"
+    );
+    // A function we do not hook: the driver's own.
+    assert!(
+        op(&out, "handle_pass")["lib"]
+            .as_str()
+            .unwrap()
+            .ends_with("libcuda.so.1"),
+        "{out}"
+    );
+    assert_eq!(op(&out, "handle_missing")["null"], 1, "{out}");
+}

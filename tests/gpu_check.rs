@@ -5,10 +5,13 @@
 //!
 //! Every row must be there and none may come from a crashed or timed-out
 //! check program. Rows whose feature has landed must PASS; `MUST_PASS` grows
-//! as the memory hooks and the scheduler land on main.
+//! as the memory hooks and the scheduler land on main. A second test preloads
+//! a library that does nothing and checks that the script says so: FAIL rows
+//! with the physical numbers, exit status 1.
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::time::Instant;
 
 /// Every row the script reports in `--sim` mode (driver-API backend, no
@@ -26,6 +29,9 @@ const MUST_PASS: &[&str] = &[
     "1a", "1b", "1c", "1d", "1e", "1f", "1g", "2a", "2b", "2c", "2d", "3a", "3b", "3c", "4b", "5",
 ];
 
+/// The simulated GPU's physical total (`15109:Tesla T4`, the script's default).
+const T4_BYTES: u64 = 15109 << 20;
+
 #[derive(Debug)]
 struct Row {
     name: String,
@@ -34,12 +40,21 @@ struct Row {
     status: String,
 }
 
-#[test]
-fn gpu_check_script_runs_on_the_sim() {
+struct Run {
+    out: Output,
+    rows: BTreeMap<String, Row>,
+    stdout: String,
+    context: String,
+}
+
+/// Runs `scripts/gpu-check.sh --sim --quick --lib <lib> <extra>` and parses
+/// its `--results` table.
+fn run_script(tag: &str, lib: &Path, extra: &[&str]) -> Run {
     let art = cgpu_testkit::artifacts();
     let deps = cgpu_testkit::test_deps();
     let root = cgpu_testkit::workspace_root();
-    let out_dir = cgpu_testkit::target_dir().join(format!("gpu-check-test-{}", std::process::id()));
+    let out_dir: PathBuf =
+        cgpu_testkit::target_dir().join(format!("gpu-check-test-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).unwrap();
     let log = out_dir.join("gpu-check.log");
     let tsv = out_dir.join("results.tsv");
@@ -47,10 +62,8 @@ fn gpu_check_script_runs_on_the_sim() {
     let t0 = Instant::now();
     let out = Command::new("bash")
         .arg(root.join("scripts/gpu-check.sh"))
-        .arg("--sim")
-        .arg("--quick")
-        .arg("--lib")
-        .arg(&art.libcgpu)
+        .args(["--sim", "--quick", "--lib"])
+        .arg(lib)
         .arg("--sim-lib")
         .arg(&art.libsim)
         .arg("--python")
@@ -59,6 +72,7 @@ fn gpu_check_script_runs_on_the_sim() {
         .arg(&log)
         .arg("--results")
         .arg(&tsv)
+        .args(extra)
         // our own environment must not leak into the script's containers
         .env_remove("LD_PRELOAD")
         .env_remove("CGPU_SIM_GPUS")
@@ -66,26 +80,21 @@ fn gpu_check_script_runs_on_the_sim() {
         .output()
         .expect("run scripts/gpu-check.sh");
     let secs = t0.elapsed().as_secs_f64();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
     println!("{stdout}");
-    println!(
-        "gpu-check --sim --quick took {secs:.1} s (log {})",
-        log.display()
+    println!("gpu-check --sim --quick {extra:?} took {secs:.1} s");
+    let context = format!(
+        "--- stdout\n{stdout}\n--- stderr\n{}\n--- log\n{log_text}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    let context = || {
-        format!(
-            "--- stdout\n{stdout}\n--- stderr\n{}\n--- log\n{log_text}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    };
 
     let text = std::fs::read_to_string(&tsv)
-        .unwrap_or_else(|e| panic!("no results file {}: {e}\n{}", tsv.display(), context()));
+        .unwrap_or_else(|e| panic!("no results file {}: {e}\n{context}", tsv.display()));
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
     for line in text.lines().filter(|l| !l.is_empty()) {
         let f: Vec<&str> = line.split('\t').collect();
-        assert_eq!(f.len(), 4, "malformed result line {line:?}\n{}", context());
+        assert_eq!(f.len(), 4, "malformed result line {line:?}\n{context}");
         let id = f[0].split_whitespace().next().unwrap_or("").to_string();
         let row = Row {
             name: f[0].into(),
@@ -99,64 +108,99 @@ fn gpu_check_script_runs_on_the_sim() {
         );
         assert!(
             rows.insert(id.clone(), row).is_none(),
-            "row {id} reported twice\n{}",
-            context()
+            "row {id} reported twice\n{context}"
         );
     }
-
-    // The script ran to the end: the header, every row, no setup failure, no
-    // crashed, timed-out or skipped-for-time check program.
+    // Ran to the end: a header, and no crashed, timed-out or skipped-for-time
+    // check program among the rows.
     assert!(
-        stdout.contains("GPU:") && stdout.contains("Tesla T4"),
-        "header without GPU\n{}",
-        context()
+        stdout.contains("GPU:") && stdout.contains("Tesla T4") && stdout.contains("driver:"),
+        "header without GPU and driver\n{context}"
     );
-    assert!(
-        stdout.contains("driver:"),
-        "header without driver\n{}",
-        context()
-    );
-    for id in ALL_ROWS {
-        assert!(rows.contains_key(*id), "row {id} missing\n{}", context());
-    }
     for (id, r) in &rows {
         assert!(
             ALL_ROWS.contains(&id.as_str()),
-            "unexpected row {id}: {r:?}\n{}",
-            context()
+            "unexpected row {id}: {r:?}\n{context}"
         );
         for bad in ["crashed", "timed out", "not run", "error:", "exit status"] {
             assert!(
                 !r.measured.contains(bad),
-                "row {id} is a broken check, not a measurement: {r:?}\n{}",
-                context()
+                "row {id} is a broken check, not a measurement: {r:?}\n{context}"
             );
         }
     }
-    assert_eq!(rows["6a"].status, "SKIP", "CuPy is not in the test venv");
-    assert_eq!(rows["6c"].status, "SKIP", "JAX is not in the test venv");
-
-    // What has landed passes.
-    for id in MUST_PASS {
-        let r = &rows[*id];
-        assert_eq!(
-            r.status,
-            "PASS",
-            "row {id} must pass: {} (expected {}, measured {})\n{}",
-            r.name,
-            r.expected,
-            r.measured,
-            context()
-        );
-    }
-
     // The exit status agrees with the table.
     let any_fail = rows.values().any(|r| r.status == "FAIL");
     assert_eq!(
         out.status.code(),
         Some(if any_fail { 1 } else { 0 }),
-        "exit status vs table\n{}",
-        context()
+        "exit status vs table\n{context}"
     );
     let _ = std::fs::remove_dir_all(&out_dir);
+    Run {
+        out,
+        rows,
+        stdout,
+        context,
+    }
+}
+
+#[test]
+fn gpu_check_script_runs_on_the_sim() {
+    let art = cgpu_testkit::artifacts();
+    let run = run_script("full", &art.libcgpu, &[]);
+    let ctx = &run.context;
+    for id in ALL_ROWS {
+        assert!(run.rows.contains_key(*id), "row {id} missing\n{ctx}");
+    }
+    assert_eq!(
+        run.rows["6a"].status, "SKIP",
+        "CuPy is not in the test venv"
+    );
+    assert_eq!(run.rows["6c"].status, "SKIP", "JAX is not in the test venv");
+    // The seed's vector: T4 15109 MiB, DEV 15, CONTAINER 6 -> 6043 MiB.
+    assert!(
+        run.rows["1c"].measured.contains("total 6043 MiB"),
+        "{:?}",
+        run.rows["1c"]
+    );
+    // What has landed passes.
+    for id in MUST_PASS {
+        let r = &run.rows[*id];
+        assert_eq!(
+            r.status, "PASS",
+            "row {id} must pass: {} (expected {}, measured {})\n{ctx}",
+            r.name, r.expected, r.measured
+        );
+    }
+    assert!(run.stdout.contains("cgpuctl:") && !run.stdout.contains("cgpuctl:        not found"));
+}
+
+/// A preloaded library that does nothing (libm) must not pass: the memory
+/// view is the physical one, the script says FAIL and exits 1.
+#[test]
+fn gpu_check_script_fails_without_isolation() {
+    let libm = Path::new("/lib/x86_64-linux-gnu/libm.so.6");
+    let libm = if libm.exists() {
+        libm.to_path_buf()
+    } else {
+        PathBuf::from("/usr/lib64/libm.so.6")
+    };
+    let run = run_script("noop", &libm, &["--only", "1"]);
+    let ctx = &run.context;
+    for id in ["1a", "1b", "1c", "1d", "1e", "1f", "1g"] {
+        assert!(run.rows.contains_key(id), "row {id} missing\n{ctx}");
+    }
+    assert_eq!(run.rows.len(), 7, "--only 1 runs check 1 alone\n{ctx}");
+    for id in ["1a", "1b", "1c", "1d", "1e"] {
+        assert_eq!(run.rows[id].status, "FAIL", "{id}\n{ctx}");
+    }
+    assert!(
+        run.rows["1a"].measured.contains(&T4_BYTES.to_string()),
+        "1a shows the physical total: {:?}",
+        run.rows["1a"]
+    );
+    // the physical view is what CGPU_DISABLE asks for, so those rows pass
+    assert_eq!(run.rows["1f"].status, "PASS", "{ctx}");
+    assert_eq!(run.out.status.code(), Some(1), "{ctx}");
 }

@@ -275,7 +275,7 @@ fn kill_9_at_random_points_gives_the_quota_back_within_a_second() {
     let v = vars("victims", "3");
     let quota = 3 * GIB;
     let mut worst = Duration::ZERO;
-    for i in 0..8u64 {
+    for i in 0..15u64 {
         // A survivor of the same container waits, then polls its free memory.
         let mut sc = m.client(
             Some(&v),
@@ -446,6 +446,64 @@ fn visible_devices_hide_the_other_gpus_from_cuda_and_nvml() {
     // Asking for container GPU 1 fails as for a missing device.
     let o = run(&mut m.client(Some(&v), &["ctx", "1"]));
     assert!(!o.status.success());
+
+    // The same by UUID; the hidden GPU's UUID is not found through NVML.
+    let uuids: Vec<String> = op(&bare, "nvml")["uuids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(uuids.len(), 2, "{bare}");
+    let vu = [
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "5"),
+        ("ALIYUN_COM_GPU_MEM_DEV", "14"),
+        ("ALIYUN_COM_GPU_VISIBLE_DEVICES", uuids[1].as_str()),
+    ];
+    let out = run_ok(&mut m.client(
+        Some(&vu),
+        &[
+            "ctx", "0", "info", "nvml", "nvmluuid", &uuids[0], "nvmluuid", &uuids[1],
+        ],
+    ));
+    assert_eq!(op(&out, "info")["count"], 1, "{out}");
+    assert_eq!(
+        op(&out, "info")["total"].as_u64().unwrap(),
+        15109 * MIB * 5 / 14,
+        "{out}"
+    );
+    assert_eq!(
+        op(&out, "nvml")["uuids"][0].as_str().unwrap(),
+        uuids[1],
+        "{out}"
+    );
+    let rcs: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "nvmluuid")
+        .map(|j| j["rc"].clone())
+        .collect();
+    assert_eq!(rcs[0], 6, "hidden GPU: NVML_ERROR_NOT_FOUND: {out}");
+    assert_eq!(rcs[1], 0, "{out}");
+
+    // cuMemCreate with location id 0 (the container's GPU 0, as PyTorch
+    // passes it) lands on host GPU 1 and is charged there; host GPU 0 stays empty.
+    let (mut k, _r) = spawn_ready(m.client(
+        Some(&vu),
+        &["ctx", "0", "vmm", "1", "info", "ready", "hold"],
+    ));
+    let host0 = m.sim_process_bytes();
+    assert!(
+        host0.is_empty(),
+        "nothing may land on the hidden GPU: {host0:?}"
+    );
+    let l = Ledger::open(&Ledger::path_for(&m.ledger, &uuids[1])).unwrap();
+    let c = l.containers().next().unwrap().1;
+    assert!(
+        c.used.load(std::sync::atomic::Ordering::Acquire) > CTX,
+        "the VMM allocation is charged on host GPU 1"
+    );
+    let _ = k.kill();
+    let _ = k.wait();
 }
 
 #[test]

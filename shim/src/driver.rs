@@ -194,6 +194,8 @@ pub struct Driver {
     pub primary: Vec<Mutex<PrimaryCtx>>,
     pub default_pools: Vec<OnceLock<usize>>,
     pub current_pools: Vec<Mutex<usize>>,
+    /// Live contexts per device (NVML lists processes that have one).
+    live_ctxs: Vec<AtomicU32>,
 }
 
 static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
@@ -295,6 +297,7 @@ fn build() -> Result<Driver, String> {
         primary: (0..n).map(|_| Mutex::new(PrimaryCtx::default())).collect(),
         default_pools: (0..n).map(|_| OnceLock::new()).collect(),
         current_pools: (0..n).map(|_| Mutex::new(0)).collect(),
+        live_ctxs: (0..n).map(|_| AtomicU32::new(0)).collect(),
         devs,
     })
 }
@@ -414,12 +417,10 @@ impl Driver {
             Some(Obj::Stream(s)) => {
                 let s = Arc::clone(s);
                 drop(objs);
-                if let Ok(c) = self.ctx(s.ctx) {
-                    let _ = c;
-                    Ok((s.dev, Some(s)))
-                } else {
-                    Err(CUDA_ERROR_CONTEXT_IS_DESTROYED)
-                }
+                // A stream of a destroyed context is gone with it.
+                self.ctx(s.ctx)
+                    .map_err(|_| CUDA_ERROR_CONTEXT_IS_DESTROYED)?;
+                Ok((s.dev, Some(s)))
             }
             _ => Err(CUDA_ERROR_INVALID_HANDLE),
         }
@@ -450,6 +451,18 @@ impl Driver {
 
     pub fn uncharge(&self, dev: usize, bytes: u64) {
         self.shared.uncharge(self.slot, dev, bytes);
+    }
+
+    /// A context on `dev` came to life (+1) or died (-1).
+    pub fn ctx_alive(&self, dev: usize, alive: bool) {
+        let mask = &self.shared.slot(self.slot).ctx_mask;
+        if alive {
+            if self.live_ctxs[dev].fetch_add(1, AcqRel) == 0 {
+                mask.fetch_or(1 << dev, AcqRel);
+            }
+        } else if self.live_ctxs[dev].fetch_sub(1, AcqRel) == 1 {
+            mask.fetch_and(!(1 << dev), AcqRel);
+        }
     }
 
     /// Marks that this process uses `dev` (NVML lists it from then on).

@@ -370,7 +370,9 @@ pub fn processes(d: &Driver, i: usize) -> Vec<(u32, u64)> {
         .filter_map(|s| {
             let r = sh.slot(s);
             let mem = r.mem[i].load(Acquire);
-            (r.state.load(Acquire) == SLOT_ALIVE && mem > 0).then(|| (r.pid.load(Relaxed), mem))
+            let ctx = r.ctx_mask.load(Acquire) & (1 << i) != 0;
+            (r.state.load(Acquire) == SLOT_ALIVE && (mem > 0 || ctx))
+                .then(|| (r.pid.load(Relaxed), mem))
         })
         .collect()
 }

@@ -84,7 +84,8 @@ pub struct SlotRec {
     pub want: [AtomicU32; MAX_DEVICES],
     /// Bit d: the process has (had) a context on device d.
     pub dev_mask: AtomicU32,
-    pub _pad: u32,
+    /// Bit d: the process has a live context on device d.
+    pub ctx_mask: AtomicU32,
 }
 
 #[repr(C)]
@@ -201,6 +202,9 @@ impl Shared {
     /// file fresh (or holding no live process), the devices are (re)set from it.
     pub fn open(dir: &Path, want: Option<&[DeviceInit]>) -> io::Result<Shared> {
         std::fs::create_dir_all(dir)?;
+        // One name for the directory whatever the cwd (UUIDs derive from it).
+        let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        let dir = canonical.as_path();
         let path = dir.join("state");
         let file = OpenOptions::new()
             .read(true)
@@ -447,6 +451,7 @@ impl Shared {
                     r.want[d].store(0, Relaxed);
                 }
                 r.dev_mask.store(0, Relaxed);
+                r.ctx_mask.store(0, Relaxed);
                 r.pid.store(pid, Relaxed);
                 let mut b = [0u8; 16];
                 let n = comm.len().min(15);
@@ -489,6 +494,7 @@ impl Shared {
             return;
         }
         r.end_unix_ns.store(now_unix_ns(), Relaxed);
+        r.ctx_mask.store(0, Release);
         for d in 0..MAX_DEVICES {
             r.mem[d].store(0, Release);
             r.want[d].store(0, Release);

@@ -215,3 +215,35 @@ fn nvml_utilisation_follows_device_time() {
     let _ = a.kill();
     let _ = a.wait();
 }
+
+/// Eight processes racing to allocate never over-commit the device: together
+/// they get exactly floor(total / chunk) chunks.
+#[test]
+fn racing_processes_never_overcommit() {
+    let env = SimEnv::new().gpus("2000:Tesla T4").ctx_mib(0);
+    let c = cuclient(LinkMode::Link);
+    let mut kids: Vec<_> = (0..8)
+        .map(|_| env.spawn(&c, &["init", "alloc_until_oom", "67108864", "hold"]))
+        .collect();
+    let mut total = 0;
+    for k in kids.iter_mut() {
+        let lines = read_until(k, "holding", Duration::from_secs(60));
+        let l = lines
+            .iter()
+            .find(|l| l.starts_with("alloc_until_oom ok"))
+            .unwrap_or_else(|| panic!("{lines:?}"));
+        assert_eq!(cgpu_testkit::field(l, "err"), Some("2"), "{l}");
+        total += cgpu_testkit::field(l, "count")
+            .unwrap()
+            .parse::<u64>()
+            .unwrap();
+    }
+    assert_eq!(total, 2000 / 64, "chunks granted in total");
+    let st = env.stats();
+    assert_eq!(st.devices[0].used_bytes, 31 * 64 * MIB);
+    for mut k in kids {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+    assert_eq!(env.stats().devices[0].used_bytes, 0);
+}

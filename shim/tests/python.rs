@@ -54,6 +54,10 @@ fn check_bindings(v: &Value) {
         ms >= 20.0 && ms <= wall + 0.5,
         "elapsed {ms} ms, wall {wall} ms"
     );
+    // a library kernel launched as a function, and a pool allocation
+    assert!(v["library_kernel_ms"].as_f64().unwrap() >= 3.0, "{v}");
+    assert_eq!(v["pool_charged"], MIB);
+    assert_eq!(v["pool_returned"], true);
 }
 
 #[test]

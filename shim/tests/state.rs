@@ -74,3 +74,81 @@ fn both_names_are_one_library_and_one_state() {
     assert_eq!(st.devices[1].total_bytes, 2000 << 20);
     assert!(line(&b, "nvml_uuid").ends_with(&st.devices[1].uuid));
 }
+
+/// NVML lists a process while it has a context, even one that reserves no
+/// memory, and not after the context is gone.
+#[test]
+fn nvml_lists_processes_with_a_context() {
+    let env = SimEnv::new().ctx_mib(0);
+    let out = env.cuclient(
+        LinkMode::Link,
+        &[
+            "pid",
+            "ctx_create",
+            "nvml_procs",
+            "ctx_destroy",
+            "nvml_procs",
+        ],
+    );
+    let pid = num(&out, "pid", "pid");
+    let procs: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("nvml_procs"))
+        .collect();
+    // the primary context of cuclient's initialisation stays: count contexts
+    assert!(procs[0].contains(&format!(" {pid}:0")), "{out}");
+    assert!(
+        procs[1].contains(&format!(" {pid}:0")),
+        "primary context still alive: {out}"
+    );
+    let out = env.cuclient(LinkMode::Link, &["nvml_procs"]);
+    assert!(!out.contains(&format!(" {pid}:")), "{out}");
+    // Relative and absolute state paths name the same GPUs.
+    let rel = env.state_dir.strip_prefix("/").unwrap();
+    let o1 = env.cuclient(LinkMode::Link, &["nvml_uuid"]);
+    let o2 = {
+        let mut c = env.command(cgpu_testkit::cuclient(LinkMode::Link));
+        c.current_dir("/")
+            .env("CGPU_SIM_STATE", rel)
+            .arg("nvml_uuid");
+        String::from_utf8(c.output().unwrap().stdout).unwrap()
+    };
+    assert_eq!(line(&o1, "nvml_uuid"), line(&o2, "nvml_uuid"));
+}
+
+/// `cgpu-sim-stat`: the human view, a missing state, and --install-dir.
+#[test]
+fn sim_stat_tool() {
+    let a = cgpu_testkit::artifacts();
+    let env = SimEnv::new().gpus("1000:NVIDIA A10");
+    let stat = |args: &[&str]| {
+        std::process::Command::new(&a.sim_stat)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let dir = env.state_dir.to_str().unwrap();
+    let o = stat(&["--state", dir]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no simulated GPU state"));
+    env.cuclient(LinkMode::Link, &["spin", "1000000", "3"]);
+    let o = stat(&["--state", dir]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("GPU 0 NVIDIA A10"), "{out}");
+    assert!(out.contains("exited") && out.contains("kernels 3"), "{out}");
+    let libdir = env.state_dir.join("libdir");
+    let o = stat(&["--install-dir", libdir.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for n in [
+        "libcuda.so.1",
+        "libcuda.so",
+        "libnvidia-ml.so.1",
+        "libnvidia-ml.so",
+    ] {
+        assert_eq!(
+            std::fs::canonicalize(libdir.join(n)).unwrap(),
+            std::fs::canonicalize(&a.libsim).unwrap()
+        );
+    }
+    assert_eq!(stat(&["--bogus"]).status.code(), Some(2));
+}

@@ -73,15 +73,27 @@ fn nvml_ready() -> bool {
     }
 }
 
-/// This process's device memory on `gpu` as the driver reports it.
-fn device_bytes(gpu: &Gpu) -> Option<u64> {
+/// What the driver reports about device memory on `gpu`.
+#[derive(Default, Clone, Copy)]
+struct Sample {
+    /// This process's bytes (NVML per-process; `None` when NVML does not list
+    /// this pid: no context yet, or a PID namespace hides it).
+    mine: Option<u64>,
+    /// The device's used bytes.
+    device: Option<u64>,
+}
+
+fn sample(gpu: &Gpu) -> Sample {
+    let mut s = Sample::default();
     if !nvml_ready() {
-        return None;
+        return s;
     }
-    let uuid = CString::new(gpu.uuid.as_str()).ok()?;
+    let Ok(uuid) = CString::new(gpu.uuid.as_str()) else {
+        return s;
+    };
     let mut h: nvmlDevice_t = std::ptr::null_mut();
     if super::call_real!(real::nvmlDeviceGetHandleByUUID, uuid.as_ptr(), &mut h) != NVML_SUCCESS {
-        return None;
+        return s;
     }
     let me = std::process::id();
     let mut infos = vec![nvmlProcessInfo_t::default(); 64];
@@ -97,39 +109,50 @@ fn device_bytes(gpu: &Gpu) -> Option<u64> {
             infos.resize(n as usize + 16, nvmlProcessInfo_t::default());
             continue;
         }
-        if rc != NVML_SUCCESS {
-            break;
+        if rc == NVML_SUCCESS {
+            let mine: Vec<u64> = infos[..n as usize]
+                .iter()
+                .filter(|p| p.pid == me)
+                .map(|p| p.usedGpuMemory)
+                .collect();
+            if !mine.is_empty() {
+                s.mine = Some(mine.iter().sum());
+            }
         }
-        let mine = infos[..n as usize]
-            .iter()
-            .filter(|p| p.pid == me)
-            .map(|p| p.usedGpuMemory)
-            .sum();
-        return Some(mine);
+        break;
     }
-    // Fallback: the device's used memory.
     let mut m = nvmlMemory_t::default();
-    (super::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) == NVML_SUCCESS).then_some(m.used)
+    if super::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) == NVML_SUCCESS {
+        s.device = Some(m.used);
+    }
+    s
+}
+
+/// What a context creation reserved, from samples before and after: this
+/// process's bytes when NVML lists it afterwards (unlisted before = none
+/// yet), else the device's used bytes (inside a PID namespace NVML lists
+/// host pids; other processes' activity may then blur the measure).
+fn reserved(before: Sample, after: Sample) -> Option<u64> {
+    match (after.mine, before.device, after.device) {
+        (Some(a), _, _) => Some(a.saturating_sub(before.mine.unwrap_or(0))),
+        (None, Some(b), Some(a)) => Some(a.saturating_sub(b)),
+        _ => None,
+    }
 }
 
 /// Run `create`, measuring the device memory it reserved. `None` if it
 /// could not be measured (then nothing is charged, with a warning).
 fn measured(gpu: &Gpu, create: impl FnOnce() -> CUresult) -> (CUresult, Option<u64>) {
     let _m = Measuring::start();
-    let before = device_bytes(gpu);
+    let before = sample(gpu);
     let rc = create();
-    let after = device_bytes(gpu);
-    let delta = match (before, after) {
-        (Some(b), Some(a)) => Some(a.saturating_sub(b)),
-        _ => {
-            if !WARNED.swap(true, Ordering::Relaxed) {
-                tracing::warn!(
-                    "cgpu: cannot measure what a context reserves (NVML unavailable); context reservations are not counted"
-                );
-            }
-            None
-        }
-    };
+    let after = sample(gpu);
+    let delta = reserved(before, after);
+    if delta.is_none() && !WARNED.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            "cgpu: cannot measure what a context reserves (NVML unavailable); context reservations are not counted"
+        );
+    }
     (rc, delta)
 }
 
@@ -314,4 +337,30 @@ pub unsafe fn primary_reset(
         }
     }
     rc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reservation_measures() {
+        let s = |mine, device| Sample { mine, device };
+        // First context: not listed before, listed after.
+        assert_eq!(
+            reserved(s(None, Some(100)), s(Some(300), Some(400))),
+            Some(300)
+        );
+        // Another context: per-process delta, whatever the device did.
+        assert_eq!(
+            reserved(s(Some(300), Some(400)), s(Some(600), Some(9000))),
+            Some(300)
+        );
+        // PID namespace: never listed; the device's delta.
+        assert_eq!(reserved(s(None, Some(100)), s(None, Some(400))), Some(300));
+        // No NVML.
+        assert_eq!(reserved(s(None, None), s(None, None)), None);
+        // Never negative.
+        assert_eq!(reserved(s(None, Some(500)), s(None, Some(400))), Some(0));
+    }
 }

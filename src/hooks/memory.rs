@@ -277,20 +277,20 @@ pub unsafe fn mem_create(
     prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
-    let gpu = if prop.is_null() {
-        None
-    } else {
-        // SAFETY: prop is the caller's non-null property struct.
-        let loc = unsafe { (*prop).location };
-        // CU_MEM_LOCATION_TYPE_DEVICE = 1
-        if loc.type_ == 1 {
-            cuda_gpu(loc.id)
-        } else {
-            None
-        }
-    };
+    if prop.is_null() {
+        return super::call_real!(real, handle, size, prop, flags);
+    }
+    // SAFETY: prop is the caller's non-null property struct (32 bytes in cuda.h).
+    let mut p = unsafe { std::ptr::read(prop) };
+    // CU_MEM_LOCATION_TYPE_DEVICE = 1
+    if p.location.type_ != 1 {
+        return super::call_real!(real, handle, size, prop, flags);
+    }
+    p.location.id = super::device::host_device_for_location(p.location.id);
+    let gpu = cuda_gpu(p.location.id);
+    let prop2: *const CUmemAllocationProp = &p;
     charged(gpu, Kind::Handle, size as u64, || {
-        let rc = super::call_real!(real, handle, size, prop, flags);
+        let rc = super::call_real!(real, handle, size, prop2, flags);
         // SAFETY: written by the driver on success.
         (rc, unsafe { out(handle) })
     })

@@ -48,8 +48,9 @@ pub struct CUmemLocation {
     pub id: c_int,
 }
 
-/// `CUmemAllocationProp` (fields we read first; the rest is opaque).
+/// `CUmemAllocationProp` (32 bytes; the fields we read first).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct CUmemAllocationProp {
     pub type_: c_int,
     pub requestedHandleTypes: c_int,
@@ -179,6 +180,7 @@ mod tests {
         assert_eq!(offset_of!(CUDA_LAUNCH_PARAMS, hStream), 40);
         assert_eq!(size_of::<CUDA_LAUNCH_PARAMS>(), 56);
         assert_eq!(offset_of!(CUmemAllocationProp, location), 8);
+        assert_eq!(size_of::<CUmemAllocationProp>(), 32);
         assert_eq!(size_of::<CUDA_ARRAY_DESCRIPTOR>(), 24);
         assert_eq!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>(), 40);
     }

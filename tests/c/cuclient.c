@@ -50,7 +50,9 @@
  *   sync                      cuCtxSynchronize: sync ok
  *   sleep MS                  sleep ok
  *   ready                     prints "ready" (a synchronisation point for tests)
- *   hold                      prints "holding" and sleeps until killed
+ *   hold                      prints "holding" and sleeps until killed (at most
+ *                             $CUCLIENT_HOLD_MAX_S seconds, default 600, so that a
+ *                             failed test leaves no process behind for long)
  *   pid                       pid ok pid=<getpid()>
  *   procaddr NAME VER FLAGS   procaddr ok|err=E name=NAME status=S ptr=0x.. (cuGetProcAddress_v2)
  *   nvml_init                 nvml_init ok (nvmlInit_v2; the NVML commands do it implicitly)
@@ -561,7 +563,10 @@ int main(int argc, char **argv) {
             printf("pid ok pid=%d\n", (int)getpid());
         } else if (!strcmp(c, "hold")) {
             printf("holding\n");
-            for (;;) pause();
+            const char *mx = getenv("CUCLIENT_HOLD_MAX_S");
+            long max_s = mx ? atol(mx) : 600;
+            for (long s = 0; s < max_s; s++) sleep(1);
+            printf("hold timeout\n");
         } else if (!strcmp(c, "procaddr")) {
             NEED(3);
             const char *name = argv[i + 1];

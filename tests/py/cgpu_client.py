@@ -8,6 +8,7 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   ctx [DEV]          cuDeviceGet + cuCtxCreate_v2 (made current)
   pctx [DEV]         cuDevicePrimaryCtxRetain + cuCtxSetCurrent
   info               print {"op":"info", free, total, devtotal, count}
+  nvmluuid UUID      nvmlDeviceGetHandleByUUID, print its rc
   nvml               print {"op":"nvml", count, v1:{..}, v2:{..}, pids:[..]} for device 0
   alloc BYTES        cuMemAlloc_v2, print {"op":"alloc", rc}
   pitch W H          cuMemAllocPitch_v2(elem 4), print rc and pitch
@@ -125,7 +126,13 @@ def nvml():
     cnt = C.c_uint(64)
     rc3 = nv.nvmlDeviceGetComputeRunningProcesses_v3(h, C.byref(cnt), procs)
     pids = [[procs[i].pid, procs[i].used] for i in range(cnt.value)] if rc3 == 0 else []
-    out({"op": "nvml", "count": n.value, "rc": [rc1, rc2, rc3],
+    uuids = []
+    for i in range(n.value):
+        hi = C.c_void_p()
+        buf = C.create_string_buffer(96)
+        if nv.nvmlDeviceGetHandleByIndex_v2(i, C.byref(hi)) == 0 and nv.nvmlDeviceGetUUID(hi, buf, 96) == 0:
+            uuids.append(buf.value.decode())
+    out({"op": "nvml", "count": n.value, "rc": [rc1, rc2, rc3], "uuids": uuids,
          "v1": {"total": m.total, "free": m.free, "used": m.used},
          "v2": {"total": m2.total, "free": m2.free, "used": m2.used, "reserved": m2.reserved},
          "procs": pids})
@@ -157,6 +164,7 @@ def race(seed, steps, mx):
     return ok, oom
 
 def main(argv):
+    global nv
     i = 0
     while i < len(argv):
         cmd = argv[i]
@@ -263,6 +271,13 @@ def main(argv):
                     p = C.c_uint64()
                     if cu.cuMemAlloc_v2(C.byref(p), C.c_size_t(rnd.randint(1, mx))) == 0:
                         mine.append(p.value)
+        elif cmd == "nvmluuid":
+            u = arg()
+            if nv is None:
+                nv = C.CDLL("libnvidia-ml.so.1")
+                check(nv.nvmlInit_v2(), "nvmlInit_v2")
+            hi = C.c_void_p()
+            out({"op": "nvmluuid", "rc": nv.nvmlDeviceGetHandleByUUID(u.encode(), C.byref(hi))})
         elif cmd == "waitline":
             sys.stdin.readline()
         elif cmd == "poll":

@@ -11,6 +11,7 @@ use std::sync::Arc;
 fn new_ctx(d: &Driver, dev: usize, primary: bool, flags: u32) -> Result<usize, CUresult> {
     d.charge(dev, d.cfg.ctx_bytes)?;
     d.touch_dev(dev);
+    d.ctx_alive(dev, true);
     let c = Ctx {
         dev,
         primary,
@@ -30,6 +31,7 @@ fn destroy_ctx(d: &Driver, h: usize, c: &Ctx) {
     }
     super::memory::free_ctx_allocs(d, h);
     d.uncharge(c.dev, d.cfg.ctx_bytes);
+    d.ctx_alive(c.dev, false);
     // Streams, events, modules of the context go with it.
     let mut objs = d.objs.lock();
     let dead: Vec<usize> = objs
@@ -421,6 +423,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             match old {
                 Some(c) => {
                     d.charge(i, d.cfg.ctx_bytes)?;
+                    d.ctx_alive(i, true);
                     c.flags.store(p.flags, Relaxed);
                     c.destroyed.store(false, Release);
                 }

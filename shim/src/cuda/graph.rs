@@ -197,7 +197,6 @@ fn graph_launch(e: CUgraphExec, stream: CUstream) -> CuRes {
     };
     d.stream(stream as usize)?;
     for k in &ge.kernels {
-        let _ = &k.func;
         super::launch::submit(d, stream as usize, k.ns)?;
     }
     Ok(())

@@ -93,6 +93,27 @@ ok(d.cuEventRecord(e1, stream))
 ok(d.cuEventSynchronize(e1))
 out["wall_ms"] = (time.monotonic() - t0) * 1000
 out["elapsed_ms"] = ok(d.cuEventElapsedTime(e0, e1))
+
+# Libraries and kernels (context-independent loading), launched as functions.
+lib = ok(d.cuLibraryLoadData(PTX, None, None, 0, None, None, 0))
+kern = ok(d.cuLibraryGetKernel(lib, b"cgpu_sim_spin"))
+kfn = ok(d.cuKernelGetFunction(kern))
+e2 = ok(d.cuEventCreate(0))
+ok(d.cuEventRecord(e0, stream))
+ok(d.cuLaunchKernel(kfn, 1, 1, 1, 32, 1, 1, 0, stream, ((3_000_000,), (ctypes.c_uint64,)), 0))
+ok(d.cuEventRecord(e2, stream))
+ok(d.cuEventSynchronize(e2))
+out["library_kernel_ms"] = ok(d.cuEventElapsedTime(e0, e2))
+ok(d.cuLibraryUnload(lib))
+
+# Stream-ordered allocation from the default pool.
+pool = ok(d.cuDeviceGetDefaultMemPool(dev))
+before = ok(d.cuMemGetInfo())[0]
+pp = ok(d.cuMemAllocFromPoolAsync(1 << 20, pool, stream))
+out["pool_charged"] = before - ok(d.cuMemGetInfo())[0]
+ok(d.cuMemFreeAsync(pp, stream))
+ok(d.cuStreamSynchronize(stream))
+out["pool_returned"] = ok(d.cuMemGetInfo())[0] == before
 ok(d.cuStreamDestroy(stream))
 ok(d.cuMemFree(a))
 ok(d.cuMemFree(b))
