@@ -484,6 +484,26 @@ fn visible_devices_hide_the_other_gpus_from_cuda_and_nvml() {
         .collect();
     assert_eq!(rcs[0], 6, "hidden GPU: NVML_ERROR_NOT_FOUND: {out}");
     assert_eq!(rcs[1], 0, "{out}");
+
+    // cuMemCreate with location id 0 (the container's GPU 0, as PyTorch
+    // passes it) lands on host GPU 1 and is charged there; host GPU 0 stays empty.
+    let (mut k, _r) = spawn_ready(m.client(
+        Some(&vu),
+        &["ctx", "0", "vmm", "1", "info", "ready", "hold"],
+    ));
+    let host0 = m.sim_process_bytes();
+    assert!(
+        host0.is_empty(),
+        "nothing may land on the hidden GPU: {host0:?}"
+    );
+    let l = Ledger::open(&Ledger::path_for(&m.ledger, &uuids[1])).unwrap();
+    let c = l.containers().next().unwrap().1;
+    assert!(
+        c.used.load(std::sync::atomic::Ordering::Acquire) > CTX,
+        "the VMM allocation is charged on host GPU 1"
+    );
+    let _ = k.kill();
+    let _ = k.wait();
 }
 
 #[test]
