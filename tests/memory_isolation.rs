@@ -693,3 +693,50 @@ fn nvml_process_lists_show_only_the_containers_processes() {
         let _ = k.wait();
     }
 }
+
+#[test]
+fn destroying_a_context_gives_back_what_was_allocated_in_it() {
+    let m = Machine::new("ctxfree", T4);
+    let v = vars("ctxfree", "2");
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "alloc",
+            "536870912",
+            "managed",
+            "1048576",
+            "destroy",
+            "ctx",
+            "info",
+            "destroy",
+            "pctx",
+            "alloc",
+            "536870912",
+            "prelease",
+            "pctx",
+            "info",
+            "nvml",
+        ],
+    ));
+    let infos: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "info")
+        .collect();
+    assert_eq!(op(&out, "destroy")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "prelease")["rc"], 0, "{out}");
+    // After each destroy only the one live context is held.
+    assert_eq!(infos[0]["free"].as_u64().unwrap(), 2 * GIB - CTX, "{out}");
+    assert_eq!(infos[1]["free"].as_u64().unwrap(), 2 * GIB - CTX, "{out}");
+    // And the driver agrees.
+    assert_eq!(
+        op(&out, "nvml")["procs"][0][1].as_u64().unwrap(),
+        CTX,
+        "{out}"
+    );
+    assert_eq!(
+        op(&out, "nvml")["v1"]["used"].as_u64().unwrap(),
+        CTX,
+        "{out}"
+    );
+}
