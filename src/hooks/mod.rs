@@ -221,6 +221,8 @@ api! {
         fn cuInit(flags: u32) -> CUresult;
         fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
         fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
+        fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
+        fn cuCtxSynchronize() -> CUresult;
         fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
         fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -> CUresult;
