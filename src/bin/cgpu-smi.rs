@@ -19,7 +19,7 @@ OPTIONS:
                           utilisation is over the time since the last refresh
         --instant         do not wait 1 s to measure utilisation (shows `-`)
         --dir DIR         ledger directory (default: $CGPU_LEDGER_DIR, else
-                          /run/cgpu if writable, else /dev/shm/cgpu)
+                          /run/cgpu or /dev/shm/cgpu, whichever has ledgers)
     -h, --help            this help
     -V, --version         print the version
 

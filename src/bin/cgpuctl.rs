@@ -25,7 +25,7 @@ COMMANDS:
 
 OPTIONS:
     --dir DIR             ledger directory (default: $CGPU_LEDGER_DIR, else
-                          /run/cgpu if writable, else /dev/shm/cgpu)
+                          /run/cgpu or /dev/shm/cgpu, whichever has ledgers)
     -h, --help            help
 
 Exit status: 0 done, 1 failed (e.g. a corrupt ledger), 2 usage or range error.

@@ -109,6 +109,25 @@ pub fn cuda_gpu(dev: CUdevice) -> Option<&'static Gpu> {
     })
 }
 
+/// A device `id` in a memory location (`CUmemLocation`), as the driver must
+/// see it. Clients pass either the `CUdevice` our `cuDeviceGet` returned (a
+/// host device: kept) or a device ordinal as the container counts them
+/// (PyTorch passes its device index): translated to the listed host device.
+/// Without `ALIYUN_COM_GPU_VISIBLE_DEVICES` both are the same.
+pub fn host_device_for_location(id: i32) -> i32 {
+    if !filtering() {
+        return id;
+    }
+    let Ok(v) = cuda_visible() else { return id };
+    if v.iter().any(|&d| d as i32 == id) {
+        return id;
+    }
+    match usize::try_from(id).ok().and_then(|i| v.get(i)) {
+        Some(&host) => host as i32,
+        None => id,
+    }
+}
+
 /// The device of the current context, if any.
 pub fn current_device() -> Option<CUdevice> {
     let mut d: CUdevice = -1;

@@ -48,14 +48,33 @@ pub struct CUmemLocation {
     pub id: c_int,
 }
 
-/// `CUmemAllocationProp` (fields we read first; the rest is opaque).
+/// `CUmemAllocationProp` (32 bytes; the fields we read first).
 #[repr(C)]
+#[derive(Clone, Copy)]
 pub struct CUmemAllocationProp {
     pub type_: c_int,
     pub requestedHandleTypes: c_int,
     pub location: CUmemLocation,
     pub win32HandleMetaData: *mut c_void,
     pub allocFlags: [u8; 8],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_int,
+}
+
+/// `CUmemPoolProps` (88 bytes; the location is what we translate).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemPoolProps {
+    pub allocType: c_int,
+    pub handleTypes: c_int,
+    pub location: CUmemLocation,
+    pub rest: [u64; 9],
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR` (`_v2`).
@@ -179,6 +198,10 @@ mod tests {
         assert_eq!(offset_of!(CUDA_LAUNCH_PARAMS, hStream), 40);
         assert_eq!(size_of::<CUDA_LAUNCH_PARAMS>(), 56);
         assert_eq!(offset_of!(CUmemAllocationProp, location), 8);
+        assert_eq!(size_of::<CUmemAllocationProp>(), 32);
+        assert_eq!(size_of::<CUmemAccessDesc>(), 12);
+        assert_eq!(size_of::<CUmemPoolProps>(), 88);
+        assert_eq!(offset_of!(CUmemPoolProps, location), 8);
         assert_eq!(size_of::<CUDA_ARRAY_DESCRIPTOR>(), 24);
         assert_eq!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>(), 40);
     }

@@ -435,12 +435,23 @@ pub fn apply_util(prev: &Sample, cur: &mut Sample) {
     }
 }
 
-/// The ledger directory: `--dir`, else `CGPU_LEDGER_DIR`, else the default.
+/// The ledger directory for the tools: `--dir`, else `CGPU_LEDGER_DIR`,
+/// else whichever of the jobs' defaults (`/run/cgpu`, `/dev/shm/cgpu`) holds
+/// ledgers. Jobs that cannot write `/run/cgpu` use `/dev/shm/cgpu`; a tool
+/// run by root must still find them. Creates nothing.
 pub fn ledger_dir(arg: Option<&str>) -> PathBuf {
-    match arg {
-        Some(d) => PathBuf::from(d),
-        None => Ledger::default_dir(),
+    if let Some(d) = arg {
+        return PathBuf::from(d);
     }
+    if let Some(d) = std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    let candidates = [Path::new("/run/cgpu"), Path::new("/dev/shm/cgpu")];
+    candidates
+        .iter()
+        .find(|d| !Ledger::list(d).is_empty())
+        .unwrap_or(&candidates[0])
+        .to_path_buf()
 }
 
 /// Bytes to whole MiB (floor).
