@@ -247,3 +247,24 @@ fn racing_processes_never_overcommit() {
     }
     assert_eq!(env.stats().devices[0].used_bytes, 0);
 }
+
+/// A process frozen (SIGSTOP) while it owns the device loses it after a
+/// while, as a GPU would time-slice its context out; resumed, it finishes.
+#[test]
+fn a_frozen_owner_does_not_block_others_forever() {
+    let env = SimEnv::new();
+    let c = cuclient(LinkMode::Link);
+    let mut a = env.spawn(&c, &["ready", "spin_for", "2000", "2000000"]);
+    read_until(&mut a, "ready", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(a.id() as i32, libc::SIGSTOP) };
+    let t = std::time::Instant::now();
+    let out = env.cuclient(LinkMode::Link, &["spin", "1000000", "100"]);
+    assert!(out.contains("spin ok count=100"), "{out}");
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    // SAFETY: as above.
+    unsafe { libc::kill(a.id() as i32, libc::SIGCONT) };
+    let o = cgpu_testkit::wait_output(a, Duration::from_secs(60));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("spin_for ok"));
+}
