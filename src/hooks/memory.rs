@@ -296,6 +296,72 @@ pub unsafe fn mem_create(
     })
 }
 
+/// `cuMemSetAccess`: device locations given as container ordinals are
+/// translated (see [`super::device::host_device_for_location`]).
+///
+/// # Safety
+/// The driver's contract: `desc` holds `count` entries.
+pub unsafe fn mem_set_access(
+    real: &RealFn<sig::cuMemSetAccess>,
+    ptr: CUdeviceptr,
+    size: usize,
+    desc: *const CUmemAccessDesc,
+    count: usize,
+) -> CUresult {
+    if desc.is_null() || count == 0 || crate::config::get().visible.is_none() {
+        return super::call_real!(real, ptr, size, desc, count);
+    }
+    // SAFETY: the caller passes `count` valid entries.
+    let mut v: Vec<CUmemAccessDesc> = unsafe { std::slice::from_raw_parts(desc, count) }.to_vec();
+    for d in v.iter_mut().filter(|d| d.location.type_ == 1) {
+        d.location.id = super::device::host_device_for_location(d.location.id);
+    }
+    super::call_real!(real, ptr, size, v.as_ptr(), count)
+}
+
+/// `cuMemGetAllocationGranularity`: the location translated as for `cuMemCreate`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_get_allocation_granularity(
+    real: &RealFn<sig::cuMemGetAllocationGranularity>,
+    gran: *mut usize,
+    prop: *const CUmemAllocationProp,
+    option: u32,
+) -> CUresult {
+    if prop.is_null() || crate::config::get().visible.is_none() {
+        return super::call_real!(real, gran, prop, option);
+    }
+    // SAFETY: non-null property struct from the caller.
+    let mut p = unsafe { std::ptr::read(prop) };
+    if p.location.type_ == 1 {
+        p.location.id = super::device::host_device_for_location(p.location.id);
+    }
+    let prop2: *const CUmemAllocationProp = &p;
+    super::call_real!(real, gran, prop2, option)
+}
+
+/// `cuMemPoolCreate`: the location translated as for `cuMemCreate`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_pool_create(
+    real: &RealFn<sig::cuMemPoolCreate>,
+    pool: *mut CUmemoryPool,
+    props: *const CUmemPoolProps,
+) -> CUresult {
+    if props.is_null() || crate::config::get().visible.is_none() {
+        return super::call_real!(real, pool, props);
+    }
+    // SAFETY: non-null pool properties from the caller (88 bytes in cuda.h).
+    let mut p = unsafe { std::ptr::read(props) };
+    if p.location.type_ == 1 {
+        p.location.id = super::device::host_device_for_location(p.location.id);
+    }
+    let props2: *const CUmemPoolProps = &p;
+    super::call_real!(real, pool, props2)
+}
+
 /// Bytes per element of a `CUarray_format`.
 pub fn format_bytes(format: i32) -> u64 {
     match format {

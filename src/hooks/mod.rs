@@ -150,6 +150,9 @@ api! {
         fn cuArrayCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult => memory::array_create;
         fn cuArray3DCreate(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult => memory::array3d_create_v1;
         fn cuArray3DCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult => memory::array3d_create;
+        fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult => memory::mem_set_access;
+        fn cuMemGetAllocationGranularity(gran: *mut usize, prop: *const CUmemAllocationProp, option: u32) -> CUresult => memory::mem_get_allocation_granularity;
+        fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult => memory::mem_pool_create;
         fn cuMipmappedArrayCreate(arr: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> CUresult => memory::mipmapped_array_create;
 
         // --- memory: free -------------------------------------------------
@@ -218,6 +221,8 @@ api! {
         fn cuInit(flags: u32) -> CUresult;
         fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
         fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
+        fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
+        fn cuCtxSynchronize() -> CUresult;
         fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
         fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -> CUresult;

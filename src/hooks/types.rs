@@ -59,6 +59,24 @@ pub struct CUmemAllocationProp {
     pub allocFlags: [u8; 8],
 }
 
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_int,
+}
+
+/// `CUmemPoolProps` (88 bytes; the location is what we translate).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemPoolProps {
+    pub allocType: c_int,
+    pub handleTypes: c_int,
+    pub location: CUmemLocation,
+    pub rest: [u64; 9],
+}
+
 /// `CUDA_ARRAY_DESCRIPTOR` (`_v2`).
 #[repr(C)]
 pub struct CUDA_ARRAY_DESCRIPTOR {
@@ -181,6 +199,9 @@ mod tests {
         assert_eq!(size_of::<CUDA_LAUNCH_PARAMS>(), 56);
         assert_eq!(offset_of!(CUmemAllocationProp, location), 8);
         assert_eq!(size_of::<CUmemAllocationProp>(), 32);
+        assert_eq!(size_of::<CUmemAccessDesc>(), 12);
+        assert_eq!(size_of::<CUmemPoolProps>(), 88);
+        assert_eq!(offset_of!(CUmemPoolProps, location), 8);
         assert_eq!(size_of::<CUDA_ARRAY_DESCRIPTOR>(), 24);
         assert_eq!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>(), 40);
     }

@@ -1,0 +1,146 @@
+//! Cost of the scheduler on the launch path when the container is within
+//! its share, against the bare simulated driver in the same run:
+//!
+//! - `bare sim launch`: `cuLaunchKernel` of the sim (a 0 ns `cgpu_sim_spin`);
+//! - `gated sim launch`: `admit_launch` + the same launch + `launched`, the
+//!   process attached to a real ledger and holding the GPU (slice ends,
+//!   drains and re-grants included, as they come);
+//! - `gate alone`: `admit_launch` + `launched` around nothing.
+//!
+//!     cargo bench --bench launch
+//!
+//! The sim is loaded with `dlopen` (its exports would clash with ours if
+//! linked); the ledger lives in a temporary directory.
+
+use cgpu::ledger::{JoinRequest, Ledger};
+use cgpu::scheduler::{self, DriverOps};
+use criterion::{criterion_group, criterion_main, Criterion};
+use std::ffi::{c_char, c_void};
+use std::hint::black_box;
+use std::time::Duration;
+
+type Ptr = *mut c_void;
+type LaunchFn =
+    unsafe extern "C" fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr) -> u32;
+
+struct Sim {
+    _lib: libloading::Library,
+    launch: LaunchFn,
+    sync: unsafe extern "C" fn() -> u32,
+    f: Ptr,
+}
+
+fn setup() -> Sim {
+    let a = cgpu_testkit::artifacts();
+    let dir = std::env::temp_dir().join(format!("cgpu-sched-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::env::set_var("CGPU_SIM_STATE", dir.join("sim"));
+    // SAFETY: loading the simulated driver, a plain C library.
+    let lib = unsafe { libloading::Library::new(&a.libsim) }.expect("load the sim");
+    let ptx =
+        c".version 7.0\n.target sm_52\n.visible .entry cgpu_sim_spin(.param .u64 a)\n{ ret; }\n";
+    // SAFETY: the sim's driver API with valid arguments and C signatures.
+    unsafe {
+        let init: libloading::Symbol<unsafe extern "C" fn(u32) -> u32> =
+            lib.get(b"cuInit").unwrap();
+        let retain: libloading::Symbol<unsafe extern "C" fn(*mut Ptr, i32) -> u32> =
+            lib.get(b"cuDevicePrimaryCtxRetain").unwrap();
+        let set: libloading::Symbol<unsafe extern "C" fn(Ptr) -> u32> =
+            lib.get(b"cuCtxSetCurrent").unwrap();
+        let load: libloading::Symbol<unsafe extern "C" fn(*mut Ptr, *const c_void) -> u32> =
+            lib.get(b"cuModuleLoadData").unwrap();
+        let getf: libloading::Symbol<unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> u32> =
+            lib.get(b"cuModuleGetFunction").unwrap();
+        assert_eq!(init(0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(retain(&mut ctx, 0), 0);
+        assert_eq!(set(ctx), 0);
+        let mut m = std::ptr::null_mut();
+        assert_eq!(load(&mut m, ptx.as_ptr() as *const c_void), 0);
+        let mut f = std::ptr::null_mut();
+        assert_eq!(getf(&mut f, m, c"cgpu_sim_spin".as_ptr()), 0);
+        let launch = *lib.get::<LaunchFn>(b"cuLaunchKernel").unwrap();
+        let sync = *lib
+            .get::<unsafe extern "C" fn() -> u32>(b"cuCtxSynchronize")
+            .unwrap();
+        let drv = DriverOps {
+            ctx_get_current: *lib.get(b"cuCtxGetCurrent").unwrap(),
+            ctx_set_current: *lib.get(b"cuCtxSetCurrent").unwrap(),
+            ctx_synchronize: sync,
+        };
+        // Join a ledger as a container of weight 1 and attach the scheduler.
+        let ledger: &'static Ledger = Box::leak(Box::new(
+            Ledger::open_or_create(&dir, "GPU-bench", 0, 16 << 30).expect("ledger"),
+        ));
+        ledger.set_policy(1).unwrap();
+        let m = ledger
+            .join(&JoinRequest {
+                container_id: "bench",
+                quota: 0,
+                weight: 1,
+                highprio: false,
+                enforce_off: false,
+            })
+            .expect("join");
+        scheduler::attach(ledger, &m, drv).expect("attach");
+        Sim {
+            _lib: lib,
+            launch,
+            sync,
+            f,
+        }
+    }
+}
+
+fn bench(c: &mut Criterion) {
+    let sim = setup();
+    let mut ns: u64 = 0;
+    let mut args = [&mut ns as *mut u64 as Ptr];
+    let args_p = args.as_mut_ptr();
+    let launch = || {
+        // SAFETY: a valid function of the sim's current context and its parameters.
+        unsafe {
+            (sim.launch)(
+                sim.f,
+                1,
+                1,
+                1,
+                32,
+                1,
+                1,
+                0,
+                std::ptr::null_mut(),
+                args_p,
+                std::ptr::null_mut(),
+            )
+        }
+    };
+    let mut g = c.benchmark_group("launch");
+    g.measurement_time(Duration::from_secs(4)).sample_size(30);
+    g.bench_function("bare sim launch", |b| {
+        b.iter(|| black_box(launch()));
+        // SAFETY: a current context exists.
+        unsafe { (sim.sync)() };
+    });
+    g.bench_function("gated sim launch", |b| {
+        b.iter(|| {
+            scheduler::admit_launch(std::ptr::null_mut());
+            let r = launch();
+            scheduler::launched(std::ptr::null_mut(), r);
+            black_box(r)
+        });
+        // SAFETY: as above.
+        unsafe { (sim.sync)() };
+    });
+    g.bench_function("gate alone", |b| {
+        b.iter(|| {
+            scheduler::admit_launch(std::ptr::null_mut());
+            scheduler::launched(std::ptr::null_mut(), 0);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,180 @@
+//! Names of the scheduler's words in the ledger (`LedgerHeader::sched`,
+//! `ContainerSlot::sched`) and the packing of the token word.
+//!
+//! All words are `AtomicU64`; signed quantities are stored as `i64 as u64`.
+//! Times are `CLOCK_MONOTONIC` nanoseconds (one clock for every process on
+//! the host, whatever its PID namespace).
+
+/// Per-GPU words (`LedgerHeader::sched[..]`).
+pub mod gpu {
+    /// The token: who holds the GPU and in which state (see [`super::Token`]).
+    /// Its low 32 bits (the sequence number, changed by every transition)
+    /// are the futex word every waiter sleeps on.
+    pub const TOKEN: usize = 0;
+    /// When the current slice (or the current decision) started.
+    pub const SLICE_START: usize = 1;
+    /// Time budget of the current slice, ns.
+    pub const SLICE_BUDGET: usize = 2;
+    /// Launches the current holder may make in this slice (queue bound).
+    pub const SLICE_ALLOW: usize = 3;
+    /// Last time the buckets were refilled.
+    pub const LAST_REFILL: usize = 4;
+    /// While IDLE: the earliest time a waiting container becomes eligible.
+    pub const IDLE_UNTIL: usize = 5;
+    /// When the current DRAINING or DECIDING state began.
+    pub const STATE_SINCE: usize = 6;
+    /// GPU time charged to all containers, ns.
+    pub const BUSY_NS: usize = 7;
+    /// Slices granted on this GPU.
+    pub const SLICES: usize = 8;
+    /// `knob_generation` seen by the last decision (informational).
+    pub const KNOB_GEN_SEEN: usize = 9;
+}
+
+/// Per-container words (`ContainerSlot::sched[..]`).
+pub mod container {
+    /// GPU time charged to the container, ns (slice start → drain complete).
+    pub const GPU_NS: usize = 0;
+    /// Time its threads spent held back in launch hooks, ns (summed over threads).
+    pub const THROTTLED_NS: usize = 1;
+    /// Launches admitted (counted per slice, added at the slice's end).
+    pub const LAUNCHES: usize = 2;
+    /// Token bucket, ns of GPU time (`i64`; negative = deficit).
+    pub const TOKENS: usize = 3;
+    /// Estimated GPU ns per launch (EWMA), for the queue bound.
+    pub const NS_PER_LAUNCH: usize = 4;
+    /// Launch attempts in the current slice (fast path counter).
+    pub const SLICE_LAUNCHES: usize = 5;
+    /// Slices it was granted.
+    pub const SLICES: usize = 6;
+    /// Bit set of process slots with a thread waiting to launch (4 words).
+    pub const WANT: usize = 7;
+    /// Bit set of process slots that launched in the current slice and must
+    /// drain before the GPU changes hands (4 words).
+    pub const DRAIN: usize = 11;
+    /// Last time a thread of the container started waiting (informational).
+    pub const LAST_WAIT_NS: usize = 15;
+    /// Words of a process bit set (256 process slots).
+    pub const SET_WORDS: usize = 4;
+}
+
+/// Token states.
+pub const IDLE: u8 = 0;
+pub const RUNNING: u8 = 1;
+pub const DRAINING: u8 = 2;
+pub const DECIDING: u8 = 3;
+
+/// The token word unpacked: `seq` (bits 0..32) | `state` (32..40) |
+/// `holder + 1` (40..48, 0 = none) | `aux` (48..64: process slot + 1 of the
+/// decider while DECIDING).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    pub seq: u32,
+    pub state: u8,
+    pub holder: Option<usize>,
+    pub aux: Option<usize>,
+}
+
+impl Token {
+    #[inline]
+    pub fn unpack(w: u64) -> Token {
+        let h = ((w >> 40) & 0xff) as usize;
+        let a = (w >> 48) as usize;
+        Token {
+            seq: w as u32,
+            state: (w >> 32) as u8,
+            holder: h.checked_sub(1),
+            aux: a.checked_sub(1),
+        }
+    }
+    #[inline]
+    pub fn pack(self) -> u64 {
+        let h = self.holder.map_or(0, |h| (h as u64 + 1) & 0xff);
+        let a = self.aux.map_or(0, |a| (a as u64 + 1) & 0xffff);
+        self.seq as u64 | (self.state as u64) << 32 | h << 40 | a << 48
+    }
+    /// The word a holder's fast path compares against: RUNNING by `c` at `seq`.
+    #[inline]
+    pub fn running(seq: u32, c: usize) -> u64 {
+        Token {
+            seq,
+            state: RUNNING,
+            holder: Some(c),
+            aux: None,
+        }
+        .pack()
+    }
+    /// The next state, with the sequence number advanced.
+    #[inline]
+    pub fn next(self, state: u8, holder: Option<usize>, aux: Option<usize>) -> Token {
+        Token {
+            seq: self.seq.wrapping_add(1),
+            state,
+            holder,
+            aux,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_round_trips() {
+        for t in [
+            Token {
+                seq: 0,
+                state: IDLE,
+                holder: None,
+                aux: None,
+            },
+            Token {
+                seq: u32::MAX,
+                state: RUNNING,
+                holder: Some(31),
+                aux: None,
+            },
+            Token {
+                seq: 7,
+                state: DECIDING,
+                holder: None,
+                aux: Some(255),
+            },
+            Token {
+                seq: 9,
+                state: DRAINING,
+                holder: Some(0),
+                aux: Some(0),
+            },
+        ] {
+            assert_eq!(Token::unpack(t.pack()), t);
+        }
+        // A zeroed ledger reads as IDLE, nobody holding.
+        assert_eq!(
+            Token::unpack(0),
+            Token {
+                seq: 0,
+                state: IDLE,
+                holder: None,
+                aux: None
+            }
+        );
+        assert_eq!(
+            Token::running(5, 3),
+            Token {
+                seq: 5,
+                state: RUNNING,
+                holder: Some(3),
+                aux: None
+            }
+            .pack()
+        );
+        assert_eq!(
+            container::DRAIN + container::SET_WORDS,
+            container::LAST_WAIT_NS
+        );
+        const { assert!(container::LAST_WAIT_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
+        const { assert!(gpu::KNOB_GEN_SEEN < crate::ledger::SCHED_GPU_WORDS) };
+    }
+}

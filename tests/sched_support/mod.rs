@@ -1,0 +1,290 @@
+//! Shared harness of the scheduling tests and the `share` example: real
+//! client processes under `LD_PRELOAD=libcgpu.so` on the simulated driver,
+//! one simulated GPU per scenario, shares measured from the sim's ground
+//! truth (`cgpu-sim-stat --json`, per-process device time).
+#![allow(dead_code)]
+
+use cgpu::ledger::Ledger;
+use cgpu_testkit::{self as tk, LinkMode, SimEnv};
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+/// One container of a scenario.
+#[derive(Clone, Debug)]
+pub struct Ctr {
+    pub id: String,
+    pub weight: u32,
+    pub highprio: bool,
+    /// Processes, each a cuclient command line.
+    pub procs: Vec<Vec<String>>,
+    pub mode: LinkMode,
+    pub extra_env: Vec<(String, String)>,
+}
+
+impl Ctr {
+    pub fn new(id: &str, weight: u32) -> Ctr {
+        Ctr {
+            id: id.into(),
+            weight,
+            highprio: false,
+            procs: Vec::new(),
+            mode: LinkMode::Link,
+            extra_env: Vec::new(),
+        }
+    }
+    /// A process that keeps the GPU busy for `ms` with kernels of `ns`.
+    pub fn busy(mut self, ms: u64, ns: u64) -> Ctr {
+        self.procs.push(vec![
+            "init".into(),
+            "ready".into(),
+            "spin_for".into(),
+            ms.to_string(),
+            ns.to_string(),
+        ]);
+        self
+    }
+    /// A process that joins (holds a context) and does no GPU work.
+    pub fn idle(mut self) -> Ctr {
+        self.procs
+            .push(vec!["init".into(), "ready".into(), "hold".into()]);
+        self
+    }
+    /// A process running `args` (cuclient commands).
+    pub fn cmd(mut self, args: &[&str]) -> Ctr {
+        self.procs
+            .push(args.iter().map(|s| s.to_string()).collect());
+        self
+    }
+    pub fn highprio(mut self) -> Ctr {
+        self.highprio = true;
+        self
+    }
+    pub fn mode(mut self, m: LinkMode) -> Ctr {
+        self.mode = m;
+        self
+    }
+    pub fn env(mut self, k: &str, v: &str) -> Ctr {
+        self.extra_env.push((k.into(), v.into()));
+        self
+    }
+}
+
+/// A line a child printed, with when it arrived.
+pub struct Line {
+    pub at: Instant,
+    pub text: String,
+}
+
+pub struct Proc {
+    pub container: String,
+    pub child: Child,
+    pub lines: Receiver<Line>,
+    pub seen: Vec<Line>,
+}
+
+impl Proc {
+    /// Wait (up to `timeout`) for a line starting with `prefix`.
+    pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> Option<&Line> {
+        let end = Instant::now() + timeout;
+        if let Some(i) = self.seen.iter().position(|l| l.text.starts_with(prefix)) {
+            return Some(&self.seen[i]);
+        }
+        loop {
+            let left = end.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    let hit = l.text.starts_with(prefix);
+                    self.seen.push(l);
+                    if hit {
+                        return self.seen.last();
+                    }
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+    /// Lines received so far (without waiting).
+    pub fn drain_lines(&mut self) -> &[Line] {
+        while let Ok(l) = self.lines.try_recv() {
+            self.seen.push(l);
+        }
+        &self.seen
+    }
+}
+
+/// A running scenario: one simulated GPU, its ledger directory, processes.
+pub struct Scenario {
+    pub env: SimEnv,
+    pub ledger_dir: PathBuf,
+    pub procs: Vec<Proc>,
+    pub started: Instant,
+}
+
+pub fn artifacts() -> &'static tk::Artifacts {
+    tk::artifacts()
+}
+
+impl Scenario {
+    /// Start every process of `ctrs`, wait until all printed `ready` (the
+    /// ones that do), and return with the ledger open.
+    pub fn start(ctrs: &[Ctr]) -> Scenario {
+        let a = tk::artifacts();
+        let env = SimEnv::new().preload(&a.libcgpu).ctx_mib(16);
+        let ledger_dir = env.state_dir.with_extension("ledger");
+        let _ = std::fs::remove_dir_all(&ledger_dir);
+        std::fs::create_dir_all(&ledger_dir).unwrap();
+        let env = env
+            .env("CGPU_LEDGER_DIR", ledger_dir.to_str().unwrap())
+            .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+            .env("CGPU_LOG", "warn");
+        let mut procs = Vec::new();
+        for c in ctrs {
+            let exe = tk::cuclient(c.mode);
+            for args in &c.procs {
+                let mut cmd = env.command(&exe);
+                cmd.args(args)
+                    .env("CGPU_CONTAINER_ID", &c.id)
+                    .env("ALIYUN_COM_GPU_SCHD_WEIGHT", c.weight.max(1).to_string())
+                    .env(
+                        "ALIYUN_COM_GPU_HIGH_PRIO",
+                        if c.highprio { "1" } else { "0" },
+                    )
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::inherit());
+                for (k, v) in &c.extra_env {
+                    cmd.env(k, v);
+                }
+                let mut child = cmd.spawn().expect("spawn cuclient");
+                let out = child.stdout.take().unwrap();
+                let (tx, rx) = channel();
+                std::thread::spawn(move || {
+                    let r = std::io::BufReader::new(out);
+                    for l in r.lines() {
+                        let Ok(text) = l else { break };
+                        if tx
+                            .send(Line {
+                                at: Instant::now(),
+                                text,
+                            })
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                });
+                procs.push(Proc {
+                    container: c.id.clone(),
+                    child,
+                    lines: rx,
+                    seen: Vec::new(),
+                });
+            }
+        }
+        let mut s = Scenario {
+            env,
+            ledger_dir,
+            procs,
+            started: Instant::now(),
+        };
+        for p in &mut s.procs {
+            let wants_ready = true;
+            if wants_ready {
+                p.wait_line("ready", Duration::from_secs(60));
+            }
+        }
+        s
+    }
+
+    /// The GPU's ledger (waits for it to appear).
+    pub fn ledger(&self) -> Ledger {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(p) = Ledger::list(&self.ledger_dir).first() {
+                if let Ok(l) = Ledger::open(p) {
+                    return l;
+                }
+            }
+            assert!(
+                Instant::now() < end,
+                "no ledger in {}",
+                self.ledger_dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn slot(&self, l: &Ledger, id: &str) -> usize {
+        l.find_container(id)
+            .unwrap_or_else(|| panic!("container {id} not in the ledger"))
+    }
+
+    /// Device time per container over `window` (ground truth from the sim),
+    /// and the window's wall time.
+    pub fn measure(&self, window: Duration) -> Measure {
+        let s0 = self.env.stats();
+        let t0 = Instant::now();
+        std::thread::sleep(window);
+        let s1 = self.env.stats();
+        let wall = t0.elapsed().as_nanos() as u64;
+        let mut per: HashMap<String, u64> = HashMap::new();
+        for p in &self.procs {
+            let pid = p.child.id();
+            let a = s0.process(pid, 0).map_or(0, |x| x.device_time_ns);
+            let b = s1.process(pid, 0).map_or(a, |x| x.device_time_ns);
+            *per.entry(p.container.clone()).or_default() += b.saturating_sub(a);
+        }
+        let busy = s1.devices[0].busy_ns.saturating_sub(s0.devices[0].busy_ns);
+        Measure { per, wall, busy }
+    }
+
+    pub fn kill_all(&mut self) {
+        for p in &mut self.procs {
+            let _ = p.child.kill();
+            let _ = p.child.wait();
+        }
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        self.kill_all();
+        let _ = std::fs::remove_dir_all(&self.ledger_dir);
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Measure {
+    pub per: HashMap<String, u64>,
+    pub wall: u64,
+    pub busy: u64,
+}
+
+impl Measure {
+    /// Device time of `id` over the wall time of the window.
+    pub fn of_wall(&self, id: &str) -> f64 {
+        self.per.get(id).copied().unwrap_or(0) as f64 / self.wall as f64
+    }
+    /// Device time of `id` over all containers' device time.
+    pub fn of_busy(&self, id: &str) -> f64 {
+        let sum: u64 = self.per.values().sum();
+        self.per.get(id).copied().unwrap_or(0) as f64 / sum.max(1) as f64
+    }
+    /// All containers' device time over wall time.
+    pub fn utilisation(&self) -> f64 {
+        self.per.values().sum::<u64>() as f64 / self.wall as f64
+    }
+}
+
+/// Relative error of `got` against `want`.
+pub fn rel_err(got: f64, want: f64) -> f64 {
+    (got - want).abs() / want
+}
+
+pub fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
