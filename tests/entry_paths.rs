@@ -203,6 +203,14 @@ fn unmodified_cuda_bindings_and_pynvml_see_the_quota() {
             MIB,
             "{out}"
         );
+        // cuCtxCreate (v4 through cuGetProcAddress): +300 MiB, then given back.
+        let free = j["free"].as_u64().unwrap();
+        assert_eq!(
+            free - j["free_with_ctx2"].as_u64().unwrap(),
+            300 * MIB,
+            "{out}"
+        );
+        assert_eq!(j["free_after_ctx2"].as_u64().unwrap(), free, "{out}");
 
         let mut c = m.preloaded(python(), &vars);
         c.arg(repo().join("tests/py/pynvml_meminfo.py"));

@@ -693,3 +693,85 @@ fn nvml_process_lists_show_only_the_containers_processes() {
         let _ = k.wait();
     }
 }
+
+#[test]
+fn destroying_a_context_gives_back_what_was_allocated_in_it() {
+    let m = Machine::new("ctxfree", T4);
+    let v = vars("ctxfree", "2");
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "alloc",
+            "536870912",
+            "managed",
+            "1048576",
+            "destroy",
+            "ctx",
+            "info",
+            "destroy",
+            "pctx",
+            "alloc",
+            "536870912",
+            "prelease",
+            "pctx",
+            "info",
+            "nvml",
+        ],
+    ));
+    let infos: Vec<_> = lines(&out)
+        .into_iter()
+        .filter(|j| j["op"] == "info")
+        .collect();
+    assert_eq!(op(&out, "destroy")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "prelease")["rc"], 0, "{out}");
+    // After each destroy only the one live context is held.
+    assert_eq!(infos[0]["free"].as_u64().unwrap(), 2 * GIB - CTX, "{out}");
+    assert_eq!(infos[1]["free"].as_u64().unwrap(), 2 * GIB - CTX, "{out}");
+    // And the driver agrees.
+    assert_eq!(
+        op(&out, "nvml")["procs"][0][1].as_u64().unwrap(),
+        CTX,
+        "{out}"
+    );
+    assert_eq!(
+        op(&out, "nvml")["v1"]["used"].as_u64().unwrap(),
+        CTX,
+        "{out}"
+    );
+}
+
+#[test]
+fn a_zero_in_the_list_leaves_that_gpu_unlimited_but_recorded() {
+    let m = Machine::new("list", "23028:NVIDIA A10,23028:NVIDIA A10");
+    let v = vars("listed", "1,0");
+    let out0 = run_ok(&mut m.client(Some(&v), &["ctx", "0", "info"]));
+    assert_eq!(op(&out0, "info")["total"].as_u64().unwrap(), GIB, "{out0}");
+    let (mut k, _r) = spawn_ready(m.client(
+        Some(&v),
+        &["ctx", "1", "alloc", "2147483648", "info", "ready", "hold"],
+    ));
+    let l = cgpu::ledger::Ledger::list(&m.ledger)
+        .into_iter()
+        .map(|p| Ledger::open(&p).unwrap())
+        .find(|l| {
+            l.find_container("listed").is_some_and(|c| {
+                l.file().containers[c]
+                    .used
+                    .load(std::sync::atomic::Ordering::Acquire)
+                    > 0
+            })
+        })
+        .expect("GPU 1's ledger records the container");
+    let (used, _, quota, _) = container(&l, "listed").unwrap();
+    assert_eq!(quota, 0, "not limited");
+    assert_eq!(used, CTX + 2 * GIB);
+    let _ = k.kill();
+    let _ = k.wait();
+    let out1 = run_ok(&mut m.client(Some(&v), &["ctx", "1", "info"]));
+    assert_eq!(
+        op(&out1, "info")["total"].as_u64().unwrap(),
+        23028 * MIB,
+        "{out1}"
+    );
+}

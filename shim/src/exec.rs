@@ -303,6 +303,11 @@ impl Executor {
             }
             done.clear();
             slice_used += used;
+            if dev.owner.load(Acquire) != self.slot as u32 + 1 {
+                // Taken from us while we were frozen: queue up again.
+                owned = false;
+                continue;
+            }
             if slice_used >= self.timeslice_ns {
                 slice_used = 0;
                 if self.others_want() {
@@ -322,6 +327,11 @@ impl Executor {
     fn acquire_device(&self) {
         let dev = self.shared.dev(self.dev);
         let me = self.slot as u32 + 1;
+        // An owner that neither hands over nor finishes for this long is
+        // frozen (SIGSTOP, a debugger, starved of CPU): a GPU would still
+        // time-slice it out, so the device is taken from it.
+        let steal_after = (20 * self.timeslice_ns).max(250_000_000);
+        let mut stalled: Option<(u32, u32, u64)> = None;
         loop {
             let seq = dev.seq.load(Acquire);
             let o = dev.owner.load(Acquire);
@@ -343,7 +353,27 @@ impl Executor {
                         dev.seq.fetch_add(1, AcqRel);
                         futex_wake(&dev.seq);
                     }
+                    stalled = None;
+                    continue;
                 }
+                let now = now_mono_ns();
+                match stalled {
+                    Some((so, ss, since)) if so == o && ss == seq => {
+                        if now.saturating_sub(since) >= steal_after
+                            && dev.owner.compare_exchange(o, me, AcqRel, Acquire).is_ok()
+                        {
+                            // It asks again when it runs again; until then
+                            // nobody hands the device back to it.
+                            self.shared.slot(o as usize - 1).want[self.dev].store(0, Release);
+                            dev.seq.fetch_add(1, AcqRel);
+                            futex_wake(&dev.seq);
+                            return;
+                        }
+                    }
+                    _ => stalled = Some((o, seq, now)),
+                }
+            } else {
+                stalled = None;
             }
         }
     }
@@ -365,9 +395,16 @@ impl Executor {
                 self.shared.reap(Some(me));
             }
         }
-        dev.owner.store(next, Release);
-        dev.seq.fetch_add(1, AcqRel);
-        futex_wake(&dev.seq);
+        // Only if we still own it (it may have been taken from us while we
+        // were frozen).
+        if dev
+            .owner
+            .compare_exchange(me as u32 + 1, next, AcqRel, Acquire)
+            .is_ok()
+        {
+            dev.seq.fetch_add(1, AcqRel);
+            futex_wake(&dev.seq);
+        }
     }
 }
 

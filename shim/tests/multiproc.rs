@@ -247,3 +247,56 @@ fn racing_processes_never_overcommit() {
     }
     assert_eq!(env.stats().devices[0].used_bytes, 0);
 }
+
+/// A process frozen (SIGSTOP) while it owns the device loses it after a
+/// while, as a GPU would time-slice its context out; resumed, it finishes.
+#[test]
+fn a_frozen_owner_does_not_block_others_forever() {
+    let env = SimEnv::new();
+    let c = cuclient(LinkMode::Link);
+    let mut a = env.spawn(&c, &["ready", "spin_for", "2000", "2000000"]);
+    read_until(&mut a, "ready", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(a.id() as i32, libc::SIGSTOP) };
+    let t = std::time::Instant::now();
+    let out = env.cuclient(LinkMode::Link, &["spin", "1000000", "100"]);
+    assert!(out.contains("spin ok count=100"), "{out}");
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    // SAFETY: as above.
+    unsafe { libc::kill(a.id() as i32, libc::SIGCONT) };
+    let o = cgpu_testkit::wait_output(a, Duration::from_secs(60));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("spin_for ok"));
+}
+
+/// A forked child that never touches CUDA shares its parent's file
+/// descriptions; it must not keep a killed parent's memory held.
+#[test]
+fn a_forked_child_does_not_keep_a_killed_parents_memory() {
+    let env = SimEnv::new().gpus("8000:Tesla T4").ctx_mib(300);
+    let mut a = env.spawn(
+        cuclient(LinkMode::Link),
+        &["alloc", "1073741824", "fork_sleep", "20", "hold"],
+    );
+    let lines = read_until(&mut a, "holding", Duration::from_secs(60));
+    let child: i32 = lines
+        .iter()
+        .find_map(|l| cgpu_testkit::field(l, "child"))
+        .expect("fork_sleep printed the child")
+        .parse()
+        .unwrap();
+    assert_eq!(env.stats().devices[0].used_bytes, (300 + 1024) * MIB);
+    a.kill().unwrap();
+    a.wait().unwrap();
+    // SAFETY: signal 0 only checks that the child (a plain sleeping process) exists.
+    assert_eq!(unsafe { libc::kill(child, 0) }, 0, "the child lives on");
+    let out = env.cuclient(LinkMode::Link, &["meminfo"]);
+    // SAFETY: the child is ours to stop; it only sleeps.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    assert_eq!(
+        num(&out, "meminfo", "free"),
+        (8000 - 300) * MIB,
+        "the killed parent's memory came back while its child lived: {out}"
+    );
+    assert_eq!(env.stats().devices[0].used_bytes, 0);
+}

@@ -30,5 +30,13 @@ err2, _ = cuda.cuMemAlloc(int(total) + (1 << 30))
 free2, _ = ok(cuda.cuMemGetInfo())
 if rc_fit == 0:
     ok(cuda.cuMemFree(ptr))
+# A second context through cuCtxCreate (the v4 ABI in 13.x bindings): its
+# reservation counts, and is given back when it is destroyed.
+ctx2 = ok(cuda.cuCtxCreate(None, 0, dev))
+free3, _ = ok(cuda.cuMemGetInfo())
+ok(cuda.cuCtxDestroy(ctx2))
+ok(cuda.cuCtxSetCurrent(ctx))
+free4, _ = ok(cuda.cuMemGetInfo())
 print(json.dumps({"free": int(free), "total": int(total), "devtotal": int(devtotal),
-                  "alloc_rc": rc_fit, "over_rc": int(err2), "free_after_alloc": int(free2)}))
+                  "alloc_rc": rc_fit, "over_rc": int(err2), "free_after_alloc": int(free2),
+                  "free_with_ctx2": int(free3), "free_after_ctx2": int(free4)}))

@@ -8,6 +8,8 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   ctx [DEV]          cuDeviceGet + cuCtxCreate_v2 (made current)
   pctx [DEV]         cuDevicePrimaryCtxRetain + cuCtxSetCurrent
   info               print {"op":"info", free, total, devtotal, count}
+  destroy            cuCtxDestroy_v2 of the context made by `ctx` (allocations left in it)
+  prelease           cuDevicePrimaryCtxRelease_v2 of device 0 (to zero after one `pctx`)
   nvmluuid UUID      nvmlDeviceGetHandleByUUID, print its rc
   nvml               print {"op":"nvml", count, v1:{..}, v2:{..}, pids:[..]} for device 0
   alloc BYTES        cuMemAlloc_v2, print {"op":"alloc", rc}
@@ -278,6 +280,18 @@ def main(argv):
                 check(nv.nvmlInit_v2(), "nvmlInit_v2")
             hi = C.c_void_p()
             out({"op": "nvmluuid", "rc": nv.nvmlDeviceGetHandleByUUID(u.encode(), C.byref(hi))})
+        elif cmd == "destroy":
+            rc = cu.cuCtxDestroy_v2(CTX)
+            held.clear()
+            CTX.value = None
+            out({"op": "destroy", "rc": rc})
+        elif cmd == "prelease":
+            d = C.c_int()
+            cu.cuDeviceGet(C.byref(d), 0)
+            rc = cu.cuDevicePrimaryCtxRelease_v2(d)
+            held.clear()
+            CTX.value = None
+            out({"op": "prelease", "rc": rc})
         elif cmd == "waitline":
             sys.stdin.readline()
         elif cmd == "poll":
