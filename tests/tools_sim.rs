@@ -252,7 +252,6 @@ fn lowered_memsize_shows_in_a_running_clients_meminfo() {
 /// against what the sim's executor charged; and the utilisation over a
 /// second against the sim's device time over the same second.
 #[test]
-#[ignore = "needs the scheduler's accounting (issue 4); run with --ignored once it landed"]
 fn utilisation_equals_the_sims_device_time() {
     let s = Sim::new("util");
     let busy = ["pid", "ready", "spin_for", "4000", "1000000", "hold"];

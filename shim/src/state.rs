@@ -271,18 +271,29 @@ impl Shared {
         if fresh {
             file.set_len(STATE_SIZE as u64)?;
         }
+        // Map through a description of its own: a mapping pins the open file
+        // description it was made from, and a forked child inherits mappings.
+        // Had we mapped `file` (which carries our liveness lock), a child
+        // would keep a killed parent "alive" for as long as it lives.
+        let map_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(path)?;
         // SAFETY: mapping a regular file we opened read-write, of STATE_SIZE
-        // bytes; the mapping is never unmapped (lives for the process).
+        // bytes (we hold the table lock, so nobody renames or resizes it); the
+        // mapping is never unmapped (lives for the process).
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 STATE_SIZE,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_SHARED,
-                file.as_raw_fd(),
+                map_file.as_raw_fd(),
                 0,
             )
         };
+        drop(map_file);
         if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }

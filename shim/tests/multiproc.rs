@@ -268,3 +268,35 @@ fn a_frozen_owner_does_not_block_others_forever() {
     let o = cgpu_testkit::wait_output(a, Duration::from_secs(60));
     assert!(String::from_utf8_lossy(&o.stdout).contains("spin_for ok"));
 }
+
+/// A forked child that never touches CUDA shares its parent's file
+/// descriptions; it must not keep a killed parent's memory held.
+#[test]
+fn a_forked_child_does_not_keep_a_killed_parents_memory() {
+    let env = SimEnv::new().gpus("8000:Tesla T4").ctx_mib(300);
+    let mut a = env.spawn(
+        cuclient(LinkMode::Link),
+        &["alloc", "1073741824", "fork_sleep", "20", "hold"],
+    );
+    let lines = read_until(&mut a, "holding", Duration::from_secs(60));
+    let child: i32 = lines
+        .iter()
+        .find_map(|l| cgpu_testkit::field(l, "child"))
+        .expect("fork_sleep printed the child")
+        .parse()
+        .unwrap();
+    assert_eq!(env.stats().devices[0].used_bytes, (300 + 1024) * MIB);
+    a.kill().unwrap();
+    a.wait().unwrap();
+    // SAFETY: signal 0 only checks that the child (a plain sleeping process) exists.
+    assert_eq!(unsafe { libc::kill(child, 0) }, 0, "the child lives on");
+    let out = env.cuclient(LinkMode::Link, &["meminfo"]);
+    // SAFETY: the child is ours to stop; it only sleeps.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    assert_eq!(
+        num(&out, "meminfo", "free"),
+        (8000 - 300) * MIB,
+        "the killed parent's memory came back while its child lived: {out}"
+    );
+    assert_eq!(env.stats().devices[0].used_bytes, 0);
+}

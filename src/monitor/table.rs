@@ -93,7 +93,12 @@ pub fn render(r: &Report, detail: bool) -> String {
                         out,
                         "|   |   {:<13}|          |{:^16}|{:>21}  |",
                         fit(&pid, 13),
-                        format!("gpu {:.1}s", p.gpu_time_ns as f64 / 1e9),
+                        // per-process GPU time only where the scheduler records it
+                        if p.gpu_time_ns > 0 {
+                            format!("gpu {:.1}s", p.gpu_time_ns as f64 / 1e9)
+                        } else {
+                            String::new()
+                        },
                         format!("{} MiB", mib(p.used_bytes)),
                     );
                 }

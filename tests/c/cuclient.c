@@ -49,6 +49,8 @@
  *   kernel_bin NAME COUNT     same from a binary (ELF) image: any name resolves
  *   sync                      cuCtxSynchronize: sync ok
  *   sleep MS                  sleep ok
+ *   fork_sleep S              fork a child that sleeps S seconds then _exit(0)s
+ *                             without touching CUDA: fork_sleep ok child=<pid>
  *   ready                     prints "ready" (a synchronisation point for tests)
  *   hold                      prints "holding" and sleeps until killed (at most
  *                             $CUCLIENT_HOLD_MAX_S seconds, default 600, so that a
@@ -553,6 +555,16 @@ int main(int argc, char **argv) {
             struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
             nanosleep(&t, NULL);
             printf("sleep ok\n");
+        } else if (!strcmp(c, "fork_sleep")) {
+            NEED(1);
+            unsigned s = (unsigned)atoi(argv[++i]);
+            fflush(stdout);
+            pid_t child = fork();
+            if (child == 0) {
+                sleep(s);
+                _exit(0);
+            }
+            printf("fork_sleep ok child=%d\n", (int)child);
         } else if (!strcmp(c, "same_lib")) {
             void *a = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *b = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
             if (!a || !b) printf("same_lib err=dlopen\n");
