@@ -166,6 +166,11 @@ else
 fi
 PY="${PY:-$(command -v python3 || command -v python || true)}"
 [ -n "$PY" ] || fail_setup "no python3 found (--python PATH)"
+# the checks run from scripts/gpu_check: make the paths given absolute
+abspath() { case "$1" in */*) echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")" ;; *) echo "$1" ;; esac; }
+PY="$(abspath "$PY")"
+[ -n "$CTL" ] && CTL="$(abspath "$CTL")"
+[ -n "$SMI" ] && SMI="$(abspath "$SMI")"
 
 export CGPU_CHECK_LIB="$LIB" CGPU_CHECK_CGPUCTL="$CTL" CGPU_CHECK_PYTHON="$PY" \
   CGPU_CHECK_CGPUSMI="$SMI" CGPU_CHECK_WORKDIR="$WORK" CGPU_CHECK_QUICK="$QUICK" CGPU_CHECK_SIM="$SIM" \

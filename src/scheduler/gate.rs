@@ -342,8 +342,8 @@ impl Gate {
             RUNNING => {
                 let h = t.holder.unwrap_or(0);
                 let end = self.g(gw::SLICE_START).load(Acquire).saturating_add(self.g(gw::SLICE_BUDGET).load(Acquire));
-                let eligible = self.slot(self.container).weight.load(Relaxed) > 0;
-                if !eligible && !self.others_want(t.holder) {
+                if self.slot(self.container).weight.load(Relaxed) == 0 {
+                    // No compute for us: never cut others' slices short.
                     return MAX_SLEEP_NS;
                 }
                 if now >= end {

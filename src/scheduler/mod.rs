@@ -167,9 +167,16 @@ fn register_atfork() {
     extern "C" fn child() {
         after_fork_child();
     }
+    extern "C" fn at_exit() {
+        // The helper thread stops touching the driver while it is torn down.
+        detach();
+    }
     ONCE.call_once(|| {
-        // SAFETY: registering a plain extern "C" handler that only stores an atomic.
-        unsafe { libc::pthread_atfork(None, None, Some(child)) };
+        // SAFETY: registering plain extern "C" handlers that only store atomics.
+        unsafe {
+            libc::pthread_atfork(None, None, Some(child));
+            libc::atexit(at_exit);
+        }
     });
 }
 
