@@ -554,7 +554,7 @@ impl Gate {
     /// Wait until this process's outstanding work in slice `t` is done, then
     /// leave the drain set; the last one out decides.
     fn drain(&self, t: Token) {
-        let deadline = now_ns() + 2_000_000_000;
+        let deadline = now_ns() + 500_000_000;
         while self.in_launch.load(SeqCst) > 0 && now_ns() < deadline {
             std::thread::sleep(std::time::Duration::from_micros(20));
         }

@@ -42,8 +42,9 @@ const DECIDED: u8 = 2;
 static ATTACH: AtomicU8 = AtomicU8::new(UNDECIDED);
 
 thread_local! {
-    /// This thread's launch in flight was admitted through `GATE`.
-    static ADMITTED: Cell<bool> = const { Cell::new(false) };
+    /// This thread's launches in flight admitted through `GATE` (more than
+    /// one for `cuLaunchCooperativeKernelMultiDevice`, admitted per stream).
+    static ADMITTED: Cell<u32> = const { Cell::new(0) };
 }
 
 /// Called by every launch hook before calling the real driver. Returns
@@ -65,14 +66,18 @@ pub fn admit_launch(_stream: Stream) {
     // SAFETY: a gate, once published, is never freed (leaked on attach).
     let g = unsafe { &*g };
     if g.admit() {
-        ADMITTED.with(|a| a.set(true));
+        ADMITTED.with(|a| a.set(a.get() + 1));
     }
 }
 
 /// Called by every launch hook after the real driver returned `_result`.
 #[inline]
 pub fn launched(_stream: Stream, _result: CUresult) {
-    if ADMITTED.with(|a| a.replace(false)) {
+    if ADMITTED.with(|a| {
+        let n = a.get();
+        a.set(n.saturating_sub(1));
+        n > 0
+    }) {
         let g = GATE.load(Acquire);
         if !g.is_null() {
             // SAFETY: as in `admit_launch`.
