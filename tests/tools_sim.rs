@@ -293,3 +293,48 @@ fn utilisation_equals_the_sims_device_time() {
         );
     }
 }
+
+/// `cgpuctl set policy` and `set weight` while two containers compute: the
+/// simulator's device time follows the new weights within a couple of
+/// seconds (shares within 10% of target).
+#[test]
+fn weight_set_live_reaches_running_jobs() {
+    let s = Sim::new("weight");
+    let busy = ["pid", "ready", "spin_for", "20000", "1000000", "hold"];
+    let mut a = KillOnDrop(s.client("alpha", "1", "1", &busy));
+    let mut b = KillOnDrop(s.client("beta", "1", "1", &busy));
+    let (pa, _) = wait_for(&mut a.0, "ready");
+    let (pb, _) = wait_for(&mut b.0, "ready");
+    let share = |ms: u64| {
+        let t0 = s.env.stats();
+        std::thread::sleep(Duration::from_millis(ms));
+        let t1 = s.env.stats();
+        let d = |p| {
+            (t1.process(p, 0).unwrap().device_time_ns - t0.process(p, 0).unwrap().device_time_ns)
+                as f64
+        };
+        let (da, db) = (d(pa), d(pb));
+        da / (da + db).max(1.0)
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let before = share(1500);
+    assert!((before - 0.5).abs() <= 0.05, "1:1 first: alpha {before:.3}");
+    for args in [
+        &["set", "policy", "2"][..],
+        &["set", "weight", "3", "--container", "alpha"][..],
+    ] {
+        let o = run(ctl(), &s.dir, args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let after = share(2500);
+    assert!(
+        (after - 0.75).abs() <= 0.075,
+        "3:1 after the set: alpha {after:.3} of the two"
+    );
+    let o = run(smi(), &s.dir, &["--json", "--instant"]);
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let cs = containers(&v);
+    assert_eq!(by_id(&cs, "alpha")["limit_percent"], 75);
+    assert_eq!(by_id(&cs, "beta")["limit_percent"], 25);
+}
