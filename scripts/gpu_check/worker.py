@@ -24,6 +24,7 @@ Commands ({"op": ...}):
   loop   start_at, end_at   the compute loop (bf16 matmuls / spin kernels);
                             counts iterations completed in [start_at, end_at]
   train  seconds            the training-like loop, timed; returns s/iteration
+  capture steps             capture a fresh CUDA graph now and replay it
   exit
 """
 
@@ -202,6 +203,30 @@ class TorchBackend:
             for _ in range(32):
                 y = (y * 1.0001 + 0.5).relu_()
         self._train = (model, opt, x, g, small)
+
+    def capture(self, steps):
+        """Capture a fresh CUDA graph (forward pass + elementwise chain) now,
+        and replay it `steps` times."""
+        t = self.torch
+        self.train_setup()
+        model, _opt, x, _g, small = self._train
+        s = t.cuda.Stream()
+        s.wait_stream(t.cuda.current_stream())
+        with t.cuda.stream(s), t.no_grad():
+            for _ in range(2):
+                model(x)
+        t.cuda.current_stream().wait_stream(s)
+        g = t.cuda.CUDAGraph()
+        with t.no_grad(), t.cuda.graph(g):
+            y = model(x)
+            z = small
+            for _ in range(16):
+                z = (z * 0.999 + 0.25).relu_()
+        for _ in range(steps):
+            g.replay()
+        t.cuda.synchronize()
+        ok = bool(t.isfinite(y.float()).all().item())
+        return {"replays": steps, "finite": ok}
 
     def train_step(self):
         model, opt, x, g, small = self._train
@@ -402,6 +427,35 @@ class CudaBackend:
             prev = node
         self._graph = graph
         self._graph_exec = self.check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+
+    def capture(self, steps):
+        """A fresh graph of 8 kernel nodes, instantiated now and launched
+        `steps` times (built node by node: the simulated driver has no stream
+        capture)."""
+        cu = self.cu
+        fn = self._module()
+        graph = self.check(cu.cuGraphCreate(0), "cuGraphCreate")
+        keep, prev = [], None
+        for _ in range(8):
+            p = cu.CUDA_KERNEL_NODE_PARAMS()
+            p.func = fn
+            p.gridDimX = p.gridDimY = p.gridDimZ = 1
+            p.blockDimX = p.blockDimY = p.blockDimZ = 1
+            p.sharedMemBytes = 0
+            p.kernelParams = self._kparams(20_000)
+            p.extra = 0
+            node = self.check(cu.cuGraphAddKernelNode(graph, [prev] if prev is not None else None,
+                                                      1 if prev is not None else 0, p),
+                              "cuGraphAddKernelNode")
+            keep.append(p)
+            prev = node
+        ex = self.check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        for _ in range(steps):
+            self.check(cu.cuGraphLaunch(ex, self._stream), "cuGraphLaunch")
+        self.sync()
+        self.check(cu.cuGraphExecDestroy(ex), "cuGraphExecDestroy")
+        self.check(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+        return {"replays": steps, "finite": True}
 
     def train_step(self):
         # "matmuls": a few long kernels; "elementwise": many small ones; a graph replay
@@ -610,6 +664,10 @@ def main():
                 r = op_loop(b, cmd)
             elif op == "train":
                 r = op_train(b, cmd)
+            elif op == "capture":
+                t0 = time.time()
+                r = b.capture(int(cmd.get("steps", 20)))
+                r["seconds"] = time.time() - t0
             else:
                 raise ValueError("unknown op %r" % op)
             r["ok"] = True
