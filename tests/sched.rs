@@ -361,3 +361,68 @@ fn every_launch_path_is_gated() {
         "held-back time not counted: {st:?}"
     );
 }
+
+/// Processes of one container killed at random points, again and again
+/// (holding the GPU, draining, deciding or waiting): the other container
+/// never stalls and gets the whole GPU once they are gone.
+#[test]
+fn repeated_kills_never_stall_the_other_container() {
+    let _serial = serial();
+    let mut s = Scenario::start(&[Ctr::new("steady", 1).busy(RUN_MS + 4000, MS)]);
+    let l = s.ledger();
+    l.set_policy(1).unwrap();
+    let steady = s.procs[0].child.id();
+    let exe = cgpu_testkit::cuclient(LinkMode::Link);
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut last = s
+        .env
+        .stats()
+        .process(steady, 0)
+        .map_or(0, |p| p.device_time_ns);
+    let mut last_t = Instant::now();
+    let mut worst_gap = Duration::ZERO;
+    for round in 0..8 {
+        let mut victims = Vec::new();
+        for _ in 0..2 {
+            let mut cmd = s.env.command(&exe);
+            cmd.args(["init", "spin_for", "5000", "1000000"])
+                .env("CGPU_CONTAINER_ID", "victim")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            victims.push(cmd.spawn().expect("spawn victim"));
+        }
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        std::thread::sleep(Duration::from_millis(150 + rng % 350));
+        for v in &mut victims {
+            unsafe { libc::kill(v.id() as i32, libc::SIGKILL) };
+            let _ = v.wait();
+        }
+        // The steady container keeps making progress.
+        let now = s
+            .env
+            .stats()
+            .process(steady, 0)
+            .map_or(0, |p| p.device_time_ns);
+        if now > last {
+            last = now;
+            last_t = Instant::now();
+        } else {
+            worst_gap = worst_gap.max(last_t.elapsed());
+        }
+        assert!(
+            last_t.elapsed() < Duration::from_secs(2),
+            "round {round}: steady container stalled"
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let m = s.measure(Duration::from_millis(1500));
+    let got = m.of_wall("steady");
+    eprintln!("after 16 kills: steady gets {got:.4} (worst stall seen {worst_gap:?})");
+    assert!(
+        got >= 0.97 * (1.0 - TOL),
+        "steady got {got:.4} after the kills"
+    );
+    s.kill_all();
+}
