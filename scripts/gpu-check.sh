@@ -37,6 +37,7 @@ usage: scripts/gpu-check.sh [options]
                     $CGPU_SIM_LIB, next to libcgpu.so, target/{release,debug})
   --log FILE        full log (default gpu-check-<date>.log in the current directory)
   --results FILE    also write the table as TSV (check, expected, measured, status)
+  --markdown FILE   also write the table as Markdown, with GPU, driver and date (for the README)
   --keep            keep the temporary directory (ledgers, per-check output)
 EOF
 }
@@ -55,6 +56,7 @@ SIM=0
 SIM_LIB="${CGPU_SIM_LIB:-}"
 LOG=""
 RESULTS=""
+MARKDOWN=""
 KEEP=0
 
 while [ $# -gt 0 ]; do
@@ -70,6 +72,7 @@ while [ $# -gt 0 ]; do
     --sim-lib) SIM_LIB="$2"; shift 2 ;;
     --log) LOG="$2"; shift 2 ;;
     --results) RESULTS="$2"; shift 2 ;;
+    --markdown) MARKDOWN="$2"; shift 2 ;;
     --keep) KEEP=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "gpu-check: unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -116,6 +119,18 @@ print_table() {
     echo "PASS $(grep -c $'\tPASS$' "$ALL")  FAIL $(grep -c $'\tFAIL$' "$ALL")  SKIP $(grep -c $'\tSKIP$' "$ALL")  ($(( $(date +%s) - T0 )) s; log: $LOG)"
   } | tee -a "$LOG"
   if [ -n "$RESULTS" ]; then cp "$ALL" "$RESULTS"; fi
+  if [ -n "$MARKDOWN" ]; then
+    {
+      echo "$(date -u '+%Y-%m-%d'), $(sed -n 's/^GPU: *//p' "$WORK/probe.out" 2>/dev/null | head -1),"\
+        "driver $(sed -n 's/^driver: *//p' "$WORK/probe.out" 2>/dev/null | head -1),"\
+        "$(sed -n 's/^framework: *//p' "$WORK/probe.out" 2>/dev/null | head -1),"\
+        "$([ "$SIM" = 1 ] && echo "simulated driver, ")$([ "$QUICK" = 1 ] && echo "--quick, ")commit $(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo unknown):"
+      echo
+      echo "| check | expected | measured | result |"
+      echo "|---|---|---|---|"
+      sed 's/|/\\|/g; s/\t/ | /g; s/^/| /; s/$/ |/' "$ALL"
+    } >"$MARKDOWN"
+  fi
 }
 
 # ------------------------------------------------------------------ libraries

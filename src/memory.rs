@@ -520,8 +520,8 @@ fn join(info: GpuInfo) -> Option<Gpu> {
     let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let dir = Ledger::default_dir();
         let ledger = Ledger::open_or_create(&dir, &info.uuid, info.host_index, info.physical_total)
-            .map_err(|e| format!("{e:?}"))?;
-        let m = ledger.join(&req).map_err(|e| format!("{e:?}"))?;
+            .map_err(|e| e.to_string())?;
+        let m = ledger.join(&req).map_err(|e| e.to_string())?;
         Ok::<_, String>((ledger, m))
     }))
     .unwrap_or_else(|_| Err("ledger code panicked".into()));
