@@ -426,3 +426,34 @@ fn repeated_kills_never_stall_the_other_container() {
     );
     s.kill_all();
 }
+
+/// A process of four launching threads (each its own stream) and a
+/// single-threaded one, in two containers of equal weight: 1:1 by container.
+#[test]
+fn multi_threaded_process_shares_one_bucket() {
+    let _serial = serial();
+    let (_s, m) = run(
+        &[
+            Ctr::new("threads", 1).threads(4, RUN_MS, MS),
+            Ctr::new("single", 1).busy(RUN_MS, MS),
+        ],
+        2,
+        None,
+        None,
+    );
+    check(
+        "policy 2, 1:1, four-thread process",
+        m.of_busy("threads"),
+        0.5,
+    );
+    check(
+        "policy 2, 1:1, one-thread process",
+        m.of_busy("single"),
+        0.5,
+    );
+    check(
+        "policy 2, 1:1 with threads, utilisation",
+        m.utilisation().min(1.0),
+        1.0,
+    );
+}

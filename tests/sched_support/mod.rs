@@ -23,6 +23,8 @@ pub struct Ctr {
     pub procs: Vec<Vec<String>>,
     pub mode: LinkMode,
     pub extra_env: Vec<(String, String)>,
+    /// Another client than cuclient (its processes' arguments are its own).
+    pub exe: Option<PathBuf>,
 }
 
 impl Ctr {
@@ -34,6 +36,7 @@ impl Ctr {
             procs: Vec::new(),
             mode: LinkMode::Link,
             extra_env: Vec::new(),
+            exe: None,
         }
     }
     /// A process that keeps the GPU busy for `ms` with kernels of `ns`.
@@ -65,6 +68,15 @@ impl Ctr {
     }
     pub fn mode(mut self, m: LinkMode) -> Ctr {
         self.mode = m;
+        self
+    }
+    /// `THREADS` threads of one process keeping the GPU busy for `ms`
+    /// (`tests/c/sched_threads.c`).
+    pub fn threads(mut self, threads: u32, ms: u64, ns: u64) -> Ctr {
+        let src = tk::workspace_root().join("tests/c/sched_threads.c");
+        self.exe = Some(tk::compile_c(&src, &[], LinkMode::Link));
+        self.procs
+            .push(vec![threads.to_string(), ms.to_string(), ns.to_string()]);
         self
     }
     pub fn env(mut self, k: &str, v: &str) -> Ctr {
@@ -143,7 +155,7 @@ impl Scenario {
             .env("CGPU_LOG", "warn");
         let mut procs = Vec::new();
         for c in ctrs {
-            let exe = tk::cuclient(c.mode);
+            let exe = c.exe.clone().unwrap_or_else(|| tk::cuclient(c.mode));
             for args in &c.procs {
                 let mut cmd = env.command(&exe);
                 cmd.args(args)
