@@ -9,6 +9,8 @@
 //! - `gate alone`: `admit_launch` + `launched` around nothing.
 //!
 //! Criterion reports time per element (launch); the added cost is gated − bare.
+//! At the end, paired interleaved batches give the same difference with the
+//! machine's drift taken out (median of per-pair differences).
 //!
 //!     cargo bench --bench launch
 //!
@@ -173,6 +175,44 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+
+    // Paired, interleaved batches (bare, gated, bare, gated, ...): the sim's
+    // own launch time drifts with the machine's load by more than the gate
+    // costs, so compare each gated batch with the bare one just before it.
+    let batch = |gated: bool| {
+        let t = std::time::Instant::now();
+        for _ in 0..BATCH {
+            if gated {
+                scheduler::admit_launch(std::ptr::null_mut());
+            }
+            let r = launch();
+            if gated {
+                scheduler::launched(std::ptr::null_mut(), r);
+            }
+            black_box(r);
+        }
+        // SAFETY: a current context exists.
+        unsafe { (sim.sync)() };
+        t.elapsed().as_nanos() as f64 / BATCH as f64
+    };
+    let (mut bare, mut gated, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..2000 {
+        let b = batch(false);
+        let g = batch(true);
+        bare.push(b);
+        gated.push(g);
+        diff.push(g - b);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    eprintln!(
+        "interleaved, ns per launch (median of 2000 paired batches of {BATCH}): bare {:.1}, gated {:.1}, gated - bare {:.1}",
+        med(&mut bare),
+        med(&mut gated),
+        med(&mut diff)
+    );
     // SAFETY: set in setup to a leaked ledger.
     let l = unsafe { &*LEDGER.load(Ordering::Relaxed) };
     let c = &l.file().containers[MEMBER.load(Ordering::Relaxed)];
