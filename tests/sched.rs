@@ -457,3 +457,33 @@ fn multi_threaded_process_shares_one_bucket() {
         1.0,
     );
 }
+
+/// One process driving two GPUs: each device's launches are gated by that
+/// device's ledger. On GPU 1 it competes at weight 1 with a weight-3
+/// container: 1/4 vs 3/4 there, whatever happens on GPU 0.
+#[test]
+fn two_gpus_in_one_process_each_gated_by_its_own_ledger() {
+    let _serial = serial();
+    let s = Scenario::start_on(
+        &[
+            Ctr::new("both", 1).two_gpus(RUN_MS, MS),
+            Ctr::new("one", 3).busy_on(1, RUN_MS, MS),
+        ],
+        Some("15109:Tesla T4,15109:Tesla T4"),
+    );
+    for l in s.ledgers(2) {
+        l.set_policy(2).unwrap();
+    }
+    std::thread::sleep(WARMUP);
+    let m = s.measure_on(1, WINDOW);
+    check(
+        "two GPUs, GPU 1, weight-1 two-GPU process",
+        m.of_busy("both"),
+        0.25,
+    );
+    check(
+        "two GPUs, GPU 1, weight-3 container",
+        m.of_busy("one"),
+        0.75,
+    );
+}

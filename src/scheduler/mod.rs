@@ -26,25 +26,37 @@ pub use gate::{CUcontext, DriverOps, Gate};
 use crate::ledger::{ContainerSlot, Ledger, LedgerFile, Membership, MAX_CONTAINERS, SLOT_LIVE};
 use cgpu_ffi::CUresult;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicPtr, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*};
 use words::container as cw;
 
 /// Opaque `CUstream` as the launch hooks see it.
 pub type Stream = *mut std::ffi::c_void;
 
-/// The gate of this process (null: not scheduling, every launch passes).
+/// The gate of this process when it sees one GPU (null: not scheduling, or
+/// several GPUs: see `MULTI`).
 static GATE: AtomicPtr<Gate> = AtomicPtr::new(std::ptr::null_mut());
+/// The process sees several GPUs: each launch finds the gate of its
+/// context's device (`GATES`, cached per thread by context).
+static MULTI: AtomicBool = AtomicBool::new(false);
+/// Devices (CUDA ordinals of the real driver) with a gate of their own.
+const MAX_DEVS: usize = 16;
+static GATES: [AtomicPtr<Gate>; MAX_DEVS] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVS];
+static DEV_ATTACH: [AtomicU8; MAX_DEVS] = [const { AtomicU8::new(UNDECIDED) }; MAX_DEVS];
 
-/// Lazy attachment: not tried yet / attached or given up.
+/// Lazy attachment: not tried yet / being tried / attached or given up.
 const UNDECIDED: u8 = 0;
 const ATTACHING: u8 = 1;
 const DECIDED: u8 = 2;
 static ATTACH: AtomicU8 = AtomicU8::new(UNDECIDED);
 
 thread_local! {
-    /// This thread's launches in flight admitted through `GATE` (more than
-    /// one for `cuLaunchCooperativeKernelMultiDevice`, admitted per stream).
-    static ADMITTED: Cell<u32> = const { Cell::new(0) };
+    /// The gate of this thread's launches in flight and how many were
+    /// admitted (more than one for `cuLaunchCooperativeKernelMultiDevice`,
+    /// admitted per stream).
+    static ADMITTED: Cell<(*const Gate, u32)> = const { Cell::new((std::ptr::null(), 0)) };
+    /// Several GPUs: (context, its gate) of this thread's last launch.
+    static CTX_GATE: Cell<(usize, *const Gate)> = const { Cell::new((0, std::ptr::null())) };
 }
 
 /// Called by every launch hook before calling the real driver. Returns
@@ -53,46 +65,73 @@ thread_local! {
 /// thread until it may launch.
 #[inline]
 pub fn admit_launch(_stream: Stream) {
-    let mut g = GATE.load(Acquire);
+    let mut g = GATE.load(Acquire) as *const Gate;
     if g.is_null() {
-        if ATTACH.load(Relaxed) != UNDECIDED {
-            return;
-        }
-        g = attach_lazily();
+        g = gate_slow();
         if g.is_null() {
             return;
         }
     }
     // SAFETY: a gate, once published, is never freed (leaked on attach).
-    let g = unsafe { &*g };
-    if g.admit() {
-        ADMITTED.with(|a| a.set(a.get() + 1));
+    if unsafe { &*g }.admit() {
+        ADMITTED.with(|a| {
+            let (old, n) = a.get();
+            if n > 0 && old != g {
+                // A second device in one multi-device launch: the first
+                // one's admissions end here (documented approximation).
+                // SAFETY: as above.
+                (0..n).for_each(|_| unsafe { &*old }.done());
+                a.set((g, 1));
+            } else {
+                a.set((g, n + 1));
+            }
+        });
     }
 }
 
 /// Called by every launch hook after the real driver returned `_result`.
 #[inline]
 pub fn launched(_stream: Stream, _result: CUresult) {
-    if ADMITTED.with(|a| {
-        let n = a.get();
-        a.set(n.saturating_sub(1));
-        n > 0
-    }) {
-        let g = GATE.load(Acquire);
-        if !g.is_null() {
+    ADMITTED.with(|a| {
+        let (g, n) = a.get();
+        if n > 0 {
+            a.set((g, n - 1));
             // SAFETY: as in `admit_launch`.
             unsafe { &*g }.done();
         }
+    });
+}
+
+/// No single gate: attach (first launch), or find the device's gate.
+#[cold]
+#[inline(never)]
+fn gate_slow() -> *const Gate {
+    if MULTI.load(Acquire) {
+        return gate_of_current_context();
     }
+    if ATTACH.load(Relaxed) != UNDECIDED {
+        return std::ptr::null();
+    }
+    attach_lazily()
+}
+
+/// The real driver's functions the scheduler needs.
+fn driver_ops() -> Option<DriverOps> {
+    use crate::hooks::real;
+    Some(DriverOps {
+        ctx_get_current: real::cuCtxGetCurrent.get()?,
+        ctx_set_current: real::cuCtxSetCurrent.get()?,
+        ctx_synchronize: real::cuCtxSynchronize.get()?,
+    })
 }
 
 /// First launch of the process (or of a forked child): attach to the GPU of
 /// the current context if the process is in its ledger (memory isolation on,
-/// as with cGPU: no `ALIYUN_COM_GPU_MEM_CONTAINER`, no cGPU).
+/// as with cGPU: no `ALIYUN_COM_GPU_MEM_CONTAINER`, no cGPU). A process that
+/// sees several GPUs switches to per-device gates.
 #[cold]
 #[inline(never)]
-fn attach_lazily() -> *mut Gate {
-    use crate::hooks::real;
+fn attach_lazily() -> *const Gate {
     // One thread attaches; others launch unscheduled meanwhile (no lock, so
     // a fork in the middle cannot leave the child stuck).
     if ATTACH
@@ -101,39 +140,96 @@ fn attach_lazily() -> *mut Gate {
     {
         return GATE.load(Acquire);
     }
+    let several = crate::hooks::device::cuda_visible().is_ok_and(|v| v.len() > 1);
+    if several {
+        MULTI.store(true, Release);
+        ATTACH.store(DECIDED, Release);
+        register_handlers();
+        return gate_of_current_context();
+    }
     let r = std::panic::catch_unwind(|| {
         let gpu = crate::hooks::device::current_gpu()?;
         let (ledger, m) = gpu.ledger()?;
-        let drv = DriverOps {
-            ctx_get_current: real::cuCtxGetCurrent.get()?,
-            ctx_set_current: real::cuCtxSetCurrent.get()?,
-            ctx_synchronize: real::cuCtxSynchronize.get()?,
-        };
-        Some(attach(ledger, m, drv))
+        Some(attach(ledger, m, driver_ops()?))
     });
-    match r {
-        Ok(Some(Ok(()))) => {
-            tracing::debug!("cgpu: compute scheduling on");
-        }
-        Ok(Some(Err(e))) => tracing::error!("cgpu: {e}"),
-        Ok(None) => tracing::debug!(
-            "cgpu: no shared ledger for this GPU: kernel launches are not scheduled"
-        ),
-        Err(_) => {
-            tracing::error!("cgpu: scheduler attach panicked: kernel launches are not scheduled")
-        }
-    }
+    log_attach(r.map(|x| x.map(|y| y.map(|_| ()))));
     ATTACH.store(DECIDED, Release);
     GATE.load(Acquire)
 }
 
-/// Join the compute scheduler of the GPU whose ledger is `ledger`, as the
-/// process slot of membership `m`. `drv` are the real driver's functions.
-/// Starts the process's helper thread (slice timer and drainer). Replaces an
-/// earlier attachment (after `fork`, the child attaches again).
-/// Without a successful attach, launches are not held back.
-pub fn attach(ledger: &'static Ledger, m: &Membership, drv: DriverOps) -> Result<(), String> {
-    ATTACH.store(DECIDED, Release);
+fn log_attach(r: std::thread::Result<Option<Result<(), String>>>) {
+    match r {
+        Ok(Some(Ok(()))) => tracing::debug!("cgpu: compute scheduling on"),
+        Ok(Some(Err(e))) => tracing::error!("cgpu: {e}"),
+        Ok(None) => {
+            tracing::debug!(
+                "cgpu: no shared ledger for this GPU: its kernel launches are not scheduled"
+            )
+        }
+        Err(_) => {
+            tracing::error!("cgpu: scheduler attach panicked: kernel launches are not scheduled")
+        }
+    }
+}
+
+/// Several GPUs: the gate of the current context's device (cached per
+/// thread by context; attached on the device's first launch).
+fn gate_of_current_context() -> *const Gate {
+    use crate::hooks::real;
+    let (Some(get_ctx), Some(get_dev)) = (real::cuCtxGetCurrent.get(), real::cuCtxGetDevice.get())
+    else {
+        return std::ptr::null();
+    };
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: the real driver function with a valid out-pointer.
+    if unsafe { get_ctx(&mut ctx) } != 0 || ctx.is_null() {
+        return std::ptr::null();
+    }
+    let (cached_ctx, cached) = CTX_GATE.with(|c| c.get());
+    if cached_ctx == ctx as usize && !cached.is_null() {
+        return cached;
+    }
+    let mut dev: i32 = -1;
+    // SAFETY: as above.
+    if unsafe { get_dev(&mut dev) } != 0 {
+        return std::ptr::null();
+    }
+    let Some(i) = usize::try_from(dev).ok().filter(|&i| i < MAX_DEVS) else {
+        return std::ptr::null();
+    };
+    let mut g = GATES[i].load(Acquire) as *const Gate;
+    if g.is_null()
+        && DEV_ATTACH[i]
+            .compare_exchange(UNDECIDED, ATTACHING, AcqRel, Acquire)
+            .is_ok()
+    {
+        let r = std::panic::catch_unwind(|| {
+            let gpu = crate::hooks::device::cuda_gpu(dev)?;
+            let (ledger, m) = gpu.ledger()?;
+            Some(make_gate(ledger, m, driver_ops()?))
+        });
+        match r {
+            Ok(Some(Ok(gate))) => {
+                GATES[i].store(gate as *const Gate as *mut Gate, Release);
+                g = gate;
+                tracing::debug!("cgpu: compute scheduling on for device {dev}");
+            }
+            other => log_attach(other.map(|x| x.map(|y| y.map(|_| ())))),
+        }
+        DEV_ATTACH[i].store(DECIDED, Release);
+    }
+    if !g.is_null() {
+        CTX_GATE.with(|c| c.set((ctx as usize, g)));
+    }
+    g
+}
+
+/// A gate for `m` in `ledger`, with its helper thread running.
+fn make_gate(
+    ledger: &'static Ledger,
+    m: &Membership,
+    drv: DriverOps,
+) -> Result<&'static Gate, String> {
     let gate: &'static Gate = Box::leak(Box::new(Gate::new(ledger, m.container, m.process, drv)));
     std::thread::Builder::new()
         .name("cgpu-sched".into())
@@ -141,39 +237,60 @@ pub fn attach(ledger: &'static Ledger, m: &Membership, drv: DriverOps) -> Result
         .map_err(|e| {
             format!("cannot start the scheduler thread: {e}; kernel launches are not held back")
         })?;
+    register_handlers();
+    Ok(gate)
+}
+
+/// Join the compute scheduler of the GPU whose ledger is `ledger`, as the
+/// process slot of membership `m`, for a process that uses one GPU. `drv`
+/// are the real driver's functions. Starts the process's helper thread
+/// (slice timer and drainer). Replaces an earlier attachment.
+/// Without a successful attach, launches are not held back.
+pub fn attach(ledger: &'static Ledger, m: &Membership, drv: DriverOps) -> Result<(), String> {
+    ATTACH.store(DECIDED, Release);
+    let gate = make_gate(ledger, m, drv)?;
     let old = GATE.swap(gate as *const Gate as *mut Gate, AcqRel);
     if !old.is_null() {
         // SAFETY: leaked, never freed.
         unsafe { &*old }.stop.store(true, Release);
     }
-    register_atfork();
     Ok(())
 }
 
 /// Stop holding launches back in this process (e.g. at exit).
 pub fn detach() {
-    let old = GATE.swap(std::ptr::null_mut(), AcqRel);
-    if !old.is_null() {
-        // SAFETY: leaked, never freed.
-        unsafe { &*old }.stop.store(true, Release);
+    MULTI.store(false, Release);
+    ATTACH.store(DECIDED, Release);
+    let olds = std::iter::once(&GATE).chain(GATES.iter());
+    for g in olds {
+        let old = g.swap(std::ptr::null_mut(), AcqRel);
+        if !old.is_null() {
+            // SAFETY: leaked, never freed.
+            unsafe { &*old }.stop.store(true, Release);
+        }
     }
 }
 
 /// For a `pthread_atfork` child handler (async-signal-safe: atomic stores).
-/// The child has no helper thread: it launches freely until it attaches
-/// again (the hooks re-join the ledger in the child, then call [`attach`]).
+/// The child has no helper thread; it attaches again at its first launch
+/// (the memory side re-joins the ledger lazily).
 pub fn after_fork_child() {
     GATE.store(std::ptr::null_mut(), Release);
+    MULTI.store(false, Release);
+    for (g, a) in GATES.iter().zip(DEV_ATTACH.iter()) {
+        g.store(std::ptr::null_mut(), Release);
+        a.store(UNDECIDED, Release);
+    }
     ATTACH.store(UNDECIDED, Release);
 }
 
-fn register_atfork() {
+fn register_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn child() {
         after_fork_child();
     }
     extern "C" fn at_exit() {
-        // The helper thread stops touching the driver while it is torn down.
+        // The helper threads stop touching the driver while it is torn down.
         detach();
     }
     ONCE.call_once(|| {

@@ -79,6 +79,32 @@ impl Ctr {
             .push(vec![threads.to_string(), ms.to_string(), ns.to_string()]);
         self
     }
+    /// One process driving GPUs 0 and 1 in turn for `ms`
+    /// (`tests/c/sched_twogpu.c`).
+    pub fn two_gpus(mut self, ms: u64, ns: u64) -> Ctr {
+        let src = tk::workspace_root().join("tests/c/sched_twogpu.c");
+        self.exe = Some(tk::compile_c(&src, &[], LinkMode::Link));
+        self.procs.push(vec![ms.to_string(), ns.to_string()]);
+        self
+    }
+    /// A cuclient on GPU `d` (`-d d`) keeping it busy for `ms`.
+    pub fn busy_on(mut self, d: u32, ms: u64, ns: u64) -> Ctr {
+        self.procs.push(
+            [
+                "-d",
+                &d.to_string(),
+                "init",
+                "ready",
+                "spin_for",
+                &ms.to_string(),
+                &ns.to_string(),
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+        );
+        self
+    }
     pub fn env(mut self, k: &str, v: &str) -> Ctr {
         self.extra_env.push((k.into(), v.into()));
         self
@@ -144,8 +170,16 @@ impl Scenario {
     /// Start every process of `ctrs`, wait until all printed `ready` (the
     /// ones that do), and return with the ledger open.
     pub fn start(ctrs: &[Ctr]) -> Scenario {
+        Scenario::start_on(ctrs, None)
+    }
+
+    /// [`Scenario::start`] on the simulated GPUs `gpus` (`CGPU_SIM_GPUS`).
+    pub fn start_on(ctrs: &[Ctr], gpus: Option<&str>) -> Scenario {
         let a = tk::artifacts();
-        let env = SimEnv::new().preload(&a.libcgpu).ctx_mib(16);
+        let mut env = SimEnv::new().preload(&a.libcgpu).ctx_mib(16);
+        if let Some(g) = gpus {
+            env = env.gpus(g);
+        }
         let ledger_dir = env.state_dir.with_extension("ledger");
         let _ = std::fs::remove_dir_all(&ledger_dir);
         std::fs::create_dir_all(&ledger_dir).unwrap();
@@ -212,6 +246,29 @@ impl Scenario {
         s
     }
 
+    /// The ledgers of `n` GPUs (waits for them to appear), sorted by path.
+    pub fn ledgers(&self, n: usize) -> Vec<Ledger> {
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            let paths = Ledger::list(&self.ledger_dir);
+            if paths.len() >= n {
+                if let Ok(v) = paths
+                    .iter()
+                    .map(|p| Ledger::open(p))
+                    .collect::<Result<Vec<_>, _>>()
+                {
+                    return v;
+                }
+            }
+            assert!(
+                Instant::now() < end,
+                "fewer than {n} ledgers in {}",
+                self.ledger_dir.display()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// The GPU's ledger (waits for it to appear).
     pub fn ledger(&self) -> Ledger {
         let end = Instant::now() + Duration::from_secs(30);
@@ -238,6 +295,11 @@ impl Scenario {
     /// Device time per container over `window` (ground truth from the sim),
     /// and the window's wall time.
     pub fn measure(&self, window: Duration) -> Measure {
+        self.measure_on(0, window)
+    }
+
+    /// [`Scenario::measure`] on GPU `dev`.
+    pub fn measure_on(&self, dev: usize, window: Duration) -> Measure {
         let s0 = self.env.stats();
         let t0 = Instant::now();
         std::thread::sleep(window);
@@ -246,11 +308,13 @@ impl Scenario {
         let mut per: HashMap<String, u64> = HashMap::new();
         for p in &self.procs {
             let pid = p.child.id();
-            let a = s0.process(pid, 0).map_or(0, |x| x.device_time_ns);
-            let b = s1.process(pid, 0).map_or(a, |x| x.device_time_ns);
+            let a = s0.process(pid, dev).map_or(0, |x| x.device_time_ns);
+            let b = s1.process(pid, dev).map_or(a, |x| x.device_time_ns);
             *per.entry(p.container.clone()).or_default() += b.saturating_sub(a);
         }
-        let busy = s1.devices[0].busy_ns.saturating_sub(s0.devices[0].busy_ns);
+        let busy = s1.devices[dev]
+            .busy_ns
+            .saturating_sub(s0.devices[dev].busy_ns);
         Measure { per, wall, busy }
     }
 
