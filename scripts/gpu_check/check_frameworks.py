@@ -20,16 +20,20 @@ def one(fw, ids):
     lab = LABEL[fw]
     n_info = "%s %s: memory info shows the quota" % (ids[0], lab)
     n_oom = "%s %s: over-allocation fails cleanly" % (ids[1], lab)
+    # the bare process and the container's start at once
+    wb = c.Worker("%s-bare" % fw, fw, c.container_env(preload=False), wait=False)
+    w = c.Worker(fw, fw, c.container_env("fw-" + fw, c.new_ledger_dir("fw"),
+                                         ALIYUN_COM_GPU_MEM_CONTAINER=QUOTA_GIB), wait=False)
     try:
-        w = c.Worker("%s-bare" % fw, fw, c.container_env(preload=False))
-        bare = w.call("meminfo")
-        w.close()
+        wb.ready()
+        bare = wb.call("meminfo")
+        wb.close()
     except c.WorkerError as e:
+        w.kill()
         c.result("%s %s" % (ids[0], lab), "usable without cgpu", "not usable: %s" % str(e)[:150], None)
         return
     with c.section(n_info, n_oom):
-        w = c.Worker(fw, fw, c.container_env("fw-" + fw, c.new_ledger_dir("fw"),
-                                             ALIYUN_COM_GPU_MEM_CONTAINER=QUOTA_GIB))
+        w.ready()
         m = w.call("meminfo")
         if fw == "jax":
             # XLA reports its allocator's limit, which it derives from the

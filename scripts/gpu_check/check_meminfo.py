@@ -52,29 +52,37 @@ def main():
     dev = p["mem_dev"]
     have_nvml = p.get("nvml_tool") is not None
 
+    # the three containers' processes start (import, context) in parallel
+    envs = {
+        "dev": c.container_env("mem-a", c.new_ledger_dir("mem"),
+                               ALIYUN_COM_GPU_MEM_CONTAINER=CONTAINER, ALIYUN_COM_GPU_MEM_DEV=dev),
+        "nodev": c.container_env("mem-b", c.new_ledger_dir("mem"),
+                                 ALIYUN_COM_GPU_MEM_CONTAINER=CONTAINER),
+        "disabled": c.container_env("mem-c", c.new_ledger_dir("mem"), ALIYUN_COM_GPU_MEM_CONTAINER=3,
+                                    ALIYUN_COM_GPU_MEM_DEV=dev, CGPU_DISABLE="true"),
+    }
+    ws = {k: c.Worker("mem-" + k, b, e, wait=False) for k, e in envs.items()}
+
     # --- CONTAINER + DEV
     tag = "C=%d DEV=%d" % (CONTAINER, dev)
     with c.section("1a %s total, %s" % (fw, tag), "1b %s total, %s" % (devfw, tag),
                    *(["1c NVML memory.total/used, " + tag] if have_nvml else [])):
-        with_dev(b, fw, devfw, phys, nvml_phys, dev, have_nvml, tag)
+        with_dev(ws["dev"], envs["dev"], fw, devfw, phys, nvml_phys, dev, have_nvml, tag)
     tag = "C=%d, no DEV" % CONTAINER
     with c.section("1d %s total, %s" % (fw, tag),
                    *(["1e NVML memory.total, " + tag] if have_nvml else [])):
-        no_dev(b, fw, have_nvml, tag)
+        no_dev(ws["nodev"], envs["nodev"], fw, have_nvml, tag)
     tag = "CGPU_DISABLE=true, C=3"
     with c.section("1f %s total, %s" % (fw, tag),
                    *(["1g NVML memory.total, " + tag] if have_nvml else [])):
-        disabled(b, fw, phys, nvml_phys, dev, have_nvml, tag)
+        disabled(ws["disabled"], envs["disabled"], fw, phys, nvml_phys, have_nvml, tag)
     if not have_nvml:
         c.result("1c-1g NVML view", "nvidia-smi or pynvml", "neither found", None)
 
 
-def with_dev(b, fw, devfw, phys, nvml_phys, dev, have_nvml, tag):
+def with_dev(w, env, fw, devfw, phys, nvml_phys, dev, have_nvml, tag):
     exp = phys * CONTAINER // dev
-    ledger = c.new_ledger_dir("mem")
-    env = c.container_env("mem-a", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=CONTAINER,
-                          ALIYUN_COM_GPU_MEM_DEV=dev)
-    w = c.Worker("mem-dev", b, env, vmm=False)
+    w.ready()
     m = w.call("meminfo")
     info = w.call("info")
     c.result("1a %s total, %s" % (fw, tag), "%d B (%s)" % (exp, c.fmt_mib(exp)),
@@ -94,10 +102,9 @@ def with_dev(b, fw, devfw, phys, nvml_phys, dev, have_nvml, tag):
     w.close()
 
 
-def no_dev(b, fw, have_nvml, tag):
+def no_dev(w, env, fw, have_nvml, tag):
     exp = CONTAINER * c.GiB
-    env = c.container_env("mem-b", c.new_ledger_dir("mem"), ALIYUN_COM_GPU_MEM_CONTAINER=CONTAINER)
-    w = c.Worker("mem-nodev", b, env)
+    w.ready()
     m = w.call("meminfo")
     c.result("1d %s total, %s" % (fw, tag), "%d B (%s)" % (exp, c.fmt_mib(exp)),
              "%d B (%s)" % (m["total"], c.fmt_mib(m["total"])), m["total"] == exp)
@@ -108,10 +115,8 @@ def no_dev(b, fw, have_nvml, tag):
     w.close()
 
 
-def disabled(b, fw, phys, nvml_phys, dev, have_nvml, tag):
-    env = c.container_env("mem-c", c.new_ledger_dir("mem"), ALIYUN_COM_GPU_MEM_CONTAINER=3,
-                          ALIYUN_COM_GPU_MEM_DEV=dev, CGPU_DISABLE="true")
-    w = c.Worker("mem-disabled", b, env)
+def disabled(w, env, fw, phys, nvml_phys, have_nvml, tag):
+    w.ready()
     m = w.call("meminfo")
     c.result("1f %s total, %s" % (fw, tag), "physical %d B" % phys, "%d B" % m["total"],
              m["total"] == phys)

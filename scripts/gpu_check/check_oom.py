@@ -10,12 +10,16 @@ QUOTA_GIB = 2
 CHUNK = 64 * c.MiB
 
 
-def variant(b, label, vmm, extra_env, ids):
-    q = QUOTA_GIB * c.GiB
+def spawn(b, label, vmm, extra_env):
     env = c.container_env("oom-" + label, c.new_ledger_dir("oom"),
                           ALIYUN_COM_GPU_MEM_CONTAINER=QUOTA_GIB, **extra_env)
+    return c.Worker("oom-" + label, b, env, wait=False, vmm=vmm)
+
+
+def variant(b, w, label, ids):
+    q = QUOTA_GIB * c.GiB
     want = "torch.cuda.OutOfMemoryError" if b == "torch" else "CUDA_ERROR_OUT_OF_MEMORY"
-    w = c.Worker("oom-" + label, b, env, vmm=vmm)
+    w.ready()
     m0 = w.call("meminfo")
     free0 = m0["free"]
     big = w.call("alloc", bytes=q + c.GiB)
@@ -53,11 +57,13 @@ def main():
                  {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})]
     else:
         runs = [("cuMemAlloc", False, {}), ("cuMemCreate+cuMemMap", True, {})]
+    # both containers' processes start at once; they fill one after the other
+    ws = [spawn(b, label, vmm, env) for label, vmm, env in runs]
     for i, (label, vmm, env) in enumerate(runs):
         ids = ("2a", "2b") if i == 0 else ("2c", "2d")
         with c.section("%s over quota -> OOM (%s)" % (ids[0], label),
                        "%s freed memory usable again (%s)" % (ids[1], label)):
-            variant(b, label, vmm, env, ids)
+            variant(b, ws[i], label, ids)
 
 
 if __name__ == "__main__":

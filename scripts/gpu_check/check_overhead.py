@@ -26,9 +26,11 @@ def main():
     ledger = c.new_ledger_dir("ovh")
     pre = None
     with c.section(name):
-        base = c.Worker("bare", b, c.container_env(preload=False))
+        base = c.Worker("bare", b, c.container_env(preload=False), wait=False)
         pre = c.Worker("preload", b, c.container_env(
-            "overhead", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=8))
+            "overhead", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=8), wait=False)
+        base.ready()
+        pre.ready()
         tb, tp = [], []
         for i in range(rounds):
             order = (base, pre) if i % 2 == 0 else (pre, base)

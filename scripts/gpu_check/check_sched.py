@@ -55,10 +55,12 @@ def weights(b, warm, window):
         ledger = c.new_ledger_dir("sched")
         w1 = c.Worker("weight-1", b, c.container_env(
             "sched-w1", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=MEM_GIB,
-            ALIYUN_COM_GPU_SCHD_WEIGHT=1), **loop_args(b))
+            ALIYUN_COM_GPU_SCHD_WEIGHT=1), wait=False, **loop_args(b))
         w2 = c.Worker("weight-2", b, c.container_env(
             "sched-w2", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=MEM_GIB,
-            ALIYUN_COM_GPU_SCHD_WEIGHT=2), **loop_args(b))
+            ALIYUN_COM_GPU_SCHD_WEIGHT=2), wait=False, **loop_args(b))
+        w1.ready()
+        w2.ready()
         ok_ctl, text = c.cgpuctl(["set", "policy", "2"], ledger)
         if ok_ctl is False:
             c.say("  cgpuctl could not set policy 2 (%s); relying on the weight-2 switch" % text)

@@ -25,14 +25,18 @@ def main():
     with c.section(*names):
         envA = c.container_env("share-a", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=QUOTA_GIB)
         envB = c.container_env("share-b", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=QUOTA_GIB)
-        a1 = c.Worker("A1", b, envA)
+        # all three start (import, context) at once; the order of what they
+        # hold is set by the commands below
+        a1 = c.Worker("A1", b, envA, wait=False)
+        a2 = c.Worker("A2", b, envA, wait=False)
+        b1 = c.Worker("B1", b, envB, wait=False)
+        for w in (a1, a2, b1):
+            w.ready()
         h = a1.call("fill", chunk=CHUNK, limit=HOLD)
         if h["bytes"] != HOLD:
             raise c.WorkerError("A1 could not take %d MiB of its own quota: %s" % (HOLD // c.MiB, h))
-        a2 = c.Worker("A2", b, envA)
         mA2 = a2.call("meminfo")
         fA2 = a2.call("fill", chunk=CHUNK, limit=2 * q, timeout=180)
-        b1 = c.Worker("B1", b, envB)
         mB1 = b1.call("meminfo")
         fB1 = b1.call("fill", chunk=CHUNK, limit=2 * q, timeout=180)
 

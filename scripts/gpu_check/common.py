@@ -132,7 +132,9 @@ class Worker:
     """A worker.py process. Every exchange has a deadline; a dead or silent
     worker raises WorkerError (the check turns it into FAIL)."""
 
-    def __init__(self, label, backend, env, start_timeout=120.0, **args):
+    def __init__(self, label, backend, env, start_timeout=120.0, wait=True, **args):
+        """wait=False: return at once; call ready() before the first command
+        (so that several workers import their framework in parallel)."""
         self.label = label
         args["backend"] = backend
         say("  [%s] start %s backend, %s" % (label, backend, describe_env(env)))
@@ -142,10 +144,20 @@ class Worker:
             env=env, cwd=WORKDIR, bufsize=0)
         _workers.append(self)
         self.buf = b""
-        r = self._read(start_timeout)
+        self.started = False
+        self.start_timeout = start_timeout
+        if wait:
+            self.ready()
+
+    def ready(self, timeout=None):
+        if self.started:
+            return self
+        r = self._read(timeout or self.start_timeout)
         if not r.get("ready"):
             self.kill()
-            raise WorkerError("%s: did not start: %s" % (label, r.get("error")))
+            raise WorkerError("%s: did not start: %s" % (self.label, r.get("error")))
+        self.started = True
+        return self
 
     def _read(self, timeout):
         deadline = time.time() + timeout
