@@ -183,7 +183,9 @@ fn a_process_killed_on_the_device_does_not_block_others() {
 fn nvml_utilisation_follows_device_time() {
     let env = SimEnv::new();
     let c = cuclient(LinkMode::Link);
-    let mut a = env.spawn(&c, &["pid", "spin_for", "3000", "100000"]);
+    // 20 s of device work queued at once: the device stays busy however
+    // late this process gets the CPU on a loaded machine (it is killed below).
+    let mut a = env.spawn(&c, &["pid", "spin_async", "1000000", "20000", "hold"]);
     let pa: u32 = read_until(&mut a, "pid", Duration::from_secs(30))
         .last()
         .and_then(|l| cgpu_testkit::field(l, "pid"))
@@ -193,7 +195,17 @@ fn nvml_utilisation_follows_device_time() {
     std::thread::sleep(Duration::from_millis(500));
     let out = env.cuclient(
         LinkMode::Dlsym,
-        &["nvml_util", "sleep", "300", "nvml_util", "nvml_putil"],
+        // 2 s windows: the sim credits device time when a batch completes,
+        // so a starved executor thread blurs short windows on a loaded host.
+        &[
+            "nvml_util",
+            "sleep",
+            "2000",
+            "nvml_util",
+            "sleep",
+            "2000",
+            "nvml_putil",
+        ],
     );
     let last_util = out
         .lines()
