@@ -39,6 +39,9 @@ pub type CUgraphNode = *mut c_void;
 pub type CUgraphExec = *mut c_void;
 pub type CUmemoryPool = *mut c_void;
 pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+/// `cuuint64_t`.
+pub type cuuint64_t = u64;
 
 /// `CU_STREAM_LEGACY`: the legacy default stream handle.
 pub const CU_STREAM_LEGACY: usize = 0x1;
@@ -150,6 +153,88 @@ pub struct CUctxCreateParams {
     pub cigParams: *mut c_void,
 }
 
+/// `CUDA_LAUNCH_PARAMS` (for `cuLaunchCooperativeKernelMultiDevice`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_LAUNCH_PARAMS {
+    pub function: CUfunction,
+    pub gridDimX: u32,
+    pub gridDimY: u32,
+    pub gridDimZ: u32,
+    pub blockDimX: u32,
+    pub blockDimY: u32,
+    pub blockDimZ: u32,
+    pub sharedMemBytes: u32,
+    pub hStream: CUstream,
+    pub kernelParams: *mut *mut c_void,
+}
+
+/// `CUuuid`.
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+/// `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CUmemLocation {
+    pub type_: i32,
+    pub id: i32,
+}
+
+/// `CUmemAllocationProp` (`allocFlags` kept as its 8 raw bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemAllocationProp {
+    pub type_: i32,
+    pub requestedHandleTypes: i32,
+    pub location: CUmemLocation,
+    pub win32HandleMetaData: *mut c_void,
+    pub allocFlags: [u8; 8],
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: i32,
+}
+
+/// `CUmemPoolProps` (the fields after the location kept as raw words).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUmemPoolProps {
+    pub allocType: i32,
+    pub handleTypes: i32,
+    pub location: CUmemLocation,
+    pub rest: [u64; 9],
+}
+
+/// `CUDA_ARRAY_DESCRIPTOR` (`_v2`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Format: i32,
+    pub NumChannels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (`_v2`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Depth: usize,
+    pub Format: i32,
+    pub NumChannels: u32,
+    pub Flags: u32,
+}
+
 // ------------------------------------------------------------------ flags
 
 pub const CU_EVENT_DEFAULT: u32 = 0x0;
@@ -177,6 +262,7 @@ pub const NVML_ERROR_ALREADY_INITIALIZED: nvmlReturn_t = 5;
 pub const NVML_ERROR_NOT_FOUND: nvmlReturn_t = 6;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: nvmlReturn_t = 7;
 pub const NVML_ERROR_DRIVER_NOT_LOADED: nvmlReturn_t = 9;
+pub const NVML_ERROR_LIBRARY_NOT_FOUND: nvmlReturn_t = 12;
 pub const NVML_ERROR_FUNCTION_NOT_FOUND: nvmlReturn_t = 13;
 pub const NVML_ERROR_GPU_IS_LOST: nvmlReturn_t = 15;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: nvmlReturn_t = 25;
