@@ -579,19 +579,10 @@ pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream
     guard(|| free_async(dptr, stream))
 }
 
-/// `CUmemPoolProps` starts with allocType, handleTypes, then a CUmemLocation {type, id}.
-#[repr(C)]
-pub struct CUmemPoolPropsHead {
-    pub alloc_type: u32,
-    pub handle_types: u32,
-    pub loc_type: u32,
-    pub loc_id: i32,
-}
-
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemPoolCreate(
     pool: *mut CUmemoryPool,
-    props: *const CUmemPoolPropsHead,
+    props: *const CUmemPoolProps,
 ) -> CUresult {
     guard(|| {
         let d = cu()?;
@@ -600,10 +591,10 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         }
         // SAFETY: non-null pointer to CUmemPoolProps from the caller.
         let pr = unsafe { props.read_unaligned() };
-        if pr.alloc_type != 1 || pr.loc_type != 1 {
+        if pr.allocType != 1 || pr.location.type_ != 1 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let dev = d.check_dev(pr.loc_id)?;
+        let dev = d.check_dev(pr.location.id)?;
         let h = d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
             dev,
             attrs: parking_lot::Mutex::new(HashMap::new()),
@@ -762,28 +753,6 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 
 // ----------------------------------------------------------------------- arrays
 
-/// `CUDA_ARRAY_DESCRIPTOR_v2`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaArrayDescriptor {
-    pub width: usize,
-    pub height: usize,
-    pub format: u32,
-    pub channels: u32,
-}
-
-/// `CUDA_ARRAY3D_DESCRIPTOR_v2`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CudaArray3dDescriptor {
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub format: u32,
-    pub channels: u32,
-    pub flags: u32,
-}
-
 fn format_bytes(f: u32) -> Option<u64> {
     Some(match f {
         0x01 | 0x08 => 1,
@@ -853,7 +822,7 @@ fn array_destroy(d: &Driver, h: usize) -> CuRes {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArrayCreate_v2(
     parr: *mut CUarray,
-    desc: *const CudaArrayDescriptor,
+    desc: *const CUDA_ARRAY_DESCRIPTOR,
 ) -> CUresult {
     guard(|| {
         if desc.is_null() {
@@ -861,14 +830,21 @@ pub unsafe extern "C" fn cuArrayCreate_v2(
         }
         // SAFETY: non-null descriptor from the caller.
         let ds = unsafe { desc.read_unaligned() };
-        array_create(parr, ds.width, ds.height, 0, ds.format, ds.channels)
+        array_create(
+            parr,
+            ds.Width,
+            ds.Height,
+            0,
+            ds.Format as u32,
+            ds.NumChannels,
+        )
     })
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuArray3DCreate_v2(
     parr: *mut CUarray,
-    desc: *const CudaArray3dDescriptor,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
 ) -> CUresult {
     guard(|| {
         if desc.is_null() {
@@ -876,7 +852,14 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         }
         // SAFETY: non-null descriptor from the caller.
         let ds = unsafe { desc.read_unaligned() };
-        array_create(parr, ds.width, ds.height, ds.depth, ds.format, ds.channels)
+        array_create(
+            parr,
+            ds.Width,
+            ds.Height,
+            ds.Depth,
+            ds.Format as u32,
+            ds.NumChannels,
+        )
     })
 }
 
@@ -1172,14 +1155,6 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
 
 // ------------------------------------------------------------ hints, pointers
 
-/// `CUmemLocation`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct MemLocation {
-    pub typ: u32,
-    pub id: i32,
-}
-
 fn prefetch(p: CUdeviceptr, n: usize, stream: CUstream) -> CuRes {
     let d = cu()?;
     d.stream(stream as usize)?;
@@ -1210,7 +1185,7 @@ pub unsafe extern "C" fn cuMemPrefetchAsync_ptsz(
 pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
     p: CUdeviceptr,
     n: usize,
-    _loc: MemLocation,
+    _loc: CUmemLocation,
     _flags: u32,
     stream: CUstream,
 ) -> CUresult {
@@ -1221,7 +1196,7 @@ pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
 pub unsafe extern "C" fn cuMemPrefetchAsync_v2_ptsz(
     p: CUdeviceptr,
     n: usize,
-    _loc: MemLocation,
+    _loc: CUmemLocation,
     _flags: u32,
     stream: CUstream,
 ) -> CUresult {
@@ -1243,7 +1218,7 @@ pub unsafe extern "C" fn cuMemAdvise_v2(
     p: CUdeviceptr,
     n: usize,
     _advice: u32,
-    _loc: MemLocation,
+    _loc: CUmemLocation,
 ) -> CUresult {
     guard(|| check_dev_range(cu()?, p, n as u64))
 }

@@ -16,41 +16,23 @@ use std::sync::Arc;
 
 pub const GRANULARITY: u64 = 2 << 20;
 
-/// The head of `CUmemAllocationProp`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct AllocPropHead {
-    pub typ: u32,
-    pub handle_types: u32,
-    pub loc_type: u32,
-    pub loc_id: i32,
-}
-
-/// `CUmemAccessDesc`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct AccessDesc {
-    pub loc_type: u32,
-    pub loc_id: i32,
-    pub flags: u32,
-}
-
-fn read_prop(d: &Driver, prop: *const AllocPropHead) -> Result<usize, CUresult> {
+fn read_prop(d: &Driver, prop: *const CUmemAllocationProp) -> Result<usize, CUresult> {
     if prop.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: non-null CUmemAllocationProp from the caller.
     let p = unsafe { prop.read_unaligned() };
-    if p.typ != 1 || p.loc_type != 1 {
+    if p.type_ != 1 || p.location.type_ != 1 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    d.check_dev(p.loc_id).map_err(|_| CUDA_ERROR_INVALID_DEVICE)
+    d.check_dev(p.location.id)
+        .map_err(|_| CUDA_ERROR_INVALID_DEVICE)
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetAllocationGranularity(
     g: *mut usize,
-    prop: *const AllocPropHead,
+    prop: *const CUmemAllocationProp,
     _option: u32,
 ) -> CUresult {
     guard(|| {
@@ -67,7 +49,7 @@ static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x7e00_0000);
 pub unsafe extern "C" fn cuMemCreate(
     h: *mut CUmemGenericAllocationHandle,
     size: usize,
-    prop: *const AllocPropHead,
+    prop: *const CUmemAllocationProp,
     flags: u64,
 ) -> CUresult {
     guard(|| {
@@ -307,7 +289,7 @@ pub unsafe extern "C" fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult {
 pub unsafe extern "C" fn cuMemSetAccess(
     ptr: CUdeviceptr,
     size: usize,
-    desc: *const AccessDesc,
+    desc: *const CUmemAccessDesc,
     count: usize,
 ) -> CUresult {
     guard(|| {
@@ -319,7 +301,11 @@ pub unsafe extern "C" fn cuMemSetAccess(
         for i in 0..count {
             // SAFETY: desc holds count entries by the caller's contract.
             let a = unsafe { desc.add(i).read_unaligned() };
-            if a.loc_type != 1 || d.check_dev(a.loc_id).is_err() || a.flags > 3 || a.flags == 2 {
+            if a.location.type_ != 1
+                || d.check_dev(a.location.id).is_err()
+                || !(0..=3).contains(&a.flags)
+                || a.flags == 2
+            {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
             prot = match a.flags {
@@ -349,7 +335,7 @@ pub unsafe extern "C" fn cuMemSetAccess(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemGetAccess(
     flags: *mut u64,
-    loc: *const AccessDesc,
+    loc: *const CUmemAccessDesc,
     ptr: CUdeviceptr,
 ) -> CUresult {
     guard(|| {
