@@ -38,6 +38,17 @@ pub struct Stream {
     pub flags: u32,
     pub prio: i32,
     pub last_seq: AtomicU64,
+    /// Open stream capture (`cuStreamBeginCapture`), if any.
+    pub capture: Mutex<Option<Capture>>,
+}
+
+/// A stream capture in progress: launches are recorded, not run.
+pub struct Capture {
+    pub id: u64,
+    pub mode: u32,
+    pub kernels: Vec<KernelNode>,
+    /// Set by an operation illegal during capture (e.g. cuCtxSynchronize).
+    pub invalidated: bool,
 }
 
 pub struct Event {
@@ -424,6 +435,28 @@ impl Driver {
             }
             _ => Err(CUDA_ERROR_INVALID_HANDLE),
         }
+    }
+
+    /// Invalidates every capture open on a stream of context `ctx`; true if
+    /// there was one (the caller then fails with STREAM_CAPTURE_UNSUPPORTED).
+    pub fn invalidate_captures(&self, ctx: usize) -> bool {
+        let streams: Vec<Arc<Stream>> = self
+            .objs
+            .lock()
+            .iter()
+            .filter_map(|(_, o)| match o {
+                Obj::Stream(s) if s.ctx == ctx => Some(Arc::clone(s)),
+                _ => None,
+            })
+            .collect();
+        let mut any = false;
+        for s in streams {
+            if let Some(c) = s.capture.lock().as_mut() {
+                c.invalidated = true;
+                any = true;
+            }
+        }
+        any
     }
 
     pub fn event(&self, h: usize) -> Result<Arc<Event>, CUresult> {

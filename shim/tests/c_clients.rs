@@ -289,3 +289,85 @@ fn launch_paths_and_kernel_timing() {
         );
     }
 }
+
+/// Stream capture: launches into a capturing stream are recorded (not run)
+/// and become the kernel nodes of the graph cuStreamEndCapture returns;
+/// cuCtxSynchronize or cuStreamSynchronize of the capturing stream during a
+/// capture fails with STREAM_CAPTURE_UNSUPPORTED (900) and invalidates it, so
+/// cuStreamEndCapture then fails with STREAM_CAPTURE_INVALIDATED (901) and a
+/// null graph, as on the real driver.
+#[test]
+fn stream_capture_records_and_sync_invalidates() {
+    let env = SimEnv::new();
+    for mode in LinkMode::ALL {
+        let out = env.cuclient(
+            mode,
+            &[
+                "pid",
+                "capture_begin",
+                "capture_status",
+                "capture_spin",
+                "20000000",
+                "5",
+                "capture_status",
+                "capture_end",
+                "graph_launch_last",
+                // invalidated by cuCtxSynchronize
+                "capture_begin",
+                "capture_spin",
+                "1000000",
+                "2",
+                "sync",
+                "capture_status",
+                "capture_end",
+                // invalidated by cuStreamSynchronize of the capturing stream
+                "capture_begin",
+                "capture_spin",
+                "1000000",
+                "1",
+                "capture_sync",
+                "capture_end",
+                "sync",
+            ],
+        );
+        let pid = num(&out, "pid", "pid") as u32;
+        let got: Vec<String> = out
+            .lines()
+            .skip(1)
+            .map(|l| {
+                l.split_whitespace()
+                    .filter(|w| !w.starts_with("wall_ns="))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        let want = [
+            "capture_begin ok",
+            "capture_status ok status=1",
+            "capture_spin ok count=5",
+            "capture_status ok status=1",
+            "capture_end ok graph=set",
+            "graph_launch_last ok",
+            "capture_begin ok",
+            "capture_spin ok count=2",
+            "sync err=900",
+            "capture_status ok status=2",
+            "capture_end err=901 graph=null",
+            "capture_begin ok",
+            "capture_spin ok count=1",
+            "capture_sync err=900",
+            "capture_end err=901 graph=null",
+            "sync ok",
+        ];
+        assert_eq!(got, want, "{}:\n{out}", mode.name());
+        // The captured graph ran its 5 recorded kernels, once.
+        assert!(
+            num(&out, "graph_launch_last", "wall_ns") >= 100_000_000,
+            "{out}"
+        );
+        // Only the graph launch ran: captured launches never executed.
+        let p = env.stats().process(pid, 0).unwrap().clone();
+        assert_eq!(p.kernels, 5, "{}", mode.name());
+        assert_eq!(p.device_time_ns, 5 * 20_000_000, "{}", mode.name());
+    }
+}

@@ -48,6 +48,15 @@
  *                             kernel ok count=C wall_ns=W | kernel err=E
  *   kernel_bin NAME COUNT     same from a binary (ELF) image: any name resolves
  *   sync                      cuCtxSynchronize: sync ok
+ *   capture_begin             a new stream, cuStreamBeginCapture_v2(GLOBAL) on it: capture_begin ok
+ *   capture_spin NS COUNT     COUNT launches of cgpu_sim_spin(NS) into the capturing stream
+ *                             (recorded, not run): capture_spin ok count=C
+ *   capture_status            cuStreamIsCapturing: capture_status ok status=0|1|2 (NONE/ACTIVE/INVALIDATED)
+ *   capture_sync              cuStreamSynchronize of the capturing stream: capture_sync ok | err=E
+ *   capture_end               cuStreamEndCapture: capture_end ok graph=set | capture_end err=E graph=null|set
+ *                             (the graph is kept for graph_launch_last)
+ *   graph_launch_last         instantiate the last captured graph, cuGraphLaunch it on the capture
+ *                             stream, cuStreamSynchronize: graph_launch_last ok wall_ns=W | err=E
  *   sleep MS                  sleep ok
  *   fork_sleep S              fork a child that sleeps S seconds then _exit(0)s
  *                             without touching CUDA: fork_sleep ok child=<pid>
@@ -135,7 +144,10 @@
     X(GraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040, "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags", 11040) \
     X(GraphLaunch, PFN_cuGraphLaunch_v10000, "cuGraphLaunch", "cuGraphLaunch", 10000)        \
     X(GraphExecDestroy, PFN_cuGraphExecDestroy_v10000, "cuGraphExecDestroy", "cuGraphExecDestroy", 10000) \
-    X(GraphDestroy, PFN_cuGraphDestroy_v10000, "cuGraphDestroy", "cuGraphDestroy", 10000)
+    X(GraphDestroy, PFN_cuGraphDestroy_v10000, "cuGraphDestroy", "cuGraphDestroy", 10000)  \
+    X(StreamBeginCapture, PFN_cuStreamBeginCapture_v10010, "cuStreamBeginCapture_v2", "cuStreamBeginCapture", 10010) \
+    X(StreamEndCapture, PFN_cuStreamEndCapture_v10000, "cuStreamEndCapture", "cuStreamEndCapture", 10000) \
+    X(StreamIsCapturing, PFN_cuStreamIsCapturing_v10000, "cuStreamIsCapturing", "cuStreamIsCapturing", 10000)
 
 #define NVML_FUNCS(X)                                                                        \
     X(Init_v2, __typeof__(&nvmlInit_v2), "nvmlInit_v2")                                         \
@@ -259,6 +271,8 @@ static const char *ptx =
     ".version 7.0\n.target sm_52\n.address_size 64\n"
     ".visible .entry cgpu_sim_spin(.param .u64 ns)\n{\n ret;\n}\n";
 static CUfunction spin_fn;
+static CUstream cap_stream; /* capture_* commands */
+static CUgraph cap_graph;
 
 static CUresult spin_func(void) {
     if (spin_fn) return CUDA_SUCCESS;
@@ -549,6 +563,45 @@ int main(int argc, char **argv) {
         } else if (!strcmp(c, "sync")) {
             CUDA_OR_ERR(c);
             if ((r = cu.CtxSynchronize())) printf("sync err=%d\n", r); else printf("sync ok\n");
+        } else if (!strcmp(c, "capture_begin")) {
+            CUDA_OR_ERR(c);
+            if (!(r = cu.StreamCreate(&cap_stream, 0))) r = cu.StreamBeginCapture(cap_stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+            if (r) printf("capture_begin err=%d\n", r); else printf("capture_begin ok\n");
+        } else if (!strcmp(c, "capture_spin")) {
+            NEED(2);
+            uint64_t ns = strtoull(argv[i + 1], NULL, 0);
+            long count = atol(argv[i + 2]);
+            i += 2;
+            CUDA_OR_ERR(c);
+            if (!(r = spin_func()))
+                for (long k = 0; k < count && !r; k++) r = launch_spin(ns, cap_stream);
+            if (r) printf("capture_spin err=%d\n", r); else printf("capture_spin ok count=%ld\n", count);
+        } else if (!strcmp(c, "capture_status")) {
+            CUDA_OR_ERR(c);
+            CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+            if ((r = cu.StreamIsCapturing(cap_stream, &st))) printf("capture_status err=%d\n", r);
+            else printf("capture_status ok status=%d\n", (int)st);
+        } else if (!strcmp(c, "capture_sync")) {
+            CUDA_OR_ERR(c);
+            if ((r = cu.StreamSynchronize(cap_stream))) printf("capture_sync err=%d\n", r); else printf("capture_sync ok\n");
+        } else if (!strcmp(c, "capture_end")) {
+            CUDA_OR_ERR(c);
+            cap_graph = (CUgraph)(uintptr_t)1; /* must be overwritten */
+            r = cu.StreamEndCapture(cap_stream, &cap_graph);
+            const char *gs = cap_graph ? "set" : "null";
+            if (r) { printf("capture_end err=%d graph=%s\n", r, gs); cap_graph = NULL; }
+            else printf("capture_end ok graph=%s\n", gs);
+        } else if (!strcmp(c, "graph_launch_last")) {
+            CUDA_OR_ERR(c);
+            CUgraphExec ge;
+            uint64_t t0 = now_ns();
+            if (!cap_graph) r = CUDA_ERROR_INVALID_VALUE;
+            else if (!(r = cu.GraphInstantiateWithFlags(&ge, cap_graph, 0))) {
+                if (!(r = cu.GraphLaunch(ge, cap_stream))) r = cu.StreamSynchronize(cap_stream);
+                cu.GraphExecDestroy(ge);
+            }
+            if (r) printf("graph_launch_last err=%d\n", r);
+            else printf("graph_launch_last ok wall_ns=%llu\n", (unsigned long long)(now_ns() - t0));
         } else if (!strcmp(c, "sleep")) {
             NEED(1);
             long ms = atol(argv[++i]);

@@ -262,7 +262,10 @@ fn sync_ctx(c: &Ctx) {
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     guard(|| {
         let d = cu()?;
-        let (_, c) = d.cur_ctx()?;
+        let (h, c) = d.cur_ctx()?;
+        if d.invalidate_captures(h) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
         sync_ctx(&c);
         Ok(())
     })
@@ -273,11 +276,14 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
 pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
     guard(|| {
         let d = cu()?;
-        let c = if ctx.is_null() {
-            d.cur_ctx()?.1
+        let (h, c) = if ctx.is_null() {
+            d.cur_ctx()?
         } else {
-            d.ctx(ctx as usize)?
+            (ctx as usize, d.ctx(ctx as usize)?)
         };
+        if d.invalidate_captures(h) {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
         sync_ctx(&c);
         Ok(())
     })

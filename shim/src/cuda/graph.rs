@@ -1,5 +1,6 @@
 //! Graphs, enough for capture-free `cuGraphLaunch` of kernel (and empty)
-//! nodes: a launch queues the kernel nodes in insertion order.
+//! nodes: a launch queues the kernel nodes in insertion order. Stream
+//! capture (`cuStreamBeginCapture`, stream.rs) builds such graphs too.
 
 use crate::driver::{cu, Graph, GraphExec, KernelNode, Obj};
 use crate::{guard, put, CuRes};
@@ -197,6 +198,9 @@ fn graph_launch(e: CUgraphExec, stream: CUstream) -> CuRes {
     };
     d.stream(stream as usize)?;
     for k in &ge.kernels {
+        if super::stream::record_if_capturing(stream as usize, k)? {
+            continue;
+        }
         super::launch::submit(d, stream as usize, k.ns)?;
     }
     Ok(())

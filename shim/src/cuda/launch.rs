@@ -1,6 +1,6 @@
 //! Kernel launches: asynchronous, queued on the device's executor.
 
-use crate::driver::{cu, Driver, Func, Timing};
+use crate::driver::{cu, Driver, Func, KernelNode, Timing};
 use crate::{guard, CuRes};
 use cgpu_ffi::*;
 use std::ffi::c_void;
@@ -105,6 +105,10 @@ fn launch(
     }
     // SAFETY: params/extra per cuLaunchKernel's contract.
     let ns = unsafe { kernel_ns(d, &func, params, extra) }?;
+    // Into a capturing stream, a launch is recorded, not run.
+    if super::stream::record_if_capturing(stream as usize, &KernelNode { func, ns })? {
+        return Ok(());
+    }
     submit(d, stream as usize, ns)
 }
 

@@ -197,9 +197,11 @@ proc_table! {
     cuProfilerStop: 4000 => cuProfilerStop;
     cuStreamAddCallback: 5000 => cuStreamAddCallback, 7000 ptds => cuStreamAddCallback_ptsz;
     cuStreamAttachMemAsync: 6000 => cuStreamAttachMemAsync, 7000 ptds => cuStreamAttachMemAsync_ptsz;
+    cuStreamBeginCapture: 10000 => cuStreamBeginCapture, 10000 ptds => cuStreamBeginCapture_ptsz, 10010 => cuStreamBeginCapture_v2, 10010 ptds => cuStreamBeginCapture_v2_ptsz;
     cuStreamCreate: 2000 => cuStreamCreate;
     cuStreamCreateWithPriority: 5050 => cuStreamCreateWithPriority;
     cuStreamDestroy: 2000 => cuStreamDestroy, 4000 => cuStreamDestroy_v2;
+    cuStreamEndCapture: 10000 => cuStreamEndCapture, 10000 ptds => cuStreamEndCapture_ptsz;
     cuStreamGetAttribute: 11000 => cuStreamGetAttribute, 11000 ptds => cuStreamGetAttribute_ptsz;
     cuStreamGetCaptureInfo: 10010 => cuStreamGetCaptureInfo, 10010 ptds => cuStreamGetCaptureInfo_ptsz, 11030 => cuStreamGetCaptureInfo_v2, 11030 ptds => cuStreamGetCaptureInfo_v2_ptsz, 12030 => cuStreamGetCaptureInfo_v3, 12030 ptds => cuStreamGetCaptureInfo_v3_ptsz;
     cuStreamGetCtx: 9020 => cuStreamGetCtx, 9020 ptds => cuStreamGetCtx_ptsz, 12050 => cuStreamGetCtx_v2, 12050 ptds => cuStreamGetCtx_v2_ptsz;

@@ -3,10 +3,11 @@
 //! order and every cross-stream dependency); a stream remembers the sequence
 //! number of its last operation, an event the one of its last record.
 
-use crate::driver::{cu, Event, Obj, Stream};
+use crate::driver::{cu, Capture, Event, Graph, KernelNode, Obj, Stream};
 use crate::exec::EventTimes;
 use crate::{guard, put, CuRes};
 use cgpu_ffi::*;
+use parking_lot::Mutex;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use std::sync::Arc;
@@ -23,6 +24,7 @@ fn create(ph: *mut CUstream, flags: u32, prio: i32) -> CuRes {
         flags,
         prio: prio.clamp(-5, 0),
         last_seq: AtomicU64::new(0),
+        capture: Mutex::new(None),
     };
     let h = d.objs.lock().insert(Obj::Stream(Arc::new(s)));
     // SAFETY: out pointer from the caller (checked non-null).
@@ -80,8 +82,21 @@ fn stream_target(h: CUstream) -> Result<(usize, u64), CUresult> {
     Ok((dev, seq))
 }
 
+/// Synchronising or querying a capturing stream is illegal: it invalidates
+/// the capture and fails with STREAM_CAPTURE_UNSUPPORTED, as the driver does.
+fn refuse_if_capturing(h: CUstream) -> CuRes {
+    if let (_, Some(s)) = cu()?.stream(h as usize)? {
+        if let Some(c) = s.capture.lock().as_mut() {
+            c.invalidated = true;
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+    }
+    Ok(())
+}
+
 fn synchronize(h: CUstream) -> CuRes {
     let d = cu()?;
+    refuse_if_capturing(h)?;
     let (dev, seq) = stream_target(h)?;
     if seq > 0 {
         d.exec(dev).wait(seq);
@@ -91,6 +106,7 @@ fn synchronize(h: CUstream) -> CuRes {
 
 fn query(h: CUstream) -> CuRes {
     let d = cu()?;
+    refuse_if_capturing(h)?;
     let (dev, seq) = stream_target(h)?;
     if seq == 0 || d.exec(dev).done_seq() >= seq {
         Ok(())
@@ -519,11 +535,26 @@ pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
     guard(|| add_callback(h, cb, data, flags))
 }
 
+/// (status, id) of `h`'s capture: NONE (0), ACTIVE (1) or INVALIDATED (2).
+fn capture_state(h: CUstream) -> Result<(u32, u64), CUresult> {
+    let (_, s) = cu()?.stream(h as usize)?;
+    Ok(
+        match s.as_ref().and_then(|s| {
+            s.capture
+                .lock()
+                .as_ref()
+                .map(|c| (if c.invalidated { 2 } else { 1 }, c.id))
+        }) {
+            Some(x) => x,
+            None => (0, 0),
+        },
+    )
+}
+
 fn is_capturing(h: CUstream, status: *mut u32) -> CuRes {
-    cu()?.stream(h as usize)?;
-    // SAFETY: out pointer from the caller. Stream capture is not simulated:
-    // streams are never capturing (CU_STREAM_CAPTURE_STATUS_NONE).
-    unsafe { put(status, 0, CUDA_ERROR_INVALID_VALUE) }
+    let (st, _) = capture_state(h)?;
+    // SAFETY: out pointer from the caller.
+    unsafe { put(status, st, CUDA_ERROR_INVALID_VALUE) }
 }
 
 #[unsafe(no_mangle)]
@@ -536,13 +567,116 @@ pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(h: CUstream, status: *mut u32)
     guard(|| is_capturing(h, status))
 }
 
-/// Capture info of a never-capturing stream: status NONE, other outputs zeroed.
+static CAPTURE_IDS: AtomicU64 = AtomicU64::new(0);
+
+/// Starts capturing `h` (a created stream; the legacy default stream cannot
+/// be captured). Every mode behaves the same here (no cross-thread checks).
+fn begin_capture(h: CUstream, mode: u32) -> CuRes {
+    let d = cu()?;
+    if mode > 2 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, s) = d.stream(h as usize)?;
+    let s = s.ok_or(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)?;
+    let mut cap = s.capture.lock();
+    if cap.is_some() {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    *cap = Some(Capture {
+        id: CAPTURE_IDS.fetch_add(1, Relaxed) + 1,
+        mode,
+        kernels: Vec::new(),
+        invalidated: false,
+    });
+    Ok(())
+}
+
+/// CUDA 10.0 signature: global mode.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBeginCapture(h: CUstream) -> CUresult {
+    guard(|| begin_capture(h, 0))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBeginCapture_ptsz(h: CUstream) -> CUresult {
+    guard(|| begin_capture(h, 0))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2(h: CUstream, mode: u32) -> CUresult {
+    guard(|| begin_capture(h, mode))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: u32) -> CUresult {
+    guard(|| begin_capture(h, mode))
+}
+
+/// Ends the capture of `h`: a graph of the recorded kernels, or null and
+/// STREAM_CAPTURE_INVALIDATED if the capture was invalidated.
+fn end_capture(h: CUstream, pg: *mut CUgraph) -> CuRes {
+    let d = cu()?;
+    if pg.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, s) = d.stream(h as usize)?;
+    let cap = s
+        .and_then(|s| s.capture.lock().take())
+        .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    if cap.invalidated {
+        // SAFETY: out pointer from the caller (checked non-null).
+        unsafe { put(pg, std::ptr::null_mut(), CUDA_ERROR_INVALID_VALUE) }?;
+        return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+    let gh = d
+        .objs
+        .lock()
+        .insert(Obj::Graph(Arc::new(Mutex::new(Graph::default()))));
+    let graph = match d.objs.lock().get(gh) {
+        Some(Obj::Graph(g)) => Arc::clone(g),
+        _ => return Err(CUDA_ERROR_UNKNOWN),
+    };
+    let mut g = graph.lock();
+    for k in cap.kernels {
+        let n = d.objs.lock().insert(Obj::GraphNode(gh));
+        g.nodes.push(n);
+        g.kernels.push((n, k));
+    }
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(pg, gh as CUgraph, CUDA_ERROR_INVALID_VALUE) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamEndCapture(h: CUstream, pg: *mut CUgraph) -> CUresult {
+    guard(|| end_capture(h, pg))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamEndCapture_ptsz(h: CUstream, pg: *mut CUgraph) -> CUresult {
+    guard(|| end_capture(h, pg))
+}
+
+/// Records `k` if `stream` is capturing (Ok(true)): it does not run.
+pub fn record_if_capturing(stream: usize, k: &KernelNode) -> Result<bool, CUresult> {
+    let (_, s) = cu()?.stream(stream)?;
+    if let Some(s) = s {
+        if let Some(c) = s.capture.lock().as_mut() {
+            c.kernels.push(k.clone());
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Capture info: status and id; the graph/dependency outputs are zeroed.
 fn capture_info(h: CUstream, status: *mut u32, outs: &[*mut u64]) -> CuRes {
-    is_capturing(h, status)?;
-    for &o in outs {
+    let (st, id) = capture_state(h)?;
+    // SAFETY: out pointer from the caller.
+    unsafe { put(status, st, CUDA_ERROR_INVALID_VALUE) }?;
+    for (i, &o) in outs.iter().enumerate() {
         if !o.is_null() {
             // SAFETY: non-null out pointer (id, graph, deps, edge data or count).
-            unsafe { o.write_unaligned(0) };
+            unsafe { o.write_unaligned(if i == 0 { id } else { 0 }) };
         }
     }
     Ok(())
