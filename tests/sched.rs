@@ -487,3 +487,87 @@ fn two_gpus_in_one_process_each_gated_by_its_own_ledger() {
         0.75,
     );
 }
+
+/// CUDA graphs under the scheduler: a process captures a stream
+/// (`cuStreamBeginCapture`, as `torch.cuda.graph` does in global mode)
+/// across several slice ends while another container keeps the GPU busy.
+/// The drain at each handover must not `cuCtxSynchronize` its context
+/// (that invalidates the capture on a real driver, and on the sim); the
+/// capture ends intact and the graph runs. Through each entry path, with
+/// the `_ptsz` variants too.
+#[test]
+fn stream_capture_survives_slice_ends() {
+    let _serial = serial();
+    let mut script = vec![
+        "init",
+        "ready",
+        "sleep",
+        "600",
+        // warm-up launches (the context is known to the drain)
+        "spin",
+        "1000000",
+        "2",
+        "capture_begin",
+    ];
+    for _ in 0..5 {
+        // longer than a slice: the GPU changes hands between launches
+        script.extend(["capture_spin", "2000000", "1", "sleep", "100"]);
+    }
+    script.extend(["capture_status", "capture_end", "graph_launch_last"]);
+    let s = Scenario::start(&[
+        Ctr::new("busy", 1).busy(RUN_MS, MS),
+        Ctr::new("graph", 2).mode(LinkMode::Link).cmd(&script),
+        Ctr::new("graph", 2).mode(LinkMode::Dlsym).cmd(&script),
+        Ctr::new("graph", 2)
+            .mode(LinkMode::ProcAddr)
+            .env("CUCLIENT_PTDS", "1")
+            .cmd(&script),
+    ]);
+    let l = s.ledger();
+    l.set_policy(2).unwrap();
+    let busy = s.slot(&l, "busy");
+    let mut s = s;
+    let mut busy_ns_at_begin = None;
+    for i in 0..s.procs.len() {
+        if s.procs[i].container != "graph" {
+            continue;
+        }
+        let p = &mut s.procs[i];
+        let b = p
+            .wait_line("capture_begin", Duration::from_secs(30))
+            .map(|l| l.text.clone());
+        assert_eq!(b.as_deref(), Some("capture_begin ok"), "{b:?}");
+        if busy_ns_at_begin.is_none() {
+            busy_ns_at_begin =
+                Some(cgpu::scheduler::container_stats(&l.file().containers[busy]).gpu_time_ns);
+        }
+        let st = p
+            .wait_line("capture_status", Duration::from_secs(60))
+            .map(|l| l.text.clone());
+        assert_eq!(
+            st.as_deref(),
+            Some("capture_status ok status=1"),
+            "capture invalidated"
+        );
+        let e = p
+            .wait_line("capture_end", Duration::from_secs(30))
+            .map(|l| l.text.clone());
+        assert_eq!(e.as_deref(), Some("capture_end ok graph=set"), "{e:?}");
+        let g = p
+            .wait_line("graph_launch_last", Duration::from_secs(30))
+            .map(|l| l.text.clone());
+        assert!(
+            g.as_deref()
+                .is_some_and(|t| t.starts_with("graph_launch_last ok")),
+            "{g:?}"
+        );
+    }
+    // The GPU did change hands during the captures (the other container
+    // was charged GPU time: handovers, hence drains, happened).
+    let busy_now = cgpu::scheduler::container_stats(&l.file().containers[busy]).gpu_time_ns;
+    let before = busy_ns_at_begin.unwrap();
+    assert!(
+        busy_now >= before + 100 * MS,
+        "no handover during the captures: busy container charged {before} then {busy_now} ns"
+    );
+}

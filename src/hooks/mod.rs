@@ -20,6 +20,7 @@ pub mod launch;
 pub mod memory;
 pub mod nvml;
 pub mod procaddr;
+pub mod stream;
 pub mod types;
 
 use std::ffi::c_void;
@@ -84,7 +85,7 @@ macro_rules! api {
             #[allow(unused_imports)]
             use super::types::*;
             #[allow(unused_imports)]
-            use super::{context, device, launch, memory, nvml, procaddr};
+            use super::{context, device, launch, memory, nvml, procaddr, stream};
             $(
                 /// Exported hook (see the declaration list in `hooks/mod.rs`).
                 ///
@@ -198,6 +199,16 @@ api! {
         fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: u32, flags: u32) -> CUresult => launch::launch_cooperative_multi;
         fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch;
         fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch;
+
+        // --- stream capture (the scheduler's drain must not invalidate it) --
+        fn cuStreamBeginCapture(stream: CUstream) -> CUresult => stream::begin_capture_v1;
+        fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult => stream::begin_capture_v1;
+        fn cuStreamBeginCapture_v2(stream: CUstream, mode: u32) -> CUresult => stream::begin_capture;
+        fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: u32) -> CUresult => stream::begin_capture;
+        fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, mode: u32) -> CUresult => stream::begin_capture_to_graph;
+        fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, mode: u32) -> CUresult => stream::begin_capture_to_graph;
+        fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => stream::end_capture;
+        fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => stream::end_capture;
 
         // --- NVML ---------------------------------------------------------
         fn nvmlInit() -> nvmlReturn_t => nvml::init;

@@ -558,7 +558,15 @@ impl Gate {
         while self.in_launch.load(SeqCst) > 0 && now_ns() < deadline {
             std::thread::sleep(std::time::Duration::from_micros(20));
         }
-        for c in &self.ctxs {
+        // A stream capture open in this process: synchronising would
+        // invalidate it; the process counts as drained (see capture.rs).
+        let guard = super::capture::CAPTURES.sync_guard();
+        if guard.is_none() {
+            tracing::debug!(
+                "cgpu: stream capture open: contexts not synchronised at this handover"
+            );
+        }
+        for c in self.ctxs.iter().filter(|_| guard.is_some()) {
             let v = c.load(Acquire);
             if v == 0 {
                 continue;
@@ -571,11 +579,14 @@ impl Gate {
                     e => e,
                 }
             };
-            if r != 0 {
+            if r != 0 && !super::capture::is_capture_error(r) {
                 tracing::debug!("cgpu: drain of context {v:#x} returned {r}: forgotten");
                 let _ = c.compare_exchange(v, 0, AcqRel, Acquire);
+            } else if r != 0 {
+                tracing::debug!("cgpu: drain of context {v:#x} returned {r} (stream capture)");
             }
         }
+        drop(guard);
         self.set_bit(cw::DRAIN, self.container, false);
         if self.set_empty(cw::DRAIN, self.container) {
             self.try_decide(t);

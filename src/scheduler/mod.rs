@@ -14,6 +14,7 @@
 //! container's bucket, and the token goes to the waiting container with the
 //! most credit, buckets being refilled at each container's share.
 
+pub mod capture;
 mod decide;
 mod gate;
 pub mod policy;
