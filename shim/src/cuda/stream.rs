@@ -538,17 +538,13 @@ pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
 /// (status, id) of `h`'s capture: NONE (0), ACTIVE (1) or INVALIDATED (2).
 fn capture_state(h: CUstream) -> Result<(u32, u64), CUresult> {
     let (_, s) = cu()?.stream(h as usize)?;
-    Ok(
-        match s.as_ref().and_then(|s| {
-            s.capture
-                .lock()
-                .as_ref()
-                .map(|c| (if c.invalidated { 2 } else { 1 }, c.id))
-        }) {
-            Some(x) => x,
-            None => (0, 0),
-        },
-    )
+    Ok(s.and_then(|s| {
+        s.capture
+            .lock()
+            .as_ref()
+            .map(|c| (if c.invalidated { 2 } else { 1 }, c.id))
+    })
+    .unwrap_or_default())
 }
 
 fn is_capturing(h: CUstream, status: *mut u32) -> CuRes {
