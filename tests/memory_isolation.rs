@@ -775,3 +775,25 @@ fn a_zero_in_the_list_leaves_that_gpu_unlimited_but_recorded() {
         "{out1}"
     );
 }
+
+/// The legacy `cuArrayCreate` (reached through `cuGetProcAddress` at version
+/// 2000) takes the `_v1` descriptor, 32-bit sizes: read with the `_v2` layout
+/// its width would be garbage and the call refused. It must give the
+/// driver's own answer, as without cgpu, and leave nothing charged.
+#[test]
+fn legacy_array_create_reads_the_v1_descriptor() {
+    let m = Machine::new("arrayv1", T4);
+    let v = vars("legacy", "4");
+    let client = cgpu_testkit::cuclient(cgpu_testkit::LinkMode::ProcAddr);
+    let args = ["array_v1", "1024", "1024", "meminfo"];
+    let bare = run_ok(m.bare(&client).args(args));
+    let pre = run_ok(m.preloaded(&client, &v).args(args));
+    let line = |s: &str| cgpu_testkit::line(s, "array_v1").to_string();
+    assert_eq!(line(&pre), line(&bare), "bare: {bare}\npreloaded: {pre}");
+    assert!(!line(&pre).contains("err=2"), "{pre}");
+    assert_eq!(
+        cgpu_testkit::num(&pre, "meminfo", "free"),
+        4 * GIB - CTX,
+        "only the context is charged: {pre}"
+    );
+}

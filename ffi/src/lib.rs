@@ -223,6 +223,31 @@ pub struct CUDA_ARRAY_DESCRIPTOR {
     pub NumChannels: u32,
 }
 
+/// `CUDA_ARRAY_DESCRIPTOR_v1` (legacy `cuArrayCreate`: 32-bit sizes). The
+/// header declares the `_v1` structs only under `__CUDA_API_VERSION_INTERNAL`,
+/// so `shim/tests/abi.rs` cannot compile against them: their layout (every
+/// field 4 bytes) is pinned by the unit test below.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+    pub Width: u32,
+    pub Height: u32,
+    pub Format: i32,
+    pub NumChannels: u32,
+}
+
+/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (legacy `cuArray3DCreate`: 32-bit sizes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    pub Width: u32,
+    pub Height: u32,
+    pub Depth: u32,
+    pub Format: i32,
+    pub NumChannels: u32,
+    pub Flags: u32,
+}
+
 /// `CUDA_ARRAY3D_DESCRIPTOR` (`_v2`).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -373,3 +398,21 @@ pub const NVML_DEVICE_NAME_BUFFER_SIZE: u32 = 64;
 pub const NVML_DEVICE_NAME_V2_BUFFER_SIZE: u32 = 96;
 pub const NVML_DEVICE_UUID_BUFFER_SIZE: u32 = 80;
 pub const NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE: u32 = 80;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The legacy `_v1` array descriptors, as `cuda.h` declares them in its
+    /// internal section: 32-bit fields only.
+    #[test]
+    fn v1_array_descriptors() {
+        assert_eq!(size_of::<CUDA_ARRAY_DESCRIPTOR_v1>(), 16);
+        assert_eq!(offset_of!(CUDA_ARRAY_DESCRIPTOR_v1, Format), 8);
+        assert_eq!(offset_of!(CUDA_ARRAY_DESCRIPTOR_v1, NumChannels), 12);
+        assert_eq!(size_of::<CUDA_ARRAY3D_DESCRIPTOR_v1>(), 24);
+        assert_eq!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR_v1, Format), 12);
+        assert_eq!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR_v1, Flags), 20);
+    }
+}

@@ -381,8 +381,22 @@ pub fn array_bytes(w: usize, h: usize, d: usize, format: i32, channels: u32) -> 
         .saturating_mul(format_bytes(format))
 }
 
-fn array_charge(bytes: u64, create: impl FnOnce() -> (CUresult, u64), kind: Kind) -> CUresult {
-    charged(current_gpu(), kind, bytes, create)
+/// Charge an array of `bytes` around `create` (the real call), which writes
+/// the new handle to `arr`.
+///
+/// # Safety
+/// `arr` is the caller's out-pointer, as the driver's contract has it.
+unsafe fn array_charge(
+    bytes: u64,
+    kind: Kind,
+    arr: *mut *mut c_void,
+    create: impl FnOnce() -> CUresult,
+) -> CUresult {
+    charged(current_gpu(), kind, bytes, || {
+        let rc = create();
+        // SAFETY: read only on success, when the driver wrote the handle.
+        (rc, unsafe { out(arr as *const usize as *const u64) })
+    })
 }
 
 /// `cuArrayCreate_v2`.
@@ -394,47 +408,39 @@ pub unsafe fn array_create(
     arr: *mut CUarray,
     desc: *const CUDA_ARRAY_DESCRIPTOR,
 ) -> CUresult {
-    if desc.is_null() {
+    // SAFETY: desc is null or the caller's descriptor.
+    let Some(d) = (unsafe { desc.as_ref() }) else {
         return super::call_real!(real, arr, desc);
-    }
-    // SAFETY: desc is the caller's non-null descriptor.
-    let d = unsafe { &*desc };
+    };
     let bytes = array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels);
-    array_charge(
-        bytes,
-        || {
-            let rc = super::call_real!(real, arr, desc);
-            // SAFETY: written by the driver on success.
-            (rc, unsafe { out(arr as *const usize as *const u64) })
-        },
-        Kind::Array,
-    )
+    let create = || super::call_real!(real, arr, desc);
+    // SAFETY: arr is the caller's out-pointer.
+    unsafe { array_charge(bytes, Kind::Array, arr, create) }
 }
 
-/// `cuArrayCreate` (same ABI as `_v2` on 64-bit).
+/// `cuArrayCreate` (legacy: the `_v1` descriptor, 32-bit sizes).
 ///
 /// # Safety
 /// The driver's contract.
 pub unsafe fn array_create_v1(
     real: &RealFn<sig::cuArrayCreate>,
     arr: *mut CUarray,
-    desc: *const CUDA_ARRAY_DESCRIPTOR,
+    desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
 ) -> CUresult {
-    if desc.is_null() {
+    // SAFETY: desc is null or the caller's descriptor.
+    let Some(d) = (unsafe { desc.as_ref() }) else {
         return super::call_real!(real, arr, desc);
-    }
-    // SAFETY: as above.
-    let d = unsafe { &*desc };
-    let bytes = array_bytes(d.Width, d.Height, 1, d.Format, d.NumChannels);
-    array_charge(
-        bytes,
-        || {
-            let rc = super::call_real!(real, arr, desc);
-            // SAFETY: as above.
-            (rc, unsafe { out(arr as *const usize as *const u64) })
-        },
-        Kind::Array,
-    )
+    };
+    let bytes = array_bytes(
+        d.Width as usize,
+        d.Height as usize,
+        1,
+        d.Format,
+        d.NumChannels,
+    );
+    let create = || super::call_real!(real, arr, desc);
+    // SAFETY: arr is the caller's out-pointer.
+    unsafe { array_charge(bytes, Kind::Array, arr, create) }
 }
 
 /// `cuArray3DCreate_v2`.
@@ -446,47 +452,34 @@ pub unsafe fn array3d_create(
     arr: *mut CUarray,
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
 ) -> CUresult {
-    if desc.is_null() {
+    // SAFETY: desc is null or the caller's descriptor.
+    let Some(d) = (unsafe { desc.as_ref() }) else {
         return super::call_real!(real, arr, desc);
-    }
-    // SAFETY: as above.
-    let d = unsafe { &*desc };
+    };
     let bytes = array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels);
-    array_charge(
-        bytes,
-        || {
-            let rc = super::call_real!(real, arr, desc);
-            // SAFETY: as above.
-            (rc, unsafe { out(arr as *const usize as *const u64) })
-        },
-        Kind::Array,
-    )
+    let create = || super::call_real!(real, arr, desc);
+    // SAFETY: arr is the caller's out-pointer.
+    unsafe { array_charge(bytes, Kind::Array, arr, create) }
 }
 
-/// `cuArray3DCreate`.
+/// `cuArray3DCreate` (legacy: the `_v1` descriptor, 32-bit sizes).
 ///
 /// # Safety
 /// The driver's contract.
 pub unsafe fn array3d_create_v1(
     real: &RealFn<sig::cuArray3DCreate>,
     arr: *mut CUarray,
-    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
 ) -> CUresult {
-    if desc.is_null() {
+    // SAFETY: desc is null or the caller's descriptor.
+    let Some(d) = (unsafe { desc.as_ref() }) else {
         return super::call_real!(real, arr, desc);
-    }
-    // SAFETY: as above.
-    let d = unsafe { &*desc };
-    let bytes = array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels);
-    array_charge(
-        bytes,
-        || {
-            let rc = super::call_real!(real, arr, desc);
-            // SAFETY: as above.
-            (rc, unsafe { out(arr as *const usize as *const u64) })
-        },
-        Kind::Array,
-    )
+    };
+    let (w, h, z) = (d.Width as usize, d.Height as usize, d.Depth as usize);
+    let bytes = array_bytes(w, h, z, d.Format, d.NumChannels);
+    let create = || super::call_real!(real, arr, desc);
+    // SAFETY: arr is the caller's out-pointer.
+    unsafe { array_charge(bytes, Kind::Array, arr, create) }
 }
 
 /// `cuMipmappedArrayCreate`: all levels (bounded by 4/3 of level 0).
@@ -499,11 +492,10 @@ pub unsafe fn mipmapped_array_create(
     desc: *const CUDA_ARRAY3D_DESCRIPTOR,
     levels: u32,
 ) -> CUresult {
-    if desc.is_null() {
+    // SAFETY: desc is null or the caller's descriptor.
+    let Some(d) = (unsafe { desc.as_ref() }) else {
         return super::call_real!(real, arr, desc, levels);
-    }
-    // SAFETY: as above.
-    let d = unsafe { &*desc };
+    };
     let mut bytes = 0u64;
     let (mut w, mut h, mut z) = (d.Width.max(1), d.Height.max(1), d.Depth.max(1));
     for _ in 0..levels.max(1) {
@@ -512,15 +504,9 @@ pub unsafe fn mipmapped_array_create(
         h = (h / 2).max(1);
         z = (z / 2).max(1);
     }
-    array_charge(
-        bytes,
-        || {
-            let rc = super::call_real!(real, arr, desc, levels);
-            // SAFETY: as above.
-            (rc, unsafe { out(arr as *const usize as *const u64) })
-        },
-        Kind::Mipmap,
-    )
+    let create = || super::call_real!(real, arr, desc, levels);
+    // SAFETY: arr is the caller's out-pointer.
+    unsafe { array_charge(bytes, Kind::Mipmap, arr, create) }
 }
 
 /// `cuMemFree_v2`.

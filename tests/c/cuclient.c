@@ -27,6 +27,9 @@
  *   alloc_async BYTES         cuMemAllocAsync on the default stream
  *   alloc_vmm BYTES           cuMemCreate+AddressReserve+Map+SetAccess (BYTES rounded to granularity)
  *   array W H                 cuArrayCreate_v2 (UINT8, 1 channel)
+ *   array_v1 W H              the legacy cuArrayCreate (CUDA_ARRAY_DESCRIPTOR_v1, 32-bit
+ *                             sizes), resolved with cuGetProcAddress_v2 at version 2000:
+ *                             array_v1 ok | array_v1 err=E (the array is not kept)
  *   free                      frees the last allocation of the stack (any kind)
  *   freeall                   frees all
  *   alloc_until_oom CHUNK     alloc_until_oom ok count=N bytes=B err=E  (keeps them)
@@ -388,6 +391,21 @@ int main(int argc, char **argv) {
             struct alloc a = {0, d.Width * d.Height, K_ARRAY, 0, NULL};
             if ((r = cu.ArrayCreate(&a.arr, &d))) printf("array err=%d\n", r);
             else { allocs[nallocs++] = a; printf("array ok\n"); }
+        } else if (!strcmp(c, "array_v1")) {
+            NEED(2);
+            /* CUDA_ARRAY_DESCRIPTOR_v1: cuda.h declares it only for the driver's own build */
+            struct { unsigned Width, Height; CUarray_format Format; unsigned NumChannels; } d = {
+                (unsigned)strtoul(argv[i + 1], NULL, 0), (unsigned)strtoul(argv[i + 2], NULL, 0),
+                CU_AD_FORMAT_UNSIGNED_INT8, 1};
+            i += 2;
+            CUDA_OR_ERR(c);
+            CUresult (*create_v1)(CUarray *, const void *) = NULL;
+            CUdriverProcAddressQueryResult st = 99;
+            r = get_proc("cuArrayCreate", (void **)&create_v1, 2000, 0, &st);
+            if (r || !create_v1) { printf("array_v1 err=%d status=%d\n", r, (int)st); continue; }
+            CUarray arr = NULL;
+            if ((r = create_v1(&arr, &d))) printf("array_v1 err=%d\n", r);
+            else { cu.ArrayDestroy(arr); printf("array_v1 ok\n"); }
         } else if (!strcmp(c, "free")) {
             CUDA_OR_ERR(c);
             if (!nallocs) { printf("free err=none\n"); continue; }
