@@ -20,15 +20,10 @@ const SEEDS: &[(u64, &str, &str, u64)] = &[
     (23028, "23", "6", 6007),
 ];
 
-fn client(m: &Machine, path: &str) -> PathBuf {
-    let out = m.root.join(format!("client_{path}"));
-    if !out.exists() {
-        let src = repo().join("tests/entry_paths_client.c");
-        let flag = format!("-DPATH_{}", path.to_uppercase());
-        let l = format!("-L{}", m.libdir.display());
-        cc(&src, &out, &[&flag, &l, "-lcuda", "-lnvidia-ml", "-ldl"]);
-    }
-    out
+fn client(path: &str) -> PathBuf {
+    let src = repo().join("tests/entry_paths_client.c");
+    let flag = format!("PATH_{}", path.to_uppercase());
+    cc(&src, "entry_paths_client", &[&flag], true)
 }
 
 fn gpus(mib: u64) -> String {
@@ -40,7 +35,7 @@ fn seed_vectors_over_the_three_c_entry_paths() {
     for &(phys, dev, cont, want) in SEEDS {
         let m = Machine::new("seed-c", &gpus(phys));
         for path in ["linked", "dlsym", "procaddr"] {
-            let exe = client(&m, path);
+            let exe = client(path);
             let vars = [
                 ("ALIYUN_COM_GPU_MEM_CONTAINER", cont),
                 ("ALIYUN_COM_GPU_MEM_DEV", dev),
@@ -100,7 +95,7 @@ fn seed_vectors_over_the_three_c_entry_paths() {
 fn cgpu_disable_shows_the_physical_view_over_every_path() {
     let m = Machine::new("disable", &gpus(16130));
     for path in ["linked", "dlsym", "procaddr"] {
-        let exe = client(&m, path);
+        let exe = client(path);
         let vars = [
             ("ALIYUN_COM_GPU_MEM_CONTAINER", "3"),
             ("CGPU_DISABLE", "true"),
@@ -124,7 +119,7 @@ fn cgpu_disable_shows_the_physical_view_over_every_path() {
 #[test]
 fn get_proc_address_returns_our_hook_for_exactly_the_drivers_variant() {
     let m = Machine::new("variants", &gpus(15109));
-    let exe = client(&m, "procaddr");
+    let exe = client("procaddr");
     let bare = run_ok(m.bare(&exe).arg("variants"));
     let pre = run_ok(
         m.preloaded(&exe, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "4")])
@@ -283,8 +278,7 @@ int main(void) {
 "#,
     )
     .unwrap();
-    let exe = m.root.join("next");
-    cc(&src, &exe, &["-ldl"]);
+    let exe = cc(&src, "rtld_next", &[], false);
     let out = run_ok(&mut m.preloaded(&exe, &[("ALIYUN_COM_GPU_MEM_CONTAINER", "2")]));
     assert_eq!(op(&out, "next_printf")["same"], 1, "{out}");
     assert_eq!(op(&out, "default_strlen")["same"], 1, "{out}");

@@ -642,13 +642,7 @@ fn unusable_ledger_directory_enforces_within_the_process_and_says_so() {
 fn missing_real_driver_is_a_clear_error_not_a_crash() {
     let m = Machine::new("nodriver", T4);
     let src = repo().join("tests/entry_paths_client.c");
-    let exe = m.root.join("client_linked");
-    let l = format!("-L{}", m.libdir.display());
-    cc(
-        &src,
-        &exe,
-        &["-DPATH_LINKED", &l, "-lcuda", "-lnvidia-ml", "-ldl"],
-    );
+    let exe = cc(&src, "entry_paths_client", &["PATH_LINKED"], true);
     let v = [
         ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
         ("CGPU_REAL_LIBCUDA", "/nonexistent/libcuda.so.1"),

@@ -219,21 +219,17 @@ pub fn op(s: &str, op: &str) -> serde_json::Value {
         .unwrap_or_else(|| panic!("no {op} line in:\n{s}"))
 }
 
-/// Compile a C file with `cc`, against the real `cuda.h`/`nvml.h`.
-pub fn cc(src: &Path, out: &Path, extra: &[&str]) {
-    let inc = cuda_include_dirs();
-    let mut c = Command::new("cc");
-    c.arg("-O1").arg("-o").arg(out).arg(src);
-    for i in inc {
-        c.arg("-I").arg(i);
-    }
-    c.args(extra);
-    let o = c.output().expect("cc");
-    assert!(
-        o.status.success(),
-        "cc failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+/// Compile the C file `src` against the real `cuda.h`/`nvml.h` with the
+/// testkit (cached, shared by the tests), as `-D` `defines`; linked with
+/// `-lcuda -lnvidia-ml` (against the simulated driver) when `link_driver`.
+pub fn cc(src: &Path, name: &str, defines: &[&str], link_driver: bool) -> PathBuf {
+    use cgpu_testkit::LinkMode;
+    let mode = if link_driver {
+        LinkMode::Link
+    } else {
+        LinkMode::Dlsym
+    };
+    cgpu_testkit::compile_c_with(src, name, defines, mode, &[])
 }
 
 /// Poll `f` until it returns true or `t` passes; returns the elapsed time.
