@@ -355,33 +355,11 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
-static LOGGING: std::sync::Once = std::sync::Once::new();
-
-/// Install the stderr logger (filter from `CGPU_LOG`, default `warn`). Lazy:
-/// called from the first hooked call, never from a constructor.
+/// Install the stderr logger (level from `CGPU_LOG`, default `warn`; see
+/// [`crate::log`]). Lazy: called from the first hooked call, never from a
+/// constructor.
 pub fn init_logging() {
-    LOGGING.call_once(|| {
-        let filter = std::env::var("CGPU_LOG").unwrap_or_default();
-        let filter = if filter.trim().is_empty() {
-            "warn".to_string()
-        } else {
-            filter
-        };
-        let (env_filter, bad) = match tracing_subscriber::EnvFilter::try_new(&filter) {
-            Ok(f) => (f, false),
-            Err(_) => (tracing_subscriber::EnvFilter::new("warn"), true),
-        };
-        let _ = tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_env_filter(env_filter)
-            .with_target(false)
-            .try_init();
-        if bad {
-            tracing::error!(
-                "cgpu: bad environment: CGPU_LOG='{filter}': not a log filter; using 'warn'"
-            );
-        }
-    });
+    crate::log::init();
 }
 
 /// The process's configuration, parsed (and its errors logged) on first use.

@@ -15,10 +15,12 @@
 //!
 //! Design, locking protocol and crash semantics: `docs/ledger.md`.
 
+mod account;
 mod file;
 mod lock;
 mod snapshot;
 
+pub use account::{Account, JoinSpec, JOIN_WAIT, RETRY_INTERVAL};
 pub use snapshot::{ContainerSnapshot, ProcessSnapshot, Snapshot};
 
 use std::path::{Path, PathBuf};
@@ -214,10 +216,56 @@ pub struct JoinRequest<'a> {
 
 /// This process's place in one ledger: its container and process slot. Holds
 /// the liveness lock for as long as it lives.
+///
+/// It also counts the reservations of this process's threads that are in
+/// flight, so that [`Ledger::leave`] (run by an exit handler while other
+/// threads may still allocate) waits for them and no reservation writes
+/// into a slot after it was freed (and perhaps claimed by someone else).
 #[derive(Debug)]
 pub struct Membership {
     pub container: usize,
     pub process: usize,
+    /// Reserve/release calls in flight through this membership.
+    inflight: AtomicU32,
+    /// Set by `leave`: later reservations are refused, releases ignored.
+    left: AtomicBool,
+}
+
+impl Membership {
+    fn new(container: usize, process: usize) -> Self {
+        Membership {
+            container,
+            process,
+            inflight: AtomicU32::new(0),
+            left: AtomicBool::new(false),
+        }
+    }
+    /// True once `leave` ran: the slot is no longer this process's.
+    pub fn has_left(&self) -> bool {
+        self.left.load(Ordering::SeqCst)
+    }
+    /// Enter a reserve/release; `None` once left. The `SeqCst` pair
+    /// (increment, then read `left`) against `leave`'s (set `left`, then read
+    /// the count) makes sure one of the two sees the other.
+    #[inline]
+    fn enter(&self) -> Option<InFlight<'_>> {
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        let g = InFlight(&self.inflight);
+        if self.left.load(Ordering::SeqCst) {
+            return None; // `g` drops: count restored
+        }
+        Some(g)
+    }
+}
+
+/// One reserve/release in flight (see [`Membership`]).
+struct InFlight<'a>(&'a AtomicU32);
+
+impl Drop for InFlight<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Display for LedgerError {
@@ -252,6 +300,15 @@ impl std::fmt::Display for QuotaExceeded {
 }
 
 impl LedgerError {
+    /// The table lock stayed held by a live process (a stopped one, or one
+    /// that is not scheduled) for the whole wait. Passing; try again.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, LedgerError::Io { err, .. } if err.kind() == std::io::ErrorKind::TimedOut)
+    }
+    /// No free slot (passing, when processes or containers leave).
+    pub fn is_full(&self) -> bool {
+        matches!(self, LedgerError::Full { .. })
+    }
     fn io(path: &Path, err: std::io::Error) -> Self {
         LedgerError::Io {
             path: path.to_owned(),
@@ -378,6 +435,12 @@ impl Drop for TableGuard<'_> {
 #[doc(hidden)]
 pub static TEST_JOIN_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
 
+/// Longest [`Ledger::reclaim_for`] waits for the table lock.
+pub const RECLAIM_WAIT: Duration = Duration::from_millis(5);
+
+/// Longest `leave` waits for this process's reservations in flight.
+pub const LEAVE_WAIT: Duration = Duration::from_millis(100);
+
 /// Default minimum interval between two `maybe_reap` scans (all processes together).
 pub const REAP_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -391,6 +454,19 @@ fn now_ns(clock: libc::clockid_t) -> u64 {
 
 pub(crate) fn realtime_ns() -> u64 {
     now_ns(libc::CLOCK_REALTIME)
+}
+
+/// Bytes for people: `1.50 GiB`, `300.0 MiB`, `12 KiB`, `17 bytes`.
+pub fn human_bytes(b: u64) -> String {
+    const K: u64 = 1 << 10;
+    const M: u64 = 1 << 20;
+    const G: u64 = 1 << 30;
+    match b {
+        b if b >= G => format!("{:.2} GiB", b as f64 / G as f64),
+        b if b >= M => format!("{:.1} MiB", b as f64 / M as f64),
+        b if b >= K => format!("{} KiB", b / K),
+        b => format!("{b} bytes"),
+    }
 }
 
 /// Saturating subtract on a shared counter; returns what was subtracted.
@@ -478,22 +554,41 @@ impl Ledger {
     }
 
     fn lock_table(&self) -> Result<TableGuard<'_>, LedgerError> {
+        self.lock_table_within(lock::TABLE_LOCK_TIMEOUT)
+    }
+
+    /// Take the table lock, waiting at most `wait` (zero: one attempt).
+    /// `Err` with `ErrorKind::TimedOut` ([`LedgerError::is_busy`]) when a
+    /// live process (perhaps a stopped one) holds it all that time.
+    fn lock_table_within(&self, wait: Duration) -> Result<TableGuard<'_>, LedgerError> {
         let fd = self.fd()?;
-        let inner = self
-            .table
-            .try_lock_for(lock::TABLE_LOCK_TIMEOUT)
-            .ok_or_else(|| {
-                LedgerError::io(
-                    &self.path,
-                    std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "table lock held by another thread for 2 s",
+        let t0 = std::time::Instant::now();
+        let busy = |what: &str| {
+            LedgerError::io(
+                &self.path,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the slot-table lock is held by {what} (waited {} ms)",
+                        wait.as_millis()
                     ),
-                )
-            })?;
-        lock::lock_timeout(fd, TABLE_LOCK.0, TABLE_LOCK.1, lock::TABLE_LOCK_TIMEOUT)
-            .map_err(|e| LedgerError::io(&self.path, e))?;
-        Ok(TableGuard { fd, _inner: inner })
+                ),
+            )
+        };
+        let inner = if wait.is_zero() {
+            self.table.try_lock()
+        } else {
+            self.table.try_lock_for(wait)
+        }
+        .ok_or_else(|| busy("another thread of this process"))?;
+        let left = wait.saturating_sub(t0.elapsed());
+        match lock::lock_timeout(fd, TABLE_LOCK.0, TABLE_LOCK.1, left) {
+            Ok(()) => Ok(TableGuard { fd, _inner: inner }),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(busy(
+                "another process that is not making progress (stopped, paused or swapped out?)",
+            )),
+            Err(e) => Err(LedgerError::io(&self.path, e)),
+        }
     }
 
     /// One attempt, no waiting: for paths that must not block.
@@ -507,8 +602,21 @@ impl Ledger {
     }
 
     /// Claim (or find, by id) the container slot and a process slot; take the
-    /// liveness lock. Reaps dead slots first.
+    /// liveness lock. Reaps dead slots first. Waits at most 2 s for the
+    /// table lock (see [`Ledger::join_within`]).
     pub fn join(&self, req: &JoinRequest<'_>) -> Result<Membership, LedgerError> {
+        self.join_within(req, lock::TABLE_LOCK_TIMEOUT)
+    }
+
+    /// [`Ledger::join`], waiting at most `wait` for the table lock (zero:
+    /// one attempt). A lock still held after that is
+    /// [`LedgerError::is_busy`]: the caller must not allocate unaccounted
+    /// (refuse, and try again later).
+    pub fn join_within(
+        &self,
+        req: &JoinRequest<'_>,
+        wait: Duration,
+    ) -> Result<Membership, LedgerError> {
         let id = req.container_id;
         if id.is_empty() || id.len() > ID_LEN || id.contains('\0') {
             return Err(LedgerError::io(
@@ -520,7 +628,7 @@ impl Ledger {
             ));
         }
         let fd = self.fd()?;
-        let _g = self.lock_table()?;
+        let _g = self.lock_table_within(wait)?;
         self.reap_locked();
         let f = self.file();
 
@@ -552,10 +660,7 @@ impl Ledger {
             });
         };
         f.containers[c].nprocs.fetch_add(1, Ordering::AcqRel);
-        Ok(Membership {
-            container: c,
-            process: p,
-        })
+        Ok(Membership::new(c, p))
     }
 
     /// Under the table lock: claim a free container slot for `req`.
@@ -697,17 +802,46 @@ impl Ledger {
         p.state.store(SLOT_FREE, Ordering::Release);
     }
 
-    /// Give back everything `m` holds and free its process slot (normal exit).
-    pub fn leave(&self, m: Membership) {
+    /// Give back everything `m` holds and free its process slot (normal
+    /// exit). Safe to call while other threads of this process allocate:
+    /// it first waits (at most [`LEAVE_WAIT`]) for reservations in flight
+    /// through `m` to finish; later ones are refused and releases ignored.
+    /// If some thread stays inside a reservation longer than that, the slot
+    /// is kept (still counted, never under-counted) and freed when this
+    /// process dies. Idempotent.
+    pub fn leave(&self, m: impl std::borrow::Borrow<Membership>) {
+        let m = m.borrow();
         if self.stale.load(Ordering::Acquire) {
             return; // the parent's membership: not ours to give back
         }
+        if m.left.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        while m.inflight.load(Ordering::SeqCst) != 0 {
+            if t0.elapsed() > LEAVE_WAIT {
+                tracing::warn!(
+                    "leaving ledger {}: a thread is still inside an allocation after {} ms; the process slot is freed when the process ends",
+                    self.path.display(),
+                    LEAVE_WAIT.as_millis()
+                );
+                return;
+            }
+            std::thread::yield_now();
+        }
         let f = self.file();
         let p = &f.processes[m.process];
-        // Move the bytes first, then drop the liveness lock: a reaper that
-        // sees us dead then finds nothing left to subtract twice.
-        let held = p.used.swap(0, Ordering::AcqRel);
-        sat_sub(&f.containers[m.container].used, held);
+        let c = &f.containers[m.container];
+        // Move the bytes under the same `pending` marker as a release (a
+        // concurrent recount then cannot subtract them a second time), then
+        // drop the liveness lock: a reaper that sees us dead finds nothing
+        // left to subtract twice.
+        let held = p.used.load(Ordering::Acquire);
+        p.pending.fetch_add(held, Ordering::AcqRel);
+        c.ops.fetch_add(1, Ordering::AcqRel);
+        let took = sat_sub(&p.used, held);
+        sat_sub(&c.used, took);
+        p.pending.fetch_sub(held, Ordering::AcqRel);
         if let Ok(fd) = self.fd() {
             let _ = lock::unlock(
                 fd,
@@ -732,6 +866,14 @@ impl Ledger {
         if bytes == 0 {
             return Ok(());
         }
+        let Some(_in) = m.enter() else {
+            // Left (the process is exiting): nothing may be charged any more.
+            return Err(QuotaExceeded {
+                quota: 0,
+                used: 0,
+                requested: bytes,
+            });
+        };
         let f = self.file();
         let c = &f.containers[m.container];
         let p = &f.processes[m.process];
@@ -780,6 +922,9 @@ impl Ledger {
         if bytes == 0 {
             return;
         }
+        let Some(_in) = m.enter() else {
+            return; // left: `leave` gave everything back already
+        };
         let f = self.file();
         let p = &f.processes[m.process];
         let c = &f.containers[m.container];
@@ -836,6 +981,37 @@ impl Ledger {
         match self.try_lock_table() {
             Some(_g) => self.reap_locked(),
             None => 0,
+        }
+    }
+
+    /// For a refused reservation: did a process of `m`'s container die
+    /// holding bytes (or mid-operation)? If so, reap now, waiting at most
+    /// [`RECLAIM_WAIT`] for the table lock, and return true: the caller
+    /// tries once more. Not rate-limited, so a survivor gets a dead
+    /// sibling's bytes as soon as the kernel has dropped its liveness lock;
+    /// cheap when nothing died (one pass over the slot states, one
+    /// `F_OFD_GETLK` per other live process of this container, no lock).
+    pub fn reclaim_for(&self, m: &Membership) -> bool {
+        let f = self.file();
+        let Some(slot) = f.containers.get(m.container) else {
+            return false;
+        };
+        let suspect = slot.suspect.load(Ordering::Acquire) != 0;
+        let dead = f.processes.iter().enumerate().any(|(i, p)| {
+            i != m.process
+                && p.state.load(Ordering::Acquire) == SLOT_LIVE
+                && p.container.load(Ordering::Relaxed) as usize == m.container
+                && !self.is_alive(i)
+        });
+        if !dead && !suspect {
+            return false;
+        }
+        match self.lock_table_within(RECLAIM_WAIT) {
+            Ok(_g) => {
+                let n = self.reap_locked();
+                n > 0 || (suspect && slot.suspect.load(Ordering::Acquire) == 0)
+            }
+            Err(_) => false,
         }
     }
 
@@ -1116,10 +1292,18 @@ impl Ledger {
     /// Weight of container slot `c` (0 = no compute). As in cGPU, the
     /// weights of live containers may not sum to more than `max_inst`: the
     /// most it may get is its current weight plus `free_weight`.
+    ///
+    /// Check and write happen under the table lock (the same lock `join`
+    /// takes to hand out weights), so two operators, or an operator and an
+    /// arriving container, can never together push the sum past `max_inst`.
     pub fn set_weight(&self, c: usize, w: u32) -> Result<(), String> {
+        let _g = self.lock_table().map_err(|e| e.to_string())?;
         let slot = self.live_container(c)?;
         let max = self.file().header.max_inst.load(Ordering::Acquire);
-        let most = slot.weight.load(Ordering::Acquire) + free_weight(self.file());
+        let most = slot
+            .weight
+            .load(Ordering::Acquire)
+            .saturating_add(free_weight(self.file()));
         if w > max || w > most {
             return Err(format!(
                 "weight {w} out of range 0..={} (max_inst {max}, weights of live containers may not sum past it)",
