@@ -249,6 +249,9 @@ impl Membership {
     /// the count) makes sure one of the two sees the other.
     #[inline]
     fn enter(&self) -> Option<InFlight<'_>> {
+        if self.left.load(Ordering::Relaxed) {
+            return None; // cheap early out; the check below is the one that counts
+        }
         self.inflight.fetch_add(1, Ordering::SeqCst);
         let g = InFlight(&self.inflight);
         if self.left.load(Ordering::SeqCst) {
