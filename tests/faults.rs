@@ -432,3 +432,39 @@ fn logging_never_panics_and_errors_are_always_shown() {
         "{err}"
     );
 }
+
+/// Fault: a library loaded with `RTLD_LOCAL` resolves its own symbols with
+/// `dlsym(RTLD_DEFAULT, …)` (and the next one with `RTLD_NEXT`). glibc
+/// decides the scope from the caller's address. Before: cgpu's `dlsym`
+/// called the real one from its own code for every non-`RTLD_NEXT` handle,
+/// so glibc saw libcgpu as the caller and the library got NULL for its own
+/// symbols. Now every name cgpu does not hook reaches glibc from the
+/// caller's own address: same answers with and without the preload.
+#[test]
+fn dlsym_of_names_we_do_not_hook_is_untouched() {
+    let src = cgpu_testkit::workspace_root().join("tests/c/dlsym_local.c");
+    let lib = cgpu_testkit::compile_c_with(
+        &src,
+        "dlsym_local_lib",
+        &["DLSYM_LOCAL_LIB"],
+        LinkMode::Dlsym,
+        &["-shared", "-fPIC"],
+    );
+    let prog = cgpu_testkit::compile_c_with(&src, "dlsym_local", &[], LinkMode::Dlsym, &[]);
+    let sim = SimEnv::new().gpus(T4);
+    let run = |preload: bool| {
+        let mut c = sim.command(&prog);
+        c.arg(&lib);
+        if preload {
+            c.env("LD_PRELOAD", &artifacts().libcgpu)
+                .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let bare = run(false);
+    assert!(!bare.contains("missing"), "without cgpu: {bare}");
+    assert_eq!(bare.lines().count(), 4, "{bare}");
+    assert_eq!(run(true), bare, "with cgpu, the same answers");
+}
