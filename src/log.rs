@@ -122,7 +122,9 @@ struct Fields<'a> {
 impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         if field.name() == "message" {
-            let _ = self.buf.write_str(value.strip_prefix("cgpu: ").unwrap_or(value));
+            let _ = self
+                .buf
+                .write_str(value.strip_prefix("cgpu: ").unwrap_or(value));
             self.message_done = true;
         } else {
             let _ = write!(self.others, " {}={}", field.name(), value);
@@ -229,9 +231,8 @@ impl Subscriber for Logger {
         }
         // A Debug impl of a field could panic; never let that cross into
         // the host program (this runs inside hooks and exit handlers).
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            write_event(&level, event)
-        }));
+        let _ =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write_event(&level, event)));
     }
     fn enter(&self, _: &Id) {}
     fn exit(&self, _: &Id) {}

@@ -170,9 +170,16 @@ fn stalled_table_lock_holder_never_unlimits_a_container() {
         pids.push(field(&lines, "pid", "pid").unwrap() as u32);
         // Refused (out of memory, at context creation or at the first
         // allocation): nothing allocated while the lock is held.
-        let l = lines.iter().find(|l| l.starts_with("alloc_until_oom")).unwrap();
+        let l = lines
+            .iter()
+            .find(|l| l.starts_with("alloc_until_oom"))
+            .unwrap();
         assert!(l.contains("err=2"), "{lines:?}");
-        assert_eq!(field(&lines, "alloc_until_oom", "count").unwrap_or(0), 0, "{lines:?}");
+        assert_eq!(
+            field(&lines, "alloc_until_oom", "count").unwrap_or(0),
+            0,
+            "{lines:?}"
+        );
     }
     let held = rig.device_bytes(&pids);
     assert!(
@@ -237,12 +244,7 @@ fn stalled_table_lock_holder_never_unlimits_a_container() {
 #[test]
 fn reclaim_after_kill_is_immediate() {
     let rig = Rig::new("reclaim");
-    let mut victim = rig.client(
-        "reclaim",
-        1,
-        &[],
-        &["pid", "alloc", "536870912", "hold"],
-    );
+    let mut victim = rig.client("reclaim", 1, &[], &["pid", "alloc", "536870912", "hold"]);
     let mut out = BufReader::new(victim.stdout.take().unwrap());
     let lines = read_until(&mut out, "holding");
     assert!(lines.iter().any(|l| l == "holding"), "{lines:?}");
@@ -254,7 +256,15 @@ fn reclaim_after_kill_is_immediate() {
         highprio: false,
         enforce_off: false,
     };
-    let acct = Account::open(&rig.dir, &uuid, 0, 15109 * MIB, "GPU 0".into(), spec, Some(GIB));
+    let acct = Account::open(
+        &rig.dir,
+        &uuid,
+        0,
+        15109 * MIB,
+        "GPU 0".into(),
+        spec,
+        Some(GIB),
+    );
     assert!(acct.is_shared());
     // Victim: its context (300 MiB on the sim) + 512 MiB. 512 MiB more do not fit.
     let mut refusals = 0;
@@ -315,7 +325,15 @@ fn full_tables_refuse_instead_of_running_unaccounted() {
         highprio: false,
         enforce_off: false,
     };
-    let acct = Account::open(&dir, "GPU-full-0", 0, 16 * GIB, "GPU 0".into(), spec, Some(GIB));
+    let acct = Account::open(
+        &dir,
+        "GPU-full-0",
+        0,
+        16 * GIB,
+        "GPU 0".into(),
+        spec,
+        Some(GIB),
+    );
     assert!(acct.is_waiting());
     assert!(!acct.reserve(MIB), "refused while the tables are full");
     assert_eq!(acct.container_used(), 0);
@@ -423,7 +441,12 @@ fn logging_never_panics_and_errors_are_always_shown() {
             "CGPU_LOG={level}: {err}"
         );
     }
-    let mut c = rig.client("log", 1, &[("CGPU_LOG", "cgpu=debug")], &["alloc", "1048576"]);
+    let mut c = rig.client(
+        "log",
+        1,
+        &[("CGPU_LOG", "cgpu=debug")],
+        &["alloc", "1048576"],
+    );
     c.wait().unwrap();
     let mut err = String::new();
     std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err).unwrap();

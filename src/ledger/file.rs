@@ -281,8 +281,6 @@ fn create(
 /// `f` points to a writable, zeroed mapping of a whole `LedgerFile` that no
 /// other process can see yet.
 unsafe fn init(f: *mut LedgerFile, uuid: &str, gpu_index: u32, physical_total: u64) {
-    let mut u = [0u8; UUID_LEN];
-    u[..uuid.len()].copy_from_slice(uuid.as_bytes());
     // SAFETY: per the contract, `f` is valid and exclusively ours.
     let h = unsafe { &mut (*f).header };
     h.magic = LEDGER_MAGIC;
@@ -290,7 +288,7 @@ unsafe fn init(f: *mut LedgerFile, uuid: &str, gpu_index: u32, physical_total: u
     h.header_size = std::mem::size_of::<LedgerHeader>() as u32;
     h.file_size = SIZE as u64;
     h.gpu_index = gpu_index;
-    h.uuid = u;
+    h.set_uuid(uuid);
     h.physical_total = physical_total;
     h.created_ns = realtime_ns();
     h.policy.store(DEFAULT_POLICY, Ordering::Relaxed);

@@ -25,7 +25,7 @@ pub use snapshot::{ContainerSnapshot, ProcessSnapshot, Snapshot};
 
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
 /// `b"CGPULEDG"` read as a little-endian u64.
@@ -77,7 +77,8 @@ pub struct LedgerHeader {
     pub ready: AtomicU32,
     /// Index of the GPU as the host driver numbers it (informational).
     pub gpu_index: u32,
-    pub uuid: [u8; UUID_LEN],
+    /// GPU UUID, NUL-padded (bytes: read with [`LedgerHeader::uuid_str`]).
+    pub uuid: [AtomicU8; UUID_LEN],
     /// Physical memory in bytes, as the driver reports it.
     pub physical_total: u64,
     /// CLOCK_REALTIME ns at creation.
@@ -106,8 +107,9 @@ pub struct LedgerHeader {
 pub struct ContainerSlot {
     pub state: AtomicU32,
     pub highprio: AtomicU32,
-    /// Container id, NUL-padded UTF-8.
-    pub id: [u8; ID_LEN],
+    /// Container id, NUL-padded UTF-8 (bytes: other processes rewrite them
+    /// when they claim the slot; read with [`ContainerSlot::id_str`]).
+    pub id: [AtomicU8; ID_LEN],
     /// Bytes; 0 = not limited.
     pub quota: AtomicU64,
     /// Bytes held by all its processes (allocations + context reservations).
@@ -120,7 +122,8 @@ pub struct ContainerSlot {
     pub nprocs: AtomicU32,
     /// Allocations refused for quota.
     pub oom_count: AtomicU64,
-    pub created_ns: u64,
+    /// CLOCK_REALTIME ns when the slot was claimed.
+    pub created_ns: AtomicU64,
     /// 1 when memory enforcement is off (`CGPU_DISABLE`): usage recorded only.
     pub enforce_off: AtomicU32,
     /// Bumped (wrapping) by every reserve/release before it touches `used`:
@@ -330,23 +333,58 @@ pub fn process_slot_offset(i: usize) -> u64 {
 /// never stops anyone from reading the magic).
 const TABLE_LOCK: (u64, u64) = (0, 8);
 
-fn nul_str(bytes: &[u8]) -> &str {
+/// Copy of a NUL-padded byte field that other processes may rewrite at any
+/// time: read byte by byte through atomics (never a reference to shared
+/// bytes), so a torn read is at worst a wrong string, never undefined
+/// behaviour.
+fn load_bytes<const N: usize>(field: &[AtomicU8; N]) -> [u8; N] {
+    let mut out = [0u8; N];
+    for (o, b) in out.iter_mut().zip(field) {
+        *o = b.load(Ordering::Relaxed);
+    }
+    out
+}
+
+fn store_bytes<const N: usize>(field: &[AtomicU8; N], value: &[u8]) {
+    for (i, b) in field.iter().enumerate() {
+        b.store(value.get(i).copied().unwrap_or(0), Ordering::Relaxed);
+    }
+}
+
+/// The text up to the first NUL (lossy: bad UTF-8 shows as `�`).
+fn nul_string(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    std::str::from_utf8(&bytes[..end]).unwrap_or("")
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
 impl LedgerHeader {
-    /// The GPU UUID (`""` if not valid UTF-8).
-    pub fn uuid_str(&self) -> &str {
-        nul_str(&self.uuid)
+    /// A copy of the GPU UUID.
+    pub fn uuid_str(&self) -> String {
+        nul_string(&load_bytes(&self.uuid))
+    }
+    /// A copy of the raw UUID bytes.
+    pub fn uuid_bytes(&self) -> [u8; UUID_LEN] {
+        load_bytes(&self.uuid)
+    }
+    /// Write the UUID (NUL-padded; cut at `UUID_LEN`).
+    pub fn set_uuid(&self, uuid: &str) {
+        store_bytes(&self.uuid, uuid.as_bytes());
     }
 }
 
 impl ContainerSlot {
-    /// The container id (`""` if not valid UTF-8). Stable while the slot is
+    /// A copy of the container id (lossy UTF-8). Stable while the slot is
     /// `SLOT_LIVE`: ids are only written while a slot is being claimed.
-    pub fn id_str(&self) -> &str {
-        nul_str(&self.id)
+    pub fn id_str(&self) -> String {
+        nul_string(&load_bytes(&self.id))
+    }
+    /// A copy of the raw id bytes.
+    pub fn id_bytes(&self) -> [u8; ID_LEN] {
+        load_bytes(&self.id)
+    }
+    /// Write the id (NUL-padded; cut at `ID_LEN`).
+    pub fn set_id(&self, id: &str) {
+        store_bytes(&self.id, id.as_bytes());
     }
     /// Bytes it may still allocate: `quota − used`, never below 0 (also when
     /// an operator lowered the quota under what is held); `None` when not
@@ -360,7 +398,11 @@ impl ContainerSlot {
     }
     /// Live and named `id`?
     fn is(&self, id: &str) -> bool {
-        self.state.load(Ordering::Acquire) == SLOT_LIVE && self.id_str() == id
+        if self.state.load(Ordering::Acquire) != SLOT_LIVE || id.len() > ID_LEN {
+            return false;
+        }
+        let b = self.id_bytes();
+        b[..id.len()] == *id.as_bytes() && b.get(id.len()).is_none_or(|&c| c == 0)
     }
 }
 
@@ -540,11 +582,8 @@ impl Ledger {
         unsafe { self.map.as_ref() }
     }
     /// The GPU UUID recorded in the header.
-    pub fn uuid(&self) -> &str {
+    pub fn uuid(&self) -> String {
         self.file().header.uuid_str()
-    }
-    fn raw(&self) -> *mut LedgerFile {
-        self.map.as_ptr()
     }
     fn fd(&self) -> Result<i32, LedgerError> {
         match self.fd.load(Ordering::Acquire) {
@@ -707,16 +746,10 @@ impl Ledger {
             want
         };
 
-        let mut id = [0u8; ID_LEN];
-        id[..req.container_id.len()].copy_from_slice(req.container_id.as_bytes());
-        // SAFETY: `raw()` points into our live mapping; the slot is CLAIMING
-        // under the table lock, so no other process writes these plain
-        // fields, and readers only trust them once the slot is LIVE.
-        unsafe {
-            let s = std::ptr::addr_of_mut!((*self.raw()).containers[c]);
-            std::ptr::write_volatile(std::ptr::addr_of_mut!((*s).id), id);
-            std::ptr::write_volatile(std::ptr::addr_of_mut!((*s).created_ns), realtime_ns());
-        }
+        // The slot is CLAIMING under the table lock: no other process
+        // writes it, and readers only trust the id once the slot is LIVE.
+        slot.set_id(req.container_id);
+        slot.created_ns.store(realtime_ns(), Ordering::Relaxed);
         slot.quota.store(quota, Ordering::Relaxed);
         slot.used.store(0, Ordering::Relaxed);
         slot.peak.store(0, Ordering::Relaxed);
