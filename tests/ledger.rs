@@ -475,6 +475,53 @@ fn set_weight_respects_free_weight() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Two operators (two open file descriptions, as two `cgpuctl` processes)
+/// raise two containers' weights at the same instant: each write alone
+/// fits, both together would pass `max_inst`. `set_weight` sleeps between
+/// its check and its write (test hook) so that the two really overlap.
+/// Check and write happen under the table lock: exactly one wins each
+/// round, and the sum never passes `max_inst`.
+#[test]
+fn set_weight_from_two_operators_never_passes_max_inst() {
+    let d = tmpdir("setweight-race");
+    let l = open(&d);
+    l.set_max_inst(16).unwrap();
+    let a = l.join(&req("a", 0)).unwrap();
+    let b = l.join(&req("b", 0)).unwrap();
+    let path = Ledger::path_for(&d, "GPU-test-0");
+    TEST_SET_WEIGHT_PAUSE_MS.store(20, Ordering::Relaxed);
+    for round in 0..5 {
+        let go = std::sync::Barrier::new(2);
+        let wins: Vec<bool> = std::thread::scope(|s| {
+            let hs: Vec<_> = [a.container, b.container]
+                .into_iter()
+                .map(|c| {
+                    let (path, go) = (&path, &go);
+                    s.spawn(move || {
+                        let op = Ledger::open(path).unwrap();
+                        go.wait();
+                        op.set_weight(c, 15).is_ok()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let f = l.file();
+        let sum = f.containers[a.container].weight.load(Ordering::Acquire)
+            + f.containers[b.container].weight.load(Ordering::Acquire);
+        assert!(sum <= 16, "round {round}: weights sum to {sum} > max_inst 16");
+        assert_eq!(
+            wins.iter().filter(|w| **w).count(),
+            1,
+            "round {round}: {wins:?}"
+        );
+        l.set_weight(a.container, 1).unwrap();
+        l.set_weight(b.container, 1).unwrap();
+    }
+    TEST_SET_WEIGHT_PAUSE_MS.store(0, Ordering::Relaxed);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[test]
 fn full_tables_and_missing_file() {
     let d = tmpdir("full");

@@ -480,6 +480,11 @@ impl Drop for TableGuard<'_> {
 #[doc(hidden)]
 pub static TEST_JOIN_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
 
+/// Test hook: how long `set_weight` sleeps between its check and its write
+/// (so that tests can run two operators into each other).
+#[doc(hidden)]
+pub static TEST_SET_WEIGHT_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+
 /// Longest [`Ledger::reclaim_for`] waits for the table lock.
 pub const RECLAIM_WAIT: Duration = Duration::from_millis(5);
 
@@ -1345,6 +1350,10 @@ impl Ledger {
                 "weight {w} out of range 0..={} (max_inst {max}, weights of live containers may not sum past it)",
                 most.min(max)
             ));
+        }
+        let pause = TEST_SET_WEIGHT_PAUSE_MS.load(Ordering::Relaxed);
+        if pause > 0 {
+            std::thread::sleep(Duration::from_millis(pause));
         }
         slot.weight.store(w, Ordering::Release);
         self.weight_switches_policy(w);
