@@ -491,3 +491,68 @@ fn dlsym_of_names_we_do_not_hook_is_untouched() {
     assert_eq!(bare.lines().count(), 4, "{bare}");
     assert_eq!(run(true), bare, "with cgpu, the same answers");
 }
+
+/// Run `program args` with the ledger directory `dir` replaced, in a
+/// private mount namespace, by a tmpfs of `size` bytes (as root: `unshare
+/// -m`; otherwise in a user namespace). Fails loudly where neither works:
+/// never a silent skip.
+fn in_small_tmpfs(rig: &Rig, dir: &Path, size: &str, program: &Path, args: &[&str]) -> std::process::Output {
+    let script = format!(
+        "mount -t tmpfs -o size={size},mode=1777 tmpfs \"$0\" || exit 97; exec \"$@\""
+    );
+    for ns in [&["-m"][..], &["-U", "-r", "-m"][..]] {
+        let mut c = rig.sim.command("unshare");
+        c.args(ns)
+            .args(["sh", "-c", &script])
+            .arg(dir)
+            .arg(program)
+            .args(args)
+            .env("LD_PRELOAD", &artifacts().libcgpu)
+            .env("CGPU_LEDGER_DIR", dir)
+            .env("CGPU_CONTAINER_ID", "fullfs")
+            .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+            .stdin(Stdio::null());
+        let o = c.output().expect("run unshare");
+        if o.status.code() == Some(97) || (o.status.code() == Some(1) && o.stdout.is_empty()) {
+            continue; // this kind of namespace is not allowed here
+        }
+        return o;
+    }
+    panic!("cannot mount a small tmpfs here (neither `unshare -m` as root nor a user namespace works): this test needs one");
+}
+
+/// Fault: the ledger directory's filesystem is full. Before: the ledger
+/// file was created sparse and jobs died of SIGBUS at their first write
+/// to a page the filesystem could not give. Now: the file's space is
+/// reserved before it is mapped; when that fails the ledger is "unusable"
+/// with one clear error, and the job runs, held to its quota alone.
+#[test]
+fn full_filesystem_is_a_clear_error_never_sigbus() {
+    let rig = Rig::new("fullfs");
+    let dir = rig.sim.state_dir.join("tiny");
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = in_small_tmpfs(
+        &rig,
+        &dir,
+        "4k",
+        &cuclient(LinkMode::Link),
+        &["alloc", "1048576", "alloc_until_oom", "268435456"],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.signal(), None, "died: {:?}\n{out}\n{err}", o.status);
+    assert!(o.status.success(), "{:?}\n{out}\n{err}", o.status);
+    assert!(out.contains("alloc ok"), "{out}");
+    assert!(
+        err.contains("the ledger cannot be used") && err.contains("is the filesystem full"),
+        "{err}"
+    );
+    // Alone, still held to its 1 GiB: context 300 MiB + 2 chunks of 256 MiB + 1 MiB.
+    let n: u64 = out
+        .lines()
+        .find(|l| l.starts_with("alloc_until_oom"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("count=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert_eq!(n, 2, "{out}");
+}

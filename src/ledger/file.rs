@@ -133,6 +133,55 @@ fn validate_fd(path: &Path, fd: i32) -> Result<(), LedgerError> {
     Ok(())
 }
 
+/// Give every byte of the file its space on the filesystem, so that no
+/// later write to the mapping can fault with SIGBUS on a full filesystem.
+/// Nothing to do when the file has no holes. `fallocate(2)` itself (never
+/// glibc's emulation, which writes bytes and could race with processes
+/// using the file); where the filesystem cannot, a `fresh` (still private)
+/// file is filled with zeros instead, and a file in use is left as it is.
+/// A failure (`ENOSPC`) makes the ledger unusable, with the reason.
+fn reserve_space(path: &Path, fd: i32, fresh: bool) -> Result<(), LedgerError> {
+    let no_space = |err: io::Error| {
+        LedgerError::io(
+            path,
+            io::Error::new(
+                err.kind(),
+                format!("cannot reserve {SIZE} bytes for the ledger ({err}); is the filesystem full?"),
+            ),
+        )
+    };
+    // SAFETY: `st` is a valid out-pointer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, on a descriptor we hold.
+    if unsafe { libc::fstat(fd, &mut st) } == 0 && (st.st_blocks as u64) * 512 >= SIZE as u64 {
+        return Ok(());
+    }
+    // SAFETY: plain syscall on a descriptor we hold; mode 0 only allocates
+    // (and extends the size when shorter), it never changes contents.
+    if unsafe { libc::fallocate(fd, 0, 0, SIZE as libc::off_t) } == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return Err(no_space(err));
+    }
+    if !fresh {
+        return Ok(());
+    }
+    let zeros = [0u8; 4096];
+    let mut off = 0usize;
+    while off < SIZE {
+        let n = zeros.len().min(SIZE - off);
+        // SAFETY: `zeros` is valid for `n` bytes; the file is private to us.
+        let w = unsafe { libc::pwrite(fd, zeros.as_ptr().cast(), n, off as libc::off_t) };
+        if w <= 0 {
+            return Err(no_space(io::Error::last_os_error()));
+        }
+        off += w as usize;
+    }
+    Ok(())
+}
+
 /// Open and validate an existing ledger (no create).
 pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     let fd = open_fd(path, libc::O_RDWR)?;
@@ -149,6 +198,10 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
         Err(e)
     };
     if let Err(e) = validate_fd(path, fd) {
+        return done(e);
+    }
+    // A file made by an older build (or by hand) may have holes.
+    if let Err(e) = reserve_space(path, fd, false) {
         return done(e);
     }
     // Map through the probe description, never through `fd`: a mapping
@@ -251,10 +304,10 @@ fn create(
         unsafe {
             // Readable and writable by every uid, whatever the umask.
             libc::fchmod(fd, 0o666);
-            if libc::ftruncate(fd, SIZE as libc::off_t) != 0 {
-                return Err(LedgerError::io(&tmp, io::Error::last_os_error()));
-            }
         }
+        // Every page is given its space now: a file with holes would get
+        // SIGBUS on the first write to a hole once the filesystem is full.
+        reserve_space(&tmp, fd, true)?;
         let map = map_fd(&tmp, fd)?;
         // SAFETY: the file is private to us until linked; the fresh pages are
         // zero, which is a valid value of every field.
