@@ -307,6 +307,7 @@ impl Proc {
             return Some(g);
         }
         let g: &'static Gpu = Box::leak(Box::new(join(info)?));
+        g.acct.watch();
         gpus.push(g);
         if let Some(s) = JOINED.iter().find(|s| s.load(Ordering::Acquire).is_null()) {
             s.store(g as *const Gpu as *mut Gpu, Ordering::Release);

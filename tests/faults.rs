@@ -496,10 +496,15 @@ fn dlsym_of_names_we_do_not_hook_is_untouched() {
 /// private mount namespace, by a tmpfs of `size` bytes (as root: `unshare
 /// -m`; otherwise in a user namespace). Fails loudly where neither works:
 /// never a silent skip.
-fn in_small_tmpfs(rig: &Rig, dir: &Path, size: &str, program: &Path, args: &[&str]) -> std::process::Output {
-    let script = format!(
-        "mount -t tmpfs -o size={size},mode=1777 tmpfs \"$0\" || exit 97; exec \"$@\""
-    );
+fn in_small_tmpfs(
+    rig: &Rig,
+    dir: &Path,
+    size: &str,
+    program: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    let script =
+        format!("mount -t tmpfs -o size={size},mode=1777 tmpfs \"$0\" || exit 97; exec \"$@\"");
     for ns in [&["-m"][..], &["-U", "-r", "-m"][..]] {
         let mut c = rig.sim.command("unshare");
         c.args(ns)
@@ -540,7 +545,12 @@ fn full_filesystem_is_a_clear_error_never_sigbus() {
     );
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.signal(), None, "died: {:?}\n{out}\n{err}", o.status);
+    assert_eq!(
+        o.status.signal(),
+        None,
+        "died: {:?}\n{out}\n{err}",
+        o.status
+    );
     assert!(o.status.success(), "{:?}\n{out}\n{err}", o.status);
     assert!(out.contains("alloc ok"), "{out}");
     assert!(
@@ -555,4 +565,173 @@ fn full_filesystem_is_a_clear_error_never_sigbus() {
         .and_then(|v| v.parse().ok())
         .unwrap();
     assert_eq!(n, 2, "{out}");
+}
+
+/// The container's `used` in the ledger file now at the GPU's path, if any.
+fn ledger_used(dir: &Path, id: &str) -> Option<u64> {
+    let l = Ledger::open(Ledger::list(dir).first()?).ok()?;
+    let c = l.find_container(id)?;
+    Some(l.file().containers[c].used.load(Ordering::Acquire))
+}
+
+fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if f() {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+/// Fault: the ledger file is truncated to nothing while a job uses it.
+/// Before: the job's next allocation touched a page past the end of the
+/// file and the job died of SIGBUS. Now: the SIGBUS guard swaps in private
+/// memory, the job keeps the quota it knew, the corrupt file is set aside
+/// and rebuilt, and the job re-registers what it holds there, so a second
+/// process of the container cannot pass the quota.
+#[test]
+fn truncated_ledger_never_kills_and_is_rebuilt() {
+    let rig = Rig::new("trunc");
+    let mut p1 = rig.client(
+        "trunc",
+        1,
+        &[],
+        &[
+            "pid",
+            "alloc",
+            "536870912",
+            "ready",
+            "sleep",
+            "1500",
+            "alloc_until_oom",
+            "134217728",
+            "ready",
+            "hold",
+        ],
+    );
+    let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+    let lines = read_until(&mut out1, "ready");
+    let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
+    let path = rig.ledger_path();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let lines = read_until(&mut out1, "ready");
+    assert!(
+        lines.iter().any(|l| l == "ready"),
+        "p1 died? {lines:?} {:?}",
+        p1.try_wait()
+    );
+    // 300 MiB context + 512 MiB held; one more 128 MiB fits under 1 GiB.
+    assert_eq!(
+        field(&lines, "alloc_until_oom", "count"),
+        Some(1),
+        "{lines:?}"
+    );
+    let want = (300 + 512 + 128) * MIB;
+    let t = wait_for(Duration::from_secs(5), || {
+        ledger_used(&rig.dir, "trunc") == Some(want)
+    });
+    println!(
+        "truncated ledger: rebuilt with this process's {want} bytes re-registered after {t:?}"
+    );
+    assert!(
+        t.is_some(),
+        "re-registered: {:?}",
+        ledger_used(&rig.dir, "trunc")
+    );
+    let aside = std::fs::read_dir(&rig.dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains(".corrupt-")
+        })
+        .count();
+    assert_eq!(
+        aside, 1,
+        "the truncated file is kept aside for a post-mortem"
+    );
+
+    let mut p2 = rig.client(
+        "trunc",
+        1,
+        &[],
+        &["pid", "alloc_until_oom", "134217728", "hold"],
+    );
+    let mut out2 = BufReader::new(p2.stdout.take().unwrap());
+    let lines = read_until(&mut out2, "holding");
+    let pid2 = field(&lines, "pid", "pid").unwrap() as u32;
+    let held = rig.device_bytes(&[pid1, pid2]);
+    assert!(
+        held <= GIB,
+        "{held} bytes on the device with a 1 GiB quota: {lines:?}"
+    );
+    let err = kill_and_check(p1, "the process whose ledger was truncated");
+    assert!(
+        err.contains("truncated") && err.contains("joined ledger"),
+        "{err}"
+    );
+    kill_and_check(p2, "the second process");
+}
+
+/// Fault: the ledger file is deleted, or wiped (truncated and grown back
+/// to size, all zeros), while an idle job holds memory under it. Before:
+/// new processes made a new ledger without the idle job's bytes (deleted),
+/// or everybody ran with quota 0, that is unlimited (wiped). Now: the
+/// job's watcher notices within a quarter of a second, rebuilds or rejoins,
+/// and re-registers what the job holds; only then do newcomers see room.
+#[test]
+fn deleted_or_wiped_ledger_is_re_registered_by_idle_jobs() {
+    for fault in ["delete", "wipe"] {
+        let rig = Rig::new(fault);
+        let mut p1 = rig.client("idle", 1, &[], &["pid", "alloc", "536870912", "hold"]);
+        let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+        let lines = read_until(&mut out1, "holding");
+        let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
+        let path = rig.ledger_path();
+        let held = (300 + 512) * MIB;
+        assert_eq!(ledger_used(&rig.dir, "idle"), Some(held));
+        match fault {
+            "delete" => std::fs::remove_file(&path).unwrap(),
+            _ => {
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                let len = f.metadata().unwrap().len();
+                f.set_len(0).unwrap();
+                f.set_len(len).unwrap();
+            }
+        }
+        let t = wait_for(Duration::from_secs(5), || {
+            ledger_used(&rig.dir, "idle") == Some(held)
+        });
+        println!("{fault}: idle job re-registered {held} bytes after {t:?}");
+        assert!(
+            t.is_some_and(|t| t < Duration::from_secs(2)),
+            "{fault}: re-registered within 2 s: {t:?} {:?}",
+            ledger_used(&rig.dir, "idle")
+        );
+        let mut p2 = rig.client(
+            "idle",
+            1,
+            &[],
+            &["pid", "alloc_until_oom", "134217728", "hold"],
+        );
+        let mut out2 = BufReader::new(p2.stdout.take().unwrap());
+        let lines = read_until(&mut out2, "holding");
+        let pid2 = field(&lines, "pid", "pid").unwrap() as u32;
+        let dev = rig.device_bytes(&[pid1, pid2]);
+        assert!(
+            dev <= GIB,
+            "{fault}: {dev} bytes on the device, quota 1 GiB: {lines:?}"
+        );
+        kill_and_check(p1, "the idle job");
+        kill_and_check(p2, "the newcomer");
+    }
 }

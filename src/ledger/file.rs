@@ -146,7 +146,9 @@ fn reserve_space(path: &Path, fd: i32, fresh: bool) -> Result<(), LedgerError> {
             path,
             io::Error::new(
                 err.kind(),
-                format!("cannot reserve {SIZE} bytes for the ledger ({err}); is the filesystem full?"),
+                format!(
+                    "cannot reserve {SIZE} bytes for the ledger ({err}); is the filesystem full?"
+                ),
             ),
         )
     };
@@ -212,6 +214,10 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
         Ok(m) => m,
         Err(e) => return done(e),
     };
+    // SAFETY: `st` is a valid out-pointer for fstat on our descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::fstat(fd, &mut st) };
     let l = Ledger {
         path: path.to_owned(),
         map,
@@ -219,6 +225,8 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
         probe_fd: AtomicI32::new(probe),
         table: parking_lot::Mutex::new(()),
         stale: AtomicBool::new(false),
+        guard: super::guard::register(map.as_ptr() as usize, SIZE),
+        ino: (st.st_dev, st.st_ino),
     };
     if l.file().header.ready.load(Ordering::Acquire) != 1 {
         return Err(LedgerError::Corrupt {
@@ -350,11 +358,20 @@ unsafe fn init(f: *mut LedgerFile, uuid: &str, gpu_index: u32, physical_total: u
     h.ready.store(1, Ordering::Release);
 }
 
-/// A corrupt file may be replaced only if nobody holds any lock on it (no
-/// process is joined to it). Take a whole-file lock to prove that and to
-/// keep other recoverers off this inode, check that the name still refers
-/// to it, and rename it to `<name>.corrupt-<ns>`. `Ok(true)`: moved (or
-/// already replaced by someone else): retry opening.
+/// Byte range (far past the end of any ledger) locked by a process that
+/// sets a corrupt file aside: keeps two recoverers off one inode. Nobody
+/// else ever locks there.
+const RECOVERY_LOCK: (u64, u64) = (1 << 40, 1);
+
+/// Move a corrupt file aside so that a fresh one can be created, even while
+/// processes still have it mapped: a corrupt file (wrong size, magic or
+/// `ready`) is of no use to anyone, and every process using it notices
+/// (its accesses fault or its checks fail) and moves to the new file,
+/// re-registering what it holds. Under the recovery lock, check that the
+/// name still refers to this inode and that it is still corrupt, and rename
+/// it to `<name>.corrupt-<ns>`. A file of another version is never moved.
+/// `Ok(true)`: moved, or being moved or already replaced by someone else:
+/// retry opening.
 fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
     let fd = match open_fd(path, libc::O_RDWR) {
         Ok(fd) => fd,
@@ -364,8 +381,11 @@ fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
         Err(e) => return Err(e),
     };
     let result = (|| {
-        if !lock::try_lock(fd, 0, 0).map_err(|e| LedgerError::io(path, e))? {
-            return Ok(false); // in use by someone: never touch it
+        if !lock::try_lock(fd, RECOVERY_LOCK.0, RECOVERY_LOCK.1)
+            .map_err(|e| LedgerError::io(path, e))?
+        {
+            std::thread::sleep(Duration::from_millis(1));
+            return Ok(true); // another process is moving it
         }
         // SAFETY: valid out-pointer for fstat on our fd.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -385,7 +405,7 @@ fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
         let aside = PathBuf::from(format!("{}.corrupt-{}", path.display(), realtime_ns()));
         std::fs::rename(path, &aside).map_err(|e| LedgerError::io(path, e))?;
         tracing::warn!(
-            "ledger {} was corrupt and unused: moved to {} and recreated",
+            "ledger {} was corrupt: moved to {} and recreated (processes still using it move to the new one)",
             path.display(),
             aside.display()
         );

@@ -17,6 +17,7 @@
 
 mod account;
 mod file;
+mod guard;
 mod lock;
 mod snapshot;
 
@@ -425,6 +426,10 @@ pub struct Ledger {
     table: parking_lot::Mutex<()>,
     /// Set in a forked child: this mapping's memberships belong to the parent.
     stale: AtomicBool,
+    /// Its slot in the SIGBUS guard (`guard::NONE`: unguarded).
+    guard: usize,
+    /// (device, inode) of the file it maps.
+    ino: (u64, u64),
 }
 
 // SAFETY: everything mutable in the mapping is an atomic or is written only
@@ -454,6 +459,7 @@ impl Drop for Ledger {
                 unsafe { libc::close(fd) };
             }
         }
+        guard::unregister(self.guard);
         // SAFETY: `map` is the mapping created in `file::map` with exactly
         // this length; no reference into it outlives `self`.
         unsafe {
@@ -1210,6 +1216,89 @@ impl Ledger {
                 unsafe { libc::close(fd) };
             }
         }
+    }
+
+    /// Can this mapping still be trusted? False once another process
+    /// truncated the file under it (the access faulted and the SIGBUS guard
+    /// put anonymous memory in its place), or wiped or overwrote its header.
+    #[inline]
+    pub fn is_damaged(&self) -> bool {
+        if guard::is_damaged(self.guard) {
+            return true;
+        }
+        let h = &self.file().header;
+        // SAFETY: plain fields of the header, read through raw pointers
+        // with volatile loads (another process may rewrite them).
+        let (magic, version) = unsafe {
+            (
+                std::ptr::read_volatile(std::ptr::addr_of!(h.magic)),
+                std::ptr::read_volatile(std::ptr::addr_of!(h.version)),
+            )
+        };
+        magic != LEDGER_MAGIC || version != FORMAT_VERSION || h.ready.load(Ordering::Acquire) != 1
+    }
+
+    /// Is `m` still this process's place here (slots live, as joined)?
+    #[inline]
+    pub fn membership_intact(&self, m: &Membership) -> bool {
+        let f = self.file();
+        let (Some(p), Some(c)) = (f.processes.get(m.process), f.containers.get(m.container)) else {
+            return false;
+        };
+        p.state.load(Ordering::Acquire) == SLOT_LIVE
+            && p.container.load(Ordering::Acquire) as usize == m.container
+            && c.state.load(Ordering::Acquire) == SLOT_LIVE
+    }
+
+    /// Does the ledger's path now name another file (deleted, or replaced
+    /// by another file), so that new processes no longer see this one?
+    /// Two `stat`s: for a periodic check, not the hot path.
+    pub fn is_replaced(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(&self.path) {
+            Ok(m) => (m.dev(), m.ino()) != self.ino,
+            Err(_) => true,
+        }
+    }
+
+    /// Stop using this handle because its file is damaged or replaced:
+    /// close both descriptors, which drops this process's locks on it (so
+    /// that a damaged file can be set aside and rebuilt). The mapping stays
+    /// (other threads may still be reading it); later reserve/release on it
+    /// do nothing harmful, `join` fails.
+    pub fn abandon(&self) {
+        self.stale.store(true, Ordering::Release);
+        for fd in [&self.fd, &self.probe_fd] {
+            let fd = fd.swap(-1, Ordering::AcqRel);
+            if fd >= 0 {
+                // SAFETY: we own this descriptor and nobody uses it after
+                // the swap.
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
+
+    /// Charge `bytes` that this process already holds on the device to
+    /// `m`, whatever the quota (re-registering after a move to a rebuilt
+    /// ledger: they exist, so they count; the container then refuses until
+    /// it is back under its quota).
+    pub fn register_held(&self, m: &Membership, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let Some(_in) = m.enter() else { return };
+        let f = self.file();
+        let p = &f.processes[m.process];
+        let c = &f.containers[m.container];
+        p.pending.fetch_add(bytes, Ordering::AcqRel);
+        c.ops.fetch_add(1, Ordering::AcqRel);
+        let new = c
+            .used
+            .fetch_add(bytes, Ordering::AcqRel)
+            .saturating_add(bytes);
+        c.peak.fetch_max(new, Ordering::Relaxed);
+        p.used.fetch_add(bytes, Ordering::AcqRel);
+        p.pending.fetch_sub(bytes, Ordering::AcqRel);
     }
 
     /// True after `after_fork_child`: this handle must be replaced.
