@@ -735,3 +735,100 @@ fn deleted_or_wiped_ledger_is_re_registered_by_idle_jobs() {
         kill_and_check(p2, "the newcomer");
     }
 }
+
+/// Run `sh -c script` in a private mount namespace where `/run` and
+/// `/dev/shm` are fresh tmpfs (root: `unshare -m`; else a user namespace),
+/// with the preload and a 1 GiB quota, and no `CGPU_LEDGER_DIR` unless
+/// `dir` is given. `$CUCLIENT` names the client. Fails loudly where no
+/// such namespace can be made.
+fn in_private_run(rig: &Rig, dir: Option<&str>, script: &str) -> std::process::Output {
+    let full = format!(
+        "mount -t tmpfs tmpfs /run && mount -t tmpfs -o mode=1777 tmpfs /dev/shm || exit 97\n{script}"
+    );
+    for ns in [&["-m"][..], &["-U", "-r", "-m"][..]] {
+        let mut c = rig.sim.command("unshare");
+        c.args(ns)
+            .args(["sh", "-c", &full])
+            .env("LD_PRELOAD", &artifacts().libcgpu)
+            .env("CUCLIENT", cuclient(LinkMode::Link))
+            .env("CGPU_CONTAINER_ID", "dirs")
+            .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+            .env_remove("CGPU_LEDGER_DIR")
+            .stdin(Stdio::null());
+        if let Some(d) = dir {
+            c.env("CGPU_LEDGER_DIR", d);
+        }
+        let o = c.output().expect("run unshare");
+        if o.status.code() == Some(97) {
+            continue;
+        }
+        return o;
+    }
+    panic!("cannot make a private mount namespace here (neither `unshare -m` as root nor a user namespace works): this test needs one");
+}
+
+/// Fault: the ledger directory is not what it should be. A symbolic link
+/// or a directory owned by another user in place of the default
+/// `/run/cgpu` and `/dev/shm/cgpu` is never followed or trusted (the job
+/// runs, held to its quota alone, and says why); a relative
+/// `CGPU_LEDGER_DIR` is refused (it would differ per working directory)
+/// and the default used.
+#[test]
+fn untrusted_or_relative_ledger_directories_are_refused() {
+    let rig = Rig::new("dirs");
+    // Both defaults are symbolic links to a directory an attacker chose.
+    let o = in_private_run(
+        &rig,
+        None,
+        "mkdir -m 1777 /tmp/cgpu-evil-$$ && ln -s /tmp/cgpu-evil-$$ /run/cgpu && ln -s /tmp/cgpu-evil-$$ /dev/shm/cgpu\n\
+         \"$CUCLIENT\" alloc 1048576; echo \"files=$(ls /tmp/cgpu-evil-$$ | wc -l)\"; rm -rf /tmp/cgpu-evil-$$",
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(
+        out.contains("alloc ok") && out.contains("files=0"),
+        "{out}\n{err}"
+    );
+    assert!(
+        err.contains("/dev/shm/cgpu is a symbolic link: not trusted")
+            && err.contains("the ledger cannot be used"),
+        "{err}"
+    );
+    // A default directory owned by another user.
+    let o = in_private_run(
+        &rig,
+        None,
+        "mkdir -m 1777 /run/cgpu /dev/shm/cgpu && chown 4321 /run/cgpu /dev/shm/cgpu && \"$CUCLIENT\" alloc 1048576; ls /dev/shm/cgpu | wc -l",
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(out.contains("alloc ok"), "{out}\n{err}");
+    assert_eq!(
+        out.lines().last(),
+        Some("0"),
+        "nothing written there: {out}"
+    );
+    assert!(err.contains("is owned by uid 4321"), "{err}");
+    // A relative CGPU_LEDGER_DIR: refused, the default (/run/cgpu) used.
+    let o = in_private_run(
+        &rig,
+        Some("ledgers"),
+        "cd /tmp && \"$CUCLIENT\" alloc 1048576 && ls /run/cgpu",
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(
+        out.contains("alloc ok") && out.contains(".ledger"),
+        "{out}\n{err}"
+    );
+    assert!(
+        err.contains("CGPU_LEDGER_DIR='ledgers' is a relative path"),
+        "{err}"
+    );
+}

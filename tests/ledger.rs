@@ -345,6 +345,31 @@ fn unwritable_directory_is_an_io_error() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Tools run as root over a shared directory: a `*.ledger` that is a
+/// symbolic link, a FIFO or a device node is never listed, followed or
+/// opened (`open` refuses without blocking).
+#[test]
+fn links_fifos_and_devices_are_never_opened() {
+    let d = tmpdir("nonregular");
+    let real = open(&d);
+    let target = Ledger::path_for(&d, "GPU-test-0");
+    std::os::unix::fs::symlink(&target, d.join("GPU-link.ledger")).unwrap();
+    let fifo = d.join("GPU-fifo.ledger");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: valid path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    let listed = Ledger::list(&d);
+    assert_eq!(listed, vec![target.clone()], "only the regular file");
+    for p in [d.join("GPU-link.ledger"), fifo] {
+        let t0 = std::time::Instant::now();
+        let e = Ledger::open(&p).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(1));
+    }
+    drop(real);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[test]
 fn threads_race_one_process() {
     let d = tmpdir("threads");

@@ -211,7 +211,7 @@ impl Account {
             None => "no limit (none was set)".to_string(),
         };
         tracing::error!(
-            "{}: the ledger cannot be used ({e}); this process alone is held to {limit}: the container's other processes on this GPU are NOT counted against it",
+            "{}: the ledger cannot be used ({e}); enforcing {limit} within this process alone: the container's other processes on this GPU are NOT counted against it",
             self.gpu
         );
         self.state.store(ALONE, Ordering::Release);

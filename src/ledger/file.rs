@@ -35,6 +35,35 @@ pub(super) fn ensure_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// May a default ledger directory be trusted? It must be a real directory
+/// (a symbolic link is never followed: whoever made it chooses where
+/// root's ledgers go) owned by root or by this user (a directory owned by
+/// someone else lets them swap the files in it).
+pub(super) fn trusted_dir(dir: &Path) -> io::Result<()> {
+    let m = std::fs::symlink_metadata(dir)?;
+    let deny = |why: String| {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} {why}: not trusted", dir.display()),
+        ))
+    };
+    if m.file_type().is_symlink() {
+        return deny("is a symbolic link".into());
+    }
+    if !m.is_dir() {
+        return deny("is not a directory".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != 0 && m.uid() != me {
+        return deny(format!(
+            "is owned by uid {}, neither root nor this user (uid {me})",
+            m.uid()
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn writable(dir: &Path) -> bool {
     let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
         return false;
@@ -43,12 +72,47 @@ pub(super) fn writable(dir: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
+/// Open a ledger file: never through a symbolic link (`O_NOFOLLOW`), never
+/// blocking (`O_NONBLOCK`, a FIFO), and only a regular file (anything else
+/// is closed again and refused; a device node is refused before it is
+/// opened, unless swapped in between).
 fn open_fd(path: &Path, flags: libc::c_int) -> Result<i32, LedgerError> {
     let c = cpath(path)?;
+    let not_regular = || {
+        LedgerError::io(
+            path,
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file (a link, FIFO or device): not opened",
+            ),
+        )
+    };
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_file() {
+            return Err(not_regular());
+        }
+    }
     // SAFETY: `c` is a valid NUL-terminated path; mode is used only with O_CREAT.
-    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o666 as libc::c_uint) };
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0o666 as libc::c_uint,
+        )
+    };
     if fd < 0 {
-        return Err(LedgerError::io(path, io::Error::last_os_error()));
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ELOOP) {
+            return Err(not_regular());
+        }
+        return Err(LedgerError::io(path, err));
+    }
+    // SAFETY: `st` is a valid out-pointer for fstat on the fd just opened.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        close(fd);
+        return Err(not_regular());
     }
     Ok(fd)
 }
@@ -258,6 +322,9 @@ pub(super) fn open_or_create(
         ));
     }
     ensure_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
+    if DEFAULT_DIRS.iter().any(|d| Path::new(d) == dir) {
+        trusted_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
+    }
     // Each round either opens the file, creates it, or moves a dead corrupt
     // one aside; a few rounds cover losing races to other creators.
     let mut last = None;

@@ -60,6 +60,9 @@ pub const POLICY_MAX: u32 = 5;
 pub const MAX_INST_RANGE: std::ops::RangeInclusive<u32> = 1..=25;
 pub const PRIO_RATIO_RANGE: std::ops::RangeInclusive<u32> = 20..=99;
 
+/// The directories used when `CGPU_LEDGER_DIR` is not set, in order.
+pub const DEFAULT_DIRS: [&str; 2] = ["/run/cgpu", "/dev/shm/cgpu"];
+
 /// `JoinRequest::quota` value meaning "explicitly not limited" (a `0` inside
 /// `ALIYUN_COM_GPU_MEM_CONTAINER`'s list); a plain 0 means "no quota set",
 /// which gets the GPU's `default_memsize`.
@@ -539,21 +542,40 @@ fn sat_sub(a: &AtomicU64, v: u64) -> u64 {
 
 impl Ledger {
     /// `CGPU_LEDGER_DIR`, else `/run/cgpu` if writable (created), else `/dev/shm/cgpu`.
+    ///
+    /// A relative `CGPU_LEDGER_DIR` would name a different directory for
+    /// each working directory (two processes of one container would keep
+    /// separate books): it is refused with an error and the default used.
+    /// The default directories are used only when they are real directories
+    /// (not symbolic links) owned by root or by this user (see
+    /// [`Ledger::open_or_create`]).
     pub fn default_dir() -> PathBuf {
         if let Some(d) = std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
-            return PathBuf::from(d);
+            let d = PathBuf::from(d);
+            if d.is_absolute() {
+                return d;
+            }
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::error!(
+                    "bad environment: CGPU_LEDGER_DIR='{}' is a relative path (it would name another directory in each working directory); ignored, using the default directory",
+                    d.display()
+                )
+            });
         }
-        let run = Path::new("/run/cgpu");
-        if file::ensure_dir(run).is_ok() && file::writable(run) {
+        let run = Path::new(DEFAULT_DIRS[0]);
+        if file::ensure_dir(run).is_ok() && file::trusted_dir(run).is_ok() && file::writable(run) {
             return run.to_owned();
         }
-        PathBuf::from("/dev/shm/cgpu")
+        PathBuf::from(DEFAULT_DIRS[1])
     }
     /// `<dir>/<uuid>.ledger`.
     pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
         dir.join(format!("{uuid}.ledger"))
     }
-    /// All ledger files in `dir`, sorted.
+    /// All ledger files in `dir`, sorted: regular files only (symbolic
+    /// links, FIFOs and device nodes named `*.ledger` are skipped, never
+    /// followed or opened).
     pub fn list(dir: &Path) -> Vec<PathBuf> {
         let Ok(rd) = std::fs::read_dir(dir) else {
             return Vec::new();
@@ -563,7 +585,9 @@ impl Ledger {
             .filter(|e| {
                 let n = e.file_name();
                 let n = n.to_string_lossy();
-                !n.starts_with('.') && n.ends_with(".ledger")
+                !n.starts_with('.')
+                    && n.ends_with(".ledger")
+                    && e.file_type().is_ok_and(|t| t.is_file())
             })
             .map(|e| e.path())
             .collect();
