@@ -6,5 +6,4 @@ pub mod hooks;
 pub mod ledger;
 pub mod log;
 pub mod memory;
-pub mod monitor;
 pub mod scheduler;
