@@ -832,3 +832,57 @@ fn untrusted_or_relative_ledger_directories_are_refused() {
         "{err}"
     );
 }
+
+/// Fault: `CGPU_REAL_LIBCUDA` names a library that does not exist,
+/// libcgpu itself, or a library without the driver, while the program
+/// reaches the driver by linking, by `dlsym` on its own handle, or through
+/// `cuGetProcAddress`. Before: the `dlsym` and `cuGetProcAddress` paths got
+/// the system driver's own functions (the whole GPU, no quota), and
+/// libcgpu itself recursed into its own hooks. Now: every path goes
+/// through the hooks, which answer with an error; nothing reaches the
+/// GPU, nothing crashes, and the log says what is wrong.
+#[test]
+fn unusable_real_driver_never_lets_a_path_reach_the_gpu() {
+    let rig = Rig::new("realdrv");
+    let libcgpu = artifacts().libcgpu.to_str().unwrap().to_string();
+    for (value, says) in [
+        ("/nonexistent/libcuda.so.1", "cannot load the real driver"),
+        (libcgpu.as_str(), "it is libcgpu itself"),
+        ("libc.so.6", "it has no cuInit"),
+    ] {
+        for mode in LinkMode::ALL {
+            let mut c = rig.sim.command(cuclient(mode));
+            c.env("LD_PRELOAD", &artifacts().libcgpu)
+                .env("CGPU_CONTAINER_ID", "realdrv")
+                .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+                .env("CGPU_REAL_LIBCUDA", value)
+                .env("CUCLIENT_HOLD_MAX_S", "60")
+                .args(["pid", "alloc_until_oom", "268435456", "hold"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let mut k = c.spawn().unwrap();
+            let mut out = BufReader::new(k.stdout.take().unwrap());
+            let lines = read_until(&mut out, "holding");
+            let what = format!("CGPU_REAL_LIBCUDA={value} ({})", mode.name());
+            let pid = field(&lines, "pid", "pid").unwrap() as u32;
+            if lines.iter().any(|l| l == "holding") {
+                // It ran on: every allocation was refused, nothing on the GPU.
+                let l = lines
+                    .iter()
+                    .find(|l| l.starts_with("alloc_until_oom"))
+                    .unwrap();
+                assert!(l.contains(" err=") && !l.contains("err=0"), "{what}: {l}");
+                assert_eq!(rig.device_bytes(&[pid]), 0, "{what}: reached the GPU");
+            } else {
+                // The client gave up on the errors it got (its own choice:
+                // cuclient exits when it cannot resolve the driver), never
+                // by a signal.
+                let st = k.wait().unwrap();
+                assert!(st.signal().is_none() && !st.success(), "{what}: {st:?}");
+            }
+            let err = kill_and_check(k, &what);
+            assert!(err.contains(says), "{what}: {err}");
+        }
+    }
+}

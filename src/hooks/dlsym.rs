@@ -54,10 +54,16 @@ pub unsafe extern "C" fn dlsym_impl(handle: *mut c_void, name: *const c_char) ->
     }
 }
 
-/// Our hook for `name` if `r` is the driver's function of that name (or our export).
+/// Our hook for `name` if `r` is the driver's function of that name (or our
+/// export). While a quota is asked for, also when `r` is a same-named
+/// function of another library (a driver the program opened by another
+/// path, or the system's while `CGPU_REAL_LIBCUDA` names something
+/// unusable): every path to a GPU goes through the hooks then, which
+/// answer with an error rather than let an unaccounted driver through.
 pub fn substitute(name: &[u8], r: *mut c_void) -> *mut c_void {
     match super::hook_by_name(name) {
         Some((ours, real)) if r == ours || real.addr() == r as usize => ours,
+        Some((ours, _)) if crate::memory::tracking() => ours,
         _ => r,
     }
 }
