@@ -434,6 +434,9 @@ fn join(info: GpuInfo) -> Option<Gpu> {
     } else {
         return None;
     };
+    for w in cfg.implausible(info.visible_index, info.physical_total) {
+        tracing::warn!("{w}");
+    }
     let spec = JoinSpec {
         container_id: cfg.container_id.clone(),
         quota: req_quota,

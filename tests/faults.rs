@@ -886,3 +886,63 @@ fn unusable_real_driver_never_lets_a_path_reach_the_gpu() {
         }
     }
 }
+
+/// Fault: configuration that cannot be what the operator meant. A second
+/// process of a container asks for other settings (today's rule: the
+/// first process's settings stay); a quota larger than the GPU; a weight
+/// above `max_inst`. Each gets one readable warning naming what was asked
+/// and what it gets (no debug formatting).
+#[test]
+fn conflicting_and_implausible_settings_get_one_readable_warning() {
+    let rig = Rig::new("conf");
+    let mut a = rig.client("conf", 1, &[], &["alloc", "1048576", "hold"]);
+    let mut out = BufReader::new(a.stdout.take().unwrap());
+    read_until(&mut out, "holding");
+    let o = rig
+        .client(
+            "conf",
+            2,
+            &[
+                ("ALIYUN_COM_GPU_SCHD_WEIGHT", "3"),
+                ("ALIYUN_COM_GPU_HIGH_PRIO", "1"),
+            ],
+            &["alloc", "1048576"],
+        )
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("already runs on GPU"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        line.contains("with quota 1.00 GiB, weight 1, high priority off; this process asked for quota 2.00 GiB, weight 3, high priority on"),
+        "{line}"
+    );
+    kill_and_check(a, "first process");
+
+    let o = rig
+        .client(
+            "conf-big",
+            40,
+            &[("ALIYUN_COM_GPU_SCHD_WEIGHT", "25")],
+            &["alloc", "1048576"],
+        )
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("a quota of 40.00 GiB, more than the GPU's 14.75 GiB"),
+        "{err}"
+    );
+    assert!(
+        err.contains("asked for weight 25") && err.contains("more than the GPU's max_inst 16"),
+        "{err}"
+    );
+    for l in err.lines() {
+        assert!(
+            !l.contains("Some(") && !l.contains("None") && !l.contains("[\""),
+            "{l}"
+        );
+    }
+}

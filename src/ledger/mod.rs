@@ -711,15 +711,12 @@ impl Ledger {
 
         let (c, created) = match f.containers.iter().position(|c| c.is(id)) {
             Some(c) => {
-                let slot = &f.containers[c];
-                let quota = slot.quota.load(Ordering::Relaxed);
-                if req.quota != 0
-                    && req.quota != quota
-                    && !(req.quota == QUOTA_UNLIMITED && quota == 0)
-                {
-                    tracing::info!(
-                        "container {id}: keeping quota {quota} set by its first process (this one asked {}; use `cgpuctl set memsize` to change it)",
-                        req.quota
+                if let Some(diff) = settings_differ(&f.containers[c], req) {
+                    tracing::warn!(
+                        "container {id} already runs on GPU {} with {}; this process asked for {}: it gets the container's settings (the first process's; change them with cgpuctl set)",
+                        f.header.uuid_str(),
+                        diff.0,
+                        diff.1
                     );
                 }
                 (c, false)
@@ -771,10 +768,16 @@ impl Ledger {
             );
             0
         } else if want > fw {
+            let max = h.max_inst.load(Ordering::Relaxed);
             tracing::warn!(
-                "container {}: asked weight {want}, only {fw} free on GPU {}: weight {fw}",
+                "container {}: asked for weight {want} on GPU {}, {}: it gets weight {fw}",
                 req.container_id,
-                h.uuid_str()
+                h.uuid_str(),
+                if want > max {
+                    format!("more than the GPU's max_inst {max}")
+                } else {
+                    format!("but only {fw} of max_inst {max} is free")
+                }
             );
             fw
         } else {
@@ -1488,6 +1491,54 @@ impl Ledger {
         self.bump();
         Ok(())
     }
+}
+
+/// How a joining process's request differs from the live container it
+/// joins: `(what the container has, what was asked)`, each a readable list
+/// of the settings that differ; `None` when they agree. Settings the
+/// request leaves at their defaults (no quota, weight 1, not high
+/// priority) never count as asking for something.
+fn settings_differ(slot: &ContainerSlot, req: &JoinRequest<'_>) -> Option<(String, String)> {
+    let quota = slot.quota.load(Ordering::Relaxed);
+    let off = slot.enforce_off.load(Ordering::Relaxed) != 0;
+    let weight = slot.weight.load(Ordering::Relaxed);
+    let high = slot.highprio.load(Ordering::Relaxed) != 0;
+    let q = |b: u64| {
+        if b == 0 || b == QUOTA_UNLIMITED {
+            "no quota".to_string()
+        } else {
+            format!("quota {}", human_bytes(b))
+        }
+    };
+    let (mut has, mut asked) = (Vec::new(), Vec::new());
+    let asked_quota = match req.quota {
+        0 => None,
+        QUOTA_UNLIMITED => Some(0),
+        b => Some(b),
+    };
+    if asked_quota.is_some_and(|a| a != quota) {
+        has.push(q(quota));
+        asked.push(q(req.quota));
+    }
+    if req.enforce_off != off {
+        has.push(format!("CGPU_DISABLE {}", if off { "on" } else { "off" }));
+        asked.push(format!(
+            "CGPU_DISABLE {}",
+            if req.enforce_off { "on" } else { "off" }
+        ));
+    }
+    if req.weight > 1 && req.weight != weight {
+        has.push(format!("weight {weight}"));
+        asked.push(format!("weight {}", req.weight));
+    }
+    if req.highprio != high {
+        has.push(format!("high priority {}", if high { "on" } else { "off" }));
+        asked.push(format!(
+            "high priority {}",
+            if req.highprio { "on" } else { "off" }
+        ));
+    }
+    (!has.is_empty()).then(|| (has.join(", "), asked.join(", ")))
 }
 
 /// `free_weight` of SPEC §3: `max_inst − Σ weights of live containers`, never below 0.
