@@ -395,6 +395,7 @@ fn create(
             if err.raw_os_error() != Some(libc::EEXIST) {
                 return Err(LedgerError::io(path, err));
             }
+            TEST_CREATE_LOST.fetch_add(1, Ordering::Relaxed);
         } else {
             tracing::info!("created ledger {} for GPU {uuid}", path.display());
         }

@@ -489,6 +489,12 @@ impl Drop for TableGuard<'_> {
 #[doc(hidden)]
 pub static TEST_JOIN_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
 
+/// Times this process lost a creation race (its fully built ledger could
+/// not be linked into place because another process's was first): lets
+/// tests prove that the race they stage really happened.
+#[doc(hidden)]
+pub static TEST_CREATE_LOST: AtomicU64 = AtomicU64::new(0);
+
 /// Test hook: how long `set_weight` sleeps between its check and its write
 /// (so that tests can run two operators into each other).
 #[doc(hidden)]
