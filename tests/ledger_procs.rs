@@ -350,6 +350,7 @@ fn child_main(role: &str) {
         }
         // Open-or-create the (new) ledger at a common instant, join, report.
         "creator" => {
+            TEST_CREATE_PAUSE_MS.store(env_u64("CREATE_PAUSE_MS"), Ordering::Relaxed);
             let go = env_u64("GO_NS");
             while now_ns() < go {
                 std::hint::spin_loop();
@@ -723,7 +724,14 @@ fn concurrent_creation(_seed: u64) {
                 Child::spawn(
                     "creator",
                     &dir,
-                    &[("ID", format!("c{i}")), ("GO_NS", go.to_string())],
+                    &[
+                        ("ID", format!("c{i}")),
+                        ("GO_NS", go.to_string()),
+                        // Each creator holds its finished file 100 ms
+                        // before linking it: creators that start within
+                        // that window race for the name.
+                        ("CREATE_PAUSE_MS", "100".to_string()),
+                    ],
                 )
             })
             .collect();

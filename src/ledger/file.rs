@@ -388,6 +388,10 @@ fn create(
         // zero, which is a valid value of every field.
         unsafe { init(map.as_ptr(), uuid, gpu_index, physical_total) };
         unmap(map);
+        let pause = TEST_CREATE_PAUSE_MS.load(Ordering::Relaxed);
+        if pause > 0 {
+            std::thread::sleep(Duration::from_millis(pause));
+        }
         let (ct, cp) = (cpath(&tmp)?, cpath(path)?);
         // SAFETY: both are valid NUL-terminated paths.
         if unsafe { libc::link(ct.as_ptr(), cp.as_ptr()) } != 0 {

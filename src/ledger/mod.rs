@@ -495,6 +495,11 @@ pub static TEST_JOIN_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
 #[doc(hidden)]
 pub static TEST_CREATE_LOST: AtomicU64 = AtomicU64::new(0);
 
+/// Test hook: how long `open_or_create` sleeps between building a new
+/// ledger and linking it into place (widens the creation race for tests).
+#[doc(hidden)]
+pub static TEST_CREATE_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+
 /// Test hook: how long `set_weight` sleeps between its check and its write
 /// (so that tests can run two operators into each other).
 #[doc(hidden)]
