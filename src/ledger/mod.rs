@@ -31,20 +31,27 @@ use std::time::Duration;
 
 /// `b"CGPULEDG"` read as a little-endian u64.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"CGPULEDG");
-/// Bumped on any layout change.
-pub const FORMAT_VERSION: u32 = 1;
-/// Container slots per GPU (cGPU's `max_inst` is at most 25).
-pub const MAX_CONTAINERS: usize = 32;
-/// Process slots per GPU.
-pub const MAX_PROCESSES: usize = 256;
+/// Bumped on any layout change (2: 128 container and 1024 process slots,
+/// 48 scheduler words per container).
+pub const FORMAT_VERSION: u32 = 2;
+/// Container slots per GPU. cGPU's `max_inst` allows at most 25 containers
+/// with compute weight; containers that arrive with weight 0, run with
+/// `CGPU_DISABLE` or only hold memory need slots too: 128 is five times
+/// that, for a few hundred bytes each.
+pub const MAX_CONTAINERS: usize = 128;
+/// Process slots per GPU: 1024 (40 per container at 25 containers, 8 at
+/// 128). When a table is full, a newcomer is refused (out of memory, with a
+/// message), never run unaccounted.
+pub const MAX_PROCESSES: usize = 1024;
 /// Bytes for a container id, NUL-padded.
 pub const ID_LEN: usize = 64;
 /// Bytes for a GPU UUID string (`GPU-…`), NUL-padded.
 pub const UUID_LEN: usize = 96;
 /// Words of per-GPU scheduler state (owned by `scheduler`).
 pub const SCHED_GPU_WORDS: usize = 32;
-/// Words of per-container scheduler state (owned by `scheduler`).
-pub const SCHED_CONTAINER_WORDS: usize = 16;
+/// Words of per-container scheduler state (owned by `scheduler`; two bit
+/// sets of `MAX_PROCESSES` bits among them).
+pub const SCHED_CONTAINER_WORDS: usize = 48;
 
 /// Slot states (containers and processes).
 pub const SLOT_FREE: u32 = 0;
@@ -934,12 +941,14 @@ impl Ledger {
                 std::mem::size_of::<ProcessSlot>() as u64,
             );
         }
-        // Free the slot now if we can; otherwise the next reap does.
-        match self.lock_table() {
+        // Free the slot now if we can (waiting at most LEAVE_WAIT: an exit
+        // never hangs on a stalled lock holder); otherwise the next reap
+        // does, our liveness lock being gone.
+        match self.lock_table_within(LEAVE_WAIT) {
             Ok(_g) => {
                 self.reap_locked();
             }
-            Err(e) => tracing::warn!("leave: {e}; the slot is reaped later"),
+            Err(e) => tracing::debug!("leave: {e}; the slot is reaped later"),
         }
     }
 
