@@ -46,7 +46,7 @@ pub fn target_dir() -> PathBuf {
 pub struct Artifacts {
     /// `target/<profile>`.
     pub profile_dir: PathBuf,
-    /// The interposer, `libcgpu.so`.
+    /// The interposer, `libcgpu.so` (`CGPU_TEST_LIBCGPU` overrides it).
     pub libcgpu: PathBuf,
     /// The simulated driver, `libcgpu_sim.so`.
     pub libsim: PathBuf,
@@ -95,13 +95,40 @@ pub fn artifacts() -> &'static Artifacts {
         let sim_lib_dir = profile_dir.join("sim-libdir");
         make_sim_lib_dir(&sim_lib_dir, &libsim);
         Artifacts {
-            libcgpu: profile_dir.join("libcgpu.so"),
+            libcgpu: libcgpu_under_test(&profile_dir),
             sim_stat: profile_dir.join("cgpu-sim-stat"),
             libsim,
             sim_lib_dir,
             profile_dir,
         }
     })
+}
+
+/// The interposer the tests preload: `CGPU_TEST_LIBCGPU` when set (e.g.
+/// `dist/libcgpu.so`, built by `scripts/build-dist.sh`, which runs the
+/// interposer tests against it), else the one this build just made.
+fn libcgpu_under_test(profile_dir: &Path) -> PathBuf {
+    match std::env::var_os("CGPU_TEST_LIBCGPU") {
+        Some(p) if !p.is_empty() => {
+            let p = PathBuf::from(p);
+            let p = if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            };
+            assert!(
+                p.is_file(),
+                "CGPU_TEST_LIBCGPU={} is not a file",
+                p.display()
+            );
+            eprintln!(
+                "cgpu-testkit: preloading {} (CGPU_TEST_LIBCGPU)",
+                p.display()
+            );
+            p
+        }
+        _ => profile_dir.join("libcgpu.so"),
+    }
 }
 
 fn make_sim_lib_dir(dir: &Path, lib: &Path) {
