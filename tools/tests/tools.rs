@@ -948,3 +948,104 @@ fn the_tools_export_no_hooks() {
         assert!(leaked.is_empty(), "{exe} exports {leaked:?}");
     }
 }
+
+/// `--loop` periods that cannot be meant (a crash at 1e308, a busy loop at
+/// 1e-9 before) and ledger directories that do not exist (an empty listing
+/// and exit 0 before): a message naming the value and exit status 2, at once.
+#[test]
+fn absurd_intervals_and_missing_directories_are_usage_errors() {
+    let dir = tmpdir("bad-args");
+    let file = dir.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let missing = dir.join("no-such-dir");
+    let missing_s = missing.to_str().unwrap();
+    let file_s = file.to_str().unwrap();
+    for (what, o, want) in [
+        (
+            "-l 1e308",
+            run(smi(), &dir, &["-l", "1e308"]),
+            "out of range",
+        ),
+        ("-l 1e-9", run(smi(), &dir, &["-l", "1e-9"]), "out of range"),
+        (
+            "-l 0.05",
+            run(smi(), &dir, &["--loop", "0.05"]),
+            "out of range",
+        ),
+        (
+            "-l inf",
+            run(smi(), &dir, &["-l", "inf"]),
+            "not a number of seconds",
+        ),
+        (
+            "-l nan",
+            run(smi(), &dir, &["-l", "nan"]),
+            "not a number of seconds",
+        ),
+        (
+            "-l -1",
+            run(smi(), &dir, &["-l", "-1"]),
+            "not a number of seconds",
+        ),
+        (
+            "smi --dir missing",
+            run(smi(), &missing, &["--instant"]),
+            "does not exist",
+        ),
+        (
+            "smi --dir file",
+            run(smi(), &file, &["--instant"]),
+            "is not a directory",
+        ),
+        (
+            "smi CGPU_LEDGER_DIR missing",
+            smi()
+                .arg("--instant")
+                .env("CGPU_LEDGER_DIR", &missing)
+                .output()
+                .unwrap(),
+            "(from CGPU_LEDGER_DIR) does not exist",
+        ),
+        (
+            "ctl --dir missing tree",
+            run(ctl(), &missing, &["tree"]),
+            "does not exist",
+        ),
+        (
+            "ctl --dir missing exporter",
+            run(ctl(), &missing, &["exporter", "--listen", "127.0.0.1:0"]),
+            "does not exist",
+        ),
+        (
+            "ctl --dir file get",
+            run(ctl(), &file, &["get", "policy"]),
+            "is not a directory",
+        ),
+    ] {
+        assert_eq!(o.status.code(), Some(2), "{what}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(want), "{what}: {e}");
+        assert!(stdout(&o).is_empty(), "{what}: {}", stdout(&o));
+        if what.contains("missing") {
+            assert!(e.contains(missing_s), "{what} names the directory: {e}");
+        }
+        if what.contains("file") {
+            assert!(e.contains(file_s), "{what} names the path: {e}");
+        }
+    }
+    // The shortest period is accepted and prints a sample per period.
+    let mut c = smi();
+    c.arg("--dir")
+        .arg(&dir)
+        .args(["--json", "-l", "0.1"])
+        .stdout(std::process::Stdio::piped());
+    let mut child = KillOnDrop(c.spawn().unwrap());
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    for _ in 0..3 {
+        let l = lines.next().unwrap().unwrap();
+        let v: Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["gpus"].as_array().map(Vec::len), Some(0), "{l}");
+    }
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -28,7 +28,9 @@ OPTIONS:
                           /run/cgpu or /dev/shm/cgpu, whichever has ledgers)
     -h, --help            help
 
-Exit status: 0 done, 1 failed (e.g. a corrupt ledger), 2 usage or range error.
+Exit status: 0 done, 1 failed (e.g. a corrupt ledger), 2 usage or range
+error (also: a ledger directory named by --dir or $CGPU_LEDGER_DIR that does
+not exist or cannot be read).
 ";
 
 const HELP_GET: &str = "\
@@ -502,7 +504,8 @@ fn main() {
         return;
     }
     let cmd = a.positional();
-    let dir = || -> PathBuf { cgpu_tools::ledger_dir(dir_arg.as_deref()) };
+    let dir =
+        || -> PathBuf { cgpu_tools::ledger_dir(dir_arg.as_deref()).unwrap_or_else(|e| usage(e)) };
     match cmd.as_deref() {
         None | Some("help") => match a.positional().as_deref() {
             Some("get") => print!("{HELP_GET}"),
