@@ -17,6 +17,7 @@
 pub mod args;
 pub mod exporter;
 pub mod inspect;
+pub mod installed;
 pub mod knobs;
 pub mod table;
 pub mod tree;

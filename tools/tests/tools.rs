@@ -1049,3 +1049,59 @@ fn absurd_intervals_and_missing_directories_are_usage_errors() {
     drop(child);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `cgpuctl version` reads the version out of the library file it finds (or
+/// is given), stripped or not: a library carrying another version says so.
+#[test]
+fn version_is_read_from_the_installed_library() {
+    let lib = &cgpu_testkit::artifacts().libcgpu;
+    let dir = tmpdir("version");
+    let o = run(ctl(), &dir, &["version", "--lib", lib.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = env!("CARGO_PKG_VERSION");
+    assert!(
+        stdout(&o).contains(&format!("library: {} {v}\n", lib.display())),
+        "{}",
+        stdout(&o)
+    );
+    // The same library, stripped and carrying another version string.
+    let other = dir.join("libcgpu.so");
+    let st = std::process::Command::new("objcopy")
+        .arg("--strip-all")
+        .arg(lib)
+        .arg(&other)
+        .status()
+        .expect("objcopy (binutils)");
+    assert!(st.success());
+    let mut bytes = std::fs::read(&other).unwrap();
+    let tag = cgpu::VERSION_TAG.as_bytes();
+    let at = bytes
+        .windows(tag.len())
+        .position(|w| w == tag)
+        .expect("tag in the stripped library");
+    let fake = format!("\0cgpu-library-version={}\0", "9".repeat(v.len()));
+    bytes[at..at + tag.len()].copy_from_slice(fake.as_bytes());
+    std::fs::write(&other, &bytes).unwrap();
+    let o = run(ctl(), &dir, &["version", "--lib", other.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!(
+            "library: {} {} (the tools are {v})\n",
+            other.display(),
+            "9".repeat(v.len())
+        )),
+        "{}",
+        stdout(&o)
+    );
+    // Not a cgpu library: said, and exit 1.
+    let not_lib = dir.join("libnot.so");
+    std::fs::write(&not_lib, b"\x7fELF and nothing of ours").unwrap();
+    let o = run(ctl(), &dir, &["version", "--lib", not_lib.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("no cgpu version in it"),
+        "{}",
+        stdout(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
