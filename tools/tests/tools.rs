@@ -1096,7 +1096,11 @@ fn version_is_read_from_the_installed_library() {
     // Not a cgpu library: said, and exit 1.
     let not_lib = dir.join("libnot.so");
     std::fs::write(&not_lib, b"\x7fELF and nothing of ours").unwrap();
-    let o = run(ctl(), &dir, &["version", "--lib", not_lib.to_str().unwrap()]);
+    let o = run(
+        ctl(),
+        &dir,
+        &["version", "--lib", not_lib.to_str().unwrap()],
+    );
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(
         stdout(&o).contains("no cgpu version in it"),
