@@ -104,3 +104,34 @@ pub unsafe fn read_cstr(p: *const std::ffi::c_char) -> Option<String> {
             .into_owned(),
     )
 }
+
+/// Declares exported driver functions: one declaration per function, its
+/// per-thread-default-stream (`_ptsz`/`_ptds`) and other twins listed by
+/// name, all with the same parameters and one body (run under [`guard`]):
+///
+/// ```ignore
+/// exports! {
+///     cuGraphLaunch | cuGraphLaunch_ptsz (e: CUgraphExec, s: CUstream) => graph_launch(e, s);
+/// }
+/// ```
+///
+/// Each symbol gets a body of its own (so a distinct address, which
+/// interposers use to tell variants apart).
+#[macro_export]
+macro_rules! exports {
+    () => {};
+    ($first:ident $(| $more:ident)* ($($args:tt)*) => $body:expr; $($rest:tt)*) => {
+        $crate::exports!(@each [$first $($more)*] ($($args)*) $body);
+        $crate::exports!($($rest)*);
+    };
+    (@each [$($name:ident)*] $args:tt $body:expr) => {
+        $( $crate::exports!(@one $name $args $body); )*
+    };
+    (@one $name:ident ($($a:ident : $t:ty),* $(,)?) $body:expr) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> cgpu_ffi::CUresult {
+            std::hint::black_box(stringify!($name));
+            $crate::guard(|| $body)
+        }
+    };
+}
