@@ -62,6 +62,9 @@ impl Capture {
     }
 }
 
+/// Where an event was recorded in a capture: the capture and its nodes.
+pub type CapturedAt = (Arc<Mutex<CaptureGraph>>, Vec<usize>);
+
 /// A capture, shared by every stream taking part in it.
 pub struct CaptureGraph {
     pub id: u64,
@@ -80,7 +83,7 @@ pub struct Event {
     pub times: Arc<EventTimes>,
     /// Last recorded in a capturing stream: that capture and the nodes the
     /// record stood for (a stream waiting on it joins the capture).
-    pub captured: Mutex<Option<(Arc<Mutex<CaptureGraph>>, Vec<usize>)>>,
+    pub captured: Mutex<Option<CapturedAt>>,
 }
 
 /// How long a function's launches take.

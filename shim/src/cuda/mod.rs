@@ -15,6 +15,7 @@ pub mod occupancy;
 pub mod procaddr;
 mod procaddr_table;
 pub mod stream;
+pub mod unsupported;
 pub mod vmm;
 
 pub use array::*;
@@ -29,4 +30,5 @@ pub use module::*;
 pub use occupancy::*;
 pub use procaddr::*;
 pub use stream::*;
+pub use unsupported::*;
 pub use vmm::*;

@@ -123,7 +123,13 @@ fn device_properties(p: *mut DevProp, dev: CUdevice) -> CuRes {
 
 /// Parameters of a function: known for the sim's own `cgpu_sim_spin*`
 /// kernels (one `u64`); other kernels' parameter lists are not kept.
-fn param_info(f: usize, index: usize, off: *mut usize, size: *mut usize, count: *mut usize) -> CuRes {
+fn param_info(
+    f: usize,
+    index: usize,
+    off: *mut usize,
+    size: *mut usize,
+    count: *mut usize,
+) -> CuRes {
     let d = cu()?;
     let func = d.func(f)?;
     if func.timing != crate::driver::Timing::Spin {
