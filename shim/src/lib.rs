@@ -2,8 +2,9 @@
 //! driver API and NVML, to be exposed as `libcuda.so.1` and
 //! `libnvidia-ml.so.1`; see `shim/README.md`.
 //!
-//! Modules by API area: `cuda::{init, device, context, memory, vmm, stream,
-//! module, launch, graph, procaddr}`, `nvml`; the machinery underneath:
+//! Modules by API area: `cuda::{init, device, context, memory, managed, vmm,
+//! array, stream, module, launch, occupancy, graph, unsupported, procaddr}`,
+//! `nvml`, `nvml_monitoring`; the machinery underneath:
 //! `config` (environment), `state` (the shared mmap'd file), `exec` (device
 //! time), `driver` (per-process objects and handles), `stubs` (counted calls
 //! to functions that are only stubs).
@@ -18,6 +19,7 @@ pub mod cuda;
 pub mod driver;
 pub mod exec;
 pub mod nvml;
+pub mod nvml_monitoring;
 pub mod stat;
 pub mod state;
 pub mod stubs;

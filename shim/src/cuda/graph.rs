@@ -594,11 +594,13 @@ pub fn graph_mem_free(p: u64) -> Option<CuRes> {
     Some(Ok(()))
 }
 
-/// Whether `[p, p+len)` lies in a live graph allocation (`Some(in bounds)`).
+/// Whether `[p, p+len)` lies in a graph allocation (`Some(in bounds)`).
 pub fn graph_mem_range(p: u64, len: u64) -> Option<bool> {
     let allocs = graph_allocs().lock();
     let (start, ga) = allocs.range(..=p).next_back()?;
-    if p >= start + ga.size || !ga.live.load(Acquire) {
+    // The address range is mapped from the node's creation on (copies and
+    // memsets into it can be added to graphs before any launch).
+    if p >= start + ga.size {
         return None;
     }
     Some(p.checked_add(len).is_some_and(|e| e <= start + ga.size))
@@ -1134,7 +1136,7 @@ fn cond_data(p: *mut ConditionalNodeParams) -> Result<NodeKind, CUresult> {
     let d = cu()?;
     // SAFETY: non-null params from the caller (checked by the caller).
     let cp = unsafe { p.read_unaligned() };
-    if !cond_handles().lock().contains_key(&cp.handle) || cp.graph_out.is_null() {
+    if !cond_handles().lock().contains_key(&cp.handle) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let n = match (cp.type_, cp.size) {
@@ -1143,13 +1145,17 @@ fn cond_data(p: *mut ConditionalNodeParams) -> Result<NodeKind, CUresult> {
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     };
     let bodies: Vec<usize> = (0..n).map(|_| new_graph(d)).collect();
-    for (i, b) in bodies.iter().enumerate() {
+    for b in &bodies {
         if let Ok(g) = graph_of(*b) {
             g.lock().owned_by_node = true;
         }
-        // SAFETY: phGraph_out holds `size` graph slots by the API contract.
-        unsafe { *cp.graph_out.add(i) = *b as CUgraph };
     }
+    // phGraph_out is a driver-owned array valid while the node lives: the
+    // node's own list of bodies (its heap buffer never moves).
+    // SAFETY: the caller's params (checked non-null by the caller).
+    unsafe {
+        std::ptr::addr_of_mut!((*p).graph_out).write_unaligned(bodies.as_ptr() as *mut CUgraph)
+    };
     Ok(NodeKind::Cond(cp.handle, cp.type_, bodies))
 }
 
