@@ -791,3 +791,202 @@ fn legacy_array_create_reads_the_v1_descriptor() {
         "only the context is charged: {pre}"
     );
 }
+
+/// All `op` lines of `out` whose op is `name`.
+fn ops(out: &str, name: &str) -> Vec<serde_json::Value> {
+    lines(out).into_iter().filter(|j| j["op"] == name).collect()
+}
+
+/// The driver keeps a `cuMemCreate` allocation until its handle is released
+/// AND its last mapping is gone (releasing right after mapping is the
+/// pattern of NVIDIA's samples): the charge must last as long.
+#[test]
+fn vmm_released_while_mapped_stays_charged_until_unmapped() {
+    let m = Machine::new("vmmmapped", T4);
+    let v = vars("vmm", "1");
+    let mib600 = (600 * MIB).to_string();
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "vmmmap",
+            &mib600,
+            "vmmrelease",
+            "info",
+            "nvml",
+            "vmmmap",
+            &mib600,
+            "vmmunmap",
+            "info",
+            "nvml",
+            "vmmmap",
+            &mib600,
+            "info",
+        ],
+    ));
+    let maps = ops(&out, "vmmmap");
+    let infos = ops(&out, "info");
+    let nvmls = ops(&out, "nvml");
+    assert_eq!(maps[0]["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmrelease")["rc"], 0, "{out}");
+    // Released but mapped: the driver still holds it, and so does the quota.
+    assert_eq!(nvmls[0]["procs"][0][1].as_u64().unwrap(), CTX + 600 * MIB);
+    assert_eq!(
+        infos[0]["free"].as_u64().unwrap(),
+        GIB - CTX - 600 * MIB,
+        "{out}"
+    );
+    assert_eq!(maps[1]["rc"], 2, "a second 600 MiB passes 1 GiB: {out}");
+    // The last mapping gone: given back, once.
+    assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
+    assert_eq!(nvmls[1]["procs"][0][1].as_u64().unwrap(), CTX);
+    assert_eq!(infos[1]["free"].as_u64().unwrap(), GIB - CTX, "{out}");
+    assert_eq!(maps[2]["rc"], 0, "{out}");
+    assert_eq!(
+        infos[2]["free"].as_u64().unwrap(),
+        GIB - CTX - 600 * MIB,
+        "{out}"
+    );
+}
+
+/// `cuMemRetainAllocationHandle` is one more reference: the memory (and its
+/// charge) stays until that one is released too.
+#[test]
+fn vmm_retained_handle_keeps_the_charge_until_released() {
+    let m = Machine::new("vmmretain", T4);
+    let v = vars("retain", "2");
+    let mib600 = (600 * MIB).to_string();
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "vmmmap",
+            &mib600,
+            "vmmretain",
+            "vmmrelease",
+            "vmmunmap",
+            "info",
+            "nvml",
+            "vmmrelretained",
+            "info",
+            "nvml",
+        ],
+    ));
+    assert_eq!(op(&out, "vmmretain")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmretain")["same"], true, "{out}");
+    assert_eq!(op(&out, "vmmrelease")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmrelretained")["rc"], 0, "{out}");
+    let infos = ops(&out, "info");
+    let nvmls = ops(&out, "nvml");
+    assert_eq!(nvmls[0]["procs"][0][1].as_u64().unwrap(), CTX + 600 * MIB);
+    assert_eq!(
+        infos[0]["free"].as_u64().unwrap(),
+        2 * GIB - CTX - 600 * MIB,
+        "{out}"
+    );
+    assert_eq!(nvmls[1]["procs"][0][1].as_u64().unwrap(), CTX);
+    assert_eq!(infos[1]["free"].as_u64().unwrap(), 2 * GIB - CTX, "{out}");
+}
+
+/// `cuMemCreate` memory is the device's: destroying the context current
+/// when it was made frees nothing, so its charge stays.
+#[test]
+fn vmm_memory_outlives_its_context_and_stays_charged() {
+    let m = Machine::new("vmmctx", T4);
+    let v = vars("outlive", "1");
+    let mib600 = (600 * MIB).to_string();
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "vmmmap",
+            &mib600,
+            "destroy",
+            "ctx",
+            "info",
+            "nvml",
+            "alloc",
+            &mib600,
+            "vmmrelease",
+            "vmmunmap",
+            "info",
+            "nvml",
+        ],
+    ));
+    assert_eq!(op(&out, "destroy")["rc"], 0, "{out}");
+    let infos = ops(&out, "info");
+    let nvmls = ops(&out, "nvml");
+    assert_eq!(
+        nvmls[0]["procs"][0][1].as_u64().unwrap(),
+        CTX + 600 * MIB,
+        "{out}"
+    );
+    assert_eq!(
+        infos[0]["free"].as_u64().unwrap(),
+        GIB - CTX - 600 * MIB,
+        "{out}"
+    );
+    assert_eq!(
+        op(&out, "alloc")["rc"],
+        2,
+        "the quota still holds the 600 MiB: {out}"
+    );
+    assert_eq!(nvmls[1]["procs"][0][1].as_u64().unwrap(), CTX, "{out}");
+    assert_eq!(infos[1]["free"].as_u64().unwrap(), GIB - CTX, "{out}");
+}
+
+/// A stream-ordered allocation from a pool lands on the pool's device, not
+/// the current context's; destroying the pool frees what is still out in it.
+#[test]
+fn pool_allocations_are_charged_to_the_pools_device_and_freed_with_it() {
+    let m = Machine::new("pooldev", "23028:NVIDIA A10,23028:NVIDIA A10");
+    let v = vars("pools", "2");
+    let mib100 = (100 * MIB).to_string();
+    let mut c = m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "0",
+            "ctx",
+            "1",
+            "stream",
+            "pool",
+            "1",
+            "setctx",
+            "0",
+            "poolalloc",
+            &mib100,
+            "ready",
+            "waitline",
+            "pooldestroy",
+            "hold",
+        ],
+    );
+    c.stdin(Stdio::piped());
+    let (mut k, mut r) = spawn_ready(c);
+    let gpu_ledger = |dev: usize| {
+        let st = cgpu_testkit::sim_stats(&m.state);
+        let uuid = st.devices[dev].uuid.clone();
+        Ledger::open(&Ledger::path_for(&m.ledger, &uuid)).expect("ledger of the GPU")
+    };
+    let used = |dev: usize| container(&gpu_ledger(dev), "pools").unwrap().0;
+    let pid = k.id();
+    let sim = |dev: usize| {
+        let st = cgpu_testkit::sim_stats(&m.state);
+        st.process(pid, dev).map(|p| p.mem_bytes).unwrap_or(0)
+    };
+    assert_eq!(sim(1), CTX + 100 * MIB, "the sim put it on GPU 1");
+    assert_eq!(used(1), CTX + 100 * MIB, "charged on the pool's GPU");
+    assert_eq!(used(0), CTX, "nothing charged on the current context's GPU");
+    k.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    while !rest.contains("\"ready\"") {
+        assert!(r.read_line(&mut rest).unwrap() > 0, "client ended: {rest}");
+    }
+    assert_eq!(op(&rest, "pooldestroy")["rc"], 0, "{rest}");
+    assert_eq!(sim(1), CTX, "the sim freed the pool's allocation");
+    assert_eq!(used(1), CTX, "and the quota got it back");
+    let _ = k.kill();
+    let _ = k.wait();
+}

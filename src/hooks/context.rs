@@ -19,7 +19,7 @@ use super::real;
 use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
-use crate::memory::{proc_state, Gpu, Kind};
+use crate::memory::{proc_state, Gpu, Kind, Owner};
 
 /// Allocations take it shared, context creation exclusively (so a
 /// concurrent allocation is not mistaken for the context's reservation).
@@ -174,7 +174,13 @@ fn charge_new_ctx(
         tracing::debug!("cgpu: context reservation of {bytes} bytes would pass the quota");
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    proc_state().track(Kind::Context, c as u64, gpu, bytes, c as usize);
+    proc_state().track(
+        Kind::Context,
+        c as u64,
+        gpu,
+        bytes,
+        Owner::Context(c as usize),
+    );
     rc
 }
 
