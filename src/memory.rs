@@ -196,6 +196,19 @@ impl Gpu {
         }
     }
 
+    /// The container's view of this GPU as a [`Peek`] (dead processes'
+    /// bytes reaped first, at most every 200 ms).
+    pub fn peek(&self) -> Peek {
+        if let Acct::Ledger { ledger, .. } = &self.acct {
+            maybe_reap(ledger);
+        }
+        Peek {
+            quota: self.view_quota(),
+            used: self.container_used(),
+            pids: self.container_pids(),
+        }
+    }
+
     /// Pids of the container's live processes on this GPU (NVML process lists).
     pub fn container_pids(&self) -> Vec<u32> {
         let me = std::process::id();
@@ -456,6 +469,17 @@ impl Proc {
         Some(g)
     }
 
+    /// The GPU of CUDA device `dev` if this process joined it (never joins).
+    pub fn joined_cuda(&self, dev: i32) -> Option<&'static Gpu> {
+        let slot = self.by_cuda.get(usize::try_from(dev).ok()?)?;
+        let p = slot.load(Ordering::Acquire);
+        if p.is_null() || p == not_tracked() {
+            return None;
+        }
+        // SAFETY: slots hold leaked, never-freed Gpus (or the sentinel, checked above).
+        Some(unsafe { &*p })
+    }
+
     /// The tracked GPU by UUID, if this process joined it.
     pub fn gpu_by_uuid(&self, uuid: &str) -> Option<&'static Gpu> {
         self.gpus
@@ -628,6 +652,89 @@ impl Proc {
     pub fn tracked(&self) -> usize {
         self.allocs.lock().len()
     }
+}
+
+/// What a process that has not joined a GPU sees of it: answered from the
+/// configuration and the GPU's ledger, read only (asking never joins: a
+/// process joins a GPU when it allocates, creates a context or launches there).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Peek {
+    /// The quota view (`None`: the physical view).
+    pub quota: Option<u64>,
+    /// Bytes the container holds on the GPU (its live processes).
+    pub used: u64,
+    /// Pids of the container's processes on the GPU.
+    pub pids: Vec<u32>,
+}
+
+impl Peek {
+    /// `(free, total)` the container sees, given the physical numbers.
+    pub fn view(&self, phys_free: u64, phys_total: u64) -> (u64, u64) {
+        match self.quota {
+            Some(q) => (quota_free(q, self.used, phys_free), q),
+            None => (phys_free, phys_total),
+        }
+    }
+}
+
+/// The GPU's ledger, opened once per process for reading (never created).
+fn peek_ledger(uuid: &str) -> Option<&'static Ledger> {
+    static OPENED: Mutex<Vec<(String, &'static Ledger)>> = Mutex::new(Vec::new());
+    let mut opened = OPENED.lock();
+    if let Some((_, l)) = opened.iter().find(|(u, _)| u.eq_ignore_ascii_case(uuid)) {
+        return Some(l);
+    }
+    let path = Ledger::path_for(&Ledger::default_dir(), uuid);
+    if !path.exists() {
+        return None;
+    }
+    let l: &'static Ledger = Box::leak(Box::new(Ledger::open(&path).ok()?));
+    opened.push((uuid.to_string(), l));
+    Some(l)
+}
+
+/// What this process sees of a GPU it has not joined (`None`: not tracked,
+/// the physical view).
+pub fn peek(info: &GpuInfo) -> Option<Peek> {
+    let cfg = config::get();
+    let ledger = peek_ledger(&info.uuid);
+    let (mut quota, enforce) = if cfg.isolating() {
+        (
+            cfg.quota_bytes(info.visible_index, info.physical_total),
+            cfg.mode == Mode::Enforce,
+        )
+    } else if cfg.unset() {
+        let d = ledger?
+            .file()
+            .header
+            .default_memsize
+            .load(Ordering::Acquire);
+        if d == 0 {
+            return None;
+        }
+        (Some(d), true)
+    } else {
+        return None;
+    };
+    let mut p = Peek {
+        pids: vec![std::process::id()],
+        ..Peek::default()
+    };
+    if let Some((l, c)) = ledger.and_then(|l| l.find_container(&cfg.container_id).map(|c| (l, c))) {
+        // The container is there: its live quota (cgpuctl may have changed it).
+        let slot = &l.file().containers[c];
+        let q = slot.quota.load(Ordering::Acquire);
+        quota = (q != 0 && slot.enforce_off.load(Ordering::Relaxed) == 0).then_some(q);
+        p.used = slot.used.load(Ordering::Acquire);
+        for (_, ps) in l.processes_of(c) {
+            let pid = ps.pid.load(Ordering::Acquire);
+            if pid > 0 && !p.pids.contains(&(pid as u32)) {
+                p.pids.push(pid as u32);
+            }
+        }
+    }
+    p.quota = if enforce { quota } else { None };
+    Some(p)
 }
 
 /// Is a ledger-configured `default_memsize` possible for a container that

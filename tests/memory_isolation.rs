@@ -49,12 +49,25 @@ fn vars<'a>(id: &'a str, gib: &'a str) -> [(&'a str, &'a str); 2] {
 
 /// Spawn a client that reports `ready`; returns the child and its stdout reader.
 fn spawn_ready(
-    mut c: std::process::Command,
+    c: std::process::Command,
 ) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+    let (child, r, _) = spawn_ready_out(c);
+    (child, r)
+}
+
+/// [`spawn_ready`], also returning what the client printed before `ready`.
+fn spawn_ready_out(
+    mut c: std::process::Command,
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStdout>,
+    String,
+) {
     c.stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = c.spawn().unwrap();
     let mut r = BufReader::new(child.stdout.take().unwrap());
     let start = Instant::now();
+    let mut out = String::new();
     loop {
         let mut line = String::new();
         if r.read_line(&mut line).unwrap() == 0 {
@@ -68,8 +81,9 @@ fn spawn_ready(
             start.elapsed() < Duration::from_secs(60),
             "not ready after 60 s"
         );
+        out.push_str(&line);
     }
-    (child, r)
+    (child, r, out)
 }
 
 #[test]
@@ -989,4 +1003,76 @@ fn pool_allocations_are_charged_to_the_pools_device_and_freed_with_it() {
     assert_eq!(used(1), CTX, "and the quota got it back");
     let _ = k.kill();
     let _ = k.wait();
+}
+
+/// Asking about a GPU (its total memory through CUDA, its memory info and
+/// processes through NVML) answers with the container's view but does not
+/// join it: no process slot, no container slot, no weight taken (frameworks
+/// and monitors ask every GPU at start).
+#[test]
+fn asking_about_a_gpu_does_not_join_it() {
+    let m = Machine::new("nojoin", T4);
+    let (mut holder, _r) = spawn_ready(m.client(
+        Some(&vars("A", "4")),
+        &["ctx", "alloc", "1073741824", "ready", "hold"],
+    ));
+    let l = ledger(&m);
+    let free_weight = || cgpu::ledger::free_weight(l.file());
+    let fw0 = free_weight();
+    let ask = ["init", "info", "nvml", "ready", "hold"];
+    // A process of the same container, and one of a container not on the GPU.
+    let (mut same, _rs, so) = spawn_ready_out(m.client(Some(&vars("A", "4")), &ask));
+    let (mut other, _ro, oo) = spawn_ready_out(m.client(Some(&vars("B", "3")), &ask));
+    // The answers are the containers' views all the same.
+    assert_eq!(
+        op(&so, "info")["devtotal"].as_u64().unwrap(),
+        4 * GIB,
+        "{so}"
+    );
+    assert_eq!(
+        op(&so, "nvml")["v1"]["total"].as_u64().unwrap(),
+        4 * GIB,
+        "{so}"
+    );
+    assert_eq!(
+        op(&so, "nvml")["v1"]["used"].as_u64().unwrap(),
+        CTX + GIB,
+        "the container's use, from the ledger: {so}"
+    );
+    assert_eq!(
+        op(&so, "nvml")["v2"]["free"].as_u64().unwrap(),
+        3 * GIB - CTX,
+        "{so}"
+    );
+    let pids: Vec<u64> = op(&so, "nvml")["procs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids, vec![holder.id() as u64], "{so}");
+    assert_eq!(
+        op(&oo, "info")["devtotal"].as_u64().unwrap(),
+        3 * GIB,
+        "{oo}"
+    );
+    assert_eq!(
+        op(&oo, "nvml")["v1"]["total"].as_u64().unwrap(),
+        3 * GIB,
+        "{oo}"
+    );
+    assert_eq!(op(&oo, "nvml")["v1"]["used"].as_u64().unwrap(), 0, "{oo}");
+    assert_eq!(op(&oo, "nvml")["procs"], serde_json::json!([]), "{oo}");
+    let (_, _, _, procs) = container(&l, "A").unwrap();
+    assert_eq!(
+        procs.len(),
+        1,
+        "only the holder is in the ledger: {procs:?}"
+    );
+    assert!(l.find_container("B").is_none(), "asking made B a container");
+    assert_eq!(free_weight(), fw0, "asking took a weight");
+    for k in [&mut holder, &mut same, &mut other] {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
 }

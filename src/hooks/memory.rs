@@ -828,7 +828,7 @@ pub unsafe fn mem_get_info_v1(
     rc
 }
 
-/// `cuDeviceTotalMem_v2`: the quota.
+/// `cuDeviceTotalMem_v2`: the quota (asking does not join the GPU).
 ///
 /// # Safety
 /// The driver's contract.
@@ -839,7 +839,7 @@ pub unsafe fn device_total_mem(
 ) -> CUresult {
     let rc = super::call_real!(real, bytes, dev);
     if rc == CUDA_SUCCESS && !bytes.is_null() {
-        if let Some(q) = cuda_gpu(dev).and_then(|g| g.view_quota()) {
+        if let Some(q) = super::device::cuda_view_quota(dev) {
             // SAFETY: non-null out-parameter.
             unsafe { *bytes = q as usize };
         }
@@ -858,7 +858,7 @@ pub unsafe fn device_total_mem_v1(
 ) -> CUresult {
     let rc = super::call_real!(real, bytes, dev);
     if rc == CUDA_SUCCESS && !bytes.is_null() {
-        if let Some(q) = cuda_gpu(dev).and_then(|g| g.view_quota()) {
+        if let Some(q) = super::device::cuda_view_quota(dev) {
             // SAFETY: non-null out-parameter.
             unsafe { *bytes = q.min(u32::MAX as u64) as u32 };
         }
