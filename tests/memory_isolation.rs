@@ -1076,3 +1076,26 @@ fn asking_about_a_gpu_does_not_join_it() {
         let _ = k.wait();
     }
 }
+
+/// The library's own use of NVML (measuring contexts) is invisible to the
+/// application: NVML is not found initialised by a program that never
+/// initialised it, an unbalanced `nvmlShutdown` fails as without cgpu, and
+/// contexts made afterwards are still measured and charged.
+#[test]
+fn the_librarys_nvml_use_is_invisible_to_the_application() {
+    let m = Machine::new("nvmlref", T4);
+    let args = ["ctx", "nvmlraw", "nvmlraw", "ctx", "info"];
+    let bare = run_ok(&mut m.client(None, &args));
+    let pre = run_ok(&mut m.client(Some(&vars("nvml", "4")), &args));
+    let raws = |s: &str| ops(s, "nvmlraw");
+    assert_eq!(raws(&pre), raws(&bare), "bare: {bare}\npreloaded: {pre}");
+    // NVML_ERROR_UNINITIALIZED, as without cgpu.
+    assert_eq!(raws(&bare)[0]["count_rc"], 1, "{bare}");
+    assert_eq!(raws(&bare)[0]["shutdown_rc"], 1, "{bare}");
+    // The second context is measured and charged like the first.
+    assert_eq!(
+        op(&pre, "info")["free"].as_u64().unwrap(),
+        4 * GIB - 2 * CTX,
+        "{pre}"
+    );
+}

@@ -247,6 +247,7 @@ api! {
         fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult;
         fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
         fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CUresult;
+        fn nvmlShutdown() -> nvmlReturn_t;
         fn nvmlDeviceGetUUID(dev: nvmlDevice_t, uuid: *mut c_char, len: u32) -> nvmlReturn_t;
         fn nvmlDeviceGetPciInfo_v3(dev: nvmlDevice_t, pci: *mut c_void) -> nvmlReturn_t;
     }

@@ -11,6 +11,8 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   destroy            cuCtxDestroy_v2 of the context made by `ctx` (allocations left in it)
   prelease           cuDevicePrimaryCtxRelease_v2 of device 0 (to zero after one `pctx`)
   nvmluuid UUID      nvmlDeviceGetHandleByUUID, print its rc
+  nvmlraw            print {"op":"nvmlraw", count_rc, shutdown_rc}: nvmlDeviceGetCount_v2
+                     and nvmlShutdown as they are, without nvmlInit first
   nvml               print {"op":"nvml", count, v1:{..}, v2:{..}, pids:[..]} for device 0
   alloc BYTES        cuMemAlloc_v2, print {"op":"alloc", rc}
   pitch W H          cuMemAllocPitch_v2(elem 4), print rc and pitch
@@ -366,6 +368,12 @@ def main(argv):
                     p = C.c_uint64()
                     if cu.cuMemAlloc_v2(C.byref(p), C.c_size_t(rnd.randint(1, mx))) == 0:
                         mine.append(p.value)
+        elif cmd == "nvmlraw":
+            lib = nv if nv is not None else C.CDLL("libnvidia-ml.so.1")
+            n = C.c_uint()
+            rc1 = lib.nvmlDeviceGetCount_v2(C.byref(n))
+            rc2 = lib.nvmlShutdown()
+            out({"op": "nvmlraw", "count_rc": rc1, "shutdown_rc": rc2})
         elif cmd == "nvmluuid":
             u = arg()
             if nv is None:
