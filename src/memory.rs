@@ -17,7 +17,7 @@
 //! - `fork`: the child handler only resets atomics (and lets the ledger
 //!   forget the parent's slot); the child re-joins lazily.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
@@ -133,6 +133,19 @@ impl Gpu {
         }
     }
 
+    /// The container's view of this GPU as a [`Peek`] (dead processes'
+    /// bytes reaped first, at most every 200 ms).
+    pub fn peek(&self) -> Peek {
+        if let Acct::Ledger { ledger, .. } = &self.acct {
+            maybe_reap(ledger);
+        }
+        Peek {
+            quota: self.view_quota(),
+            used: self.container_used(),
+            pids: self.container_pids(),
+        }
+    }
+
     /// Pids of the container's live processes on this GPU (NVML process lists).
     pub fn container_pids(&self) -> Vec<u32> {
         let me = std::process::id();
@@ -167,6 +180,50 @@ pub struct Proc {
     gpus: Mutex<Vec<&'static Gpu>>,
     by_cuda: [AtomicPtr<Gpu>; MAX_GPUS],
     allocs: Mutex<HashMap<(Kind, u64), Entry>>,
+    vmm: Mutex<Vmm>,
+    pools: Mutex<HashMap<usize, PoolPlace>>,
+}
+
+/// Where a stream-ordered memory pool keeps its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolPlace {
+    /// On this CUDA device (host ordinal): its allocations are charged there.
+    Device(i32),
+    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST*`): not device memory, not charged.
+    Host,
+}
+
+/// One `cuMemCreate` allocation: the device's, not any context's. Its charge
+/// lasts while a handle to it is held (`cuMemCreate`, each
+/// `cuMemRetainAllocationHandle`) or a mapping of it exists (`cuMemMap`), as
+/// the driver keeps the memory until the last of both is gone.
+struct Phys {
+    gpu: &'static Gpu,
+    bytes: u64,
+    /// Handle references not yet released.
+    refs: u32,
+    /// Live mappings.
+    maps: u32,
+}
+
+/// The virtual-memory objects of this process: physical allocations by
+/// handle, and mappings by start address (start -> (length, handle)).
+#[derive(Default)]
+struct Vmm {
+    phys: HashMap<u64, Phys>,
+    maps: BTreeMap<u64, (u64, u64)>,
+}
+
+impl Vmm {
+    /// Drop `h` if nothing holds it any more; what it was charged.
+    fn settle(&mut self, h: u64) -> Option<(&'static Gpu, u64)> {
+        let p = self.phys.get(&h)?;
+        if p.refs == 0 && p.maps == 0 {
+            let p = self.phys.remove(&h)?;
+            return Some((p.gpu, p.bytes));
+        }
+        None
+    }
 }
 
 static PROC: AtomicPtr<Proc> = AtomicPtr::new(std::ptr::null_mut());
@@ -223,6 +280,8 @@ pub fn proc_state() -> &'static Proc {
         gpus: Mutex::new(Vec::new()),
         by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
         allocs: Mutex::new(HashMap::new()),
+        vmm: Mutex::new(Vmm::default()),
+        pools: Mutex::new(HashMap::new()),
     }));
     match PROC.compare_exchange(
         std::ptr::null_mut(),
@@ -247,13 +306,32 @@ fn not_tracked() -> *mut Gpu {
     std::ptr::dangling_mut::<Gpu>()
 }
 
+/// What the driver frees an allocation with: the owner of its charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// A context (0 = none known): destroying it frees the allocation.
+    Context(usize),
+    /// A stream-ordered allocation: freed with its pool (`cuMemPoolDestroy`;
+    /// 0 = the device's current pool) or with the context current when it
+    /// was made, whichever goes first.
+    Pool { pool: usize, ctx: usize },
+}
+
+impl Owner {
+    fn dies_with_context(self, c: usize) -> bool {
+        match self {
+            Owner::Context(x) | Owner::Pool { ctx: x, .. } => x == c,
+        }
+    }
+}
+
 /// One bookkeeping entry.
 #[derive(Clone, Copy)]
 pub struct Entry {
     pub gpu: &'static Gpu,
     pub bytes: u64,
-    /// The context it was made in (0 = unknown).
-    pub ctx: usize,
+    /// What frees it besides an explicit free.
+    pub owner: Owner,
 }
 
 /// Identity of a GPU as the driver reports it.
@@ -315,6 +393,17 @@ impl Proc {
         Some(g)
     }
 
+    /// The GPU of CUDA device `dev` if this process joined it (never joins).
+    pub fn joined_cuda(&self, dev: i32) -> Option<&'static Gpu> {
+        let slot = self.by_cuda.get(usize::try_from(dev).ok()?)?;
+        let p = slot.load(Ordering::Acquire);
+        if p.is_null() || p == not_tracked() {
+            return None;
+        }
+        // SAFETY: slots hold leaked, never-freed Gpus (or the sentinel, checked above).
+        Some(unsafe { &*p })
+    }
+
     /// The tracked GPU by UUID, if this process joined it.
     pub fn gpu_by_uuid(&self, uuid: &str) -> Option<&'static Gpu> {
         self.gpus
@@ -329,12 +418,12 @@ impl Proc {
         self.gpus.lock().clone()
     }
 
-    /// Remember that `key` holds `bytes` on `gpu`, made in context `ctx`.
-    pub fn track(&self, kind: Kind, key: u64, gpu: &'static Gpu, bytes: u64, ctx: usize) {
+    /// Remember that `key` holds `bytes` on `gpu`, owned by `owner`.
+    pub fn track(&self, kind: Kind, key: u64, gpu: &'static Gpu, bytes: u64, owner: Owner) {
         if let Some(old) = self
             .allocs
             .lock()
-            .insert((kind, key), Entry { gpu, bytes, ctx })
+            .insert((kind, key), Entry { gpu, bytes, owner })
         {
             // The driver handed out a key we still had: it was freed behind
             // our back; give its bytes back.
@@ -349,14 +438,27 @@ impl Proc {
 
     /// A context was destroyed: the driver freed everything made in it.
     /// Give back what its allocations held (the context's own reservation
-    /// is released by the caller). Returns the bytes released.
+    /// is released by the caller; `cuMemCreate` allocations are the
+    /// device's and stay). Returns the bytes released.
     pub fn release_context(&self, ctx: usize) -> u64 {
         if ctx == 0 {
             return 0;
         }
+        self.release_where(|k, e| k.0 != Kind::Context && e.owner.dies_with_context(ctx))
+    }
+
+    /// A pool was destroyed: the driver freed the allocations still out in it.
+    pub fn release_pool(&self, pool: usize) -> u64 {
+        if pool == 0 {
+            return 0;
+        }
+        self.release_where(|_, e| matches!(e.owner, Owner::Pool { pool: p, .. } if p == pool))
+    }
+
+    fn release_where(&self, dead: impl Fn(&(Kind, u64), &Entry) -> bool) -> u64 {
         let mut freed = Vec::new();
         self.allocs.lock().retain(|k, e| {
-            if e.ctx == ctx && k.0 != Kind::Context {
+            if dead(k, e) {
                 freed.push(*e);
                 false
             } else {
@@ -371,10 +473,192 @@ impl Proc {
         total
     }
 
+    /// `cuMemCreate` made handle `h` of `bytes` on `gpu` (already reserved).
+    pub fn vmm_created(&self, h: u64, gpu: &'static Gpu, bytes: u64) {
+        let old = self.vmm.lock().phys.insert(
+            h,
+            Phys {
+                gpu,
+                bytes,
+                refs: 1,
+                maps: 0,
+            },
+        );
+        if let Some(old) = old {
+            // A handle value we still had: the driver freed it behind our back.
+            old.gpu.release(old.bytes);
+        }
+    }
+
+    /// `cuMemRetainAllocationHandle` returned `h`: one more reference.
+    pub fn vmm_retained(&self, h: u64) {
+        if let Some(p) = self.vmm.lock().phys.get_mut(&h) {
+            p.refs = p.refs.saturating_add(1);
+        }
+    }
+
+    /// `cuMemRelease(h)` succeeded: one reference less; the charge goes when
+    /// no reference and no mapping is left.
+    pub fn vmm_released(&self, h: u64) {
+        let freed = {
+            let mut v = self.vmm.lock();
+            match v.phys.get_mut(&h) {
+                Some(p) => {
+                    p.refs = p.refs.saturating_sub(1);
+                    v.settle(h)
+                }
+                None => None,
+            }
+        };
+        if let Some((gpu, bytes)) = freed {
+            gpu.release(bytes);
+        }
+    }
+
+    /// `cuMemMap` mapped `[va, va + len)` to handle `h`.
+    pub fn vmm_mapped(&self, va: u64, len: u64, h: u64) {
+        let mut v = self.vmm.lock();
+        if let Some(p) = v.phys.get_mut(&h) {
+            p.maps = p.maps.saturating_add(1);
+            v.maps.insert(va, (len, h));
+        }
+    }
+
+    /// `cuMemUnmap` unmapped `[va, va + len)`: every mapping inside it is gone.
+    pub fn vmm_unmapped(&self, va: u64, len: u64) {
+        let end = va.saturating_add(len);
+        let mut freed = Vec::new();
+        {
+            let mut v = self.vmm.lock();
+            let gone: Vec<u64> = v
+                .maps
+                .range(va..end)
+                .filter(|(s, (l, _))| s.saturating_add(*l) <= end)
+                .map(|(s, _)| *s)
+                .collect();
+            for s in gone {
+                let Some((_, h)) = v.maps.remove(&s) else {
+                    continue;
+                };
+                if let Some(p) = v.phys.get_mut(&h) {
+                    p.maps = p.maps.saturating_sub(1);
+                }
+                freed.extend(v.settle(h));
+            }
+        }
+        for (gpu, bytes) in freed {
+            gpu.release(bytes);
+        }
+    }
+
+    /// Bytes charged for `cuMemCreate` allocations still held (tests).
+    pub fn vmm_charged(&self) -> u64 {
+        self.vmm.lock().phys.values().map(|p| p.bytes).sum()
+    }
+
+    /// `cuMemPoolCreate` made `pool` at `place`.
+    pub fn pool_created(&self, pool: usize, place: PoolPlace) {
+        self.pools.lock().insert(pool, place);
+    }
+
+    /// Where `pool` keeps its memory, if this process made it.
+    pub fn pool_place(&self, pool: usize) -> Option<PoolPlace> {
+        self.pools.lock().get(&pool).copied()
+    }
+
+    /// `cuMemPoolDestroy(pool)` succeeded.
+    pub fn pool_destroyed(&self, pool: usize) {
+        self.pools.lock().remove(&pool);
+        self.release_pool(pool);
+    }
+
     /// Number of tracked entries (tests).
     pub fn tracked(&self) -> usize {
         self.allocs.lock().len()
     }
+}
+
+/// What a process that has not joined a GPU sees of it: answered from the
+/// configuration and the GPU's ledger, read only (asking never joins: a
+/// process joins a GPU when it allocates, creates a context or launches there).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Peek {
+    /// The quota view (`None`: the physical view).
+    pub quota: Option<u64>,
+    /// Bytes the container holds on the GPU (its live processes).
+    pub used: u64,
+    /// Pids of the container's processes on the GPU.
+    pub pids: Vec<u32>,
+}
+
+impl Peek {
+    /// `(free, total)` the container sees, given the physical numbers.
+    pub fn view(&self, phys_free: u64, phys_total: u64) -> (u64, u64) {
+        match self.quota {
+            Some(q) => (quota_free(q, self.used, phys_free), q),
+            None => (phys_free, phys_total),
+        }
+    }
+}
+
+/// The GPU's ledger, opened once per process for reading (never created).
+fn peek_ledger(uuid: &str) -> Option<&'static Ledger> {
+    static OPENED: Mutex<Vec<(String, &'static Ledger)>> = Mutex::new(Vec::new());
+    let mut opened = OPENED.lock();
+    if let Some((_, l)) = opened.iter().find(|(u, _)| u.eq_ignore_ascii_case(uuid)) {
+        return Some(l);
+    }
+    let path = Ledger::path_for(&Ledger::default_dir(), uuid);
+    if !path.exists() {
+        return None;
+    }
+    let l: &'static Ledger = Box::leak(Box::new(Ledger::open(&path).ok()?));
+    opened.push((uuid.to_string(), l));
+    Some(l)
+}
+
+/// What this process sees of a GPU it has not joined (`None`: not tracked,
+/// the physical view).
+pub fn peek(info: &GpuInfo) -> Option<Peek> {
+    let cfg = config::get();
+    let ledger = peek_ledger(&info.uuid);
+    let (mut quota, enforce) = if cfg.isolating() {
+        (
+            cfg.quota_bytes(info.visible_index, info.physical_total),
+            cfg.mode == Mode::Enforce,
+        )
+    } else if cfg.unset() {
+        let d = ledger?
+            .file()
+            .header
+            .default_memsize
+            .load(Ordering::Acquire);
+        if d == 0 {
+            return None;
+        }
+        (Some(d), true)
+    } else {
+        return None;
+    };
+    let mut p = Peek {
+        pids: vec![std::process::id()],
+        ..Peek::default()
+    };
+    if let Some((l, c)) = ledger.and_then(|l| l.find_container(&cfg.container_id).map(|c| (l, c))) {
+        // The container is there: its live quota (cgpuctl may have changed it).
+        let slot = &l.file().containers[c];
+        let q = slot.quota.load(Ordering::Acquire);
+        quota = (q != 0 && slot.enforce_off.load(Ordering::Relaxed) == 0).then_some(q);
+        p.used = slot.used.load(Ordering::Acquire);
+        for (_, ps) in l.processes_of(c) {
+            let pid = ps.pid.load(Ordering::Acquire);
+            if pid > 0 && !p.pids.contains(&(pid as u32)) {
+                p.pids.push(pid as u32);
+            }
+        }
+    }
+    p.quota = if enforce { quota } else { None };
+    Some(p)
 }
 
 /// Is a ledger-configured `default_memsize` possible for a container that

@@ -17,6 +17,7 @@
 pub mod args;
 pub mod exporter;
 pub mod inspect;
+pub mod installed;
 pub mod knobs;
 pub mod table;
 pub mod tree;
@@ -438,19 +439,40 @@ pub fn apply_util(prev: &Sample, cur: &mut Sample) {
 /// else whichever of the jobs' defaults (`/run/cgpu`, `/dev/shm/cgpu`) holds
 /// ledgers. Jobs that cannot write `/run/cgpu` use `/dev/shm/cgpu`; a tool
 /// run by root must still find them. Creates nothing.
-pub fn ledger_dir(arg: Option<&str>) -> PathBuf {
-    if let Some(d) = arg {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
+///
+/// A directory named by the operator (`--dir` or `CGPU_LEDGER_DIR`) must
+/// exist and be readable: a typo is an error naming it, not an empty
+/// listing. The defaults may both be absent (no job has run on this host).
+pub fn ledger_dir(arg: Option<&str>) -> Result<PathBuf, String> {
+    let named = match arg {
+        Some(d) => Some((PathBuf::from(d), "--dir")),
+        None => std::env::var_os("CGPU_LEDGER_DIR")
+            .filter(|d| !d.is_empty())
+            .map(|d| (PathBuf::from(d), "CGPU_LEDGER_DIR")),
+    };
+    if let Some((d, from)) = named {
+        return match std::fs::read_dir(&d) {
+            Ok(_) => Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+                "ledger directory {} (from {from}) does not exist",
+                d.display()
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Err(format!(
+                "ledger directory {} (from {from}) is not a directory",
+                d.display()
+            )),
+            Err(e) => Err(format!(
+                "ledger directory {} (from {from}) cannot be read: {e}",
+                d.display()
+            )),
+        };
     }
     let candidates = [Path::new("/run/cgpu"), Path::new("/dev/shm/cgpu")];
-    candidates
+    Ok(candidates
         .iter()
         .find(|d| !Ledger::list(d).is_empty())
         .unwrap_or(&candidates[0])
-        .to_path_buf()
+        .to_path_buf())
 }
 
 /// Bytes to whole MiB (floor).
