@@ -144,6 +144,26 @@ fn stalled_table_lock_holder_never_unlimits_a_container() {
     let mut first = rig.client("stall", 1, &[], &["alloc", "1048576"]);
     let o = first.wait().unwrap();
     assert!(o.success(), "{o:?}");
+    // Another container, joined before the stall, allocates during it.
+    let mut other = rig.client(
+        "other",
+        2,
+        &[],
+        &[
+            "pid",
+            "alloc",
+            "1048576",
+            "ready",
+            "sleep",
+            "300",
+            "alloc_until_oom",
+            "268435456",
+            "ready",
+            "hold",
+        ],
+    );
+    let mut other_out = BufReader::new(other.stdout.take().unwrap());
+    read_until(&mut other_out, "ready");
     let lock = hold_table_lock(&rig.ledger_path());
 
     let t0 = Instant::now();
@@ -190,6 +210,17 @@ fn stalled_table_lock_holder_never_unlimits_a_container() {
     // GPU before it is refused (plus process start-up on a loaded machine).
     println!("stalled lock: clients refused after {waited:?} (both started together)");
     assert!(waited < Duration::from_secs(10), "{waited:?}");
+    // The other container was not held up: it got its whole quota during
+    // the stall (2 GiB: 300 MiB context + 1 MiB + 6 chunks of 256 MiB).
+    let lines = read_until(&mut other_out, "ready");
+    let waited_other = t0.elapsed();
+    assert_eq!(
+        field(&lines, "alloc_until_oom", "count"),
+        Some(6),
+        "{lines:?}"
+    );
+    println!("stalled lock: a container joined before the stall allocated its whole quota meanwhile (done {waited_other:?} after the stall began, 0.3 s of it its own sleep)");
+    kill_and_check(other, "the other container");
     for k in kids.drain(..) {
         let err = kill_and_check(k, "client under a stalled lock");
         assert!(
