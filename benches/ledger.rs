@@ -94,8 +94,18 @@ fn main() {
     });
 
     // Summary: interleaved medians in this run.
-    let r_bare = median_ns(|| drop(black_box(bare.try_reserve(&bm, 1 << 20))), 2000);
-    let r_acct = median_ns(|| drop(black_box(acct.reserve(1 << 20))), 2000);
+    let r_bare = median_ns(
+        || {
+            let _ = black_box(bare.try_reserve(&bm, 1 << 20));
+        },
+        2000,
+    );
+    let r_acct = median_ns(
+        || {
+            black_box(acct.reserve(1 << 20));
+        },
+        2000,
+    );
     let p_bare = median_ns(
         || {
             bare.try_reserve(&bm, 4096).unwrap();
