@@ -1291,6 +1291,14 @@ impl Ledger {
         magic != LEDGER_MAGIC || version != FORMAT_VERSION || h.ready.load(Ordering::Acquire) != 1
     }
 
+    /// Can this handle still be used for shared state (scheduling)? False
+    /// once damaged, abandoned (its file was replaced: the process moved to
+    /// another ledger) or inherited across `fork`.
+    #[inline]
+    pub fn is_usable(&self) -> bool {
+        !self.is_stale() && !self.is_damaged()
+    }
+
     /// Is `m` still this process's place here (slots live, as joined)?
     #[inline]
     pub fn membership_intact(&self, m: &Membership) -> bool {
