@@ -24,7 +24,7 @@ use std::sync::Once;
 use parking_lot::Mutex;
 
 use crate::config::{self, Mode};
-use crate::ledger::{JoinRequest, Ledger, Membership, QUOTA_UNLIMITED};
+use crate::ledger::{Account, JoinSpec, Ledger, Membership, QUOTA_UNLIMITED};
 
 /// Most GPUs per host we track (CUDA ordinals above are passed through).
 pub const MAX_GPUS: usize = 64;
@@ -44,18 +44,6 @@ pub enum Kind {
     Context,
 }
 
-enum Acct {
-    Ledger {
-        ledger: Ledger,
-        m: Membership,
-    },
-    /// The ledger is unusable: enforce within this process alone.
-    Local {
-        used: AtomicU64,
-        peak: AtomicU64,
-    },
-}
-
 /// One GPU this process uses.
 pub struct Gpu {
     pub uuid: String,
@@ -68,7 +56,9 @@ pub struct Gpu {
     pub quota: Option<u64>,
     /// Refuse allocations past the quota (false with `CGPU_DISABLE`).
     pub enforce: bool,
-    acct: Acct,
+    /// This process's account on the GPU's ledger (joined, waiting to
+    /// join: allocations refused, or alone: see `ledger::Account`).
+    acct: Account,
     left: AtomicBool,
     /// Primary-context retains by this process, and what the primary context reserved.
     pub primary_refs: AtomicU32,
@@ -78,44 +68,13 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Reserve `bytes`; false = over quota (nothing taken).
+    /// Reserve `bytes`; false = over quota, or not joined to the ledger
+    /// yet (nothing taken).
     pub fn reserve(&self, bytes: u64) -> bool {
         if bytes == 0 || self.left.load(Ordering::Relaxed) {
             return true;
         }
-        match &self.acct {
-            Acct::Ledger { ledger, m } => {
-                if ledger.try_reserve(m, bytes).is_ok() {
-                    return true;
-                }
-                // Maybe a dead process still holds bytes: reap, try once more.
-                if maybe_reap(ledger) {
-                    return ledger.try_reserve(m, bytes).is_ok();
-                }
-                false
-            }
-            Acct::Local { used, peak } => {
-                let limit = if self.enforce {
-                    self.quota.unwrap_or(u64::MAX)
-                } else {
-                    u64::MAX
-                };
-                let mut cur = used.load(Ordering::Relaxed);
-                loop {
-                    let Some(next) = cur.checked_add(bytes).filter(|n| *n <= limit) else {
-                        return false;
-                    };
-                    match used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-                    {
-                        Ok(_) => {
-                            peak.fetch_max(next, Ordering::Relaxed);
-                            return true;
-                        }
-                        Err(c) => cur = c,
-                    }
-                }
-            }
-        }
+        self.acct.reserve(bytes)
     }
 
     /// Give back `bytes` reserved earlier.
@@ -123,47 +82,27 @@ impl Gpu {
         if bytes == 0 || self.left.load(Ordering::Relaxed) {
             return;
         }
-        match &self.acct {
-            Acct::Ledger { ledger, m } => ledger.release(m, bytes),
-            Acct::Local { used, .. } => {
-                let _ = used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
-                    Some(u.saturating_sub(bytes))
-                });
-            }
-        }
+        self.acct.release(bytes)
     }
 
     /// Bytes held by the whole container on this GPU.
     pub fn container_used(&self) -> u64 {
-        match &self.acct {
-            Acct::Ledger { ledger, m } => ledger.file().containers[m.container]
-                .used
-                .load(Ordering::Acquire),
-            Acct::Local { used, .. } => used.load(Ordering::Acquire),
-        }
+        self.acct.container_used()
     }
 
     /// Bytes held by this process on this GPU.
     pub fn process_used(&self) -> u64 {
-        match &self.acct {
-            Acct::Ledger { ledger, m } => ledger.file().processes[m.process]
-                .used
-                .load(Ordering::Acquire),
-            Acct::Local { used, .. } => used.load(Ordering::Acquire),
-        }
+        self.acct.process_used()
     }
 
     /// Is accounting shared through the ledger (vs. this process alone)?
     pub fn shared(&self) -> bool {
-        matches!(self.acct, Acct::Ledger { .. })
+        self.acct.is_shared()
     }
 
     /// The ledger and membership, when shared (scheduler, tools).
     pub fn ledger(&self) -> Option<(&Ledger, &Membership)> {
-        match &self.acct {
-            Acct::Ledger { ledger, m } => Some((ledger, m)),
-            Acct::Local { .. } => None,
-        }
+        self.acct.ledger()
     }
 
     /// The quota view: `Some(quota)` when the container sees its slice,
@@ -173,13 +112,13 @@ impl Gpu {
         if !self.enforce {
             return None;
         }
-        match &self.acct {
-            Acct::Ledger { ledger, m } => {
+        match self.acct.ledger() {
+            Some((ledger, m)) => {
                 let c = ledger.container_of(m);
                 let q = c.quota.load(Ordering::Acquire);
                 (q != 0 && c.enforce_off.load(Ordering::Relaxed) == 0).then_some(q)
             }
-            Acct::Local { .. } => self.quota,
+            None => self.quota,
         }
     }
 
@@ -187,9 +126,7 @@ impl Gpu {
     pub fn view(&self, phys_free: u64, phys_total: u64) -> (u64, u64) {
         match self.view_quota() {
             Some(q) => {
-                if let Acct::Ledger { ledger, .. } = &self.acct {
-                    maybe_reap(ledger);
-                }
+                self.acct.maybe_reap();
                 (quota_free(q, self.container_used(), phys_free), q)
             }
             None => (phys_free, phys_total),
@@ -199,9 +136,7 @@ impl Gpu {
     /// The container's view of this GPU as a [`Peek`] (dead processes'
     /// bytes reaped first, at most every 200 ms).
     pub fn peek(&self) -> Peek {
-        if let Acct::Ledger { ledger, .. } = &self.acct {
-            maybe_reap(ledger);
-        }
+        self.acct.maybe_reap();
         Peek {
             quota: self.view_quota(),
             used: self.container_used(),
@@ -213,7 +148,7 @@ impl Gpu {
     pub fn container_pids(&self) -> Vec<u32> {
         let me = std::process::id();
         let mut pids = vec![me];
-        if let Acct::Ledger { ledger, m } = &self.acct {
+        if let Some((ledger, m)) = self.acct.ledger() {
             let f = ledger.file();
             for p in f.processes.iter() {
                 if p.state.load(Ordering::Acquire) == crate::ledger::SLOT_LIVE
@@ -234,12 +169,6 @@ impl Gpu {
 /// never wraps into a huge free).
 pub fn quota_free(quota: u64, used: u64, phys_free: u64) -> u64 {
     quota.saturating_sub(used).min(phys_free)
-}
-
-/// `ledger.reap()`, at most every 200 ms (shared by all processes of the
-/// host through the ledger header), never blocking. True if it reaped.
-fn maybe_reap(ledger: &Ledger) -> bool {
-    ledger.maybe_reap(std::time::Duration::from_millis(200)) > 0
 }
 
 /// This process's state. Replaced (the old one leaked, never touched: its
@@ -309,9 +238,7 @@ extern "C" fn atfork_child() {
         if !p.is_null() {
             // SAFETY: joined GPUs are leaked ('static) and never freed.
             let gpu = unsafe { &*p };
-            if let Acct::Ledger { ledger, .. } = &gpu.acct {
-                ledger.after_fork_child();
-            }
+            gpu.acct.after_fork_child();
         }
     }
 }
@@ -327,13 +254,7 @@ extern "C" fn at_exit() {
         if gpu.left.swap(true, Ordering::AcqRel) {
             continue;
         }
-        if let Acct::Ledger { ledger, m } = &gpu.acct {
-            let m = Membership {
-                container: m.container,
-                process: m.process,
-            };
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ledger.leave(m)));
-        }
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gpu.acct.leave()));
     }
 }
 
@@ -462,6 +383,7 @@ impl Proc {
             return Some(g);
         }
         let g: &'static Gpu = Box::leak(Box::new(join(info)?));
+        g.acct.watch();
         gpus.push(g);
         if let Some(s) = JOINED.iter().find(|s| s.load(Ordering::Acquire).is_null()) {
             s.store(g as *const Gpu as *mut Gpu, Ordering::Release);
@@ -794,46 +716,37 @@ fn join(info: GpuInfo) -> Option<Gpu> {
     } else {
         return None;
     };
-    let req = JoinRequest {
-        container_id: &cfg.container_id,
+    for w in cfg.implausible(info.visible_index, info.physical_total) {
+        tracing::warn!("{w}");
+    }
+    let spec = JoinSpec {
+        container_id: cfg.container_id.clone(),
         quota: req_quota,
         weight: cfg.weight.unwrap_or(1),
         highprio: cfg.high_prio,
         enforce_off,
     };
-    let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let dir = Ledger::default_dir();
-        let ledger = Ledger::open_or_create(&dir, &info.uuid, info.host_index, info.physical_total)
-            .map_err(|e| e.to_string())?;
-        let m = ledger.join(&req).map_err(|e| e.to_string())?;
-        Ok::<_, String>((ledger, m))
-    }))
-    .unwrap_or_else(|_| Err("ledger code panicked".into()));
-    let acct = match joined {
-        Ok((ledger, m)) => {
-            tracing::info!(
-                "cgpu: GPU {} ({}): container {} quota {:?} bytes, ledger {}",
-                info.visible_index,
-                info.uuid,
-                cfg.container_id,
-                quota,
-                ledger.path().display()
-            );
-            Acct::Ledger { ledger, m }
-        }
-        Err(e) => {
-            tracing::warn!(
-                "cgpu: GPU {} ({}): ledger unusable ({e}); enforcing the quota ({:?} bytes) within this process alone: other processes of the container are NOT counted",
-                info.visible_index,
-                info.uuid,
-                quota
-            );
-            Acct::Local {
-                used: AtomicU64::new(0),
-                peak: AtomicU64::new(0),
-            }
-        }
-    };
+    let name = format!("GPU {} ({})", info.visible_index, info.uuid);
+    let alone_limit = if enforce { quota } else { None };
+    let acct = Account::open(
+        &Ledger::default_dir(),
+        &info.uuid,
+        info.host_index,
+        info.physical_total,
+        name,
+        spec,
+        alone_limit,
+    );
+    if let Some((ledger, _)) = acct.ledger() {
+        tracing::info!(
+            "GPU {} ({}): container {}, quota {}, ledger {}",
+            info.visible_index,
+            info.uuid,
+            cfg.container_id,
+            quota.map_or("none".into(), crate::ledger::human_bytes),
+            ledger.path().display()
+        );
+    }
     Some(Gpu {
         uuid: info.uuid,
         host_index: info.host_index,
@@ -890,10 +803,7 @@ mod tests {
             physical_total: 100,
             quota,
             enforce,
-            acct: Acct::Local {
-                used: AtomicU64::new(0),
-                peak: AtomicU64::new(0),
-            },
+            acct: Account::alone("GPU test".into(), if enforce { quota } else { None }),
             left: AtomicBool::new(false),
             primary_refs: AtomicU32::new(0),
             primary_bytes: AtomicU64::new(0),
@@ -949,8 +859,6 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(g.container_used(), 0);
-        if let Acct::Local { peak, .. } = &g.acct {
-            assert!(peak.load(Ordering::Relaxed) <= 1000);
-        }
+        assert!(g.acct.alone_peak() <= 1000);
     }
 }
