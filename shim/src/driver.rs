@@ -42,11 +42,14 @@ pub struct Stream {
     pub capture: Mutex<Option<Capture>>,
 }
 
-/// A stream capture in progress: launches are recorded, not run.
+/// A stream capture in progress: launches, async copies and memsets are
+/// recorded, not run.
 pub struct Capture {
     pub id: u64,
     pub mode: u32,
     pub kernels: Vec<KernelNode>,
+    /// Copies and memsets, in issue order (run at each replay).
+    pub mem_ops: Vec<MemOp>,
     /// Set by an operation illegal during capture (e.g. cuCtxSynchronize).
     pub invalidated: bool,
 }
@@ -68,9 +71,12 @@ pub enum Timing {
 
 pub struct Module {
     pub ctx: usize,
-    /// Entry names from PTX; `None` for binary images (any name resolves).
-    pub entries: Option<Vec<String>>,
+    /// The kernels and globals its image defines.
+    pub image: crate::image::Image,
     pub library: bool,
+    /// Globals handed out so far: name → (device address, size). Zeroed
+    /// device memory, allocated at the first look-up, freed with the module.
+    pub globals: Mutex<HashMap<String, (u64, u64)>>,
 }
 
 pub struct Func {
@@ -86,14 +92,32 @@ pub struct KernelNode {
     pub ns: u64,
 }
 
+/// A copy or memset recorded in a graph, performed each time it runs. The
+/// sim's copies take no device time and need no ordering with kernels
+/// (kernels compute nothing); among themselves they run in issue order.
+#[derive(Clone, Debug)]
+pub enum MemOp {
+    /// `len` bytes from `src` to `dst` (device or host addresses).
+    Copy { dst: u64, src: u64, len: usize },
+    /// `count` elements of `value` (its length is the element size) at `dst`.
+    Set {
+        dst: u64,
+        value: Vec<u8>,
+        count: usize,
+    },
+}
+
 #[derive(Default)]
 pub struct Graph {
     pub kernels: Vec<(usize, KernelNode)>,
+    /// Copy and memset nodes (from stream capture), in issue order.
+    pub mem_ops: Vec<(usize, MemOp)>,
     pub nodes: Vec<usize>,
 }
 
 pub struct GraphExec {
     pub kernels: Vec<KernelNode>,
+    pub mem_ops: Vec<MemOp>,
 }
 
 pub struct Pool {
@@ -129,6 +153,7 @@ pub enum Obj {
     GraphExec(Arc<GraphExec>),
     Pool(Arc<Pool>),
     Array(Arc<Array>),
+    Link(Arc<Mutex<crate::cuda::link::LinkState>>),
 }
 
 pub struct Objects {
@@ -167,6 +192,8 @@ pub enum AllocKind {
     Managed,
     Async,
     Host,
+    /// A module's global variable (freed with its module).
+    Global,
 }
 
 #[derive(Clone, Debug)]
