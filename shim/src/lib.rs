@@ -2,10 +2,11 @@
 //! driver API and NVML, to be exposed as `libcuda.so.1` and
 //! `libnvidia-ml.so.1`; see `shim/README.md`.
 //!
-//! Modules by API area: `cuda::{init, device, context, memory, vmm, stream,
-//! module, launch, graph, procaddr}`, `nvml`; the machinery underneath:
-//! `config` (environment), `state` (the shared mmap'd file), `exec` (device
-//! time), `driver` (per-process objects and handles).
+//! Modules by API area: `cuda::{init, export_tables, device, context, memory,
+//! vmm, stream, module, link, launch, graph, procaddr}`, `nvml`; the machinery
+//! underneath: `config` (environment), `state` (the shared mmap'd file),
+//! `exec` (device time), `driver` (per-process objects and handles), `image`
+//! (what module images define), `integrity` (the runtime's integrity check).
 //!
 //! Every exported function catches panics (`guard`) and returns the driver's
 //! own error codes; none dereferences a handle it did not hand out.
@@ -16,9 +17,12 @@ pub mod config;
 pub mod cuda;
 pub mod driver;
 pub mod exec;
+pub mod image;
+pub mod integrity;
 pub mod nvml;
 pub mod stat;
 pub mod state;
+pub mod stubs;
 
 use cgpu_ffi::*;
 

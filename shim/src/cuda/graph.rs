@@ -144,16 +144,14 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let graph = graph_of(g as usize)?;
-    let kernels = graph
-        .lock()
-        .kernels
-        .iter()
-        .map(|(_, k)| k.clone())
-        .collect();
+    let gr = graph.lock();
+    let kernels = gr.kernels.iter().map(|(_, k)| k.clone()).collect();
+    let mem_ops = gr.mem_ops.iter().map(|(_, m)| m.clone()).collect();
+    drop(gr);
     let h = d
         .objs
         .lock()
-        .insert(Obj::GraphExec(Arc::new(GraphExec { kernels })));
+        .insert(Obj::GraphExec(Arc::new(GraphExec { kernels, mem_ops })));
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(pe, h as CUgraphExec, CUDA_ERROR_INVALID_VALUE) }
 }
@@ -203,7 +201,46 @@ fn graph_launch(e: CUgraphExec, stream: CUstream) -> CuRes {
         }
         super::launch::submit(d, stream as usize, k.ns)?;
     }
-    Ok(())
+    // Copies and memsets run now (or are recorded, if the stream captures).
+    super::stream::capture_mem_ops(stream as usize, || {
+        for op in &ge.mem_ops {
+            if !super::stream::record_mem_op(|| op.clone()) {
+                super::memory::run_mem_op(d, op)?;
+            }
+        }
+        Ok(())
+    })
+}
+
+/// `cuGraphGetNodes(graph, nodes, *count)`: the graph's nodes (with `nodes`
+/// NULL: only their number; a larger array's rest is set to NULL).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuGraphGetNodes(
+    g: CUgraph,
+    nodes: *mut CUgraphNode,
+    count: *mut usize,
+) -> CUresult {
+    guard(|| {
+        if count.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let graph = graph_of(g as usize)?;
+        let all = graph.lock().nodes.clone();
+        if nodes.is_null() {
+            // SAFETY: non-null out pointer from the caller.
+            unsafe { *count = all.len() };
+            return Ok(());
+        }
+        // SAFETY: in/out pointer from the caller (checked non-null).
+        let cap = unsafe { *count };
+        for i in 0..cap {
+            // SAFETY: `nodes` holds `cap` entries by the caller's contract.
+            unsafe { *nodes.add(i) = all.get(i).copied().unwrap_or(0) as CUgraphNode };
+        }
+        // SAFETY: as above.
+        unsafe { *count = all.len().min(cap) };
+        Ok(())
+    })
 }
 
 #[unsafe(no_mangle)]

@@ -4,23 +4,29 @@
 
 pub mod context;
 pub mod device;
+pub mod export_tables;
 pub mod graph;
 pub mod init;
 pub mod launch;
+pub mod link;
 pub mod memory;
 pub mod module;
 pub mod procaddr;
 mod procaddr_table;
 pub mod stream;
+pub mod unsupported;
 pub mod vmm;
 
 pub use context::*;
 pub use device::*;
+pub use export_tables::*;
 pub use graph::*;
 pub use init::*;
 pub use launch::*;
+pub use link::*;
 pub use memory::*;
 pub use module::*;
 pub use procaddr::*;
 pub use stream::*;
+pub use unsupported::*;
 pub use vmm::*;

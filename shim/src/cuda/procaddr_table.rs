@@ -29,6 +29,7 @@ legacy_stubs! {
     cuMemsetD32,
     cuMemsetD8,
     cuModuleGetGlobal,
+    cuStreamBatchMemOp,
 }
 
 proc_table! {
@@ -39,6 +40,7 @@ proc_table! {
     cuCtxDestroy: 2000 => cuCtxDestroy, 4000 => cuCtxDestroy_v2;
     cuCtxDisablePeerAccess: 4000 => cuCtxDisablePeerAccess;
     cuCtxEnablePeerAccess: 4000 => cuCtxEnablePeerAccess;
+    cuCtxFromGreenCtx: 12040 => cuCtxFromGreenCtx;
     cuCtxGetApiVersion: 3020 => cuCtxGetApiVersion;
     cuCtxGetCacheConfig: 3020 => cuCtxGetCacheConfig;
     cuCtxGetCurrent: 4000 => cuCtxGetCurrent;
@@ -57,6 +59,8 @@ proc_table! {
     cuCtxSetLimit: 3010 => cuCtxSetLimit;
     cuCtxSynchronize: 2000 => cuCtxSynchronize, 13000 => cuCtxSynchronize_v2;
     cuCtxWaitEvent: 12050 => cuCtxWaitEvent;
+    cuDevResourceGenerateDesc: 12040 => cuDevResourceGenerateDesc;
+    cuDevSmResourceSplitByCount: 12040 => cuDevSmResourceSplitByCount;
     cuDeviceCanAccessPeer: 4000 => cuDeviceCanAccessPeer;
     cuDeviceComputeCapability: 2000 => cuDeviceComputeCapability;
     cuDeviceGet: 2000 => cuDeviceGet;
@@ -64,6 +68,7 @@ proc_table! {
     cuDeviceGetByPCIBusId: 4010 => cuDeviceGetByPCIBusId;
     cuDeviceGetCount: 2000 => cuDeviceGetCount;
     cuDeviceGetDefaultMemPool: 11020 => cuDeviceGetDefaultMemPool;
+    cuDeviceGetDevResource: 12040 => cuDeviceGetDevResource;
     cuDeviceGetExecAffinitySupport: 11040 => cuDeviceGetExecAffinitySupport;
     cuDeviceGetLuid: 10000 => cuDeviceGetLuid;
     cuDeviceGetMemPool: 11020 => cuDeviceGetMemPool;
@@ -102,9 +107,13 @@ proc_table! {
     cuGraphCreate: 10000 => cuGraphCreate;
     cuGraphDestroy: 10000 => cuGraphDestroy;
     cuGraphExecDestroy: 10000 => cuGraphExecDestroy;
+    cuGraphGetNodes: 10000 => cuGraphGetNodes;
     cuGraphInstantiate: 10000 => cuGraphInstantiate, 11000 => cuGraphInstantiate_v2, 12000 => cuGraphInstantiateWithFlags;
     cuGraphInstantiateWithFlags: 11040 => cuGraphInstantiateWithFlags;
     cuGraphLaunch: 10000 => cuGraphLaunch, 10000 ptds => cuGraphLaunch_ptsz;
+    cuGreenCtxCreate: 12040 => cuGreenCtxCreate;
+    cuGreenCtxDestroy: 12040 => cuGreenCtxDestroy;
+    cuGreenCtxStreamCreate: 12050 => cuGreenCtxStreamCreate;
     cuInit: 2000 => cuInit;
     cuKernelGetAttribute: 12000 => cuKernelGetAttribute;
     cuKernelGetFunction: 12000 => cuKernelGetFunction;
@@ -116,12 +125,20 @@ proc_table! {
     cuLaunchKernel: 4000 => cuLaunchKernel, 7000 ptds => cuLaunchKernel_ptsz;
     cuLaunchKernelEx: 11060 => cuLaunchKernelEx, 11060 ptds => cuLaunchKernelEx_ptsz;
     cuLibraryEnumerateKernels: 12040 => cuLibraryEnumerateKernels;
+    cuLibraryGetGlobal: 12000 => cuLibraryGetGlobal;
     cuLibraryGetKernel: 12000 => cuLibraryGetKernel;
     cuLibraryGetKernelCount: 12040 => cuLibraryGetKernelCount;
     cuLibraryGetModule: 12000 => cuLibraryGetModule;
     cuLibraryLoadData: 12000 => cuLibraryLoadData;
     cuLibraryLoadFromFile: 12000 => cuLibraryLoadFromFile;
     cuLibraryUnload: 12000 => cuLibraryUnload;
+    cuLinkAddData: 5050 => cuLinkAddData, 6050 => cuLinkAddData_v2;
+    cuLinkAddFile: 5050 => cuLinkAddFile, 6050 => cuLinkAddFile_v2;
+    cuLinkComplete: 5050 => cuLinkComplete;
+    cuLinkCreate: 5050 => cuLinkCreate, 6050 => cuLinkCreate_v2;
+    cuLinkDestroy: 5050 => cuLinkDestroy;
+    cuLogsRegisterCallback: 12090 => cuLogsRegisterCallback;
+    cuLogsUnregisterCallback: 12090 => cuLogsUnregisterCallback;
     cuMemAddressFree: 10020 => cuMemAddressFree;
     cuMemAddressReserve: 10020 => cuMemAddressReserve;
     cuMemAdvise: 8000 => cuMemAdvise, 12020 => cuMemAdvise_v2;
@@ -132,18 +149,21 @@ proc_table! {
     cuMemAllocManaged: 6000 => cuMemAllocManaged;
     cuMemAllocPitch: 2000 => cuMemAllocPitch, 3020 => cuMemAllocPitch_v2;
     cuMemCreate: 10020 => cuMemCreate;
+    cuMemExportToShareableHandle: 10020 => cuMemExportToShareableHandle;
     cuMemFree: 2000 => cuMemFree, 3020 => cuMemFree_v2;
     cuMemFreeAsync: 11020 => cuMemFreeAsync, 11020 ptds => cuMemFreeAsync_ptsz;
     cuMemFreeHost: 2000 => cuMemFreeHost;
     cuMemGetAccess: 10020 => cuMemGetAccess;
     cuMemGetAddressRange: 2000 => cuMemGetAddressRange, 3020 => cuMemGetAddressRange_v2;
     cuMemGetAllocationGranularity: 10020 => cuMemGetAllocationGranularity;
+    cuMemGetAllocationPropertiesFromHandle: 10020 => cuMemGetAllocationPropertiesFromHandle;
     cuMemGetInfo: 2000 => cuMemGetInfo, 3020 => cuMemGetInfo_v2;
     cuMemHostAlloc: 2020 => cuMemHostAlloc;
     cuMemHostGetDevicePointer: 2020 => cuMemHostGetDevicePointer, 3020 => cuMemHostGetDevicePointer_v2;
     cuMemHostGetFlags: 2030 => cuMemHostGetFlags;
     cuMemHostRegister: 4000 => cuMemHostRegister, 6050 => cuMemHostRegister_v2;
     cuMemHostUnregister: 4000 => cuMemHostUnregister;
+    cuMemImportFromShareableHandle: 10020 => cuMemImportFromShareableHandle;
     cuMemMap: 10020 => cuMemMap;
     cuMemPoolCreate: 11020 => cuMemPoolCreate;
     cuMemPoolDestroy: 11020 => cuMemPoolDestroy;
@@ -190,6 +210,11 @@ proc_table! {
     cuModuleLoadDataEx: 2010 => cuModuleLoadDataEx;
     cuModuleLoadFatBinary: 2000 => cuModuleLoadFatBinary;
     cuModuleUnload: 2000 => cuModuleUnload;
+    cuMulticastAddDevice: 12010 => cuMulticastAddDevice;
+    cuMulticastBindMem: 12010 => cuMulticastBindMem;
+    cuMulticastCreate: 12010 => cuMulticastCreate;
+    cuMulticastGetGranularity: 12010 => cuMulticastGetGranularity;
+    cuMulticastUnbind: 12010 => cuMulticastUnbind;
     cuOccupancyMaxActiveBlocksPerMultiprocessor: 6050 => cuOccupancyMaxActiveBlocksPerMultiprocessor;
     cuPointerGetAttribute: 4000 => cuPointerGetAttribute;
     cuPointerGetAttributes: 7000 => cuPointerGetAttributes;
@@ -197,6 +222,7 @@ proc_table! {
     cuProfilerStop: 4000 => cuProfilerStop;
     cuStreamAddCallback: 5000 => cuStreamAddCallback, 7000 ptds => cuStreamAddCallback_ptsz;
     cuStreamAttachMemAsync: 6000 => cuStreamAttachMemAsync, 7000 ptds => cuStreamAttachMemAsync_ptsz;
+    cuStreamBatchMemOp: 8000 => cuStreamBatchMemOp, 11070 => cuStreamBatchMemOp_v2, 11070 ptds => cuStreamBatchMemOp_v2_ptsz;
     cuStreamBeginCapture: 10000 => cuStreamBeginCapture, 10000 ptds => cuStreamBeginCapture_ptsz, 10010 => cuStreamBeginCapture_v2, 10010 ptds => cuStreamBeginCapture_v2_ptsz;
     cuStreamCreate: 2000 => cuStreamCreate;
     cuStreamCreateWithPriority: 5050 => cuStreamCreateWithPriority;
@@ -214,6 +240,10 @@ proc_table! {
     cuStreamSetAttribute: 11000 => cuStreamSetAttribute, 11000 ptds => cuStreamSetAttribute_ptsz;
     cuStreamSynchronize: 2000 => cuStreamSynchronize, 7000 ptds => cuStreamSynchronize_ptsz;
     cuStreamWaitEvent: 3020 => cuStreamWaitEvent, 7000 ptds => cuStreamWaitEvent_ptsz;
+    cuStreamWaitValue32: 8000 => cuStreamWaitValue32, 11070 => cuStreamWaitValue32_v2, 11070 ptds => cuStreamWaitValue32_v2_ptsz;
+    cuStreamWriteValue32: 8000 => cuStreamWriteValue32, 11070 => cuStreamWriteValue32_v2, 11070 ptds => cuStreamWriteValue32_v2_ptsz;
+    cuTensorMapEncodeTiled: 12000 => cuTensorMapEncodeTiled;
+    cuThreadExchangeStreamCaptureMode: 10010 => cuThreadExchangeStreamCaptureMode;
 }
 
 /// Variants exported only for their names (they answer NOT_SUPPORTED).
@@ -242,4 +272,5 @@ pub const LEGACY_STUBS: &[&str] = &[
     "cuMemsetD32",
     "cuMemsetD8",
     "cuModuleGetGlobal",
+    "cuStreamBatchMemOp",
 ];
