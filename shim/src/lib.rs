@@ -3,10 +3,11 @@
 //! `libnvidia-ml.so.1`; see `shim/README.md`.
 //!
 //! Modules by API area: `cuda::{init, export_tables, device, context, memory,
-//! vmm, stream, module, link, launch, graph, procaddr}`, `nvml`; the machinery
-//! underneath: `config` (environment), `state` (the shared mmap'd file),
-//! `exec` (device time), `driver` (per-process objects and handles), `image`
-//! (what module images define), `integrity` (the runtime's integrity check).
+//! vmm, stream, module, link, launch, graph, unsupported, procaddr}`, `nvml`;
+//! the machinery underneath: `config` (environment), `state` (the shared
+//! mmap'd file), `exec` (device time), `driver` (per-process objects and
+//! handles), `image` (what module images define), `integrity` (the runtime's
+//! integrity check), `stubs` (counted calls to functions that are only stubs).
 //!
 //! Every exported function catches panics (`guard`) and returns the driver's
 //! own error codes; none dereferences a handle it did not hand out.

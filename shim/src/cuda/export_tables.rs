@@ -112,7 +112,7 @@ fn missing_slot(table: usize, index: usize) -> CUresult {
             "cgpu-sim: cuGetExportTable: {name} slot {index} is not simulated (CUDA_ERROR_NOT_SUPPORTED)"
         );
     }
-    crate::stubs::count(&format!("{name}[{index}]"));
+    crate::stubs::hit_named(&format!("{name}[{index}]"));
     CUDA_ERROR_NOT_SUPPORTED
 }
 
@@ -553,7 +553,7 @@ unsafe extern "C" fn tools_ctx_39(
     _e: u64,
 ) -> CUresult {
     guard(|| {
-        crate::stubs::count("TOOLS_CONTEXT[39]");
+        crate::stub_hit!("TOOLS_CONTEXT[39]");
         Ok(())
     })
 }
@@ -561,7 +561,7 @@ unsafe extern "C" fn tools_ctx_39(
 /// [51] `(ctx, stream, out*)`: success, nothing written (a stub).
 unsafe extern "C" fn tools_ctx_51(_c: CUcontext, _s: CUstream, _o: *mut c_void) -> CUresult {
     guard(|| {
-        crate::stubs::count("TOOLS_CONTEXT[51]");
+        crate::stub_hit!("TOOLS_CONTEXT[51]");
         Ok(())
     })
 }

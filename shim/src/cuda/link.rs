@@ -69,7 +69,7 @@ fn add(h: usize, kind: u32, data: &[u8]) -> CuRes {
         }
         INPUT_CUBIN | INPUT_FATBINARY => return Err(CUDA_ERROR_INVALID_IMAGE),
         3..=5 => {
-            crate::stubs::count("cuLinkAddData(object/library/NVVM input)");
+            crate::stub_hit!("cuLinkAddData(object/library/NVVM input)");
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         _ => return Err(CUDA_ERROR_INVALID_VALUE),

@@ -992,7 +992,7 @@ fn wait_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) -> CuRes
     if holds {
         Ok(())
     } else {
-        crate::stubs::count("cuStreamWaitValue32 (not yet satisfied)");
+        crate::stub_hit!("cuStreamWaitValue32 (not yet satisfied)");
         Err(CUDA_ERROR_NOT_SUPPORTED)
     }
 }

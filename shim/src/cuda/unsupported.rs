@@ -17,7 +17,7 @@ macro_rules! unsupported {
             std::hint::black_box(stringify!($name));
             guard(|| {
                 $(let _ = $a;)*
-                crate::stubs::count(stringify!($name));
+                crate::stub_hit!(stringify!($name));
                 Err(CUDA_ERROR_NOT_SUPPORTED)
             })
         }
