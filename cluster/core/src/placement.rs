@@ -96,6 +96,14 @@ impl Request {
         }
     }
 
+    /// The same request with its one container renamed (tests, examples).
+    pub fn renamed(mut self, name: &str) -> Request {
+        if let Some(c) = self.containers.first_mut() {
+            c.name = name.to_string();
+        }
+        self
+    }
+
     /// Whether the pod asks for any GPU memory at all.
     pub fn wants_gpu_mem(&self) -> bool {
         self.containers.iter().any(|c| c.mem > 0)
