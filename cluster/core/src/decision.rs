@@ -66,7 +66,10 @@ pub fn quantity(v: &Value) -> Option<u64> {
 
 /// The node's first InternalIP (else any address).
 pub fn node_ip(node: &Value) -> String {
-    let addrs = node["status"]["addresses"].as_array().cloned().unwrap_or_default();
+    let addrs = node["status"]["addresses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     addrs
         .iter()
         .find(|a| a["type"] == "InternalIP")
@@ -101,7 +104,10 @@ pub fn pod_request(pod: &Value) -> Result<Request, String> {
             });
         }
     }
-    Ok(Request { containers, gpu_count })
+    Ok(Request {
+        containers,
+        gpu_count,
+    })
 }
 
 /// `namespace/name`.
@@ -187,15 +193,21 @@ impl Decision {
     /// `{"<container index>": {"<GPU index>": GiB}}`, containers in spec order.
     pub fn ack_allocation(&self, pod: &Value) -> String {
         let mut out = BTreeMap::new();
-        let names = pod["spec"]["containers"].as_array().cloned().unwrap_or_default();
+        let names = pod["spec"]["containers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         for (i, c) in names.iter().enumerate() {
             let name = c["name"].as_str().unwrap_or("");
             let gib = self.containers.get(name).copied().unwrap_or(0);
             if gib == 0 {
                 continue;
             }
-            let per: BTreeMap<String, u64> =
-                self.gpus.iter().map(|g| (g.index.to_string(), gib)).collect();
+            let per: BTreeMap<String, u64> = self
+                .gpus
+                .iter()
+                .map(|g| (g.index.to_string(), gib))
+                .collect();
             out.insert(i.to_string(), per);
         }
         serde_json::to_string(&out).expect("a map always serialises")
@@ -207,7 +219,9 @@ impl Decision {
 /// until it is gone from the API server.
 pub fn pod_holds_gpu(pod: &Value) -> bool {
     let phase = pod["status"]["phase"].as_str().unwrap_or("");
-    pod["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty())
+    pod["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty())
         && phase != "Succeeded"
         && phase != "Failed"
 }
@@ -243,8 +257,12 @@ pub fn pod_gpu_use(pod: &Value) -> BTreeMap<u32, u64> {
         }
     }
     if let (Some(idx), Some(gib)) = (
-        ann[ANN_GPUSHARE_IDX].as_str().and_then(|s| s.parse::<u32>().ok()),
-        ann[ANN_GPUSHARE_POD].as_str().and_then(|s| s.parse::<u64>().ok()),
+        ann[ANN_GPUSHARE_IDX]
+            .as_str()
+            .and_then(|s| s.parse::<u32>().ok()),
+        ann[ANN_GPUSHARE_POD]
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok()),
     ) {
         out.insert(idx, gib);
     }
@@ -287,16 +305,23 @@ pub struct ContainerAlloc {
 }
 
 impl ContainerAlloc {
+    /// The file's text. `CGPU_DISABLE=true` is written only for nodes
+    /// labelled for sharing without isolation; otherwise the key is left
+    /// out, so a pod may still opt out of isolation with its own
+    /// `CGPU_DISABLE=true` (its memory is then still counted).
     pub fn to_file(&self) -> String {
         let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
-        format!(
-            "{ENV_CONTAINER_ID}={}\n{ENV_MEM_CONTAINER}={}\n{ENV_MEM_DEV}={}\n{ENV_VISIBLE_DEVICES}={}\n{ENV_DISABLE}={}\n",
+        let mut s = format!(
+            "{ENV_CONTAINER_ID}={}\n{ENV_MEM_CONTAINER}={}\n{ENV_MEM_DEV}={}\n{ENV_VISIBLE_DEVICES}={}\n",
             self.container_id,
             join(&self.mem_per_gpu),
             self.mem_dev,
             self.visible_uuids.join(","),
-            self.disable
-        )
+        );
+        if self.disable {
+            s.push_str(&format!("{ENV_DISABLE}=true\n"));
+        }
+        s
     }
 }
 
@@ -308,8 +333,18 @@ mod tests {
 
     fn node_json() -> Value {
         let gpus = vec![
-            NodeGpu { index: 0, uuid: "GPU-a".into(), memory_mib: 16160, gib: 15 },
-            NodeGpu { index: 1, uuid: "GPU-b".into(), memory_mib: 16160, gib: 15 },
+            NodeGpu {
+                index: 0,
+                uuid: "GPU-a".into(),
+                memory_mib: 16160,
+                gib: 15,
+            },
+            NodeGpu {
+                index: 1,
+                uuid: "GPU-b".into(),
+                memory_mib: 16160,
+                gib: 15,
+            },
         ];
         json!({"metadata": {"name": "n1", "annotations": {ANN_NODE_GPUS: serde_json::to_string(&gpus).unwrap()}},
                "status": {"addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "10.0.0.3"}]}})
@@ -329,7 +364,10 @@ mod tests {
         assert_eq!(node_ip(&n), "10.0.0.3");
         let legacy = json!({"status": {"capacity": {"aliyun.com/gpu-mem": "45", "aliyun.com/gpu-count": "3"}}});
         let g = node_gpus(&legacy);
-        assert_eq!(g.iter().map(|g| g.gib).collect::<Vec<_>>(), vec![15, 15, 15]);
+        assert_eq!(
+            g.iter().map(|g| g.gib).collect::<Vec<_>>(),
+            vec![15, 15, 15]
+        );
     }
 
     #[test]
@@ -371,7 +409,12 @@ mod tests {
     #[test]
     fn signed_bytes_ignore_the_signature() {
         let gpus = node_gpus(&node_json());
-        let p = place(&node_usage(&gpus, []), &Request::single(3, 1), Policy::Binpack).unwrap();
+        let p = place(
+            &node_usage(&gpus, []),
+            &Request::single(3, 1),
+            Policy::Binpack,
+        )
+        .unwrap();
         let mut d = Decision::new("n1", "u", &p, &gpus);
         let before = d.signed_bytes();
         d.sig = "00ff".into();
@@ -392,7 +435,9 @@ mod tests {
         assert_eq!(
             a.to_file(),
             "CGPU_CONTAINER_ID=default/p/main\nALIYUN_COM_GPU_MEM_CONTAINER=4,4\nALIYUN_COM_GPU_MEM_DEV=15\n\
-             ALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-a,GPU-b\nCGPU_DISABLE=false\n"
+             ALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-a,GPU-b\n"
         );
+        let shared = ContainerAlloc { disable: true, ..a };
+        assert!(shared.to_file().ends_with("\nCGPU_DISABLE=true\n"));
     }
 }

@@ -401,7 +401,11 @@ mod tests {
         let node = gpus(&[(3, 15), (15, 15)]);
         let r = place(&node, &Request::single(8, 2), Policy::Binpack).unwrap_err();
         assert!(r.resolvable_by_preemption);
-        assert!(r.reason.contains("needs 4 on each of 2 GPUs"), "{}", r.reason);
+        assert!(
+            r.reason.contains("needs 4 on each of 2 GPUs"),
+            "{}",
+            r.reason
+        );
     }
 
     #[test]
@@ -415,16 +419,41 @@ mod tests {
     fn gpus_of_one_pod_have_equal_size() {
         // GPU0 is 15 GiB, GPU1 and GPU2 are 23 GiB: two GPUs must be 1 and 2.
         let node = vec![
-            Gpu { index: 0, total: 15, used: 0, pods: 0 },
-            Gpu { index: 1, total: 23, used: 10, pods: 1 },
-            Gpu { index: 2, total: 23, used: 0, pods: 0 },
+            Gpu {
+                index: 0,
+                total: 15,
+                used: 0,
+                pods: 0,
+            },
+            Gpu {
+                index: 1,
+                total: 23,
+                used: 10,
+                pods: 1,
+            },
+            Gpu {
+                index: 2,
+                total: 23,
+                used: 0,
+                pods: 0,
+            },
         ];
         let p = place(&node, &Request::single(8, 2), Policy::Binpack).unwrap();
         assert_eq!(p.gpus, vec![1, 2]);
         assert_eq!(p.gpu_total, 23);
         let node = vec![
-            Gpu { index: 0, total: 15, used: 0, pods: 0 },
-            Gpu { index: 1, total: 23, used: 0, pods: 0 },
+            Gpu {
+                index: 0,
+                total: 15,
+                used: 0,
+                pods: 0,
+            },
+            Gpu {
+                index: 1,
+                total: 23,
+                used: 0,
+                pods: 0,
+            },
         ];
         let r = place(&node, &Request::single(2, 2), Policy::Binpack).unwrap_err();
         assert!(!r.resolvable_by_preemption);
@@ -435,10 +464,26 @@ mod tests {
     fn containers_share_the_pods_gpus_and_init_containers_take_the_max() {
         let req = Request {
             containers: vec![
-                ContainerRequest { name: "setup".into(), mem: 10, init: true },
-                ContainerRequest { name: "a".into(), mem: 4, init: false },
-                ContainerRequest { name: "sidecar".into(), mem: 0, init: false },
-                ContainerRequest { name: "b".into(), mem: 2, init: false },
+                ContainerRequest {
+                    name: "setup".into(),
+                    mem: 10,
+                    init: true,
+                },
+                ContainerRequest {
+                    name: "a".into(),
+                    mem: 4,
+                    init: false,
+                },
+                ContainerRequest {
+                    name: "sidecar".into(),
+                    mem: 0,
+                    init: false,
+                },
+                ContainerRequest {
+                    name: "b".into(),
+                    mem: 2,
+                    init: false,
+                },
             ],
             gpu_count: 2,
         };

@@ -85,7 +85,10 @@ mod tests {
     fn filter_args_as_the_scheduler_sends_them() {
         let wire = r#"{"Pod":{"metadata":{"name":"p","namespace":"default"}},"Nodes":null,"NodeNames":["n1","n2"]}"#;
         let args: ExtenderArgs = serde_json::from_str(wire).unwrap();
-        assert_eq!(args.node_names.as_deref(), Some(&["n1".to_string(), "n2".to_string()][..]));
+        assert_eq!(
+            args.node_names.as_deref(),
+            Some(&["n1".to_string(), "n2".to_string()][..])
+        );
         assert_eq!(args.pod["metadata"]["name"], "p");
         assert!(args.nodes.is_none());
     }
@@ -97,7 +100,8 @@ mod tests {
             ..Default::default()
         };
         r.failed_nodes.insert("n2".into(), "not enough".into());
-        r.failed_and_unresolvable_nodes.insert("n3".into(), "too few GPUs".into());
+        r.failed_and_unresolvable_nodes
+            .insert("n3".into(), "too few GPUs".into());
         assert_eq!(
             serde_json::to_value(&r).unwrap(),
             json!({
@@ -111,8 +115,14 @@ mod tests {
 
     #[test]
     fn priorities_and_binding_keys() {
-        let p = vec![HostPriority { host: "n1".into(), score: 7 }];
-        assert_eq!(serde_json::to_string(&p).unwrap(), r#"[{"Host":"n1","Score":7}]"#);
+        let p = vec![HostPriority {
+            host: "n1".into(),
+            score: 7,
+        }];
+        assert_eq!(
+            serde_json::to_string(&p).unwrap(),
+            r#"[{"Host":"n1","Score":7}]"#
+        );
         let b: ExtenderBindingArgs = serde_json::from_str(
             r#"{"PodName":"p","PodNamespace":"ns","PodUID":"u-1","Node":"n1"}"#,
         )
@@ -120,7 +130,10 @@ mod tests {
         assert_eq!(b.pod_uid, "u-1");
         assert_eq!(b.node, "n1");
         assert_eq!(
-            serde_json::to_string(&ExtenderBindingResult { error: String::new() }).unwrap(),
+            serde_json::to_string(&ExtenderBindingResult {
+                error: String::new()
+            })
+            .unwrap(),
             r#"{"Error":""}"#
         );
     }

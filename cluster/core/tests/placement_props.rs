@@ -6,18 +6,25 @@ use cgpu_cluster_core::placement::{place, ContainerRequest, Gpu, Policy, Request
 use proptest::prelude::*;
 
 fn node() -> impl Strategy<Value = Vec<Gpu>> {
-    prop::collection::vec((prop::sample::select(vec![15u64, 23, 31]), 0u64..=31, 0u32..4), 1..6)
-        .prop_map(|v| {
-            v.into_iter()
-                .enumerate()
-                .map(|(i, (total, used, pods))| Gpu {
-                    index: i as u32,
-                    total,
-                    used: used.min(total),
-                    pods,
-                })
-                .collect()
-        })
+    prop::collection::vec(
+        (
+            prop::sample::select(vec![15u64, 23, 31]),
+            0u64..=31,
+            0u32..4,
+        ),
+        1..6,
+    )
+    .prop_map(|v| {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, (total, used, pods))| Gpu {
+                index: i as u32,
+                total,
+                used: used.min(total),
+                pods,
+            })
+            .collect()
+    })
 }
 
 fn request() -> impl Strategy<Value = Request> {
@@ -47,9 +54,14 @@ fn policy() -> impl Strategy<Value = Policy> {
 fn exists(gpus: &[Gpu], m: usize, per_gpu: u64) -> bool {
     let n = gpus.len();
     (0u32..(1 << n)).any(|mask| {
-        let set: Vec<&Gpu> = (0..n).filter(|i| mask & (1 << i) != 0).map(|i| &gpus[i]).collect();
+        let set: Vec<&Gpu> = (0..n)
+            .filter(|i| mask & (1 << i) != 0)
+            .map(|i| &gpus[i])
+            .collect();
         set.len() == m
-            && set.iter().all(|g| g.total == set[0].total && g.free() >= per_gpu)
+            && set
+                .iter()
+                .all(|g| g.total == set[0].total && g.free() >= per_gpu)
     })
 }
 

@@ -18,7 +18,9 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use cgpu_cluster_core::decision::{node_gpus, node_usage, pod_gpu_use, pod_request, Decision, NodeGpu};
+use cgpu_cluster_core::decision::{
+    node_gpus, node_usage, pod_gpu_use, pod_request, Decision, NodeGpu,
+};
 use cgpu_cluster_core::names::*;
 use cgpu_cluster_core::placement::{self, Gpu, Policy};
 use cgpu_cluster_core::wire::*;
@@ -66,8 +68,16 @@ impl Metrics {
             "Scheduler requests served, by verb (filter/prioritize/bind) and result",
             requests.clone(),
         );
-        registry.register("nodes", "Nodes with shared GPUs in the extender's view", nodes.clone());
-        registry.register("pods", "Pods holding GPU memory in the extender's view", pods.clone());
+        registry.register(
+            "nodes",
+            "Nodes with shared GPUs in the extender's view",
+            nodes.clone(),
+        );
+        registry.register(
+            "pods",
+            "Pods holding GPU memory in the extender's view",
+            pods.clone(),
+        );
         registry.register(
             "reserved_pods",
             "Decisions made at bind not yet seen back through the watch",
@@ -200,7 +210,9 @@ impl Extender {
             let pods: Api<Pod> = Api::all(me.client.clone());
             let mut buf: HashMap<String, Value> = HashMap::new();
             let mut since = 0;
-            let mut s = std::pin::pin!(watcher::watcher(pods, watcher::Config::default()).default_backoff());
+            let mut s = std::pin::pin!(
+                watcher::watcher(pods, watcher::Config::default()).default_backoff()
+            );
             while let Some(ev) = s.next().await {
                 match ev {
                     Ok(Event::Init) => {
@@ -241,7 +253,9 @@ impl Extender {
         tokio::spawn(async move {
             let nodes: Api<Node> = Api::all(me.client.clone());
             let mut buf: HashMap<String, Value> = HashMap::new();
-            let mut s = std::pin::pin!(watcher::watcher(nodes, watcher::Config::default()).default_backoff());
+            let mut s = std::pin::pin!(
+                watcher::watcher(nodes, watcher::Config::default()).default_backoff()
+            );
             while let Some(ev) = s.next().await {
                 let name = |v: &Value| v["metadata"]["name"].as_str().unwrap_or("").to_string();
                 match ev {
@@ -275,12 +289,18 @@ impl Extender {
     }
 
     fn update_gauges(&self, view: &View) {
-        self.metrics
-            .nodes
-            .set(view.nodes.values().filter(|n| !node_gpus(n).is_empty()).count() as i64);
-        self.metrics
-            .pods
-            .set(view.pods.values().filter(|p| !pod_gpu_use(p).is_empty()).count() as i64);
+        self.metrics.nodes.set(
+            view.nodes
+                .values()
+                .filter(|n| !node_gpus(n).is_empty())
+                .count() as i64,
+        );
+        self.metrics.pods.set(
+            view.pods
+                .values()
+                .filter(|p| !pod_gpu_use(p).is_empty())
+                .count() as i64,
+        );
         self.metrics.reserved.set(view.reserved.len() as i64);
     }
 
@@ -359,7 +379,12 @@ impl Extender {
                     .filter(|r| r.wants_gpu_mem())
                     .and_then(|r| {
                         let (_, usage) = view.usage(&n)?;
-                        placement::score(&usage, r, view.policy(&n, self.default_policy), MAX_EXTENDER_PRIORITY)
+                        placement::score(
+                            &usage,
+                            r,
+                            view.policy(&n, self.default_policy),
+                            MAX_EXTENDER_PRIORITY,
+                        )
                     })
                     .unwrap_or(0);
                 HostPriority { host: n, score }
@@ -380,10 +405,12 @@ impl Extender {
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), &args.pod_namespace);
         let lock = self.node_lock(&args.node);
         let _held = lock.lock().await;
-        let pod = pods
-            .get(&args.pod_name)
-            .await
-            .map_err(|e| format!("cannot read pod {}/{}: {e}", args.pod_namespace, args.pod_name))?;
+        let pod = pods.get(&args.pod_name).await.map_err(|e| {
+            format!(
+                "cannot read pod {}/{}: {e}",
+                args.pod_namespace, args.pod_name
+            )
+        })?;
         let pod = to_value(&pod);
         let uid = uid_of(&pod);
         if !args.pod_uid.is_empty() && uid != args.pod_uid {
@@ -398,9 +425,9 @@ impl Extender {
         if req.wants_gpu_mem() {
             let (decision, per) = {
                 let mut view = self.view.lock();
-                let (gpus, usage) = view
-                    .usage(&args.node)
-                    .ok_or_else(|| format!("node {} is unknown to cgpu-scheduler-extender", args.node))?;
+                let (gpus, usage) = view.usage(&args.node).ok_or_else(|| {
+                    format!("node {} is unknown to cgpu-scheduler-extender", args.node)
+                })?;
                 let policy = view.policy(&args.node, self.default_policy);
                 let p = placement::place(&usage, &req, policy).map_err(|r| r.reason)?;
                 let mut d = Decision::new(&args.node, &uid, &p, &gpus);
@@ -423,13 +450,25 @@ impl Extender {
                 (d, per)
             };
             reserved = Some(uid.clone());
-            annotations.insert(ANN_ALLOCATION.into(), json!(serde_json::to_string(&decision).expect("decision serialises")));
-            annotations.insert(ANN_ACK_ALLOCATION.into(), json!(decision.ack_allocation(&pod)));
+            annotations.insert(
+                ANN_ALLOCATION.into(),
+                json!(serde_json::to_string(&decision).expect("decision serialises")),
+            );
+            annotations.insert(
+                ANN_ACK_ALLOCATION.into(),
+                json!(decision.ack_allocation(&pod)),
+            );
             if per.len() == 1 {
                 let idx = per.keys().next().expect("one GPU");
                 annotations.insert(ANN_GPUSHARE_IDX.into(), json!(idx.to_string()));
             }
-            annotations.insert(ANN_GPUSHARE_POD.into(), json!(decision.per_gpu.saturating_mul(per.len() as u64).to_string()));
+            annotations.insert(
+                ANN_GPUSHARE_POD.into(),
+                json!(decision
+                    .per_gpu
+                    .saturating_mul(per.len() as u64)
+                    .to_string()),
+            );
             annotations.insert(ANN_GPUSHARE_ASSIGNED.into(), json!("false"));
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -438,7 +477,11 @@ impl Extender {
             annotations.insert(ANN_GPUSHARE_ASSUME_TIME.into(), json!(nanos.to_string()));
             let patch = json!({"metadata": {"annotations": annotations}});
             if let Err(e) = pods
-                .patch(&args.pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(
+                    &args.pod_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
                 .await
             {
                 self.drop_reservation(&uid);
@@ -456,11 +499,17 @@ impl Extender {
         if let Err(e) = bound {
             if let Some(uid) = reserved {
                 // Roll back: the pod is not on this node, its decision is void.
-                let nulls: serde_json::Map<String, Value> =
-                    annotations.keys().map(|k| (k.clone(), Value::Null)).collect();
+                let nulls: serde_json::Map<String, Value> = annotations
+                    .keys()
+                    .map(|k| (k.clone(), Value::Null))
+                    .collect();
                 let patch = json!({"metadata": {"annotations": nulls}});
                 if let Err(e2) = pods
-                    .patch(&args.pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .patch(
+                        &args.pod_name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
                     .await
                 {
                     tracing::warn!(
@@ -471,7 +520,10 @@ impl Extender {
                 }
                 self.drop_reservation(&uid);
             }
-            return Err(format!("binding {}/{} to {} failed: {e}", args.pod_namespace, args.pod_name, args.node));
+            return Err(format!(
+                "binding {}/{} to {} failed: {e}",
+                args.pod_namespace, args.pod_name, args.node
+            ));
         }
         Ok(())
     }
@@ -498,26 +550,41 @@ fn node_names(args: &ExtenderArgs) -> Vec<String> {
         .unwrap_or_default()
 }
 
-async fn filter(State(x): State<Arc<Extender>>, Json(args): Json<ExtenderArgs>) -> Json<ExtenderFilterResult> {
+async fn filter(
+    State(x): State<Arc<Extender>>,
+    Json(args): Json<ExtenderArgs>,
+) -> Json<ExtenderFilterResult> {
     let r = x.filter(&args);
     let passed = r.node_names.as_ref().is_some_and(|n| !n.is_empty());
-    x.metrics.count("filter", if passed { "fit" } else { "no_fit" });
+    x.metrics
+        .count("filter", if passed { "fit" } else { "no_fit" });
     Json(r)
 }
 
-async fn prioritize(State(x): State<Arc<Extender>>, Json(args): Json<ExtenderArgs>) -> Json<Vec<HostPriority>> {
+async fn prioritize(
+    State(x): State<Arc<Extender>>,
+    Json(args): Json<ExtenderArgs>,
+) -> Json<Vec<HostPriority>> {
     x.metrics.count("prioritize", "ok");
     Json(x.prioritize(&args))
 }
 
-async fn bind(State(x): State<Arc<Extender>>, Json(args): Json<ExtenderBindingArgs>) -> Json<ExtenderBindingResult> {
+async fn bind(
+    State(x): State<Arc<Extender>>,
+    Json(args): Json<ExtenderBindingArgs>,
+) -> Json<ExtenderBindingResult> {
     match x.bind(&args).await {
         Ok(()) => {
             x.metrics.count("bind", "ok");
             Json(ExtenderBindingResult::default())
         }
         Err(error) => {
-            tracing::warn!("bind {}/{} on {}: {error}", args.pod_namespace, args.pod_name, args.node);
+            tracing::warn!(
+                "bind {}/{} on {}: {error}",
+                args.pod_namespace,
+                args.pod_name,
+                args.node
+            );
             x.metrics.count("bind", "error");
             Json(ExtenderBindingResult { error })
         }
@@ -528,18 +595,28 @@ async fn readyz(State(x): State<Arc<Extender>>) -> impl IntoResponse {
     if x.ready() {
         (StatusCode::OK, "ok")
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "waiting for the first list of pods and nodes")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "waiting for the first list of pods and nodes",
+        )
     }
 }
 
 async fn metrics(State(x): State<Arc<Extender>>) -> impl IntoResponse {
     let mut s = String::new();
     if prometheus_client::encoding::text::encode(&mut s, &x.metrics.registry).is_err() {
-        return (StatusCode::INTERNAL_SERVER_ERROR, [("content-type", "text/plain")], String::new());
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [("content-type", "text/plain")],
+            String::new(),
+        );
     }
     (
         StatusCode::OK,
-        [("content-type", "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         s,
     )
 }

@@ -1,7 +1,9 @@
 //! `kubectl inspect cgpu`: GPU memory allocated per node and GPU, from the
 //! pods' recorded decisions (ours, ACK's or gpushare's annotations).
 
-use cgpu_cluster_core::decision::{node_gpus, node_ip, pod_gpu_use, pod_holds_gpu, pod_key, pod_request};
+use cgpu_cluster_core::decision::{
+    node_gpus, node_ip, pod_gpu_use, pod_holds_gpu, pod_key, pod_request,
+};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -63,7 +65,10 @@ pub fn view(nodes: &[Value], pods: &[Value]) -> ClusterView {
             })
             .collect();
         let mut undecided = Vec::new();
-        for pod in pods.iter().filter(|p| p["spec"]["nodeName"].as_str() == Some(name.as_str())) {
+        for pod in pods
+            .iter()
+            .filter(|p| p["spec"]["nodeName"].as_str() == Some(name.as_str()))
+        {
             let used = pod_gpu_use(pod);
             if used.is_empty() {
                 if pod_holds_gpu(pod) && pod_request(pod).is_ok_and(|r| r.wants_gpu_mem()) {
@@ -75,7 +80,10 @@ pub fn view(nodes: &[Value], pods: &[Value]) -> ClusterView {
                 if let Some(g) = gv.iter_mut().find(|g| g.index == idx) {
                     g.allocated += gib;
                     g.pods.push(PodShare {
-                        namespace: pod["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+                        namespace: pod["metadata"]["namespace"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string(),
                         name: pod["metadata"]["name"].as_str().unwrap_or("").to_string(),
                         allocated: gib,
                     });
@@ -162,7 +170,10 @@ pub fn render(v: &ClusterView) -> String {
 pub fn render_details(v: &ClusterView) -> String {
     let mut s = String::new();
     for n in &v.nodes {
-        s.push_str(&format!("\nNAME:       {}\nIPADDRESS:  {}\n\n", n.name, n.ip));
+        s.push_str(&format!(
+            "\nNAME:       {}\nIPADDRESS:  {}\n\n",
+            n.name, n.ip
+        ));
         let mut rows = Vec::new();
         let mut head = vec!["NAME".to_string(), "NAMESPACE".to_string()];
         head.extend(n.gpus.iter().map(|g| format!("GPU{}(Allocated)", g.index)));
@@ -189,7 +200,10 @@ pub fn render_details(v: &ClusterView) -> String {
         }
         s.push_str(&table(&rows));
         let pct = (n.allocated * 100).checked_div(n.total).unwrap_or(0);
-        s.push_str(&format!("Allocated :  {} ({}%)\nTotal :      {}\n", n.allocated, pct, n.total));
+        s.push_str(&format!(
+            "Allocated :  {} ({}%)\nTotal :      {}\n",
+            n.allocated, pct, n.total
+        ));
         for p in &n.undecided {
             s.push_str(&format!(
                 "Not allocated: {p} asks for aliyun.com/gpu-mem but holds no scheduler decision (no GPU memory)\n"
@@ -247,7 +261,10 @@ mod tests {
             "spec": {"nodeName": "a"}, "status": {"phase": "Running"}});
         let v = view(&nodes, &[pod]);
         let out = render(&v);
-        assert!(out.contains("b     10.0.0.2   0/15                   0/0                    0/15\n"), "{out}");
+        assert!(
+            out.contains("b     10.0.0.2   0/15                   0/0                    0/15\n"),
+            "{out}"
+        );
         assert!(out.ends_with("8/45 (17%)\n"), "{out}");
         let d = render_details(&v);
         assert!(d.contains("p     ml         4                4\n"), "{d}");

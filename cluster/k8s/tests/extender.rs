@@ -28,7 +28,11 @@ struct Running {
 }
 
 async fn start_extender(api: &ApiServer, policy: Policy) -> Running {
-    let ext = Extender::new(client_for(api).await, DecisionKey::from_bytes(KEY).unwrap(), policy);
+    let ext = Extender::new(
+        client_for(api).await,
+        DecisionKey::from_bytes(KEY).unwrap(),
+        policy,
+    );
     ext.spawn_watches();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("{}", listener.local_addr().unwrap());
@@ -60,7 +64,10 @@ async fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String)
     let text = String::from_utf8_lossy(&buf).into_owned();
     let code: u16 = text[9..12].parse().unwrap();
     let (head, rest) = text.split_once("\r\n\r\n").unwrap();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut out = String::new();
         let mut rest = rest;
         loop {
@@ -147,14 +154,28 @@ async fn filter_prioritize_bind_as_the_scheduler_calls_them() {
     assert_eq!(f["NodeNames"], json!(["two-v100"]));
     assert_eq!(f["FailedNodes"], json!({}));
     let unres = f["FailedAndUnresolvableNodes"].as_object().unwrap();
-    assert!(unres["one-v100"].as_str().unwrap().contains("asks for 2 GPUs"), "{unres:?}");
+    assert!(
+        unres["one-v100"]
+            .as_str()
+            .unwrap()
+            .contains("asks for 2 GPUs"),
+        "{unres:?}"
+    );
     assert!(unres["cpu"].as_str().unwrap().contains("no shared GPUs"));
     assert!(unres["ghost"].as_str().unwrap().contains("unknown"));
     assert_eq!(f["Error"], "");
 
-    let p = post(&r.url, "/prioritize", &json!({"Pod": pod, "NodeNames": ["two-v100", "one-v100"]})).await;
+    let p = post(
+        &r.url,
+        "/prioritize",
+        &json!({"Pod": pod, "NodeNames": ["two-v100", "one-v100"]}),
+    )
+    .await;
     // Binpack: 22 of 30 GiB left free after placing -> 10 - 22*10/30 = 3.
-    assert_eq!(p, json!([{"Host": "two-v100", "Score": 3}, {"Host": "one-v100", "Score": 0}]));
+    assert_eq!(
+        p,
+        json!([{"Host": "two-v100", "Score": 3}, {"Host": "one-v100", "Score": 0}])
+    );
 
     let b = post(&r.url, "/bind", &bind_args(&pod, "two-v100")).await;
     assert_eq!(b, json!({"Error": ""}));
@@ -163,7 +184,10 @@ async fn filter_prioritize_bind_as_the_scheduler_calls_them() {
     let d = Decision::from_pod(&bound).unwrap();
     assert_eq!(d.node, "two-v100");
     assert_eq!(d.pod_uid, pod["metadata"]["uid"].as_str().unwrap());
-    assert_eq!(d.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(), ["GPU-two-v100-0", "GPU-two-v100-1"]);
+    assert_eq!(
+        d.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),
+        ["GPU-two-v100-0", "GPU-two-v100-1"]
+    );
     assert_eq!((d.per_gpu, d.gpu_gib), (4, 15));
     assert!(DecisionKey::from_bytes(KEY).unwrap().verify(&d));
     let ann = &bound["metadata"]["annotations"];
@@ -171,24 +195,55 @@ async fn filter_prioritize_bind_as_the_scheduler_calls_them() {
     assert_eq!(ann[ANN_GPUSHARE_POD], "8");
     // The annotation was written before the Binding was created.
     let reqs = api.requests();
-    let patch = reqs.iter().position(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/tf-multi")).unwrap();
-    let binding = reqs.iter().position(|r| r.starts_with("POST /api/v1/namespaces/default/pods/tf-multi/binding")).unwrap();
+    let patch = reqs
+        .iter()
+        .position(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/tf-multi"))
+        .unwrap();
+    let binding = reqs
+        .iter()
+        .position(|r| r.starts_with("POST /api/v1/namespaces/default/pods/tf-multi/binding"))
+        .unwrap();
     assert!(patch < binding, "{reqs:?}");
 
     // 7 over 2 is refused everywhere, for good.
     let bad = gpu_pod(&api, "odd", 7, 2);
-    let f = post(&r.url, "/filter", &json!({"Pod": bad, "NodeNames": ["two-v100"]})).await;
+    let f = post(
+        &r.url,
+        "/filter",
+        &json!({"Pod": bad, "NodeNames": ["two-v100"]}),
+    )
+    .await;
     assert_eq!(f["NodeNames"], json!([]));
-    assert!(f["FailedAndUnresolvableNodes"]["two-v100"].as_str().unwrap().contains("not divisible"));
+    assert!(f["FailedAndUnresolvableNodes"]["two-v100"]
+        .as_str()
+        .unwrap()
+        .contains("not divisible"));
 
     // The 8/2 pod took 4 of each GPU: a 12 GiB single-GPU pod no longer fits,
     // which preemption could fix.
     settled(&r, 1).await;
     let big = gpu_pod(&api, "big", 12, 1);
-    let f = post(&r.url, "/filter", &json!({"Pod": big, "NodeNames": ["two-v100"]})).await;
-    assert!(f["FailedNodes"]["two-v100"].as_str().unwrap().contains("not enough free GPU memory"), "{f}");
+    let f = post(
+        &r.url,
+        "/filter",
+        &json!({"Pod": big, "NodeNames": ["two-v100"]}),
+    )
+    .await;
+    assert!(
+        f["FailedNodes"]["two-v100"]
+            .as_str()
+            .unwrap()
+            .contains("not enough free GPU memory"),
+        "{f}"
+    );
     let b = post(&r.url, "/bind", &bind_args(&big, "two-v100")).await;
-    assert!(b["Error"].as_str().unwrap().contains("not enough free GPU memory"), "{b}");
+    assert!(
+        b["Error"]
+            .as_str()
+            .unwrap()
+            .contains("not enough free GPU memory"),
+        "{b}"
+    );
     assert!(api.get("pods", "default", "big").unwrap()["spec"]["nodeName"].is_null());
     r.server.abort();
 }
@@ -197,13 +252,17 @@ async fn filter_prioritize_bind_as_the_scheduler_calls_them() {
 async fn sixty_four_concurrent_binds_never_over_commit() {
     let api = ApiServer::start().await;
     gpu_node(&api, "n1", 2, 16160); // 2 x 15 GiB
-    let pods: Vec<Value> = (0..64).map(|i| gpu_pod(&api, &format!("p{i:02}"), 2, 1)).collect();
+    let pods: Vec<Value> = (0..64)
+        .map(|i| gpu_pod(&api, &format!("p{i:02}"), 2, 1))
+        .collect();
     let r = start_extender(&api, Policy::Spread).await;
     let mut tasks = Vec::new();
     for pod in &pods {
         let url = r.url.clone();
         let args = bind_args(pod, "n1");
-        tasks.push(tokio::spawn(async move { post(&url, "/bind", &args).await }));
+        tasks.push(tokio::spawn(
+            async move { post(&url, "/bind", &args).await },
+        ));
     }
     let mut ok = 0;
     for t in tasks {
@@ -217,7 +276,11 @@ async fn sixty_four_concurrent_binds_never_over_commit() {
     let mut bound = 0;
     for pod in api.list("pods") {
         let d = Decision::from_pod(&pod);
-        assert_eq!(d.is_some(), !pod["spec"]["nodeName"].is_null(), "a decision without a binding, or the reverse: {pod}");
+        assert_eq!(
+            d.is_some(),
+            !pod["spec"]["nodeName"].is_null(),
+            "a decision without a binding, or the reverse: {pod}"
+        );
         if let Some(d) = d {
             bound += 1;
             for g in d.gpus {
@@ -239,13 +302,25 @@ async fn a_failed_binding_rolls_back() {
     let r = start_extender(&api, Policy::Binpack).await;
     api.fail_next(axum::http::Method::POST, "/pods/a/binding", 500);
     let res = post(&r.url, "/bind", &bind_args(&a, "n1")).await;
-    assert!(res["Error"].as_str().unwrap().contains("binding default/a to n1 failed"), "{res}");
+    assert!(
+        res["Error"]
+            .as_str()
+            .unwrap()
+            .contains("binding default/a to n1 failed"),
+        "{res}"
+    );
     let pod_a = api.get("pods", "default", "a").unwrap();
     assert!(pod_a["spec"]["nodeName"].is_null());
-    assert!(decision(&api, "a").is_none(), "decision left behind: {pod_a}");
+    assert!(
+        decision(&api, "a").is_none(),
+        "decision left behind: {pod_a}"
+    );
     assert!(pod_a["metadata"]["annotations"][ANN_GPUSHARE_POD].is_null());
     // The whole GPU is free again: b gets it.
-    assert_eq!(post(&r.url, "/bind", &bind_args(&b, "n1")).await, json!({"Error": ""}));
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&b, "n1")).await,
+        json!({"Error": ""})
+    );
     assert_eq!(decision(&api, "b").unwrap().per_gpu, 15);
     r.server.abort();
 }
@@ -257,7 +332,10 @@ async fn terminating_pods_hold_memory_until_gone_and_a_restart_loses_nothing() {
     let a = gpu_pod(&api, "a", 10, 1);
     let b = gpu_pod(&api, "b", 10, 1);
     let r = start_extender(&api, Policy::Binpack).await;
-    assert_eq!(post(&r.url, "/bind", &bind_args(&a, "n1")).await, json!({"Error": ""}));
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&a, "n1")).await,
+        json!({"Error": ""})
+    );
     settled(&r, 1).await;
 
     // The extender restarts: the new one rebuilds the same view.
@@ -274,7 +352,11 @@ async fn terminating_pods_hold_memory_until_gone_and_a_restart_loses_nothing() {
     assert!(!api.get("pods", "default", "a").unwrap()["metadata"]["deletionTimestamp"].is_null());
     tokio::time::sleep(Duration::from_millis(100)).await;
     let f = post(&r.url, "/filter", &json!({"Pod": b, "NodeNames": ["n1"]})).await;
-    assert_eq!(f["NodeNames"], json!([]), "terminating pod counted free: {f}");
+    assert_eq!(
+        f["NodeNames"],
+        json!([]),
+        "terminating pod counted free: {f}"
+    );
     // Gone: now b fits.
     api.finalize("pods", "default", "a");
     settled(&r, 0).await;
@@ -289,14 +371,23 @@ async fn health_readiness_and_metrics() {
     gpu_node(&api, "n1", 2, 16160);
     let pod = gpu_pod(&api, "a", 4, 2);
     let r = start_extender(&api, Policy::Binpack).await;
-    assert_eq!(http(&r.url, "GET", "/healthz", "").await, (200, "ok".to_string()));
+    assert_eq!(
+        http(&r.url, "GET", "/healthz", "").await,
+        (200, "ok".to_string())
+    );
     post(&r.url, "/filter", &json!({"Pod": pod, "NodeNames": ["n1"]})).await;
     post(&r.url, "/bind", &bind_args(&pod, "n1")).await;
     settled(&r, 1).await;
     let (code, text) = http(&r.url, "GET", "/metrics", "").await;
     assert_eq!(code, 200);
-    assert!(text.contains("cgpu_extender_requests_total{verb=\"filter\",result=\"fit\"} 1\n"), "{text}");
-    assert!(text.contains("cgpu_extender_requests_total{verb=\"bind\",result=\"ok\"} 1\n"), "{text}");
+    assert!(
+        text.contains("cgpu_extender_requests_total{verb=\"filter\",result=\"fit\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cgpu_extender_requests_total{verb=\"bind\",result=\"ok\"} 1\n"),
+        "{text}"
+    );
     assert!(text.contains("cgpu_extender_nodes 1\n"), "{text}");
     assert!(text.contains("cgpu_extender_pods 1\n"), "{text}");
     assert!(text.ends_with("# EOF\n"), "{text}");

@@ -17,7 +17,11 @@ fn kubectl(dir: &PathBuf, args: &[&str]) -> (String, String, bool) {
     let kubectl = which("kubectl").expect(
         "kubectl is not installed: .ci/run installs it (Debian's kubernetes-client); these tests need the real client",
     );
-    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let out = Command::new(kubectl)
         .args(args)
         .env("PATH", path)
@@ -44,7 +48,11 @@ fn setup(name: &str) -> (ApiServer, PathBuf) {
     let api = ApiServer::start_in_background();
     let dir = scratch(name);
     api.write_kubeconfig(&dir.join("kubeconfig"));
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kubectl-inspect-cgpu"), dir.join("kubectl-inspect-cgpu")).unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_kubectl-inspect-cgpu"),
+        dir.join("kubectl-inspect-cgpu"),
+    )
+    .unwrap();
     for i in 1..=3 {
         api.put(
             "nodes",
@@ -54,7 +62,10 @@ fn setup(name: &str) -> (ApiServer, PathBuf) {
         );
     }
     // A node without shared GPUs is not listed.
-    api.put("nodes", json!({"metadata": {"name": "cpu-only"}, "status": {"capacity": {"cpu": "8"}}}));
+    api.put(
+        "nodes",
+        json!({"metadata": {"name": "cpu-only"}, "status": {"capacity": {"cpu": "8"}}}),
+    );
     (api, dir)
 }
 
@@ -123,21 +134,29 @@ fn details_and_json_through_kubectl() {
     let (out, err, ok) = kubectl(&dir, &["inspect", "cgpu", "-d"]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("NAME:       cn-beijing.192.16x.x.xx1\nIPADDRESS:  192.16x.x.xx1\n\n\
+        out.contains(
+            "NAME:       cn-beijing.192.16x.x.xx1\nIPADDRESS:  192.16x.x.xx1\n\n\
                       NAME              NAMESPACE  GPU0(Allocated)\n\
                       old-gpushare-pod  ml         5\n\
-                      Allocated :  5 (33%)\nTotal :      15\n"),
+                      Allocated :  5 (33%)\nTotal :      15\n"
+        ),
         "{out}"
     );
     assert!(out.contains("Not allocated: ml/no-extender"), "{out}");
-    assert!(out.ends_with("Allocated/Total GPU Memory In Cluster:  5/45 (11%)\n"), "{out}");
+    assert!(
+        out.ends_with("Allocated/Total GPU Memory In Cluster:  5/45 (11%)\n"),
+        "{out}"
+    );
     let (out, err, ok) = kubectl(&dir, &["inspect", "cgpu", "--json"]);
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["allocated"], 5);
     assert_eq!(v["total"], 45);
     assert_eq!(v["percent"], 11);
-    assert_eq!(v["nodes"][0]["gpus"][0]["pods"][0]["name"], "old-gpushare-pod");
+    assert_eq!(
+        v["nodes"][0]["gpus"][0]["pods"][0]["name"],
+        "old-gpushare-pod"
+    );
     assert_eq!(v["nodes"][0]["undecided"][0], "ml/no-extender");
 }
 
@@ -150,9 +169,16 @@ fn unreachable_api_server_is_one_clear_error() {
          contexts:\n- name: t\n  context:\n    cluster: t\n    user: t\ncurrent-context: t\nusers:\n- name: t\n  user: {}\n",
     )
     .unwrap();
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_kubectl-inspect-cgpu"), dir.join("kubectl-inspect-cgpu")).unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_kubectl-inspect-cgpu"),
+        dir.join("kubectl-inspect-cgpu"),
+    )
+    .unwrap();
     let (out, err, ok) = kubectl(&dir, &["inspect", "cgpu"]);
     assert!(!ok);
     assert!(out.is_empty(), "{out}");
-    assert!(err.contains("kubectl inspect cgpu: cannot list nodes"), "{err}");
+    assert!(
+        err.contains("kubectl inspect cgpu: cannot list nodes"),
+        "{err}"
+    );
 }

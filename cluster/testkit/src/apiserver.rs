@@ -80,7 +80,12 @@ fn status(code: u16, reason: &str, message: &str) -> Response {
 }
 
 fn ok_json(v: &Value) -> Response {
-    (StatusCode::OK, [("content-type", "application/json")], v.to_string()).into_response()
+    (
+        StatusCode::OK,
+        [("content-type", "application/json")],
+        v.to_string(),
+    )
+        .into_response()
 }
 
 /// RFC 7386 JSON merge patch.
@@ -142,7 +147,12 @@ fn matches_selectors(obj: &Value, query: &BTreeMap<String, String>) -> bool {
 
 fn parse_query(uri: &Uri) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    for pair in uri.query().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    for pair in uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         out.insert(pct_decode(k), pct_decode(v));
     }
@@ -202,7 +212,13 @@ fn now_rfc3339() -> String {
 }
 
 impl Store {
-    fn record(&mut self, tx: &broadcast::Sender<Change>, resource: &str, kind_type: &'static str, object: Value) {
+    fn record(
+        &mut self,
+        tx: &broadcast::Sender<Change>,
+        resource: &str,
+        kind_type: &'static str,
+        object: Value,
+    ) {
         let change = Change {
             rv: self.rv,
             kind: resource.to_string(),
@@ -214,7 +230,13 @@ impl Store {
     }
 
     /// Stores `obj` (bumping its resourceVersion), records the change.
-    fn write(&mut self, tx: &broadcast::Sender<Change>, resource: &str, ns: &str, mut obj: Value) -> Value {
+    fn write(
+        &mut self,
+        tx: &broadcast::Sender<Change>,
+        resource: &str,
+        ns: &str,
+        mut obj: Value,
+    ) -> Value {
         self.rv += 1;
         let name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
         let key = (resource.to_string(), ns.to_string(), name);
@@ -238,14 +260,25 @@ impl Store {
             obj["status"]["phase"] = json!("Pending");
         }
         self.objects.insert(key, obj.clone());
-        self.record(tx, resource, if existed { "MODIFIED" } else { "ADDED" }, obj.clone());
+        self.record(
+            tx,
+            resource,
+            if existed { "MODIFIED" } else { "ADDED" },
+            obj.clone(),
+        );
         obj
     }
 
-    fn remove(&mut self, tx: &broadcast::Sender<Change>, resource: &str, ns: &str, name: &str) -> Option<Value> {
-        let mut obj = self
-            .objects
-            .remove(&(resource.to_string(), ns.to_string(), name.to_string()))?;
+    fn remove(
+        &mut self,
+        tx: &broadcast::Sender<Change>,
+        resource: &str,
+        ns: &str,
+        name: &str,
+    ) -> Option<Value> {
+        let mut obj =
+            self.objects
+                .remove(&(resource.to_string(), ns.to_string(), name.to_string()))?;
         self.rv += 1;
         obj["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         self.record(tx, resource, "DELETED", obj.clone());
@@ -257,7 +290,9 @@ impl ApiServer {
     /// Starts a server on 127.0.0.1 (an ephemeral port) in the current
     /// tokio runtime.
     pub async fn start() -> ApiServer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind 127.0.0.1:0");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
         let addr = listener.local_addr().expect("local addr");
         let (tx, _) = broadcast::channel(4096);
         let server = ApiServer {
@@ -266,10 +301,12 @@ impl ApiServer {
             addr,
         };
         let s = server.clone();
-        let app = Router::new().fallback(move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
-            let s = s.clone();
-            async move { s.handle(method, uri, headers, body).await }
-        });
+        let app = Router::new().fallback(
+            move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+                let s = s.clone();
+                async move { s.handle(method, uri, headers, body).await }
+            },
+        );
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
@@ -314,7 +351,10 @@ impl ApiServer {
     /// resources without one).
     pub fn put(&self, resource: &str, obj: Value) -> Value {
         let ns = if NAMESPACED.contains(&resource) {
-            obj["metadata"]["namespace"].as_str().unwrap_or("default").to_string()
+            obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string()
         } else {
             String::new()
         };
@@ -322,7 +362,11 @@ impl ApiServer {
     }
 
     pub fn get(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
-        let ns = if NAMESPACED.contains(&resource) { ns } else { "" };
+        let ns = if NAMESPACED.contains(&resource) {
+            ns
+        } else {
+            ""
+        };
         self.store
             .lock()
             .objects
@@ -342,7 +386,11 @@ impl ApiServer {
 
     /// Merge-patches an object as a client would.
     pub fn patch(&self, resource: &str, ns: &str, name: &str, patch: &Value) -> Option<Value> {
-        let ns = if NAMESPACED.contains(&resource) { ns } else { "" };
+        let ns = if NAMESPACED.contains(&resource) {
+            ns
+        } else {
+            ""
+        };
         let mut st = self.store.lock();
         let mut obj = st
             .objects
@@ -355,14 +403,21 @@ impl ApiServer {
     /// Removes an object for good (a terminating pod whose containers are
     /// gone, a pod evicted).
     pub fn finalize(&self, resource: &str, ns: &str, name: &str) -> Option<Value> {
-        let ns = if NAMESPACED.contains(&resource) { ns } else { "" };
+        let ns = if NAMESPACED.contains(&resource) {
+            ns
+        } else {
+            ""
+        };
         self.store.lock().remove(&self.tx, resource, ns, name)
     }
 
     /// The next request whose method is `method` and whose path contains
     /// `path_part` fails with HTTP `code` (once).
     pub fn fail_next(&self, method: Method, path_part: &str, code: u16) {
-        self.store.lock().fail.push((method, path_part.to_string(), code));
+        self.store
+            .lock()
+            .fail
+            .push((method, path_part.to_string(), code));
     }
 
     /// `METHOD path?query` of every request served so far.
@@ -387,17 +442,23 @@ impl ApiServer {
         }
         let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
         match parts.as_slice() {
-            ["version"] => ok_json(&json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-cgpu-test",
-                                           "platform": "linux/amd64"})),
+            ["version"] => ok_json(
+                &json!({"major": "1", "minor": "33", "gitVersion": "v1.33.0-cgpu-test",
+                                           "platform": "linux/amd64"}),
+            ),
             ["api"] => ok_json(&json!({"kind": "APIVersions", "versions": ["v1"],
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": self.addr.to_string()}]})),
             ["apis"] => ok_json(&json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})),
             ["api", "v1"] => ok_json(&discovery()),
-            ["api", "v1", resource] if CLUSTER.contains(resource) || NAMESPACED.contains(resource) => {
-                self.collection(&method, resource, None, &query, &headers, &body).await
+            ["api", "v1", resource]
+                if CLUSTER.contains(resource) || NAMESPACED.contains(resource) =>
+            {
+                self.collection(&method, resource, None, &query, &headers, &body)
+                    .await
             }
             ["api", "v1", "namespaces", ns, resource] if NAMESPACED.contains(resource) => {
-                self.collection(&method, resource, Some(ns), &query, &headers, &body).await
+                self.collection(&method, resource, Some(ns), &query, &headers, &body)
+                    .await
             }
             ["api", "v1", "namespaces", ns, "pods", name, "binding"] if method == Method::POST => {
                 self.bind(ns, name, &body)
@@ -405,7 +466,9 @@ impl ApiServer {
             ["api", "v1", "namespaces", ns, resource, name] if NAMESPACED.contains(resource) => {
                 self.item(&method, resource, ns, name, &headers, &body, &query)
             }
-            ["api", "v1", "namespaces", ns, resource, name, "status"] if NAMESPACED.contains(resource) => {
+            ["api", "v1", "namespaces", ns, resource, name, "status"]
+                if NAMESPACED.contains(resource) =>
+            {
                 self.item(&method, resource, ns, name, &headers, &body, &query)
             }
             ["api", "v1", resource, name] if CLUSTER.contains(resource) => {
@@ -414,7 +477,11 @@ impl ApiServer {
             ["api", "v1", resource, name, "status"] if CLUSTER.contains(resource) => {
                 self.item(&method, resource, "", name, &headers, &body, &query)
             }
-            _ => status(404, "NotFound", &format!("the server could not find the requested resource {path}")),
+            _ => status(
+                404,
+                "NotFound",
+                &format!("the server could not find the requested resource {path}"),
+            ),
         }
     }
 
@@ -446,19 +513,32 @@ impl ApiServer {
                 .objects
                 .contains_key(&(resource.to_string(), ns.to_string(), name.clone()))
             {
-                return status(409, "AlreadyExists", &format!("{resource} \"{name}\" already exists"));
+                return status(
+                    409,
+                    "AlreadyExists",
+                    &format!("{resource} \"{name}\" already exists"),
+                );
             }
             let obj = st.write(&self.tx, resource, ns, obj);
-            return (StatusCode::CREATED, [("content-type", "application/json")], obj.to_string()).into_response();
+            return (
+                StatusCode::CREATED,
+                [("content-type", "application/json")],
+                obj.to_string(),
+            )
+                .into_response();
         }
         if *method != Method::GET {
             return status(405, "MethodNotAllowed", "method not allowed");
         }
         let in_scope = |obj: &Value| {
-            ns.is_none_or(|ns| obj["metadata"]["namespace"].as_str() == Some(ns)) && matches_selectors(obj, query)
+            ns.is_none_or(|ns| obj["metadata"]["namespace"].as_str() == Some(ns))
+                && matches_selectors(obj, query)
         };
         if query.get("watch").is_some_and(|w| w == "true" || w == "1") {
-            let from: u64 = query.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+            let from: u64 = query
+                .get("resourceVersion")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
             // Subscribe before reading the log so nothing falls in between.
             let rx = self.tx.subscribe();
             let backlog: Vec<Change> = {
@@ -476,7 +556,11 @@ impl ApiServer {
                         })
                         .collect()
                 } else {
-                    st.log.iter().filter(|c| c.rv > from && c.kind == resource).cloned().collect()
+                    st.log
+                        .iter()
+                        .filter(|c| c.rv > from && c.kind == resource)
+                        .cloned()
+                        .collect()
                 }
             };
             let last = backlog.iter().map(|c| c.rv).max().unwrap_or(from);
@@ -488,11 +572,19 @@ impl ApiServer {
             let ns = ns.map(str::to_string);
             let query = query.clone();
             let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(timeout);
-            let stream = async_lines(backlog, last, move |c: &Change| {
-                c.kind == resource
-                    && ns.as_deref().is_none_or(|ns| c.object["metadata"]["namespace"].as_str() == Some(ns))
-                    && matches_selectors(&c.object, &query)
-            }, rx, deadline);
+            let stream = async_lines(
+                backlog,
+                last,
+                move |c: &Change| {
+                    c.kind == resource
+                        && ns
+                            .as_deref()
+                            .is_none_or(|ns| c.object["metadata"]["namespace"].as_str() == Some(ns))
+                        && matches_selectors(&c.object, &query)
+                },
+                rx,
+                deadline,
+            );
             return Response::builder()
                 .status(200)
                 .header("content-type", "application/json")
@@ -507,8 +599,10 @@ impl ApiServer {
             .filter(|((r, _, _), o)| r == resource && in_scope(o))
             .map(|(_, o)| o.clone())
             .collect();
-        ok_json(&json!({"kind": format!("{}List", kind_of(resource)), "apiVersion": "v1",
-                        "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}))
+        ok_json(
+            &json!({"kind": format!("{}List", kind_of(resource)), "apiVersion": "v1",
+                        "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -537,7 +631,11 @@ impl ApiServer {
                 if !ctype.starts_with("application/merge-patch+json")
                     && !ctype.starts_with("application/strategic-merge-patch+json")
                 {
-                    return status(415, "UnsupportedMediaType", &format!("patch type {ctype} not served"));
+                    return status(
+                        415,
+                        "UnsupportedMediaType",
+                        &format!("patch type {ctype} not served"),
+                    );
                 }
                 let Ok(patch) = serde_json::from_slice::<Value>(body) else {
                     return status(400, "BadRequest", "patch is not JSON");
@@ -569,7 +667,8 @@ impl ApiServer {
                     .as_i64()
                     .or_else(|| query.get("gracePeriodSeconds").and_then(|g| g.parse().ok()))
                     .unwrap_or(30);
-                if resource == "pods" && grace > 0 && current["spec"]["nodeName"].as_str().is_some() {
+                if resource == "pods" && grace > 0 && current["spec"]["nodeName"].as_str().is_some()
+                {
                     // Graceful: the kubelet stops the containers, then the
                     // pod is removed (here: by finalize()).
                     let mut obj = current;
@@ -601,10 +700,17 @@ impl ApiServer {
         };
         if let Some(uid) = b["metadata"]["uid"].as_str() {
             if pod["metadata"]["uid"].as_str() != Some(uid) {
-                return status(409, "Conflict", "Precondition failed: UID in precondition does not match");
+                return status(
+                    409,
+                    "Conflict",
+                    "Precondition failed: UID in precondition does not match",
+                );
             }
         }
-        if pod["spec"]["nodeName"].as_str().is_some_and(|n| !n.is_empty()) {
+        if pod["spec"]["nodeName"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty())
+        {
             return status(
                 409,
                 "Conflict",
@@ -612,7 +718,10 @@ impl ApiServer {
             );
         }
         if !b["metadata"]["annotations"].is_null() {
-            merge_patch(&mut pod["metadata"]["annotations"], &b["metadata"]["annotations"]);
+            merge_patch(
+                &mut pod["metadata"]["annotations"],
+                &b["metadata"]["annotations"],
+            );
         }
         pod["spec"]["nodeName"] = json!(node);
         st.write(&self.tx, "pods", ns, pod);
@@ -634,39 +743,51 @@ fn async_lines(
     rx: broadcast::Receiver<Change>,
     deadline: tokio::time::Instant,
 ) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
-    let line = |c: &Change| Bytes::from(format!("{}\n", json!({"type": c.kind_type, "object": c.object})));
-    let backlog: std::collections::VecDeque<Bytes> = backlog.iter().filter(|c| filter(c)).map(line).collect();
-    futures::stream::unfold((backlog, rx, last, filter), move |(mut backlog, mut rx, mut last, filter)| async move {
-        if let Some(b) = backlog.pop_front() {
-            return Some((Ok(b), (backlog, rx, last, filter)));
-        }
-        loop {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
-                Err(_) => return None,
-                Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
-                    // The watcher fell behind: end the watch; the client
-                    // re-watches from its last version and gets the log.
-                    return None;
-                }
-                Ok(Err(_)) => return None,
-                Ok(Ok(c)) => {
-                    if c.rv <= last || !filter(&c) {
-                        continue;
+    let line = |c: &Change| {
+        Bytes::from(format!(
+            "{}\n",
+            json!({"type": c.kind_type, "object": c.object})
+        ))
+    };
+    let backlog: std::collections::VecDeque<Bytes> =
+        backlog.iter().filter(|c| filter(c)).map(line).collect();
+    futures::stream::unfold(
+        (backlog, rx, last, filter),
+        move |(mut backlog, mut rx, mut last, filter)| async move {
+            if let Some(b) = backlog.pop_front() {
+                return Some((Ok(b), (backlog, rx, last, filter)));
+            }
+            loop {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Err(_) => return None,
+                    Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                        // The watcher fell behind: end the watch; the client
+                        // re-watches from its last version and gets the log.
+                        return None;
                     }
-                    last = c.rv;
-                    let b = Bytes::from(format!("{}\n", json!({"type": c.kind_type, "object": c.object})));
-                    return Some((Ok(b), (backlog, rx, last, filter)));
+                    Ok(Err(_)) => return None,
+                    Ok(Ok(c)) => {
+                        if c.rv <= last || !filter(&c) {
+                            continue;
+                        }
+                        last = c.rv;
+                        let b = Bytes::from(format!(
+                            "{}\n",
+                            json!({"type": c.kind_type, "object": c.object})
+                        ));
+                        return Some((Ok(b), (backlog, rx, last, filter)));
+                    }
                 }
             }
-        }
-    })
+        },
+    )
 }
 
 fn discovery() -> Value {
-    let r = |name: &str, kind: &str, namespaced: bool, verbs: &[&str]| {
-        json!({"name": name, "singularName": kind.to_lowercase(), "namespaced": namespaced, "kind": kind, "verbs": verbs})
-    };
-    let all = ["create", "delete", "get", "list", "patch", "update", "watch"];
+    let r = |name: &str, kind: &str, namespaced: bool, verbs: &[&str]| json!({"name": name, "singularName": kind.to_lowercase(), "namespaced": namespaced, "kind": kind, "verbs": verbs});
+    let all = [
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ];
     json!({"kind": "APIResourceList", "groupVersion": "v1", "resources": [
         r("pods", "Pod", true, &all),
         r("pods/binding", "Binding", true, &["create"]),
@@ -697,8 +818,14 @@ mod tests {
         let q = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
         assert!(matches_selectors(&pod, &q("labelSelector", "app=x")));
         assert!(!matches_selectors(&pod, &q("labelSelector", "app=y")));
-        assert!(matches_selectors(&pod, &q("fieldSelector", "spec.nodeName=n1")));
-        assert!(!matches_selectors(&pod, &q("fieldSelector", "spec.nodeName!=n1")));
+        assert!(matches_selectors(
+            &pod,
+            &q("fieldSelector", "spec.nodeName=n1")
+        ));
+        assert!(!matches_selectors(
+            &pod,
+            &q("fieldSelector", "spec.nodeName!=n1")
+        ));
         assert_eq!(pct_decode("spec.nodeName%3Dn1"), "spec.nodeName=n1");
     }
 }

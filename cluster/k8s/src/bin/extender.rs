@@ -6,7 +6,8 @@ use cgpu_cluster::{kube_io, signing::DecisionKey};
 use cgpu_cluster_core::placement::Policy;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: cgpu-scheduler-extender [--listen ADDR:PORT] [--policy binpack|spread]\n\
+const USAGE: &str =
+    "usage: cgpu-scheduler-extender [--listen ADDR:PORT] [--policy binpack|spread]\n\
   --listen   where to serve (default 0.0.0.0:32766; env CGPU_EXTENDER_LISTEN)\n\
   --policy   GPU choice on a node unless its label cgpu.io/gpu-policy says otherwise\n\
              (default binpack; env CGPU_GPU_POLICY)\n\
@@ -16,11 +17,13 @@ const USAGE: &str = "usage: cgpu-scheduler-extender [--listen ADDR:PORT] [--poli
 async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CGPU_LOG").unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("CGPU_LOG")
+                .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let mut listen = std::env::var("CGPU_EXTENDER_LISTEN").unwrap_or_else(|_| "0.0.0.0:32766".into());
+    let mut listen =
+        std::env::var("CGPU_EXTENDER_LISTEN").unwrap_or_else(|_| "0.0.0.0:32766".into());
     let mut policy = std::env::var("CGPU_GPU_POLICY").unwrap_or_else(|_| "binpack".into());
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -68,7 +71,10 @@ async fn main() -> ExitCode {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    if let Err(e) = axum::serve(listener, ext.router()).with_graceful_shutdown(shutdown).await {
+    if let Err(e) = axum::serve(listener, ext.router())
+        .with_graceful_shutdown(shutdown)
+        .await
+    {
         eprintln!("cgpu-scheduler-extender: {e}");
         return ExitCode::FAILURE;
     }

@@ -38,11 +38,21 @@ async fn main() -> ExitCode {
     .await;
     match result {
         Ok(v) if as_json => {
-            println!("{}", serde_json::to_string_pretty(&v).expect("view serialises"));
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&v).expect("view serialises")
+            );
             ExitCode::SUCCESS
         }
         Ok(v) => {
-            print!("{}", if details { inspect::render_details(&v) } else { inspect::render(&v) });
+            print!(
+                "{}",
+                if details {
+                    inspect::render_details(&v)
+                } else {
+                    inspect::render(&v)
+                }
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
