@@ -446,6 +446,9 @@ pub async fn uds_channel(
 pub struct Service {
     plugin: Arc<Plugin>,
     mem: bool,
+    /// Becomes true when this server stops (the kubelet restarted): the
+    /// device stream then ends, so the server's graceful stop completes.
+    stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 type DeviceStream =
@@ -476,8 +479,15 @@ impl dp::device_plugin_server::DevicePlugin for Service {
         };
         let first = futures::stream::once(async move { Ok(dp::ListAndWatchResponse { devices }) });
         // The list does not change while the plugin runs: keep the stream
-        // open (the kubelet treats its end as the plugin going away).
-        let rest = futures::stream::pending();
+        // open (the kubelet treats its end as the plugin going away) until
+        // this server stops.
+        let mut stopping = self.stopping.clone();
+        let rest = futures::StreamExt::filter_map(
+            futures::stream::once(async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            }),
+            |()| async { None },
+        );
         Ok(Response::new(Box::pin(futures::StreamExt::chain(
             first, rest,
         ))))
@@ -555,6 +565,7 @@ pub async fn run(plugin: Arc<Plugin>, stop: impl std::future::Future<Output = ()
             let svc = Service {
                 plugin: plugin.clone(),
                 mem,
+                stopping: rx.clone(),
             };
             let mut rx = rx.clone();
             servers.push(tokio::spawn(async move {
@@ -593,7 +604,14 @@ pub async fn run(plugin: Arc<Plugin>, stop: impl std::future::Future<Output = ()
         };
         let _ = tx.send(true);
         for s in servers {
-            let _ = s.await;
+            // A client that keeps a connection open must not hold us up.
+            let abort = s.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), s)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
         }
         if stopped {
             return;
