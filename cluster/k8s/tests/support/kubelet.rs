@@ -111,7 +111,7 @@ impl dp::registration_server::Registration for RegistrationSvc {
                     r.resource_name.clone(),
                     Registered {
                         endpoint: r.endpoint.clone(),
-                        options: opts.get_ref().clone(),
+                        options: *opts.get_ref(),
                         devices,
                         generation,
                     },
