@@ -2,8 +2,8 @@
 //! Prometheus exporter, over the ledgers of this host.
 
 use cgpu::ledger::{Ledger, FORMAT_VERSION};
-use cgpu::monitor::knobs::{self, Knob};
-use cgpu::monitor::{self, args::Args, exporter, inspect, tree, GpuInfo};
+use cgpu_tools::knobs::{self, Knob};
+use cgpu_tools::{args::Args, exporter, inspect, installed, tree, GpuInfo};
 use std::path::{Path, PathBuf};
 use std::process::exit;
 
@@ -28,7 +28,9 @@ OPTIONS:
                           /run/cgpu or /dev/shm/cgpu, whichever has ledgers)
     -h, --help            help
 
-Exit status: 0 done, 1 failed (e.g. a corrupt ledger), 2 usage or range error.
+Exit status: 0 done, 1 failed (e.g. a corrupt ledger), 2 usage or range
+error (also: a ledger directory named by --dir or $CGPU_LEDGER_DIR that does
+not exist or cannot be read).
 ";
 
 const HELP_GET: &str = "\
@@ -112,10 +114,15 @@ address on its first line (use port 0 for any free port).
 ";
 
 const HELP_VERSION: &str = "\
-cgpuctl version
+cgpuctl version [--lib PATH]
 
-Print the version of the library and tools, the ledger format they read and
-write, and the format of each ledger found.
+Print the version of the tools, of the installed libcgpu.so (read from the
+file, not loaded: the cgpu entries of /etc/ld.so.preload and the usual paths,
+/opt/cgpu/libcgpu.so first; or the file given with --lib), the ledger format
+they read and write, and the format of each ledger found. Exit status 1 when
+a library file found has no cgpu version in it or cannot be read.
+
+    --lib PATH            the library file to read instead of looking
 ";
 
 fn die(code: i32, msg: &str) -> ! {
@@ -140,8 +147,8 @@ fn open_all(dir: &Path) -> (Vec<Gpu>, Vec<String>) {
     let mut bad = Vec::new();
     for p in Ledger::list(dir) {
         match Ledger::open(&p) {
-            Ok(l) => match monitor::read_ledger(&l) {
-                monitor::GpuEntry {
+            Ok(l) => match cgpu_tools::read_ledger(&l) {
+                cgpu_tools::GpuEntry {
                     gpu: Some(info), ..
                 } => ok.push(Gpu { ledger: l, info }),
                 e => bad.push(format!(
@@ -150,7 +157,7 @@ fn open_all(dir: &Path) -> (Vec<Gpu>, Vec<String>) {
                     e.error.unwrap_or_else(|| "unreadable".into())
                 )),
             },
-            Err(e) => bad.push(format!("{}: {}", p.display(), monitor::open_error(&e).1)),
+            Err(e) => bad.push(format!("{}: {}", p.display(), cgpu_tools::open_error(&e).1)),
         }
     }
     ok.sort_by_key(|g| g.info.index);
@@ -357,7 +364,7 @@ fn cmd_tree(mut a: Args, dir: &Path) {
     }
     let flat = a.flag(&["--flat"]);
     a.finish().unwrap_or_else(|e| usage(e));
-    let s = monitor::sample_dir(dir);
+    let s = cgpu_tools::sample_dir(dir);
     print!("{}", tree::render(&s.report, flat));
     if s.report.gpus.iter().any(|g| g.gpu.is_none()) {
         exit(1);
@@ -371,7 +378,7 @@ fn cmd_inspect(mut a: Args, dir: &Path) {
     }
     let d = a.flag(&["-d", "--detail"]);
     a.finish().unwrap_or_else(|e| usage(e));
-    let s = monitor::sample_dir(dir);
+    let s = cgpu_tools::sample_dir(dir);
     print!(
         "{}",
         inspect::render(&s.report, d, &inspect::hostname(), &inspect::ip_address())
@@ -386,9 +393,38 @@ fn cmd_version(mut a: Args, dir: &Path) {
         print!("{HELP_VERSION}");
         return;
     }
+    let lib = a.value(&["--lib"]).unwrap_or_else(|e| usage(e));
     a.finish().unwrap_or_else(|e| usage(e));
-    println!("cgpuctl {}", monitor::CGPU_VERSION);
-    println!("library: libcgpu.so {}", monitor::CGPU_VERSION);
+    let tools = cgpu_tools::CGPU_VERSION;
+    println!("cgpuctl {tools}");
+    let mut failed = false;
+    let libs = match &lib {
+        Some(p) => vec![PathBuf::from(p)],
+        None => installed::find_installed(),
+    };
+    if libs.is_empty() {
+        println!(
+            "library: no libcgpu.so found (looked in /etc/ld.so.preload, {}; name one with --lib PATH)",
+            installed::USUAL_PATHS.join(", ")
+        );
+    }
+    for p in &libs {
+        match installed::library_version(p) {
+            Ok(Some(v)) if v == tools => println!("library: {} {v}", p.display()),
+            Ok(Some(v)) => println!("library: {} {v} (the tools are {tools})", p.display()),
+            Ok(None) => {
+                failed = true;
+                println!(
+                    "library: {}: no cgpu version in it (not a cgpu library, or one built before versions were recorded)",
+                    p.display()
+                )
+            }
+            Err(e) => {
+                failed = true;
+                println!("library: {}: {e}", p.display())
+            }
+        }
+    }
     println!("ledger format: {FORMAT_VERSION}");
     for p in Ledger::list(dir) {
         let what = match Ledger::open(&p) {
@@ -396,9 +432,12 @@ fn cmd_version(mut a: Args, dir: &Path) {
             Err(cgpu::ledger::LedgerError::Version { found, .. }) => {
                 format!("format {found} (not readable by this version)")
             }
-            Err(e) => monitor::open_error(&e).1,
+            Err(e) => cgpu_tools::open_error(&e).1,
         };
         println!("{}: {what}", p.display());
+    }
+    if failed {
+        exit(1);
     }
 }
 
@@ -443,7 +482,7 @@ fn cmd_gc(mut a: Args, dir: &Path) {
         for d in &dead {
             println!("  {d}");
         }
-        let still: Vec<String> = monitor::read_ledger(&g.ledger)
+        let still: Vec<String> = cgpu_tools::read_ledger(&g.ledger)
             .gpu
             .map(|i| i.containers.into_iter().map(|c| c.id).collect())
             .unwrap_or_default();
@@ -497,12 +536,13 @@ fn main() {
     if a.flag(&["-V", "--version"]) {
         println!(
             "cgpuctl {} (ledger format {FORMAT_VERSION})",
-            monitor::CGPU_VERSION
+            cgpu_tools::CGPU_VERSION
         );
         return;
     }
     let cmd = a.positional();
-    let dir = || -> PathBuf { monitor::ledger_dir(dir_arg.as_deref()) };
+    let dir =
+        || -> PathBuf { cgpu_tools::ledger_dir(dir_arg.as_deref()).unwrap_or_else(|e| usage(e)) };
     match cmd.as_deref() {
         None | Some("help") => match a.positional().as_deref() {
             Some("get") => print!("{HELP_GET}"),
