@@ -136,9 +136,7 @@ impl Gpu {
     /// The container's view of this GPU as a [`Peek`] (dead processes'
     /// bytes reaped first, at most every 200 ms).
     pub fn peek(&self) -> Peek {
-        if let Acct::Ledger { ledger, .. } = &self.acct {
-            maybe_reap(ledger);
-        }
+        self.acct.maybe_reap();
         Peek {
             quota: self.view_quota(),
             used: self.container_used(),
