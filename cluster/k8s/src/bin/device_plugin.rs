@@ -14,9 +14,9 @@ const USAGE: &str = "usage: cgpu-device-plugin\n\
   CGPU_NVML_LIB              NVML to load (default libnvidia-ml.so.1)\n\
   CGPU_KUBELET_DIR           the kubelet's device-plugin directory (default /var/lib/kubelet/device-plugins)\n\
   CGPU_POD_RESOURCES_SOCKET  default /var/lib/kubelet/pod-resources/kubelet.sock\n\
-  CGPU_LIBRARY               libcgpu.so on the node and in containers (default /usr/local/cgpu/libcgpu.so)\n\
+  CGPU_LIBRARY               libcgpu.so on the node and in containers (default /opt/cgpu/libcgpu.so)\n\
   CGPU_LEDGER_DIR            the ledger directory on the node and in containers (default /run/cgpu)\n\
-  CGPU_ALLOC_DIR             where allocation files are written (default /run/cgpu/alloc)\n";
+  CGPU_ALLOC_DIR             where allocation files are written (default /run/cgpu-alloc; not inside\n                             the ledger directory, which containers can write)\n";
 
 #[tokio::main]
 async fn main() -> ExitCode {
