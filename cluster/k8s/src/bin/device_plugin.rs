@@ -16,7 +16,7 @@ const USAGE: &str = "usage: cgpu-device-plugin\n\
   CGPU_POD_RESOURCES_SOCKET  default /var/lib/kubelet/pod-resources/kubelet.sock\n\
   CGPU_LIBRARY               libcgpu.so on the node and in containers (default /opt/cgpu/libcgpu.so)\n\
   CGPU_LEDGER_DIR            the ledger directory on the node and in containers (default /run/cgpu)\n\
-  CGPU_ALLOC_DIR             where allocation files are written (default /run/cgpu-alloc; not inside\n                             the ledger directory, which containers can write)\n";
+  CGPU_ALLOC_DIR             allocation files (default /run/cgpu-alloc; outside the ledger directory)\n";
 
 #[tokio::main]
 async fn main() -> ExitCode {
