@@ -526,3 +526,38 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
     );
     assert!(file(&started).contains("ALIYUN_COM_GPU_MEM_CONTAINER=12\n"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_container_of_a_pod_gets_its_own_share_of_the_same_gpus() {
+    let c = Cluster::new("multi", &[V100, V100, V100], json!({"cgpu.io/gpu-mem-dev": "16"})).await;
+    c.ready(48).await;
+    let pod = c.pod(
+        "two-containers",
+        json!([gpu_container("trainer", 6), {"name": "sidecar"}, gpu_container("eval", 2)]),
+        2,
+    );
+    c.schedule(&pod).await.unwrap();
+    let pod = c.get("two-containers");
+    let d = Decision::from_pod(&pod).unwrap();
+    assert_eq!(d.per_gpu, 4);
+    let uuids: Vec<String> = d.gpus.iter().map(|g| g.uuid.clone()).collect();
+    let alloc = c.kubelet.admit(&pod).await.unwrap();
+    // No Allocate for a container that asks for no GPU memory.
+    assert_eq!(alloc.keys().collect::<Vec<_>>(), ["eval", "trainer"]);
+    for (container, share) in [("eval", 1), ("trainer", 3)] {
+        let s = c.kubelet.start_container(&pod, container, &alloc[container]).await.unwrap();
+        let file = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
+        assert_eq!(
+            file,
+            format!(
+                "CGPU_CONTAINER_ID=default/two-containers/{container}\nALIYUN_COM_GPU_MEM_CONTAINER={share},{share}\n\
+                 ALIYUN_COM_GPU_MEM_DEV=16\nALIYUN_COM_GPU_VISIBLE_DEVICES={}\n",
+                uuids.join(",")
+            )
+        );
+        // 16160 MiB counted as 16 GiB: a 3 GiB share shows 3030 MiB.
+        let out = c.exec(&s, &["devcount", "meminfo"]);
+        assert_eq!(field(line(&out, "devcount"), "n"), Some("2"), "{out}");
+        assert_eq!(mib(field(line(&out, "meminfo"), "total").unwrap()), 16160 * share / 16, "{out}");
+    }
+}
