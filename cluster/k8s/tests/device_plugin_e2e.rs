@@ -529,7 +529,12 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_container_of_a_pod_gets_its_own_share_of_the_same_gpus() {
-    let c = Cluster::new("multi", &[V100, V100, V100], json!({"cgpu.io/gpu-mem-dev": "16"})).await;
+    let c = Cluster::new(
+        "multi",
+        &[V100, V100, V100],
+        json!({"cgpu.io/gpu-mem-dev": "16"}),
+    )
+    .await;
     c.ready(48).await;
     let pod = c.pod(
         "two-containers",
@@ -545,7 +550,11 @@ async fn each_container_of_a_pod_gets_its_own_share_of_the_same_gpus() {
     // No Allocate for a container that asks for no GPU memory.
     assert_eq!(alloc.keys().collect::<Vec<_>>(), ["eval", "trainer"]);
     for (container, share) in [("eval", 1), ("trainer", 3)] {
-        let s = c.kubelet.start_container(&pod, container, &alloc[container]).await.unwrap();
+        let s = c
+            .kubelet
+            .start_container(&pod, container, &alloc[container])
+            .await
+            .unwrap();
         let file = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
         assert_eq!(
             file,
@@ -558,6 +567,10 @@ async fn each_container_of_a_pod_gets_its_own_share_of_the_same_gpus() {
         // 16160 MiB counted as 16 GiB: a 3 GiB share shows 3030 MiB.
         let out = c.exec(&s, &["devcount", "meminfo"]);
         assert_eq!(field(line(&out, "devcount"), "n"), Some("2"), "{out}");
-        assert_eq!(mib(field(line(&out, "meminfo"), "total").unwrap()), 16160 * share / 16, "{out}");
+        assert_eq!(
+            mib(field(line(&out, "meminfo"), "total").unwrap()),
+            16160 * share / 16,
+            "{out}"
+        );
     }
 }

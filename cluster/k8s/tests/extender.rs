@@ -391,5 +391,44 @@ async fn health_readiness_and_metrics() {
     assert!(text.contains("cgpu_extender_nodes 1\n"), "{text}");
     assert!(text.contains("cgpu_extender_pods 1\n"), "{text}");
     assert!(text.ends_with("# EOF\n"), "{text}");
+    // The reference OpenMetrics parser (Python prometheus_client) reads it.
+    let parsed = openmetrics_parse(&text);
+    assert!(
+        parsed.contains("cgpu_extender_requests filter fit 1.0\n"),
+        "{parsed}"
+    );
+    assert!(parsed.contains("cgpu_extender_pods  1.0\n"), "{parsed}");
     r.server.abort();
+}
+
+/// Parses OpenMetrics text with `prometheus_client.openmetrics.parser`;
+/// one line per sample: family, label values, value.
+fn openmetrics_parse(text: &str) -> String {
+    use std::io::Write;
+    let deps = cgpu_testkit::test_deps();
+    let script = "import sys\n\
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\n\
+        for f in parse(sys.stdin.read()):\n\
+        \x20   for s in f.samples:\n\
+        \x20       print(f.name, ' '.join(s.labels[k] for k in sorted(s.labels, reverse=True)), float(s.value))\n";
+    let mut child = std::process::Command::new(&deps.python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the parser rejected the metrics: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -68,8 +68,19 @@ async fn main() -> ExitCode {
         }
     };
     tracing::info!("serving on {listen} (policy {})", policy.as_str());
+    // Kubernetes stops a pod with SIGTERM.
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
     };
     if let Err(e) = axum::serve(listener, ext.router())
         .with_graceful_shutdown(shutdown)
