@@ -419,6 +419,18 @@ impl Extender {
                 args.pod_namespace, args.pod_name, args.pod_uid
             ));
         }
+        // Already bound (a retried bind whose first answer was lost): never
+        // touch a bound pod's decision; succeed only if it is this node's.
+        if let Some(bound) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+            return if bound == args.node {
+                Ok(())
+            } else {
+                Err(format!(
+                    "pod {}/{} is already bound to {bound}",
+                    args.pod_namespace, args.pod_name
+                ))
+            };
+        }
         let req = pod_request(&pod)?;
         let mut annotations = serde_json::Map::new();
         let mut reserved = None;

@@ -65,3 +65,49 @@ fn device_plugin_mounts_what_it_uses() {
         "/etc/cgpu/decision-key/key"
     );
 }
+
+/// `libcgpu.so` is injected into every job: none of the cluster crates'
+/// dependencies may reach it.
+#[test]
+fn the_interposer_links_no_cluster_crate() {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal",
+            "-p",
+            "cgpu",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(tree.lines().any(|l| l.starts_with("cgpu v")), "{tree}");
+    for c in [
+        "kube",
+        "k8s-openapi",
+        "tonic",
+        "prost",
+        "tokio",
+        "axum",
+        "hyper",
+        "ring",
+        "cgpu-cluster",
+    ] {
+        assert!(
+            !tree
+                .lines()
+                .any(|l| l.starts_with(&format!("{c} v")) || l.starts_with(&format!("{c}-"))),
+            "libcgpu.so depends on {c}:\n{tree}"
+        );
+    }
+}

@@ -321,7 +321,27 @@ async fn a_failed_binding_rolls_back() {
         post(&r.url, "/bind", &bind_args(&b, "n1")).await,
         json!({"Error": ""})
     );
-    assert_eq!(decision(&api, "b").unwrap().per_gpu, 15);
+    let d = decision(&api, "b").unwrap();
+    assert_eq!(d.per_gpu, 15);
+    // A retried bind of a bound pod changes nothing (and never rolls back
+    // its decision); to another node it is refused.
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&b, "n1")).await,
+        json!({"Error": ""})
+    );
+    let res = post(&r.url, "/bind", &bind_args(&b, "n2")).await;
+    assert!(
+        res["Error"]
+            .as_str()
+            .unwrap()
+            .contains("already bound to n1"),
+        "{res}"
+    );
+    assert_eq!(decision(&api, "b").unwrap(), d);
+    assert_eq!(
+        api.get("pods", "default", "b").unwrap()["spec"]["nodeName"],
+        "n1"
+    );
     r.server.abort();
 }
 
