@@ -574,3 +574,33 @@ async fn each_container_of_a_pod_gets_its_own_share_of_the_same_gpus() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_uuids_that_changed_since_scheduling_still_resolve() {
+    let c = Cluster::new("uuids", &[V100, V100], json!({})).await;
+    c.ready(30).await;
+    let pod = c.pod("old-uuids", json!([gpu_container("main", 8)]), 2);
+    c.schedule(&pod).await.unwrap();
+    // As if the node had other UUIDs when the extender decided (a cloud
+    // instance stopped and started): same indices and sizes.
+    let mut d = Decision::from_pod(&c.get("old-uuids")).unwrap();
+    let now: Vec<String> = d.gpus.iter().map(|g| g.uuid.clone()).collect();
+    for g in &mut d.gpus {
+        g.uuid = format!("GPU-00000000-0000-0000-0000-00000000000{}", g.index);
+    }
+    DecisionKey::from_bytes(KEY).unwrap().sign(&mut d);
+    c.api.patch(
+        "pods",
+        "default",
+        "old-uuids",
+        &json!({"metadata": {"annotations": {"cgpu.io/allocation": serde_json::to_string(&d).unwrap()}}}),
+    );
+    let s = c.run_pod("old-uuids", "main").await.unwrap();
+    let file = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
+    assert!(
+        file.contains(&format!("ALIYUN_COM_GPU_VISIBLE_DEVICES={}\n", now.join(","))),
+        "{file}"
+    );
+    let out = c.exec(&s, &["devcount"]);
+    assert_eq!(field(line(&out, "devcount"), "n"), Some("2"), "{out}");
+}
