@@ -23,8 +23,9 @@ use crate::nvml::GpuSource;
 use crate::signing::DecisionKey;
 use cgpu_cluster_core::decision::{pod_gpu_use, ContainerAlloc, Decision, NodeGpu};
 use cgpu_cluster_core::names::*;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -271,11 +272,20 @@ impl Plugin {
 
     /// Checks the pod's decision and returns what the container gets.
     pub async fn resolve(&self, ids: &[String]) -> Result<(String, ContainerAlloc), String> {
-        let (ns, name, container) = self.owner(ids).await?;
+        let owner = self.owner(ids).await?;
+        self.resolve_for(&owner, ids).await
+    }
+
+    async fn resolve_for(
+        &self,
+        (ns, name, container): &(String, String, String),
+        ids: &[String],
+    ) -> Result<(String, ContainerAlloc), String> {
+        let (ns, name, container) = (ns.as_str(), name.as_str(), container.as_str());
         let who = format!("{ns}/{name} container {container}");
-        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &ns);
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
         let pod = pods
-            .get(&name)
+            .get(name)
             .await
             .map_err(|e| format!("cannot read pod {ns}/{name}: {e}"))?;
         let pod = to_value(&pod);
@@ -337,7 +347,7 @@ impl Plugin {
             }
             uuids.push(here.uuid.clone());
         }
-        let share = d.containers.get(&container).copied().unwrap_or(0);
+        let share = d.containers.get(container).copied().unwrap_or(0);
         let m = d.gpus.len() as u64;
         if share == 0 || share * m != ids.len() as u64 {
             return Err(format!(
@@ -370,7 +380,7 @@ impl Plugin {
             }
         }
         let alloc = ContainerAlloc {
-            container_id: container_id(&ns, &name, &container),
+            container_id: container_id(ns, name, container),
             mem_per_gpu: vec![share; d.gpus.len()],
             mem_dev: d.gpu_gib,
             visible_uuids: uuids,
@@ -382,7 +392,12 @@ impl Plugin {
     /// `PreStartContainer`: resolve, check, write the container's file.
     pub async fn pre_start(&self, ids: &[String]) -> Result<(), String> {
         let path = self.cfg.alloc_dir.join(alloc_file_name(ids));
-        match self.resolve(ids).await {
+        let owner = self.owner(ids).await;
+        let result = match &owner {
+            Ok(o) => self.resolve_for(o, ids).await,
+            Err(e) => Err(e.clone()),
+        };
+        match result {
             Ok((pod, alloc)) => {
                 write_file_atomically(&path, alloc.to_file().as_bytes())
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
@@ -408,11 +423,63 @@ impl Plugin {
                 // A stale file from an earlier start must not hand out memory.
                 let _ = std::fs::remove_file(&path);
                 tracing::error!("{e}");
+                if let Ok((ns, name, _)) = &owner {
+                    self.event(ns, name, &e).await;
+                }
                 Err(e)
             }
         }
     }
 }
+
+impl Plugin {
+    /// A Warning event on the pod saying why its container got no GPU
+    /// memory (besides the kubelet's own report of the failed start).
+    async fn event(&self, ns: &str, pod: &str, message: &str) {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), ns);
+        let uid = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .get(pod)
+            .await
+            .ok()
+            .and_then(|p| p.metadata.uid);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let ev = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{pod}.cgpu.{nanos:x}")),
+                namespace: Some(ns.to_string()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.to_string()),
+                namespace: Some(ns.to_string()),
+                uid,
+                ..Default::default()
+            },
+            reason: Some(EVENT_REASON_REFUSED.into()),
+            message: Some(message.to_string()),
+            type_: Some("Warning".into()),
+            source: Some(EventSource {
+                component: Some(COMPONENT_DEVICE_PLUGIN.into()),
+                host: Some(self.cfg.node_name.clone()),
+            }),
+            reporting_component: Some(COMPONENT_DEVICE_PLUGIN.into()),
+            reporting_instance: Some(self.cfg.node_name.clone()),
+            count: Some(1),
+            ..Default::default()
+        };
+        if let Err(e) = events.create(&PostParams::default(), &ev).await {
+            tracing::warn!("cannot record an event on {ns}/{pod}: {e}");
+        }
+    }
+}
+
+/// Reason of the Warning event on a pod whose container was refused GPU memory.
+pub const EVENT_REASON_REFUSED: &str = "CgpuAllocationRefused";
 
 fn write_file_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;

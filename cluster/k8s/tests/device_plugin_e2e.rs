@@ -335,6 +335,21 @@ async fn without_the_extender_or_with_a_forged_decision_no_gpu_memory() {
         err.contains("holds no decision from cgpu-scheduler-extender"),
         "{err}"
     );
+    // ... and a Warning event on the pod says so.
+    let events = c.api.list("events");
+    let ev = events
+        .iter()
+        .find(|e| e["involvedObject"]["name"] == "direct")
+        .unwrap_or_else(|| panic!("no event for the pod: {events:?}"));
+    assert_eq!(ev["reason"], "CgpuAllocationRefused");
+    assert_eq!(ev["type"], "Warning");
+    assert!(
+        ev["message"]
+            .as_str()
+            .unwrap()
+            .contains("gets no GPU memory"),
+        "{ev}"
+    );
 
     // A decision written by hand: right shape, wrong signature.
     let honest = c.pod("honest", json!([gpu_container("main", 2)]), 1);
@@ -598,7 +613,10 @@ async fn gpu_uuids_that_changed_since_scheduling_still_resolve() {
     let s = c.run_pod("old-uuids", "main").await.unwrap();
     let file = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
     assert!(
-        file.contains(&format!("ALIYUN_COM_GPU_VISIBLE_DEVICES={}\n", now.join(","))),
+        file.contains(&format!(
+            "ALIYUN_COM_GPU_VISIBLE_DEVICES={}\n",
+            now.join(",")
+        )),
         "{file}"
     );
     let out = c.exec(&s, &["devcount"]);
