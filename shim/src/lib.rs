@@ -19,6 +19,7 @@ pub mod driver;
 pub mod exec;
 pub mod nvml;
 pub mod stat;
+pub mod stat_schema;
 pub mod state;
 pub mod stubs;
 
