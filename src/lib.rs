@@ -4,6 +4,7 @@ pub mod config;
 pub mod driver;
 pub mod hooks;
 pub mod ledger;
+pub mod log;
 pub mod memory;
 pub mod scheduler;
 

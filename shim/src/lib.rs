@@ -2,8 +2,9 @@
 //! driver API and NVML, to be exposed as `libcuda.so.1` and
 //! `libnvidia-ml.so.1`; see `shim/README.md`.
 //!
-//! Modules by API area: `cuda::{init, device, context, memory, vmm, stream,
-//! module, launch, graph, procaddr}`, `nvml`; the machinery underneath:
+//! Modules by API area: `cuda::{init, device, context, memory, managed, vmm,
+//! array, stream, module, launch, occupancy, graph, unsupported, procaddr}`,
+//! `nvml`, `nvml_monitoring`; the machinery underneath:
 //! `config` (environment), `state` (the shared mmap'd file), `exec` (device
 //! time), `driver` (per-process objects and handles), `stubs` (counted calls
 //! to functions that are only stubs).
@@ -18,6 +19,7 @@ pub mod cuda;
 pub mod driver;
 pub mod exec;
 pub mod nvml;
+pub mod nvml_monitoring;
 pub mod stat;
 pub mod stat_schema;
 pub mod state;
@@ -104,4 +106,35 @@ pub unsafe fn read_cstr(p: *const std::ffi::c_char) -> Option<String> {
             .to_string_lossy()
             .into_owned(),
     )
+}
+
+/// Declares exported driver functions: one declaration per function, its
+/// per-thread-default-stream (`_ptsz`/`_ptds`) and other twins listed by
+/// name, all with the same parameters and one body (run under [`guard`]):
+///
+/// ```ignore
+/// exports! {
+///     cuGraphLaunch | cuGraphLaunch_ptsz (e: CUgraphExec, s: CUstream) => graph_launch(e, s);
+/// }
+/// ```
+///
+/// Each symbol gets a body of its own (so a distinct address, which
+/// interposers use to tell variants apart).
+#[macro_export]
+macro_rules! exports {
+    () => {};
+    ($first:ident $(| $more:ident)* ($($args:tt)*) => $body:expr; $($rest:tt)*) => {
+        $crate::exports!(@each [$first $($more)*] ($($args)*) $body);
+        $crate::exports!($($rest)*);
+    };
+    (@each [$($name:ident)*] $args:tt $body:expr) => {
+        $( $crate::exports!(@one $name $args $body); )*
+    };
+    (@one $name:ident ($($a:ident : $t:ty),* $(,)?) $body:expr) => {
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> cgpu_ffi::CUresult {
+            std::hint::black_box(stringify!($name));
+            $crate::guard(|| $body)
+        }
+    };
 }

@@ -23,8 +23,7 @@ pub mod table;
 pub mod tree;
 
 use cgpu::ledger::{
-    self, ContainerSlot, Ledger, LedgerError, LedgerFile, ID_LEN, MAX_CONTAINERS, MAX_PROCESSES,
-    SLOT_LIVE, UUID_LEN,
+    self, ContainerSlot, Ledger, LedgerError, LedgerFile, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE,
 };
 use cgpu::scheduler;
 use serde::{Deserialize, Serialize};
@@ -230,7 +229,7 @@ pub fn read_file(
         return Err((Status::NotReady, "ledger is still being created".into()));
     }
     let corrupt = |why: String| Err((Status::Corrupt, why));
-    let uuid = match cstr(&h.uuid[..UUID_LEN]) {
+    let uuid = match cstr(&h.uuid_bytes()) {
         Some(u) => u,
         None => return corrupt("GPU uuid is not UTF-8".into()),
     };
@@ -252,7 +251,7 @@ pub fn read_file(
         if !container_live(s) {
             continue;
         }
-        let id = match cstr(&s.id[..ID_LEN]) {
+        let id = match cstr(&s.id_bytes()) {
             Some(id) if !id.is_empty() => id,
             _ => return corrupt(format!("container slot {i}: id is empty or not UTF-8")),
         };
@@ -267,7 +266,7 @@ pub fn read_file(
         containers.push(ContainerInfo {
             slot: i,
             id,
-            created_ns: s.created_ns,
+            created_ns: s.created_ns.load(Acquire),
             highprio: s.highprio.load(Acquire) != 0,
             weight,
             quota_bytes: quota,
@@ -494,7 +493,7 @@ pub(crate) mod testutil {
         f.header.magic = ledger::LEDGER_MAGIC;
         f.header.version = ledger::FORMAT_VERSION;
         f.header.gpu_index = index;
-        f.header.uuid[..uuid.len()].copy_from_slice(uuid.as_bytes());
+        f.header.set_uuid(uuid);
         f.header.physical_total = physical;
         f.header.ready.store(1, Relaxed);
         f.header.max_inst.store(16, Relaxed);
@@ -507,12 +506,11 @@ pub(crate) mod testutil {
     pub fn add_container(f: &mut LedgerFile, c: usize, id: &str, quota: u64, used: u64, w: u32) {
         let s = &mut f.containers[c];
         s.state.store(SLOT_LIVE, Relaxed);
-        s.id = [0; ID_LEN];
-        s.id[..id.len()].copy_from_slice(id.as_bytes());
+        s.set_id(id);
         s.quota.store(quota, Relaxed);
         s.used.store(used, Relaxed);
         s.weight.store(w, Relaxed);
-        s.created_ns = 1000 + c as u64;
+        s.created_ns.store(1000 + c as u64, Relaxed);
     }
 
     /// Put a live process into slot `p`.
@@ -564,7 +562,7 @@ mod tests {
 
         let mut f = fake_file(0, "GPU-aaaa", 16 * GIB);
         add_container(&mut f, 0, "c", GIB, 0, 1);
-        f.containers[0].id[0] = 0xff;
+        f.containers[0].id[0].store(0xff, Relaxed);
         let e = read_file(&f, &|_| true).unwrap_err();
         assert_eq!(e.0, Status::Corrupt);
 

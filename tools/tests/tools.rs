@@ -463,7 +463,11 @@ fn help_for_every_command() {
     assert!(o.status.success());
     assert_eq!(
         stdout(&o),
-        format!("cgpuctl {} (ledger format 1)\n", env!("CARGO_PKG_VERSION"))
+        format!(
+            "cgpuctl {} (ledger format {})\n",
+            env!("CARGO_PKG_VERSION"),
+            cgpu::ledger::FORMAT_VERSION
+        )
     );
     let o = smi().arg("--help").output().unwrap();
     assert!(o.status.success());
@@ -857,7 +861,11 @@ fn tree_inspect_version_gc() {
         "0/0852a381c0cf/weight: 2".to_owned(),
         format!("1/0852a381c0cf/memsize: {}", 4 * GIB),
         "default_memsize: 0".to_owned(),
-        format!("version: {} (ledger format 1)", env!("CARGO_PKG_VERSION")),
+        format!(
+            "version: {} (ledger format {})",
+            env!("CARGO_PKG_VERSION"),
+            cgpu::ledger::FORMAT_VERSION
+        ),
     ] {
         assert!(t.lines().any(|l| l == want), "missing `{want}` in:\n{t}");
     }
@@ -890,8 +898,9 @@ fn tree_inspect_version_gc() {
 
     let o = run(ctl(), &dir, &["version"]);
     let t = stdout(&o);
-    assert!(t.contains("ledger format: 1"), "{t}");
-    assert!(t.contains("GPU-x1.ledger: format 1"), "{t}");
+    let v = cgpu::ledger::FORMAT_VERSION;
+    assert!(t.contains(&format!("ledger format: {v}")), "{t}");
+    assert!(t.contains(&format!("GPU-x1.ledger: format {v}")), "{t}");
 
     // gc: a killed client's slot and bytes are reaped and reported
     let (pid, bslot) = (a.pid, a.container);

@@ -21,7 +21,7 @@ pub fn charged_size(n: u64) -> u64 {
     n.div_ceil(ALLOC_GRANULE).saturating_mul(ALLOC_GRANULE)
 }
 
-fn map_anon(len: usize) -> Result<u64, CUresult> {
+pub fn map_anon(len: usize) -> Result<u64, CUresult> {
     // SAFETY: a fresh private anonymous mapping; no existing memory touched.
     let p = unsafe {
         libc::mmap(
@@ -102,6 +102,7 @@ pub fn free_dev(d: &Driver, p: u64, allow: &[AllocKind]) -> CuRes {
     }
     let a = allocs.remove(&p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     drop(allocs);
+    super::managed::forget(p);
     unmap(p, a.map_len);
     if a.charged > 0 {
         d.uncharge(a.dev, a.charged);
@@ -144,7 +145,7 @@ pub fn free_ctx_allocs(d: &Driver, ctx: usize) {
 
 /// Where `[p, p+len)` lies: `Some(())` if inside one live device allocation
 /// or a mapped VMM range, `None` if it is not device memory we know.
-fn find_dev(d: &Driver, p: u64, len: u64) -> Option<bool> {
+pub fn find_dev(d: &Driver, p: u64, len: u64) -> Option<bool> {
     {
         let allocs = d.allocs.lock();
         if let Some((start, a)) = allocs.range(..=p).next_back() {
@@ -156,13 +157,15 @@ fn find_dev(d: &Driver, p: u64, len: u64) -> Option<bool> {
             }
         }
     }
-    let maps = d.vmm_maps.lock();
-    if let Some((start, (mlen, _))) = maps.range(..=p).next_back() {
-        if p < start + mlen {
-            return Some(p.checked_add(len).is_some_and(|e| e <= start + mlen));
+    {
+        let maps = d.vmm_maps.lock();
+        if let Some((start, (mlen, _))) = maps.range(..=p).next_back() {
+            if p < start + mlen {
+                return Some(p.checked_add(len).is_some_and(|e| e <= start + mlen));
+            }
         }
     }
-    None
+    super::graph::graph_mem_range(p, len)
 }
 
 /// A device range that must be ours.
@@ -223,6 +226,9 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         let d = cu()?;
         if dptr == 0 {
             return Ok(());
+        }
+        if let Some(r) = super::graph::graph_mem_free(dptr) {
+            return r;
         }
         free_dev(
             d,
@@ -486,6 +492,11 @@ pub fn default_pool(d: &Driver, dev: usize) -> usize {
     })
 }
 
+/// The device's current pool (`cuDeviceGetMemPool`).
+pub fn current_pool_pub(d: &Driver, dev: usize) -> usize {
+    current_pool(d, dev)
+}
+
 fn current_pool(d: &Driver, dev: usize) -> usize {
     let cur = *d.current_pools[dev].lock();
     if cur != 0 {
@@ -505,18 +516,19 @@ fn alloc_async(
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let (dev, _) = d.stream(stream as usize)?;
+    let (sdev, _) = d.stream(stream as usize)?;
     let (ctx, _) = d.cur_ctx()?;
-    let pool = match pool {
-        Some(h) => {
-            let p = pool_of(d, h)?;
-            if p.dev != dev {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
-            h
-        }
-        None => current_pool(d, dev),
+    // A pool of another device may be used from this stream: the memory is
+    // on the pool's device.
+    let (pool, dev) = match pool {
+        Some(h) => (h, pool_of(d, h)?.dev),
+        None => (current_pool(d, sdev), sdev),
     };
+    if size == 0 {
+        // The driver succeeds and returns NULL (which cuMemFreeAsync accepts).
+        // SAFETY: out pointer from the caller (checked non-null).
+        return unsafe { put(dptr, 0, CUDA_ERROR_INVALID_VALUE) };
+    }
     let p = alloc_on(d, ctx, dev, size as u64, AllocKind::Async, pool)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(dptr, p, CUDA_ERROR_INVALID_VALUE) }
@@ -563,6 +575,13 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuRes {
     let d = cu()?;
     d.stream(stream as usize)?;
+    if dptr == 0 {
+        // What a zero-byte allocation returned.
+        return Ok(());
+    }
+    if let Some(r) = super::graph::graph_mem_free(dptr) {
+        return r;
+    }
     free_dev(
         d,
         dptr,
@@ -754,7 +773,7 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 
 // ----------------------------------------------------------------------- arrays
 
-fn format_bytes(f: u32) -> Option<u64> {
+pub fn format_bytes(f: u32) -> Option<u64> {
     Some(match f {
         0x01 | 0x08 => 1,
         0x02 | 0x09 | 0x10 => 2,
@@ -800,6 +819,9 @@ fn array_create(
         bytes: charged,
         ctx,
         base,
+        dims: [w, h, depth],
+        format,
+        channels: ch,
     })));
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(parr, h as CUarray, CUDA_ERROR_INVALID_VALUE) }
@@ -1057,7 +1079,7 @@ variants!(async memcpy_2d(p: *const CudaMemcpy2D) => cuMemcpy2DAsync_v2, cuMemcp
 
 // ---------------------------------------------------------------------- memsets
 
-fn memset_n<T: Copy>(dst: CUdeviceptr, v: T, n: usize) -> CuRes {
+pub fn memset_n<T: Copy>(dst: CUdeviceptr, v: T, n: usize) -> CuRes {
     let d = cu()?;
     if n == 0 {
         return Ok(());
@@ -1141,87 +1163,30 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
             match attr {
                 1 => (data as *mut usize).write_unaligned(a.ctx),
                 2 => (data as *mut u32).write_unaligned(if host { 1 } else { 2 }),
-                3 | 4 => (data as *mut u64).write_unaligned(ptr),
+                3 => (data as *mut u64).write_unaligned(ptr),
+                // Host pointer: host and managed memory only.
+                4 if host || a.kind == AllocKind::Managed => {
+                    (data as *mut u64).write_unaligned(ptr)
+                }
+                4 => return Err(CUDA_ERROR_INVALID_VALUE),
+                6 => (data as *mut u32).write_unaligned(super::managed::sync_memops(start) as u32),
+                // Buffer id: unique per allocation while it lives.
+                7 => (data as *mut u64).write_unaligned(start),
                 8 => (data as *mut u32).write_unaligned((a.kind == AllocKind::Managed) as u32),
                 9 => (data as *mut i32).write_unaligned(a.dev as i32),
+                10 | 15 => (data as *mut u32).write_unaligned(0),
                 11 => (data as *mut u64).write_unaligned(start),
                 12 => (data as *mut usize).write_unaligned(a.size as usize),
                 13 => (data as *mut u32).write_unaligned(1),
+                14 => (data as *mut u64).write_unaligned(0),
+                // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                16 => (data as *mut u32).write_unaligned(3),
+                17 if a.kind == AllocKind::Async => (data as *mut usize).write_unaligned(a.pool),
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }
         Ok(())
     })
-}
-
-// ------------------------------------------------------------ hints, pointers
-
-fn prefetch(p: CUdeviceptr, n: usize, stream: CUstream) -> CuRes {
-    let d = cu()?;
-    d.stream(stream as usize)?;
-    check_dev_range(d, p, n as u64)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync(
-    p: CUdeviceptr,
-    n: usize,
-    _dev: CUdevice,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| prefetch(p, n, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync_ptsz(
-    p: CUdeviceptr,
-    n: usize,
-    _dev: CUdevice,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| prefetch(p, n, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
-    p: CUdeviceptr,
-    n: usize,
-    _loc: CUmemLocation,
-    _flags: u32,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| prefetch(p, n, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync_v2_ptsz(
-    p: CUdeviceptr,
-    n: usize,
-    _loc: CUmemLocation,
-    _flags: u32,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| prefetch(p, n, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAdvise(
-    p: CUdeviceptr,
-    n: usize,
-    _advice: u32,
-    _dev: CUdevice,
-) -> CUresult {
-    guard(|| check_dev_range(cu()?, p, n as u64))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAdvise_v2(
-    p: CUdeviceptr,
-    n: usize,
-    _advice: u32,
-    _loc: CUmemLocation,
-) -> CUresult {
-    guard(|| check_dev_range(cu()?, p, n as u64))
 }
 
 #[unsafe(no_mangle)]
@@ -1274,4 +1239,21 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
         }
         Ok(())
     })
+}
+
+/// Creates an array (mipmap levels use it).
+pub fn array_create_pub(
+    parr: *mut CUarray,
+    w: usize,
+    h: usize,
+    depth: usize,
+    format: u32,
+    ch: u32,
+) -> CuRes {
+    array_create(parr, w, h, depth, format, ch)
+}
+
+/// Destroys an array by handle (mipmap levels use it).
+pub fn array_destroy_pub(d: &Driver, h: usize) -> CuRes {
+    array_destroy(d, h)
 }
