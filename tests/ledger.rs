@@ -104,8 +104,6 @@ fn reserve_release_quota() {
     assert_eq!(snap.containers[0].quota, GIB);
     assert_eq!(snap.processes[0].used, 2 * GIB);
     assert!(snap.processes[0].alive);
-    let json = serde_json::to_string(&snap).unwrap();
-    assert!(json.contains("\"oom_count\""), "{json}");
     l.release(&m, 2 * GIB);
     assert!(l.try_reserve(&m, GIB).is_ok());
     l.leave(m);
