@@ -67,7 +67,7 @@ fn cudart_sees_the_quota_and_is_refused_past_it() {
         assert_eq!(totals, [QUOTA, QUOTA], "CUDA {v}");
         let free = num(&out, "meminfo", "free");
         assert!(
-            free <= QUOTA - CTX && free >= QUOTA - CTX - 512,
+            (QUOTA - CTX - 512..=QUOTA - CTX).contains(&free),
             "CUDA {v}: free {free} of {QUOTA}"
         );
         // 1 MiB and 3 GB fit; 7 GB is past the quota (not the device).
