@@ -123,6 +123,7 @@ fn driver_ops() -> Option<DriverOps> {
         ctx_get_current: real::cuCtxGetCurrent.get()?,
         ctx_set_current: real::cuCtxSetCurrent.get()?,
         ctx_synchronize: real::cuCtxSynchronize.get()?,
+        ctx_get_device: real::cuCtxGetDevice.get()?,
     })
 }
 
@@ -232,12 +233,21 @@ fn make_gate(
     drv: DriverOps,
 ) -> Result<&'static Gate, String> {
     let gate: &'static Gate = Box::leak(Box::new(Gate::new(ledger, m.container, m.process, drv)));
-    std::thread::Builder::new()
+    gate.beat();
+    let spawned = std::thread::Builder::new()
         .name("cgpu-sched".into())
         .spawn(move || gate.helper_loop())
-        .map_err(|e| {
-            format!("cannot start the scheduler thread: {e}; kernel launches are not held back")
-        })?;
+        .and_then(|_| {
+            std::thread::Builder::new()
+                .name("cgpu-beat".into())
+                .spawn(move || gate.beat_loop())
+        });
+    if let Err(e) = spawned {
+        gate.stop.store(true, Release);
+        return Err(format!(
+            "cannot start the scheduler threads: {e}; kernel launches are not held back"
+        ));
+    }
     register_handlers();
     Ok(gate)
 }
@@ -272,10 +282,65 @@ pub fn detach() {
     }
 }
 
+/// Every gate of this process (at most one per device, plus the single one).
+fn each_gate(mut f: impl FnMut(&Gate)) {
+    for g in std::iter::once(&GATE).chain(GATES.iter()) {
+        let p = g.load(Acquire);
+        if !p.is_null() {
+            // SAFETY: leaked, never freed.
+            f(unsafe { &*p });
+        }
+    }
+}
+
+/// A thread of this process inside a synchronise call, while it lives: the
+/// scheduler counts the process as waiting for its GPU work (a holder that
+/// waits for its work is not idle). Atomics only; a no-op when not scheduling.
+pub struct WaitingForGpu(());
+
+impl WaitingForGpu {
+    #[inline]
+    pub fn new() -> WaitingForGpu {
+        each_gate(|g| g.in_sync(true));
+        WaitingForGpu(())
+    }
+}
+
+impl Default for WaitingForGpu {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for WaitingForGpu {
+    #[inline]
+    fn drop(&mut self) {
+        each_gate(|g| g.in_sync(false));
+    }
+}
+
+/// Context `ctx` is about to be destroyed (`cuCtxDestroy`): the handover
+/// drain forgets it, and this returns once no drain is synchronising it.
+/// Call before the real destroy.
+pub fn forget_context(ctx: usize) {
+    each_gate(|g| g.forget_ctx(ctx));
+}
+
+/// The primary context of device `dev` (the real driver's ordinal) is about
+/// to be released or reset: the drain forgets the device's contexts (a
+/// context still in use is registered again at its next slice). Call
+/// before the real release/reset.
+pub fn forget_device_contexts(dev: i32) {
+    each_gate(|g| g.forget_device(dev));
+}
+
 /// For a `pthread_atfork` child handler (async-signal-safe: atomic stores).
 /// The child has no helper thread; it attaches again at its first launch
-/// (the memory side re-joins the ledger lazily).
+/// (the memory side re-joins the ledger lazily). The capture table is
+/// emptied: a drain that was synchronising in the parent does not exist in
+/// the child, and would otherwise make its `cuStreamBeginCapture` wait.
 pub fn after_fork_child() {
+    capture::CAPTURES.after_fork_child();
     GATE.store(std::ptr::null_mut(), Release);
     MULTI.store(false, Release);
     for (g, a) in GATES.iter().zip(DEV_ATTACH.iter()) {

@@ -52,8 +52,10 @@ pub mod container {
     /// Bit set of process slots that launched in the current slice and must
     /// drain before the GPU changes hands (4 words).
     pub const DRAIN: usize = 11;
-    /// Last time a thread of the container started waiting (informational).
-    pub const LAST_WAIT_NS: usize = 15;
+    /// GPU time of work that was seen to have run after its drain had been
+    /// given up on (a process that stopped answering), ns: charged to the
+    /// bucket at the next decision.
+    pub const OWED_NS: usize = 15;
     /// Words of a process bit set (256 process slots).
     pub const SET_WORDS: usize = 4;
 }
@@ -103,6 +105,13 @@ impl Token {
             aux: None,
         }
         .pack()
+    }
+    /// The holder as a container slot index, if it is one: the word is
+    /// shared memory that any process can write, so every use as an index
+    /// goes through here.
+    #[inline]
+    pub fn holder_slot(&self) -> Option<usize> {
+        self.holder.filter(|&h| h < crate::ledger::MAX_CONTAINERS)
     }
     /// The next state, with the sequence number advanced.
     #[inline]
@@ -170,11 +179,13 @@ mod tests {
             }
             .pack()
         );
-        assert_eq!(
-            container::DRAIN + container::SET_WORDS,
-            container::LAST_WAIT_NS
-        );
-        const { assert!(container::LAST_WAIT_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
+        assert_eq!(container::DRAIN + container::SET_WORDS, container::OWED_NS);
+        const { assert!(container::OWED_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
         const { assert!(gpu::KNOB_GEN_SEEN < crate::ledger::SCHED_GPU_WORDS) };
+        // Any process may write the token: an out-of-range holder is no slot.
+        let t = Token::unpack(Token::running(1, 31) + (1u64 << 40));
+        assert_eq!(t.holder, Some(32));
+        assert_eq!(t.holder_slot(), None);
+        assert_eq!(Token::unpack(Token::running(1, 31)).holder_slot(), Some(31));
     }
 }
