@@ -5,5 +5,4 @@ pub mod driver;
 pub mod hooks;
 pub mod ledger;
 pub mod memory;
-pub mod monitor;
 pub mod scheduler;

@@ -5,7 +5,8 @@
 //! Modules by API area: `cuda::{init, device, context, memory, vmm, stream,
 //! module, launch, graph, procaddr}`, `nvml`; the machinery underneath:
 //! `config` (environment), `state` (the shared mmap'd file), `exec` (device
-//! time), `driver` (per-process objects and handles).
+//! time), `driver` (per-process objects and handles), `stubs` (counted calls
+//! to functions that are only stubs).
 //!
 //! Every exported function catches panics (`guard`) and returns the driver's
 //! own error codes; none dereferences a handle it did not hand out.
@@ -19,6 +20,7 @@ pub mod exec;
 pub mod nvml;
 pub mod stat;
 pub mod state;
+pub mod stubs;
 
 use cgpu_ffi::*;
 

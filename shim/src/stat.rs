@@ -32,12 +32,22 @@ pub struct ProcessStat {
     pub kernels: u64,
 }
 
+/// Calls to a function the sim only stubs (see `stubs.rs`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StubStat {
+    pub name: String,
+    pub calls: u64,
+}
+
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Snapshot {
     pub schema: u32,
     pub state_dir: String,
     pub devices: Vec<DeviceStat>,
     pub processes: Vec<ProcessStat>,
+    /// Every stub called at least once, by name (all processes together).
+    #[serde(default)]
+    pub stubs: Vec<StubStat>,
 }
 
 /// Reads the state in `dir` (reaping dead processes first). Fails if the
@@ -91,11 +101,16 @@ pub fn snapshot(dir: &Path) -> std::io::Result<Snapshot> {
             });
         }
     }
+    let stubs = crate::stubs::counts(&sh)
+        .into_iter()
+        .map(|(name, calls)| StubStat { name, calls })
+        .collect();
     Ok(Snapshot {
         schema: SCHEMA_VERSION,
         state_dir: dir.display().to_string(),
         devices,
         processes,
+        stubs,
     })
 }
 

@@ -12,6 +12,7 @@
 //!   killed process never holds memory or the device for long: the next
 //!   operation of any process reaps it (memory back, device released), keeping
 //!   its device time and kernel count with `state = EXITED`.
+//! - Stub counts: calls per name of the functions the sim only stubs.
 //! - Memory used on a device is derived: the sum of the bytes held by alive
 //!   slots. Allocation takes the device's OFD lock byte (a short critical
 //!   section; released by the kernel if the holder dies).
@@ -27,9 +28,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: [u8; 8] = *b"CGPUSIM\0";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_SLOTS: usize = 1024;
+/// Distinct stub names counted (`stubs.rs`).
+pub const MAX_STUBS: usize = 1024;
+pub const STUB_NAME_WORDS: usize = 8;
 
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_ALIVE: u32 = 1;
@@ -88,11 +92,21 @@ pub struct SlotRec {
     pub ctx_mask: AtomicU32,
 }
 
+/// Calls to one stub function, summed over every process (`stubs.rs`).
+#[repr(C)]
+pub struct StubRec {
+    /// The function's name, NUL-padded; word 0 is written last (all zero:
+    /// the record is free).
+    pub name: [AtomicU64; STUB_NAME_WORDS],
+    pub calls: AtomicU64,
+}
+
 #[repr(C)]
 pub struct StateFile {
     pub header: Header,
     pub devices: [DeviceRec; MAX_DEVICES],
     pub slots: [SlotRec; MAX_SLOTS],
+    pub stubs: [StubRec; MAX_STUBS],
 }
 
 pub const STATE_SIZE: usize = std::mem::size_of::<StateFile>();

@@ -1,4 +1,4 @@
-//! A plain-data copy of a ledger for the tools (`monitor`, `cgpu-smi
+//! A plain-data copy of a ledger for the tools (`cgpu-tools`, `cgpu-smi
 //! --json`). Values are read one by one with relaxed loads: each is exact,
 //! the whole is a near-instant picture, not a transaction.
 

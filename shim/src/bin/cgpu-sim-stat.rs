@@ -90,4 +90,16 @@ fn main() {
             p.kernels
         );
     }
+    if snap.stubs.is_empty() {
+        println!("stubs called: none");
+    } else {
+        let total: u64 = snap.stubs.iter().map(|s| s.calls).sum();
+        println!(
+            "stubs called: {} functions, {total} calls",
+            snap.stubs.len()
+        );
+        for s in &snap.stubs {
+            println!("  {:<48} {}", s.name, s.calls);
+        }
+    }
 }

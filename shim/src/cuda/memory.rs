@@ -212,6 +212,7 @@ pub unsafe extern "C" fn cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: u32) ->
         if dptr.is_null() || bytesize == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        crate::stub_hit!("cuMemAlloc");
         Err(CUDA_ERROR_NOT_SUPPORTED)
     })
 }

@@ -66,17 +66,13 @@ macro_rules! proc_table {
 }
 pub(crate) use proc_table;
 
-/// Legacy variants we keep only for their names: they answer NOT_SUPPORTED
-/// (safe to call with any arguments under the C calling convention).
+/// Legacy variants we keep only for their names: counted stubs that answer
+/// NOT_SUPPORTED (safe to call with any arguments under the C calling
+/// convention). Each body counts its own name, so addresses are distinct.
 macro_rules! legacy_stubs {
-    ($($sym:ident),* $(,)?) => {$(
-        #[unsafe(no_mangle)]
-        pub extern "C" fn $sym() -> cgpu_ffi::CUresult {
-            // A distinct body per symbol: distinct addresses.
-            std::hint::black_box(stringify!($sym));
-            cgpu_ffi::CUDA_ERROR_NOT_SUPPORTED
-        }
-    )*};
+    ($($sym:ident),* $(,)?) => {
+        $crate::stub_fns! { cgpu_ffi::CUresult = cgpu_ffi::CUDA_ERROR_NOT_SUPPORTED => $($sym),*; }
+    };
 }
 pub(crate) use legacy_stubs;
 

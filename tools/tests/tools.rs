@@ -849,3 +849,26 @@ fn tree_inspect_version_gc() {
     drop(b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The tools link the interposer crate as an rlib; they must not export its hooks (a
+/// `dlsym` exported from an executable would catch every library it loads).
+#[test]
+fn the_tools_export_no_hooks() {
+    for exe in [
+        env!("CARGO_BIN_EXE_cgpu-smi"),
+        env!("CARGO_BIN_EXE_cgpuctl"),
+    ] {
+        let o = std::process::Command::new("nm")
+            .args(["-D", "--defined-only", exe])
+            .output()
+            .expect("nm (binutils)");
+        assert!(o.status.success(), "nm {exe}");
+        let syms = String::from_utf8_lossy(&o.stdout);
+        let leaked: Vec<&str> = syms
+            .lines()
+            .filter_map(|l| l.split_whitespace().last())
+            .filter(|n| *n == "dlsym" || n.starts_with("cu") || n.starts_with("nvml"))
+            .collect();
+        assert!(leaked.is_empty(), "{exe} exports {leaked:?}");
+    }
+}

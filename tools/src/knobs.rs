@@ -7,7 +7,7 @@
 //! longer switches the GPU to policy 2 (SPEC §1).
 
 use super::{container_live, cstr, GIB};
-use crate::ledger::{free_weight, Ledger, LedgerFile, ID_LEN};
+use cgpu::ledger::{free_weight, Ledger, LedgerFile, ID_LEN};
 use std::sync::atomic::Ordering::Acquire;
 
 /// A knob of SPEC §3.
@@ -278,7 +278,7 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         let l = Ledger::open_or_create(&d, "GPU-k", 0, 16 * GIB).unwrap();
         let m = l
-            .join(&crate::ledger::JoinRequest {
+            .join(&cgpu::ledger::JoinRequest {
                 container_id: "abc",
                 quota: GIB,
                 weight: 1,

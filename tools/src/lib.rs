@@ -1,4 +1,4 @@
-//! Reading ledgers for the operator tools (`cgpu-smi`, `cgpuctl`).
+//! cgpu-tools: reading ledgers for the operator tools (`cgpu-smi`, `cgpuctl`).
 //!
 //! Everything here turns a mapped ledger into plain data ([`GpuEntry`],
 //! [`ContainerInfo`], [`ProcessInfo`]) and renders it. Reading never takes a
@@ -21,11 +21,11 @@ pub mod knobs;
 pub mod table;
 pub mod tree;
 
-use crate::ledger::{
+use cgpu::ledger::{
     self, ContainerSlot, Ledger, LedgerError, LedgerFile, ID_LEN, MAX_CONTAINERS, MAX_PROCESSES,
     SLOT_LIVE, UUID_LEN,
 };
-use crate::scheduler;
+use cgpu::scheduler;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Acquire;

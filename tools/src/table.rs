@@ -1,7 +1,7 @@
 //! The `cgpu-smi` table (SPEC §5, after the seed's `cgpu-smi`).
 
 use super::{mib, Report, CGPU_VERSION};
-use crate::ledger::FORMAT_VERSION;
+use cgpu::ledger::FORMAT_VERSION;
 use std::fmt::Write;
 
 const SEP: &str = "+---+----------------+----------+----------------+-----------------------+";

@@ -1,6 +1,6 @@
 //! `cgpu-smi`: who holds what on every GPU (SPEC §5). Read-only.
 
-use cgpu::monitor::{self, args::Args, table, Report, Sample, Status};
+use cgpu_tools::{args::Args, table, Report, Sample, Status};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -52,7 +52,7 @@ fn parse() -> Result<Option<Opts>, String> {
     if a.flag(&["-V", "--version"]) {
         println!(
             "cgpu-smi {} (ledger format {})",
-            monitor::CGPU_VERSION,
+            cgpu_tools::CGPU_VERSION,
             cgpu::ledger::FORMAT_VERSION
         );
         return Ok(None);
@@ -74,7 +74,7 @@ fn parse() -> Result<Option<Opts>, String> {
         json,
         every,
         instant,
-        dir: monitor::ledger_dir(dir.as_deref()),
+        dir: cgpu_tools::ledger_dir(dir.as_deref()),
     }))
 }
 
@@ -118,12 +118,12 @@ fn main() {
     };
     match o.every {
         None => {
-            let mut cur: Sample = monitor::sample_dir(&o.dir);
+            let mut cur: Sample = cgpu_tools::sample_dir(&o.dir);
             if !o.instant {
                 std::thread::sleep(Duration::from_secs(1));
                 let prev = cur;
-                cur = monitor::sample_dir(&o.dir);
-                monitor::apply_util(&prev, &mut cur);
+                cur = cgpu_tools::sample_dir(&o.dir);
+                cgpu_tools::apply_util(&prev, &mut cur);
             }
             print(&cur.report, &o);
             if untrusted(&cur.report) {
@@ -135,9 +135,9 @@ fn main() {
             let mut prev: Option<Sample> = None;
             let mut next = Instant::now();
             loop {
-                let mut cur = monitor::sample_dir(&o.dir);
+                let mut cur = cgpu_tools::sample_dir(&o.dir);
                 if let Some(p) = &prev {
-                    monitor::apply_util(p, &mut cur);
+                    cgpu_tools::apply_util(p, &mut cur);
                 }
                 print(&cur.report, &o);
                 prev = Some(cur);

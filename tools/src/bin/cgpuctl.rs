@@ -2,8 +2,8 @@
 //! Prometheus exporter, over the ledgers of this host.
 
 use cgpu::ledger::{Ledger, FORMAT_VERSION};
-use cgpu::monitor::knobs::{self, Knob};
-use cgpu::monitor::{self, args::Args, exporter, inspect, tree, GpuInfo};
+use cgpu_tools::knobs::{self, Knob};
+use cgpu_tools::{args::Args, exporter, inspect, tree, GpuInfo};
 use std::path::{Path, PathBuf};
 use std::process::exit;
 
@@ -140,8 +140,8 @@ fn open_all(dir: &Path) -> (Vec<Gpu>, Vec<String>) {
     let mut bad = Vec::new();
     for p in Ledger::list(dir) {
         match Ledger::open(&p) {
-            Ok(l) => match monitor::read_ledger(&l) {
-                monitor::GpuEntry {
+            Ok(l) => match cgpu_tools::read_ledger(&l) {
+                cgpu_tools::GpuEntry {
                     gpu: Some(info), ..
                 } => ok.push(Gpu { ledger: l, info }),
                 e => bad.push(format!(
@@ -150,7 +150,7 @@ fn open_all(dir: &Path) -> (Vec<Gpu>, Vec<String>) {
                     e.error.unwrap_or_else(|| "unreadable".into())
                 )),
             },
-            Err(e) => bad.push(format!("{}: {}", p.display(), monitor::open_error(&e).1)),
+            Err(e) => bad.push(format!("{}: {}", p.display(), cgpu_tools::open_error(&e).1)),
         }
     }
     ok.sort_by_key(|g| g.info.index);
@@ -357,7 +357,7 @@ fn cmd_tree(mut a: Args, dir: &Path) {
     }
     let flat = a.flag(&["--flat"]);
     a.finish().unwrap_or_else(|e| usage(e));
-    let s = monitor::sample_dir(dir);
+    let s = cgpu_tools::sample_dir(dir);
     print!("{}", tree::render(&s.report, flat));
     if s.report.gpus.iter().any(|g| g.gpu.is_none()) {
         exit(1);
@@ -371,7 +371,7 @@ fn cmd_inspect(mut a: Args, dir: &Path) {
     }
     let d = a.flag(&["-d", "--detail"]);
     a.finish().unwrap_or_else(|e| usage(e));
-    let s = monitor::sample_dir(dir);
+    let s = cgpu_tools::sample_dir(dir);
     print!(
         "{}",
         inspect::render(&s.report, d, &inspect::hostname(), &inspect::ip_address())
@@ -387,8 +387,8 @@ fn cmd_version(mut a: Args, dir: &Path) {
         return;
     }
     a.finish().unwrap_or_else(|e| usage(e));
-    println!("cgpuctl {}", monitor::CGPU_VERSION);
-    println!("library: libcgpu.so {}", monitor::CGPU_VERSION);
+    println!("cgpuctl {}", cgpu_tools::CGPU_VERSION);
+    println!("library: libcgpu.so {}", cgpu_tools::CGPU_VERSION);
     println!("ledger format: {FORMAT_VERSION}");
     for p in Ledger::list(dir) {
         let what = match Ledger::open(&p) {
@@ -396,7 +396,7 @@ fn cmd_version(mut a: Args, dir: &Path) {
             Err(cgpu::ledger::LedgerError::Version { found, .. }) => {
                 format!("format {found} (not readable by this version)")
             }
-            Err(e) => monitor::open_error(&e).1,
+            Err(e) => cgpu_tools::open_error(&e).1,
         };
         println!("{}: {what}", p.display());
     }
@@ -443,7 +443,7 @@ fn cmd_gc(mut a: Args, dir: &Path) {
         for d in &dead {
             println!("  {d}");
         }
-        let still: Vec<String> = monitor::read_ledger(&g.ledger)
+        let still: Vec<String> = cgpu_tools::read_ledger(&g.ledger)
             .gpu
             .map(|i| i.containers.into_iter().map(|c| c.id).collect())
             .unwrap_or_default();
@@ -497,12 +497,12 @@ fn main() {
     if a.flag(&["-V", "--version"]) {
         println!(
             "cgpuctl {} (ledger format {FORMAT_VERSION})",
-            monitor::CGPU_VERSION
+            cgpu_tools::CGPU_VERSION
         );
         return;
     }
     let cmd = a.positional();
-    let dir = || -> PathBuf { monitor::ledger_dir(dir_arg.as_deref()) };
+    let dir = || -> PathBuf { cgpu_tools::ledger_dir(dir_arg.as_deref()) };
     match cmd.as_deref() {
         None | Some("help") => match a.positional().as_deref() {
             Some("get") => print!("{HELP_GET}"),
