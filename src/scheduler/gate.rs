@@ -433,6 +433,12 @@ impl Gate {
             .is_ok()
         {
             self.g(gw::STATE_SINCE).store(now_ns(), Release);
+            if let Some(h) = t.holder_slot() {
+                let n: u32 = (0..cw::SET_WORDS)
+                    .map(|i| self.slot(h).sched[cw::DRAIN + i].load(SeqCst).count_ones())
+                    .sum();
+                self.g(gw::DRAIN_COUNT).store(n as u64, Release);
+            }
             futex_wake(self.token());
             true
         } else {
@@ -779,6 +785,17 @@ impl Gate {
             .undrained
             .compare_exchange(1 << 32 | t.seq as u64, 0, SeqCst, SeqCst);
         if self.token().load(SeqCst) == t.pack() {
+            // This process's part of the slice, for the tools' per-process
+            // GPU time: the slice split equally among the processes that
+            // launched in it.
+            let n = self
+                .g(gw::DRAIN_COUNT)
+                .load(Acquire)
+                .clamp(1, MAX_PROCESSES as u64);
+            let held = now_ns().saturating_sub(self.g(gw::SLICE_START).load(Acquire));
+            self.file().processes[self.process]
+                .gpu_time_ns
+                .fetch_add(held.min(MAX_BUDGET_NS + DRAIN_LIMIT_NS) / n, Relaxed);
             self.set_bit(cw::DRAIN, self.container, false);
             if self.set_empty(cw::DRAIN, self.container) {
                 self.try_decide(t);
@@ -811,6 +828,9 @@ impl Gate {
         let ns = took.min(SLICE_NS);
         if ns > 0 {
             self.c(cw::OWED_NS).fetch_add(ns, AcqRel);
+            self.file().processes[self.process]
+                .gpu_time_ns
+                .fetch_add(ns, Relaxed);
         }
         tracing::debug!("cgpu: late drain: {ns} ns charged");
     }

@@ -294,15 +294,25 @@ fn each_gate(mut f: impl FnMut(&Gate)) {
 }
 
 /// A thread of this process inside a synchronise call, while it lives: the
-/// scheduler counts the process as waiting for its GPU work (a holder that
-/// waits for its work is not idle). Atomics only; a no-op when not scheduling.
-pub struct WaitingForGpu(());
+/// scheduler counts the process as waiting for its GPU work on the gate of
+/// its current context's device (a holder that waits for its work is not
+/// idle). Atomics only (a process that sees several GPUs also asks the real
+/// driver for the current context); a no-op when not scheduling.
+pub struct WaitingForGpu(*const Gate);
 
 impl WaitingForGpu {
     #[inline]
     pub fn new() -> WaitingForGpu {
-        each_gate(|g| g.in_sync(true));
-        WaitingForGpu(())
+        let g = if MULTI.load(Acquire) {
+            gate_of_current_context()
+        } else {
+            GATE.load(Acquire) as *const Gate
+        };
+        if !g.is_null() {
+            // SAFETY: a gate, once published, is never freed (leaked on attach).
+            unsafe { &*g }.in_sync(true);
+        }
+        WaitingForGpu(g)
     }
 }
 
@@ -315,7 +325,10 @@ impl Default for WaitingForGpu {
 impl Drop for WaitingForGpu {
     #[inline]
     fn drop(&mut self) {
-        each_gate(|g| g.in_sync(false));
+        if !self.0.is_null() {
+            // SAFETY: as in `new`.
+            unsafe { &*self.0 }.in_sync(false);
+        }
     }
 }
 
@@ -385,6 +398,52 @@ pub fn container_stats(slot: &ContainerSlot) -> ContainerSchedStats {
         gpu_time_ns: slot.sched[cw::GPU_NS].load(Relaxed),
         throttled_ns: slot.sched[cw::THROTTLED_NS].load(Relaxed),
         launches: slot.sched[cw::LAUNCHES].load(Relaxed),
+    }
+}
+
+/// Why a container's launches are held back now, for the tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum Waiting {
+    /// A thread of it waits for its turn on the GPU.
+    Turn,
+    /// A thread of it waits and it has compute weight 0 (it arrived when
+    /// `free_weight` was 0, or an operator set it): it waits until an
+    /// operator gives it weight.
+    NoWeight,
+}
+
+impl Waiting {
+    /// One line for operators.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Waiting::Turn => "waiting for its turn",
+            Waiting::NoWeight => {
+                "waiting: weight 0 (free_weight was 0 when it arrived, or set to 0)"
+            }
+        }
+    }
+}
+
+/// Does container slot `container` wait to launch now, and why (`None`: it
+/// holds the GPU, or no thread of it waits)? Read from the ledger's WANT
+/// set and weight; any process may call it.
+pub fn waiting(file: &LedgerFile, container: usize) -> Option<Waiting> {
+    let s = file.containers.get(container)?;
+    if s.state.load(Relaxed) != SLOT_LIVE {
+        return None;
+    }
+    let wants = (0..cw::SET_WORDS).any(|i| s.sched[cw::WANT + i].load(Relaxed) != 0);
+    if !wants {
+        return None;
+    }
+    if s.weight.load(Relaxed) == 0 {
+        return Some(Waiting::NoWeight);
+    }
+    let t = words::Token::unpack(file.header.sched[words::gpu::TOKEN].load(Relaxed));
+    if t.state == words::RUNNING && t.holder_slot() == Some(container) {
+        None
+    } else {
+        Some(Waiting::Turn)
     }
 }
 

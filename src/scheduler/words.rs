@@ -29,6 +29,9 @@ pub mod gpu {
     pub const SLICES: usize = 8;
     /// `knob_generation` seen by the last decision (informational).
     pub const KNOB_GEN_SEEN: usize = 9;
+    /// Processes in the holder's DRAIN set when its slice ended (each is
+    /// charged an equal part of the slice in its own process slot).
+    pub const DRAIN_COUNT: usize = 10;
 }
 
 /// Per-container words (`ContainerSlot::sched[..]`).
@@ -181,7 +184,7 @@ mod tests {
         );
         assert_eq!(container::DRAIN + container::SET_WORDS, container::OWED_NS);
         const { assert!(container::OWED_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
-        const { assert!(gpu::KNOB_GEN_SEEN < crate::ledger::SCHED_GPU_WORDS) };
+        const { assert!(gpu::DRAIN_COUNT < crate::ledger::SCHED_GPU_WORDS) };
         // Any process may write the token: an out-of-range holder is no slot.
         let t = Token::unpack(Token::running(1, 31) + (1u64 << 40));
         assert_eq!(t.holder, Some(32));

@@ -216,7 +216,11 @@ impl Scenario {
         let env = env
             .env("CGPU_LEDGER_DIR", ledger_dir.to_str().unwrap())
             .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
-            .env("CGPU_LOG", "warn");
+            // `CGPU_SCHED_TEST_LOG=debug cargo test …` shows the library's log.
+            .env(
+                "CGPU_LOG",
+                &std::env::var("CGPU_SCHED_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            );
         let mut procs = Vec::new();
         for c in ctrs {
             let exe = c.exe.clone().unwrap_or_else(|| tk::cuclient(c.mode));
