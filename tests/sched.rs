@@ -191,7 +191,7 @@ fn stop_continue_cycles_do_not_starve_the_other() {
 fn multi_process_container_shares_one_bucket() {
     let _serial = serial();
     // Container "pair" runs two processes, "single" one; 1:1 by container.
-    let (_s, m) = run(
+    let (s, m) = run(
         &[
             Ctr::new("pair", 1).busy(RUN_MS, MS).busy(RUN_MS, MS),
             Ctr::new("single", 1).busy(RUN_MS, MS),
@@ -207,6 +207,33 @@ fn multi_process_container_shares_one_bucket() {
         "policy 2, 1:1, one-process container",
         m.of_busy("single"),
         0.5,
+    );
+    // Per-process GPU time (`cgpu-smi -d`): each of the pair's processes
+    // has its part, and the parts add up to the container's time.
+    let l = s.ledger();
+    let f = l.file();
+    let c = s.slot(&l, "pair");
+    let container_ns = cgpu::scheduler::container_stats(&f.containers[c]).gpu_time_ns;
+    let parts: Vec<u64> = f
+        .processes
+        .iter()
+        .filter(|p| {
+            p.state.load(std::sync::atomic::Ordering::Relaxed) == cgpu::ledger::SLOT_LIVE
+                && p.container.load(std::sync::atomic::Ordering::Relaxed) as usize == c
+        })
+        .map(|p| p.gpu_time_ns.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    let sum: u64 = parts.iter().sum();
+    eprintln!("pair: container {container_ns} ns, processes {parts:?}");
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert!(
+        parts.iter().all(|&p| p > container_ns / 10),
+        "{parts:?} of {container_ns}"
+    );
+    check(
+        "per-process GPU time adds up to the container's",
+        sum as f64,
+        container_ns as f64,
     );
 }
 
