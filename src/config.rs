@@ -97,6 +97,36 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Values that cannot be what the operator meant for GPU `i` with
+    /// `physical` bytes, each a readable line naming the value and what is
+    /// done with it (the caller logs them as warnings): a quota larger than
+    /// the GPU, an `ALIYUN_COM_GPU_MEM_DEV` larger than its memory.
+    pub fn implausible(&self, i: usize, physical: u64) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.mode == Mode::PassThrough || physical == 0 {
+            return out;
+        }
+        let gpu_gib = physical as f64 / GIB as f64;
+        if let Some(dev) = self.mem_dev {
+            if dev as f64 > gpu_gib.ceil() {
+                out.push(format!(
+                    "ALIYUN_COM_GPU_MEM_DEV={dev} is more than GPU {i}'s memory ({gpu_gib:.2} GiB): quotas are scaled by it as given, so each container sees less than it asked"
+                ));
+            }
+        }
+        if let Some(q) = self.quota_bytes(i, physical) {
+            if q > physical {
+                out.push(format!(
+                    "ALIYUN_COM_GPU_MEM_CONTAINER gives GPU {i} a quota of {:.2} GiB, more than the GPU's {gpu_gib:.2} GiB: the quota is kept, the GPU itself is the limit",
+                    q as f64 / GIB as f64
+                ));
+            }
+        }
+        out
+    }
+}
+
 /// The value for GPU `i` from a `CONTAINER` list (the last value repeats).
 pub fn container_gib(list: &[u64], i: usize) -> u64 {
     match list.get(i) {
@@ -354,34 +384,96 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
     }
 }
 
-static CONFIG: OnceLock<Config> = OnceLock::new();
-static LOGGING: std::sync::Once = std::sync::Once::new();
+/// `CGPU_ALLOC_FILE`: the values the cluster's device plugin decides only
+/// after the kubelet's `Allocate` (at `PreStartContainer`), in a read-only
+/// file of `KEY=VALUE` lines. Its keys, all required but `CGPU_DISABLE`:
+pub const ALLOC_FILE_KEYS: [&str; 5] = [
+    "CGPU_CONTAINER_ID",
+    "ALIYUN_COM_GPU_MEM_CONTAINER",
+    "ALIYUN_COM_GPU_MEM_DEV",
+    "ALIYUN_COM_GPU_VISIBLE_DEVICES",
+    "CGPU_DISABLE",
+];
 
-/// Install the stderr logger (filter from `CGPU_LOG`, default `warn`). Lazy:
-/// called from the first hooked call, never from a constructor.
-pub fn init_logging() {
-    LOGGING.call_once(|| {
-        let filter = std::env::var("CGPU_LOG").unwrap_or_default();
-        let filter = if filter.trim().is_empty() {
-            "warn".to_string()
-        } else {
-            filter
-        };
-        let (env_filter, bad) = match tracing_subscriber::EnvFilter::try_new(&filter) {
-            Ok(f) => (f, false),
-            Err(_) => (tracing_subscriber::EnvFilter::new("warn"), true),
-        };
-        let _ = tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_env_filter(env_filter)
-            .with_target(false)
-            .try_init();
-        if bad {
-            tracing::error!(
-                "cgpu: bad environment: CGPU_LOG='{filter}': not a log filter; using 'warn'"
-            );
+/// Parses an allocation file: `KEY=VALUE` lines with the keys of
+/// [`ALLOC_FILE_KEYS`] (blank lines and `#` comments allowed; an unknown or
+/// repeated key, or a missing required one, is an error).
+pub fn parse_alloc_file(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
         }
-    });
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!("line {}: expected KEY=VALUE", n + 1));
+        };
+        let k = k.trim();
+        if !ALLOC_FILE_KEYS.contains(&k) {
+            return Err(format!("line {}: unknown key {k}", n + 1));
+        }
+        if out.iter().any(|(have, _)| have == k) {
+            return Err(format!("line {}: {k} given twice", n + 1));
+        }
+        out.push((k.to_string(), v.trim().to_string()));
+    }
+    for k in &ALLOC_FILE_KEYS[..4] {
+        if !out.iter().any(|(have, _)| have == k) {
+            return Err(format!("{k} is missing"));
+        }
+    }
+    Ok(out)
+}
+
+/// The configuration when `CGPU_ALLOC_FILE` is set: `file` is its text (or
+/// why it could not be read). A valid file's values take precedence over
+/// the environment; a missing or invalid one (or values that do not parse)
+/// leave the container no GPU at all (no device visible), never the whole
+/// GPU. Returns the configuration and, on failure, the message to log.
+pub fn with_alloc_file(
+    get: &dyn Fn(&str) -> Option<String>,
+    cgroup: Option<&str>,
+    path: &str,
+    file: Result<String, String>,
+) -> (Config, Option<String>) {
+    let parsed = file.and_then(|t| parse_alloc_file(&t));
+    let failure = match parsed {
+        Ok(vals) => {
+            let merged = |k: &str| {
+                vals.iter()
+                    .find(|(have, _)| have == k)
+                    .map(|(_, v)| v.clone())
+                    .or_else(|| get(k))
+            };
+            let c = from_lookup(&merged, cgroup);
+            if c.errors.is_empty() && c.mode != Mode::PassThrough {
+                return (c, None);
+            }
+            if c.errors.is_empty() {
+                "it grants no GPU memory".to_string()
+            } else {
+                c.errors.join("; ")
+            }
+        }
+        Err(e) => e,
+    };
+    let mut c = from_lookup(get, cgroup);
+    c.mode = Mode::Enforce;
+    c.visible = Some(Vec::new());
+    c.errors.clear();
+    let msg = format!(
+        "cgpu: CGPU_ALLOC_FILE='{path}': {failure}: this container's GPU allocation is missing or \
+         invalid, so no GPU is visible to it (ask the cluster's operator: cgpu-device-plugin logs say why)"
+    );
+    (c, Some(msg))
+}
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+/// Install the stderr logger (level from `CGPU_LOG`, default `warn`; see
+/// [`crate::log`]). Lazy: called from the first hooked call, never from a
+/// constructor.
+pub fn init_logging() {
+    crate::log::init();
 }
 
 /// The process's configuration, parsed (and its errors logged) on first use.
@@ -390,7 +482,18 @@ pub fn get() -> &'static Config {
         init_logging();
         let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok();
         let env = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-        let c = from_lookup(&env, cgroup.as_deref());
+        let c = match env("CGPU_ALLOC_FILE").filter(|p| !p.is_empty()) {
+            None => from_lookup(&env, cgroup.as_deref()),
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+                let (c, failure) = with_alloc_file(&env, cgroup.as_deref(), &path, text);
+                if let Some(msg) = failure {
+                    tracing::error!("{msg}");
+                    return c;
+                }
+                c
+            }
+        };
         for e in &c.errors {
             tracing::error!("cgpu: bad environment: {e}");
         }
@@ -408,9 +511,15 @@ pub fn get() -> &'static Config {
                     c.container_id
                 ),
                 Mode::Enforce => tracing::info!(
-                    "cgpu: enforcing GPU memory {:?} GiB (DEV {:?}) for container {}",
-                    c.mem_container,
-                    c.mem_dev,
+                    "cgpu: enforcing GPU memory quotas of {} GiB{} for container {}",
+                    c.mem_container
+                        .iter()
+                        .map(|g| g.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    c.mem_dev
+                        .map(|d| format!(" (of a {d} GiB GPU)"))
+                        .unwrap_or_default(),
                     c.container_id
                 ),
             }
@@ -604,11 +713,103 @@ mod tests {
     }
 
     #[test]
+    fn implausible_values_are_named() {
+        let t4 = 15109 * MIB;
+        let ok = cfg(&[
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "6"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "15"),
+        ]);
+        assert!(ok.implausible(0, t4).is_empty());
+        let big = cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "40")]);
+        let w = big.implausible(0, t4);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("40.00 GiB") && w[0].contains("14.75 GiB"),
+            "{w:?}"
+        );
+        let dev = cfg(&[
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "4"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "80"),
+        ]);
+        let w = dev.implausible(0, t4);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("ALIYUN_COM_GPU_MEM_DEV=80"), "{w:?}");
+        assert!(cfg(&[]).implausible(0, t4).is_empty());
+    }
+
+    #[test]
     fn real_lib_paths() {
         let c = cfg(&[]);
         assert_eq!(c.real_libcuda.to_str().unwrap(), "libcuda.so.1");
         assert_eq!(c.real_libnvml.to_str().unwrap(), "libnvidia-ml.so.1");
         let c = cfg(&[("CGPU_REAL_LIBCUDA", "/x/libcuda.so")]);
         assert_eq!(c.real_libcuda.to_str().unwrap(), "/x/libcuda.so");
+    }
+
+    fn alloc(vars: &[(&str, &str)], file: Result<&str, &str>) -> (Config, Option<String>) {
+        let env = |k: &str| {
+            vars.iter()
+                .find(|(a, _)| *a == k)
+                .map(|(_, v)| v.to_string())
+        };
+        with_alloc_file(
+            &env,
+            None,
+            "/etc/cgpu/alloc.env",
+            file.map(str::to_string).map_err(str::to_string),
+        )
+    }
+
+    const GOOD: &str = "CGPU_CONTAINER_ID=default/tf/main\nALIYUN_COM_GPU_MEM_CONTAINER=4,4\n\
+                        ALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a,GPU-0b\n";
+
+    #[test]
+    fn alloc_file_values_win_over_the_environment() {
+        let (c, err) = alloc(
+            &[
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "15"),
+                ("ALIYUN_COM_GPU_SCHD_WEIGHT", "2"),
+            ],
+            Ok(GOOD),
+        );
+        assert_eq!(err, None);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.mem_container, vec![4, 4]);
+        assert_eq!(c.mem_dev, Some(15));
+        assert_eq!(c.container_id, "default/tf/main");
+        assert_eq!(
+            c.visible,
+            Some(vec![
+                DeviceSel::Uuid("gpu-0a".into()),
+                DeviceSel::Uuid("gpu-0b".into())
+            ])
+        );
+        // Keys the file does not carry still come from the environment.
+        assert_eq!(c.weight, Some(2));
+        // The pod's own CGPU_DISABLE=true still opts out (usage recorded).
+        let (c, _) = alloc(&[("CGPU_DISABLE", "true")], Ok(GOOD));
+        assert_eq!(c.mode, Mode::Record);
+        let (c, _) = alloc(&[], Ok(&format!("{GOOD}CGPU_DISABLE=true\n")));
+        assert_eq!(c.mode, Mode::Record);
+    }
+
+    #[test]
+    fn a_missing_or_invalid_alloc_file_leaves_no_gpu_visible() {
+        let cases: [(Result<&str, &str>, &str); 6] = [
+            (Err("No such file or directory (os error 2)"), "No such file"),
+            (Ok(""), "CGPU_CONTAINER_ID is missing"),
+            (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=4\n"), "ALIYUN_COM_GPU_MEM_DEV is missing"),
+            (Ok(&"LD_PRELOAD=/x\n"), "unknown key LD_PRELOAD"),
+            (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=four\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a\n"), "ALIYUN_COM_GPU_MEM_CONTAINER='four'"),
+            (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=0\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a\n"), "grants no GPU memory"),
+        ];
+        for (file, why) in cases {
+            let (c, err) = alloc(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "15")], file);
+            let err = err.expect("a failure message");
+            assert!(err.contains(why), "{err}");
+            assert!(err.contains("no GPU is visible"), "{err}");
+            assert_eq!(c.visible, Some(vec![]), "{file:?}");
+            assert_eq!(c.mode, Mode::Enforce);
+        }
     }
 }

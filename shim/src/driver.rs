@@ -42,19 +42,48 @@ pub struct Stream {
     pub capture: Mutex<Option<Capture>>,
 }
 
-/// A stream capture in progress: launches are recorded, not run.
+/// A stream's part in a capture (`cuStreamBeginCapture`, or joined by
+/// waiting on an event recorded in a capturing stream): work is recorded
+/// into the capture's graph, not run.
 pub struct Capture {
+    pub shared: Arc<Mutex<CaptureGraph>>,
+    /// The nodes the stream's next captured work depends on.
+    pub deps: Vec<usize>,
+    /// The stream that began the capture (only it can end it).
+    pub origin: bool,
+}
+
+impl Capture {
+    pub fn id(&self) -> u64 {
+        self.shared.lock().id
+    }
+    pub fn invalidate(&self) {
+        self.shared.lock().invalidated = true;
+    }
+}
+
+/// Where an event was recorded in a capture: the capture and its nodes.
+pub type CapturedAt = (Arc<Mutex<CaptureGraph>>, Vec<usize>);
+
+/// A capture, shared by every stream taking part in it.
+pub struct CaptureGraph {
     pub id: u64,
     pub mode: u32,
-    pub kernels: Vec<KernelNode>,
+    /// The graph being built (handle).
+    pub graph: usize,
     /// Set by an operation illegal during capture (e.g. cuCtxSynchronize).
     pub invalidated: bool,
+    /// Streams other than the origin still in the capture.
+    pub joined: u32,
 }
 
 pub struct Event {
     pub dev: AtomicU32,
     pub flags: u32,
     pub times: Arc<EventTimes>,
+    /// Last recorded in a capturing stream: that capture and the nodes the
+    /// record stood for (a stream waiting on it joins the capture).
+    pub captured: Mutex<Option<CapturedAt>>,
 }
 
 /// How long a function's launches take.
@@ -68,9 +97,12 @@ pub enum Timing {
 
 pub struct Module {
     pub ctx: usize,
-    /// Entry names from PTX; `None` for binary images (any name resolves).
-    pub entries: Option<Vec<String>>,
+    /// The kernels and globals its image defines.
+    pub image: crate::image::Image,
     pub library: bool,
+    /// Globals handed out so far: name → (device address, size). Zeroed
+    /// device memory, allocated at the first look-up, freed with the module.
+    pub globals: Mutex<HashMap<String, (u64, u64)>>,
 }
 
 pub struct Func {
@@ -86,15 +118,22 @@ pub struct KernelNode {
     pub ns: u64,
 }
 
-#[derive(Default)]
-pub struct Graph {
-    pub kernels: Vec<(usize, KernelNode)>,
-    pub nodes: Vec<usize>,
+/// A copy or memset recorded in a graph, performed each time it runs. The
+/// sim's copies take no device time and need no ordering with kernels
+/// (kernels compute nothing); among themselves they run in issue order.
+#[derive(Clone, Debug)]
+pub enum MemOp {
+    /// `len` bytes from `src` to `dst` (device or host addresses).
+    Copy { dst: u64, src: u64, len: usize },
+    /// `count` elements of `value` (its length is the element size) at `dst`.
+    Set {
+        dst: u64,
+        value: Vec<u8>,
+        count: usize,
+    },
 }
 
-pub struct GraphExec {
-    pub kernels: Vec<KernelNode>,
-}
+pub use crate::cuda::graph::{Graph, GraphExec, UserObject};
 
 pub struct Pool {
     pub dev: usize,
@@ -105,8 +144,12 @@ pub struct PhysMem {
     pub dev: usize,
     pub size: u64,
     pub fd: i32,
-    /// Released by cuMemRelease (memory returns when unmapped too).
+    /// Every handle reference released by cuMemRelease (memory returns
+    /// when unmapped too).
     pub released: AtomicBool,
+    /// Handle references: 1 from cuMemCreate, one more per
+    /// cuMemRetainAllocationHandle; each cuMemRelease drops one.
+    pub refs: AtomicU32,
     pub maps: AtomicU32,
 }
 
@@ -115,6 +158,28 @@ pub struct Array {
     pub bytes: u64,
     pub ctx: usize,
     pub base: u64,
+    /// Width, height, depth (0 for missing dimensions), format, channels:
+    /// the backing is rows of `width * element bytes`, `max(height, 1)` rows
+    /// per layer.
+    pub dims: [usize; 3],
+    pub format: u32,
+    pub channels: u32,
+}
+
+impl Array {
+    /// Bytes of one element.
+    pub fn elem_bytes(&self) -> u64 {
+        crate::cuda::memory::format_bytes(self.format).unwrap_or(1) * self.channels as u64
+    }
+    pub fn row_bytes(&self) -> u64 {
+        self.dims[0] as u64 * self.elem_bytes()
+    }
+    pub fn rows(&self) -> u64 {
+        self.dims[1].max(1) as u64
+    }
+    pub fn layers(&self) -> u64 {
+        self.dims[2].max(1) as u64
+    }
 }
 
 #[derive(Clone)]
@@ -127,8 +192,10 @@ pub enum Obj {
     Graph(Arc<Mutex<Graph>>),
     GraphNode(usize),
     GraphExec(Arc<GraphExec>),
+    UserObject(Arc<UserObject>),
     Pool(Arc<Pool>),
     Array(Arc<Array>),
+    Link(Arc<Mutex<crate::cuda::link::LinkState>>),
 }
 
 pub struct Objects {
@@ -167,6 +234,8 @@ pub enum AllocKind {
     Managed,
     Async,
     Host,
+    /// A module's global variable (freed with its module).
+    Global,
 }
 
 #[derive(Clone, Debug)]
@@ -242,6 +311,16 @@ fn comm() -> String {
         .unwrap_or_default()
 }
 
+/// This process's pid as the host numbers it, as the real driver reports
+/// pids (NVML lists host pids, also for a process inside a PID namespace):
+/// the pid `/proc/self` names when `/proc` is the host's, else `getpid()`.
+fn host_pid() -> u32 {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse().ok())
+        .unwrap_or_else(std::process::id)
+}
+
 fn build() -> Result<Driver, String> {
     let cfg = Config::from_env();
     let want: Vec<DeviceInit> = cfg
@@ -256,7 +335,7 @@ fn build() -> Result<Driver, String> {
         .map_err(|e| format!("cannot open the state in {}: {e}", cfg.state_dir.display()))?;
     let shared: &'static Shared = Box::leak(Box::new(shared));
     let slot = shared
-        .claim_slot(std::process::id(), &comm())
+        .claim_slot(host_pid(), &comm())
         .map_err(|e| e.to_string())?;
     state::set_own_slot_hint(slot);
     let n = shared.ndev();
@@ -451,8 +530,8 @@ impl Driver {
             .collect();
         let mut any = false;
         for s in streams {
-            if let Some(c) = s.capture.lock().as_mut() {
-                c.invalidated = true;
+            if let Some(c) = s.capture.lock().as_ref() {
+                c.invalidate();
                 any = true;
             }
         }

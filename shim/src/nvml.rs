@@ -12,23 +12,23 @@ use std::collections::HashMap;
 use std::ffi::c_char;
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
-type NvRes = Result<(), nvmlReturn_t>;
+pub(crate) type NvRes = Result<(), nvmlReturn_t>;
 
 static INITS: AtomicU32 = AtomicU32::new(0);
 static HANDLES: [u8; MAX_DEVICES] = [0; MAX_DEVICES];
 
-fn nv() -> Result<&'static Driver, nvmlReturn_t> {
+pub(crate) fn nv() -> Result<&'static Driver, nvmlReturn_t> {
     if INITS.load(Acquire) == 0 {
         return Err(NVML_ERROR_UNINITIALIZED);
     }
     core().map_err(|_| NVML_ERROR_UNINITIALIZED)
 }
 
-fn handle(i: usize) -> nvmlDevice_t {
+pub(crate) fn handle(i: usize) -> nvmlDevice_t {
     HANDLES[i..].as_ptr() as nvmlDevice_t
 }
 
-fn dev_of(d: &Driver, h: nvmlDevice_t) -> Result<usize, nvmlReturn_t> {
+pub(crate) fn dev_of(d: &Driver, h: nvmlDevice_t) -> Result<usize, nvmlReturn_t> {
     let base = HANDLES.as_ptr() as usize;
     let p = h as usize;
     if p < base || p >= base + d.devs.len() {
@@ -88,7 +88,7 @@ pub unsafe extern "C" fn nvmlErrorString(r: nvmlReturn_t) -> *const c_char {
         .unwrap_or(std::ptr::null())
 }
 
-fn driver_version_string(v: i32) -> &'static str {
+pub(crate) fn driver_version_string(v: i32) -> &'static str {
     match v {
         v if v >= 13000 => "580.82.07",
         v if v >= 12080 => "570.124.06",
@@ -98,7 +98,7 @@ fn driver_version_string(v: i32) -> &'static str {
     }
 }
 
-fn put_str(buf: *mut c_char, len: u32, s: &str) -> NvRes {
+pub(crate) fn put_str(buf: *mut c_char, len: u32, s: &str) -> NvRes {
     if buf.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
@@ -186,10 +186,13 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
         let d = nv()?;
         // SAFETY: NUL-terminated string from the caller.
         let u = unsafe { read_cstr(uuid) }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+        // With or without the `GPU-` prefix, any case.
+        let want = u.trim();
+        let want = want.strip_prefix("GPU-").unwrap_or(want);
         let i = d
             .devs
             .iter()
-            .position(|x| x.uuid == u)
+            .position(|x| x.uuid.trim_start_matches("GPU-").eq_ignore_ascii_case(want))
             .ok_or(NVML_ERROR_NOT_FOUND)?;
         // SAFETY: out pointer from the caller.
         unsafe { put(h, handle(i), NVML_ERROR_INVALID_ARGUMENT) }
@@ -655,4 +658,51 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
     p: *mut u32,
 ) -> nvmlReturn_t {
     nvml_guard(|| const_u32(h, p, 1))
+}
+
+// ------------------------------------------------------- interconnect queries
+// The simulated GPUs have no NVLink and no fabric: the real NVML answers such
+// a GPU's NVLink and fabric queries with NOT_SUPPORTED. PyTorch asks these at
+// its first out-of-memory error (to describe the GPU), TensorFlow at start-up
+// (PCIe: nvml_monitoring.rs).
+
+fn no_nvlink(h: nvmlDevice_t) -> Result<(), nvmlReturn_t> {
+    let d = nv()?;
+    dev_of(d, h)?;
+    Err(NVML_ERROR_NOT_SUPPORTED)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    h: nvmlDevice_t,
+    _link: u32,
+    _kind: *mut u32,
+) -> nvmlReturn_t {
+    nvml_guard(|| no_nvlink(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    h: nvmlDevice_t,
+    _link: u32,
+    _pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    nvml_guard(|| no_nvlink(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    h: nvmlDevice_t,
+    _link: u32,
+    _active: *mut u32,
+) -> nvmlReturn_t {
+    nvml_guard(|| no_nvlink(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    h: nvmlDevice_t,
+    _info: *mut std::ffi::c_void,
+) -> nvmlReturn_t {
+    nvml_guard(|| no_nvlink(h))
 }

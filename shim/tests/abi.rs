@@ -4,8 +4,14 @@
 //! equal ours.
 
 use cgpu_ffi::*;
-use cgpu_sim::cuda::graph::KernelNodeParams;
+use cgpu_sim::cuda::array::{Memcpy3D, ResourceDesc, ResourceViewDesc, TextureDesc};
+use cgpu_sim::cuda::graph::{
+    ConditionalNodeParams, GraphNodeParams, HostNodeParams, InstantiateParams, KernelNodeParams,
+    KernelNodeParamsV2, MemAllocNodeParams, MemcpyNodeParams, MemsetNodeParams,
+};
 use cgpu_sim::cuda::memory::CudaMemcpy2D;
+use cgpu_sim::cuda::unsupported::DevProp;
+use cgpu_sim::nvml_monitoring::{Bar1Memory, DriverBranchInfo, EventData, ViolationTime};
 use std::mem::{offset_of, size_of};
 
 macro_rules! checks {
@@ -113,6 +119,51 @@ fn ffi_matches_the_real_headers() {
         "offsetof(CUDA_KERNEL_NODE_PARAMS, kernelParams)" => offset_of!(KernelNodeParams, kernel_params),
         "offsetof(CUDA_KERNEL_NODE_PARAMS, extra)" => offset_of!(KernelNodeParams, extra),
         "offsetof(CUDA_KERNEL_NODE_PARAMS_v1, extra)" => offset_of!(KernelNodeParams, extra),
+        "sizeof(CUDA_KERNEL_NODE_PARAMS_v2)" => size_of::<KernelNodeParamsV2>(),
+        "offsetof(CUDA_KERNEL_NODE_PARAMS_v2, ctx)" => offset_of!(KernelNodeParamsV2, ctx),
+        "sizeof(CUDA_MEMCPY3D)" => size_of::<Memcpy3D>(),
+        "offsetof(CUDA_MEMCPY3D, srcMemoryType)" => offset_of!(Memcpy3D, src_memory_type),
+        "offsetof(CUDA_MEMCPY3D, srcArray)" => offset_of!(Memcpy3D, src_array),
+        "offsetof(CUDA_MEMCPY3D, srcHeight)" => offset_of!(Memcpy3D, src_height),
+        "offsetof(CUDA_MEMCPY3D, dstMemoryType)" => offset_of!(Memcpy3D, dst_memory_type),
+        "offsetof(CUDA_MEMCPY3D, dstPitch)" => offset_of!(Memcpy3D, dst_pitch),
+        "offsetof(CUDA_MEMCPY3D, Depth)" => offset_of!(Memcpy3D, depth),
+        "sizeof(CUDA_MEMCPY3D_PEER)" => size_of::<Memcpy3D>(),
+        "offsetof(CUDA_MEMCPY3D_PEER, srcContext)" => offset_of!(Memcpy3D, reserved0),
+        "offsetof(CUDA_MEMCPY3D_PEER, dstContext)" => offset_of!(Memcpy3D, reserved1),
+        "sizeof(CUDA_MEMSET_NODE_PARAMS)" => size_of::<MemsetNodeParams>(),
+        "offsetof(CUDA_MEMSET_NODE_PARAMS, elementSize)" => offset_of!(MemsetNodeParams, element_size),
+        "offsetof(CUDA_MEMSET_NODE_PARAMS, height)" => offset_of!(MemsetNodeParams, height),
+        "sizeof(CUDA_HOST_NODE_PARAMS)" => size_of::<HostNodeParams>(),
+        "sizeof(CUDA_MEM_ALLOC_NODE_PARAMS)" => size_of::<MemAllocNodeParams>(),
+        "offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, accessDescs)" => offset_of!(MemAllocNodeParams, access_descs),
+        "offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize)" => offset_of!(MemAllocNodeParams, bytesize),
+        "offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, dptr)" => offset_of!(MemAllocNodeParams, dptr),
+        "sizeof(CUDA_CONDITIONAL_NODE_PARAMS)" => size_of::<ConditionalNodeParams>(),
+        "offsetof(CUDA_CONDITIONAL_NODE_PARAMS, size)" => offset_of!(ConditionalNodeParams, size),
+        "offsetof(CUDA_CONDITIONAL_NODE_PARAMS, phGraph_out)" => offset_of!(ConditionalNodeParams, graph_out),
+        "sizeof(CUDA_MEMCPY_NODE_PARAMS)" => size_of::<MemcpyNodeParams>(),
+        "offsetof(CUDA_MEMCPY_NODE_PARAMS, copyParams)" => offset_of!(MemcpyNodeParams, copy),
+        "sizeof(CUgraphNodeParams)" => size_of::<GraphNodeParams>(),
+        "offsetof(CUgraphNodeParams, kernel)" => offset_of!(GraphNodeParams, u),
+        "offsetof(CUgraphNodeParams, reserved2)" => offset_of!(GraphNodeParams, reserved2),
+        "sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS)" => size_of::<InstantiateParams>(),
+        "offsetof(CUDA_GRAPH_INSTANTIATE_PARAMS, result_out)" => offset_of!(InstantiateParams, result_out),
+        "sizeof(CUDA_RESOURCE_DESC)" => size_of::<ResourceDesc>(),
+        "offsetof(CUDA_RESOURCE_DESC, res)" => offset_of!(ResourceDesc, res),
+        "offsetof(CUDA_RESOURCE_DESC, flags)" => offset_of!(ResourceDesc, flags),
+        "sizeof(CUDA_TEXTURE_DESC)" => size_of::<TextureDesc>(),
+        "offsetof(CUDA_TEXTURE_DESC, borderColor)" => offset_of!(TextureDesc, border_color),
+        "sizeof(CUDA_RESOURCE_VIEW_DESC)" => size_of::<ResourceViewDesc>(),
+        "offsetof(CUDA_RESOURCE_VIEW_DESC, firstMipmapLevel)" => offset_of!(ResourceViewDesc, first_mipmap_level),
+        "sizeof(CUdevprop)" => size_of::<DevProp>(),
+        "offsetof(CUdevprop, textureAlign)" => offset_of!(DevProp, texture_align),
+        "sizeof(nvmlBAR1Memory_t)" => size_of::<Bar1Memory>(),
+        "sizeof(nvmlViolationTime_t)" => size_of::<ViolationTime>(),
+        "sizeof(nvmlSystemDriverBranchInfo_t)" => size_of::<DriverBranchInfo>(),
+        "nvmlSystemDriverBranchInfo_v1" => 0x0100_0054,
+        "sizeof(nvmlEventData_t)" => size_of::<EventData>(),
+        "offsetof(nvmlEventData_t, computeInstanceId)" => offset_of!(EventData, compute_instance_id),
     ];
     for (val, name, _) in CU_RESULTS {
         v.push((name.to_string(), *val as i64));

@@ -9,10 +9,11 @@ INC=$(ls -d "$VENV"/lib/python3*/site-packages/nvidia/cuda_runtime/include)
 OUT=shim/src/cuda/procaddr_table.rs
 # Build once with no stubs so that only hand-written functions are listed.
 cp "$OUT" "$OUT.bak"
-printf '%s\n' '// bootstrap' 'use super::procaddr::proc_table;' '#[allow(unused_imports)]' 'use super::*;' 'proc_table! { cuInit: 2000 => cuInit; }' 'pub const LEGACY_STUBS: &[&str] = &[];' > "$OUT"
+printf '%s\n' '// bootstrap' 'use super::procaddr::proc_table;' '#[allow(unused_imports)]' 'use super::*;' 'proc_table! { cuInit: 2000 => cuInit; }' 'pub const STUBS: &[&str] = &[];' 'pub const EXTRA: &[(&str, u32)] = &[];' > "$OUT"
 if ! cargo build -q -p cgpu-sim --lib; then mv "$OUT.bak" "$OUT"; exit 1; fi
 nm -D --defined-only target/debug/libcgpu_sim.so | awk '$2=="T"{print $3}' | grep '^cu' > target/sim-exports.txt
 python3 shim/tools/gen_procaddr.py "$INC" target/sim-exports.txt > "$OUT.new"
 mv "$OUT.new" "$OUT"; rm -f "$OUT.bak"
+rustfmt --edition 2021 "$OUT"
 cargo build -q -p cgpu-sim
 echo "regenerated $OUT ($(grep -c ' => ' "$OUT") APIs)"

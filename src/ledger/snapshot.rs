@@ -3,9 +3,8 @@
 //! the whole is a near-instant picture, not a transaction.
 
 use super::*;
-use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     pub path: PathBuf,
     pub uuid: String,
@@ -28,7 +27,7 @@ pub struct Snapshot {
     pub processes: Vec<ProcessSnapshot>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerSnapshot {
     pub slot: usize,
     pub id: String,
@@ -50,7 +49,7 @@ pub struct ContainerSnapshot {
     pub sched: Vec<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessSnapshot {
     pub slot: usize,
     /// Container slot index.
@@ -80,7 +79,7 @@ impl Snapshot {
             .containers()
             .map(|(slot, c)| ContainerSnapshot {
                 slot,
-                id: c.id_str().to_owned(),
+                id: c.id_str(),
                 quota: c.quota.load(r),
                 used: c.used.load(r),
                 peak: c.peak.load(r),
@@ -91,7 +90,7 @@ impl Snapshot {
                 oom_count: c.oom_count.load(r),
                 suspect: c.suspect.load(r),
                 recounts: c.recounts.load(r),
-                created_ns: c.created_ns,
+                created_ns: c.created_ns.load(r),
                 sched: words(&c.sched),
             })
             .collect();
@@ -108,7 +107,7 @@ impl Snapshot {
                     container_id: f
                         .containers
                         .get(container)
-                        .map(|c| c.id_str().to_owned())
+                        .map(|c| c.id_str())
                         .unwrap_or_default(),
                     pid: p.pid.load(r),
                     pidns: p.pidns.load(r),
@@ -123,7 +122,7 @@ impl Snapshot {
             .collect();
         Snapshot {
             path: l.path().to_owned(),
-            uuid: h.uuid_str().to_owned(),
+            uuid: h.uuid_str(),
             gpu_index: h.gpu_index,
             format_version: h.version,
             physical_total: h.physical_total,

@@ -382,7 +382,7 @@ fn register_handlers() {
 }
 
 /// Per-container compute counters kept in the ledger.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ContainerSchedStats {
     /// GPU time charged to the container since it joined, ns.
     pub gpu_time_ns: u64,
@@ -402,7 +402,7 @@ pub fn container_stats(slot: &ContainerSlot) -> ContainerSchedStats {
 }
 
 /// Why a container's launches are held back now, for the tools.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waiting {
     /// A thread of it waits for its turn on the GPU.
     Turn,

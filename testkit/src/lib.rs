@@ -5,7 +5,8 @@
 //!   `libcgpu.so`, `libcgpu_sim.so`, the simulated-driver library directory
 //!   (`libcuda.so.1` etc. → the sim) and the binaries.
 //! - [`test_deps`]: the venv under `target/test-deps/venv` with
-//!   `cuda-bindings`, `nvidia-ml-py` and the real `cuda.h`/`nvml.h`
+//!   `cuda-bindings`, `nvidia-ml-py`, `prometheus-client` and the real
+//!   `cuda.h`/`nvml.h` at pinned versions
 //!   (via `scripts/test-deps.sh`, once, under a file lock).
 //! - [`compile_c`]: compiles a C client against the real headers, linked one
 //!   of three ways ([`LinkMode`]); [`cuclient`] builds `tests/c/cuclient.c`.
@@ -13,7 +14,6 @@
 //!   `LD_LIBRARY_PATH`, optional `LD_PRELOAD`) to spawn processes in.
 //! - [`sim_stats`]: the state directory read through `cgpu-sim-stat --json`.
 
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -46,7 +46,7 @@ pub fn target_dir() -> PathBuf {
 pub struct Artifacts {
     /// `target/<profile>`.
     pub profile_dir: PathBuf,
-    /// The interposer, `libcgpu.so`.
+    /// The interposer, `libcgpu.so` (`CGPU_TEST_LIBCGPU` overrides it).
     pub libcgpu: PathBuf,
     /// The simulated driver, `libcgpu_sim.so`.
     pub libsim: PathBuf,
@@ -95,13 +95,40 @@ pub fn artifacts() -> &'static Artifacts {
         let sim_lib_dir = profile_dir.join("sim-libdir");
         make_sim_lib_dir(&sim_lib_dir, &libsim);
         Artifacts {
-            libcgpu: profile_dir.join("libcgpu.so"),
+            libcgpu: libcgpu_under_test(&profile_dir),
             sim_stat: profile_dir.join("cgpu-sim-stat"),
             libsim,
             sim_lib_dir,
             profile_dir,
         }
     })
+}
+
+/// The interposer the tests preload: `CGPU_TEST_LIBCGPU` when set (e.g.
+/// `dist/libcgpu.so`, built by `scripts/build-dist.sh`, which runs the
+/// interposer tests against it), else the one this build just made.
+fn libcgpu_under_test(profile_dir: &Path) -> PathBuf {
+    match std::env::var_os("CGPU_TEST_LIBCGPU") {
+        Some(p) if !p.is_empty() => {
+            let p = PathBuf::from(p);
+            let p = if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            };
+            assert!(
+                p.is_file(),
+                "CGPU_TEST_LIBCGPU={} is not a file",
+                p.display()
+            );
+            eprintln!(
+                "cgpu-testkit: preloading {} (CGPU_TEST_LIBCGPU)",
+                p.display()
+            );
+            p
+        }
+        _ => profile_dir.join("libcgpu.so"),
+    }
 }
 
 fn make_sim_lib_dir(dir: &Path, lib: &Path) {
@@ -170,32 +197,42 @@ fn find_file(root: &Path, name: &str) -> Option<PathBuf> {
 /// Ensures the venv with the Python test deps and the real headers exists
 /// (runs `scripts/test-deps.sh` once, under a lock shared by all tests).
 pub fn test_deps() -> &'static TestDeps {
-    static D: OnceLock<TestDeps> = OnceLock::new();
-    D.get_or_init(|| {
+    static D: OnceLock<Result<TestDeps, String>> = OnceLock::new();
+    let deps = D.get_or_init(|| {
         let dir = target_dir().join("test-deps");
         std::fs::create_dir_all(&dir).expect("create target/test-deps");
         let _lock = flock(&dir.join(".lock"));
         let venv = dir.join("venv");
+        // stderr goes straight to the terminal, past the test harness's
+        // capture: the one-time "fetching ..." line, and what to do when
+        // the registry cannot be reached.
         let out = Command::new("bash")
             .arg(workspace_root().join("scripts/test-deps.sh"))
             .arg(&venv)
+            .stderr(Stdio::inherit())
             .output()
             .expect("run scripts/test-deps.sh");
-        assert!(
-            out.status.success(),
-            "scripts/test-deps.sh failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            return Err(
+                "scripts/test-deps.sh failed (its message is above): the Python test \
+                 dependencies and the real CUDA headers are missing"
+                    .to_owned(),
+            );
+        }
         let site = venv.join("lib");
         let cuda_h = find_file(&site, "cudaTypedefs.h").expect("cudaTypedefs.h in the venv");
         let nvml_h = find_file(&site, "nvml.h").expect("nvml.h in the venv");
-        TestDeps {
+        Ok(TestDeps {
             python: venv.join("bin/python"),
             cuda_include: cuda_h.parent().expect("include dir").to_path_buf(),
             nvml_include: nvml_h.parent().expect("include dir").to_path_buf(),
             venv,
-        }
-    })
+        })
+    });
+    match deps {
+        Ok(d) => d,
+        Err(e) => panic!("{e}"),
+    }
 }
 
 // ------------------------------------------------------------------ C clients
@@ -305,6 +342,86 @@ pub fn compile_c(source: &Path, defines: &[&str], mode: LinkMode) -> PathBuf {
 /// `tests/c/cuclient.c` (see the top of that file for its commands), built for `mode`.
 pub fn cuclient(mode: LinkMode) -> PathBuf {
     compile_c(&workspace_root().join("tests/c/cuclient.c"), &[], mode)
+}
+
+// ------------------------------------------------------------ CUDA runtime
+
+/// One version row of NVIDIA's CUDA runtime (`libcudart`), pinned in
+/// `scripts/test-deps.sh`: CUDA 12 from `nvidia-cuda-runtime-cu12`, CUDA 13
+/// from `nvidia-cuda-runtime` (installed apart, under `<venv>/cuda13`).
+#[derive(Debug, Clone)]
+pub struct CudartRow {
+    pub major: u32,
+    /// Holds this version's `cuda_runtime_api.h`.
+    pub include: PathBuf,
+    /// Holds `libcudart.so.<major>`.
+    pub lib_dir: PathBuf,
+}
+
+/// The CUDA runtime rows: 12 and 13.
+pub fn cudart_rows() -> Vec<CudartRow> {
+    let deps = test_deps();
+    let so12 = find_file(&deps.venv.join("lib"), "libcudart.so.12").expect("libcudart.so.12");
+    let dir12 = so12.parent().expect("lib dir").to_path_buf();
+    let cu13 = deps.venv.join("cuda13/nvidia/cu13");
+    vec![
+        CudartRow {
+            major: 12,
+            include: dir12.parent().expect("cuda_runtime dir").join("include"),
+            lib_dir: dir12,
+        },
+        CudartRow {
+            major: 13,
+            include: cu13.join("include"),
+            lib_dir: cu13.join("lib"),
+        },
+    ]
+}
+
+/// Compiles a CUDA runtime program (C) against `row`'s `cuda_runtime_api.h`,
+/// linked with its `libcudart.so.<major>` (found at run time through an
+/// rpath), into `target/<profile>/c-clients/<stem>-cudart<major>`. The
+/// `crt/` headers come from `nvidia-cuda-crt` (they define only macros).
+pub fn compile_cudart_client(source: &Path, row: &CudartRow) -> PathBuf {
+    let deps = test_deps();
+    let out_dir = artifacts().profile_dir.join("c-clients");
+    std::fs::create_dir_all(&out_dir).expect("create c-clients dir");
+    let stem = source
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("client");
+    let out = out_dir.join(format!("{stem}-cudart{}", row.major));
+    let _lock = flock(&out_dir.join(".lock"));
+    let newer = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if let (Some(o), Some(s)) = (newer(&out), newer(source)) {
+        if o >= s {
+            return out;
+        }
+    }
+    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+    let o = Command::new("gcc")
+        .args(["-O1", "-g", "-Wall"])
+        .arg(format!("-I{}", row.include.display()))
+        .arg("-idirafter")
+        .arg(deps.venv.join("cuda13/nvidia/cu13/include"))
+        .arg(source)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(format!("-L{}", row.lib_dir.display()))
+        .arg(format!("-l:libcudart.so.{}", row.major))
+        .arg(format!("-Wl,-rpath,{}", row.lib_dir.display()))
+        .args(["-ldl", "-lpthread"])
+        .output()
+        .expect("run gcc");
+    assert!(
+        o.status.success(),
+        "gcc failed for {} (CUDA {}):\n{}",
+        source.display(),
+        row.major,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::rename(&tmp, &out).expect("rename compiled client");
+    out
 }
 
 // ------------------------------------------------------------------ SimEnv
@@ -503,46 +620,14 @@ pub fn num(out: &str, cmd: &str, key: &str) -> u64 {
 
 // ------------------------------------------------------------------ stats
 
-/// `cgpu-sim-stat --json` (schema 1; see shim/README.md).
-#[derive(Deserialize, Debug, Clone)]
-pub struct SimStats {
-    pub schema: u32,
-    pub state_dir: String,
-    pub devices: Vec<DeviceStat>,
-    pub processes: Vec<ProcessStat>,
-}
-
-#[derive(Deserialize, Debug, Clone)]
-pub struct DeviceStat {
-    pub index: usize,
-    pub uuid: String,
-    pub name: String,
-    pub total_bytes: u64,
-    pub used_bytes: u64,
-    pub busy_ns: u64,
-    pub kernels: u64,
-}
-
-#[derive(Deserialize, Debug, Clone)]
-pub struct ProcessStat {
-    pub pid: u32,
-    pub slot: usize,
-    pub comm: String,
-    pub alive: bool,
-    pub device: usize,
-    pub mem_bytes: u64,
-    pub device_time_ns: u64,
-    pub kernels: u64,
-}
-
-impl SimStats {
-    /// The record of `pid` on `device`.
-    pub fn process(&self, pid: u32, device: usize) -> Option<&ProcessStat> {
-        self.processes
-            .iter()
-            .find(|p| p.pid == pid && p.device == device)
-    }
-}
+/// The `cgpu-sim-stat --json` document: the simulated driver's own
+/// definition (`shim/src/stat_schema.rs`), compiled here too rather than
+/// linked (the sim's library exports the driver's symbols).
+#[path = "../../shim/src/stat_schema.rs"]
+mod sim_stat_schema;
+pub use sim_stat_schema::{
+    DeviceStat, ProcessStat, Snapshot as SimStats, StubStat, SCHEMA_VERSION as SIM_STAT_SCHEMA,
+};
 
 /// Reads a state directory with `cgpu-sim-stat --state DIR --json`.
 pub fn sim_stats(state_dir: &Path) -> SimStats {

@@ -1,15 +1,40 @@
-//! Graphs, enough for capture-free `cuGraphLaunch` of kernel (and empty)
-//! nodes: a launch queues the kernel nodes in insertion order. Stream
-//! capture (`cuStreamBeginCapture`, stream.rs) builds such graphs too.
+//! Graphs: nodes of every kind the driver has (kernel, memcpy, memset, host,
+//! child graph, empty, event record/wait, memory alloc/free, conditional),
+//! edges, queries, clones, ids, user objects, instantiation and launch.
+//! Stream capture (`stream.rs`) builds the same graphs.
+//!
+//! A graph is a list of nodes, each with the handles of the nodes it depends
+//! on. Instantiation orders the nodes topologically (insertion order among
+//! ready nodes) and flattens child graphs; a launch runs that list on the
+//! stream: kernels take device time on the executor, copies, memsets and
+//! events happen at the launch (in order, like the sim's async copies), host
+//! nodes run on a helper thread once the stream's earlier work is done.
+//!
+//! Graph memory (`cuGraphAddMemAllocNode`): the node fixes the address when
+//! it is added (a real mapping, so the address is valid). The device memory
+//! behind it is charged to the device when a launch allocates it, and stays
+//! reserved by the device's graph memory pool after it is freed (by a free
+//! node, `cuMemFree` or `cuMemFreeAsync`) until `cuDeviceGraphMemTrim`, as
+//! with the driver: `cuDeviceGetGraphMemAttribute` reports used and reserved
+//! bytes and their high-water marks.
+//!
+//! Conditional nodes: kernels do not compute in the sim, so a condition
+//! keeps the value it was given at creation (`defaultLaunchValue`, reset at
+//! every launch with `CU_GRAPH_COND_ASSIGN_DEFAULT`): an IF body runs when it
+//! is nonzero, a SWITCH runs body `value`, and a WHILE body runs once when it
+//! is nonzero (nothing on the device could ever clear it).
 
-use crate::driver::{cu, Graph, GraphExec, KernelNode, Obj};
-use crate::{guard, put, CuRes};
+use crate::driver::{cu, Driver, Func, KernelNode, Obj};
+use crate::{exports, put, stub_fns, CuRes};
 use cgpu_ffi::*;
 use parking_lot::Mutex;
-use std::ffi::c_void;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::{Arc, OnceLock};
 
-/// `CUDA_KERNEL_NODE_PARAMS` (v1) and `_v2` (v2 appends `kern` and `ctx`).
+/// `CUDA_KERNEL_NODE_PARAMS` (v1) and the prefix of `_v2`/`_v3` (they
+/// append `kern` and `ctx`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct KernelNodeParams {
@@ -21,37 +46,335 @@ pub struct KernelNodeParams {
     pub extra: *mut *mut c_void,
 }
 
-fn graph_of(h: usize) -> Result<Arc<Mutex<Graph>>, CUresult> {
+// SAFETY: plain data; the pointers are only handed back to the caller that
+// gave them (GetParams), never dereferenced after the node is made.
+unsafe impl Send for KernelNodeParams {}
+unsafe impl Sync for KernelNodeParams {}
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2`/`_v3`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KernelNodeParamsV2 {
+    pub v1: KernelNodeParams,
+    pub kern: CUkernel,
+    pub ctx: CUcontext,
+}
+
+/// `CUDA_MEMSET_NODE_PARAMS` (v1; `_v2` appends `ctx`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MemsetNodeParams {
+    pub dst: CUdeviceptr,
+    pub pitch: usize,
+    pub value: u32,
+    pub element_size: u32,
+    pub width: usize,
+    pub height: usize,
+}
+
+/// `CUDA_HOST_NODE_PARAMS` (v1, and the prefix of `_v2`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct HostNodeParams {
+    pub func: super::stream::CUhostFn,
+    pub user_data: *mut c_void,
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 = v2 layout).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAllocNodeParams {
+    pub pool_props: CUmemPoolProps,
+    pub access_descs: *const CUmemAccessDesc,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+
+/// `CUDA_CONDITIONAL_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ConditionalNodeParams {
+    pub handle: u64,
+    pub type_: u32,
+    pub size: u32,
+    pub graph_out: *mut CUgraph,
+    pub ctx: CUcontext,
+}
+
+/// `CUDA_MEMCPY_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemcpyNodeParams {
+    pub flags: i32,
+    pub reserved: i32,
+    pub copy_ctx: CUcontext,
+    pub copy: super::array::Memcpy3D,
+}
+
+/// `CUgraphNodeParams`: a type, then a union of the per-type parameters
+/// (256 bytes in all).
+#[repr(C)]
+pub struct GraphNodeParams {
+    pub type_: u32,
+    pub reserved0: [i32; 3],
+    pub u: [u64; 29],
+    pub reserved2: i64,
+}
+
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS`.
+#[repr(C)]
+pub struct InstantiateParams {
+    pub flags: u64,
+    pub upload_stream: CUstream,
+    pub err_node_out: CUgraphNode,
+    pub result_out: u32,
+}
+
+// CUgraphNodeType
+pub const NODE_KERNEL: u32 = 0;
+pub const NODE_MEMCPY: u32 = 1;
+pub const NODE_MEMSET: u32 = 2;
+pub const NODE_HOST: u32 = 3;
+pub const NODE_GRAPH: u32 = 4;
+pub const NODE_EMPTY: u32 = 5;
+pub const NODE_WAIT_EVENT: u32 = 6;
+pub const NODE_EVENT_RECORD: u32 = 7;
+pub const NODE_MEM_ALLOC: u32 = 10;
+pub const NODE_MEM_FREE: u32 = 11;
+pub const NODE_CONDITIONAL: u32 = 13;
+
+/// A kernel node: what runs, and the parameters as given.
+#[derive(Clone)]
+pub struct KernelData {
+    pub run: KernelNode,
+    pub params: KernelNodeParams,
+}
+
+/// A graph allocation: its address is fixed when the node is added.
+pub struct GraphAlloc {
+    pub dev: usize,
+    pub ptr: u64,
+    pub size: u64,
+    /// Bytes it takes in the graph memory pool (a multiple of 2 MiB).
+    pub pooled: u64,
+    /// Allocated by a launch and not freed yet.
+    pub live: std::sync::atomic::AtomicBool,
+}
+
+/// A conditional handle (`cuGraphConditionalHandleCreate`).
+pub struct CondHandle {
+    pub default: u32,
+    pub assign_default: bool,
+    pub value: AtomicU32,
+}
+
+#[derive(Clone)]
+pub enum NodeKind {
+    Empty,
+    Kernel(KernelData),
+    Memcpy(super::array::Memcpy3D),
+    Memset(MemsetNodeParams),
+    Host(usize, usize),
+    /// The child graph's handle (owned by the node).
+    Child(usize),
+    EventRecord(usize),
+    EventWait(usize),
+    MemAlloc(Arc<GraphAlloc>),
+    MemFree(u64),
+    /// Conditional: handle value, type, body graphs (owned by the node).
+    Cond(u64, u32, Vec<usize>),
+}
+
+impl NodeKind {
+    pub fn type_code(&self) -> u32 {
+        match self {
+            NodeKind::Empty => NODE_EMPTY,
+            NodeKind::Kernel(_) => NODE_KERNEL,
+            NodeKind::Memcpy(_) => NODE_MEMCPY,
+            NodeKind::Memset(_) => NODE_MEMSET,
+            NodeKind::Host(..) => NODE_HOST,
+            NodeKind::Child(_) => NODE_GRAPH,
+            NodeKind::EventRecord(_) => NODE_EVENT_RECORD,
+            NodeKind::EventWait(_) => NODE_WAIT_EVENT,
+            NodeKind::MemAlloc(_) => NODE_MEM_ALLOC,
+            NodeKind::MemFree(_) => NODE_MEM_FREE,
+            NodeKind::Cond(..) => NODE_CONDITIONAL,
+        }
+    }
+}
+
+pub struct Node {
+    pub h: usize,
+    pub kind: NodeKind,
+    pub deps: Vec<usize>,
+    /// Unique among the nodes of its graph (`cuGraphNodeGetLocalId`).
+    pub local_id: u32,
+}
+
+/// A graph. Node handles map to `Obj::GraphNode(graph handle)`.
+#[derive(Default)]
+pub struct Graph {
+    pub id: u32,
+    pub nodes: Vec<Node>,
+    pub next_local: u32,
+    /// User object references the graph holds (object handle → count).
+    pub user_objs: HashMap<usize, u32>,
+    /// Set for the body graphs of a conditional node: they belong to it.
+    pub owned_by_node: bool,
+}
+
+impl Graph {
+    pub fn node(&self, h: usize) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.h == h)
+    }
+    pub fn node_mut(&mut self, h: usize) -> Option<&mut Node> {
+        self.nodes.iter_mut().find(|n| n.h == h)
+    }
+}
+
+/// One step of an instantiated graph.
+#[derive(Clone)]
+pub enum Op {
+    Kernel(KernelNode),
+    Memcpy(super::array::Memcpy3D),
+    Memset(MemsetNodeParams),
+    Host(usize, usize),
+    EventRecord(usize),
+    EventWait,
+    Alloc(Arc<GraphAlloc>),
+    Free(u64),
+    Cond(Arc<CondHandle>, u32, Vec<Vec<Step>>),
+}
+
+/// An op, the node it came from (for the exec's per-node setters), and
+/// whether it is enabled.
+#[derive(Clone)]
+pub struct Step {
+    pub node: usize,
+    pub op: Op,
+    pub enabled: bool,
+}
+
+pub struct GraphExec {
+    pub id: u32,
+    pub flags: u64,
+    pub steps: Mutex<Vec<Step>>,
+    /// User object references taken from the graph at instantiation.
+    pub user_objs: HashMap<usize, u32>,
+}
+
+/// A user object (`cuUserObjectCreate`): a destructor run when the last
+/// reference goes.
+pub struct UserObject {
+    pub ptr: usize,
+    pub destroy: usize,
+    pub refs: AtomicU32,
+}
+
+static GRAPH_IDS: AtomicU32 = AtomicU32::new(0);
+static EXEC_IDS: AtomicU32 = AtomicU32::new(0);
+
+fn new_graph(d: &Driver) -> usize {
+    let g = Graph {
+        id: GRAPH_IDS.fetch_add(1, Relaxed) + 1,
+        ..Graph::default()
+    };
+    d.objs.lock().insert(Obj::Graph(Arc::new(Mutex::new(g))))
+}
+
+/// A new empty graph (stream capture builds into one).
+pub fn new_graph_handle(d: &Driver) -> usize {
+    new_graph(d)
+}
+
+/// Destroys a graph by handle (a capture that failed).
+pub fn destroy_graph_handle(g: usize) -> CuRes {
+    destroy_graph(cu()?, g)
+}
+
+/// `nodes` and every node they depend on, directly or not, in graph `g`.
+pub fn ancestors(g: usize, nodes: &[usize]) -> HashSet<usize> {
+    let mut seen: HashSet<usize> = HashSet::new();
+    let Ok(graph) = graph_of(g) else { return seen };
+    let gr = graph.lock();
+    let mut todo: Vec<usize> = nodes.to_vec();
+    while let Some(n) = todo.pop() {
+        if seen.insert(n) {
+            if let Some(x) = gr.node(n) {
+                todo.extend(x.deps.iter().copied());
+            }
+        }
+    }
+    seen
+}
+
+pub fn graph_of(h: usize) -> Result<Arc<Mutex<Graph>>, CUresult> {
     match cu()?.objs.lock().get(h) {
         Some(Obj::Graph(g)) => Ok(Arc::clone(g)),
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphCreate(pg: *mut CUgraph, flags: u32) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        if pg.is_null() || flags != 0 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let h = d
-            .objs
-            .lock()
-            .insert(Obj::Graph(Arc::new(Mutex::new(Graph::default()))));
-        // SAFETY: out pointer from the caller (checked non-null).
-        unsafe { put(pg, h as CUgraph, CUDA_ERROR_INVALID_VALUE) }
-    })
+/// The graph (handle, object) that holds node `n`.
+fn owner_of(n: CUgraphNode) -> Result<(usize, Arc<Mutex<Graph>>), CUresult> {
+    let gh = match cu()?.objs.lock().get(n as usize) {
+        Some(Obj::GraphNode(g)) => *g,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    Ok((gh, graph_of(gh)?))
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphDestroy(g: CUgraph) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        graph_of(g as usize)?;
-        d.objs.lock().remove(g as usize);
-        Ok(())
-    })
+fn exec_of(h: CUgraphExec) -> Result<Arc<GraphExec>, CUresult> {
+    match cu()?.objs.lock().get(h as usize) {
+        Some(Obj::GraphExec(x)) => Ok(Arc::clone(x)),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn user_obj(h: usize) -> Result<Arc<UserObject>, CUresult> {
+    match cu()?.objs.lock().get(h) {
+        Some(Obj::UserObject(u)) => Ok(Arc::clone(u)),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn cond_handles() -> &'static Mutex<HashMap<u64, Arc<CondHandle>>> {
+    static H: OnceLock<Mutex<HashMap<u64, Arc<CondHandle>>>> = OnceLock::new();
+    H.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Reads `n` node handles from a caller array.
+fn read_nodes(p: *const CUgraphNode, n: usize) -> Result<Vec<usize>, CUresult> {
+    if n > 0 && p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: p holds n node handles by the caller's contract (checked
+    // non-null when n > 0).
+    Ok((0..n).map(|i| unsafe { *p.add(i) } as usize).collect())
+}
+
+/// Adds a node of `kind` to graph `g` after `deps`; returns its handle.
+pub fn add_node_kind(g: usize, deps: &[usize], kind: NodeKind) -> Result<usize, CUresult> {
+    let d = cu()?;
+    let graph = graph_of(g)?;
+    let mut gr = graph.lock();
+    let mut seen = HashSet::new();
+    for dep in deps {
+        if gr.node(*dep).is_none() || !seen.insert(*dep) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let h = d.objs.lock().insert(Obj::GraphNode(g));
+    let local_id = gr.next_local;
+    gr.next_local += 1;
+    gr.nodes.push(Node {
+        h,
+        kind,
+        deps: deps.to_vec(),
+        local_id,
+    });
+    Ok(h)
 }
 
 fn add_node(
@@ -59,174 +382,1225 @@ fn add_node(
     g: CUgraph,
     deps: *const CUgraphNode,
     ndeps: usize,
-    kernel: Option<KernelNode>,
+    kind: impl FnOnce() -> Result<NodeKind, CUresult>,
 ) -> CuRes {
-    let d = cu()?;
-    if pn.is_null() || (ndeps > 0 && deps.is_null()) {
+    cu()?;
+    if pn.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let graph = graph_of(g as usize)?;
-    let mut gr = graph.lock();
-    for i in 0..ndeps {
-        // SAFETY: deps holds ndeps node handles by the caller's contract.
-        let dep = unsafe { *deps.add(i) } as usize;
-        if !gr.nodes.contains(&dep) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-    }
-    let h = d.objs.lock().insert(Obj::GraphNode(g as usize));
-    gr.nodes.push(h);
-    if let Some(k) = kernel {
-        gr.kernels.push((h, k));
-    }
+    graph_of(g as usize)?;
+    let deps = read_nodes(deps, ndeps)?;
+    let h = add_node_kind(g as usize, &deps, kind()?)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(pn, h as CUgraphNode, CUDA_ERROR_INVALID_VALUE) }
 }
 
-fn add_kernel_node(
-    pn: *mut CUgraphNode,
-    g: CUgraph,
-    deps: *const CUgraphNode,
-    ndeps: usize,
-    p: *const KernelNodeParams,
-) -> CuRes {
+fn kernel_data(p: *const KernelNodeParams) -> Result<NodeKind, CUresult> {
     let d = cu()?;
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    // SAFETY: non-null params from the caller (the v1 prefix of v2).
+    // SAFETY: non-null params from the caller (the v1 prefix of v2/v3).
     let kp = unsafe { p.read_unaligned() };
-    let func = d.func(kp.func as usize)?;
+    let func: Arc<Func> = d.func(kp.func as usize)?;
     if kp.grid.contains(&0) || kp.block.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // Parameters are captured at node creation, as the driver does.
     // SAFETY: kernel params per the node params' contract.
     let ns = unsafe { super::launch::kernel_ns(d, &func, kp.kernel_params, kp.extra) }?;
-    add_node(pn, g, deps, ndeps, Some(KernelNode { func, ns }))
+    Ok(NodeKind::Kernel(KernelData {
+        run: KernelNode { func, ns },
+        params: kp,
+    }))
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphAddKernelNode(
-    pn: *mut CUgraphNode,
-    g: CUgraph,
-    deps: *const CUgraphNode,
-    ndeps: usize,
-    p: *const KernelNodeParams,
-) -> CUresult {
-    guard(|| add_kernel_node(pn, g, deps, ndeps, p))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphAddKernelNode_v2(
-    pn: *mut CUgraphNode,
-    g: CUgraph,
-    deps: *const CUgraphNode,
-    ndeps: usize,
-    p: *const KernelNodeParams,
-) -> CUresult {
-    guard(|| add_kernel_node(pn, g, deps, ndeps, p))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphAddEmptyNode(
-    pn: *mut CUgraphNode,
-    g: CUgraph,
-    deps: *const CUgraphNode,
-    ndeps: usize,
-) -> CUresult {
-    guard(|| add_node(pn, g, deps, ndeps, None))
-}
-
-fn instantiate(pe: *mut CUgraphExec, g: CUgraph) -> CuRes {
+fn memset_data(p: *const MemsetNodeParams) -> Result<NodeKind, CUresult> {
     let d = cu()?;
-    if pe.is_null() {
+    if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let graph = graph_of(g as usize)?;
-    let kernels = graph
-        .lock()
-        .kernels
-        .iter()
-        .map(|(_, k)| k.clone())
-        .collect();
-    let h = d
-        .objs
-        .lock()
-        .insert(Obj::GraphExec(Arc::new(GraphExec { kernels })));
-    // SAFETY: out pointer from the caller (checked non-null).
-    unsafe { put(pe, h as CUgraphExec, CUDA_ERROR_INVALID_VALUE) }
+    // SAFETY: non-null params from the caller.
+    let m = unsafe { p.read_unaligned() };
+    if !matches!(m.element_size, 1 | 2 | 4) || m.width == 0 || m.height == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let row = m.width as u64 * m.element_size as u64;
+    if m.height > 1 && (m.pitch as u64) < row {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let span = (m.height as u64 - 1) * m.pitch as u64 + row;
+    super::memory::check_dev_range(d, m.dst, span)?;
+    Ok(NodeKind::Memset(m))
 }
 
-/// CUDA 10/11 signature: (exec, graph, errorNode, logBuffer, bufferSize).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiate(
-    pe: *mut CUgraphExec,
-    g: CUgraph,
-    _err: *mut CUgraphNode,
-    _log: *mut i8,
-    _n: usize,
-) -> CUresult {
-    guard(|| instantiate(pe, g))
+fn memcpy_data(p: *const super::array::Memcpy3D) -> Result<NodeKind, CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null descriptor from the caller.
+    let m = unsafe { p.read_unaligned() };
+    super::array::check_memcpy3d(&m)?;
+    Ok(NodeKind::Memcpy(m))
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiate_v2(
-    pe: *mut CUgraphExec,
-    g: CUgraph,
-    _err: *mut CUgraphNode,
-    _log: *mut i8,
-    _n: usize,
-) -> CUresult {
-    guard(|| instantiate(pe, g))
+fn host_data(p: *const HostNodeParams) -> Result<NodeKind, CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null params from the caller.
+    let hp = unsafe { p.read_unaligned() };
+    let f = hp.func.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    Ok(NodeKind::Host(f as usize, hp.user_data as usize))
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphInstantiateWithFlags(
-    pe: *mut CUgraphExec,
-    g: CUgraph,
-    _flags: u64,
-) -> CUresult {
-    guard(|| instantiate(pe, g))
+fn event_data(e: CUevent, record: bool) -> Result<NodeKind, CUresult> {
+    cu()?.event(e as usize)?;
+    Ok(if record {
+        NodeKind::EventRecord(e as usize)
+    } else {
+        NodeKind::EventWait(e as usize)
+    })
 }
 
-fn graph_launch(e: CUgraphExec, stream: CUstream) -> CuRes {
+/// A deep copy of graph `src` as a new graph; returns (handle, map from
+/// old node handles to new ones).
+fn clone_graph(src: usize) -> Result<(usize, HashMap<usize, usize>), CUresult> {
     let d = cu()?;
-    let ge = match d.objs.lock().get(e as usize) {
-        Some(Obj::GraphExec(x)) => Arc::clone(x),
-        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    let nodes: Vec<(usize, NodeKind, Vec<usize>)> = graph_of(src)?
+        .lock()
+        .nodes
+        .iter()
+        .map(|n| (n.h, n.kind.clone(), n.deps.clone()))
+        .collect();
+    let g = new_graph(d);
+    let mut map = HashMap::new();
+    for (old, kind, deps) in nodes {
+        let kind = match kind {
+            NodeKind::Child(c) => NodeKind::Child(clone_graph(c)?.0),
+            NodeKind::Cond(h, t, bodies) => NodeKind::Cond(
+                h,
+                t,
+                bodies
+                    .iter()
+                    .map(|b| clone_graph(*b).map(|x| x.0))
+                    .collect::<Result<_, _>>()?,
+            ),
+            k => k,
+        };
+        let deps: Vec<usize> = deps.iter().filter_map(|x| map.get(x).copied()).collect();
+        let h = add_node_kind(g, &deps, kind)?;
+        map.insert(old, h);
+    }
+    Ok((g, map))
+}
+
+fn child_data(child: CUgraph) -> Result<NodeKind, CUresult> {
+    graph_of(child as usize)?;
+    // The node holds a clone: later changes to `child` do not affect it.
+    Ok(NodeKind::Child(clone_graph(child as usize)?.0))
+}
+
+// ---------------------------------------------------------------- graph memory
+
+/// Per-device graph memory pool counters.
+#[derive(Default)]
+pub struct GraphMem {
+    pub used: u64,
+    pub used_high: u64,
+    pub reserved: u64,
+    pub reserved_high: u64,
+}
+
+pub fn graph_mem(dev: usize) -> &'static Mutex<GraphMem> {
+    static M: OnceLock<Vec<Mutex<GraphMem>>> = OnceLock::new();
+    let v = M.get_or_init(|| {
+        (0..crate::state::MAX_DEVICES)
+            .map(|_| Mutex::new(GraphMem::default()))
+            .collect()
+    });
+    &v[dev.min(v.len() - 1)]
+}
+
+/// Graph allocations by address (live or not), for cuMemFree and range checks.
+pub fn graph_allocs() -> &'static Mutex<std::collections::BTreeMap<u64, Arc<GraphAlloc>>> {
+    static A: OnceLock<Mutex<std::collections::BTreeMap<u64, Arc<GraphAlloc>>>> = OnceLock::new();
+    A.get_or_init(|| Mutex::new(std::collections::BTreeMap::new()))
+}
+
+const GRAPH_MEM_GRANULE: u64 = 2 << 20;
+
+fn mem_alloc_data(p: *mut MemAllocNodeParams) -> Result<NodeKind, CUresult> {
+    let d = cu()?;
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null params from the caller.
+    let mp = unsafe { p.read_unaligned() };
+    if mp.bytesize == 0 || mp.pool_props.allocType != 1 || mp.pool_props.location.type_ != 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = d.check_dev(mp.pool_props.location.id)?;
+    let pooled = (mp.bytesize as u64)
+        .checked_next_multiple_of(GRAPH_MEM_GRANULE)
+        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    if pooled > d.devs[dev].total {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let ptr = super::memory::map_anon(pooled as usize)?;
+    let ga = Arc::new(GraphAlloc {
+        dev,
+        ptr,
+        size: mp.bytesize as u64,
+        pooled,
+        live: std::sync::atomic::AtomicBool::new(false),
+    });
+    graph_allocs().lock().insert(ptr, Arc::clone(&ga));
+    // SAFETY: the caller's params (checked non-null): dptr is an output.
+    unsafe { std::ptr::addr_of_mut!((*p).dptr).write_unaligned(ptr) };
+    Ok(NodeKind::MemAlloc(ga))
+}
+
+/// A launch allocates `ga`: from the pool's free reserve, else the pool
+/// grows by charging the device (OUT_OF_MEMORY when it is full).
+fn graph_mem_alloc(d: &Driver, ga: &GraphAlloc) -> CuRes {
+    if ga.live.load(Acquire) {
+        // Launched again before being freed: the driver refuses.
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut m = graph_mem(ga.dev).lock();
+    let free = m.reserved - m.used;
+    if free < ga.pooled {
+        let grow = ga.pooled - free;
+        d.charge(ga.dev, grow)?;
+        m.reserved += grow;
+        m.reserved_high = m.reserved_high.max(m.reserved);
+    }
+    m.used += ga.pooled;
+    m.used_high = m.used_high.max(m.used);
+    ga.live.store(true, Release);
+    Ok(())
+}
+
+/// Frees a graph allocation at `p` (a free node, cuMemFree, cuMemFreeAsync):
+/// `Some(result)` if `p` is one.
+pub fn graph_mem_free(p: u64) -> Option<CuRes> {
+    let ga = graph_allocs().lock().get(&p).cloned()?;
+    if !ga.live.swap(false, AcqRel) {
+        return Some(Err(CUDA_ERROR_INVALID_VALUE));
+    }
+    let mut m = graph_mem(ga.dev).lock();
+    m.used = m.used.saturating_sub(ga.pooled);
+    Some(Ok(()))
+}
+
+/// Whether `[p, p+len)` lies in a graph allocation (`Some(in bounds)`).
+pub fn graph_mem_range(p: u64, len: u64) -> Option<bool> {
+    let allocs = graph_allocs().lock();
+    let (start, ga) = allocs.range(..=p).next_back()?;
+    // The address range is mapped from the node's creation on (copies and
+    // memsets into it can be added to graphs before any launch).
+    if p >= start + ga.size {
+        return None;
+    }
+    Some(p.checked_add(len).is_some_and(|e| e <= start + ga.size))
+}
+
+fn graph_mem_trim(d: &Driver, dev: usize) {
+    let mut m = graph_mem(dev).lock();
+    let spare = m.reserved - m.used;
+    if spare > 0 {
+        d.uncharge(dev, spare);
+        m.reserved -= spare;
+    }
+}
+
+// ------------------------------------------------------------- create/destroy
+
+fn graph_create(pg: *mut CUgraph, flags: u32) -> CuRes {
+    let d = cu()?;
+    if pg.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let h = new_graph(d);
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(pg, h as CUgraph, CUDA_ERROR_INVALID_VALUE) }
+}
+
+/// Destroys graph `g` and what its nodes own (child and body graphs, the
+/// address range of allocations never launched or already freed).
+fn destroy_graph(d: &Driver, g: usize) -> CuRes {
+    let graph = graph_of(g)?;
+    let (nodes, uobjs) = {
+        let mut gr = graph.lock();
+        (
+            std::mem::take(&mut gr.nodes),
+            std::mem::take(&mut gr.user_objs),
+        )
     };
-    d.stream(stream as usize)?;
-    for k in &ge.kernels {
-        if super::stream::record_if_capturing(stream as usize, k)? {
-            continue;
-        }
-        super::launch::submit(d, stream as usize, k.ns)?;
+    d.objs.lock().remove(g);
+    for n in nodes {
+        forget_node(d, n);
+    }
+    for (u, c) in uobjs {
+        release_user_obj(d, u, c);
     }
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch(e: CUgraphExec, stream: CUstream) -> CUresult {
-    guard(|| graph_launch(e, stream))
+fn forget_node(d: &Driver, n: Node) {
+    d.objs.lock().remove(n.h);
+    match n.kind {
+        NodeKind::Child(c) => {
+            let _ = destroy_graph(d, c);
+        }
+        NodeKind::Cond(_, _, bodies) => {
+            for b in bodies {
+                let _ = destroy_graph(d, b);
+            }
+        }
+        _ => {}
+    }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphLaunch_ptsz(e: CUgraphExec, stream: CUstream) -> CUresult {
-    guard(|| graph_launch(e, stream))
+fn destroy_node(n: CUgraphNode) -> CuRes {
+    let d = cu()?;
+    let (_, graph) = owner_of(n)?;
+    let node = {
+        let mut gr = graph.lock();
+        let i = gr
+            .nodes
+            .iter()
+            .position(|x| x.h == n as usize)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let node = gr.nodes.remove(i);
+        for other in gr.nodes.iter_mut() {
+            other.deps.retain(|x| *x != n as usize);
+        }
+        node
+    };
+    forget_node(d, node);
+    Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGraphExecDestroy(e: CUgraphExec) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        let mut objs = d.objs.lock();
-        match objs.get(e as usize) {
-            Some(Obj::GraphExec(_)) => {
-                objs.remove(e as usize);
+// ------------------------------------------------------------------- queries
+
+/// Writes `v` to a caller array of capacity `*count` (or only the count when
+/// `out` is NULL), as the driver's list queries do: `*count` becomes the
+/// number written, or the total when `out` is NULL.
+fn put_list(out: *mut CUgraphNode, count: *mut usize, v: &[usize]) -> CuRes {
+    if count.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if out.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *count = v.len() };
+        return Ok(());
+    }
+    // SAFETY: non-null in/out pointer from the caller.
+    let cap = unsafe { *count };
+    let n = cap.min(v.len());
+    for (i, x) in v.iter().take(n).enumerate() {
+        // SAFETY: out holds cap >= n entries by the caller's contract.
+        unsafe { *out.add(i) = *x as CUgraphNode };
+    }
+    // SAFETY: as above.
+    unsafe { *count = n };
+    Ok(())
+}
+
+/// Zeroes `n` `CUgraphEdgeData` (8 bytes each) when `edata` is not NULL.
+fn zero_edges(edata: *mut u64, n: usize) {
+    if !edata.is_null() {
+        for i in 0..n {
+            // SAFETY: edata holds as many entries as the node array.
+            unsafe { *edata.add(i) = 0 };
+        }
+    }
+}
+
+fn get_nodes(g: CUgraph, out: *mut CUgraphNode, count: *mut usize, roots: bool) -> CuRes {
+    let graph = graph_of(g as usize)?;
+    let v: Vec<usize> = graph
+        .lock()
+        .nodes
+        .iter()
+        .filter(|n| !roots || n.deps.is_empty())
+        .map(|n| n.h)
+        .collect();
+    put_list(out, count, &v)
+}
+
+fn get_edges(
+    g: CUgraph,
+    from: *mut CUgraphNode,
+    to: *mut CUgraphNode,
+    edata: *mut u64,
+    count: *mut usize,
+) -> CuRes {
+    let graph = graph_of(g as usize)?;
+    let edges: Vec<(usize, usize)> = graph
+        .lock()
+        .nodes
+        .iter()
+        .flat_map(|n| n.deps.iter().map(move |d| (*d, n.h)))
+        .collect();
+    if count.is_null() || from.is_null() != to.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if from.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *count = edges.len() };
+        return Ok(());
+    }
+    // SAFETY: non-null in/out pointer from the caller.
+    let n = unsafe { *count }.min(edges.len());
+    for (i, (a, b)) in edges.iter().take(n).enumerate() {
+        // SAFETY: from/to hold *count entries by the caller's contract.
+        unsafe {
+            *from.add(i) = *a as CUgraphNode;
+            *to.add(i) = *b as CUgraphNode;
+        }
+    }
+    zero_edges(edata, n);
+    // SAFETY: as above.
+    unsafe { *count = n };
+    Ok(())
+}
+
+fn node_deps(
+    n: CUgraphNode,
+    out: *mut CUgraphNode,
+    edata: *mut u64,
+    count: *mut usize,
+    dependents: bool,
+) -> CuRes {
+    let (_, graph) = owner_of(n)?;
+    let gr = graph.lock();
+    let node = gr.node(n as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let v: Vec<usize> = if dependents {
+        gr.nodes
+            .iter()
+            .filter(|x| x.deps.contains(&node.h))
+            .map(|x| x.h)
+            .collect()
+    } else {
+        node.deps.clone()
+    };
+    drop(gr);
+    put_list(out, count, &v)?;
+    if !out.is_null() {
+        // SAFETY: count was written by put_list.
+        zero_edges(edata, unsafe { *count });
+    }
+    Ok(())
+}
+
+fn change_deps(
+    g: CUgraph,
+    from: *const CUgraphNode,
+    to: *const CUgraphNode,
+    n: usize,
+    add: bool,
+) -> CuRes {
+    let graph = graph_of(g as usize)?;
+    let from = read_nodes(from, n)?;
+    let to = read_nodes(to, n)?;
+    let mut gr = graph.lock();
+    for (a, b) in from.iter().zip(&to) {
+        if a == b || gr.node(*a).is_none() || gr.node(*b).is_none() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let has = gr.node(*b).is_some_and(|x| x.deps.contains(a));
+        if has == add {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    for (a, b) in from.iter().zip(&to) {
+        if let Some(node) = gr.node_mut(*b) {
+            if add {
+                node.deps.push(*a);
+            } else {
+                node.deps.retain(|x| x != a);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn node_kind(n: CUgraphNode) -> Result<NodeKind, CUresult> {
+    let (_, graph) = owner_of(n)?;
+    let gr = graph.lock();
+    gr.node(n as usize)
+        .map(|x| x.kind.clone())
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+fn set_node_kind(n: CUgraphNode, kind: NodeKind) -> CuRes {
+    let (_, graph) = owner_of(n)?;
+    let mut gr = graph.lock();
+    let node = gr.node_mut(n as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if node.kind.type_code() != kind.type_code() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    node.kind = kind;
+    Ok(())
+}
+
+// ------------------------------------------------------------- instantiation
+
+/// Orders the nodes of graph `g` topologically (ready nodes in insertion
+/// order) and flattens child graphs.
+fn flatten(g: usize, out: &mut Vec<Step>) -> CuRes {
+    let graph = graph_of(g)?;
+    let nodes: Vec<(usize, NodeKind, Vec<usize>)> = graph
+        .lock()
+        .nodes
+        .iter()
+        .map(|n| (n.h, n.kind.clone(), n.deps.clone()))
+        .collect();
+    let mut done: HashSet<usize> = HashSet::new();
+    let mut left: Vec<usize> = (0..nodes.len()).collect();
+    while !left.is_empty() {
+        let pos = left
+            .iter()
+            .position(|&i| nodes[i].2.iter().all(|x| done.contains(x)))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?; // a cycle
+        let i = left.remove(pos);
+        let (h, kind, _) = &nodes[i];
+        done.insert(*h);
+        let op = match kind {
+            NodeKind::Empty => continue,
+            NodeKind::Kernel(k) => Op::Kernel(k.run.clone()),
+            NodeKind::Memcpy(m) => Op::Memcpy(*m),
+            NodeKind::Memset(m) => Op::Memset(*m),
+            NodeKind::Host(f, u) => Op::Host(*f, *u),
+            NodeKind::EventRecord(e) => Op::EventRecord(*e),
+            NodeKind::EventWait(_) => Op::EventWait,
+            NodeKind::MemAlloc(a) => Op::Alloc(Arc::clone(a)),
+            NodeKind::MemFree(p) => Op::Free(*p),
+            NodeKind::Child(c) => {
+                flatten(*c, out)?;
+                continue;
+            }
+            NodeKind::Cond(ch, t, bodies) => {
+                let handle = cond_handles()
+                    .lock()
+                    .get(ch)
+                    .cloned()
+                    .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                let mut bs = Vec::new();
+                for b in bodies {
+                    let mut v = Vec::new();
+                    flatten(*b, &mut v)?;
+                    bs.push(v);
+                }
+                Op::Cond(handle, *t, bs)
+            }
+        };
+        out.push(Step {
+            node: *h,
+            op,
+            enabled: true,
+        });
+    }
+    Ok(())
+}
+
+fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
+    let d = cu()?;
+    if pe.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // CUDA_GRAPH_INSTANTIATE_FLAG_*: auto free on launch 1, upload 2,
+    // device launch 4, use node priority 8.
+    if flags & !0xf != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let graph = graph_of(g as usize)?;
+    let mut steps = Vec::new();
+    flatten(g as usize, &mut steps)?;
+    let user_objs = graph.lock().user_objs.clone();
+    for (u, c) in &user_objs {
+        if let Ok(o) = user_obj(*u) {
+            o.refs.fetch_add(*c, AcqRel);
+        }
+    }
+    let h = d.objs.lock().insert(Obj::GraphExec(Arc::new(GraphExec {
+        id: EXEC_IDS.fetch_add(1, Relaxed) + 1,
+        flags,
+        steps: Mutex::new(steps),
+        user_objs,
+    })));
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(pe, h as CUgraphExec, CUDA_ERROR_INVALID_VALUE) }
+}
+
+fn instantiate_with_params(pe: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) -> CuRes {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null params from the caller.
+    let flags = unsafe { (*p).flags };
+    let r = instantiate(pe, g, flags);
+    // CUgraphInstantiateResult: SUCCESS 0, ERROR 1.
+    // SAFETY: as above; result_out and err_node_out are outputs.
+    unsafe {
+        (*p).result_out = if r.is_ok() { 0 } else { 1 };
+        (*p).err_node_out = std::ptr::null_mut();
+    }
+    if r.is_ok() && flags & 2 != 0 {
+        // SAFETY: as above.
+        let s = unsafe { (*p).upload_stream };
+        cu()?.stream(s as usize)?;
+    }
+    r
+}
+
+// ------------------------------------------------------------------- launch
+
+fn run_steps(d: &Driver, steps: &[Step], stream: usize) -> CuRes {
+    for s in steps.iter().filter(|s| s.enabled) {
+        match &s.op {
+            Op::Kernel(k) => {
+                if super::stream::record_if_capturing(stream, k)? {
+                    continue;
+                }
+                super::launch::submit(d, stream, k.ns)?;
+            }
+            Op::Memcpy(m) => super::array::memcpy3d(m)?,
+            Op::Memset(m) => run_memset(m)?,
+            Op::Host(f, u) => {
+                // SAFETY: f was a non-null CUhostFn given by the caller.
+                let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(*f) };
+                super::stream::host_func_after(stream, f, *u)?;
+            }
+            Op::EventRecord(e) => super::stream::record_event(*e, stream)?,
+            Op::EventWait => {}
+            Op::Alloc(a) => graph_mem_alloc(d, a)?,
+            Op::Free(p) => graph_mem_free(*p).unwrap_or(Err(CUDA_ERROR_INVALID_VALUE))?,
+            Op::Cond(h, t, bodies) => {
+                if h.assign_default {
+                    h.value.store(h.default, Relaxed);
+                }
+                let v = h.value.load(Relaxed) as usize;
+                // IF 0, WHILE 1, SWITCH 2
+                let body = match t {
+                    0 | 1 if v != 0 => bodies.first(),
+                    2 => bodies.get(v),
+                    _ => None,
+                };
+                if let Some(b) = body {
+                    run_steps(d, b, stream)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn run_memset(m: &MemsetNodeParams) -> CuRes {
+    for row in 0..m.height {
+        let p = m.dst + (row * m.pitch) as u64;
+        match m.element_size {
+            1 => super::memory::memset_n(p, m.value as u8, m.width)?,
+            2 => super::memory::memset_n(p, m.value as u16, m.width)?,
+            _ => super::memory::memset_n(p, m.value, m.width)?,
+        }
+    }
+    Ok(())
+}
+
+fn graph_launch(e: CUgraphExec, stream: CUstream) -> CuRes {
+    let d = cu()?;
+    let ge = exec_of(e)?;
+    d.stream(stream as usize)?;
+    let steps = ge.steps.lock().clone();
+    run_steps(d, &steps, stream as usize)
+}
+
+fn exec_destroy(e: CUgraphExec) -> CuRes {
+    let d = cu()?;
+    let ge = exec_of(e)?;
+    d.objs.lock().remove(e as usize);
+    for (u, c) in &ge.user_objs {
+        release_user_obj(d, *u, *c);
+    }
+    Ok(())
+}
+
+/// Replaces the op of `node` in an exec (same type only).
+fn exec_set(e: CUgraphExec, node: CUgraphNode, kind: NodeKind) -> CuRes {
+    let ge = exec_of(e)?;
+    let mut steps = ge.steps.lock();
+    let s = steps
+        .iter_mut()
+        .find(|s| s.node == node as usize)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    s.op = match (kind, &s.op) {
+        (NodeKind::Kernel(k), Op::Kernel(_)) => Op::Kernel(k.run),
+        (NodeKind::Memcpy(m), Op::Memcpy(_)) => Op::Memcpy(m),
+        (NodeKind::Memset(m), Op::Memset(_)) => Op::Memset(m),
+        (NodeKind::Host(f, u), Op::Host(..)) => Op::Host(f, u),
+        (NodeKind::EventRecord(x), Op::EventRecord(_)) => Op::EventRecord(x),
+        (NodeKind::EventWait(_), Op::EventWait) => Op::EventWait,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    Ok(())
+}
+
+fn set_enabled(e: CUgraphExec, node: CUgraphNode, on: Option<u32>, out: *mut u32) -> CuRes {
+    let ge = exec_of(e)?;
+    let mut steps = ge.steps.lock();
+    let s = steps
+        .iter_mut()
+        .find(|s| s.node == node as usize)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    match on {
+        Some(v) => {
+            s.enabled = v != 0;
+            Ok(())
+        }
+        // SAFETY: out pointer from the caller.
+        None => unsafe { put(out, s.enabled as u32, CUDA_ERROR_INVALID_VALUE) },
+    }
+}
+
+/// `cuGraphExecUpdate`: the graph must have the same nodes (types, order of
+/// instantiation) as the exec; the exec then takes its parameters.
+fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<(), (CUresult, u32)> {
+    let ge = exec_of(e).map_err(|x| (x, 1))?;
+    let mut fresh = Vec::new();
+    flatten(g as usize, &mut fresh).map_err(|x| (x, 1))?;
+    let mut steps = ge.steps.lock();
+    let same = steps.len() == fresh.len()
+        && steps
+            .iter()
+            .zip(&fresh)
+            .all(|(a, b)| std::mem::discriminant(&a.op) == std::mem::discriminant(&b.op));
+    if !same {
+        // CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED
+        return Err((CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, 2));
+    }
+    for (s, f) in steps.iter_mut().zip(fresh) {
+        s.op = f.op;
+        s.node = f.node;
+    }
+    Ok(())
+}
+
+// -------------------------------------------------------------- user objects
+
+fn release_user_obj(d: &Driver, h: usize, count: u32) {
+    let Ok(o) = user_obj(h) else { return };
+    let before = o
+        .refs
+        .fetch_update(AcqRel, Acquire, |r| Some(r.saturating_sub(count)))
+        .unwrap_or(0);
+    if before <= count {
+        d.objs.lock().remove(h);
+        if o.destroy != 0 {
+            // SAFETY: a non-null CUhostFn given at creation, with its data.
+            let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(o.destroy) };
+            let ptr = o.ptr;
+            // The driver runs destructors asynchronously, never inside the call.
+            std::thread::spawn(move || unsafe { f(ptr as *mut c_void) });
+        }
+    }
+}
+
+// ---------------------------------------------------------- conditional nodes
+
+static COND_IDS: AtomicU64 = AtomicU64::new(0);
+
+fn cond_handle_create(out: *mut u64, g: CUgraph, default: u32, flags: u32) -> CuRes {
+    cu()?;
+    graph_of(g as usize)?;
+    if out.is_null() || flags & !1 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let id = COND_IDS.fetch_add(1, Relaxed) + 1;
+    cond_handles().lock().insert(
+        id,
+        Arc::new(CondHandle {
+            default,
+            assign_default: flags & 1 != 0,
+            value: AtomicU32::new(default),
+        }),
+    );
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(out, id, CUDA_ERROR_INVALID_VALUE) }
+}
+
+fn cond_data(p: *mut ConditionalNodeParams) -> Result<NodeKind, CUresult> {
+    let d = cu()?;
+    // SAFETY: non-null params from the caller (checked by the caller).
+    let cp = unsafe { p.read_unaligned() };
+    if !cond_handles().lock().contains_key(&cp.handle) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let n = match (cp.type_, cp.size) {
+        (0, 1 | 2) | (1, 1) => cp.size as usize,
+        (2, 1..=1024) => cp.size as usize,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    let bodies: Vec<usize> = (0..n).map(|_| new_graph(d)).collect();
+    for b in &bodies {
+        if let Ok(g) = graph_of(*b) {
+            g.lock().owned_by_node = true;
+        }
+    }
+    // phGraph_out is a driver-owned array valid while the node lives: the
+    // node's own list of bodies (its heap buffer never moves).
+    // SAFETY: the caller's params (checked non-null by the caller).
+    unsafe {
+        std::ptr::addr_of_mut!((*p).graph_out).write_unaligned(bodies.as_ptr() as *mut CUgraph)
+    };
+    Ok(NodeKind::Cond(cp.handle, cp.type_, bodies))
+}
+
+/// `cuGraphAddNode` / `cuGraphNodeSetParams`: the node of `p.type_`.
+fn generic_kind(p: *mut GraphNodeParams) -> Result<NodeKind, CUresult> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null params from the caller; the union starts at `u`.
+    let (t, u) = unsafe { ((*p).type_, std::ptr::addr_of_mut!((*p).u) as *mut u8) };
+    match t {
+        NODE_KERNEL => kernel_data(u as *const KernelNodeParams),
+        NODE_MEMCPY => {
+            // SAFETY: the union holds a CUDA_MEMCPY_NODE_PARAMS.
+            let mp = unsafe { (u as *const MemcpyNodeParams).read_unaligned() };
+            memcpy_data(&mp.copy)
+        }
+        NODE_MEMSET => memset_data(u as *const MemsetNodeParams),
+        NODE_HOST => host_data(u as *const HostNodeParams),
+        // SAFETY: the union holds a CUgraph / CUevent first.
+        NODE_GRAPH => child_data(unsafe { *(u as *const CUgraph) }),
+        NODE_EMPTY => Ok(NodeKind::Empty),
+        // SAFETY: as above.
+        NODE_WAIT_EVENT => event_data(unsafe { *(u as *const CUevent) }, false),
+        // SAFETY: as above.
+        NODE_EVENT_RECORD => event_data(unsafe { *(u as *const CUevent) }, true),
+        NODE_MEM_ALLOC => mem_alloc_data(u as *mut MemAllocNodeParams),
+        // SAFETY: the union holds a CUdeviceptr first.
+        NODE_MEM_FREE => Ok(NodeKind::MemFree(unsafe { *(u as *const u64) })),
+        NODE_CONDITIONAL => cond_data(u as *mut ConditionalNodeParams),
+        _ => {
+            crate::stub_hit!("cuGraphAddNode(external semaphore or batch memop node)");
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        }
+    }
+}
+
+fn mem_free_data(p: CUdeviceptr) -> Result<NodeKind, CUresult> {
+    cu()?;
+    if graph_allocs().lock().contains_key(&p) {
+        Ok(NodeKind::MemFree(p))
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    }
+}
+
+fn get_kernel_params(n: CUgraphNode, out: *mut KernelNodeParams) -> CuRes {
+    match node_kind(n)? {
+        // SAFETY: out pointer from the caller (the v1 prefix of v2).
+        NodeKind::Kernel(k) => unsafe { put(out, k.params, CUDA_ERROR_INVALID_VALUE) },
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn get_id(p: *mut u32, id: u32) -> CuRes {
+    // SAFETY: out pointer from the caller.
+    unsafe { put(p, id, CUDA_ERROR_INVALID_VALUE) }
+}
+
+fn dot_print(g: CUgraph, path: *const c_char) -> CuRes {
+    let graph = graph_of(g as usize)?;
+    // SAFETY: NUL-terminated path from the caller.
+    let path = unsafe { crate::read_cstr(path) }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let mut s = String::from("digraph cgpu_sim {\n");
+    for n in &graph.lock().nodes {
+        s.push_str(&format!(
+            "  n{:x} [label=\"type {}\"];\n",
+            n.h,
+            n.kind.type_code()
+        ));
+        for dep in &n.deps {
+            s.push_str(&format!("  n{dep:x} -> n{:x};\n", n.h));
+        }
+    }
+    s.push_str("}\n");
+    std::fs::write(path, s).map_err(|_| CUDA_ERROR_OPERATING_SYSTEM)
+}
+
+type Nodes = *const CUgraphNode;
+type NodeOut = *mut CUgraphNode;
+
+exports! {
+    cuGraphCreate(pg: *mut CUgraph, flags: u32) => graph_create(pg, flags);
+    cuGraphDestroy(g: CUgraph) => destroy_graph(cu()?, g as usize);
+    cuGraphClone(pg: *mut CUgraph, g: CUgraph) => {
+        if pg.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) }
+        let (h, _) = clone_graph(g as usize)?;
+        // SAFETY: out pointer from the caller (checked non-null).
+        unsafe { put(pg, h as CUgraph, CUDA_ERROR_INVALID_VALUE) }
+    };
+    cuGraphNodeFindInClone(pn: NodeOut, orig: CUgraphNode, clone: CUgraph) => {
+        // Clones keep the order of nodes: the node at the same position.
+        let (_, og) = owner_of(orig)?;
+        let i = og.lock().nodes.iter().position(|x| x.h == orig as usize).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let cg = graph_of(clone as usize)?;
+        let h = cg.lock().nodes.get(i).map(|x| x.h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(pn, h as CUgraphNode, CUDA_ERROR_INVALID_VALUE) }
+    };
+    cuGraphAddKernelNode | cuGraphAddKernelNode_v2
+        (pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const KernelNodeParams)
+        => add_node(pn, g, deps, ndeps, || kernel_data(p));
+    cuGraphAddEmptyNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize)
+        => add_node(pn, g, deps, ndeps, || Ok(NodeKind::Empty));
+    cuGraphAddMemsetNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const MemsetNodeParams, _ctx: CUcontext)
+        => add_node(pn, g, deps, ndeps, || memset_data(p));
+    cuGraphAddMemcpyNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const super::array::Memcpy3D, _ctx: CUcontext)
+        => add_node(pn, g, deps, ndeps, || memcpy_data(p));
+    cuGraphAddHostNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const HostNodeParams)
+        => add_node(pn, g, deps, ndeps, || host_data(p));
+    cuGraphAddChildGraphNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, child: CUgraph)
+        => add_node(pn, g, deps, ndeps, || child_data(child));
+    cuGraphAddEventRecordNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, e: CUevent)
+        => add_node(pn, g, deps, ndeps, || event_data(e, true));
+    cuGraphAddEventWaitNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, e: CUevent)
+        => add_node(pn, g, deps, ndeps, || event_data(e, false));
+    cuGraphAddMemAllocNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *mut MemAllocNodeParams)
+        => add_node(pn, g, deps, ndeps, || mem_alloc_data(p));
+    cuGraphAddMemFreeNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: CUdeviceptr)
+        => add_node(pn, g, deps, ndeps, || mem_free_data(p));
+    cuGraphAddNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *mut GraphNodeParams)
+        => add_node(pn, g, deps, ndeps, || generic_kind(p));
+    cuGraphAddNode_v2(pn: NodeOut, g: CUgraph, deps: Nodes, _edata: *const u64, ndeps: usize, p: *mut GraphNodeParams)
+        => add_node(pn, g, deps, ndeps, || generic_kind(p));
+    cuGraphNodeSetParams(n: CUgraphNode, p: *mut GraphNodeParams) => {
+        if let NodeKind::MemAlloc(_) | NodeKind::MemFree(_) | NodeKind::Cond(..) = node_kind(n)? {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        set_node_kind(n, generic_kind(p)?)
+    };
+    cuGraphExecNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *mut GraphNodeParams) => {
+        if let NodeKind::MemAlloc(_) | NodeKind::MemFree(_) | NodeKind::Cond(..) = node_kind(n)? {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        exec_set(e, n, generic_kind(p)?)
+    };
+    cuGraphConditionalHandleCreate(out: *mut u64, g: CUgraph, _ctx: CUcontext, default: u32, flags: u32)
+        => cond_handle_create(out, g, default, flags);
+    cuGraphDestroyNode(n: CUgraphNode) => destroy_node(n);
+    cuGraphGetNodes(g: CUgraph, out: NodeOut, count: *mut usize) => get_nodes(g, out, count, false);
+    cuGraphGetRootNodes(g: CUgraph, out: NodeOut, count: *mut usize) => get_nodes(g, out, count, true);
+    cuGraphGetEdges(g: CUgraph, from: NodeOut, to: NodeOut, count: *mut usize)
+        => get_edges(g, from, to, std::ptr::null_mut(), count);
+    cuGraphGetEdges_v2(g: CUgraph, from: NodeOut, to: NodeOut, edata: *mut u64, count: *mut usize)
+        => get_edges(g, from, to, edata, count);
+    cuGraphNodeGetDependencies(n: CUgraphNode, out: NodeOut, count: *mut usize)
+        => node_deps(n, out, std::ptr::null_mut(), count, false);
+    cuGraphNodeGetDependencies_v2(n: CUgraphNode, out: NodeOut, edata: *mut u64, count: *mut usize)
+        => node_deps(n, out, edata, count, false);
+    cuGraphNodeGetDependentNodes(n: CUgraphNode, out: NodeOut, count: *mut usize)
+        => node_deps(n, out, std::ptr::null_mut(), count, true);
+    cuGraphNodeGetDependentNodes_v2(n: CUgraphNode, out: NodeOut, edata: *mut u64, count: *mut usize)
+        => node_deps(n, out, edata, count, true);
+    cuGraphAddDependencies(g: CUgraph, from: Nodes, to: Nodes, n: usize) => change_deps(g, from, to, n, true);
+    cuGraphAddDependencies_v2(g: CUgraph, from: Nodes, to: Nodes, _edata: *const u64, n: usize)
+        => change_deps(g, from, to, n, true);
+    cuGraphRemoveDependencies(g: CUgraph, from: Nodes, to: Nodes, n: usize) => change_deps(g, from, to, n, false);
+    cuGraphRemoveDependencies_v2(g: CUgraph, from: Nodes, to: Nodes, _edata: *const u64, n: usize)
+        => change_deps(g, from, to, n, false);
+    cuGraphNodeGetType(n: CUgraphNode, t: *mut u32) => {
+        let k = node_kind(n)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(t, k.type_code(), CUDA_ERROR_INVALID_VALUE) }
+    };
+    cuGraphGetId(g: CUgraph, id: *mut u32) => get_id(id, graph_of(g as usize)?.lock().id);
+    cuGraphExecGetId(e: CUgraphExec, id: *mut u32) => get_id(id, exec_of(e)?.id);
+    cuGraphNodeGetLocalId(n: CUgraphNode, id: *mut u32) => {
+        let (_, g) = owner_of(n)?;
+        let v = g.lock().node(n as usize).map(|x| x.local_id).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        get_id(id, v)
+    };
+    cuGraphNodeGetToolsId(n: CUgraphNode, id: *mut u64) => {
+        // Unique in the process: the graph's id and the node's local id.
+        let (_, g) = owner_of(n)?;
+        let gr = g.lock();
+        let v = gr.node(n as usize).map(|x| ((gr.id as u64) << 32) | x.local_id as u64).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(id, v, CUDA_ERROR_INVALID_VALUE) }
+    };
+    cuGraphNodeGetContainingGraph(n: CUgraphNode, pg: *mut CUgraph) => {
+        let (gh, _) = owner_of(n)?;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(pg, gh as CUgraph, CUDA_ERROR_INVALID_VALUE) }
+    };
+    cuGraphKernelNodeGetParams | cuGraphKernelNodeGetParams_v2(n: CUgraphNode, p: *mut KernelNodeParams)
+        => get_kernel_params(n, p);
+    cuGraphKernelNodeSetParams | cuGraphKernelNodeSetParams_v2(n: CUgraphNode, p: *const KernelNodeParams)
+        => set_node_kind(n, kernel_data(p)?);
+    cuGraphExecKernelNodeSetParams | cuGraphExecKernelNodeSetParams_v2
+        (e: CUgraphExec, n: CUgraphNode, p: *const KernelNodeParams) => exec_set(e, n, kernel_data(p)?);
+    cuGraphMemsetNodeGetParams(n: CUgraphNode, p: *mut MemsetNodeParams) => match node_kind(n)? {
+        // SAFETY: out pointer from the caller.
+        NodeKind::Memset(m) => unsafe { put(p, m, CUDA_ERROR_INVALID_VALUE) },
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphMemsetNodeSetParams(n: CUgraphNode, p: *const MemsetNodeParams) => set_node_kind(n, memset_data(p)?);
+    cuGraphExecMemsetNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *const MemsetNodeParams, _ctx: CUcontext)
+        => exec_set(e, n, memset_data(p)?);
+    cuGraphMemcpyNodeGetParams(n: CUgraphNode, p: *mut super::array::Memcpy3D) => match node_kind(n)? {
+        // SAFETY: out pointer from the caller.
+        NodeKind::Memcpy(m) => unsafe { put(p, m, CUDA_ERROR_INVALID_VALUE) },
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphMemcpyNodeSetParams(n: CUgraphNode, p: *const super::array::Memcpy3D) => set_node_kind(n, memcpy_data(p)?);
+    cuGraphExecMemcpyNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *const super::array::Memcpy3D, _ctx: CUcontext)
+        => exec_set(e, n, memcpy_data(p)?);
+    cuGraphHostNodeGetParams(n: CUgraphNode, p: *mut HostNodeParams) => match node_kind(n)? {
+        NodeKind::Host(f, u) => {
+            // SAFETY: f is a non-null CUhostFn stored at creation.
+            let hp = HostNodeParams { func: Some(unsafe { std::mem::transmute::<usize, unsafe extern "C" fn(*mut c_void)>(f) }), user_data: u as *mut c_void };
+            // SAFETY: out pointer from the caller.
+            unsafe { put(p, hp, CUDA_ERROR_INVALID_VALUE) }
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphHostNodeSetParams(n: CUgraphNode, p: *const HostNodeParams) => set_node_kind(n, host_data(p)?);
+    cuGraphExecHostNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *const HostNodeParams)
+        => exec_set(e, n, host_data(p)?);
+    cuGraphChildGraphNodeGetGraph(n: CUgraphNode, pg: *mut CUgraph) => match node_kind(n)? {
+        // SAFETY: out pointer from the caller.
+        NodeKind::Child(c) => unsafe { put(pg, c as CUgraph, CUDA_ERROR_INVALID_VALUE) },
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphExecChildGraphNodeSetParams(e: CUgraphExec, n: CUgraphNode, child: CUgraph) => {
+        let mut v = Vec::new();
+        flatten(child as usize, &mut v)?;
+        let ge = exec_of(e)?;
+        let mut steps = ge.steps.lock();
+        // The child's ops were flattened in place: same count and kinds only.
+        let (_, og) = owner_of(n)?;
+        let old = match og.lock().node(n as usize).map(|x| x.kind.clone()) {
+            Some(NodeKind::Child(c)) => c,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        let mut before = Vec::new();
+        flatten(old, &mut before)?;
+        let start = steps.iter().position(|s| before.first().is_some_and(|b| b.node == s.node));
+        match start {
+            Some(i) if before.len() == v.len() && i + v.len() <= steps.len() => {
+                for (s, f) in steps[i..i + v.len()].iter_mut().zip(v) {
+                    s.op = f.op;
+                }
                 Ok(())
             }
+            None if before.is_empty() && v.is_empty() => Ok(()),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
-    })
+    };
+    cuGraphEventRecordNodeGetEvent | cuGraphEventWaitNodeGetEvent(n: CUgraphNode, pe: *mut CUevent) => match node_kind(n)? {
+        // SAFETY: out pointer from the caller.
+        NodeKind::EventRecord(e) | NodeKind::EventWait(e) => unsafe { put(pe, e as CUevent, CUDA_ERROR_INVALID_VALUE) },
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphEventRecordNodeSetEvent(n: CUgraphNode, e: CUevent) => set_node_kind(n, event_data(e, true)?);
+    cuGraphEventWaitNodeSetEvent(n: CUgraphNode, e: CUevent) => set_node_kind(n, event_data(e, false)?);
+    cuGraphExecEventRecordNodeSetEvent(x: CUgraphExec, n: CUgraphNode, e: CUevent) => exec_set(x, n, event_data(e, true)?);
+    cuGraphExecEventWaitNodeSetEvent(x: CUgraphExec, n: CUgraphNode, e: CUevent) => exec_set(x, n, event_data(e, false)?);
+    cuGraphMemAllocNodeGetParams(n: CUgraphNode, p: *mut MemAllocNodeParams) => match node_kind(n)? {
+        NodeKind::MemAlloc(a) => {
+            if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) }
+            // SAFETY: zeroed is valid for this plain C struct.
+            let mut out: MemAllocNodeParams = unsafe { std::mem::zeroed() };
+            out.pool_props.allocType = 1;
+            out.pool_props.location.type_ = 1;
+            out.pool_props.location.id = a.dev as i32;
+            out.bytesize = a.size as usize;
+            out.dptr = a.ptr;
+            // SAFETY: out pointer from the caller (checked non-null).
+            unsafe { put(p, out, CUDA_ERROR_INVALID_VALUE) }
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphMemFreeNodeGetParams(n: CUgraphNode, p: *mut CUdeviceptr) => match node_kind(n)? {
+        // SAFETY: out pointer from the caller.
+        NodeKind::MemFree(x) => unsafe { put(p, x, CUDA_ERROR_INVALID_VALUE) },
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: u32, value: *mut u64) => {
+        let d = cu()?;
+        let i = d.check_dev(dev)?;
+        let m = graph_mem(i).lock();
+        // CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT 0, _HIGH 1, RESERVED_MEM_CURRENT 2, _HIGH 3
+        let v = match attr { 0 => m.used, 1 => m.used_high, 2 => m.reserved, 3 => m.reserved_high, _ => return Err(CUDA_ERROR_INVALID_VALUE) };
+        // SAFETY: out pointer from the caller.
+        unsafe { put(value, v, CUDA_ERROR_INVALID_VALUE) }
+    };
+    cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: u32, value: *mut u64) => {
+        let d = cu()?;
+        let i = d.check_dev(dev)?;
+        // SAFETY: value points to a cuuint64_t by the API contract (checked non-null).
+        if value.is_null() || unsafe { *value } != 0 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        let mut m = graph_mem(i).lock();
+        match attr { 1 => m.used_high = m.used, 3 => m.reserved_high = m.reserved, _ => return Err(CUDA_ERROR_INVALID_VALUE) }
+        Ok(())
+    };
+    cuDeviceGraphMemTrim(dev: CUdevice) => {
+        let d = cu()?;
+        let i = d.check_dev(dev)?;
+        graph_mem_trim(d, i);
+        Ok(())
+    };
+    cuGraphInstantiate | cuGraphInstantiate_v2
+        (pe: *mut CUgraphExec, g: CUgraph, _err: NodeOut, _log: *mut c_char, _n: usize) => instantiate(pe, g, 0);
+    cuGraphInstantiateWithFlags(pe: *mut CUgraphExec, g: CUgraph, flags: u64) => instantiate(pe, g, flags);
+    cuGraphInstantiateWithParams | cuGraphInstantiateWithParams_ptsz
+        (pe: *mut CUgraphExec, g: CUgraph, p: *mut InstantiateParams) => instantiate_with_params(pe, g, p);
+    cuGraphExecGetFlags(e: CUgraphExec, f: *mut u64) => {
+        let v = exec_of(e)?.flags;
+        // SAFETY: out pointer from the caller.
+        unsafe { put(f, v, CUDA_ERROR_INVALID_VALUE) }
+    };
+    cuGraphLaunch | cuGraphLaunch_ptsz(e: CUgraphExec, stream: CUstream) => graph_launch(e, stream);
+    cuGraphUpload | cuGraphUpload_ptsz(e: CUgraphExec, stream: CUstream) => {
+        exec_of(e)?;
+        cu()?.stream(stream as usize).map(|_| ())
+    };
+    cuGraphExecDestroy(e: CUgraphExec) => exec_destroy(e);
+    cuGraphExecUpdate(e: CUgraphExec, g: CUgraph, err_node: NodeOut, result: *mut u32) => {
+        cu()?;
+        let r = exec_update(e, g);
+        if !err_node.is_null() {
+            // SAFETY: non-null out pointer from the caller.
+            unsafe { *err_node = std::ptr::null_mut() };
+        }
+        // SAFETY: out pointer from the caller.
+        unsafe { put(result, r.err().map_or(0, |x| x.1), CUDA_ERROR_INVALID_VALUE)? };
+        r.map_err(|x| x.0)
+    };
+    cuGraphExecUpdate_v2(e: CUgraphExec, g: CUgraph, info: *mut u64) => {
+        cu()?;
+        let r = exec_update(e, g);
+        // CUgraphExecUpdateResultInfo: {result (u32), errorNode, errorFromNode}.
+        if !info.is_null() {
+            // SAFETY: the caller's 24-byte result info.
+            unsafe {
+                *info = r.err().map_or(0, |x| x.1 as u64);
+                *info.add(1) = 0;
+                *info.add(2) = 0;
+            }
+        }
+        r.map_err(|x| x.0)
+    };
+    cuGraphNodeSetEnabled(e: CUgraphExec, n: CUgraphNode, on: u32) => set_enabled(e, n, Some(on), std::ptr::null_mut());
+    cuGraphNodeGetEnabled(e: CUgraphExec, n: CUgraphNode, on: *mut u32) => set_enabled(e, n, None, on);
+    cuGraphDebugDotPrint(g: CUgraph, path: *const c_char, _flags: u32) => dot_print(g, path);
+    cuUserObjectCreate(out: *mut usize, ptr: *mut c_void, destroy: super::stream::CUhostFn, refs: u32, flags: u32) => {
+        let d = cu()?;
+        // CU_USER_OBJECT_NO_DESTRUCTOR_SYNC (1) is required.
+        if out.is_null() || refs == 0 || flags != 1 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        let destroy = destroy.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let h = d.objs.lock().insert(Obj::UserObject(Arc::new(UserObject { ptr: ptr as usize, destroy: destroy as usize, refs: AtomicU32::new(refs) })));
+        // SAFETY: out pointer from the caller (checked non-null).
+        unsafe { put(out, h, CUDA_ERROR_INVALID_VALUE) }
+    };
+    cuUserObjectRetain(o: usize, count: u32) => {
+        if count == 0 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        user_obj(o)?.refs.fetch_add(count, AcqRel);
+        Ok(())
+    };
+    cuUserObjectRelease(o: usize, count: u32) => {
+        if count == 0 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        user_obj(o)?;
+        release_user_obj(cu()?, o, count);
+        Ok(())
+    };
+    cuGraphRetainUserObject(g: CUgraph, o: usize, count: u32, flags: u32) => {
+        let graph = graph_of(g as usize)?;
+        let obj = user_obj(o)?;
+        // CU_GRAPH_USER_OBJECT_MOVE (1): take over the caller's references.
+        if count == 0 || flags & !1 != 0 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        if flags & 1 == 0 { obj.refs.fetch_add(count, AcqRel); }
+        *graph.lock().user_objs.entry(o).or_insert(0) += count;
+        Ok(())
+    };
+    cuGraphReleaseUserObject(g: CUgraph, o: usize, count: u32) => {
+        let graph = graph_of(g as usize)?;
+        if count == 0 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        {
+            let mut gr = graph.lock();
+            let held = gr.user_objs.get_mut(&o).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            if *held < count { return Err(CUDA_ERROR_INVALID_VALUE) }
+            *held -= count;
+            if *held == 0 { gr.user_objs.remove(&o); }
+        }
+        release_user_obj(cu()?, o, count);
+        Ok(())
+    };
+}
+
+stub_fns! {
+    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
+        cuGraphAddBatchMemOpNode, cuGraphBatchMemOpNodeGetParams, cuGraphBatchMemOpNodeSetParams,
+        cuGraphExecBatchMemOpNodeSetParams, cuGraphAddExternalSemaphoresSignalNode,
+        cuGraphAddExternalSemaphoresWaitNode, cuGraphExternalSemaphoresSignalNodeGetParams,
+        cuGraphExternalSemaphoresSignalNodeSetParams, cuGraphExternalSemaphoresWaitNodeGetParams,
+        cuGraphExternalSemaphoresWaitNodeSetParams, cuGraphExecExternalSemaphoresSignalNodeSetParams,
+        cuGraphExecExternalSemaphoresWaitNodeSetParams, cuGraphKernelNodeCopyAttributes,
+        cuGraphKernelNodeGetAttribute, cuGraphKernelNodeSetAttribute;
+}
+
+/// `cuGraphNodeGetParams` (CUDA 13.2): the node's parameters in a
+/// `CUgraphNodeParams`, for the node types whose parameters are plain data.
+fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let kind = node_kind(n)?;
+    // SAFETY: non-null params from the caller: a 256-byte CUgraphNodeParams.
+    unsafe {
+        std::ptr::write_bytes(p as *mut u8, 0, std::mem::size_of::<GraphNodeParams>());
+        (*p).type_ = kind.type_code();
+        let u = std::ptr::addr_of_mut!((*p).u) as *mut u8;
+        match kind {
+            NodeKind::Kernel(k) => (u as *mut KernelNodeParams).write_unaligned(k.params),
+            NodeKind::Memset(m) => (u as *mut MemsetNodeParams).write_unaligned(m),
+            NodeKind::Memcpy(m) => (u.add(16) as *mut super::array::Memcpy3D).write_unaligned(m),
+            NodeKind::Host(f, x) => {
+                (u as *mut usize).write_unaligned(f);
+                (u.add(8) as *mut usize).write_unaligned(x);
+            }
+            NodeKind::Child(c) => (u as *mut usize).write_unaligned(c),
+            NodeKind::EventRecord(e) | NodeKind::EventWait(e) => {
+                (u as *mut usize).write_unaligned(e)
+            }
+            NodeKind::MemFree(x) => (u as *mut u64).write_unaligned(x),
+            NodeKind::MemAlloc(a) => {
+                let m = u as *mut MemAllocNodeParams;
+                std::ptr::addr_of_mut!((*m).pool_props.allocType).write_unaligned(1);
+                std::ptr::addr_of_mut!((*m).pool_props.location.type_).write_unaligned(1);
+                std::ptr::addr_of_mut!((*m).pool_props.location.id).write_unaligned(a.dev as i32);
+                std::ptr::addr_of_mut!((*m).bytesize).write_unaligned(a.size as usize);
+                std::ptr::addr_of_mut!((*m).dptr).write_unaligned(a.ptr);
+            }
+            NodeKind::Cond(h, t, bodies) => {
+                let c = u as *mut ConditionalNodeParams;
+                std::ptr::addr_of_mut!((*c).handle).write_unaligned(h);
+                std::ptr::addr_of_mut!((*c).type_).write_unaligned(t);
+                std::ptr::addr_of_mut!((*c).size).write_unaligned(bodies.len() as u32);
+            }
+            NodeKind::Empty => {}
+        }
+    }
+    Ok(())
+}
+
+exports! {
+    cuGraphNodeGetParams(n: CUgraphNode, p: *mut GraphNodeParams) => node_get_params(n, p);
 }

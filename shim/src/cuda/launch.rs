@@ -189,21 +189,3 @@ pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
 ) -> CUresult {
     guard(|| launch_ex(cfg, f, params, extra))
 }
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuOccupancyMaxActiveBlocksPerMultiprocessor(
-    nb: *mut i32,
-    f: CUfunction,
-    block: i32,
-    _shmem: usize,
-) -> CUresult {
-    guard(|| {
-        cu()?.func(f as usize)?;
-        if nb.is_null() || block <= 0 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: non-null out pointer from the caller.
-        unsafe { *nb = (2048 / block).clamp(1, 32) };
-        Ok(())
-    })
-}

@@ -8,7 +8,7 @@
 //! Stream-ordered allocations are made and freed at once (pools keep no
 //! cache); copies and memsets are performed at the call, in call order.
 
-use crate::driver::{cu, Alloc, AllocKind, Array, Driver, Obj, Pool};
+use crate::driver::{cu, Alloc, AllocKind, Array, Driver, MemOp, Obj, Pool};
 use crate::{guard, put, CuRes};
 use cgpu_ffi::*;
 use std::collections::HashMap;
@@ -21,7 +21,7 @@ pub fn charged_size(n: u64) -> u64 {
     n.div_ceil(ALLOC_GRANULE).saturating_mul(ALLOC_GRANULE)
 }
 
-fn map_anon(len: usize) -> Result<u64, CUresult> {
+pub fn map_anon(len: usize) -> Result<u64, CUresult> {
     // SAFETY: a fresh private anonymous mapping; no existing memory touched.
     let p = unsafe {
         libc::mmap(
@@ -102,6 +102,7 @@ pub fn free_dev(d: &Driver, p: u64, allow: &[AllocKind]) -> CuRes {
     }
     let a = allocs.remove(&p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     drop(allocs);
+    super::managed::forget(p);
     unmap(p, a.map_len);
     if a.charged > 0 {
         d.uncharge(a.dev, a.charged);
@@ -144,7 +145,7 @@ pub fn free_ctx_allocs(d: &Driver, ctx: usize) {
 
 /// Where `[p, p+len)` lies: `Some(())` if inside one live device allocation
 /// or a mapped VMM range, `None` if it is not device memory we know.
-fn find_dev(d: &Driver, p: u64, len: u64) -> Option<bool> {
+pub fn find_dev(d: &Driver, p: u64, len: u64) -> Option<bool> {
     {
         let allocs = d.allocs.lock();
         if let Some((start, a)) = allocs.range(..=p).next_back() {
@@ -156,13 +157,15 @@ fn find_dev(d: &Driver, p: u64, len: u64) -> Option<bool> {
             }
         }
     }
-    let maps = d.vmm_maps.lock();
-    if let Some((start, (mlen, _))) = maps.range(..=p).next_back() {
-        if p < start + mlen {
-            return Some(p.checked_add(len).is_some_and(|e| e <= start + mlen));
+    {
+        let maps = d.vmm_maps.lock();
+        if let Some((start, (mlen, _))) = maps.range(..=p).next_back() {
+            if p < start + mlen {
+                return Some(p.checked_add(len).is_some_and(|e| e <= start + mlen));
+            }
         }
     }
-    None
+    super::graph::graph_mem_range(p, len)
 }
 
 /// A device range that must be ours.
@@ -184,9 +187,41 @@ fn check_any_range(d: &Driver, p: u64, len: u64) -> CuRes {
 }
 
 fn copy(dst: u64, src: u64, n: usize) {
+    if super::stream::record_mem_op(|| MemOp::Copy { dst, src, len: n }) {
+        return; // captured into a graph: runs at replay
+    }
     // SAFETY: both ranges were validated (device ranges are our mappings;
     // host ranges are the caller's, valid for n bytes by the API contract).
     unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+}
+
+/// Performs a copy or memset recorded in a graph (at its launch); the
+/// ranges are checked again, as the memory may have been freed since.
+pub fn run_mem_op(d: &Driver, op: &MemOp) -> CuRes {
+    match op {
+        MemOp::Copy { dst, src, len } => {
+            check_any_range(d, *dst, *len as u64)?;
+            check_any_range(d, *src, *len as u64)?;
+            // SAFETY: device ranges are live mappings of ours; host ranges
+            // are the ones the application captured (valid at replay by the
+            // graph's contract).
+            unsafe { std::ptr::copy(*src as *const u8, *dst as *mut u8, *len) };
+        }
+        MemOp::Set { dst, value, count } => {
+            check_dev_range(d, *dst, (value.len() * count) as u64)?;
+            for i in 0..*count {
+                // SAFETY: inside the device range just checked.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        value.as_ptr(),
+                        (*dst as *mut u8).add(i * value.len()),
+                        value.len(),
+                    )
+                };
+            }
+        }
+    }
+    Ok(())
 }
 
 // ------------------------------------------------------------------ allocation
@@ -223,6 +258,9 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
         let d = cu()?;
         if dptr == 0 {
             return Ok(());
+        }
+        if let Some(r) = super::graph::graph_mem_free(dptr) {
+            return r;
         }
         free_dev(
             d,
@@ -486,6 +524,11 @@ pub fn default_pool(d: &Driver, dev: usize) -> usize {
     })
 }
 
+/// The device's current pool (`cuDeviceGetMemPool`).
+pub fn current_pool_pub(d: &Driver, dev: usize) -> usize {
+    current_pool(d, dev)
+}
+
 fn current_pool(d: &Driver, dev: usize) -> usize {
     let cur = *d.current_pools[dev].lock();
     if cur != 0 {
@@ -505,18 +548,19 @@ fn alloc_async(
     if dptr.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let (dev, _) = d.stream(stream as usize)?;
+    let (sdev, _) = d.stream(stream as usize)?;
     let (ctx, _) = d.cur_ctx()?;
-    let pool = match pool {
-        Some(h) => {
-            let p = pool_of(d, h)?;
-            if p.dev != dev {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
-            h
-        }
-        None => current_pool(d, dev),
+    // A pool of another device may be used from this stream: the memory is
+    // on the pool's device.
+    let (pool, dev) = match pool {
+        Some(h) => (h, pool_of(d, h)?.dev),
+        None => (current_pool(d, sdev), sdev),
     };
+    if size == 0 {
+        // The driver succeeds and returns NULL (which cuMemFreeAsync accepts).
+        // SAFETY: out pointer from the caller (checked non-null).
+        return unsafe { put(dptr, 0, CUDA_ERROR_INVALID_VALUE) };
+    }
     let p = alloc_on(d, ctx, dev, size as u64, AllocKind::Async, pool)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(dptr, p, CUDA_ERROR_INVALID_VALUE) }
@@ -563,6 +607,13 @@ pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
 fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuRes {
     let d = cu()?;
     d.stream(stream as usize)?;
+    if dptr == 0 {
+        // What a zero-byte allocation returned.
+        return Ok(());
+    }
+    if let Some(r) = super::graph::graph_mem_free(dptr) {
+        return r;
+    }
     free_dev(
         d,
         dptr,
@@ -754,7 +805,7 @@ pub unsafe extern "C" fn cuMemPoolGetAttribute(
 
 // ----------------------------------------------------------------------- arrays
 
-fn format_bytes(f: u32) -> Option<u64> {
+pub fn format_bytes(f: u32) -> Option<u64> {
     Some(match f {
         0x01 | 0x08 => 1,
         0x02 | 0x09 | 0x10 => 2,
@@ -800,6 +851,9 @@ fn array_create(
         bytes: charged,
         ctx,
         base,
+        dims: [w, h, depth],
+        format,
+        channels: ch,
     })));
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(parr, h as CUarray, CUDA_ERROR_INVALID_VALUE) }
@@ -919,9 +973,9 @@ fn memcpy_any(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuRes {
     Ok(())
 }
 
+/// An async copy or memset on `stream` (recorded instead when it captures).
 fn with_stream(stream: CUstream, f: impl FnOnce() -> CuRes) -> CuRes {
-    cu()?.stream(stream as usize)?;
-    f()
+    super::stream::capture_mem_ops(stream as usize, f)
 }
 
 macro_rules! variants {
@@ -1057,7 +1111,7 @@ variants!(async memcpy_2d(p: *const CudaMemcpy2D) => cuMemcpy2DAsync_v2, cuMemcp
 
 // ---------------------------------------------------------------------- memsets
 
-fn memset_n<T: Copy>(dst: CUdeviceptr, v: T, n: usize) -> CuRes {
+pub fn memset_n<T: Copy>(dst: CUdeviceptr, v: T, n: usize) -> CuRes {
     let d = cu()?;
     if n == 0 {
         return Ok(());
@@ -1067,6 +1121,18 @@ fn memset_n<T: Copy>(dst: CUdeviceptr, v: T, n: usize) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     check_dev_range(d, dst, n as u64 * sz)?;
+    let value = || {
+        // SAFETY: T is a plain integer (u8/u16/u32); viewing its bytes.
+        let b = unsafe { std::slice::from_raw_parts(&v as *const T as *const u8, sz as usize) };
+        MemOp::Set {
+            dst,
+            value: b.to_vec(),
+            count: n,
+        }
+    };
+    if super::stream::record_mem_op(value) {
+        return Ok(()); // captured into a graph: runs at replay
+    }
     let p = dst as *mut T;
     for i in 0..n {
         // SAFETY: within a validated device range we mapped, aligned for T.
@@ -1141,87 +1207,30 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
             match attr {
                 1 => (data as *mut usize).write_unaligned(a.ctx),
                 2 => (data as *mut u32).write_unaligned(if host { 1 } else { 2 }),
-                3 | 4 => (data as *mut u64).write_unaligned(ptr),
+                3 => (data as *mut u64).write_unaligned(ptr),
+                // Host pointer: host and managed memory only.
+                4 if host || a.kind == AllocKind::Managed => {
+                    (data as *mut u64).write_unaligned(ptr)
+                }
+                4 => return Err(CUDA_ERROR_INVALID_VALUE),
+                6 => (data as *mut u32).write_unaligned(super::managed::sync_memops(start) as u32),
+                // Buffer id: unique per allocation while it lives.
+                7 => (data as *mut u64).write_unaligned(start),
                 8 => (data as *mut u32).write_unaligned((a.kind == AllocKind::Managed) as u32),
                 9 => (data as *mut i32).write_unaligned(a.dev as i32),
+                10 | 15 => (data as *mut u32).write_unaligned(0),
                 11 => (data as *mut u64).write_unaligned(start),
                 12 => (data as *mut usize).write_unaligned(a.size as usize),
                 13 => (data as *mut u32).write_unaligned(1),
+                14 => (data as *mut u64).write_unaligned(0),
+                // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+                16 => (data as *mut u32).write_unaligned(3),
+                17 if a.kind == AllocKind::Async => (data as *mut usize).write_unaligned(a.pool),
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }
         Ok(())
     })
-}
-
-// ------------------------------------------------------------ hints, pointers
-
-fn prefetch(p: CUdeviceptr, n: usize, stream: CUstream) -> CuRes {
-    let d = cu()?;
-    d.stream(stream as usize)?;
-    check_dev_range(d, p, n as u64)
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync(
-    p: CUdeviceptr,
-    n: usize,
-    _dev: CUdevice,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| prefetch(p, n, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync_ptsz(
-    p: CUdeviceptr,
-    n: usize,
-    _dev: CUdevice,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| prefetch(p, n, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync_v2(
-    p: CUdeviceptr,
-    n: usize,
-    _loc: CUmemLocation,
-    _flags: u32,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| prefetch(p, n, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemPrefetchAsync_v2_ptsz(
-    p: CUdeviceptr,
-    n: usize,
-    _loc: CUmemLocation,
-    _flags: u32,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| prefetch(p, n, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAdvise(
-    p: CUdeviceptr,
-    n: usize,
-    _advice: u32,
-    _dev: CUdevice,
-) -> CUresult {
-    guard(|| check_dev_range(cu()?, p, n as u64))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAdvise_v2(
-    p: CUdeviceptr,
-    n: usize,
-    _advice: u32,
-    _loc: CUmemLocation,
-) -> CUresult {
-    guard(|| check_dev_range(cu()?, p, n as u64))
 }
 
 #[unsafe(no_mangle)]
@@ -1274,4 +1283,21 @@ pub unsafe extern "C" fn cuPointerGetAttributes(
         }
         Ok(())
     })
+}
+
+/// Creates an array (mipmap levels use it).
+pub fn array_create_pub(
+    parr: *mut CUarray,
+    w: usize,
+    h: usize,
+    depth: usize,
+    format: u32,
+    ch: u32,
+) -> CuRes {
+    array_create(parr, w, h, depth, format, ch)
+}
+
+/// Destroys an array by handle (mipmap levels use it).
+pub fn array_destroy_pub(d: &Driver, h: usize) -> CuRes {
+    array_destroy(d, h)
 }

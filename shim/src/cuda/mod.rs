@@ -2,25 +2,37 @@
 //! exported under the real driver's symbol name (`_v2`, `_ptds`, `_ptsz`
 //! suffixes included) and listed in `procaddr_table.rs` for `cuGetProcAddress`.
 
+pub mod array;
 pub mod context;
 pub mod device;
+pub mod export_tables;
 pub mod graph;
 pub mod init;
 pub mod launch;
+pub mod link;
+pub mod managed;
 pub mod memory;
 pub mod module;
+pub mod occupancy;
 pub mod procaddr;
 mod procaddr_table;
 pub mod stream;
+pub mod unsupported;
 pub mod vmm;
 
+pub use array::*;
 pub use context::*;
 pub use device::*;
+pub use export_tables::*;
 pub use graph::*;
 pub use init::*;
 pub use launch::*;
+pub use link::*;
+pub use managed::*;
 pub use memory::*;
 pub use module::*;
+pub use occupancy::*;
 pub use procaddr::*;
 pub use stream::*;
+pub use unsupported::*;
 pub use vmm::*;

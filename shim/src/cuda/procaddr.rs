@@ -92,6 +92,14 @@ pub fn table() -> &'static Table {
     })
 }
 
+/// Variants newer than the typedef headers the table is generated from.
+pub use super::procaddr_table::EXTRA;
+
+/// Whether `symbol` is only a counted stub.
+pub fn is_stub(symbol: &str) -> bool {
+    super::procaddr_table::STUBS.contains(&symbol)
+}
+
 /// Every entry (for tests and tools).
 pub fn all_entries() -> Vec<Entry> {
     let mut v: Vec<Entry> = table().values().flatten().copied().collect();
@@ -108,8 +116,12 @@ pub fn resolve(
     let list = table()
         .get(name)
         .ok_or(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)?;
-    let driver = crate::driver::driver_version();
-    let v = version.min(driver).max(0) as u32;
+    let driver = crate::driver::driver_version().max(0) as u32;
+    // A driver older than the function does not have it at all.
+    if list.first().is_none_or(|e| e.version > driver) {
+        return Err(CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+    }
+    let v = (version.max(0) as u32).min(driver);
     let pick = |fl: Flavour| {
         list.iter()
             .rev()
@@ -144,11 +156,11 @@ fn get_proc(
     trace(format_args!(
         "cuGetProcAddress({name}, {version}, {flags}) -> {}",
         match &r {
-            Ok(e) if super::procaddr_table::LEGACY_STUBS.contains(&e.symbol) =>
-                "legacy stub (NOT_SUPPORTED)",
-            Ok(e) => e.symbol,
-            Err(1) => "SYMBOL_NOT_FOUND",
-            Err(_) => "VERSION_NOT_SUFFICIENT",
+            Ok(e) if super::procaddr_table::STUBS.contains(&e.symbol) =>
+                format!("{} (stub)", e.symbol),
+            Ok(e) => e.symbol.to_string(),
+            Err(1) => "SYMBOL_NOT_FOUND".to_string(),
+            Err(_) => "VERSION_NOT_SUFFICIENT".to_string(),
         }
     ));
     let (st, res) = match r {

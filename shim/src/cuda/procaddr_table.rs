@@ -6,7 +6,16 @@ use super::*;
 
 legacy_stubs! {
     cuArray3DCreate,
+    cuArray3DGetDescriptor,
     cuArrayCreate,
+    cuArrayGetDescriptor,
+    cuGLCtxCreate_v2,
+    cuGLGetDevices_v2,
+    cuGLMapBufferObjectAsync_v2,
+    cuGLMapBufferObject_v2,
+    cuGraphicsResourceGetMappedPointer_v2,
+    cuGraphicsResourceSetMapFlags_v2,
+    cuIpcOpenMemHandle_v2,
     cuMemAllocHost,
     cuMemAllocPitch,
     cuMemFree,
@@ -16,10 +25,19 @@ legacy_stubs! {
     cuMemcpy2D,
     cuMemcpy2DAsync,
     cuMemcpy2DUnaligned,
+    cuMemcpy3D,
+    cuMemcpy3DAsync,
+    cuMemcpyAtoA,
+    cuMemcpyAtoD,
+    cuMemcpyAtoH,
+    cuMemcpyAtoHAsync,
+    cuMemcpyDtoA,
     cuMemcpyDtoD,
     cuMemcpyDtoDAsync,
     cuMemcpyDtoH,
     cuMemcpyDtoHAsync,
+    cuMemcpyHtoA,
+    cuMemcpyHtoAAsync,
     cuMemcpyHtoD,
     cuMemcpyHtoDAsync,
     cuMemsetD16,
@@ -29,23 +47,53 @@ legacy_stubs! {
     cuMemsetD32,
     cuMemsetD8,
     cuModuleGetGlobal,
+    cuTexRefGetAddress_v2,
+    cuTexRefSetAddress2D_v2,
+    cuTexRefSetAddress2D_v3,
+    cuTexRefSetAddress_v2,
+    cuVDPAUCtxCreate_v2,
 }
 
 proc_table! {
     cuArray3DCreate: 2000 => cuArray3DCreate, 3020 => cuArray3DCreate_v2;
+    cuArray3DGetDescriptor: 2000 => cuArray3DGetDescriptor, 3020 => cuArray3DGetDescriptor_v2;
     cuArrayCreate: 2000 => cuArrayCreate, 3020 => cuArrayCreate_v2;
     cuArrayDestroy: 2000 => cuArrayDestroy;
+    cuArrayGetDescriptor: 2000 => cuArrayGetDescriptor, 3020 => cuArrayGetDescriptor_v2;
+    cuArrayGetMemoryRequirements: 11060 => cuArrayGetMemoryRequirements;
+    cuArrayGetPlane: 11020 => cuArrayGetPlane;
+    cuArrayGetSparseProperties: 11010 => cuArrayGetSparseProperties;
+    cuCheckpointOperationComplete: 13041 => cuCheckpointOperationComplete;
+    cuCheckpointProcessCheckpoint: 12080 => cuCheckpointProcessCheckpoint;
+    cuCheckpointProcessGetRestoreThreadId: 12080 => cuCheckpointProcessGetRestoreThreadId;
+    cuCheckpointProcessGetState: 12080 => cuCheckpointProcessGetState;
+    cuCheckpointProcessLock: 12080 => cuCheckpointProcessLock;
+    cuCheckpointProcessRestore: 12080 => cuCheckpointProcessRestore;
+    cuCheckpointProcessUnlock: 12080 => cuCheckpointProcessUnlock;
+    cuCoredumpDeregisterCompleteCallback: 13020 => cuCoredumpDeregisterCompleteCallback;
+    cuCoredumpDeregisterStartCallback: 13020 => cuCoredumpDeregisterStartCallback;
+    cuCoredumpGetAttribute: 12010 => cuCoredumpGetAttribute;
+    cuCoredumpGetAttributeGlobal: 12010 => cuCoredumpGetAttributeGlobal;
+    cuCoredumpRegisterCompleteCallback: 13020 => cuCoredumpRegisterCompleteCallback;
+    cuCoredumpRegisterStartCallback: 13020 => cuCoredumpRegisterStartCallback;
+    cuCoredumpSetAttribute: 12010 => cuCoredumpSetAttribute;
+    cuCoredumpSetAttributeGlobal: 12010 => cuCoredumpSetAttributeGlobal;
+    cuCtxAttach: 2000 => cuCtxAttach;
     cuCtxCreate: 2000 => cuCtxCreate, 3020 => cuCtxCreate_v2, 11040 => cuCtxCreate_v3, 12050 => cuCtxCreate_v4;
     cuCtxDestroy: 2000 => cuCtxDestroy, 4000 => cuCtxDestroy_v2;
+    cuCtxDetach: 2000 => cuCtxDetach;
     cuCtxDisablePeerAccess: 4000 => cuCtxDisablePeerAccess;
     cuCtxEnablePeerAccess: 4000 => cuCtxEnablePeerAccess;
+    cuCtxFromGreenCtx: 12040 => cuCtxFromGreenCtx;
     cuCtxGetApiVersion: 3020 => cuCtxGetApiVersion;
     cuCtxGetCacheConfig: 3020 => cuCtxGetCacheConfig;
     cuCtxGetCurrent: 4000 => cuCtxGetCurrent;
     cuCtxGetDevice: 2000 => cuCtxGetDevice, 13000 => cuCtxGetDevice_v2;
+    cuCtxGetExecAffinity: 11040 => cuCtxGetExecAffinity;
     cuCtxGetFlags: 7000 => cuCtxGetFlags;
     cuCtxGetId: 12000 => cuCtxGetId;
     cuCtxGetLimit: 3010 => cuCtxGetLimit;
+    cuCtxGetSharedMemConfig: 4020 => cuCtxGetSharedMemConfig;
     cuCtxGetStreamPriorityRange: 5050 => cuCtxGetStreamPriorityRange;
     cuCtxPopCurrent: 2000 => cuCtxPopCurrent, 4000 => cuCtxPopCurrent_v2;
     cuCtxPushCurrent: 2000 => cuCtxPushCurrent, 4000 => cuCtxPushCurrent_v2;
@@ -55,73 +103,246 @@ proc_table! {
     cuCtxSetCurrent: 4000 => cuCtxSetCurrent;
     cuCtxSetFlags: 12010 => cuCtxSetFlags;
     cuCtxSetLimit: 3010 => cuCtxSetLimit;
+    cuCtxSetSharedMemConfig: 4020 => cuCtxSetSharedMemConfig;
     cuCtxSynchronize: 2000 => cuCtxSynchronize, 13000 => cuCtxSynchronize_v2;
     cuCtxWaitEvent: 12050 => cuCtxWaitEvent;
+    cuDestroyExternalMemory: 10000 => cuDestroyExternalMemory;
+    cuDestroyExternalSemaphore: 10000 => cuDestroyExternalSemaphore;
+    cuDevResourceGenerateDesc: 12040 => cuDevResourceGenerateDesc;
+    cuDevSmResourceSplitByCount: 12040 => cuDevSmResourceSplitByCount;
     cuDeviceCanAccessPeer: 4000 => cuDeviceCanAccessPeer;
     cuDeviceComputeCapability: 2000 => cuDeviceComputeCapability;
     cuDeviceGet: 2000 => cuDeviceGet;
     cuDeviceGetAttribute: 2000 => cuDeviceGetAttribute;
     cuDeviceGetByPCIBusId: 4010 => cuDeviceGetByPCIBusId;
+    cuDeviceGetCliqueCount: 13041 => cuDeviceGetCliqueCount;
+    cuDeviceGetCliqueInfo: 13041 => cuDeviceGetCliqueInfo;
     cuDeviceGetCount: 2000 => cuDeviceGetCount;
     cuDeviceGetDefaultMemPool: 11020 => cuDeviceGetDefaultMemPool;
+    cuDeviceGetDevResource: 12040 => cuDeviceGetDevResource;
     cuDeviceGetExecAffinitySupport: 11040 => cuDeviceGetExecAffinitySupport;
+    cuDeviceGetFabricClusterUuid: 13041 => cuDeviceGetFabricClusterUuid;
+    cuDeviceGetGraphMemAttribute: 11040 => cuDeviceGetGraphMemAttribute;
+    cuDeviceGetHostAtomicCapabilities: 13000 => cuDeviceGetHostAtomicCapabilities;
     cuDeviceGetLuid: 10000 => cuDeviceGetLuid;
     cuDeviceGetMemPool: 11020 => cuDeviceGetMemPool;
     cuDeviceGetName: 2000 => cuDeviceGetName;
+    cuDeviceGetNvSciSyncAttributes: 10020 => cuDeviceGetNvSciSyncAttributes;
+    cuDeviceGetP2PAtomicCapabilities: 13000 => cuDeviceGetP2PAtomicCapabilities;
     cuDeviceGetP2PAttribute: 8000 => cuDeviceGetP2PAttribute;
     cuDeviceGetPCIBusId: 4010 => cuDeviceGetPCIBusId;
+    cuDeviceGetProperties: 2000 => cuDeviceGetProperties;
+    cuDeviceGetTexture1DLinearMaxWidth: 11010 => cuDeviceGetTexture1DLinearMaxWidth;
     cuDeviceGetUuid: 9020 => cuDeviceGetUuid, 11040 => cuDeviceGetUuid_v2;
+    cuDeviceGraphMemTrim: 11040 => cuDeviceGraphMemTrim;
     cuDevicePrimaryCtxGetState: 7000 => cuDevicePrimaryCtxGetState;
     cuDevicePrimaryCtxRelease: 7000 => cuDevicePrimaryCtxRelease, 11000 => cuDevicePrimaryCtxRelease_v2;
     cuDevicePrimaryCtxReset: 7000 => cuDevicePrimaryCtxReset, 11000 => cuDevicePrimaryCtxReset_v2;
     cuDevicePrimaryCtxRetain: 7000 => cuDevicePrimaryCtxRetain;
     cuDevicePrimaryCtxSetFlags: 7000 => cuDevicePrimaryCtxSetFlags, 11000 => cuDevicePrimaryCtxSetFlags_v2;
+    cuDeviceRegisterAsyncNotification: 12040 => cuDeviceRegisterAsyncNotification;
+    cuDeviceSetGraphMemAttribute: 11040 => cuDeviceSetGraphMemAttribute;
     cuDeviceSetMemPool: 11020 => cuDeviceSetMemPool;
     cuDeviceTotalMem: 2000 => cuDeviceTotalMem, 3020 => cuDeviceTotalMem_v2;
+    cuDeviceUnregisterAsyncNotification: 12040 => cuDeviceUnregisterAsyncNotification;
     cuDriverGetVersion: 2020 => cuDriverGetVersion;
+    cuEGLStreamConsumerAcquireFrame: 7000 => cuEGLStreamConsumerAcquireFrame;
+    cuEGLStreamConsumerConnect: 7000 => cuEGLStreamConsumerConnect;
+    cuEGLStreamConsumerConnectWithFlags: 8000 => cuEGLStreamConsumerConnectWithFlags;
+    cuEGLStreamConsumerDisconnect: 7000 => cuEGLStreamConsumerDisconnect;
+    cuEGLStreamConsumerReleaseFrame: 7000 => cuEGLStreamConsumerReleaseFrame;
+    cuEGLStreamProducerConnect: 7000 => cuEGLStreamProducerConnect;
+    cuEGLStreamProducerDisconnect: 7000 => cuEGLStreamProducerDisconnect;
+    cuEGLStreamProducerPresentFrame: 7000 => cuEGLStreamProducerPresentFrame;
+    cuEGLStreamProducerReturnFrame: 7000 => cuEGLStreamProducerReturnFrame;
     cuEventCreate: 2000 => cuEventCreate;
+    cuEventCreateFromEGLSync: 9000 => cuEventCreateFromEGLSync;
     cuEventDestroy: 2000 => cuEventDestroy, 4000 => cuEventDestroy_v2;
     cuEventElapsedTime: 2000 => cuEventElapsedTime, 12080 => cuEventElapsedTime_v2;
     cuEventQuery: 2000 => cuEventQuery;
     cuEventRecord: 2000 => cuEventRecord, 7000 ptds => cuEventRecord_ptsz;
     cuEventRecordWithFlags: 11010 => cuEventRecordWithFlags, 11010 ptds => cuEventRecordWithFlags_ptsz;
     cuEventSynchronize: 2000 => cuEventSynchronize;
+    cuExternalMemoryGetMappedBuffer: 10000 => cuExternalMemoryGetMappedBuffer;
+    cuExternalMemoryGetMappedMipmappedArray: 10000 => cuExternalMemoryGetMappedMipmappedArray;
+    cuFabricCpyBatchAsync: 13050 => cuFabricCpyBatchAsync;
+    cuFlushGPUDirectRDMAWrites: 11030 => cuFlushGPUDirectRDMAWrites;
     cuFuncGetAttribute: 2020 => cuFuncGetAttribute;
     cuFuncGetModule: 11000 => cuFuncGetModule;
     cuFuncGetName: 12030 => cuFuncGetName;
+    cuFuncGetParamCount: 13020 => cuFuncGetParamCount;
+    cuFuncGetParamInfo: 12040 => cuFuncGetParamInfo;
     cuFuncIsLoaded: 12040 => cuFuncIsLoaded;
     cuFuncLoad: 12040 => cuFuncLoad;
     cuFuncSetAttribute: 9000 => cuFuncSetAttribute;
+    cuFuncSetBlockShape: 2000 => cuFuncSetBlockShape;
     cuFuncSetCacheConfig: 3000 => cuFuncSetCacheConfig;
+    cuFuncSetSharedMemConfig: 4020 => cuFuncSetSharedMemConfig;
+    cuFuncSetSharedSize: 2000 => cuFuncSetSharedSize;
+    cuGLCtxCreate: 2000 => cuGLCtxCreate, 3020 => cuGLCtxCreate_v2;
+    cuGLGetDevices: 4010 => cuGLGetDevices, 6050 => cuGLGetDevices_v2;
+    cuGLInit: 2000 => cuGLInit;
+    cuGLMapBufferObject: 2000 => cuGLMapBufferObject, 3020 => cuGLMapBufferObject_v2;
+    cuGLMapBufferObjectAsync: 2030 => cuGLMapBufferObjectAsync, 3020 => cuGLMapBufferObjectAsync_v2;
+    cuGLRegisterBufferObject: 2000 => cuGLRegisterBufferObject;
+    cuGLSetBufferObjectMapFlags: 2030 => cuGLSetBufferObjectMapFlags;
+    cuGLUnmapBufferObject: 2000 => cuGLUnmapBufferObject;
+    cuGLUnmapBufferObjectAsync: 2030 => cuGLUnmapBufferObjectAsync;
+    cuGLUnregisterBufferObject: 2000 => cuGLUnregisterBufferObject;
     cuGetErrorName: 6000 => cuGetErrorName;
     cuGetErrorString: 6000 => cuGetErrorString;
     cuGetExportTable: 3000 => cuGetExportTable;
     cuGetProcAddress: 11030 => cuGetProcAddress, 12000 => cuGetProcAddress_v2;
+    cuGraphAddBatchMemOpNode: 11070 => cuGraphAddBatchMemOpNode;
+    cuGraphAddChildGraphNode: 10000 => cuGraphAddChildGraphNode;
+    cuGraphAddDependencies: 10000 => cuGraphAddDependencies, 12030 => cuGraphAddDependencies_v2;
     cuGraphAddEmptyNode: 10000 => cuGraphAddEmptyNode;
+    cuGraphAddEventRecordNode: 11010 => cuGraphAddEventRecordNode;
+    cuGraphAddEventWaitNode: 11010 => cuGraphAddEventWaitNode;
+    cuGraphAddExternalSemaphoresSignalNode: 11020 => cuGraphAddExternalSemaphoresSignalNode;
+    cuGraphAddExternalSemaphoresWaitNode: 11020 => cuGraphAddExternalSemaphoresWaitNode;
+    cuGraphAddHostNode: 10000 => cuGraphAddHostNode;
     cuGraphAddKernelNode: 10000 => cuGraphAddKernelNode, 12000 => cuGraphAddKernelNode_v2;
+    cuGraphAddMemAllocNode: 11040 => cuGraphAddMemAllocNode;
+    cuGraphAddMemFreeNode: 11040 => cuGraphAddMemFreeNode;
+    cuGraphAddMemcpyNode: 10000 => cuGraphAddMemcpyNode;
+    cuGraphAddMemsetNode: 10000 => cuGraphAddMemsetNode;
+    cuGraphAddNode: 12020 => cuGraphAddNode, 12030 => cuGraphAddNode_v2;
+    cuGraphBatchMemOpNodeGetParams: 11070 => cuGraphBatchMemOpNodeGetParams;
+    cuGraphBatchMemOpNodeSetParams: 11070 => cuGraphBatchMemOpNodeSetParams;
+    cuGraphChildGraphNodeGetGraph: 10000 => cuGraphChildGraphNodeGetGraph;
+    cuGraphClone: 10000 => cuGraphClone;
+    cuGraphConditionalHandleCreate: 12030 => cuGraphConditionalHandleCreate;
     cuGraphCreate: 10000 => cuGraphCreate;
+    cuGraphDebugDotPrint: 11030 => cuGraphDebugDotPrint;
     cuGraphDestroy: 10000 => cuGraphDestroy;
+    cuGraphDestroyNode: 10000 => cuGraphDestroyNode;
+    cuGraphEventRecordNodeGetEvent: 11010 => cuGraphEventRecordNodeGetEvent;
+    cuGraphEventRecordNodeSetEvent: 11010 => cuGraphEventRecordNodeSetEvent;
+    cuGraphEventWaitNodeGetEvent: 11010 => cuGraphEventWaitNodeGetEvent;
+    cuGraphEventWaitNodeSetEvent: 11010 => cuGraphEventWaitNodeSetEvent;
+    cuGraphExecBatchMemOpNodeSetParams: 11070 => cuGraphExecBatchMemOpNodeSetParams;
+    cuGraphExecChildGraphNodeSetParams: 11010 => cuGraphExecChildGraphNodeSetParams;
     cuGraphExecDestroy: 10000 => cuGraphExecDestroy;
+    cuGraphExecEventRecordNodeSetEvent: 11010 => cuGraphExecEventRecordNodeSetEvent;
+    cuGraphExecEventWaitNodeSetEvent: 11010 => cuGraphExecEventWaitNodeSetEvent;
+    cuGraphExecExternalSemaphoresSignalNodeSetParams: 11020 => cuGraphExecExternalSemaphoresSignalNodeSetParams;
+    cuGraphExecExternalSemaphoresWaitNodeSetParams: 11020 => cuGraphExecExternalSemaphoresWaitNodeSetParams;
+    cuGraphExecGetFlags: 12000 => cuGraphExecGetFlags;
+    cuGraphExecGetId: 13010 => cuGraphExecGetId;
+    cuGraphExecHostNodeSetParams: 10020 => cuGraphExecHostNodeSetParams;
+    cuGraphExecKernelNodeSetParams: 10010 => cuGraphExecKernelNodeSetParams, 12000 => cuGraphExecKernelNodeSetParams_v2;
+    cuGraphExecMemcpyNodeSetParams: 10020 => cuGraphExecMemcpyNodeSetParams;
+    cuGraphExecMemsetNodeSetParams: 10020 => cuGraphExecMemsetNodeSetParams;
+    cuGraphExecNodeSetParams: 12020 => cuGraphExecNodeSetParams;
+    cuGraphExecUpdate: 10020 => cuGraphExecUpdate, 12000 => cuGraphExecUpdate_v2;
+    cuGraphExternalSemaphoresSignalNodeGetParams: 11020 => cuGraphExternalSemaphoresSignalNodeGetParams;
+    cuGraphExternalSemaphoresSignalNodeSetParams: 11020 => cuGraphExternalSemaphoresSignalNodeSetParams;
+    cuGraphExternalSemaphoresWaitNodeGetParams: 11020 => cuGraphExternalSemaphoresWaitNodeGetParams;
+    cuGraphExternalSemaphoresWaitNodeSetParams: 11020 => cuGraphExternalSemaphoresWaitNodeSetParams;
+    cuGraphGetEdges: 10000 => cuGraphGetEdges, 12030 => cuGraphGetEdges_v2;
+    cuGraphGetId: 13010 => cuGraphGetId;
+    cuGraphGetNodes: 10000 => cuGraphGetNodes;
+    cuGraphGetRootNodes: 10000 => cuGraphGetRootNodes;
+    cuGraphHostNodeGetParams: 10000 => cuGraphHostNodeGetParams;
+    cuGraphHostNodeSetParams: 10000 => cuGraphHostNodeSetParams;
     cuGraphInstantiate: 10000 => cuGraphInstantiate, 11000 => cuGraphInstantiate_v2, 12000 => cuGraphInstantiateWithFlags;
     cuGraphInstantiateWithFlags: 11040 => cuGraphInstantiateWithFlags;
+    cuGraphInstantiateWithParams: 12000 => cuGraphInstantiateWithParams, 12000 ptds => cuGraphInstantiateWithParams_ptsz;
+    cuGraphKernelNodeCopyAttributes: 11000 => cuGraphKernelNodeCopyAttributes;
+    cuGraphKernelNodeGetAttribute: 11000 => cuGraphKernelNodeGetAttribute;
+    cuGraphKernelNodeGetParams: 10000 => cuGraphKernelNodeGetParams, 12000 => cuGraphKernelNodeGetParams_v2;
+    cuGraphKernelNodeSetAttribute: 11000 => cuGraphKernelNodeSetAttribute;
+    cuGraphKernelNodeSetParams: 10000 => cuGraphKernelNodeSetParams, 12000 => cuGraphKernelNodeSetParams_v2;
     cuGraphLaunch: 10000 => cuGraphLaunch, 10000 ptds => cuGraphLaunch_ptsz;
+    cuGraphMemAllocNodeGetParams: 11040 => cuGraphMemAllocNodeGetParams;
+    cuGraphMemFreeNodeGetParams: 11040 => cuGraphMemFreeNodeGetParams;
+    cuGraphMemcpyNodeGetParams: 10000 => cuGraphMemcpyNodeGetParams;
+    cuGraphMemcpyNodeSetParams: 10000 => cuGraphMemcpyNodeSetParams;
+    cuGraphMemsetNodeGetParams: 10000 => cuGraphMemsetNodeGetParams;
+    cuGraphMemsetNodeSetParams: 10000 => cuGraphMemsetNodeSetParams;
+    cuGraphNodeFindInClone: 10000 => cuGraphNodeFindInClone;
+    cuGraphNodeGetContainingGraph: 13010 => cuGraphNodeGetContainingGraph;
+    cuGraphNodeGetDependencies: 10000 => cuGraphNodeGetDependencies, 12030 => cuGraphNodeGetDependencies_v2;
+    cuGraphNodeGetDependentNodes: 10000 => cuGraphNodeGetDependentNodes, 12030 => cuGraphNodeGetDependentNodes_v2;
+    cuGraphNodeGetEnabled: 11060 => cuGraphNodeGetEnabled;
+    cuGraphNodeGetLocalId: 13010 => cuGraphNodeGetLocalId;
+    cuGraphNodeGetParams: 13020 => cuGraphNodeGetParams;
+    cuGraphNodeGetToolsId: 13010 => cuGraphNodeGetToolsId;
+    cuGraphNodeGetType: 10000 => cuGraphNodeGetType;
+    cuGraphNodeSetEnabled: 11060 => cuGraphNodeSetEnabled;
+    cuGraphNodeSetParams: 12020 => cuGraphNodeSetParams;
+    cuGraphReleaseUserObject: 11030 => cuGraphReleaseUserObject;
+    cuGraphRemoveDependencies: 10000 => cuGraphRemoveDependencies, 12030 => cuGraphRemoveDependencies_v2;
+    cuGraphRetainUserObject: 11030 => cuGraphRetainUserObject;
+    cuGraphUpload: 11010 => cuGraphUpload, 11010 ptds => cuGraphUpload_ptsz;
+    cuGraphicsEGLRegisterImage: 7000 => cuGraphicsEGLRegisterImage;
+    cuGraphicsGLRegisterBuffer: 3000 => cuGraphicsGLRegisterBuffer;
+    cuGraphicsGLRegisterImage: 3000 => cuGraphicsGLRegisterImage;
+    cuGraphicsMapResources: 3000 => cuGraphicsMapResources;
+    cuGraphicsResourceGetMappedEglFrame: 7000 => cuGraphicsResourceGetMappedEglFrame;
+    cuGraphicsResourceGetMappedMipmappedArray: 5000 => cuGraphicsResourceGetMappedMipmappedArray;
+    cuGraphicsResourceGetMappedPointer: 3000 => cuGraphicsResourceGetMappedPointer, 3020 => cuGraphicsResourceGetMappedPointer_v2;
+    cuGraphicsResourceSetMapFlags: 3000 => cuGraphicsResourceSetMapFlags, 6050 => cuGraphicsResourceSetMapFlags_v2;
+    cuGraphicsSubResourceGetMappedArray: 3000 => cuGraphicsSubResourceGetMappedArray;
+    cuGraphicsUnmapResources: 3000 => cuGraphicsUnmapResources;
+    cuGraphicsUnregisterResource: 3000 => cuGraphicsUnregisterResource;
+    cuGraphicsVDPAURegisterOutputSurface: 3010 => cuGraphicsVDPAURegisterOutputSurface;
+    cuGraphicsVDPAURegisterVideoSurface: 3010 => cuGraphicsVDPAURegisterVideoSurface;
+    cuGreenCtxCreate: 12040 => cuGreenCtxCreate;
+    cuGreenCtxDestroy: 12040 => cuGreenCtxDestroy;
+    cuGreenCtxStreamCreate: 12050 => cuGreenCtxStreamCreate;
+    cuImportExternalMemory: 10000 => cuImportExternalMemory;
+    cuImportExternalSemaphore: 10000 => cuImportExternalSemaphore;
     cuInit: 2000 => cuInit;
+    cuIpcCloseMemHandle: 4010 => cuIpcCloseMemHandle;
+    cuIpcGetEventHandle: 4010 => cuIpcGetEventHandle;
+    cuIpcGetMemHandle: 4010 => cuIpcGetMemHandle;
+    cuIpcOpenEventHandle: 4010 => cuIpcOpenEventHandle;
+    cuIpcOpenMemHandle: 4010 => cuIpcOpenMemHandle, 11000 => cuIpcOpenMemHandle_v2;
     cuKernelGetAttribute: 12000 => cuKernelGetAttribute;
     cuKernelGetFunction: 12000 => cuKernelGetFunction;
     cuKernelGetLibrary: 12050 => cuKernelGetLibrary;
     cuKernelGetName: 12030 => cuKernelGetName;
+    cuKernelGetParamCount: 13020 => cuKernelGetParamCount;
+    cuKernelGetParamInfo: 12040 => cuKernelGetParamInfo;
     cuKernelSetAttribute: 12000 => cuKernelSetAttribute;
+    cuKernelSetCacheConfig: 12000 => cuKernelSetCacheConfig;
+    cuLaunch: 2000 => cuLaunch;
     cuLaunchCooperativeKernel: 9000 => cuLaunchCooperativeKernel, 9000 ptds => cuLaunchCooperativeKernel_ptsz;
+    cuLaunchCooperativeKernelMultiDevice: 9000 => cuLaunchCooperativeKernelMultiDevice;
+    cuLaunchGrid: 2000 => cuLaunchGrid;
+    cuLaunchGridAsync: 2000 => cuLaunchGridAsync;
     cuLaunchHostFunc: 10000 => cuLaunchHostFunc, 10000 ptds => cuLaunchHostFunc_ptsz;
     cuLaunchKernel: 4000 => cuLaunchKernel, 7000 ptds => cuLaunchKernel_ptsz;
     cuLaunchKernelEx: 11060 => cuLaunchKernelEx, 11060 ptds => cuLaunchKernelEx_ptsz;
     cuLibraryEnumerateKernels: 12040 => cuLibraryEnumerateKernels;
+    cuLibraryGetGlobal: 12000 => cuLibraryGetGlobal;
     cuLibraryGetKernel: 12000 => cuLibraryGetKernel;
     cuLibraryGetKernelCount: 12040 => cuLibraryGetKernelCount;
     cuLibraryGetModule: 12000 => cuLibraryGetModule;
     cuLibraryLoadData: 12000 => cuLibraryLoadData;
     cuLibraryLoadFromFile: 12000 => cuLibraryLoadFromFile;
     cuLibraryUnload: 12000 => cuLibraryUnload;
+    cuLinkAddData: 5050 => cuLinkAddData, 6050 => cuLinkAddData_v2;
+    cuLinkAddFile: 5050 => cuLinkAddFile, 6050 => cuLinkAddFile_v2;
+    cuLinkComplete: 5050 => cuLinkComplete;
+    cuLinkCreate: 5050 => cuLinkCreate, 6050 => cuLinkCreate_v2;
+    cuLinkDestroy: 5050 => cuLinkDestroy;
+    cuLogicalEndpointAddDevice: 13030 => cuLogicalEndpointAddDevice;
+    cuLogicalEndpointBindAddr: 13030 => cuLogicalEndpointBindAddr;
+    cuLogicalEndpointBindMem: 13030 => cuLogicalEndpointBindMem;
+    cuLogicalEndpointCreate: 13030 => cuLogicalEndpointCreate;
+    cuLogicalEndpointDestroy: 13030 => cuLogicalEndpointDestroy;
+    cuLogicalEndpointExport: 13030 => cuLogicalEndpointExport;
+    cuLogicalEndpointGetLimits: 13030 => cuLogicalEndpointGetLimits;
+    cuLogicalEndpointIdRelease: 13030 => cuLogicalEndpointIdRelease;
+    cuLogicalEndpointIdReserve: 13030 => cuLogicalEndpointIdReserve;
+    cuLogicalEndpointImport: 13030 => cuLogicalEndpointImport;
+    cuLogicalEndpointQuery: 13030 => cuLogicalEndpointQuery;
+    cuLogicalEndpointUnbind: 13030 => cuLogicalEndpointUnbind;
+    cuLogsRegisterCallback: 12090 => cuLogsRegisterCallback;
+    cuLogsUnregisterCallback: 12090 => cuLogsUnregisterCallback;
     cuMemAddressFree: 10020 => cuMemAddressFree;
     cuMemAddressReserve: 10020 => cuMemAddressReserve;
     cuMemAdvise: 8000 => cuMemAdvise, 12020 => cuMemAdvise_v2;
@@ -131,43 +352,79 @@ proc_table! {
     cuMemAllocHost: 2000 => cuMemAllocHost, 3020 => cuMemAllocHost_v2;
     cuMemAllocManaged: 6000 => cuMemAllocManaged;
     cuMemAllocPitch: 2000 => cuMemAllocPitch, 3020 => cuMemAllocPitch_v2;
+    cuMemBatchDecompressAsync: 12060 => cuMemBatchDecompressAsync;
     cuMemCreate: 10020 => cuMemCreate;
+    cuMemDiscardAndPrefetchBatchAsync: 13000 => cuMemDiscardAndPrefetchBatchAsync;
+    cuMemDiscardBatchAsync: 13000 => cuMemDiscardBatchAsync;
+    cuMemExportToShareableHandle: 10020 => cuMemExportToShareableHandle;
     cuMemFree: 2000 => cuMemFree, 3020 => cuMemFree_v2;
     cuMemFreeAsync: 11020 => cuMemFreeAsync, 11020 ptds => cuMemFreeAsync_ptsz;
     cuMemFreeHost: 2000 => cuMemFreeHost;
     cuMemGetAccess: 10020 => cuMemGetAccess;
     cuMemGetAddressRange: 2000 => cuMemGetAddressRange, 3020 => cuMemGetAddressRange_v2;
     cuMemGetAllocationGranularity: 10020 => cuMemGetAllocationGranularity;
+    cuMemGetAllocationPropertiesFromHandle: 10020 => cuMemGetAllocationPropertiesFromHandle;
+    cuMemGetDefaultMemPool: 13000 => cuMemGetDefaultMemPool;
+    cuMemGetHandleForAddressRange: 11070 => cuMemGetHandleForAddressRange;
     cuMemGetInfo: 2000 => cuMemGetInfo, 3020 => cuMemGetInfo_v2;
+    cuMemGetLocationInfo: 13041 => cuMemGetLocationInfo;
+    cuMemGetMemPool: 13000 => cuMemGetMemPool;
     cuMemHostAlloc: 2020 => cuMemHostAlloc;
     cuMemHostGetDevicePointer: 2020 => cuMemHostGetDevicePointer, 3020 => cuMemHostGetDevicePointer_v2;
     cuMemHostGetFlags: 2030 => cuMemHostGetFlags;
     cuMemHostRegister: 4000 => cuMemHostRegister, 6050 => cuMemHostRegister_v2;
     cuMemHostUnregister: 4000 => cuMemHostUnregister;
+    cuMemImportFromShareableHandle: 10020 => cuMemImportFromShareableHandle;
     cuMemMap: 10020 => cuMemMap;
+    cuMemMapArrayAsync: 11010 => cuMemMapArrayAsync;
     cuMemPoolCreate: 11020 => cuMemPoolCreate;
     cuMemPoolDestroy: 11020 => cuMemPoolDestroy;
+    cuMemPoolExportPointer: 11020 => cuMemPoolExportPointer;
+    cuMemPoolExportToShareableHandle: 11020 => cuMemPoolExportToShareableHandle;
+    cuMemPoolGetAccess: 11020 => cuMemPoolGetAccess;
     cuMemPoolGetAttribute: 11020 => cuMemPoolGetAttribute;
+    cuMemPoolImportFromShareableHandle: 11020 => cuMemPoolImportFromShareableHandle;
+    cuMemPoolImportPointer: 11020 => cuMemPoolImportPointer;
+    cuMemPoolSetAccess: 11020 => cuMemPoolSetAccess;
     cuMemPoolSetAttribute: 11020 => cuMemPoolSetAttribute;
     cuMemPoolTrimTo: 11020 => cuMemPoolTrimTo;
     cuMemPrefetchAsync: 8000 => cuMemPrefetchAsync, 8000 ptds => cuMemPrefetchAsync_ptsz, 12020 => cuMemPrefetchAsync_v2, 12020 ptds => cuMemPrefetchAsync_v2_ptsz;
+    cuMemPrefetchBatchAsync: 13000 => cuMemPrefetchBatchAsync;
+    cuMemRangeGetAttribute: 8000 => cuMemRangeGetAttribute;
+    cuMemRangeGetAttributes: 8000 => cuMemRangeGetAttributes;
     cuMemRelease: 10020 => cuMemRelease;
     cuMemRetainAllocationHandle: 11000 => cuMemRetainAllocationHandle;
     cuMemSetAccess: 10020 => cuMemSetAccess;
+    cuMemSetMemPool: 13000 => cuMemSetMemPool;
     cuMemUnmap: 10020 => cuMemUnmap;
     cuMemcpy: 4000 => cuMemcpy, 7000 ptds => cuMemcpy_ptds;
     cuMemcpy2D: 2000 => cuMemcpy2D, 3020 => cuMemcpy2D_v2, 7000 ptds => cuMemcpy2D_v2_ptds;
     cuMemcpy2DAsync: 2000 => cuMemcpy2DAsync, 3020 => cuMemcpy2DAsync_v2, 7000 ptds => cuMemcpy2DAsync_v2_ptsz;
     cuMemcpy2DUnaligned: 2000 => cuMemcpy2DUnaligned, 3020 => cuMemcpy2DUnaligned_v2, 7000 ptds => cuMemcpy2DUnaligned_v2_ptds;
+    cuMemcpy3D: 2000 => cuMemcpy3D, 3020 => cuMemcpy3D_v2, 7000 ptds => cuMemcpy3D_v2_ptds;
+    cuMemcpy3DAsync: 2000 => cuMemcpy3DAsync, 3020 => cuMemcpy3DAsync_v2, 7000 ptds => cuMemcpy3DAsync_v2_ptsz;
+    cuMemcpy3DBatchAsync: 12080 => cuMemcpy3DBatchAsync;
+    cuMemcpy3DPeer: 4000 => cuMemcpy3DPeer, 7000 ptds => cuMemcpy3DPeer_ptds;
+    cuMemcpy3DPeerAsync: 4000 => cuMemcpy3DPeerAsync, 7000 ptds => cuMemcpy3DPeerAsync_ptsz;
+    cuMemcpy3DWithAttributesAsync: 13020 => cuMemcpy3DWithAttributesAsync;
     cuMemcpyAsync: 4000 => cuMemcpyAsync, 7000 ptds => cuMemcpyAsync_ptsz;
+    cuMemcpyAtoA: 2000 => cuMemcpyAtoA, 3020 => cuMemcpyAtoA_v2, 7000 ptds => cuMemcpyAtoA_v2_ptds;
+    cuMemcpyAtoD: 2000 => cuMemcpyAtoD, 3020 => cuMemcpyAtoD_v2, 7000 ptds => cuMemcpyAtoD_v2_ptds;
+    cuMemcpyAtoH: 2000 => cuMemcpyAtoH, 3020 => cuMemcpyAtoH_v2, 7000 ptds => cuMemcpyAtoH_v2_ptds;
+    cuMemcpyAtoHAsync: 2000 => cuMemcpyAtoHAsync, 3020 => cuMemcpyAtoHAsync_v2, 7000 ptds => cuMemcpyAtoHAsync_v2_ptsz;
+    cuMemcpyBatchAsync: 12080 => cuMemcpyBatchAsync;
+    cuMemcpyDtoA: 2000 => cuMemcpyDtoA, 3020 => cuMemcpyDtoA_v2, 7000 ptds => cuMemcpyDtoA_v2_ptds;
     cuMemcpyDtoD: 2000 => cuMemcpyDtoD, 3020 => cuMemcpyDtoD_v2, 7000 ptds => cuMemcpyDtoD_v2_ptds;
     cuMemcpyDtoDAsync: 3000 => cuMemcpyDtoDAsync, 3020 => cuMemcpyDtoDAsync_v2, 7000 ptds => cuMemcpyDtoDAsync_v2_ptsz;
     cuMemcpyDtoH: 2000 => cuMemcpyDtoH, 3020 => cuMemcpyDtoH_v2, 7000 ptds => cuMemcpyDtoH_v2_ptds;
     cuMemcpyDtoHAsync: 2000 => cuMemcpyDtoHAsync, 3020 => cuMemcpyDtoHAsync_v2, 7000 ptds => cuMemcpyDtoHAsync_v2_ptsz;
+    cuMemcpyHtoA: 2000 => cuMemcpyHtoA, 3020 => cuMemcpyHtoA_v2, 7000 ptds => cuMemcpyHtoA_v2_ptds;
+    cuMemcpyHtoAAsync: 2000 => cuMemcpyHtoAAsync, 3020 => cuMemcpyHtoAAsync_v2, 7000 ptds => cuMemcpyHtoAAsync_v2_ptsz;
     cuMemcpyHtoD: 2000 => cuMemcpyHtoD, 3020 => cuMemcpyHtoD_v2, 7000 ptds => cuMemcpyHtoD_v2_ptds;
     cuMemcpyHtoDAsync: 2000 => cuMemcpyHtoDAsync, 3020 => cuMemcpyHtoDAsync_v2, 7000 ptds => cuMemcpyHtoDAsync_v2_ptsz;
     cuMemcpyPeer: 4000 => cuMemcpyPeer, 7000 ptds => cuMemcpyPeer_ptds;
     cuMemcpyPeerAsync: 4000 => cuMemcpyPeerAsync, 7000 ptds => cuMemcpyPeerAsync_ptsz;
+    cuMemcpyWithAttributesAsync: 13020 => cuMemcpyWithAttributesAsync;
     cuMemsetD16: 2000 => cuMemsetD16, 3020 => cuMemsetD16_v2, 7000 ptds => cuMemsetD16_v2_ptds;
     cuMemsetD16Async: 3020 => cuMemsetD16Async, 7000 ptds => cuMemsetD16Async_ptsz;
     cuMemsetD2D16: 2000 => cuMemsetD2D16, 3020 => cuMemsetD2D16_v2, 7000 ptds => cuMemsetD2D16_v2_ptds;
@@ -180,28 +437,58 @@ proc_table! {
     cuMemsetD32Async: 3020 => cuMemsetD32Async, 7000 ptds => cuMemsetD32Async_ptsz;
     cuMemsetD8: 2000 => cuMemsetD8, 3020 => cuMemsetD8_v2, 7000 ptds => cuMemsetD8_v2_ptds;
     cuMemsetD8Async: 3020 => cuMemsetD8Async, 7000 ptds => cuMemsetD8Async_ptsz;
+    cuMipmappedArrayCreate: 5000 => cuMipmappedArrayCreate;
+    cuMipmappedArrayDestroy: 5000 => cuMipmappedArrayDestroy;
+    cuMipmappedArrayGetLevel: 5000 => cuMipmappedArrayGetLevel;
+    cuMipmappedArrayGetMemoryRequirements: 11060 => cuMipmappedArrayGetMemoryRequirements;
+    cuMipmappedArrayGetSparseProperties: 11010 => cuMipmappedArrayGetSparseProperties;
     cuModuleEnumerateFunctions: 12040 => cuModuleEnumerateFunctions;
     cuModuleGetFunction: 2000 => cuModuleGetFunction;
     cuModuleGetFunctionCount: 12040 => cuModuleGetFunctionCount;
     cuModuleGetGlobal: 2000 => cuModuleGetGlobal, 3020 => cuModuleGetGlobal_v2;
     cuModuleGetLoadingMode: 11070 => cuModuleGetLoadingMode;
+    cuModuleGetSurfRef: 3000 => cuModuleGetSurfRef;
+    cuModuleGetTexRef: 2000 => cuModuleGetTexRef;
     cuModuleLoad: 2000 => cuModuleLoad;
     cuModuleLoadData: 2000 => cuModuleLoadData;
     cuModuleLoadDataEx: 2010 => cuModuleLoadDataEx;
     cuModuleLoadFatBinary: 2000 => cuModuleLoadFatBinary;
     cuModuleUnload: 2000 => cuModuleUnload;
+    cuMulticastAddDevice: 12010 => cuMulticastAddDevice;
+    cuMulticastBindMem: 12010 => cuMulticastBindMem;
+    cuMulticastCreate: 12010 => cuMulticastCreate;
+    cuMulticastGetGranularity: 12010 => cuMulticastGetGranularity;
+    cuMulticastUnbind: 12010 => cuMulticastUnbind;
+    cuOccupancyAvailableDynamicSMemPerBlock: 10020 => cuOccupancyAvailableDynamicSMemPerBlock;
     cuOccupancyMaxActiveBlocksPerMultiprocessor: 6050 => cuOccupancyMaxActiveBlocksPerMultiprocessor;
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: 7000 => cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags;
+    cuOccupancyMaxActiveClusters: 11070 => cuOccupancyMaxActiveClusters;
+    cuOccupancyMaxPotentialBlockSize: 6050 => cuOccupancyMaxPotentialBlockSize;
+    cuOccupancyMaxPotentialBlockSizeWithFlags: 7000 => cuOccupancyMaxPotentialBlockSizeWithFlags;
+    cuOccupancyMaxPotentialClusterSize: 11070 => cuOccupancyMaxPotentialClusterSize;
+    cuParamSetSize: 2000 => cuParamSetSize;
+    cuParamSetTexRef: 2000 => cuParamSetTexRef;
+    cuParamSetf: 2000 => cuParamSetf;
+    cuParamSeti: 2000 => cuParamSeti;
+    cuParamSetv: 2000 => cuParamSetv;
     cuPointerGetAttribute: 4000 => cuPointerGetAttribute;
     cuPointerGetAttributes: 7000 => cuPointerGetAttributes;
+    cuPointerSetAttribute: 6000 => cuPointerSetAttribute;
+    cuProfilerInitialize: 4000 => cuProfilerInitialize;
     cuProfilerStart: 4000 => cuProfilerStart;
     cuProfilerStop: 4000 => cuProfilerStop;
+    cuSignalExternalSemaphoresAsync: 10000 => cuSignalExternalSemaphoresAsync;
     cuStreamAddCallback: 5000 => cuStreamAddCallback, 7000 ptds => cuStreamAddCallback_ptsz;
     cuStreamAttachMemAsync: 6000 => cuStreamAttachMemAsync, 7000 ptds => cuStreamAttachMemAsync_ptsz;
+    cuStreamBatchMemOp: 8000 => cuStreamBatchMemOp, 11070 => cuStreamBatchMemOp_v2, 11070 ptds => cuStreamBatchMemOp_v2_ptsz;
     cuStreamBeginCapture: 10000 => cuStreamBeginCapture, 10000 ptds => cuStreamBeginCapture_ptsz, 10010 => cuStreamBeginCapture_v2, 10010 ptds => cuStreamBeginCapture_v2_ptsz;
+    cuStreamBeginCaptureToCig: 13020 => cuStreamBeginCaptureToCig;
+    cuStreamCopyAttributes: 11000 => cuStreamCopyAttributes, 11000 ptds => cuStreamCopyAttributes_ptsz;
     cuStreamCreate: 2000 => cuStreamCreate;
     cuStreamCreateWithPriority: 5050 => cuStreamCreateWithPriority;
     cuStreamDestroy: 2000 => cuStreamDestroy, 4000 => cuStreamDestroy_v2;
     cuStreamEndCapture: 10000 => cuStreamEndCapture, 10000 ptds => cuStreamEndCapture_ptsz;
+    cuStreamEndCaptureToCig: 13020 => cuStreamEndCaptureToCig;
     cuStreamGetAttribute: 11000 => cuStreamGetAttribute, 11000 ptds => cuStreamGetAttribute_ptsz;
     cuStreamGetCaptureInfo: 10010 => cuStreamGetCaptureInfo, 10010 ptds => cuStreamGetCaptureInfo_ptsz, 11030 => cuStreamGetCaptureInfo_v2, 11030 ptds => cuStreamGetCaptureInfo_v2_ptsz, 12030 => cuStreamGetCaptureInfo_v3, 12030 ptds => cuStreamGetCaptureInfo_v3_ptsz;
     cuStreamGetCtx: 9020 => cuStreamGetCtx, 9020 ptds => cuStreamGetCtx_ptsz, 12050 => cuStreamGetCtx_v2, 12050 ptds => cuStreamGetCtx_v2_ptsz;
@@ -214,32 +501,319 @@ proc_table! {
     cuStreamSetAttribute: 11000 => cuStreamSetAttribute, 11000 ptds => cuStreamSetAttribute_ptsz;
     cuStreamSynchronize: 2000 => cuStreamSynchronize, 7000 ptds => cuStreamSynchronize_ptsz;
     cuStreamWaitEvent: 3020 => cuStreamWaitEvent, 7000 ptds => cuStreamWaitEvent_ptsz;
+    cuStreamWaitValue32: 8000 => cuStreamWaitValue32, 11070 => cuStreamWaitValue32_v2, 11070 ptds => cuStreamWaitValue32_v2_ptsz;
+    cuStreamWriteValue32: 8000 => cuStreamWriteValue32, 11070 => cuStreamWriteValue32_v2, 11070 ptds => cuStreamWriteValue32_v2_ptsz;
+    cuSurfObjectCreate: 5000 => cuSurfObjectCreate;
+    cuSurfObjectDestroy: 5000 => cuSurfObjectDestroy;
+    cuSurfObjectGetResourceDesc: 5000 => cuSurfObjectGetResourceDesc;
+    cuSurfRefGetArray: 3000 => cuSurfRefGetArray;
+    cuSurfRefSetArray: 3000 => cuSurfRefSetArray;
+    cuTensorMapEncodeTiled: 12000 => cuTensorMapEncodeTiled;
+    cuTexObjectCreate: 5000 => cuTexObjectCreate;
+    cuTexObjectDestroy: 5000 => cuTexObjectDestroy;
+    cuTexObjectGetResourceDesc: 5000 => cuTexObjectGetResourceDesc;
+    cuTexObjectGetResourceViewDesc: 5000 => cuTexObjectGetResourceViewDesc;
+    cuTexObjectGetTextureDesc: 5000 => cuTexObjectGetTextureDesc;
+    cuTexRefCreate: 2000 => cuTexRefCreate;
+    cuTexRefDestroy: 2000 => cuTexRefDestroy;
+    cuTexRefGetAddress: 2000 => cuTexRefGetAddress, 3020 => cuTexRefGetAddress_v2;
+    cuTexRefGetAddressMode: 2000 => cuTexRefGetAddressMode;
+    cuTexRefGetArray: 2000 => cuTexRefGetArray;
+    cuTexRefGetBorderColor: 8000 => cuTexRefGetBorderColor;
+    cuTexRefGetFilterMode: 2000 => cuTexRefGetFilterMode;
+    cuTexRefGetFlags: 2000 => cuTexRefGetFlags;
+    cuTexRefGetFormat: 2000 => cuTexRefGetFormat;
+    cuTexRefGetMaxAnisotropy: 5000 => cuTexRefGetMaxAnisotropy;
+    cuTexRefGetMipmapFilterMode: 5000 => cuTexRefGetMipmapFilterMode;
+    cuTexRefGetMipmapLevelBias: 5000 => cuTexRefGetMipmapLevelBias;
+    cuTexRefGetMipmapLevelClamp: 5000 => cuTexRefGetMipmapLevelClamp;
+    cuTexRefGetMipmappedArray: 5000 => cuTexRefGetMipmappedArray;
+    cuTexRefSetAddress: 2000 => cuTexRefSetAddress, 3020 => cuTexRefSetAddress_v2;
+    cuTexRefSetAddress2D: 2020 => cuTexRefSetAddress2D, 3020 => cuTexRefSetAddress2D_v2, 4010 => cuTexRefSetAddress2D_v3;
+    cuTexRefSetAddressMode: 2000 => cuTexRefSetAddressMode;
+    cuTexRefSetArray: 2000 => cuTexRefSetArray;
+    cuTexRefSetBorderColor: 8000 => cuTexRefSetBorderColor;
+    cuTexRefSetFilterMode: 2000 => cuTexRefSetFilterMode;
+    cuTexRefSetFlags: 2000 => cuTexRefSetFlags;
+    cuTexRefSetFormat: 2000 => cuTexRefSetFormat;
+    cuTexRefSetMaxAnisotropy: 5000 => cuTexRefSetMaxAnisotropy;
+    cuTexRefSetMipmapFilterMode: 5000 => cuTexRefSetMipmapFilterMode;
+    cuTexRefSetMipmapLevelBias: 5000 => cuTexRefSetMipmapLevelBias;
+    cuTexRefSetMipmapLevelClamp: 5000 => cuTexRefSetMipmapLevelClamp;
+    cuTexRefSetMipmappedArray: 5000 => cuTexRefSetMipmappedArray;
+    cuThreadExchangeStreamCaptureMode: 10010 => cuThreadExchangeStreamCaptureMode;
+    cuUserObjectCreate: 11030 => cuUserObjectCreate;
+    cuUserObjectRelease: 11030 => cuUserObjectRelease;
+    cuUserObjectRetain: 11030 => cuUserObjectRetain;
+    cuVDPAUCtxCreate: 3010 => cuVDPAUCtxCreate, 3020 => cuVDPAUCtxCreate_v2;
+    cuVDPAUGetDevice: 3010 => cuVDPAUGetDevice;
+    cuWaitExternalSemaphoresAsync: 10000 => cuWaitExternalSemaphoresAsync;
 }
 
-/// Variants exported only for their names (they answer NOT_SUPPORTED).
-pub const LEGACY_STUBS: &[&str] = &[
+/// Variants not in the 12.9 typedef headers (CUDA 13 additions, the 12.0 rename, the profiler).
+pub const EXTRA: &[(&str, u32)] = &[
+    ("cuCtxGetDevice", 13000),
+    ("cuCtxSynchronize", 13000),
+    ("cuGraphGetId", 13010),
+    ("cuGraphExecGetId", 13010),
+    ("cuGraphNodeGetContainingGraph", 13010),
+    ("cuGraphNodeGetLocalId", 13010),
+    ("cuGraphNodeGetToolsId", 13010),
+    ("cuGraphNodeGetParams", 13020),
+    ("cuMemGetDefaultMemPool", 13000),
+    ("cuMemGetMemPool", 13000),
+    ("cuMemSetMemPool", 13000),
+    ("cuFuncGetParamCount", 13020),
+    ("cuKernelGetParamCount", 13020),
+    ("cuCheckpointOperationComplete", 13041),
+    ("cuCoredumpRegisterStartCallback", 13020),
+    ("cuCoredumpRegisterCompleteCallback", 13020),
+    ("cuCoredumpDeregisterStartCallback", 13020),
+    ("cuCoredumpDeregisterCompleteCallback", 13020),
+    ("cuDeviceGetCliqueCount", 13041),
+    ("cuDeviceGetCliqueInfo", 13041),
+    ("cuDeviceGetFabricClusterUuid", 13041),
+    ("cuDeviceGetHostAtomicCapabilities", 13000),
+    ("cuDeviceGetP2PAtomicCapabilities", 13000),
+    ("cuFabricCpyBatchAsync", 13050),
+    ("cuMemDiscardAndPrefetchBatchAsync", 13000),
+    ("cuMemDiscardBatchAsync", 13000),
+    ("cuMemPrefetchBatchAsync", 13000),
+    ("cuMemGetLocationInfo", 13041),
+    ("cuMemcpy3DWithAttributesAsync", 13020),
+    ("cuMemcpyWithAttributesAsync", 13020),
+    ("cuStreamBeginCaptureToCig", 13020),
+    ("cuStreamEndCaptureToCig", 13020),
+    ("cuLogicalEndpointAddDevice", 13030),
+    ("cuLogicalEndpointBindAddr", 13030),
+    ("cuLogicalEndpointBindMem", 13030),
+    ("cuLogicalEndpointCreate", 13030),
+    ("cuLogicalEndpointDestroy", 13030),
+    ("cuLogicalEndpointExport", 13030),
+    ("cuLogicalEndpointGetLimits", 13030),
+    ("cuLogicalEndpointIdRelease", 13030),
+    ("cuLogicalEndpointIdReserve", 13030),
+    ("cuLogicalEndpointImport", 13030),
+    ("cuLogicalEndpointQuery", 13030),
+    ("cuLogicalEndpointUnbind", 13030),
+    ("cuGraphInstantiate", 12000),
+];
+
+/// Every symbol that is only a counted stub (legacy variants included).
+pub const STUBS: &[&str] = &[
     "cuArray3DCreate",
+    "cuArray3DGetDescriptor",
     "cuArrayCreate",
+    "cuArrayGetDescriptor",
+    "cuArrayGetMemoryRequirements",
+    "cuArrayGetPlane",
+    "cuArrayGetSparseProperties",
+    "cuCheckpointOperationComplete",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessGetRestoreThreadId",
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+    "cuCoredumpDeregisterCompleteCallback",
+    "cuCoredumpDeregisterStartCallback",
+    "cuCoredumpGetAttribute",
+    "cuCoredumpGetAttributeGlobal",
+    "cuCoredumpRegisterCompleteCallback",
+    "cuCoredumpRegisterStartCallback",
+    "cuCoredumpSetAttribute",
+    "cuCoredumpSetAttributeGlobal",
+    "cuCtxAttach",
+    "cuCtxDetach",
+    "cuCtxGetExecAffinity",
+    "cuDestroyExternalMemory",
+    "cuDestroyExternalSemaphore",
+    "cuDeviceGetCliqueCount",
+    "cuDeviceGetCliqueInfo",
+    "cuDeviceGetFabricClusterUuid",
+    "cuDeviceGetHostAtomicCapabilities",
+    "cuDeviceGetNvSciSyncAttributes",
+    "cuDeviceGetP2PAtomicCapabilities",
+    "cuDeviceRegisterAsyncNotification",
+    "cuDeviceUnregisterAsyncNotification",
+    "cuEGLStreamConsumerAcquireFrame",
+    "cuEGLStreamConsumerConnect",
+    "cuEGLStreamConsumerConnectWithFlags",
+    "cuEGLStreamConsumerDisconnect",
+    "cuEGLStreamConsumerReleaseFrame",
+    "cuEGLStreamProducerConnect",
+    "cuEGLStreamProducerDisconnect",
+    "cuEGLStreamProducerPresentFrame",
+    "cuEGLStreamProducerReturnFrame",
+    "cuEventCreateFromEGLSync",
+    "cuExternalMemoryGetMappedBuffer",
+    "cuExternalMemoryGetMappedMipmappedArray",
+    "cuFabricCpyBatchAsync",
+    "cuFuncSetBlockShape",
+    "cuFuncSetSharedSize",
+    "cuGLCtxCreate",
+    "cuGLCtxCreate_v2",
+    "cuGLGetDevices",
+    "cuGLGetDevices_v2",
+    "cuGLInit",
+    "cuGLMapBufferObject",
+    "cuGLMapBufferObjectAsync",
+    "cuGLMapBufferObjectAsync_v2",
+    "cuGLMapBufferObject_v2",
+    "cuGLRegisterBufferObject",
+    "cuGLSetBufferObjectMapFlags",
+    "cuGLUnmapBufferObject",
+    "cuGLUnmapBufferObjectAsync",
+    "cuGLUnregisterBufferObject",
+    "cuGraphAddBatchMemOpNode",
+    "cuGraphAddExternalSemaphoresSignalNode",
+    "cuGraphAddExternalSemaphoresWaitNode",
+    "cuGraphBatchMemOpNodeGetParams",
+    "cuGraphBatchMemOpNodeSetParams",
+    "cuGraphExecBatchMemOpNodeSetParams",
+    "cuGraphExecExternalSemaphoresSignalNodeSetParams",
+    "cuGraphExecExternalSemaphoresWaitNodeSetParams",
+    "cuGraphExternalSemaphoresSignalNodeGetParams",
+    "cuGraphExternalSemaphoresSignalNodeSetParams",
+    "cuGraphExternalSemaphoresWaitNodeGetParams",
+    "cuGraphExternalSemaphoresWaitNodeSetParams",
+    "cuGraphKernelNodeCopyAttributes",
+    "cuGraphKernelNodeGetAttribute",
+    "cuGraphKernelNodeSetAttribute",
+    "cuGraphicsEGLRegisterImage",
+    "cuGraphicsGLRegisterBuffer",
+    "cuGraphicsGLRegisterImage",
+    "cuGraphicsMapResources",
+    "cuGraphicsResourceGetMappedEglFrame",
+    "cuGraphicsResourceGetMappedMipmappedArray",
+    "cuGraphicsResourceGetMappedPointer",
+    "cuGraphicsResourceGetMappedPointer_v2",
+    "cuGraphicsResourceSetMapFlags",
+    "cuGraphicsResourceSetMapFlags_v2",
+    "cuGraphicsSubResourceGetMappedArray",
+    "cuGraphicsUnmapResources",
+    "cuGraphicsUnregisterResource",
+    "cuGraphicsVDPAURegisterOutputSurface",
+    "cuGraphicsVDPAURegisterVideoSurface",
+    "cuImportExternalMemory",
+    "cuImportExternalSemaphore",
+    "cuIpcCloseMemHandle",
+    "cuIpcGetEventHandle",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenEventHandle",
+    "cuIpcOpenMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuLaunch",
+    "cuLaunchCooperativeKernelMultiDevice",
+    "cuLaunchGrid",
+    "cuLaunchGridAsync",
+    "cuLogicalEndpointAddDevice",
+    "cuLogicalEndpointBindAddr",
+    "cuLogicalEndpointBindMem",
+    "cuLogicalEndpointCreate",
+    "cuLogicalEndpointDestroy",
+    "cuLogicalEndpointExport",
+    "cuLogicalEndpointGetLimits",
+    "cuLogicalEndpointIdRelease",
+    "cuLogicalEndpointIdReserve",
+    "cuLogicalEndpointImport",
+    "cuLogicalEndpointQuery",
+    "cuLogicalEndpointUnbind",
+    "cuMemAlloc",
     "cuMemAllocHost",
     "cuMemAllocPitch",
+    "cuMemBatchDecompressAsync",
+    "cuMemDiscardAndPrefetchBatchAsync",
+    "cuMemDiscardBatchAsync",
     "cuMemFree",
     "cuMemGetAddressRange",
+    "cuMemGetHandleForAddressRange",
+    "cuMemGetLocationInfo",
     "cuMemHostGetDevicePointer",
     "cuMemHostRegister",
+    "cuMemMapArrayAsync",
+    "cuMemPoolExportPointer",
+    "cuMemPoolExportToShareableHandle",
+    "cuMemPoolImportFromShareableHandle",
+    "cuMemPoolImportPointer",
+    "cuMemPrefetchBatchAsync",
     "cuMemcpy2D",
     "cuMemcpy2DAsync",
     "cuMemcpy2DUnaligned",
+    "cuMemcpy3D",
+    "cuMemcpy3DAsync",
+    "cuMemcpy3DBatchAsync",
+    "cuMemcpy3DWithAttributesAsync",
+    "cuMemcpyAtoA",
+    "cuMemcpyAtoD",
+    "cuMemcpyAtoH",
+    "cuMemcpyAtoHAsync",
+    "cuMemcpyBatchAsync",
+    "cuMemcpyDtoA",
     "cuMemcpyDtoD",
     "cuMemcpyDtoDAsync",
     "cuMemcpyDtoH",
     "cuMemcpyDtoHAsync",
+    "cuMemcpyHtoA",
+    "cuMemcpyHtoAAsync",
     "cuMemcpyHtoD",
     "cuMemcpyHtoDAsync",
+    "cuMemcpyWithAttributesAsync",
     "cuMemsetD16",
     "cuMemsetD2D16",
     "cuMemsetD2D32",
     "cuMemsetD2D8",
     "cuMemsetD32",
     "cuMemsetD8",
+    "cuMipmappedArrayGetMemoryRequirements",
+    "cuMipmappedArrayGetSparseProperties",
     "cuModuleGetGlobal",
+    "cuModuleGetSurfRef",
+    "cuModuleGetTexRef",
+    "cuParamSetSize",
+    "cuParamSetTexRef",
+    "cuParamSetf",
+    "cuParamSeti",
+    "cuParamSetv",
+    "cuProfilerInitialize",
+    "cuSignalExternalSemaphoresAsync",
+    "cuStreamBeginCaptureToCig",
+    "cuStreamEndCaptureToCig",
+    "cuSurfRefGetArray",
+    "cuSurfRefSetArray",
+    "cuTexRefCreate",
+    "cuTexRefDestroy",
+    "cuTexRefGetAddress",
+    "cuTexRefGetAddressMode",
+    "cuTexRefGetAddress_v2",
+    "cuTexRefGetArray",
+    "cuTexRefGetBorderColor",
+    "cuTexRefGetFilterMode",
+    "cuTexRefGetFlags",
+    "cuTexRefGetFormat",
+    "cuTexRefGetMaxAnisotropy",
+    "cuTexRefGetMipmapFilterMode",
+    "cuTexRefGetMipmapLevelBias",
+    "cuTexRefGetMipmapLevelClamp",
+    "cuTexRefGetMipmappedArray",
+    "cuTexRefSetAddress",
+    "cuTexRefSetAddress2D",
+    "cuTexRefSetAddress2D_v2",
+    "cuTexRefSetAddress2D_v3",
+    "cuTexRefSetAddressMode",
+    "cuTexRefSetAddress_v2",
+    "cuTexRefSetArray",
+    "cuTexRefSetBorderColor",
+    "cuTexRefSetFilterMode",
+    "cuTexRefSetFlags",
+    "cuTexRefSetFormat",
+    "cuTexRefSetMaxAnisotropy",
+    "cuTexRefSetMipmapFilterMode",
+    "cuTexRefSetMipmapLevelBias",
+    "cuTexRefSetMipmapLevelClamp",
+    "cuTexRefSetMipmappedArray",
+    "cuVDPAUCtxCreate",
+    "cuVDPAUCtxCreate_v2",
+    "cuVDPAUGetDevice",
+    "cuWaitExternalSemaphoresAsync",
 ];

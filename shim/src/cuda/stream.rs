@@ -3,7 +3,8 @@
 //! order and every cross-stream dependency); a stream remembers the sequence
 //! number of its last operation, an event the one of its last record.
 
-use crate::driver::{cu, Capture, Event, Graph, KernelNode, Obj, Stream};
+use crate::cuda::graph::{add_node_kind, KernelData, KernelNodeParams, NodeKind};
+use crate::driver::{cu, Capture, CaptureGraph, Event, KernelNode, MemOp, Obj, Stream};
 use crate::exec::EventTimes;
 use crate::{guard, put, CuRes};
 use cgpu_ffi::*;
@@ -86,8 +87,8 @@ fn stream_target(h: CUstream) -> Result<(usize, u64), CUresult> {
 /// the capture and fails with STREAM_CAPTURE_UNSUPPORTED, as the driver does.
 fn refuse_if_capturing(h: CUstream) -> CuRes {
     if let (_, Some(s)) = cu()?.stream(h as usize)? {
-        if let Some(c) = s.capture.lock().as_mut() {
-            c.invalidated = true;
+        if let Some(c) = s.capture.lock().as_ref() {
+            c.invalidate();
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
     }
@@ -137,10 +138,36 @@ pub unsafe extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
 
 fn wait_event(h: CUstream, ev: CUevent, flags: u32) -> CuRes {
     let d = cu()?;
-    d.stream(h as usize)?;
-    d.event(ev as usize)?;
+    let (_, s) = d.stream(h as usize)?;
+    let e = d.event(ev as usize)?;
     if flags & !1 != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // An event last recorded in a capturing stream: the waiting stream
+    // joins that capture (or, already in it, depends on the record too).
+    let captured = e.captured.lock().clone();
+    if let Some((shared, nodes)) = captured {
+        let s = s.ok_or(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)?;
+        let mut cap = s.capture.lock();
+        match cap.as_mut() {
+            Some(c) if Arc::ptr_eq(&c.shared, &shared) => {
+                for n in nodes {
+                    if !c.deps.contains(&n) {
+                        c.deps.push(n);
+                    }
+                }
+            }
+            Some(_) => return Err(CUDA_ERROR_STREAM_CAPTURE_ISOLATION),
+            None => {
+                shared.lock().joined += 1;
+                *cap = Some(Capture {
+                    shared,
+                    deps: nodes,
+                    origin: false,
+                });
+            }
+        }
+        return Ok(());
     }
     // Submission order already puts the stream's later work after the record.
     Ok(())
@@ -243,10 +270,15 @@ pub unsafe extern "C" fn cuStreamGetId_ptsz(h: CUstream, id: *mut u64) -> CUresu
 pub type CUhostFn = Option<unsafe extern "C" fn(*mut c_void)>;
 
 fn launch_host_func(h: CUstream, f: CUhostFn, data: *mut c_void) -> CuRes {
-    let d = cu()?;
     let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    host_func_after(h as usize, f, data as usize)
+}
+
+/// Runs `f(data)` on a helper thread once `h`'s work so far is done.
+pub fn host_func_after(h: usize, f: unsafe extern "C" fn(*mut c_void), data: usize) -> CuRes {
+    let d = cu()?;
+    let h = h as CUstream;
     let (dev, seq) = stream_target(h)?;
-    let data = data as usize;
     let e = Arc::clone(d.exec(dev));
     std::thread::spawn(move || {
         e.wait(seq);
@@ -287,6 +319,7 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult
             dev: AtomicU32::new(c.dev as u32),
             flags,
             times: Arc::new(EventTimes::default()),
+            captured: Mutex::new(None),
         };
         let h = d.objs.lock().insert(Obj::Event(Arc::new(e)));
         // SAFETY: out pointer from the caller (checked non-null).
@@ -316,10 +349,24 @@ pub unsafe extern "C" fn cuEventDestroy_v2(h: CUevent) -> CUresult {
     guard(|| event_destroy(h))
 }
 
+/// Records event `h` on `stream` (also a graph's event record node).
+pub fn record_event(h: usize, stream: usize) -> CuRes {
+    record(h as CUevent, stream as CUstream)
+}
+
 fn record(h: CUevent, stream: CUstream) -> CuRes {
     let d = cu()?;
     let e = d.event(h as usize)?;
     let (dev, s) = d.stream(stream as usize)?;
+    // In a capturing stream the record stands for the stream's current
+    // position in the capture: nothing runs.
+    if let Some(s) = &s {
+        if let Some(c) = s.capture.lock().as_ref() {
+            *e.captured.lock() = Some((Arc::clone(&c.shared), c.deps.clone()));
+            return Ok(());
+        }
+    }
+    *e.captured.lock() = None;
     e.dev.store(dev as u32, Relaxed);
     let seq = d.exec(dev).marker(Some(Arc::clone(&e.times)));
     if let Some(s) = s {
@@ -539,10 +586,10 @@ pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
 fn capture_state(h: CUstream) -> Result<(u32, u64), CUresult> {
     let (_, s) = cu()?.stream(h as usize)?;
     Ok(s.and_then(|s| {
-        s.capture
-            .lock()
-            .as_ref()
-            .map(|c| (if c.invalidated { 2 } else { 1 }, c.id))
+        s.capture.lock().as_ref().map(|c| {
+            let g = c.shared.lock();
+            (if g.invalidated { 2 } else { 1 }, g.id)
+        })
     })
     .unwrap_or_default())
 }
@@ -578,11 +625,17 @@ fn begin_capture(h: CUstream, mode: u32) -> CuRes {
     if cap.is_some() {
         return Err(CUDA_ERROR_ILLEGAL_STATE);
     }
+    let graph = crate::cuda::graph::new_graph_handle(d);
     *cap = Some(Capture {
-        id: CAPTURE_IDS.fetch_add(1, Relaxed) + 1,
-        mode,
-        kernels: Vec::new(),
-        invalidated: false,
+        shared: Arc::new(Mutex::new(CaptureGraph {
+            id: CAPTURE_IDS.fetch_add(1, Relaxed) + 1,
+            mode,
+            graph,
+            invalidated: false,
+            joined: 0,
+        })),
+        deps: Vec::new(),
+        origin: true,
     });
     Ok(())
 }
@@ -608,38 +661,63 @@ pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: u32) ->
     guard(|| begin_capture(h, mode))
 }
 
-/// Ends the capture of `h`: a graph of the recorded kernels, or null and
-/// STREAM_CAPTURE_INVALIDATED if the capture was invalidated.
+/// Ends the capture of `h` (the stream that began it): the graph built, or
+/// null and STREAM_CAPTURE_INVALIDATED if the capture was invalidated;
+/// STREAM_CAPTURE_UNJOINED while a stream that joined it has not rejoined
+/// (the capture is then invalidated, as the driver does).
 fn end_capture(h: CUstream, pg: *mut CUgraph) -> CuRes {
     let d = cu()?;
     if pg.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (_, s) = d.stream(h as usize)?;
-    let cap = s
-        .and_then(|s| s.capture.lock().take())
-        .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-    if cap.invalidated {
-        // SAFETY: out pointer from the caller (checked non-null).
-        unsafe { put(pg, std::ptr::null_mut(), CUDA_ERROR_INVALID_VALUE) }?;
-        return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-    }
-    let gh = d
+    let s = s.ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    let cap = {
+        let mut slot = s.capture.lock();
+        match slot.as_ref() {
+            None => return Err(CUDA_ERROR_ILLEGAL_STATE),
+            Some(c) if !c.origin => return Err(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD),
+            Some(_) => {}
+        }
+        slot.take().ok_or(CUDA_ERROR_ILLEGAL_STATE)?
+    };
+    // Every other stream of the capture leaves it.
+    let others: Vec<Arc<Stream>> = d
         .objs
         .lock()
-        .insert(Obj::Graph(Arc::new(Mutex::new(Graph::default()))));
-    let graph = match d.objs.lock().get(gh) {
-        Some(Obj::Graph(g)) => Arc::clone(g),
-        _ => return Err(CUDA_ERROR_UNKNOWN),
-    };
-    let mut g = graph.lock();
-    for k in cap.kernels {
-        let n = d.objs.lock().insert(Obj::GraphNode(gh));
-        g.nodes.push(n);
-        g.kernels.push((n, k));
+        .iter()
+        .filter_map(|(_, o)| match o {
+            Obj::Stream(x) => Some(Arc::clone(x)),
+            _ => None,
+        })
+        .collect();
+    // A stream's work is joined when its last nodes are among the origin's
+    // last nodes or their ancestors.
+    let gh = cap.shared.lock().graph;
+    let joined_set = crate::cuda::graph::ancestors(gh, &cap.deps);
+    let mut unjoined = false;
+    for o in others {
+        let mut c = o.capture.lock();
+        if let Some(x) = c.as_ref().filter(|x| Arc::ptr_eq(&x.shared, &cap.shared)) {
+            if !x.deps.iter().all(|n| joined_set.contains(n)) {
+                unjoined = true;
+            }
+            *c = None;
+        }
+    }
+    let g = cap.shared.lock();
+    if g.invalidated || unjoined {
+        let _ = crate::cuda::graph::destroy_graph_handle(g.graph);
+        // SAFETY: out pointer from the caller (checked non-null).
+        unsafe { put(pg, std::ptr::null_mut(), CUDA_ERROR_INVALID_VALUE) }?;
+        return Err(if unjoined {
+            CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+        } else {
+            CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        });
     }
     // SAFETY: out pointer from the caller (checked non-null).
-    unsafe { put(pg, gh as CUgraph, CUDA_ERROR_INVALID_VALUE) }
+    unsafe { put(pg, g.graph as CUgraph, CUDA_ERROR_INVALID_VALUE) }
 }
 
 #[unsafe(no_mangle)]
@@ -652,27 +730,173 @@ pub unsafe extern "C" fn cuStreamEndCapture_ptsz(h: CUstream, pg: *mut CUgraph) 
     guard(|| end_capture(h, pg))
 }
 
-/// Records `k` if `stream` is capturing (Ok(true)): it does not run.
+/// Records kernel `k` if `stream` is capturing (Ok(true)): it does not run.
 pub fn record_if_capturing(stream: usize, k: &KernelNode) -> Result<bool, CUresult> {
-    let (_, s) = cu()?.stream(stream)?;
-    if let Some(s) = s {
-        if let Some(c) = s.capture.lock().as_mut() {
-            c.kernels.push(k.clone());
-            return Ok(true);
-        }
-    }
-    Ok(false)
+    record_node_if_capturing(stream, || {
+        NodeKind::Kernel(KernelData {
+            run: k.clone(),
+            params: KernelNodeParams {
+                func: std::ptr::null_mut(),
+                grid: [1; 3],
+                block: [1; 3],
+                shared_mem_bytes: 0,
+                kernel_params: std::ptr::null_mut(),
+                extra: std::ptr::null_mut(),
+            },
+        })
+    })
 }
 
-/// Capture info: status and id; the graph/dependency outputs are zeroed.
+/// Runs `f` (an async copy or memset on `stream`): if the stream is
+/// capturing, its memory operations are recorded into the capture (to run
+/// at each replay) instead of performed. Arguments are checked either way.
+pub fn capture_mem_ops(stream: usize, f: impl FnOnce() -> CuRes) -> CuRes {
+    let (_, s) = cu()?.stream(stream)?;
+    let Some(s) = s.filter(|s| s.capture.lock().is_some()) else {
+        return f();
+    };
+    drop(s);
+    RECORDING.with(|r| *r.borrow_mut() = Some(Vec::new()));
+    let res = f();
+    let ops = RECORDING
+        .with(|r| r.borrow_mut().take())
+        .unwrap_or_default();
+    res?;
+    for op in ops {
+        record_node_if_capturing(stream, || mem_op_node(op))?;
+    }
+    Ok(())
+}
+
+/// The graph node of a captured copy or memset.
+fn mem_op_node(op: MemOp) -> NodeKind {
+    match op {
+        // Unified addressing (4) on both sides: device or host memory.
+        MemOp::Copy { dst, src, len } => NodeKind::Memcpy(crate::cuda::array::Memcpy3D {
+            src_x_in_bytes: 0,
+            src_y: 0,
+            src_z: 0,
+            src_lod: 0,
+            src_memory_type: 4,
+            src_host: std::ptr::null(),
+            src_device: src,
+            src_array: std::ptr::null_mut(),
+            reserved0: std::ptr::null_mut(),
+            src_pitch: len,
+            src_height: 1,
+            dst_x_in_bytes: 0,
+            dst_y: 0,
+            dst_z: 0,
+            dst_lod: 0,
+            dst_memory_type: 4,
+            dst_host: std::ptr::null_mut(),
+            dst_device: dst,
+            dst_array: std::ptr::null_mut(),
+            reserved1: std::ptr::null_mut(),
+            dst_pitch: len,
+            dst_height: 1,
+            width_in_bytes: len,
+            height: 1,
+            depth: 1,
+        }),
+        MemOp::Set { dst, value, count } => {
+            let mut v = [0u8; 4];
+            v[..value.len().min(4)].copy_from_slice(&value[..value.len().min(4)]);
+            NodeKind::Memset(crate::cuda::graph::MemsetNodeParams {
+                dst,
+                pitch: 0,
+                value: u32::from_ne_bytes(v),
+                element_size: value.len() as u32,
+                width: count,
+                height: 1,
+            })
+        }
+    }
+}
+
+thread_local! {
+    /// Memory operations being recorded by `capture_mem_ops` on this thread.
+    static RECORDING: std::cell::RefCell<Option<Vec<MemOp>>> = const { std::cell::RefCell::new(None) };
+    /// `cuThreadExchangeStreamCaptureMode`: this thread's capture mode
+    /// (0 global, 1 thread-local, 2 relaxed).
+    static CAPTURE_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Records `op` if this thread is recording a captured memory operation
+/// (true: the caller must not perform it now).
+pub fn record_mem_op(op: impl FnOnce() -> MemOp) -> bool {
+    RECORDING.with(|r| match r.borrow_mut().as_mut() {
+        Some(v) => {
+            v.push(op());
+            true
+        }
+        None => false,
+    })
+}
+
+/// Sets the calling thread's stream-capture mode to `*mode` and returns the
+/// previous one in `*mode`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CUresult {
+    guard(|| {
+        cu()?;
+        if mode.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null in/out pointer from the caller.
+        let new = unsafe { mode.read_unaligned() };
+        if new > 2 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let old = CAPTURE_MODE.with(|m| m.replace(new));
+        // SAFETY: as above.
+        unsafe { mode.write_unaligned(old) };
+        Ok(())
+    })
+}
+
+/// If `stream` is capturing, adds the node `make()` to the capture's graph
+/// after the stream's current dependencies (Ok(true)): the work does not
+/// run. Any captured operation (copies, memsets, ...) goes through here.
+pub fn record_node_if_capturing(
+    stream: usize,
+    make: impl FnOnce() -> NodeKind,
+) -> Result<bool, CUresult> {
+    let (_, s) = cu()?.stream(stream)?;
+    let Some(s) = s else { return Ok(false) };
+    let mut cap = s.capture.lock();
+    let Some(c) = cap.as_mut() else {
+        return Ok(false);
+    };
+    let graph = c.shared.lock().graph;
+    let n = add_node_kind(graph, &c.deps, make())?;
+    c.deps = vec![n];
+    Ok(true)
+}
+
+/// Capture info: status, id, the capture's graph, and the stream's current
+/// dependencies (a pointer valid until the stream's next captured work, as
+/// with the driver); edge data is NULL (all edges are default edges).
+/// `outs` = [id, graph, deps, edge data, count], absent ones NULL.
 fn capture_info(h: CUstream, status: *mut u32, outs: &[*mut u64]) -> CuRes {
     let (st, id) = capture_state(h)?;
     // SAFETY: out pointer from the caller.
     unsafe { put(status, st, CUDA_ERROR_INVALID_VALUE) }?;
+    let (_, s) = cu()?.stream(h as usize)?;
+    let (graph, deps_ptr, ndeps) = match s.as_ref().and_then(|s| {
+        s.capture
+            .lock()
+            .as_ref()
+            .map(|c| (c.shared.lock().graph, c.deps.as_ptr() as u64, c.deps.len()))
+    }) {
+        Some(x) if st == 1 => x,
+        _ => (0, 0, 0),
+    };
+    let vals = [id, graph as u64, deps_ptr, 0, ndeps as u64];
     for (i, &o) in outs.iter().enumerate() {
         if !o.is_null() {
             // SAFETY: non-null out pointer (id, graph, deps, edge data or count).
-            unsafe { o.write_unaligned(if i == 0 { id } else { 0 }) };
+            unsafe { o.write_unaligned(vals[i]) };
         }
     }
     Ok(())
@@ -705,7 +929,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
     deps: *mut u64,
     n: *mut u64,
 ) -> CUresult {
-    guard(|| capture_info(h, status, &[id, g, deps, n]))
+    guard(|| capture_info(h, status, &[id, g, deps, std::ptr::null_mut(), n]))
 }
 
 #[unsafe(no_mangle)]
@@ -717,7 +941,7 @@ pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
     deps: *mut u64,
     n: *mut u64,
 ) -> CUresult {
-    guard(|| capture_info(h, status, &[id, g, deps, n]))
+    guard(|| capture_info(h, status, &[id, g, deps, std::ptr::null_mut(), n]))
 }
 
 #[unsafe(no_mangle)]
@@ -843,4 +1067,120 @@ pub unsafe extern "C" fn cuCtxRecordEvent(ctx: CUcontext, ev: CUevent) -> CUresu
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxWaitEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
     guard(|| ctx_event(ctx, ev, false))
+}
+
+// -------------------------------------------------- stream memory operations
+
+/// `cuStreamWriteValue32`: writes `value` at device address `addr` in stream
+/// order (at once: the sim's copies need no ordering with kernels; recorded
+/// when the stream captures).
+fn write_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) -> CuRes {
+    if flags & !1 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let v = value;
+    // SAFETY: viewing a u32 as its bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(&v as *const u32 as *const u8, 4) };
+    let op = MemOp::Set {
+        dst: addr,
+        value: bytes.to_vec(),
+        count: 1,
+    };
+    capture_mem_ops(h as usize, || {
+        if addr % 4 != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if record_mem_op(|| op.clone()) {
+            return Ok(());
+        }
+        super::memory::run_mem_op(cu()?, &op)
+    })
+}
+
+/// CUDA 8's variant: the same arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWriteValue32(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| write_value32(h, addr, value, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWriteValue32_v2(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| write_value32(h, addr, value, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWriteValue32_v2_ptsz(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| write_value32(h, addr, value, flags))
+}
+
+/// `cuStreamWaitValue32`: succeeds when the condition (GEQ 0, EQ 1, AND 2,
+/// NOR 3) already holds. The sim cannot make a stream wait for a later write:
+/// otherwise `CUDA_ERROR_NOT_SUPPORTED`, counted as a stub.
+fn wait_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) -> CuRes {
+    let d = cu()?;
+    d.stream(h as usize)?;
+    if addr % 4 != 0 || flags & !(3 | 1 << 30) != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    super::memory::check_dev_range(d, addr, 4)?;
+    // SAFETY: a live device mapping of ours, 4 bytes, aligned.
+    let cur = unsafe { (addr as *const u32).read_volatile() };
+    let holds = match flags & 3 {
+        0 => (cur as i32).wrapping_sub(value as i32) >= 0,
+        1 => cur == value,
+        2 => cur & value != 0,
+        _ => !(cur | value) != 0,
+    };
+    if holds {
+        Ok(())
+    } else {
+        crate::stub_hit!("cuStreamWaitValue32 (not yet satisfied)");
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+}
+
+/// CUDA 8's variant: the same arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitValue32(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| wait_value32(h, addr, value, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitValue32_v2(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| wait_value32(h, addr, value, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitValue32_v2_ptsz(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| wait_value32(h, addr, value, flags))
 }

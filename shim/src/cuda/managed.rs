@@ -1,0 +1,337 @@
+//! Managed-memory hints and range attributes, settable pointer attributes,
+//! pool access and the CUDA 13 pool-by-location calls.
+//!
+//! `cuMemAdvise` and `cuMemPrefetchAsync` record what they were told per
+//! allocation (read-mostly, preferred location, accessed-by devices, last
+//! prefetch location), and `cuMemRangeGetAttribute(s)` reads it back, as the
+//! driver does for managed memory (the data itself never moves: device and
+//! host share one mapping in the sim).
+
+use crate::driver::{cu, AllocKind, Driver, Obj, Pool};
+use crate::{exports, put, CuRes};
+use cgpu_ffi::*;
+use parking_lot::Mutex;
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+/// `CU_DEVICE_CPU` / `CU_DEVICE_INVALID`.
+const DEVICE_CPU: i32 = -1;
+const DEVICE_INVALID: i32 = -2;
+
+#[derive(Default, Clone)]
+struct Hints {
+    read_mostly: bool,
+    preferred: Option<i32>,
+    accessed_by: BTreeSet<i32>,
+    last_prefetch: Option<i32>,
+    sync_memops: bool,
+}
+
+fn hints() -> &'static Mutex<HashMap<u64, Hints>> {
+    static H: OnceLock<Mutex<HashMap<u64, Hints>>> = OnceLock::new();
+    H.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// The start and kind of the allocation holding `[p, p+n)`.
+fn alloc_at(d: &Driver, p: u64, n: u64) -> Result<(u64, AllocKind), CUresult> {
+    let allocs = d.allocs.lock();
+    match allocs.range(..=p).next_back() {
+        Some((s, a)) if p.checked_add(n.max(1)).is_some_and(|e| e <= s + a.size) => {
+            Ok((*s, a.kind))
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// `cuPointerSetAttribute(SYNC_MEMOPS)` as last set on the allocation at
+/// `start` (false until set).
+pub fn sync_memops(start: u64) -> bool {
+    hints().lock().get(&start).is_some_and(|h| h.sync_memops)
+}
+
+/// A location as a device number (`CU_DEVICE_CPU` for the host).
+fn loc_dev(d: &Driver, ty: i32, id: i32) -> Result<i32, CUresult> {
+    // CUmemLocationType: device 1, host 2, host NUMA 3, host NUMA current 4
+    match ty {
+        1 => d.check_dev(id).map(|x| x as i32),
+        2..=4 => Ok(DEVICE_CPU),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn dev_or_cpu(d: &Driver, dev: CUdevice) -> Result<i32, CUresult> {
+    if dev == DEVICE_CPU {
+        Ok(DEVICE_CPU)
+    } else {
+        d.check_dev(dev).map(|x| x as i32)
+    }
+}
+
+fn advise(p: CUdeviceptr, n: usize, advice: u32, dev: i32) -> CuRes {
+    let d = cu()?;
+    let (start, kind) = alloc_at(d, p, n as u64)?;
+    if kind != AllocKind::Managed {
+        // Hints on other memory are accepted and have no effect.
+        return Ok(());
+    }
+    let mut h = hints().lock();
+    let e = h.entry(start).or_default();
+    // CUmem_advise: set/unset read mostly 1/2, preferred location 3/4,
+    // accessed by 5/6.
+    match advice {
+        1 => e.read_mostly = true,
+        2 => e.read_mostly = false,
+        3 => e.preferred = Some(dev),
+        4 => e.preferred = None,
+        5 => {
+            e.accessed_by.insert(dev);
+        }
+        6 => {
+            e.accessed_by.remove(&dev);
+        }
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    }
+    Ok(())
+}
+
+fn prefetch(p: CUdeviceptr, n: usize, dev: i32, stream: CUstream) -> CuRes {
+    let d = cu()?;
+    d.stream(stream as usize)?;
+    let (start, kind) = alloc_at(d, p, n as u64)?;
+    if kind != AllocKind::Managed {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    hints().lock().entry(start).or_default().last_prefetch = Some(dev);
+    Ok(())
+}
+
+/// One range attribute into `data` (`size` bytes).
+fn range_attr(data: *mut c_void, size: usize, attr: u32, p: CUdeviceptr, n: usize) -> CuRes {
+    let d = cu()?;
+    if data.is_null() || n == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (start, kind) = alloc_at(d, p, n as u64)?;
+    if kind != AllocKind::Managed {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let h = hints().lock().get(&start).cloned().unwrap_or_default();
+    let int = |v: i32| -> CuRes {
+        if size < 4 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: data holds `size` >= 4 bytes by the caller's contract.
+        unsafe { (data as *mut i32).write_unaligned(v) };
+        Ok(())
+    };
+    // location type for the *_TYPE attributes: invalid 0, device 1, host 2
+    let ty = |v: Option<i32>| match v {
+        None => 0,
+        Some(DEVICE_CPU) => 2,
+        Some(_) => 1,
+    };
+    match attr {
+        1 => int(h.read_mostly as i32),
+        2 => int(h.preferred.unwrap_or(DEVICE_INVALID)),
+        3 => {
+            // an int array of `size / 4` entries, CU_DEVICE_INVALID-padded
+            if size % 4 != 0 {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let slots = size / 4;
+            let v: Vec<i32> = h.accessed_by.iter().copied().collect();
+            for i in 0..slots {
+                // SAFETY: data holds `size` bytes = slots ints.
+                unsafe {
+                    (data as *mut i32)
+                        .add(i)
+                        .write_unaligned(v.get(i).copied().unwrap_or(DEVICE_INVALID))
+                };
+            }
+            Ok(())
+        }
+        4 => int(h.last_prefetch.unwrap_or(DEVICE_INVALID)),
+        5 => int(ty(h.preferred)),
+        6 => int(h.preferred.unwrap_or(DEVICE_INVALID).max(DEVICE_INVALID)),
+        7 => int(ty(h.last_prefetch)),
+        8 => int(h.last_prefetch.unwrap_or(DEVICE_INVALID)),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn range_attrs(
+    data: *mut *mut c_void,
+    sizes: *const usize,
+    attrs: *const u32,
+    num: usize,
+    p: CUdeviceptr,
+    n: usize,
+) -> CuRes {
+    if data.is_null() || sizes.is_null() || attrs.is_null() || num == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for i in 0..num {
+        // SAFETY: three arrays of `num` entries by the caller's contract.
+        let (buf, size, attr) = unsafe { (*data.add(i), *sizes.add(i), *attrs.add(i)) };
+        range_attr(buf, size, attr, p, n)?;
+    }
+    Ok(())
+}
+
+fn pointer_set(value: *const c_void, attr: u32, p: CUdeviceptr) -> CuRes {
+    let d = cu()?;
+    if value.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (start, _) = alloc_at(d, p, 1)?;
+    // Only CU_POINTER_ATTRIBUTE_SYNC_MEMOPS (6) can be set.
+    if attr != 6 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: value points to an unsigned int (the attribute's type).
+    let v = unsafe { (value as *const u32).read_unaligned() };
+    hints().lock().entry(start).or_default().sync_memops = v != 0;
+    Ok(())
+}
+
+/// Forgets the hints of a freed allocation.
+pub fn forget(start: u64) {
+    hints().lock().remove(&start);
+}
+
+// ------------------------------------------------------------------- pools
+
+fn pool_of(d: &Driver, h: usize) -> Result<Arc<Pool>, CUresult> {
+    match d.objs.lock().get(h) {
+        Some(Obj::Pool(p)) => Ok(Arc::clone(p)),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Pool attribute keys above the driver's: access of device `d` is kept
+/// under `ACCESS_KEY + d`.
+const ACCESS_KEY: i32 = 1 << 20;
+
+fn pool_set_access(pool: CUmemoryPool, map: *const CUmemAccessDesc, n: usize) -> CuRes {
+    let d = cu()?;
+    let p = pool_of(d, pool as usize)?;
+    if n > 0 && map.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // The count is bounded by the devices there are: check it first.
+    if n > d.devs.len() * 4 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut set = Vec::new();
+    for i in 0..n {
+        // SAFETY: map holds n descriptors by the caller's contract.
+        let a = unsafe { map.add(i).read_unaligned() };
+        if a.location.type_ != 1 || a.flags > 3 || a.flags == 2 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dev = d.check_dev(a.location.id)?;
+        // The pool's own device always has read-write access.
+        if dev == p.dev && a.flags != 3 {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        set.push((dev, a.flags as u64));
+    }
+    let mut attrs = p.attrs.lock();
+    for (dev, f) in set {
+        attrs.insert(ACCESS_KEY + dev as i32, f);
+    }
+    Ok(())
+}
+
+fn pool_get_access(flags: *mut u32, pool: CUmemoryPool, loc: *const CUmemLocation) -> CuRes {
+    let d = cu()?;
+    let p = pool_of(d, pool as usize)?;
+    if loc.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null location from the caller.
+    let l = unsafe { loc.read_unaligned() };
+    if l.type_ != 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = d.check_dev(l.id)?;
+    let f = if dev == p.dev {
+        3
+    } else {
+        p.attrs
+            .lock()
+            .get(&(ACCESS_KEY + dev as i32))
+            .copied()
+            .unwrap_or(0) as u32
+    };
+    // SAFETY: out pointer from the caller.
+    unsafe { put(flags, f, CUDA_ERROR_INVALID_VALUE) }
+}
+
+/// The device a (location, allocation type) names, for the CUDA 13
+/// pool-by-location calls: only pinned device pools are simulated.
+fn pool_location(d: &Driver, loc: *const CUmemLocation, ty: u32) -> Result<usize, CUresult> {
+    if loc.is_null() || ty != 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null location from the caller.
+    let l = unsafe { loc.read_unaligned() };
+    match l.type_ {
+        1 => d.check_dev(l.id),
+        2..=4 => {
+            crate::stub_hit!("cuMemGetMemPool(host location)");
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn get_mem_pool(
+    out: *mut CUmemoryPool,
+    loc: *const CUmemLocation,
+    ty: u32,
+    default: bool,
+) -> CuRes {
+    let d = cu()?;
+    let dev = pool_location(d, loc, ty)?;
+    let h = if default {
+        super::memory::default_pool(d, dev)
+    } else {
+        super::memory::current_pool_pub(d, dev)
+    };
+    // SAFETY: out pointer from the caller.
+    unsafe { put(out, h as CUmemoryPool, CUDA_ERROR_INVALID_VALUE) }
+}
+
+fn set_mem_pool(loc: *const CUmemLocation, ty: u32, pool: CUmemoryPool) -> CuRes {
+    let d = cu()?;
+    let dev = pool_location(d, loc, ty)?;
+    let p = pool_of(d, pool as usize)?;
+    if p.dev != dev {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    *d.current_pools[dev].lock() = pool as usize;
+    Ok(())
+}
+
+exports! {
+    cuMemAdvise(p: CUdeviceptr, n: usize, advice: u32, dev: CUdevice)
+        => advise(p, n, advice, dev_or_cpu(cu()?, dev)?);
+    cuMemAdvise_v2(p: CUdeviceptr, n: usize, advice: u32, loc: CUmemLocation)
+        => advise(p, n, advice, loc_dev(cu()?, loc.type_, loc.id)?);
+    cuMemPrefetchAsync | cuMemPrefetchAsync_ptsz(p: CUdeviceptr, n: usize, dev: CUdevice, stream: CUstream)
+        => prefetch(p, n, dev_or_cpu(cu()?, dev)?, stream);
+    cuMemPrefetchAsync_v2 | cuMemPrefetchAsync_v2_ptsz(p: CUdeviceptr, n: usize, loc: CUmemLocation, _flags: u32, stream: CUstream)
+        => prefetch(p, n, loc_dev(cu()?, loc.type_, loc.id)?, stream);
+    cuMemRangeGetAttribute(data: *mut c_void, size: usize, attr: u32, p: CUdeviceptr, n: usize)
+        => range_attr(data, size, attr, p, n);
+    cuMemRangeGetAttributes(data: *mut *mut c_void, sizes: *const usize, attrs: *const u32, num: usize, p: CUdeviceptr, n: usize)
+        => range_attrs(data, sizes, attrs, num, p, n);
+    cuPointerSetAttribute(value: *const c_void, attr: u32, p: CUdeviceptr) => pointer_set(value, attr, p);
+    cuMemPoolSetAccess(pool: CUmemoryPool, map: *const CUmemAccessDesc, n: usize) => pool_set_access(pool, map, n);
+    cuMemPoolGetAccess(flags: *mut u32, pool: CUmemoryPool, loc: *const CUmemLocation) => pool_get_access(flags, pool, loc);
+    cuMemGetMemPool(out: *mut CUmemoryPool, loc: *const CUmemLocation, ty: u32) => get_mem_pool(out, loc, ty, false);
+    cuMemGetDefaultMemPool(out: *mut CUmemoryPool, loc: *const CUmemLocation, ty: u32) => get_mem_pool(out, loc, ty, true);
+    cuMemSetMemPool(loc: *const CUmemLocation, ty: u32, pool: CUmemoryPool) => set_mem_pool(loc, ty, pool);
+}

@@ -1,0 +1,223 @@
+//! Functions the sim exports so that clients which resolve every driver
+//! function find them, but cannot simulate: each is a counted stub
+//! (`stub_fns!`, see `stubs.rs`) answering `CUDA_ERROR_NOT_SUPPORTED`, plus
+//! a few deprecated or hint-only calls whose real behaviour is to accept and
+//! do nothing (those are not stubs). Every name here is listed in
+//! `shim/README.md`.
+
+use crate::driver::cu;
+use crate::{exports, put, stub_fns, CuRes};
+use cgpu_ffi::*;
+
+stub_fns! {
+    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
+        // Graphics interop (OpenGL, EGL, VDPAU): no display in the sim.
+        cuGLCtxCreate, cuGLGetDevices, cuGLInit, cuGLMapBufferObject, cuGLMapBufferObjectAsync,
+        cuGLRegisterBufferObject, cuGLSetBufferObjectMapFlags, cuGLUnmapBufferObject,
+        cuGLUnmapBufferObjectAsync, cuGLUnregisterBufferObject, cuGraphicsGLRegisterBuffer,
+        cuGraphicsGLRegisterImage, cuGraphicsEGLRegisterImage, cuGraphicsResourceGetMappedEglFrame,
+        cuGraphicsVDPAURegisterOutputSurface, cuGraphicsVDPAURegisterVideoSurface,
+        cuGraphicsMapResources, cuGraphicsUnmapResources, cuGraphicsResourceGetMappedMipmappedArray,
+        cuGraphicsResourceGetMappedPointer, cuGraphicsResourceSetMapFlags,
+        cuGraphicsSubResourceGetMappedArray, cuGraphicsUnregisterResource,
+        cuEGLStreamConsumerAcquireFrame, cuEGLStreamConsumerConnect,
+        cuEGLStreamConsumerConnectWithFlags, cuEGLStreamConsumerDisconnect,
+        cuEGLStreamConsumerReleaseFrame, cuEGLStreamProducerConnect, cuEGLStreamProducerDisconnect,
+        cuEGLStreamProducerPresentFrame, cuEGLStreamProducerReturnFrame, cuEventCreateFromEGLSync,
+        cuVDPAUCtxCreate, cuVDPAUGetDevice;
+    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
+        // Texture and surface references (removed in CUDA 12) and the
+        // pre-4.0 launch API.
+        cuTexRefCreate, cuTexRefDestroy, cuTexRefGetAddress, cuTexRefGetAddressMode,
+        cuTexRefGetArray, cuTexRefGetBorderColor, cuTexRefGetFilterMode, cuTexRefGetFlags,
+        cuTexRefGetFormat, cuTexRefGetMaxAnisotropy, cuTexRefGetMipmapFilterMode,
+        cuTexRefGetMipmapLevelBias, cuTexRefGetMipmapLevelClamp, cuTexRefGetMipmappedArray,
+        cuTexRefSetAddress, cuTexRefSetAddress2D, cuTexRefSetAddressMode, cuTexRefSetArray,
+        cuTexRefSetBorderColor, cuTexRefSetFilterMode, cuTexRefSetFlags, cuTexRefSetFormat,
+        cuTexRefSetMaxAnisotropy, cuTexRefSetMipmapFilterMode, cuTexRefSetMipmapLevelBias,
+        cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
+        cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuLaunch, cuLaunchGrid,
+        cuLaunchGridAsync, cuFuncSetBlockShape, cuFuncSetSharedSize, cuParamSetSize,
+        cuParamSetTexRef, cuParamSetf, cuParamSeti, cuParamSetv, cuCtxAttach, cuCtxDetach,
+        cuProfilerInitialize, cuLaunchCooperativeKernelMultiDevice;
+    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
+        // Interprocess and external memory and semaphores: device memory is
+        // private to each process in the sim.
+        cuIpcGetEventHandle, cuIpcOpenEventHandle, cuIpcGetMemHandle, cuIpcOpenMemHandle,
+        cuIpcCloseMemHandle, cuMemPoolExportPointer, cuMemPoolImportPointer,
+        cuMemPoolExportToShareableHandle, cuMemPoolImportFromShareableHandle,
+        cuImportExternalMemory, cuDestroyExternalMemory, cuExternalMemoryGetMappedBuffer,
+        cuExternalMemoryGetMappedMipmappedArray, cuImportExternalSemaphore,
+        cuDestroyExternalSemaphore, cuSignalExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync,
+        cuMemGetHandleForAddressRange, cuDeviceGetNvSciSyncAttributes;
+    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
+        // Sparse arrays, batched and attribute copies, decompression.
+        cuArrayGetMemoryRequirements, cuArrayGetPlane, cuArrayGetSparseProperties,
+        cuMipmappedArrayGetMemoryRequirements, cuMipmappedArrayGetSparseProperties,
+        cuMemMapArrayAsync, cuMemBatchDecompressAsync, cuMemcpyBatchAsync, cuMemcpy3DBatchAsync,
+        cuMemPrefetchBatchAsync, cuMemDiscardBatchAsync, cuMemDiscardAndPrefetchBatchAsync,
+        cuMemcpyWithAttributesAsync, cuMemcpy3DWithAttributesAsync, cuMemGetLocationInfo,
+        cuFabricCpyBatchAsync;
+    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
+        // Features the simulated GPU does not have, which clients resolve up
+        // front and refuse to load without (PyTorch's driver table requires
+        // every name it asks for; cuBLAS looks several up): memory shared
+        // through OS handles, multicast objects, green contexts and device
+        // resources, tensor maps (TMA), batched stream memory operations.
+        cuMemExportToShareableHandle, cuMemImportFromShareableHandle, cuMulticastCreate,
+        cuMulticastAddDevice, cuMulticastBindMem, cuMulticastUnbind, cuMulticastGetGranularity,
+        cuGreenCtxCreate, cuGreenCtxDestroy, cuGreenCtxStreamCreate, cuCtxFromGreenCtx,
+        cuDeviceGetDevResource, cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc,
+        cuTensorMapEncodeTiled, cuStreamBatchMemOp, cuStreamBatchMemOp_v2,
+        cuStreamBatchMemOp_v2_ptsz;
+    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
+        // Checkpointing, core dumps, fabric, cliques, atomics queries,
+        // asynchronous notifications, CIG capture, logical endpoints.
+        cuCheckpointProcessCheckpoint, cuCheckpointProcessGetRestoreThreadId,
+        cuCheckpointProcessGetState, cuCheckpointProcessLock, cuCheckpointProcessRestore,
+        cuCheckpointProcessUnlock, cuCheckpointOperationComplete, cuCoredumpGetAttribute,
+        cuCoredumpGetAttributeGlobal, cuCoredumpSetAttribute, cuCoredumpSetAttributeGlobal,
+        cuCoredumpRegisterStartCallback, cuCoredumpRegisterCompleteCallback,
+        cuCoredumpDeregisterStartCallback, cuCoredumpDeregisterCompleteCallback,
+        cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
+        cuDeviceGetHostAtomicCapabilities, cuDeviceGetP2PAtomicCapabilities,
+        cuDeviceRegisterAsyncNotification, cuDeviceUnregisterAsyncNotification,
+        cuCtxGetExecAffinity, cuStreamBeginCaptureToCig, cuStreamEndCaptureToCig,
+        cuLogicalEndpointAddDevice, cuLogicalEndpointBindAddr, cuLogicalEndpointBindMem,
+        cuLogicalEndpointCreate, cuLogicalEndpointDestroy, cuLogicalEndpointExport,
+        cuLogicalEndpointGetLimits, cuLogicalEndpointIdRelease, cuLogicalEndpointIdReserve,
+        cuLogicalEndpointImport, cuLogicalEndpointQuery, cuLogicalEndpointUnbind;
+}
+
+/// `CUdevprop` (deprecated `cuDeviceGetProperties`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct DevProp {
+    pub max_threads_per_block: i32,
+    pub max_threads_dim: [i32; 3],
+    pub max_grid_size: [i32; 3],
+    pub shared_mem_per_block: i32,
+    pub total_constant_memory: i32,
+    pub simd_width: i32,
+    pub mem_pitch: i32,
+    pub regs_per_block: i32,
+    pub clock_rate: i32,
+    pub texture_align: i32,
+}
+
+fn device_properties(p: *mut DevProp, dev: CUdevice) -> CuRes {
+    let d = cu()?;
+    let i = d.check_dev(dev)?;
+    let a = |x| super::device::attribute(&d.devs[i], i, x).unwrap_or(0);
+    let v = DevProp {
+        max_threads_per_block: a(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+        max_threads_dim: [
+            a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X),
+            a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y),
+            a(CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z),
+        ],
+        max_grid_size: [
+            a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X),
+            a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y),
+            a(CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z),
+        ],
+        shared_mem_per_block: a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
+        total_constant_memory: a(CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY),
+        simd_width: a(CU_DEVICE_ATTRIBUTE_WARP_SIZE),
+        mem_pitch: a(CU_DEVICE_ATTRIBUTE_MAX_PITCH),
+        regs_per_block: a(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK),
+        clock_rate: a(CU_DEVICE_ATTRIBUTE_CLOCK_RATE),
+        texture_align: a(CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT),
+    };
+    // SAFETY: out pointer from the caller.
+    unsafe { put(p, v, CUDA_ERROR_INVALID_VALUE) }
+}
+
+/// Parameters of a function: known for the sim's own `cgpu_sim_spin*`
+/// kernels (one `u64`); other kernels' parameter lists are not kept.
+fn param_info(
+    f: usize,
+    index: usize,
+    off: *mut usize,
+    size: *mut usize,
+    count: *mut usize,
+) -> CuRes {
+    let d = cu()?;
+    let func = d.func(f)?;
+    if func.timing != crate::driver::Timing::Spin {
+        crate::stub_hit!("cuFuncGetParamInfo(kernel other than cgpu_sim_spin*)");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if !count.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        return unsafe { put(count, 1, CUDA_ERROR_INVALID_VALUE) };
+    }
+    if index != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: out pointers from the caller.
+    unsafe {
+        put(off, 0, CUDA_ERROR_INVALID_VALUE)?;
+        if !size.is_null() {
+            put(size, 8, CUDA_ERROR_INVALID_VALUE)?;
+        }
+    }
+    Ok(())
+}
+
+type PStr = *mut usize;
+
+exports! {
+    cuDeviceGetProperties(p: *mut DevProp, dev: CUdevice) => device_properties(p, dev);
+    cuDeviceGetTexture1DLinearMaxWidth(w: *mut usize, _fmt: u32, ch: u32, dev: CUdevice) => {
+        cu()?.check_dev(dev)?;
+        if !matches!(ch, 1 | 2 | 4) { return Err(CUDA_ERROR_INVALID_VALUE) }
+        // SAFETY: out pointer from the caller.
+        unsafe { put(w, 1 << 27, CUDA_ERROR_INVALID_VALUE) }
+    };
+    // Deprecated shared memory bank configuration: accepted, no effect.
+    cuCtxGetSharedMemConfig(cfg: *mut u32) => {
+        cu()?.cur_ctx()?;
+        // CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE
+        // SAFETY: out pointer from the caller.
+        unsafe { put(cfg, 1, CUDA_ERROR_INVALID_VALUE) }
+    };
+    cuCtxSetSharedMemConfig(cfg: u32) => {
+        cu()?.cur_ctx()?;
+        if cfg > 2 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        Ok(())
+    };
+    cuFuncSetSharedMemConfig(f: CUfunction, cfg: u32) => {
+        cu()?.func(f as usize)?;
+        if cfg > 2 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        Ok(())
+    };
+    cuKernelSetCacheConfig(k: CUkernel, cfg: u32, dev: CUdevice) => {
+        let d = cu()?;
+        d.func(k as usize)?;
+        d.check_dev(dev)?;
+        if cfg > 3 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        Ok(())
+    };
+    // Nothing is outstanding: device writes are visible at once in the sim.
+    cuFlushGPUDirectRDMAWrites(target: u32, scope: u32) => {
+        cu()?;
+        if target != 0 || scope > 200 { return Err(CUDA_ERROR_INVALID_VALUE) }
+        Ok(())
+    };
+    cuStreamCopyAttributes | cuStreamCopyAttributes_ptsz(dst: CUstream, src: CUstream) => {
+        let d = cu()?;
+        d.stream(dst as usize)?;
+        d.stream(src as usize)?;
+        // Stream attributes are the defaults on every stream in the sim.
+        Ok(())
+    };
+    cuFuncGetParamInfo(f: CUfunction, index: usize, off: PStr, size: PStr)
+        => param_info(f as usize, index, off, size, std::ptr::null_mut());
+    cuKernelGetParamInfo(k: CUkernel, index: usize, off: PStr, size: PStr)
+        => param_info(k as usize, index, off, size, std::ptr::null_mut());
+    cuFuncGetParamCount(f: CUfunction, count: PStr)
+        => { if count.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) } param_info(f as usize, 0, std::ptr::null_mut(), std::ptr::null_mut(), count) };
+    cuKernelGetParamCount(k: CUkernel, count: PStr)
+        => { if count.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) } param_info(k as usize, 0, std::ptr::null_mut(), std::ptr::null_mut(), count) };
+}

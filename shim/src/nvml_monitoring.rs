@@ -1,0 +1,371 @@
+//! NVML queries that monitoring agents (DCGM exporter, nvidia-smi-like
+//! tools, the Kubernetes device plugin's health check) and frameworks make
+//! at start: driver branch, architecture, serial, board and firmware
+//! strings, clocks, power and energy, thermal thresholds, PCIe, BAR1, ECC,
+//! MIG mode, throttle reasons, encoder/decoder utilisation, topology, CPU
+//! affinity, process names and event sets.
+//!
+//! Values are those of an idle data-centre GPU of the simulated model,
+//! except where the sim knows better: energy grows with the device time the
+//! executors charged, BAR1 and the clocks follow the device's name, and
+//! the event set waits for its timeout (no XID errors ever happen).
+
+use crate::nvml::{dev_of, driver_version_string, handle, nv, put_str, NvRes};
+use crate::{nvml_guard, put, read_cstr};
+use cgpu_ffi::*;
+use std::ffi::c_char;
+use std::sync::atomic::Ordering::*;
+
+/// Declares NVML functions, each returning its body's result.
+macro_rules! nvml_fns {
+    ($($name:ident($($a:ident : $t:ty),* $(,)?) => $body:expr;)*) => {$(
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> nvmlReturn_t {
+            std::hint::black_box(stringify!($name));
+            nvml_guard(|| $body)
+        }
+    )*};
+}
+
+type Dev = nvmlDevice_t;
+
+fn out<T>(p: *mut T, v: T) -> NvRes {
+    // SAFETY: out pointer from the caller (NULL is refused by put).
+    unsafe { put(p, v, NVML_ERROR_INVALID_ARGUMENT) }
+}
+
+/// The device index behind a handle (NVML initialised).
+fn dev(h: Dev) -> Result<usize, nvmlReturn_t> {
+    let d = nv()?;
+    dev_of(d, h)
+}
+
+fn name_of(i: usize) -> Result<String, nvmlReturn_t> {
+    Ok(nv()?.devs[i].name.to_ascii_uppercase())
+}
+
+/// `nvmlDeviceArchitecture_t` from the compute capability.
+fn architecture(i: usize) -> Result<u32, nvmlReturn_t> {
+    let (maj, min) = nv()?.devs[i].cc;
+    Ok(match (maj, min) {
+        (7, 0) => 5,   // VOLTA
+        (7, _) => 6,   // TURING
+        (8, 9) => 8,   // ADA
+        (8, _) => 7,   // AMPERE
+        (9, _) => 9,   // HOPPER
+        (10, _) => 10, // BLACKWELL
+        _ => 0xffff_ffff,
+    })
+}
+
+/// (graphics/SM, memory) maximum clocks in MHz, by model.
+fn clocks(i: usize) -> Result<(u32, u32), nvmlReturn_t> {
+    let n = name_of(i)?;
+    Ok(if n.contains("T4") {
+        (1590, 5001)
+    } else if n.contains("V100") {
+        (1530, 877)
+    } else if n.contains("A10") && !n.contains("A100") {
+        (1695, 6251)
+    } else if n.contains("H100") || n.contains("H200") {
+        (1980, 2619)
+    } else if n.contains("L4") {
+        (2040, 6251)
+    } else {
+        (1410, 1215)
+    })
+}
+
+/// Board power limit in milliwatts, by model.
+fn power_limit_mw(i: usize) -> Result<u32, nvmlReturn_t> {
+    let n = name_of(i)?;
+    Ok(if n.contains("T4") || n.contains("L4") {
+        70_000
+    } else if n.contains("A10") && !n.contains("A100") {
+        150_000
+    } else if n.contains("V100") {
+        300_000
+    } else if n.contains("H100") || n.contains("H200") {
+        700_000
+    } else {
+        400_000
+    })
+}
+
+/// Power now: idle 30 W (as `nvmlDeviceGetPowerUsage`).
+const IDLE_MW: u64 = 30_000;
+
+fn energy_mj(i: usize) -> Result<u64, nvmlReturn_t> {
+    let d = nv()?;
+    // Idle power since the state was created, plus the board limit over
+    // idle for the device time kernels ran.
+    let created = d.shared.map().header.created_unix_ns;
+    let up_ns = crate::state::now_unix_ns().saturating_sub(created);
+    let busy_ns = d.shared.dev(i).busy_ns.load(Acquire);
+    let extra_mw = (power_limit_mw(i)? as u64).saturating_sub(IDLE_MW);
+    Ok((IDLE_MW as u128 * up_ns as u128 / 1_000_000_000
+        + extra_mw as u128 * busy_ns as u128 / 1_000_000_000) as u64)
+}
+
+fn bar1_bytes(i: usize) -> Result<u64, nvmlReturn_t> {
+    let n = name_of(i)?;
+    Ok(
+        if n.contains("A100") || n.contains("H100") || n.contains("H200") {
+            nv()?.devs[i].total.next_power_of_two()
+        } else {
+            256 << 20
+        },
+    )
+}
+
+/// `nvmlBAR1Memory_t`.
+#[repr(C)]
+pub struct Bar1Memory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlViolationTime_t`.
+#[repr(C)]
+pub struct ViolationTime {
+    pub reference_time: u64,
+    pub violation_time: u64,
+}
+
+/// `nvmlSystemDriverBranchInfo_v1_t`.
+#[repr(C)]
+pub struct DriverBranchInfo {
+    pub version: u32,
+    pub branch: [c_char; 80],
+}
+
+/// `nvmlEventData_t`.
+#[repr(C)]
+pub struct EventData {
+    pub device: nvmlDevice_t,
+    pub event_type: u64,
+    pub event_data: u64,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+}
+
+const DRIVER_BRANCH_INFO_V1: u32 = 0x0100_0054;
+const NVML_ERROR_TIMEOUT: nvmlReturn_t = 10;
+
+fn driver_branch(info: *mut DriverBranchInfo, len: u32) -> NvRes {
+    let d = nv()?;
+    if info.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null struct from the caller.
+    if unsafe { (*info).version } != DRIVER_BRANCH_INFO_V1 {
+        return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    }
+    let v = driver_version_string(d.cfg.driver_version);
+    let major = v.split('.').next().unwrap_or("0");
+    let branch = format!("r{major}_00");
+    // SAFETY: the caller's 80-byte branch buffer (len at most 80 is used).
+    let buf = unsafe { std::ptr::addr_of_mut!((*info).branch) as *mut c_char };
+    put_str(buf, len.min(80), &branch)
+}
+
+fn serial(i: usize) -> String {
+    format!("1324{:09}", 20_000_000 + i * 7_919)
+}
+
+fn process_name(pid: u32, buf: *mut c_char, len: u32) -> NvRes {
+    nv()?;
+    let comm =
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).map_err(|_| NVML_ERROR_NOT_FOUND)?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| comm.trim().to_string());
+    let s = if (len as usize) > exe.len() {
+        exe
+    } else {
+        comm.trim().to_string()
+    };
+    put_str(buf, len, &s)
+}
+
+fn cpu_affinity(h: Dev, n: u32, set: *mut u64) -> NvRes {
+    dev(h)?;
+    if set.is_null() || n == 0 {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }.max(1) as usize;
+    for w in 0..n as usize {
+        let lo = w * 64;
+        let bits = if cpus <= lo {
+            0
+        } else if cpus - lo >= 64 {
+            u64::MAX
+        } else {
+            (1u64 << (cpus - lo)) - 1
+        };
+        // SAFETY: set holds n words by the caller's contract.
+        unsafe { *set.add(w) = bits };
+    }
+    Ok(())
+}
+
+fn by_serial(s: *const c_char, h: *mut Dev) -> NvRes {
+    let d = nv()?;
+    // SAFETY: NUL-terminated string from the caller.
+    let want = unsafe { read_cstr(s) }.ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    let i = (0..d.devs.len())
+        .find(|i| serial(*i) == want)
+        .ok_or(NVML_ERROR_NOT_FOUND)?;
+    out(h, handle(i))
+}
+
+fn event_set_wait(set: usize, data: *mut EventData, timeout_ms: u32) -> NvRes {
+    nv()?;
+    if set == 0 || data.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // No event ever happens in the sim: wait out the timeout (capped).
+    std::thread::sleep(std::time::Duration::from_millis(
+        timeout_ms.min(10_000) as u64
+    ));
+    Err(NVML_ERROR_TIMEOUT)
+}
+
+static EVENT_SETS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+nvml_fns! {
+    nvmlSystemGetDriverBranch(info: *mut DriverBranchInfo, len: u32) => driver_branch(info, len);
+    nvmlSystemGetProcessName(pid: u32, buf: *mut c_char, len: u32) => process_name(pid, buf, len);
+    nvmlSystemGetHicVersion(count: *mut u32, _info: *mut u8) => { nv()?; out(count, 0) };
+    nvmlUnitGetCount(count: *mut u32) => { nv()?; out(count, 0) };
+    nvmlDeviceGetArchitecture(h: Dev, a: *mut u32) => out(a, architecture(dev(h)?)?);
+    nvmlDeviceGetSerial(h: Dev, buf: *mut c_char, len: u32) => put_str(buf, len, &serial(dev(h)?));
+    nvmlDeviceGetHandleBySerial(s: *const c_char, h: *mut Dev) => by_serial(s, h);
+    nvmlDeviceGetBrand(h: Dev, b: *mut u32) => { dev(h)?; out(b, 2) }; // NVML_BRAND_TESLA
+    nvmlDeviceGetBoardPartNumber(h: Dev, buf: *mut c_char, len: u32) => { let i = dev(h)?; put_str(buf, len, &format!("900-2G{:03}-0000-000", 100 + i)) };
+    nvmlDeviceGetBoardId(h: Dev, id: *mut u32) => { let i = dev(h)?; out(id, (0x17 + i as u32 * 0x10) << 8) };
+    nvmlDeviceGetMultiGpuBoard(h: Dev, m: *mut u32) => { dev(h)?; out(m, 0) };
+    nvmlDeviceGetVbiosVersion(h: Dev, buf: *mut c_char, len: u32) => { dev(h)?; put_str(buf, len, "90.00.00.00.01") };
+    nvmlDeviceGetInforomImageVersion(h: Dev, buf: *mut c_char, len: u32) => { dev(h)?; put_str(buf, len, "G000.0000.00.00") };
+    nvmlDeviceGetInforomVersion(h: Dev, _obj: u32, buf: *mut c_char, len: u32) => { dev(h)?; put_str(buf, len, "1.0") };
+    nvmlDeviceGetGspFirmwareMode(h: Dev, on: *mut u32, dflt: *mut u32) => { dev(h)?; out(on, 0)?; out(dflt, 0) };
+    nvmlDeviceGetGspFirmwareVersion(h: Dev, buf: *mut c_char) => {
+        let d = nv()?;
+        dev_of(d, h)?;
+        // NVML_GSP_FIRMWARE_VERSION_BUF_SIZE = 0x40
+        put_str(buf, 0x40, driver_version_string(d.cfg.driver_version))
+    };
+    nvmlDeviceGetClockInfo(h: Dev, ty: u32, mhz: *mut u32) => {
+        let (g, m) = clocks(dev(h)?)?;
+        // NVML_CLOCK_GRAPHICS 0, SM 1, MEM 2, VIDEO 3; idle: the base clocks.
+        out(mhz, match ty { 0 | 1 => g / 2, 2 => m, 3 => g / 2, _ => return Err(NVML_ERROR_INVALID_ARGUMENT) })
+    };
+    nvmlDeviceGetMaxClockInfo(h: Dev, ty: u32, mhz: *mut u32) => {
+        let (g, m) = clocks(dev(h)?)?;
+        out(mhz, match ty { 0 | 1 | 3 => g, 2 => m, _ => return Err(NVML_ERROR_INVALID_ARGUMENT) })
+    };
+    nvmlDeviceGetApplicationsClock(h: Dev, ty: u32, mhz: *mut u32) => {
+        let (g, m) = clocks(dev(h)?)?;
+        out(mhz, match ty { 0 | 1 | 3 => g, 2 => m, _ => return Err(NVML_ERROR_INVALID_ARGUMENT) })
+    };
+    nvmlDeviceGetDefaultApplicationsClock(h: Dev, ty: u32, mhz: *mut u32) => {
+        let (g, m) = clocks(dev(h)?)?;
+        out(mhz, match ty { 0 | 1 | 3 => g, 2 => m, _ => return Err(NVML_ERROR_INVALID_ARGUMENT) })
+    };
+    nvmlDeviceGetClock(h: Dev, ty: u32, id: u32, mhz: *mut u32) => {
+        let (g, m) = clocks(dev(h)?)?;
+        // NVML_CLOCK_ID_CURRENT 0, APP_CLOCK_TARGET 1, APP_CLOCK_DEFAULT 2, CUSTOMER_BOOST_MAX 3
+        let base = match ty { 0 | 1 | 3 => g, 2 => m, _ => return Err(NVML_ERROR_INVALID_ARGUMENT) };
+        out(mhz, if id == 0 && ty != 2 { base / 2 } else { base })
+    };
+    nvmlDeviceGetCurrentClocksEventReasons(h: Dev, r: *mut u64) => { dev(h)?; out(r, 1) }; // GPU idle
+    nvmlDeviceGetCurrentClocksThrottleReasons(h: Dev, r: *mut u64) => { dev(h)?; out(r, 1) };
+    nvmlDeviceGetSupportedClocksEventReasons(h: Dev, r: *mut u64) => { dev(h)?; out(r, 0x1ff) };
+    nvmlDeviceGetSupportedClocksThrottleReasons(h: Dev, r: *mut u64) => { dev(h)?; out(r, 0x1ff) };
+    nvmlDeviceGetPerformanceState(h: Dev, p: *mut u32) => { dev(h)?; out(p, 0) };
+    nvmlDeviceGetPowerState(h: Dev, p: *mut u32) => { dev(h)?; out(p, 0) };
+    nvmlDeviceGetPowerManagementMode(h: Dev, m: *mut u32) => { dev(h)?; out(m, 1) };
+    nvmlDeviceGetPowerManagementLimit(h: Dev, mw: *mut u32) => out(mw, power_limit_mw(dev(h)?)?);
+    nvmlDeviceGetPowerManagementDefaultLimit(h: Dev, mw: *mut u32) => out(mw, power_limit_mw(dev(h)?)?);
+    nvmlDeviceGetEnforcedPowerLimit(h: Dev, mw: *mut u32) => out(mw, power_limit_mw(dev(h)?)?);
+    nvmlDeviceGetPowerManagementLimitConstraints(h: Dev, min: *mut u32, max: *mut u32) => {
+        let l = power_limit_mw(dev(h)?)?;
+        out(min, l / 2)?;
+        out(max, l)
+    };
+    nvmlDeviceGetTotalEnergyConsumption(h: Dev, mj: *mut u64) => out(mj, energy_mj(dev(h)?)?);
+    nvmlDeviceGetTemperatureThreshold(h: Dev, ty: u32, t: *mut u32) => {
+        dev(h)?;
+        // SHUTDOWN 0, SLOWDOWN 1, MEM_MAX 2, GPU_MAX 3, ACOUSTIC_MIN/CURR/MAX 4-6
+        out(t, match ty { 0 => 90, 1 => 87, 2 => 95, 3 => 85, 4..=6 => 80, _ => return Err(NVML_ERROR_INVALID_ARGUMENT) })
+    };
+    nvmlDeviceGetFanSpeed_v2(h: Dev, fan: u32, s: *mut u32) => { dev(h)?; if fan != 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) } out(s, 30) };
+    nvmlDeviceGetNumFans(h: Dev, n: *mut u32) => { dev(h)?; out(n, 1) };
+    nvmlDeviceGetCurrPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 4) };
+    nvmlDeviceGetMaxPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 4) };
+    nvmlDeviceGetGpuMaxPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 4) };
+    nvmlDeviceGetCurrPcieLinkWidth(h: Dev, w: *mut u32) => { dev(h)?; out(w, 16) };
+    nvmlDeviceGetMaxPcieLinkWidth(h: Dev, w: *mut u32) => { dev(h)?; out(w, 16) };
+    nvmlDeviceGetPcieSpeed(h: Dev, s: *mut u32) => { dev(h)?; out(s, 16_000) };
+    nvmlDeviceGetPcieLinkMaxSpeed(h: Dev, s: *mut u32) => { dev(h)?; out(s, 16_000) };
+    nvmlDeviceGetPcieThroughput(h: Dev, counter: u32, v: *mut u32) => { dev(h)?; if counter > 1 { return Err(NVML_ERROR_INVALID_ARGUMENT) } out(v, 0) };
+    nvmlDeviceGetPcieReplayCounter(h: Dev, v: *mut u32) => { dev(h)?; out(v, 0) };
+    nvmlDeviceGetBusType(h: Dev, t: *mut u32) => { dev(h)?; out(t, 2) }; // NVML_BUS_TYPE_PCIE
+    nvmlDeviceGetBAR1MemoryInfo(h: Dev, m: *mut Bar1Memory) => {
+        let total = bar1_bytes(dev(h)?)?;
+        // A few MiB are always mapped by the driver.
+        out(m, Bar1Memory { total, free: total - (2 << 20), used: 2 << 20 })
+    };
+    nvmlDeviceGetMemoryBusWidth(h: Dev, w: *mut u32) => { dev(h)?; out(w, 256) };
+    nvmlDeviceGetEccMode(h: Dev, cur: *mut u32, pend: *mut u32) => { dev(h)?; out(cur, 0)?; out(pend, 0) };
+    nvmlDeviceGetTotalEccErrors(h: Dev, _ty: u32, _counter: u32, n: *mut u64) => { dev(h)?; out(n, 0) };
+    nvmlDeviceGetMemoryErrorCounter(h: Dev, _ty: u32, _counter: u32, _loc: u32, n: *mut u64) => { dev(h)?; out(n, 0) };
+    nvmlDeviceGetRetiredPagesPendingStatus(h: Dev, p: *mut u32) => { dev(h)?; out(p, 0) };
+    nvmlDeviceGetRemappedRows(h: Dev, corr: *mut u32, unc: *mut u32, pending: *mut u32, failed: *mut u32) => {
+        dev(h)?;
+        out(corr, 0)?;
+        out(unc, 0)?;
+        out(pending, 0)?;
+        out(failed, 0)
+    };
+    nvmlDeviceGetMigMode(h: Dev, cur: *mut u32, pend: *mut u32) => { dev(h)?; out(cur, 0)?; out(pend, 0) };
+    nvmlDeviceIsMigDeviceHandle(h: Dev, is: *mut u32) => { dev(h)?; out(is, 0) };
+    nvmlDeviceGetMaxMigDeviceCount(h: Dev, n: *mut u32) => { dev(h)?; out(n, 0) };
+    nvmlDeviceGetDisplayMode(h: Dev, m: *mut u32) => { dev(h)?; out(m, 0) };
+    nvmlDeviceGetDisplayActive(h: Dev, m: *mut u32) => { dev(h)?; out(m, 0) };
+    nvmlDeviceGetAccountingMode(h: Dev, m: *mut u32) => { dev(h)?; out(m, 0) };
+    nvmlDeviceGetVirtualizationMode(h: Dev, m: *mut u32) => { dev(h)?; out(m, 0) };
+    nvmlDeviceGetEncoderUtilization(h: Dev, u: *mut u32, period: *mut u32) => { dev(h)?; out(u, 0)?; out(period, 167_000) };
+    nvmlDeviceGetDecoderUtilization(h: Dev, u: *mut u32, period: *mut u32) => { dev(h)?; out(u, 0)?; out(period, 167_000) };
+    nvmlDeviceGetJpgUtilization(h: Dev, u: *mut u32, period: *mut u32) => { dev(h)?; out(u, 0)?; out(period, 167_000) };
+    nvmlDeviceGetOfaUtilization(h: Dev, u: *mut u32, period: *mut u32) => { dev(h)?; out(u, 0)?; out(period, 167_000) };
+    nvmlDeviceGetViolationStatus(h: Dev, _policy: u32, v: *mut ViolationTime) => {
+        dev(h)?;
+        out(v, ViolationTime { reference_time: crate::state::now_unix_ns() / 1000, violation_time: 0 })
+    };
+    nvmlDeviceGetTopologyCommonAncestor(a: Dev, b: Dev, level: *mut u32) => {
+        let (x, y) = (dev(a)?, dev(b)?);
+        // NVML_TOPOLOGY_INTERNAL 0 for the same GPU, HOSTBRIDGE 30 otherwise.
+        out(level, if x == y { 0 } else { 30 })
+    };
+    nvmlDeviceGetP2PStatus(a: Dev, b: Dev, _index: u32, st: *mut u32) => { dev(a)?; dev(b)?; out(st, 0) };
+    nvmlDeviceGetCpuAffinity(h: Dev, n: u32, set: *mut u64) => cpu_affinity(h, n, set);
+    nvmlDeviceGetNumaNodeId(h: Dev, node: *mut u32) => { dev(h)?; out(node, 0) };
+    nvmlDeviceGetComputeInstanceId(h: Dev, _id: *mut u32) => { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) };
+    nvmlDeviceGetGpuInstanceId(h: Dev, _id: *mut u32) => { dev(h)?; Err(NVML_ERROR_NOT_SUPPORTED) };
+    nvmlDeviceGetSupportedEventTypes(h: Dev, t: *mut u64) => { dev(h)?; out(t, 0x0f) };
+    nvmlEventSetCreate(set: *mut usize) => {
+        nv()?;
+        out(set, 0x7e00_0000_0000 + (EVENT_SETS.fetch_add(1, Relaxed) + 1) * 0x40)
+    };
+    nvmlDeviceRegisterEvents(h: Dev, types: u64, set: usize) => {
+        dev(h)?;
+        if set == 0 || types & !0x0f_u64 & !0x1000 & !0x2000 != 0 { return Err(NVML_ERROR_NOT_SUPPORTED) }
+        Ok(())
+    };
+    nvmlEventSetWait_v2(set: usize, data: *mut EventData, timeout_ms: u32) => event_set_wait(set, data, timeout_ms);
+    nvmlEventSetWait(set: usize, data: *mut EventData, timeout_ms: u32) => event_set_wait(set, data, timeout_ms);
+    nvmlEventSetFree(set: usize) => { nv()?; if set == 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) } Ok(()) };
+}

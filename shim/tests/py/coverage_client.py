@@ -1,0 +1,489 @@
+"""Unmodified NVIDIA cuda-bindings on the simulated driver: graphs (memory
+nodes, node kinds, queries, ids, user objects, conditionals, capture joins),
+pools and pointers, occupancy, 3D copies, arrays, textures, error strings.
+
+Prints one JSON object: each section's results, or "error: ..." for a
+section that raised. shim/tests/coverage.rs checks it.
+Usage: python coverage_client.py
+"""
+import ctypes
+import json
+import sys
+import time
+
+from cuda.bindings import driver as d
+
+PTX = b""".version 7.0
+.target sm_52
+.address_size 64
+.visible .entry cgpu_sim_spin(.param .u64 ns)
+{
+  ret;
+}
+"""
+MIB = 1 << 20
+
+
+def ok(res, what=""):
+    err = res[0]
+    if err != d.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"{what}: {err!r}")
+    if len(res) == 1:
+        return None
+    return res[1] if len(res) == 2 else res[1:]
+
+
+out = {}
+ok(d.cuInit(0))
+dev = ok(d.cuDeviceGet(0))
+ctx = ok(d.cuDevicePrimaryCtxRetain(dev))
+ok(d.cuCtxSetCurrent(ctx))
+stream = ok(d.cuStreamCreate(0))
+mod = ok(d.cuModuleLoadData(PTX))
+spin = ok(d.cuModuleGetFunction(mod, b"cgpu_sim_spin"))
+
+
+def section(name):
+    def wrap(f):
+        try:
+            out[name] = f()
+        except Exception as e:  # noqa: BLE001 - reported to the test
+            out[name] = f"error: {e}"
+        return f
+
+    return wrap
+
+
+def free_bytes():
+    return int(ok(d.cuMemGetInfo())[0])
+
+
+def graph_mem(attr):
+    v = ok(d.cuDeviceGetGraphMemAttribute(dev, attr), "cuDeviceGetGraphMemAttribute")
+    return int(v)
+
+
+A = d.CUgraphMem_attribute
+
+
+@section("graph_mem")
+def _():
+    r = {}
+    g = ok(d.cuGraphCreate(0))
+    p = d.CUDA_MEM_ALLOC_NODE_PARAMS()
+    p.poolProps.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    p.poolProps.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    p.poolProps.location.id = 0
+    p.bytesize = 64 * MIB
+    free0 = free_bytes()
+    alloc = ok(d.cuGraphAddMemAllocNode(g, None, 0, p), "cuGraphAddMemAllocNode")
+    ptr = int(p.dptr)
+    r["dptr_set"] = ptr != 0
+    r["free_after_add"] = free0 - free_bytes()
+    ms = d.CUDA_MEMSET_NODE_PARAMS()
+    ms.dst = ptr
+    ms.value = 0x5A
+    ms.elementSize = 1
+    ms.width = 4096
+    ms.height = 1
+    ms.pitch = 0
+    mset = ok(d.cuGraphAddMemsetNode(g, [alloc], 1, ms, ctx), "cuGraphAddMemsetNode")
+    r["alloc_params_bytes"] = int(ok(d.cuGraphMemAllocNodeGetParams(alloc)).bytesize)
+    ex = ok(d.cuGraphInstantiate(g, 0), "cuGraphInstantiate")
+    ok(d.cuGraphLaunch(ex, stream), "cuGraphLaunch")
+    ok(d.cuStreamSynchronize(stream))
+    r["held_after_launch"] = free0 - free_bytes()
+    r["used_current"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+    r["reserved_current"] = graph_mem(A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+    buf = bytearray(16)
+    ok(d.cuMemcpyDtoH(buf, ptr + 100, 16), "cuMemcpyDtoH")
+    r["memset_bytes"] = list(buf[:4])
+    # Launching again before freeing is refused (the allocation is live).
+    r["relaunch_live"] = d.cuGraphLaunch(ex, stream)[0].name
+    ok(d.cuMemFreeAsync(ptr, stream), "cuMemFreeAsync")
+    ok(d.cuStreamSynchronize(stream))
+    r["used_after_free"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+    r["reserved_after_free"] = graph_mem(A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+    r["held_after_free"] = free0 - free_bytes()
+    # A second graph with alloc + free nodes reuses the reserve.
+    g2 = ok(d.cuGraphCreate(0))
+    p2 = d.CUDA_MEM_ALLOC_NODE_PARAMS()
+    p2.poolProps.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    p2.poolProps.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    p2.poolProps.location.id = 0
+    p2.bytesize = 32 * MIB
+    a2 = ok(d.cuGraphAddMemAllocNode(g2, None, 0, p2))
+    f2 = ok(d.cuGraphAddMemFreeNode(g2, [a2], 1, p2.dptr), "cuGraphAddMemFreeNode")
+    r["free_node_ptr_ok"] = int(ok(d.cuGraphMemFreeNodeGetParams(f2))) == int(p2.dptr)
+    ex2 = ok(d.cuGraphInstantiate(g2, 0))
+    for _ in range(3):
+        ok(d.cuGraphLaunch(ex2, stream))
+    ok(d.cuStreamSynchronize(stream))
+    r["reserved_after_reuse"] = graph_mem(A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+    r["used_high"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)
+    ok(d.cuDeviceGraphMemTrim(dev), "cuDeviceGraphMemTrim")
+    r["reserved_after_trim"] = graph_mem(A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+    r["held_after_trim"] = free0 - free_bytes()
+    ok(d.cuDeviceSetGraphMemAttribute(dev, A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, d.cuuint64_t(0)))
+    r["used_high_reset"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)
+    for x in (ex, ex2):
+        ok(d.cuGraphExecDestroy(x))
+    for x in (g, g2):
+        ok(d.cuGraphDestroy(x))
+    return r
+
+
+@section("graph_structure")
+def _():
+    r = {}
+    g = ok(d.cuGraphCreate(0))
+    a = ok(d.cuGraphAddEmptyNode(g, None, 0))
+    b = ok(d.cuGraphAddEmptyNode(g, [a], 1))
+    c = ok(d.cuGraphAddEmptyNode(g, [a], 1))
+    e = ok(d.cuGraphAddEmptyNode(g, [b, c], 2))
+    _, n = ok(d.cuGraphGetNodes(g))
+    r["nodes"] = int(n)
+    nodes, n = ok(d.cuGraphGetNodes(g, n))
+    r["nodes_listed"] = len(nodes)
+    r["roots"] = int(ok(d.cuGraphGetRootNodes(g, 4))[-1])
+    res = ok(d.cuGraphGetEdges(g, 8), "cuGraphGetEdges")
+    r["edges"] = int(res[-1])
+    res = ok(d.cuGraphNodeGetDependencies(e, 4), "cuGraphNodeGetDependencies")
+    r["deps_of_last"] = int(res[-1])
+    res = ok(d.cuGraphNodeGetDependentNodes(a, 4), "cuGraphNodeGetDependentNodes")
+    r["dependents_of_first"] = int(res[-1])
+    ok(d.cuGraphAddDependencies(g, [b], [c], None, 1), "cuGraphAddDependencies")
+    r["deps_of_c"] = int(ok(d.cuGraphNodeGetDependencies(c, 4))[-1])
+    ok(d.cuGraphRemoveDependencies(g, [b], [c], None, 1), "cuGraphRemoveDependencies")
+    ok(d.cuGraphDestroyNode(b), "cuGraphDestroyNode")
+    r["nodes_after_destroy"] = int(ok(d.cuGraphGetNodes(g))[-1])
+    r["deps_of_last_after"] = int(ok(d.cuGraphNodeGetDependencies(e, 4))[-1])
+    r["type_empty"] = ok(d.cuGraphNodeGetType(e)).name
+    ids = {int(ok(d.cuGraphGetId(g), "cuGraphGetId"))}
+    g2 = ok(d.cuGraphCreate(0))
+    ids.add(int(ok(d.cuGraphGetId(g2))))
+    r["distinct_graph_ids"] = len(ids)
+    ex = ok(d.cuGraphInstantiate(g, 0))
+    ex2 = ok(d.cuGraphInstantiate(g, 0))
+    r["distinct_exec_ids"] = int(ok(d.cuGraphExecGetId(ex))) != int(ok(d.cuGraphExecGetId(ex2)))
+    r["local_ids_differ"] = int(ok(d.cuGraphNodeGetLocalId(a))) != int(ok(d.cuGraphNodeGetLocalId(e)))
+    r["containing_graph"] = int(ok(d.cuGraphNodeGetContainingGraph(a))) == int(g)
+    clone = ok(d.cuGraphClone(g), "cuGraphClone")
+    r["clone_nodes"] = int(ok(d.cuGraphGetNodes(clone))[-1])
+    found = ok(d.cuGraphNodeFindInClone(e, clone), "cuGraphNodeFindInClone")
+    r["clone_node_type"] = ok(d.cuGraphNodeGetType(found)).name
+    # Child graph with a kernel; the parent runs it.
+    child = ok(d.cuGraphCreate(0))
+    kp = d.CUDA_KERNEL_NODE_PARAMS()
+    kp.func = spin
+    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+    ns = ctypes.c_uint64(2_000_000)
+    kp.kernelParams = ((ns,), (ctypes.c_uint64,))
+    ok(d.cuGraphAddKernelNode(child, None, 0, kp), "cuGraphAddKernelNode")
+    parent = ok(d.cuGraphCreate(0))
+    cn = ok(d.cuGraphAddChildGraphNode(parent, None, 0, child), "cuGraphAddChildGraphNode")
+    r["child_type"] = ok(d.cuGraphNodeGetType(cn)).name
+    inner = ok(d.cuGraphChildGraphNodeGetGraph(cn))
+    r["child_inner_nodes"] = int(ok(d.cuGraphGetNodes(inner))[-1])
+    pex = ok(d.cuGraphInstantiate(parent, 0))
+    ev0, ev1 = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
+    ok(d.cuEventRecord(ev0, stream))
+    ok(d.cuGraphLaunch(pex, stream))
+    ok(d.cuEventRecord(ev1, stream))
+    ok(d.cuEventSynchronize(ev1))
+    r["child_ms"] = ok(d.cuEventElapsedTime(ev0, ev1))
+    # Disabled node: the kernel does not run.
+    kn = ok(d.cuGraphGetNodes(child, 1))[0][0]
+    cex = ok(d.cuGraphInstantiate(child, 0))
+    ok(d.cuGraphNodeSetEnabled(cex, kn, 0), "cuGraphNodeSetEnabled")
+    r["enabled_after"] = int(ok(d.cuGraphNodeGetEnabled(cex, kn)))
+    ok(d.cuEventRecord(ev0, stream))
+    ok(d.cuGraphLaunch(cex, stream))
+    ok(d.cuEventRecord(ev1, stream))
+    ok(d.cuEventSynchronize(ev1))
+    r["disabled_ms"] = ok(d.cuEventElapsedTime(ev0, ev1))
+    # InstantiateWithParams and AddNode (generic).
+    ip = d.CUDA_GRAPH_INSTANTIATE_PARAMS()
+    ip.flags = 0
+    ok(d.cuGraphInstantiateWithParams(parent, ip), "cuGraphInstantiateWithParams")
+    r["instantiate_result"] = ip.result_out.name
+    np_ = d.CUgraphNodeParams()
+    np_.type = d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_EMPTY
+    ok(d.cuGraphAddNode(g, None, None, 0, np_), "cuGraphAddNode")
+    r["nodes_after_addnode"] = int(ok(d.cuGraphGetNodes(g))[-1])
+    return r
+
+
+@section("host_and_events")
+def _():
+    r = {}
+    hits = []
+    cb_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+    def cb(_):
+        hits.append(1)
+
+    cfn = cb_type(cb)
+    g = ok(d.cuGraphCreate(0))
+    hp = d.CUDA_HOST_NODE_PARAMS()
+    hp.fn = ctypes.cast(cfn, ctypes.c_void_p).value
+    hp.userData = 0
+    ok(d.cuGraphAddHostNode(g, None, 0, hp), "cuGraphAddHostNode")
+    ev = ok(d.cuEventCreate(0))
+    ok(d.cuGraphAddEventRecordNode(g, None, 0, ev), "cuGraphAddEventRecordNode")
+    ex = ok(d.cuGraphInstantiate(g, 0))
+    ok(d.cuGraphLaunch(ex, stream))
+    ok(d.cuGraphLaunch(ex, stream))
+    ok(d.cuStreamSynchronize(stream))
+    deadline = time.time() + 5
+    while len(hits) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    r["host_calls"] = len(hits)
+    r["event_recorded"] = d.cuEventQuery(ev)[0].name
+    # User objects: the destructor runs when the graph and the exec let go.
+    dtor_hits = []
+    dfn = cb_type(lambda _: dtor_hits.append(1))
+    uo = ok(d.cuUserObjectCreate(0, ctypes.cast(dfn, ctypes.c_void_p).value, 1, 1), "cuUserObjectCreate")
+    g2 = ok(d.cuGraphCreate(0))
+    ok(d.cuGraphRetainUserObject(g2, uo, 1, 1), "cuGraphRetainUserObject")  # moves our ref
+    ex2 = ok(d.cuGraphInstantiate(g2, 0))
+    ok(d.cuGraphDestroy(g2))
+    time.sleep(0.2)
+    r["dtor_before_exec_destroy"] = len(dtor_hits)
+    ok(d.cuGraphExecDestroy(ex2))
+    deadline = time.time() + 5
+    while not dtor_hits and time.time() < deadline:
+        time.sleep(0.01)
+    r["dtor_after"] = len(dtor_hits)
+    return r
+
+
+@section("conditional")
+def _():
+    r = {}
+    g = ok(d.cuGraphCreate(0))
+    h = ok(d.cuGraphConditionalHandleCreate(g, ctx, 1, 1), "cuGraphConditionalHandleCreate")
+    np_ = d.CUgraphNodeParams()
+    np_.type = d.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    np_.conditional.handle = h
+    np_.conditional.type = d.CUgraphConditionalNodeType.CU_GRAPH_COND_TYPE_IF
+    np_.conditional.size = 1
+    np_.conditional.ctx = ctx
+    node = ok(d.cuGraphAddNode(g, None, None, 0, np_), "cuGraphAddNode(conditional)")
+    body = np_.conditional.phGraph_out[0]
+    kp = d.CUDA_KERNEL_NODE_PARAMS()
+    kp.func = spin
+    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+    ns = ctypes.c_uint64(3_000_000)
+    kp.kernelParams = ((ns,), (ctypes.c_uint64,))
+    ok(d.cuGraphAddKernelNode(body, None, 0, kp))
+    r["type"] = ok(d.cuGraphNodeGetType(node)).name
+    ex = ok(d.cuGraphInstantiate(g, 0))
+    ev0, ev1 = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
+    ok(d.cuEventRecord(ev0, stream))
+    ok(d.cuGraphLaunch(ex, stream))
+    ok(d.cuEventRecord(ev1, stream))
+    ok(d.cuEventSynchronize(ev1))
+    r["if_true_ms"] = ok(d.cuEventElapsedTime(ev0, ev1))
+    return r
+
+
+@section("capture_join")
+def _():
+    r = {}
+    s1, s2 = ok(d.cuStreamCreate(0)), ok(d.cuStreamCreate(0))
+    fork, join = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
+    ns = ctypes.c_uint64(1_000_000)
+    args = ((ns,), (ctypes.c_uint64,))
+    ok(d.cuStreamBeginCapture(s1, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s1, args, 0))
+    ok(d.cuEventRecord(fork, s1))
+    ok(d.cuStreamWaitEvent(s2, fork, 0), "cuStreamWaitEvent(fork)")
+    r["s2_capturing"] = ok(d.cuStreamIsCapturing(s2)).name
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s2, args, 0))
+    ok(d.cuEventRecord(join, s2))
+    ok(d.cuStreamWaitEvent(s1, join, 0), "cuStreamWaitEvent(join)")
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s1, args, 0))
+    g = ok(d.cuStreamEndCapture(s1), "cuStreamEndCapture")
+    r["s2_after_end"] = ok(d.cuStreamIsCapturing(s2)).name
+    r["nodes"] = int(ok(d.cuGraphGetNodes(g))[-1])
+    r["edges"] = int(ok(d.cuGraphGetEdges(g))[-1])
+    # A fork never joined: the capture fails with UNJOINED.
+    ok(d.cuStreamBeginCapture(s1, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    ok(d.cuEventRecord(fork, s1))
+    ok(d.cuStreamWaitEvent(s2, fork, 0))
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s2, args, 0))
+    r["unjoined"] = d.cuStreamEndCapture(s1)[0].name
+    return r
+
+
+@section("pools")
+def _():
+    r = {}
+    pool = ok(d.cuDeviceGetMemPool(dev))
+    loc = d.CUmemLocation()
+    loc.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    loc.id = 0
+    r["get_mem_pool_same"] = int(ok(d.cuMemGetMemPool(loc, d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED), "cuMemGetMemPool")) == int(pool)
+    r["default_pool_same"] = int(ok(d.cuMemGetDefaultMemPool(loc, d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED))) == int(ok(d.cuDeviceGetDefaultMemPool(dev)))
+    r["own_access"] = ok(d.cuMemPoolGetAccess(pool, loc), "cuMemPoolGetAccess").name
+    acc = d.CUmemAccessDesc()
+    acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    acc.location.id = 1
+    acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    ok(d.cuMemPoolSetAccess(pool, [acc], 1), "cuMemPoolSetAccess")
+    loc1 = d.CUmemLocation()
+    loc1.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    loc1.id = 1
+    r["peer_access"] = ok(d.cuMemPoolGetAccess(pool, loc1)).name
+    bad = d.CUmemAccessDesc()
+    bad.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    bad.location.id = 0
+    bad.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE
+    r["own_access_none"] = d.cuMemPoolSetAccess(pool, [bad], 1)[0].name
+    # Zero bytes: success and NULL, freed without error.
+    z = ok(d.cuMemAllocAsync(0, stream), "cuMemAllocAsync(0)")
+    r["zero_ptr"] = int(z)
+    r["zero_free"] = d.cuMemFreeAsync(z, stream)[0].name
+    # The pool of device 1, used from a stream of device 0: memory on GPU 1.
+    dev1 = ok(d.cuDeviceGet(1))
+    pool1 = ok(d.cuDeviceGetDefaultMemPool(dev1))
+    p = ok(d.cuMemAllocFromPoolAsync(8 * MIB, pool1, stream), "cuMemAllocFromPoolAsync(other device)")
+    r["cross_ordinal"] = int(ok(d.cuPointerGetAttribute(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p)))
+    r["cross_pool_handle"] = int(ok(d.cuPointerGetAttribute(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p))) == int(pool1)
+    ok(d.cuMemFreeAsync(p, stream))
+    ok(d.cuStreamSynchronize(stream))
+    return r
+
+
+def loc_dev0():
+    loc = d.CUmemLocation()
+    loc.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    loc.id = 0
+    return loc
+
+
+@section("managed")
+def _():
+    r = {}
+    p = ok(d.cuMemAllocManaged(4 * MIB, d.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value))
+    RA = d.CUmem_range_attribute
+    r["read_mostly_before"] = int(ok(d.cuMemRangeGetAttribute(4, RA.CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, p, 4 * MIB), "cuMemRangeGetAttribute"))
+    ok(d.cuMemAdvise(p, 4 * MIB, d.CUmem_advise.CU_MEM_ADVISE_SET_READ_MOSTLY, loc_dev0()))
+    r["read_mostly_after"] = int(ok(d.cuMemRangeGetAttribute(4, RA.CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY, p, 4 * MIB)))
+    ok(d.cuMemAdvise(p, 4 * MIB, d.CUmem_advise.CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc_dev0()))
+    r["preferred"] = int(ok(d.cuMemRangeGetAttribute(4, RA.CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, p, 4 * MIB)))
+    ok(d.cuMemPrefetchAsync(p, 4 * MIB, loc_dev0(), 0, stream))
+    r["last_prefetch"] = int(ok(d.cuMemRangeGetAttribute(4, RA.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, p, 4 * MIB)))
+    PA = d.CUpointer_attribute
+    r["is_managed"] = int(ok(d.cuPointerGetAttribute(PA.CU_POINTER_ATTRIBUTE_IS_MANAGED, p)))
+    r["host_ptr_same"] = int(ok(d.cuPointerGetAttribute(PA.CU_POINTER_ATTRIBUTE_HOST_POINTER, p))) == int(p)
+    r["sync_memops_before"] = int(ok(d.cuPointerGetAttribute(PA.CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p)))
+    one = ctypes.c_uint(1)
+    ok(d.cuPointerSetAttribute(ctypes.addressof(one), PA.CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p), "cuPointerSetAttribute")
+    r["sync_memops_after"] = int(ok(d.cuPointerGetAttribute(PA.CU_POINTER_ATTRIBUTE_SYNC_MEMOPS, p)))
+    ok(d.cuMemFree(p))
+    return r
+
+
+@section("occupancy")
+def _():
+    r = {}
+    r["blocks_256"] = int(ok(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(spin, 256, 0)))
+    r["blocks_256_32k"] = int(ok(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(spin, 256, 32 * 1024)))
+    r["blocks_too_much_smem"] = int(ok(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(spin, 256, 64 * 1024)))
+    r["blocks_flags"] = int(ok(d.cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(spin, 128, 0, 0)))
+    grid, block = ok(d.cuOccupancyMaxPotentialBlockSize(spin, None, 0, 0), "cuOccupancyMaxPotentialBlockSize")
+    r["potential"] = [int(grid), int(block)]
+    r["avail_smem_2"] = int(ok(d.cuOccupancyAvailableDynamicSMemPerBlock(spin, 2, 256), "cuOccupancyAvailableDynamicSMemPerBlock"))
+    return r
+
+
+@section("arrays")
+def _():
+    r = {}
+    desc = d.CUDA_ARRAY3D_DESCRIPTOR()
+    desc.Width, desc.Height, desc.Depth = 64, 32, 4
+    desc.Format = d.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+    desc.NumChannels = 4
+    free0 = free_bytes()
+    arr = ok(d.cuArray3DCreate(desc))
+    got = ok(d.cuArray3DGetDescriptor(arr), "cuArray3DGetDescriptor")
+    r["descriptor"] = [int(got.Width), int(got.Height), int(got.Depth), int(got.NumChannels)]
+    host = bytes(range(256)) * (64 * 4 * 32 * 4 // 256)
+    src = ctypes.create_string_buffer(host, len(host))
+    cp = d.CUDA_MEMCPY3D()
+    cp.srcMemoryType = d.CUmemorytype.CU_MEMORYTYPE_HOST
+    cp.srcHost = ctypes.addressof(src)
+    cp.srcPitch = 64 * 4
+    cp.srcHeight = 32
+    cp.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_ARRAY
+    cp.dstArray = arr
+    cp.WidthInBytes, cp.Height, cp.Depth = 64 * 4, 32, 4
+    ok(d.cuMemcpy3DAsync(cp, stream), "cuMemcpy3DAsync")
+    back = ctypes.create_string_buffer(len(host))
+    cp2 = d.CUDA_MEMCPY3D()
+    cp2.srcMemoryType = d.CUmemorytype.CU_MEMORYTYPE_ARRAY
+    cp2.srcArray = arr
+    cp2.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_HOST
+    cp2.dstHost = ctypes.addressof(back)
+    cp2.dstPitch = 64 * 4
+    cp2.dstHeight = 32
+    cp2.WidthInBytes, cp2.Height, cp2.Depth = 64 * 4, 32, 4
+    ok(d.cuMemcpy3D(cp2), "cuMemcpy3D")
+    r["roundtrip"] = back.raw == host
+    # A copy that runs past the array is refused.
+    cp2.Depth = 5
+    r["overrun"] = d.cuMemcpy3D(cp2)[0].name
+    ok(d.cuArrayDestroy(arr))
+    # Mipmapped: 64x64 RGBA8, 7 levels = 16384+4096+...+4 bytes, charged.
+    md = d.CUDA_ARRAY3D_DESCRIPTOR()
+    md.Width, md.Height, md.Depth = 64, 64, 0
+    md.Format = d.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+    md.NumChannels = 4
+    before = free_bytes()
+    mm = ok(d.cuMipmappedArrayCreate(md, 7), "cuMipmappedArrayCreate")
+    r["mipmap_charged"] = before - free_bytes()
+    lvl = ok(d.cuMipmappedArrayGetLevel(mm, 6), "cuMipmappedArrayGetLevel")
+    ld = ok(d.cuArray3DGetDescriptor(lvl))
+    r["level6"] = [int(ld.Width), int(ld.Height)]
+    r["too_many_levels"] = d.cuMipmappedArrayCreate(md, 8)[0].name
+    r["levels_huge"] = d.cuMipmappedArrayCreate(md, 0xFFFFFFFF)[0].name
+    # Texture and surface objects over an array.
+    arr2d = d.CUDA_ARRAY_DESCRIPTOR()
+    arr2d.Width, arr2d.Height = 16, 16
+    arr2d.Format = d.CUarray_format.CU_AD_FORMAT_FLOAT
+    arr2d.NumChannels = 1
+    a2 = ok(d.cuArrayCreate(arr2d))
+    res = d.CUDA_RESOURCE_DESC()
+    res.resType = d.CUresourcetype.CU_RESOURCE_TYPE_ARRAY
+    res.res.array.hArray = a2
+    td = d.CUDA_TEXTURE_DESC()
+    td.filterMode = d.CUfilter_mode.CU_TR_FILTER_MODE_POINT
+    tex = ok(d.cuTexObjectCreate(res, td, None), "cuTexObjectCreate")
+    rd = ok(d.cuTexObjectGetResourceDesc(tex), "cuTexObjectGetResourceDesc")
+    r["tex_res_array_same"] = int(rd.res.array.hArray) == int(a2)
+    surf = ok(d.cuSurfObjectCreate(res), "cuSurfObjectCreate")
+    r["tex_surf_nonzero"] = int(tex) != 0 and int(surf) != 0
+    ok(d.cuTexObjectDestroy(tex))
+    ok(d.cuSurfObjectDestroy(surf))
+    r["tex_destroyed_again"] = d.cuTexObjectDestroy(tex)[0].name
+    ok(d.cuMipmappedArrayDestroy(mm))
+    r["mipmap_returned"] = before - free_bytes()
+    ok(d.cuArrayDestroy(a2))
+    r["all_returned"] = free0 == free_bytes()
+    return r
+
+
+@section("errors")
+def _():
+    r = {}
+    r["name_2"] = ok(d.cuGetErrorName(d.CUresult.CUDA_ERROR_OUT_OF_MEMORY)).decode()
+    r["string_2"] = ok(d.cuGetErrorString(d.CUresult.CUDA_ERROR_OUT_OF_MEMORY)).decode()
+    r["string_904"] = ok(d.cuGetErrorString(d.CUresult.CUDA_ERROR_STREAM_CAPTURE_UNJOINED)).decode()
+    return r
+
+
+print(json.dumps(out))
