@@ -237,6 +237,13 @@ impl Plugin {
     }
 
     /// Who owns these device ids, by the kubelet's records.
+    ///
+    /// PodResources lists app containers (and sidecars) with their device
+    /// ids; an exact match names the container. Plain init containers are
+    /// not listed, but the kubelet hands their devices on to the pod's later
+    /// containers, and device ids belong to one pod at a time: ids shared
+    /// with a listed container name the pod, and the pod's init container
+    /// asking for exactly that many GiB names the container.
     async fn owner(&self, ids: &[String]) -> Result<(String, String, String), String> {
         let mut want: Vec<&str> = ids.iter().map(String::as_str).collect();
         want.sort_unstable();
@@ -249,7 +256,8 @@ impl Plugin {
             .await
             .map_err(|e| format!("PodResources List failed: {e}"))?
             .into_inner();
-        for pod in list.pod_resources {
+        let mut sharing: Option<(String, String)> = None;
+        for pod in &list.pod_resources {
             for c in &pod.containers {
                 for d in c
                     .devices
@@ -261,13 +269,31 @@ impl Plugin {
                     if have == want {
                         return Ok((pod.namespace.clone(), pod.name.clone(), c.name.clone()));
                     }
+                    if have.iter().any(|h| want.binary_search(h).is_ok()) {
+                        sharing = Some((pod.namespace.clone(), pod.name.clone()));
+                    }
                 }
             }
         }
-        Err(format!(
-            "the kubelet lists no container holding {RESOURCE_GPU_MEM} devices {}",
-            ids.join(",")
-        ))
+        let not_listed = || {
+            format!(
+                "the kubelet lists no container holding {RESOURCE_GPU_MEM} devices {}",
+                ids.join(",")
+            )
+        };
+        let (ns, name) = sharing.ok_or_else(not_listed)?;
+        let pod = Api::<Pod>::namespaced(self.client.clone(), &ns)
+            .get(&name)
+            .await
+            .map_err(|e| format!("cannot read pod {ns}/{name}: {e}"))?;
+        let pod = to_value(&pod);
+        let req = cgpu_cluster_core::decision::pod_request(&pod)?;
+        let init = req
+            .containers
+            .iter()
+            .find(|c| c.init && c.mem == ids.len() as u64)
+            .ok_or_else(not_listed)?;
+        Ok((ns, name, init.name.clone()))
     }
 
     /// Checks the pod's decision and returns what the container gets.
