@@ -418,9 +418,17 @@ impl Plugin {
     /// `PreStartContainer`: resolve, check, write the container's file.
     pub async fn pre_start(&self, ids: &[String]) -> Result<(), String> {
         let path = self.cfg.alloc_dir.join(alloc_file_name(ids));
-        let owner = self.owner(ids).await;
+        // The kubelet gives PreStartContainer 30 s; answer within them,
+        // with a reason, even when the API server or kubelet is slow.
+        let limit = Duration::from_secs(25);
+        let slow = || format!("no answer from the kubelet or the API server within {limit:?}");
+        let owner = tokio::time::timeout(limit, self.owner(ids))
+            .await
+            .unwrap_or_else(|_| Err(slow()));
         let result = match &owner {
-            Ok(o) => self.resolve_for(o, ids).await,
+            Ok(o) => tokio::time::timeout(limit, self.resolve_for(o, ids))
+                .await
+                .unwrap_or_else(|_| Err(slow())),
             Err(e) => Err(e.clone()),
         };
         match result {
