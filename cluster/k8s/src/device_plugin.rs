@@ -512,6 +512,45 @@ impl Plugin {
     }
 }
 
+impl Plugin {
+    /// Removes allocation files no container listed by the kubelet holds
+    /// (pods gone while the plugin was down). A running container keeps
+    /// the file it has mounted; a container started again gets its file
+    /// written again at `PreStartContainer`. Returns how many were removed.
+    pub async fn clean_alloc_dir(&self) -> Result<usize, String> {
+        let channel = uds_channel(&self.cfg.pod_resources_socket)
+            .await
+            .map_err(|e| format!("cannot reach the kubelet's PodResources API: {e}"))?;
+        let list = pr::pod_resources_lister_client::PodResourcesListerClient::new(channel)
+            .list(pr::ListPodResourcesRequest {})
+            .await
+            .map_err(|e| format!("PodResources List failed: {e}"))?
+            .into_inner();
+        let keep: Vec<String> = list
+            .pod_resources
+            .iter()
+            .flat_map(|p| p.containers.iter())
+            .flat_map(|c| c.devices.iter())
+            .filter(|d| d.resource_name == RESOURCE_GPU_MEM)
+            .map(|d| alloc_file_name(&d.device_ids))
+            .collect();
+        let Ok(dir) = std::fs::read_dir(&self.cfg.alloc_dir) else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".env")
+                && !keep.contains(&name)
+                && std::fs::remove_file(e.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
 /// Reason of the Warning event on a pod whose container was refused GPU memory.
 pub const EVENT_REASON_REFUSED: &str = "CgpuAllocationRefused";
 

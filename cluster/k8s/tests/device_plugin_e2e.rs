@@ -490,8 +490,11 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
     assert!(before.ends_with("CGPU_DISABLE=true\n"), "{before}");
 
     // The plugin restarts: it registers again and the container's next
-    // start gets the same allocation.
+    // start gets the same allocation. A file left by a pod that went away
+    // meanwhile is removed.
     c.kill_plugin();
+    let stale = c.dir.join("alloc/0123456789abcdef01234567.env");
+    std::fs::write(&stale, "CGPU_CONTAINER_ID=gone\n").unwrap();
     c.start_plugin();
     let registers = |c: &Cluster| {
         c.kubelet
@@ -514,6 +517,7 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
         .await
         .unwrap();
     assert_eq!(file(&again), before);
+    assert!(!stale.exists(), "stale allocation file left");
 
     // The kubelet restarts (removing the plugin's sockets): the plugin
     // registers a third time; old allocations still resolve, new pods run.
