@@ -282,7 +282,13 @@ pub struct RealFn<F> {
 unsafe impl<F> Sync for RealFn<F> {}
 
 impl<F: Copy> RealFn<F> {
-    pub const fn new(name: &'static CStr) -> Self {
+    /// The driver's function `name`, typed `F`.
+    ///
+    /// # Safety
+    /// `F` is an `unsafe extern "C" fn` pointer type with exactly the C
+    /// signature of the driver's function `name` ([`get`](Self::get) turns
+    /// the symbol's address into an `F`).
+    pub const unsafe fn new(name: &'static CStr) -> Self {
         RealFn {
             sym: RealSym::new(name),
             _f: PhantomData,
@@ -297,9 +303,9 @@ impl<F: Copy> RealFn<F> {
         if p == 0 {
             None
         } else {
-            // SAFETY: p is the address of the driver's function of this name,
-            // whose C signature F declares (from the real headers); F is a
-            // pointer-sized fn-pointer type.
+            // SAFETY: p is the non-null address of the driver's function of
+            // this name, whose C signature F is (the contract of `new`); F is
+            // a pointer-sized fn-pointer type (asserted above).
             Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) })
         }
     }

@@ -68,17 +68,30 @@ macro_rules! api {
         #[allow(non_upper_case_globals)]
         pub mod real {
             use crate::driver::RealFn;
-            $( pub static $name: RealFn<super::sig::$name> = RealFn::new(
+            // SAFETY (each `RealFn::new`): the type is the C signature the
+            // declaration list gives for this name, which
+            // `tests/entry_paths.rs` (`the_declaration_list_matches_cuda_h`)
+            // compiles against the real cuda.h/nvml.h.
+            $( pub static $name: RealFn<super::sig::$name> = unsafe { RealFn::new(
                 match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($name), "\0").as_bytes()) {
                     Ok(c) => c,
                     Err(_) => panic!(),
-                }); )*
-            $( pub static $rname: RealFn<super::sig::$rname> = RealFn::new(
+                }) }; )*
+            $( pub static $rname: RealFn<super::sig::$rname> = unsafe { RealFn::new(
                 match std::ffi::CStr::from_bytes_with_nul(concat!(stringify!($rname), "\0").as_bytes()) {
                     Ok(c) => c,
                     Err(_) => panic!(),
-                }); )*
+                }) }; )*
         }
+
+        /// Every declared function as written in the list: name, return type
+        /// and argument types (Rust spelling). `tests/entry_paths.rs` turns
+        /// them into C declarations and compiles them against the real
+        /// headers, so a signature that differs from `cuda.h`/`nvml.h` fails.
+        pub const SIGNATURES: &[(&str, &str, &[&str])] = &[
+            $( (stringify!($name), stringify!($ret), &[ $( stringify!($ty) ),* ]), )*
+            $( (stringify!($rname), stringify!($rret), &[ $( stringify!($rty) ),* ]), )*
+        ];
 
         /// The exported hooks.
         pub mod exports {
@@ -133,8 +146,8 @@ macro_rules! api {
 api! {
     hooks {
         // --- entry points -------------------------------------------------
-        fn cuGetProcAddress(symbol: CStrP, pfn: *mut Ptr, cuda_version: i32, flags: u64) -> CUresult => procaddr::get_proc_address;
-        fn cuGetProcAddress_v2(symbol: CStrP, pfn: *mut Ptr, cuda_version: i32, flags: u64, status: *mut CUdriverProcAddressQueryResult) -> CUresult => procaddr::get_proc_address_v2;
+        fn cuGetProcAddress(symbol: CStrP, pfn: *mut Ptr, cuda_version: i32, flags: cuuint64_t) -> CUresult => procaddr::get_proc_address;
+        fn cuGetProcAddress_v2(symbol: CStrP, pfn: *mut Ptr, cuda_version: i32, flags: cuuint64_t, status: *mut CUdriverProcAddressQueryResult) -> CUresult => procaddr::get_proc_address_v2;
 
         // --- memory: allocation -------------------------------------------
         fn cuMemAlloc(dptr: *mut u32, bytesize: u32) -> CUresult => memory::mem_alloc_v1;
@@ -209,8 +222,8 @@ api! {
         fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult => stream::begin_capture_v1;
         fn cuStreamBeginCapture_v2(stream: CUstream, mode: u32) -> CUresult => stream::begin_capture;
         fn cuStreamBeginCapture_v2_ptsz(stream: CUstream, mode: u32) -> CUresult => stream::begin_capture;
-        fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, mode: u32) -> CUresult => stream::begin_capture_to_graph;
-        fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, mode: u32) -> CUresult => stream::begin_capture_to_graph;
+        fn cuStreamBeginCaptureToGraph(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const CUgraphEdgeData, n: usize, mode: u32) -> CUresult => stream::begin_capture_to_graph;
+        fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const CUgraphEdgeData, n: usize, mode: u32) -> CUresult => stream::begin_capture_to_graph;
         fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => stream::end_capture;
         fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => stream::end_capture;
 
@@ -249,6 +262,6 @@ api! {
         fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CUresult;
         fn nvmlShutdown() -> nvmlReturn_t;
         fn nvmlDeviceGetUUID(dev: nvmlDevice_t, uuid: *mut c_char, len: u32) -> nvmlReturn_t;
-        fn nvmlDeviceGetPciInfo_v3(dev: nvmlDevice_t, pci: *mut c_void) -> nvmlReturn_t;
+        fn nvmlDeviceGetPciInfo_v3(dev: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> nvmlReturn_t;
     }
 }

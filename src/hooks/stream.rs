@@ -2,8 +2,6 @@
 //! scheduler's drain never synchronises a context while this process has a
 //! capture open (that would invalidate it; see `scheduler/capture.rs`).
 
-use std::ffi::c_void;
-
 use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
@@ -47,7 +45,7 @@ pub unsafe fn begin_capture_to_graph(
     stream: CUstream,
     graph: CUgraph,
     deps: *const CUgraphNode,
-    edges: *const c_void,
+    edges: *const CUgraphEdgeData,
     n: usize,
     mode: u32,
 ) -> CUresult {
