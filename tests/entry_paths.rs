@@ -389,7 +389,7 @@ fn c_type(rust: &str) -> String {
     }
 }
 
-/// The declaration list (`src/hooks/mod.rs`) against the real headers: every
+/// The declaration list (`src/api.rs`) against the real headers: every
 /// function it declares is redeclared in C from the list, after including
 /// cuda.h and nvml.h with every legacy and per-thread variant declared; the
 /// compiler rejects a declaration whose types differ from the header's.

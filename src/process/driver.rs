@@ -169,9 +169,7 @@ fn not_a_driver(lib: Lib, h: *mut c_void) -> Option<&'static str> {
     let dlsym = real_dlsym()?;
     // SAFETY: h is a live dlopen handle, the names valid C strings.
     let (p, e) = unsafe { (dlsym(h, ours.as_ptr()), dlsym(h, entry.as_ptr())) };
-    if !p.is_null()
-        && crate::hooks::hook_by_name(ours.to_bytes()).is_some_and(|(hook, _)| hook == p)
-    {
+    if !p.is_null() && in_this_library(p) {
         return Some("it is libcgpu itself");
     }
     if e.is_null() {
@@ -181,6 +179,21 @@ fn not_a_driver(lib: Lib, h: *mut c_void) -> Option<&'static str> {
         });
     }
     None
+}
+
+/// Does address `p` lie in this library (libcgpu) itself?
+fn in_this_library(p: *mut c_void) -> bool {
+    // SAFETY: dladdr only reads the loader's tables; both infos are
+    // zero-initialised plain C structs it fills.
+    unsafe {
+        let mut a: libc::Dl_info = std::mem::zeroed();
+        let mut b: libc::Dl_info = std::mem::zeroed();
+        let here = in_this_library as fn(*mut c_void) -> bool as *const c_void;
+        libc::dladdr(p, &mut a) != 0
+            && libc::dladdr(here, &mut b) != 0
+            && !a.dli_fbase.is_null()
+            && a.dli_fbase == b.dli_fbase
+    }
 }
 
 /// The real driver's handle, opened on first use.
@@ -206,10 +219,10 @@ pub fn real_sym(lib: Lib, name: &CStr) -> *mut c_void {
 pub fn missing_code(lib: Lib) -> u32 {
     let open = handle(lib).is_some();
     match (lib, open) {
-        (Lib::Cuda, false) => crate::hooks::types::CUDA_ERROR_NOT_INITIALIZED,
-        (Lib::Cuda, true) => crate::hooks::types::CUDA_ERROR_NOT_FOUND,
-        (Lib::Nvml, false) => crate::hooks::types::NVML_ERROR_LIBRARY_NOT_FOUND,
-        (Lib::Nvml, true) => crate::hooks::types::NVML_ERROR_FUNCTION_NOT_FOUND,
+        (Lib::Cuda, false) => cgpu_ffi::CUDA_ERROR_NOT_INITIALIZED,
+        (Lib::Cuda, true) => cgpu_ffi::CUDA_ERROR_NOT_FOUND,
+        (Lib::Nvml, false) => cgpu_ffi::NVML_ERROR_LIBRARY_NOT_FOUND,
+        (Lib::Nvml, true) => cgpu_ffi::NVML_ERROR_FUNCTION_NOT_FOUND,
     }
 }
 
