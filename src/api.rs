@@ -44,6 +44,8 @@ macro_rules! for_each_api {
                 fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize) -> CUresult => memory::mem_set_access;
                 fn cuMemGetAllocationGranularity(gran: *mut usize, prop: *const CUmemAllocationProp, option: u32) -> CUresult => memory::mem_get_allocation_granularity;
                 fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> CUresult => memory::mem_pool_create;
+            fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult => memory::device_get_default_mem_pool;
+            fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult => memory::device_get_mem_pool;
                 fn cuMipmappedArrayCreate(arr: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> CUresult => memory::mipmapped_array_create;
 
                 // --- memory: free -------------------------------------------------

@@ -554,6 +554,48 @@ pub unsafe fn mem_pool_create(
     rc
 }
 
+/// Remember that `pool` (just written by the driver) is device `dev`'s.
+///
+/// # Safety
+/// `pool` is null or the caller's out-pointer the driver just wrote.
+unsafe fn device_pool(rc: CUresult, pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+    if rc == CUDA_SUCCESS && !pool.is_null() && crate::memory::tracking() {
+        // SAFETY: the driver succeeded and wrote the pool handle.
+        let h = unsafe { pool.read_unaligned() } as usize;
+        proc_state().pool_created(h, PoolPlace::Device(dev));
+    }
+    rc
+}
+
+/// `cuDeviceGetDefaultMemPool`: the pool is remembered as the device's (its
+/// allocations are charged there, whichever stream they are made on).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn device_get_default_mem_pool(
+    real: &RealFn<sig::cuDeviceGetDefaultMemPool>,
+    pool: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
+    let rc = super::call_real!(real, pool, dev);
+    // SAFETY: pool is the caller's out-pointer.
+    unsafe { device_pool(rc, pool, dev) }
+}
+
+/// `cuDeviceGetMemPool` (the device's current pool): as above.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn device_get_mem_pool(
+    real: &RealFn<sig::cuDeviceGetMemPool>,
+    pool: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
+    let rc = super::call_real!(real, pool, dev);
+    // SAFETY: pool is the caller's out-pointer.
+    unsafe { device_pool(rc, pool, dev) }
+}
+
 /// `cuMemPoolDestroy`: the driver frees the allocations still out in it.
 ///
 /// # Safety
