@@ -826,6 +826,54 @@ mod tests {
         }
     }
 
+    fn test_proc() -> Proc {
+        Proc {
+            generation: 0,
+            peeked: Mutex::new(Vec::new()),
+            pid: 1,
+            gpus: Mutex::new(Vec::new()),
+            by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
+            allocs: Mutex::new(HashMap::new()),
+            vmm: Mutex::new(Vmm::default()),
+            pools: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A `cuMemCreate` charge lasts until every handle reference is released
+    /// and the last mapping is gone, in any order; unknown handles and
+    /// ranges change nothing.
+    #[test]
+    fn vmm_charge_follows_references_and_mappings() {
+        let g: &'static Gpu = Box::leak(Box::new(local_gpu(Some(1000), true)));
+        let p = test_proc();
+        assert!(g.reserve(100));
+        p.vmm_created(7, g, 100);
+        p.vmm_mapped(0x1000, 0x200, 7);
+        p.vmm_mapped(0x2000, 0x200, 7);
+        p.vmm_retained(7);
+        p.vmm_released(7);
+        p.vmm_released(7);
+        assert_eq!(g.container_used(), 100, "still mapped twice");
+        p.vmm_unmapped(0x1000, 0x100);
+        assert_eq!(g.container_used(), 100, "a partial range unmaps nothing");
+        p.vmm_unmapped(0x1000, 0x200);
+        assert_eq!(g.container_used(), 100, "one mapping left");
+        p.vmm_unmapped(0x2000, 0x200);
+        assert_eq!(g.container_used(), 0, "given back with the last mapping");
+        p.vmm_released(7);
+        p.vmm_unmapped(0x0, u64::MAX);
+        assert_eq!(g.container_used(), 0, "once");
+        // Released first, mappings gone in one wide unmap.
+        assert!(g.reserve(50));
+        p.vmm_created(8, g, 50);
+        p.vmm_mapped(0x4000, 0x100, 8);
+        p.vmm_mapped(0x5000, 0x100, 8);
+        p.vmm_released(8);
+        p.vmm_unmapped(0x4000, 0x2000);
+        assert_eq!(g.container_used(), 0);
+        assert_eq!(p.vmm_charged(), 0);
+    }
+
     #[test]
     fn local_fallback_enforces() {
         let g = local_gpu(Some(10), true);
