@@ -1,4 +1,4 @@
-//! `cgpuctl inspect`: the `kubectl inspect cgpu` view (SPEC §5) for this host.
+//! `cgpuctl inspect`: the `kubectl inspect cgpu` view for this host.
 //!
 //! Allocated = the quotas of live containers, total = the GPU's physical
 //! memory, both in whole GiB (rounded to nearest, as the operator counts a
@@ -166,6 +166,15 @@ pub fn render(r: &Report, detail: bool, host: &str, ip: &str) -> String {
             "Allocated/Total GPU Memory In Cluster:  {alloc_total}/{total} ({}%)",
             percent(alloc_total, total)
         );
+    }
+    // Containers held back for lack of compute weight (all waiting ones
+    // with `detail`), with the reason.
+    for g in &gpus {
+        for c in &g.containers {
+            if let Some(w) = c.waiting.as_deref().filter(|_| detail || c.weight == 0) {
+                let _ = writeln!(out, "GPU{} {}: {w}", g.index, c.id);
+            }
+        }
     }
     for e in r.gpus.iter().filter(|e| e.gpu.is_none()) {
         let _ = writeln!(
