@@ -418,6 +418,19 @@ async fn health_readiness_and_metrics() {
         "{parsed}"
     );
     assert!(parsed.contains("cgpu_extender_pods  1.0\n"), "{parsed}");
+    // The 4 GiB pod over 2 GPUs: 2 on each of n1's two 15 GiB GPUs.
+    assert!(
+        parsed.contains("cgpu_extender_gpu_allocated_gib n1 0 2.0\n"),
+        "{parsed}"
+    );
+    assert!(
+        parsed.contains("cgpu_extender_gpu_allocated_gib n1 1 2.0\n"),
+        "{parsed}"
+    );
+    assert!(
+        parsed.contains("cgpu_extender_gpu_total_gib n1 1 15.0\n"),
+        "{parsed}"
+    );
     r.server.abort();
 }
 
