@@ -42,7 +42,7 @@ async fn start_extender(api: &ApiServer, policy: Policy) -> Running {
     });
     let r = Running { ext, url, server };
     // Ready once both watches listed everything.
-    for _ in 0..500 {
+    for _ in 0..6000 {
         if http(&r.url, "GET", "/readyz", "").await.0 == 200 {
             return r;
         }
@@ -127,7 +127,7 @@ fn decision(api: &ApiServer, name: &str) -> Option<Decision> {
 
 /// Waits until the extender's watch has seen `n` pods holding GPU memory.
 async fn settled(r: &Running, pods: i64) {
-    for _ in 0..500 {
+    for _ in 0..6000 {
         if r.ext.metrics.pods.get() == pods && r.ext.metrics.reserved.get() == 0 {
             return;
         }
