@@ -524,7 +524,7 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
     c.kubelet.restart().await;
     let devs = c
         .kubelet
-        .devices("aliyun.com/gpu-mem", Duration::from_secs(30))
+        .devices("aliyun.com/gpu-mem", Duration::from_secs(60))
         .await;
     assert_eq!(devs.len(), 30);
     assert_eq!(registers(&c), 3);
