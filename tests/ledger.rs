@@ -368,6 +368,31 @@ fn links_fifos_and_devices_are_never_opened() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A tool (or job) has a ledger mapped and the file is truncated under
+/// it: reading it faults, the SIGBUS guard swaps in private memory, the
+/// reader survives and sees the ledger as damaged (so it reports, never
+/// trusts it). Without the guard this test dies of SIGBUS.
+#[test]
+fn truncated_under_a_reader_is_damaged_not_fatal() {
+    let d = tmpdir("truncated-reader");
+    let l = open(&d);
+    let m = l.join(&req("t", GIB)).unwrap();
+    l.try_reserve(&m, 4096).unwrap();
+    assert!(!l.is_damaged());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(Ledger::path_for(&d, "GPU-test-0"))
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    // Touch every page (as a snapshot does): each faults, none kills.
+    let snap = l.snapshot();
+    assert!(l.is_damaged());
+    assert_eq!(snap.containers.len(), 0, "a wiped picture, not the old one");
+    assert!(!l.membership_intact(&m));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[test]
 fn threads_race_one_process() {
     let d = tmpdir("threads");

@@ -97,9 +97,12 @@ pub enum Timing {
 
 pub struct Module {
     pub ctx: usize,
-    /// Entry names from PTX; `None` for binary images (any name resolves).
-    pub entries: Option<Vec<String>>,
+    /// The kernels and globals its image defines.
+    pub image: crate::image::Image,
     pub library: bool,
+    /// Globals handed out so far: name → (device address, size). Zeroed
+    /// device memory, allocated at the first look-up, freed with the module.
+    pub globals: Mutex<HashMap<String, (u64, u64)>>,
 }
 
 pub struct Func {
@@ -113,6 +116,21 @@ pub struct Func {
 pub struct KernelNode {
     pub func: Arc<Func>,
     pub ns: u64,
+}
+
+/// A copy or memset recorded in a graph, performed each time it runs. The
+/// sim's copies take no device time and need no ordering with kernels
+/// (kernels compute nothing); among themselves they run in issue order.
+#[derive(Clone, Debug)]
+pub enum MemOp {
+    /// `len` bytes from `src` to `dst` (device or host addresses).
+    Copy { dst: u64, src: u64, len: usize },
+    /// `count` elements of `value` (its length is the element size) at `dst`.
+    Set {
+        dst: u64,
+        value: Vec<u8>,
+        count: usize,
+    },
 }
 
 pub use crate::cuda::graph::{Graph, GraphExec, UserObject};
@@ -177,6 +195,7 @@ pub enum Obj {
     UserObject(Arc<UserObject>),
     Pool(Arc<Pool>),
     Array(Arc<Array>),
+    Link(Arc<Mutex<crate::cuda::link::LinkState>>),
 }
 
 pub struct Objects {
@@ -215,6 +234,8 @@ pub enum AllocKind {
     Managed,
     Async,
     Host,
+    /// A module's global variable (freed with its module).
+    Global,
 }
 
 #[derive(Clone, Debug)]
@@ -290,6 +311,16 @@ fn comm() -> String {
         .unwrap_or_default()
 }
 
+/// This process's pid as the host numbers it, as the real driver reports
+/// pids (NVML lists host pids, also for a process inside a PID namespace):
+/// the pid `/proc/self` names when `/proc` is the host's, else `getpid()`.
+fn host_pid() -> u32 {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse().ok())
+        .unwrap_or_else(std::process::id)
+}
+
 fn build() -> Result<Driver, String> {
     let cfg = Config::from_env();
     let want: Vec<DeviceInit> = cfg
@@ -304,7 +335,7 @@ fn build() -> Result<Driver, String> {
         .map_err(|e| format!("cannot open the state in {}: {e}", cfg.state_dir.display()))?;
     let shared: &'static Shared = Box::leak(Box::new(shared));
     let slot = shared
-        .claim_slot(std::process::id(), &comm())
+        .claim_slot(host_pid(), &comm())
         .map_err(|e| e.to_string())?;
     state::set_own_slot_hint(slot);
     let n = shared.ndev();

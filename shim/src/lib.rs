@@ -2,12 +2,13 @@
 //! driver API and NVML, to be exposed as `libcuda.so.1` and
 //! `libnvidia-ml.so.1`; see `shim/README.md`.
 //!
-//! Modules by API area: `cuda::{init, device, context, memory, managed, vmm,
-//! array, stream, module, launch, occupancy, graph, unsupported, procaddr}`,
-//! `nvml`, `nvml_monitoring`; the machinery underneath:
-//! `config` (environment), `state` (the shared mmap'd file), `exec` (device
-//! time), `driver` (per-process objects and handles), `stubs` (counted calls
-//! to functions that are only stubs).
+//! Modules by API area: `cuda::{init, export_tables, device, context, memory,
+//! managed, vmm, array, stream, module, link, launch, occupancy, graph,
+//! unsupported, procaddr}`, `nvml`, `nvml_monitoring`; the machinery
+//! underneath: `config` (environment), `state` (the shared mmap'd file),
+//! `exec` (device time), `driver` (per-process objects and handles), `image`
+//! (what module images define), `integrity` (the runtime's integrity check),
+//! `stubs` (counted calls to functions that are only stubs).
 //!
 //! Every exported function catches panics (`guard`) and returns the driver's
 //! own error codes; none dereferences a handle it did not hand out.
@@ -18,6 +19,8 @@ pub mod config;
 pub mod cuda;
 pub mod driver;
 pub mod exec;
+pub mod image;
+pub mod integrity;
 pub mod nvml;
 pub mod nvml_monitoring;
 pub mod stat;
@@ -39,12 +42,32 @@ pub type CuRes = Result<(), CUresult>;
 #[inline]
 #[track_caller]
 pub fn guard(f: impl FnOnce() -> CuRes) -> CUresult {
-    std::hint::black_box(std::panic::Location::caller());
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    let at = std::hint::black_box(std::panic::Location::caller());
+    let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => CUDA_ERROR_UNKNOWN,
+    };
+    if r != CUDA_SUCCESS && trace_failures() {
+        eprintln!("cgpu-sim: call at {}:{} failed: {r}", at.file(), at.line());
     }
+    r
+}
+
+/// `CGPU_SIM_TRACE=2`: every CUDA call that fails is logged (the source
+/// line of the function and its error code).
+fn trace_failures() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+    static LEVEL: AtomicU8 = AtomicU8::new(u8::MAX);
+    let mut l = LEVEL.load(Relaxed);
+    if l == u8::MAX {
+        l = std::env::var("CGPU_SIM_TRACE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        LEVEL.store(l, Relaxed);
+    }
+    l >= 2
 }
 
 /// Runs an NVML body, turning a panic into `NVML_ERROR_UNKNOWN`.

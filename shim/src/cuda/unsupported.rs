@@ -59,6 +59,18 @@ stub_fns! {
         cuMemcpyWithAttributesAsync, cuMemcpy3DWithAttributesAsync, cuMemGetLocationInfo,
         cuFabricCpyBatchAsync;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
+        // Features the simulated GPU does not have, which clients resolve up
+        // front and refuse to load without (PyTorch's driver table requires
+        // every name it asks for; cuBLAS looks several up): memory shared
+        // through OS handles, multicast objects, green contexts and device
+        // resources, tensor maps (TMA), batched stream memory operations.
+        cuMemExportToShareableHandle, cuMemImportFromShareableHandle, cuMulticastCreate,
+        cuMulticastAddDevice, cuMulticastBindMem, cuMulticastUnbind, cuMulticastGetGranularity,
+        cuGreenCtxCreate, cuGreenCtxDestroy, cuGreenCtxStreamCreate, cuCtxFromGreenCtx,
+        cuDeviceGetDevResource, cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc,
+        cuTensorMapEncodeTiled, cuStreamBatchMemOp, cuStreamBatchMemOp_v2,
+        cuStreamBatchMemOp_v2_ptsz;
+    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Checkpointing, core dumps, fabric, cliques, atomics queries,
         // asynchronous notifications, CIG capture, logical endpoints.
         cuCheckpointProcessCheckpoint, cuCheckpointProcessGetRestoreThreadId,
