@@ -57,8 +57,13 @@ pub struct Artifacts {
 }
 
 impl Artifacts {
-    /// A binary of the workspace, e.g. `bin("cgpu-smi")`.
+    /// A binary of the workspace, e.g. `bin("cgpu-smi")`; a Kubernetes
+    /// component's (`cgpu-device-plugin`, …) is built on first use.
     pub fn bin(&self, name: &str) -> PathBuf {
+        if !cfg!(debug_assertions) && !ROOT_BINS.contains(&name) {
+            static CLUSTER: OnceLock<()> = OnceLock::new();
+            CLUSTER.get_or_init(|| cargo_build(&["build", "-p", "cgpu-cluster", "--bins"]));
+        }
         self.profile_dir.join(name)
     }
 }
@@ -72,24 +77,44 @@ pub fn profile() -> &'static str {
     }
 }
 
-/// Builds the whole workspace once per test process (`cargo build --workspace`,
-/// `--release` for release test builds) and returns the artifact paths.
+fn cargo_build(args: &[&str]) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root()).args(args);
+    if !cfg!(debug_assertions) {
+        cmd.arg("--release");
+    }
+    let out = cmd.output().expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "cargo {} failed:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The binaries `cargo build` at the root makes; in release builds, any other
+/// name asked of [`Artifacts::bin`] is a Kubernetes component, built then.
+const ROOT_BINS: &[&str] = &["cgpu-smi", "cgpuctl", "cgpu-sim-stat"];
+
+/// Builds the workspace once per test process and returns the artifact
+/// paths. Test builds (debug) build it all (`cargo build --workspace`: the
+/// same features `cargo test --workspace` compiles the library with, so the
+/// two do not rebuild each other's `libcgpu.so`). Release builds (the demo)
+/// build what `cargo build --release` at the root builds (the library, the
+/// simulated driver, the tools: the README's command, with the features
+/// `cargo run --release --example demo` compiles the library with), and the
+/// Kubernetes components only when [`Artifacts::bin`] is asked for one, in an
+/// invocation of their own, so that their dependencies' features never reach
+/// the library's.
 pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(workspace_root())
-            .args(["build", "--workspace", "--bins", "--lib"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
+        if cfg!(debug_assertions) {
+            cargo_build(&["build", "--workspace", "--bins", "--lib"]);
+        } else {
+            cargo_build(&["build", "--bins", "--lib"]);
         }
-        let out = cmd.output().expect("run cargo build");
-        assert!(
-            out.status.success(),
-            "cargo build --workspace failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
         let profile_dir = target_dir().join(profile());
         let libsim = profile_dir.join("libcgpu_sim.so");
         let sim_lib_dir = profile_dir.join("sim-libdir");
