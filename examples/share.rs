@@ -1,4 +1,4 @@
-//! Measures every scheduling scenario of issue 4 over long windows on the
+//! Measures every scheduling scenario over long windows on the
 //! simulated driver and prints target, achieved and error per row, plus the
 //! GPU's utilisation where the policy is work-conserving.
 //!

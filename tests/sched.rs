@@ -1,4 +1,4 @@
-//! Compute scheduling on the simulated driver (issue 4): every scenario of
+//! Compute scheduling on the simulated driver: every scenario of
 //! the issue's table with real processes under `LD_PRELOAD`, shares from the
 //! sim's per-process device time, each within ±10% of its target (the noisy
 //! 2-core CI machine's allowance; `cargo run --release --example share`

@@ -60,7 +60,7 @@ impl Artifacts {
     /// A binary of the workspace, e.g. `bin("cgpu-smi")`; a Kubernetes
     /// component's (`cgpu-device-plugin`, …) is built on first use.
     pub fn bin(&self, name: &str) -> PathBuf {
-        if !cfg!(debug_assertions) && !ROOT_BINS.contains(&name) {
+        if !ROOT_BINS.contains(&name) {
             static CLUSTER: OnceLock<()> = OnceLock::new();
             CLUSTER.get_or_init(|| cargo_build(&["build", "-p", "cgpu-cluster", "--bins"]));
         }
@@ -93,28 +93,23 @@ fn cargo_build(args: &[&str]) {
     );
 }
 
-/// The binaries `cargo build` at the root makes; in release builds, any other
-/// name asked of [`Artifacts::bin`] is a Kubernetes component, built then.
+/// The binaries `cargo build` at the root makes; any other name asked of
+/// [`Artifacts::bin`] is a Kubernetes component, built then.
 const ROOT_BINS: &[&str] = &["cgpu-smi", "cgpuctl", "cgpu-sim-stat"];
 
-/// Builds the workspace once per test process and returns the artifact
-/// paths. Test builds (debug) build it all (`cargo build --workspace`: the
-/// same features `cargo test --workspace` compiles the library with, so the
-/// two do not rebuild each other's `libcgpu.so`). Release builds (the demo)
-/// build what `cargo build --release` at the root builds (the library, the
-/// simulated driver, the tools: the README's command, with the features
-/// `cargo run --release --example demo` compiles the library with), and the
-/// Kubernetes components only when [`Artifacts::bin`] is asked for one, in an
-/// invocation of their own, so that their dependencies' features never reach
-/// the library's.
+/// Builds, once per test process, what `cargo build` at the root builds
+/// (the library, the simulated driver, the tools) and returns the artifact
+/// paths; `--release` for release builds (the demo). The same command as the
+/// README's, so `libcgpu.so` is built with the same features as there, as by
+/// `cargo run --release --example demo` and as by `cargo test -p cgpu`: none
+/// of them rebuilds another's. The Kubernetes components are built when
+/// [`Artifacts::bin`] is first asked for one of theirs, in an invocation of
+/// their own: their dependencies (tonic, kube) turn on features of `tracing`
+/// and `smallvec` that would otherwise change the library's build.
 pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
-        if cfg!(debug_assertions) {
-            cargo_build(&["build", "--workspace", "--bins", "--lib"]);
-        } else {
-            cargo_build(&["build", "--bins", "--lib"]);
-        }
+        cargo_build(&["build", "--bins", "--lib"]);
         let profile_dir = target_dir().join(profile());
         let libsim = profile_dir.join("libcgpu_sim.so");
         let sim_lib_dir = profile_dir.join("sim-libdir");
