@@ -26,7 +26,7 @@ def windows():
 
 def tol():
     # the goal on real hardware is an error <= 3% (docs/scheduling.md); we pass at 5%
-    # there, 10% on the noisy simulated machine (as the issue's own tests)
+    # there, 10% on the noisy simulated machine (as tests/sched.rs)
     return 0.10 if c.SIM else 0.05
 
 
