@@ -3,7 +3,7 @@
 #
 # Runs on a machine with an NVIDIA GPU, its driver, CUDA and PyTorch installed,
 # and no network. Checks, with libcgpu.so in LD_PRELOAD:
-#   1  mem_get_info / cuDeviceTotalMem / nvidia-smi show the SPEC §1 quota
+#   1  mem_get_info / cuDeviceTotalMem / nvidia-smi show the container's quota
 #      (with and without ALIYUN_COM_GPU_MEM_DEV); CGPU_DISABLE=true the physical total
 #   2  allocating past the quota raises the framework's OOM (default allocator
 #      and expandable segments / cuMemCreate); freed memory is usable again
