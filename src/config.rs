@@ -799,7 +799,7 @@ mod tests {
             (Err("No such file or directory (os error 2)"), "No such file"),
             (Ok(""), "CGPU_CONTAINER_ID is missing"),
             (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=4\n"), "ALIYUN_COM_GPU_MEM_DEV is missing"),
-            (Ok(&"LD_PRELOAD=/x\n"), "unknown key LD_PRELOAD"),
+            (Ok("LD_PRELOAD=/x\n"), "unknown key LD_PRELOAD"),
             (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=four\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a\n"), "ALIYUN_COM_GPU_MEM_CONTAINER='four'"),
             (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=0\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a\n"), "grants no GPU memory"),
         ];
