@@ -43,8 +43,8 @@ pub struct Stream {
 }
 
 /// A stream's part in a capture (`cuStreamBeginCapture`, or joined by
-/// waiting on an event recorded in a capturing stream): work is recorded
-/// into the capture's graph, not run.
+/// waiting on an event recorded in a capturing stream): launches, async
+/// copies and memsets are recorded into the capture's graph, not run.
 pub struct Capture {
     pub shared: Arc<Mutex<CaptureGraph>>,
     /// The nodes the stream's next captured work depends on.
@@ -97,9 +97,12 @@ pub enum Timing {
 
 pub struct Module {
     pub ctx: usize,
-    /// Entry names from PTX; `None` for binary images (any name resolves).
-    pub entries: Option<Vec<String>>,
+    /// The kernels and globals its image defines.
+    pub image: crate::image::Image,
     pub library: bool,
+    /// Globals handed out so far: name → (device address, size). Zeroed
+    /// device memory, allocated at the first look-up, freed with the module.
+    pub globals: Mutex<HashMap<String, (u64, u64)>>,
 }
 
 pub struct Func {
@@ -116,6 +119,21 @@ pub struct KernelNode {
 }
 
 pub use crate::cuda::graph::{Graph, GraphExec, UserObject};
+
+/// A copy or memset recorded in a graph, performed each time it runs. The
+/// sim's copies take no device time and need no ordering with kernels
+/// (kernels compute nothing); among themselves they run in issue order.
+#[derive(Clone, Debug)]
+pub enum MemOp {
+    /// `len` bytes from `src` to `dst` (device or host addresses).
+    Copy { dst: u64, src: u64, len: usize },
+    /// `count` elements of `value` (its length is the element size) at `dst`.
+    Set {
+        dst: u64,
+        value: Vec<u8>,
+        count: usize,
+    },
+}
 
 pub struct Pool {
     pub dev: usize,
@@ -173,6 +191,7 @@ pub enum Obj {
     UserObject(Arc<UserObject>),
     Pool(Arc<Pool>),
     Array(Arc<Array>),
+    Link(Arc<Mutex<crate::cuda::link::LinkState>>),
 }
 
 pub struct Objects {
@@ -211,6 +230,8 @@ pub enum AllocKind {
     Managed,
     Async,
     Host,
+    /// A module's global variable (freed with its module).
+    Global,
 }
 
 #[derive(Clone, Debug)]

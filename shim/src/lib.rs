@@ -2,12 +2,13 @@
 //! driver API and NVML, to be exposed as `libcuda.so.1` and
 //! `libnvidia-ml.so.1`; see `shim/README.md`.
 //!
-//! Modules by API area: `cuda::{init, device, context, memory, managed, vmm,
-//! array, stream, module, launch, occupancy, graph, unsupported, procaddr}`,
-//! `nvml`, `nvml_monitoring`; the machinery underneath:
-//! `config` (environment), `state` (the shared mmap'd file), `exec` (device
-//! time), `driver` (per-process objects and handles), `stubs` (counted calls
-//! to functions that are only stubs).
+//! Modules by API area: `cuda::{init, export_tables, device, context,
+//! memory, managed, vmm, array, stream, module, link, launch, occupancy,
+//! graph, unsupported, procaddr}`, `nvml`, `nvml_monitoring`; the machinery
+//! underneath: `config` (environment), `state` (the shared mmap'd file),
+//! `exec` (device time), `driver` (per-process objects and handles), `image`
+//! (what module images define), `integrity` (the runtime's integrity check),
+//! `stubs` (counted calls to functions that are only stubs).
 //!
 //! Every exported function catches panics (`guard`) and returns the driver's
 //! own error codes; none dereferences a handle it did not hand out.
@@ -18,6 +19,8 @@ pub mod config;
 pub mod cuda;
 pub mod driver;
 pub mod exec;
+pub mod image;
+pub mod integrity;
 pub mod nvml;
 pub mod nvml_monitoring;
 pub mod stat;

@@ -659,3 +659,89 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
 ) -> nvmlReturn_t {
     nvml_guard(|| const_u32(h, p, 1))
 }
+
+// ------------------------------------------------------- interconnect queries
+// The simulated GPUs sit on PCIe gen 3 x16 and have no NVLink and no fabric:
+// the real NVML answers such a GPU's NVLink and fabric queries with
+// NOT_SUPPORTED. PyTorch asks these at its first out-of-memory error (to
+// describe the GPU), TensorFlow at start-up.
+
+fn no_nvlink(h: nvmlDevice_t) -> Result<(), nvmlReturn_t> {
+    let d = nv()?;
+    dev_of(d, h)?;
+    Err(NVML_ERROR_NOT_SUPPORTED)
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    h: nvmlDevice_t,
+    _link: u32,
+    _kind: *mut u32,
+) -> nvmlReturn_t {
+    nvml_guard(|| no_nvlink(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    h: nvmlDevice_t,
+    _link: u32,
+    _pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    nvml_guard(|| no_nvlink(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    h: nvmlDevice_t,
+    _link: u32,
+    _active: *mut u32,
+) -> nvmlReturn_t {
+    nvml_guard(|| no_nvlink(h))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
+    h: nvmlDevice_t,
+    _info: *mut std::ffi::c_void,
+) -> nvmlReturn_t {
+    nvml_guard(|| no_nvlink(h))
+}
+
+fn pcie_value(h: nvmlDevice_t, out: *mut u32, v: u32) -> Result<(), nvmlReturn_t> {
+    let d = nv()?;
+    dev_of(d, h)?;
+    // SAFETY: out pointer from the caller.
+    unsafe { put(out, v, NVML_ERROR_INVALID_ARGUMENT) }
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
+    h: nvmlDevice_t,
+    gen: *mut u32,
+) -> nvmlReturn_t {
+    nvml_guard(|| pcie_value(h, gen, 3))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
+    h: nvmlDevice_t,
+    gen: *mut u32,
+) -> nvmlReturn_t {
+    nvml_guard(|| pcie_value(h, gen, 3))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
+    h: nvmlDevice_t,
+    width: *mut u32,
+) -> nvmlReturn_t {
+    nvml_guard(|| pcie_value(h, width, 16))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
+    h: nvmlDevice_t,
+    width: *mut u32,
+) -> nvmlReturn_t {
+    nvml_guard(|| pcie_value(h, width, 16))
+}

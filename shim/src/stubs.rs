@@ -51,6 +51,19 @@ impl StubSite {
     }
 }
 
+/// Counts one call of a stub whose name is only known at run time (a slot of
+/// one of the runtime's export tables, say). Slower than [`stub_hit!`]: the
+/// record is looked up on every call.
+pub fn hit_named(name: &str) {
+    crate::driver::trace(format_args!("stub called: {name}"));
+    let Ok(d) = crate::driver::core() else {
+        return;
+    };
+    if let Some(r) = record_index(d.shared, name).and_then(|i| d.shared.map().stubs.get(i)) {
+        r.calls.fetch_add(1, Relaxed);
+    }
+}
+
 /// Packs a name into the record's words (NUL-padded, truncated to fit).
 fn name_words(name: &str) -> [u64; STUB_NAME_WORDS] {
     let mut b = [0u8; STUB_NAME_WORDS * 8];

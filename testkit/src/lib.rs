@@ -307,6 +307,86 @@ pub fn cuclient(mode: LinkMode) -> PathBuf {
     compile_c(&workspace_root().join("tests/c/cuclient.c"), &[], mode)
 }
 
+// ------------------------------------------------------------ CUDA runtime
+
+/// One version row of NVIDIA's CUDA runtime (`libcudart`), pinned in
+/// `scripts/test-deps.sh`: CUDA 12 from `nvidia-cuda-runtime-cu12`, CUDA 13
+/// from `nvidia-cuda-runtime` (installed apart, under `<venv>/cuda13`).
+#[derive(Debug, Clone)]
+pub struct CudartRow {
+    pub major: u32,
+    /// Holds this version's `cuda_runtime_api.h`.
+    pub include: PathBuf,
+    /// Holds `libcudart.so.<major>`.
+    pub lib_dir: PathBuf,
+}
+
+/// The CUDA runtime rows: 12 and 13.
+pub fn cudart_rows() -> Vec<CudartRow> {
+    let deps = test_deps();
+    let so12 = find_file(&deps.venv.join("lib"), "libcudart.so.12").expect("libcudart.so.12");
+    let dir12 = so12.parent().expect("lib dir").to_path_buf();
+    let cu13 = deps.venv.join("cuda13/nvidia/cu13");
+    vec![
+        CudartRow {
+            major: 12,
+            include: dir12.parent().expect("cuda_runtime dir").join("include"),
+            lib_dir: dir12,
+        },
+        CudartRow {
+            major: 13,
+            include: cu13.join("include"),
+            lib_dir: cu13.join("lib"),
+        },
+    ]
+}
+
+/// Compiles a CUDA runtime program (C) against `row`'s `cuda_runtime_api.h`,
+/// linked with its `libcudart.so.<major>` (found at run time through an
+/// rpath), into `target/<profile>/c-clients/<stem>-cudart<major>`. The
+/// `crt/` headers come from `nvidia-cuda-crt` (they define only macros).
+pub fn compile_cudart_client(source: &Path, row: &CudartRow) -> PathBuf {
+    let deps = test_deps();
+    let out_dir = artifacts().profile_dir.join("c-clients");
+    std::fs::create_dir_all(&out_dir).expect("create c-clients dir");
+    let stem = source
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("client");
+    let out = out_dir.join(format!("{stem}-cudart{}", row.major));
+    let _lock = flock(&out_dir.join(".lock"));
+    let newer = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if let (Some(o), Some(s)) = (newer(&out), newer(source)) {
+        if o >= s {
+            return out;
+        }
+    }
+    let tmp = out.with_extension(format!("tmp{}", std::process::id()));
+    let o = Command::new("gcc")
+        .args(["-O1", "-g", "-Wall"])
+        .arg(format!("-I{}", row.include.display()))
+        .arg("-idirafter")
+        .arg(deps.venv.join("cuda13/nvidia/cu13/include"))
+        .arg(source)
+        .arg("-o")
+        .arg(&tmp)
+        .arg(format!("-L{}", row.lib_dir.display()))
+        .arg(format!("-l:libcudart.so.{}", row.major))
+        .arg(format!("-Wl,-rpath,{}", row.lib_dir.display()))
+        .args(["-ldl", "-lpthread"])
+        .output()
+        .expect("run gcc");
+    assert!(
+        o.status.success(),
+        "gcc failed for {} (CUDA {}):\n{}",
+        source.display(),
+        row.major,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    std::fs::rename(&tmp, &out).expect("rename compiled client");
+    out
+}
+
 // ------------------------------------------------------------------ SimEnv
 
 static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

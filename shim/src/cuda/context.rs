@@ -132,6 +132,7 @@ fn destroy(ctx: CUcontext) -> CuRes {
     if c.destroyed.load(Acquire) {
         return Err(CUDA_ERROR_CONTEXT_IS_DESTROYED);
     }
+    super::export_tables::cls_context_gone(h);
     destroy_ctx(d, h, &c);
     d.objs.lock().remove(h);
     CTX_STACK.with(|s| s.borrow_mut().retain(|&x| x != h));
@@ -187,12 +188,36 @@ pub unsafe extern "C" fn cuCtxPopCurrent_v2(pctx: *mut CUcontext) -> CUresult {
     guard(|| pop_current(pctx))
 }
 
+/// Whether `h` is a primary context, active or not.
+fn is_primary(d: &Driver, h: usize) -> bool {
+    matches!(d.objs.lock().get(h), Some(Obj::Ctx(c)) if c.primary)
+}
+
+/// The handle of device `dev`'s primary context, created inactive (not
+/// retained, nothing reserved) if it never existed: what the runtime's
+/// private table hands out before it retains the context.
+pub fn primary_handle(d: &Driver, dev: usize) -> usize {
+    let mut p = d.primary[dev].lock();
+    if !is_primary(d, p.handle) {
+        let c = Ctx {
+            dev,
+            primary: true,
+            flags: AtomicU32::new(p.flags),
+            destroyed: AtomicBool::new(true),
+        };
+        p.handle = d.objs.lock().insert(Obj::Ctx(Arc::new(c)));
+    }
+    p.handle
+}
+
+/// `cuCtxSetCurrent` accepts a primary context that is not active (yet), as
+/// the real driver does: the runtime makes it current, then retains it.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     guard(|| {
         let d = cu()?;
         let h = ctx as usize;
-        if h != 0 {
+        if h != 0 && !is_primary(d, h) {
             d.ctx(h)?;
         }
         CTX_STACK.with(|s| {
@@ -356,6 +381,9 @@ pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: u32) -> CUresul
             4 => 2048,    // DEV_RUNTIME_PENDING_LAUNCH_COUNT
             5 => 32,      // MAX_L2_FETCH_GRANULARITY
             6 => 0,       // PERSISTING_L2_CACHE_SIZE
+            7 => 0,       // SHMEM_SIZE
+            8 => 0,       // CIG_ENABLED (cuBLAS requires an answer)
+            9 => 0,       // CIG_SHMEM_FALLBACK_ENABLED (same)
             _ => return Err(CUDA_ERROR_UNSUPPORTED_LIMIT),
         };
         // SAFETY: out pointer from the caller.
@@ -368,7 +396,7 @@ pub unsafe extern "C" fn cuCtxSetLimit(limit: u32, _value: usize) -> CUresult {
     guard(|| {
         let d = cu()?;
         d.cur_ctx()?;
-        if limit > 6 {
+        if limit > 9 {
             return Err(CUDA_ERROR_UNSUPPORTED_LIMIT);
         }
         Ok(())
@@ -429,6 +457,7 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
             match old {
                 Some(c) => {
                     d.charge(i, d.cfg.ctx_bytes)?;
+                    d.touch_dev(i);
                     d.ctx_alive(i, true);
                     c.flags.store(p.flags, Relaxed);
                     c.destroyed.store(false, Release);
@@ -445,6 +474,18 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
 fn primary_release(dev: CUdevice) -> CuRes {
     let d = cu()?;
     let i = d.check_dev(dev)?;
+    let last = {
+        let p = d.primary[i].lock();
+        match p.refs {
+            0 => return Err(CUDA_ERROR_INVALID_CONTEXT),
+            1 => Some(p.handle),
+            _ => None,
+        }
+    };
+    if let Some(h) = last {
+        // Outside our locks: a destructor may call the driver.
+        super::export_tables::cls_context_gone(h);
+    }
     let mut p = d.primary[i].lock();
     if p.refs == 0 {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
@@ -472,6 +513,11 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult
 fn primary_reset(dev: CUdevice) -> CuRes {
     let d = cu()?;
     let i = d.check_dev(dev)?;
+    let h = d.primary[i].lock().handle;
+    if h != 0 {
+        // Outside our locks: a destructor may call the driver.
+        super::export_tables::cls_context_gone(h);
+    }
     let mut p = d.primary[i].lock();
     if p.refs > 0 {
         let h = p.handle;

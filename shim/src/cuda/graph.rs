@@ -184,6 +184,9 @@ pub enum NodeKind {
     MemFree(u64),
     /// Conditional: handle value, type, body graphs (owned by the node).
     Cond(u64, u32, Vec<usize>),
+    /// A copy or memset recorded by stream capture (reported as a memcpy or
+    /// memset node).
+    MemOp(crate::driver::MemOp),
 }
 
 impl NodeKind {
@@ -200,6 +203,8 @@ impl NodeKind {
             NodeKind::MemAlloc(_) => NODE_MEM_ALLOC,
             NodeKind::MemFree(_) => NODE_MEM_FREE,
             NodeKind::Cond(..) => NODE_CONDITIONAL,
+            NodeKind::MemOp(crate::driver::MemOp::Copy { .. }) => NODE_MEMCPY,
+            NodeKind::MemOp(crate::driver::MemOp::Set { .. }) => NODE_MEMSET,
         }
     }
 }
@@ -245,6 +250,7 @@ pub enum Op {
     Alloc(Arc<GraphAlloc>),
     Free(u64),
     Cond(Arc<CondHandle>, u32, Vec<Vec<Step>>),
+    MemOp(crate::driver::MemOp),
 }
 
 /// An op, the node it came from (for the exec's per-node setters), and
@@ -879,6 +885,7 @@ fn flatten(g: usize, out: &mut Vec<Step>) -> CuRes {
             NodeKind::EventWait(_) => Op::EventWait,
             NodeKind::MemAlloc(a) => Op::Alloc(Arc::clone(a)),
             NodeKind::MemFree(p) => Op::Free(*p),
+            NodeKind::MemOp(m) => Op::MemOp(m.clone()),
             NodeKind::Child(c) => {
                 flatten(*c, out)?;
                 continue;
@@ -968,8 +975,24 @@ fn run_steps(d: &Driver, steps: &[Step], stream: usize) -> CuRes {
                 }
                 super::launch::submit(d, stream, k.ns)?;
             }
-            Op::Memcpy(m) => super::array::memcpy3d(m)?,
-            Op::Memset(m) => run_memset(m)?,
+            Op::Memcpy(m) => {
+                let m = *m;
+                if !super::stream::record_node_if_capturing(stream, || NodeKind::Memcpy(m))? {
+                    super::array::memcpy3d(&m)?
+                }
+            }
+            Op::Memset(m) => {
+                let m = *m;
+                if !super::stream::record_node_if_capturing(stream, || NodeKind::Memset(m))? {
+                    run_memset(&m)?
+                }
+            }
+            Op::MemOp(m) => {
+                if !super::stream::record_node_if_capturing(stream, || NodeKind::MemOp(m.clone()))?
+                {
+                    super::memory::run_mem_op(d, m)?
+                }
+            }
             Op::Host(f, u) => {
                 // SAFETY: f was a non-null CUhostFn given by the caller.
                 let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(*f) };
@@ -1595,7 +1618,7 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
                 std::ptr::addr_of_mut!((*c).type_).write_unaligned(t);
                 std::ptr::addr_of_mut!((*c).size).write_unaligned(bodies.len() as u32);
             }
-            NodeKind::Empty => {}
+            NodeKind::Empty | NodeKind::MemOp(_) => {}
         }
     }
     Ok(())

@@ -1,9 +1,10 @@
-//! Initialisation, versions, error strings, `cuGetExportTable`.
+//! Initialisation, versions, error strings (`cuGetExportTable` is in
+//! `export_tables`).
 
 use crate::driver::{cu, cuda_init};
 use crate::{guard, put};
 use cgpu_ffi::*;
-use std::ffi::{c_char, c_void};
+use std::ffi::c_char;
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuInit(flags: u32) -> CUresult {
@@ -91,21 +92,6 @@ pub unsafe extern "C" fn cuGetErrorString(error: CUresult, pstr: *mut *const c_c
     })
 }
 
-/// Private tables of NVIDIA's runtime: not provided by the simulation.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuGetExportTable(
-    table: *mut *const c_void,
-    _id: *const c_void,
-) -> CUresult {
-    guard(|| {
-        if !table.is_null() {
-            // SAFETY: non-null out pointer from the caller.
-            unsafe { *table = std::ptr::null() };
-        }
-        Err(CUDA_ERROR_NOT_SUPPORTED)
-    })
-}
-
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuProfilerStart() -> CUresult {
     guard(|| cu().map(|_| ()))
@@ -114,4 +100,43 @@ pub unsafe extern "C" fn cuProfilerStart() -> CUresult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuProfilerStop() -> CUresult {
     guard(|| cu().map(|_| ()))
+}
+
+// ------------------------------------------------------------ log callbacks
+
+/// Registered `cuLogsRegisterCallback` callbacks (the sim never logs, so
+/// they are kept and never called): handle → (callback, user data).
+static LOG_CALLBACKS: parking_lot::Mutex<Vec<(usize, usize, usize)>> =
+    parking_lot::Mutex::new(Vec::new());
+static NEXT_LOG_HANDLE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsRegisterCallback(
+    callback: Option<unsafe extern "C" fn(*mut std::ffi::c_void, u32, *const c_char, usize)>,
+    user: *mut std::ffi::c_void,
+    handle: *mut *mut std::ffi::c_void,
+) -> CUresult {
+    guard(|| {
+        let f = callback.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let h = NEXT_LOG_HANDLE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        LOG_CALLBACKS.lock().push((h, f as usize, user as usize));
+        if !handle.is_null() {
+            // SAFETY: non-null out pointer from the caller.
+            unsafe { *handle = h as *mut std::ffi::c_void };
+        }
+        Ok(())
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLogsUnregisterCallback(handle: *mut std::ffi::c_void) -> CUresult {
+    guard(|| {
+        let mut cbs = LOG_CALLBACKS.lock();
+        let n = cbs.len();
+        cbs.retain(|c| c.0 != handle as usize);
+        if cbs.len() == n {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        Ok(())
+    })
 }

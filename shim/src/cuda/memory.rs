@@ -8,7 +8,7 @@
 //! Stream-ordered allocations are made and freed at once (pools keep no
 //! cache); copies and memsets are performed at the call, in call order.
 
-use crate::driver::{cu, Alloc, AllocKind, Array, Driver, Obj, Pool};
+use crate::driver::{cu, Alloc, AllocKind, Array, Driver, MemOp, Obj, Pool};
 use crate::{guard, put, CuRes};
 use cgpu_ffi::*;
 use std::collections::HashMap;
@@ -187,9 +187,41 @@ fn check_any_range(d: &Driver, p: u64, len: u64) -> CuRes {
 }
 
 fn copy(dst: u64, src: u64, n: usize) {
+    if super::stream::record_mem_op(|| MemOp::Copy { dst, src, len: n }) {
+        return; // captured into a graph: runs at replay
+    }
     // SAFETY: both ranges were validated (device ranges are our mappings;
     // host ranges are the caller's, valid for n bytes by the API contract).
     unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, n) };
+}
+
+/// Performs a copy or memset recorded in a graph (at its launch); the
+/// ranges are checked again, as the memory may have been freed since.
+pub fn run_mem_op(d: &Driver, op: &MemOp) -> CuRes {
+    match op {
+        MemOp::Copy { dst, src, len } => {
+            check_any_range(d, *dst, *len as u64)?;
+            check_any_range(d, *src, *len as u64)?;
+            // SAFETY: device ranges are live mappings of ours; host ranges
+            // are the ones the application captured (valid at replay by the
+            // graph's contract).
+            unsafe { std::ptr::copy(*src as *const u8, *dst as *mut u8, *len) };
+        }
+        MemOp::Set { dst, value, count } => {
+            check_dev_range(d, *dst, (value.len() * count) as u64)?;
+            for i in 0..*count {
+                // SAFETY: inside the device range just checked.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        value.as_ptr(),
+                        (*dst as *mut u8).add(i * value.len()),
+                        value.len(),
+                    )
+                };
+            }
+        }
+    }
+    Ok(())
 }
 
 // ------------------------------------------------------------------ allocation
@@ -941,9 +973,9 @@ fn memcpy_any(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CuRes {
     Ok(())
 }
 
+/// An async copy or memset on `stream` (recorded instead when it captures).
 fn with_stream(stream: CUstream, f: impl FnOnce() -> CuRes) -> CuRes {
-    cu()?.stream(stream as usize)?;
-    f()
+    super::stream::capture_mem_ops(stream as usize, f)
 }
 
 macro_rules! variants {
@@ -1089,6 +1121,18 @@ pub fn memset_n<T: Copy>(dst: CUdeviceptr, v: T, n: usize) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     check_dev_range(d, dst, n as u64 * sz)?;
+    let value = || {
+        // SAFETY: T is a plain integer (u8/u16/u32); viewing its bytes.
+        let b = unsafe { std::slice::from_raw_parts(&v as *const T as *const u8, sz as usize) };
+        MemOp::Set {
+            dst,
+            value: b.to_vec(),
+            count: n,
+        }
+    };
+    if super::stream::record_mem_op(value) {
+        return Ok(()); // captured into a graph: runs at replay
+    }
     let p = dst as *mut T;
     for i in 0..n {
         // SAFETY: within a validated device range we mapped, aligned for T.

@@ -1,9 +1,12 @@
-//! Modules, libraries, functions and kernels. Images are PTX text (function
-//! names from its `.entry` lines; other names are `CUDA_ERROR_NOT_FOUND`) or
-//! any other bytes, e.g. cubin/fatbin (every name resolves). A function whose
-//! name starts with `cgpu_sim_spin` runs for its first parameter's ns.
+//! Modules, libraries, functions, kernels and globals. What an image defines
+//! (kernel names, globals and their sizes) comes from `crate::image`: PTX
+//! text, ELF, fat binaries and the runtime's fat binary wrappers; names an
+//! image does not define are `CUDA_ERROR_NOT_FOUND`, except in images the sim
+//! cannot read (every name resolves). A function whose name starts with
+//! `cgpu_sim_spin` runs for its first parameter's ns.
 
-use crate::driver::{cu, Func, Module, Obj, Timing};
+use crate::driver::{cu, AllocKind, Driver, Func, Module, Obj, Timing};
+use crate::image::{self, Image};
 use crate::{guard, put, read_cstr, CuRes};
 use cgpu_ffi::*;
 use parking_lot::Mutex;
@@ -13,58 +16,25 @@ use std::sync::Arc;
 
 pub const SPIN_PREFIX: &str = "cgpu_sim_spin";
 
-/// Entry names of a PTX text, `None` if the image is not PTX.
-pub fn ptx_entries(text: &str) -> Option<Vec<String>> {
-    let is_ptx = text.contains(".entry") || text.contains(".version") || text.contains(".target");
-    if !is_ptx {
-        return None;
-    }
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find(".entry") {
-        rest = &rest[i + 6..];
-        let name: String = rest
-            .trim_start()
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.'))
-            .collect();
-        if !name.is_empty() {
-            out.push(name);
-        }
-    }
-    Some(out)
-}
-
-/// Reads an image given by pointer: ELF/fatbin → binary; otherwise a
-/// NUL-terminated text (at most 256 MiB is scanned).
-///
-/// # Safety
-/// `image` points to a module image as the CUDA API requires.
-unsafe fn image_entries(image: *const c_void) -> Option<Vec<String>> {
-    let p = image as *const u8;
-    // SAFETY: every image is at least 4 bytes long (ELF/fatbin magic or PTX text).
-    let head = unsafe { std::slice::from_raw_parts(p, 4) };
-    if head == b"\x7fELF" || head == [0x50, 0xed, 0x55, 0xba] || head == [0x46, 0x61, 0x74, 0x62] {
-        return None;
-    }
-    let mut n = 0usize;
-    // SAFETY: a non-binary image is a NUL-terminated string.
-    while n < (256 << 20) && unsafe { *p.add(n) } != 0 {
-        n += 1;
-    }
-    // SAFETY: n bytes were just read.
-    let bytes = unsafe { std::slice::from_raw_parts(p, n) };
-    ptx_entries(&String::from_utf8_lossy(bytes))
-}
-
-fn load(pm: *mut CUmodule, entries: Option<Vec<String>>, library: bool) -> CuRes {
+/// Registers a module (or library) defined by `image` in the current
+/// context (libraries: the current one if any).
+pub fn load_image(image: Image, library: bool) -> Result<usize, CUresult> {
     let d = cu()?;
-    let (ctx, _) = d.cur_ctx()?;
-    let h = d.objs.lock().insert(Obj::Module(Arc::new(Module {
+    let ctx = if library {
+        d.cur_ctx().map(|c| c.0).unwrap_or(0)
+    } else {
+        d.cur_ctx()?.0
+    };
+    Ok(d.objs.lock().insert(Obj::Module(Arc::new(Module {
         ctx,
-        entries,
+        image,
         library,
-    })));
+        globals: Mutex::new(HashMap::new()),
+    }))))
+}
+
+fn load(pm: *mut CUmodule, image: Image) -> CuRes {
+    let h = load_image(image, false)?;
     // SAFETY: out pointer from the caller.
     unsafe { put(pm, h as CUmodule, CUDA_ERROR_INVALID_VALUE) }
 }
@@ -77,7 +47,7 @@ pub unsafe extern "C" fn cuModuleLoadData(pm: *mut CUmodule, image: *const c_voi
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: image from the caller (checked non-null).
-        load(pm, unsafe { image_entries(image) }, false)
+        load(pm, unsafe { image::parse_ptr(image as *const u8) })
     })
 }
 
@@ -104,18 +74,18 @@ pub unsafe extern "C" fn cuModuleLoadFatBinary(
         if pm.is_null() || image.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        load(pm, None, false)
+        // SAFETY: a fat binary from the caller (checked non-null).
+        load(pm, unsafe { image::parse_ptr(image as *const u8) })
     })
 }
 
-fn read_file(fname: *const c_char) -> Result<Option<Vec<String>>, CUresult> {
+/// # Safety
+/// `fname` is NULL or a NUL-terminated path.
+pub unsafe fn read_file(fname: *const c_char) -> Result<Image, CUresult> {
     // SAFETY: NUL-terminated path from the caller.
     let path = unsafe { read_cstr(fname) }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let bytes = std::fs::read(&path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
-    if bytes.starts_with(b"\x7fELF") {
-        return Ok(None);
-    }
-    Ok(ptx_entries(&String::from_utf8_lossy(&bytes)))
+    Ok(image::parse_bytes(&bytes))
 }
 
 #[unsafe(no_mangle)]
@@ -125,7 +95,8 @@ pub unsafe extern "C" fn cuModuleLoad(pm: *mut CUmodule, fname: *const c_char) -
         if pm.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        load(pm, read_file(fname)?, false)
+        // SAFETY: path from the caller.
+        load(pm, unsafe { read_file(fname) }?)
     })
 }
 
@@ -133,14 +104,7 @@ pub unsafe extern "C" fn cuModuleLoad(pm: *mut CUmodule, fname: *const c_char) -
 pub unsafe extern "C" fn cuModuleUnload(m: CUmodule) -> CUresult {
     guard(|| {
         let d = cu()?;
-        let mut objs = d.objs.lock();
-        match objs.get(m as usize) {
-            Some(Obj::Module(md)) if !md.library => {
-                objs.remove(m as usize);
-                Ok(())
-            }
-            _ => Err(CUDA_ERROR_INVALID_HANDLE),
-        }
+        unload(d, m as usize, false)
     })
 }
 
@@ -155,10 +119,8 @@ fn get_function(pf: *mut CUfunction, m: usize, name: *const c_char) -> CuRes {
         Some(Obj::Module(md)) => Arc::clone(md),
         _ => return Err(CUDA_ERROR_INVALID_HANDLE),
     };
-    if let Some(es) = &md.entries {
-        if !es.contains(&name) {
-            return Err(CUDA_ERROR_NOT_FOUND);
-        }
+    if !md.image.has_kernel(&name) {
+        return Err(CUDA_ERROR_NOT_FOUND);
     }
     // One handle per (module, name), as the driver returns.
     let mut objs = d.objs.lock();
@@ -195,6 +157,78 @@ pub unsafe extern "C" fn cuModuleGetFunction(
     guard(|| get_function(pf, m as usize, name))
 }
 
+/// Removes a module (or library) and frees its globals.
+fn unload(d: &Driver, h: usize, library: bool) -> CuRes {
+    let md = {
+        let mut objs = d.objs.lock();
+        match objs.get(h) {
+            Some(Obj::Module(md)) if md.library == library => {
+                let md = Arc::clone(md);
+                objs.remove(h);
+                md
+            }
+            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    };
+    free_globals(d, &md);
+    Ok(())
+}
+
+/// Frees the globals of a module that is going away.
+pub fn free_globals(d: &Driver, md: &Module) {
+    for (_, (p, _)) in md.globals.lock().drain() {
+        let _ = super::memory::free_dev(d, p, &[AllocKind::Global]);
+    }
+}
+
+/// `cuModuleGetGlobal_v2` / `cuLibraryGetGlobal`: the device address and
+/// size of global `name`: zeroed device memory of the global's size,
+/// allocated (and charged to the device) at the first look-up.
+fn get_global(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    m: usize,
+    name: *const c_char,
+    library: bool,
+) -> CuRes {
+    let d = cu()?;
+    // SAFETY: NUL-terminated name from the caller.
+    let name = unsafe { read_cstr(name) }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let md = match d.objs.lock().get(m) {
+        Some(Obj::Module(md)) if md.library == library || !library => Arc::clone(md),
+        _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+    };
+    let size = md.image.global_size(&name).ok_or(CUDA_ERROR_NOT_FOUND)?;
+    let mut globals = md.globals.lock();
+    let (p, size) = match globals.get(&name) {
+        Some(g) => *g,
+        None => {
+            // A module lives in its context; a library's globals go to the
+            // current context's device (device 0 without one).
+            let (ctx, dev) = match d.ctx(md.ctx) {
+                Ok(c) => (md.ctx, c.dev),
+                Err(_) => match d.cur_ctx() {
+                    Ok((h, c)) => (if md.library { 0 } else { h }, c.dev),
+                    Err(_) if md.library => (0, 0),
+                    Err(e) => return Err(e),
+                },
+            };
+            let p = super::memory::alloc_on(d, ctx, dev, size.max(1), AllocKind::Global, 0)?;
+            globals.insert(name, (p, size));
+            (p, size)
+        }
+    };
+    if !dptr.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *dptr = p };
+    }
+    if !bytes.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *bytes = size as usize };
+    }
+    Ok(())
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     dptr: *mut CUdeviceptr,
@@ -202,34 +236,26 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     m: CUmodule,
     name: *const c_char,
 ) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        if name.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        match d.objs.lock().get(m as usize) {
-            Some(Obj::Module(_)) => {}
-            _ => return Err(CUDA_ERROR_INVALID_HANDLE),
-        }
-        let _ = (dptr, bytes);
-        Err(CUDA_ERROR_NOT_FOUND)
-    })
+    guard(|| get_global(dptr, bytes, m as usize, name, false))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuLibraryGetGlobal(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    lib: CUlibrary,
+    name: *const c_char,
+) -> CUresult {
+    guard(|| get_global(dptr, bytes, lib as usize, name, true))
 }
 
 // -------------------------------------------------------------------- libraries
 
-fn library_load(lib: *mut CUlibrary, entries: Option<Vec<String>>) -> CuRes {
-    let d = cu()?;
+fn library_load(lib: *mut CUlibrary, image: Image) -> CuRes {
     if lib.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    // Libraries are context-independent; tie it to the current one if any.
-    let ctx = d.cur_ctx().map(|c| c.0).unwrap_or(0);
-    let h = d.objs.lock().insert(Obj::Module(Arc::new(Module {
-        ctx,
-        entries,
-        library: true,
-    })));
+    let h = load_image(image, true)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(lib, h as CUlibrary, CUDA_ERROR_INVALID_VALUE) }
 }
@@ -251,7 +277,7 @@ pub unsafe extern "C" fn cuLibraryLoadData(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: image from the caller (checked non-null).
-        library_load(lib, unsafe { image_entries(code) })
+        library_load(lib, unsafe { image::parse_ptr(code as *const u8) })
     })
 }
 
@@ -268,7 +294,8 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 ) -> CUresult {
     guard(|| {
         cu()?;
-        library_load(lib, read_file(fname)?)
+        // SAFETY: path from the caller.
+        library_load(lib, unsafe { read_file(fname) }?)
     })
 }
 
@@ -276,14 +303,7 @@ pub unsafe extern "C" fn cuLibraryLoadFromFile(
 pub unsafe extern "C" fn cuLibraryUnload(lib: CUlibrary) -> CUresult {
     guard(|| {
         let d = cu()?;
-        let mut objs = d.objs.lock();
-        match objs.get(lib as usize) {
-            Some(Obj::Module(md)) if md.library => {
-                objs.remove(lib as usize);
-                Ok(())
-            }
-            _ => Err(CUDA_ERROR_INVALID_HANDLE),
-        }
+        unload(d, lib as usize, true)
     })
 }
 
@@ -417,7 +437,7 @@ fn module_funcs(m: usize, library: bool, count: *mut u32, out: *mut CUfunction, 
         Some(Obj::Module(md)) if md.library == library || !library => Arc::clone(md),
         _ => return Err(CUDA_ERROR_INVALID_HANDLE),
     };
-    let names = md.entries.clone().unwrap_or_default();
+    let names = md.image.kernels.clone();
     if !count.is_null() {
         // SAFETY: non-null out pointer from the caller.
         unsafe { *count = names.len() as u32 };
@@ -517,17 +537,4 @@ pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: CUfunction) -> CUres
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncLoad(f: CUfunction) -> CUresult {
     guard(|| cu()?.func(f as usize).map(|_| ()))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn ptx() {
-        let t = ".version 7.0\n.target sm_80\n.visible .entry cgpu_sim_spin(\n .param .u64 a)\n{ ret; }\n.entry other_k() {}";
-        assert_eq!(
-            super::ptx_entries(t).unwrap(),
-            vec!["cgpu_sim_spin", "other_k"]
-        );
-        assert!(super::ptx_entries("\x01\x02garbage").is_none());
-    }
 }

@@ -47,6 +47,7 @@ legacy_stubs! {
     cuMemsetD32,
     cuMemsetD8,
     cuModuleGetGlobal,
+    cuStreamBatchMemOp,
     cuTexRefGetAddress_v2,
     cuTexRefSetAddress2D_v2,
     cuTexRefSetAddress2D_v3,
@@ -84,6 +85,7 @@ proc_table! {
     cuCtxDetach: 2000 => cuCtxDetach;
     cuCtxDisablePeerAccess: 4000 => cuCtxDisablePeerAccess;
     cuCtxEnablePeerAccess: 4000 => cuCtxEnablePeerAccess;
+    cuCtxFromGreenCtx: 12040 => cuCtxFromGreenCtx;
     cuCtxGetApiVersion: 3020 => cuCtxGetApiVersion;
     cuCtxGetCacheConfig: 3020 => cuCtxGetCacheConfig;
     cuCtxGetCurrent: 4000 => cuCtxGetCurrent;
@@ -107,6 +109,8 @@ proc_table! {
     cuCtxWaitEvent: 12050 => cuCtxWaitEvent;
     cuDestroyExternalMemory: 10000 => cuDestroyExternalMemory;
     cuDestroyExternalSemaphore: 10000 => cuDestroyExternalSemaphore;
+    cuDevResourceGenerateDesc: 12040 => cuDevResourceGenerateDesc;
+    cuDevSmResourceSplitByCount: 12040 => cuDevSmResourceSplitByCount;
     cuDeviceCanAccessPeer: 4000 => cuDeviceCanAccessPeer;
     cuDeviceComputeCapability: 2000 => cuDeviceComputeCapability;
     cuDeviceGet: 2000 => cuDeviceGet;
@@ -116,6 +120,7 @@ proc_table! {
     cuDeviceGetCliqueInfo: 13041 => cuDeviceGetCliqueInfo;
     cuDeviceGetCount: 2000 => cuDeviceGetCount;
     cuDeviceGetDefaultMemPool: 11020 => cuDeviceGetDefaultMemPool;
+    cuDeviceGetDevResource: 12040 => cuDeviceGetDevResource;
     cuDeviceGetExecAffinitySupport: 11040 => cuDeviceGetExecAffinitySupport;
     cuDeviceGetFabricClusterUuid: 13041 => cuDeviceGetFabricClusterUuid;
     cuDeviceGetGraphMemAttribute: 11040 => cuDeviceGetGraphMemAttribute;
@@ -285,6 +290,9 @@ proc_table! {
     cuGraphicsUnregisterResource: 3000 => cuGraphicsUnregisterResource;
     cuGraphicsVDPAURegisterOutputSurface: 3010 => cuGraphicsVDPAURegisterOutputSurface;
     cuGraphicsVDPAURegisterVideoSurface: 3010 => cuGraphicsVDPAURegisterVideoSurface;
+    cuGreenCtxCreate: 12040 => cuGreenCtxCreate;
+    cuGreenCtxDestroy: 12040 => cuGreenCtxDestroy;
+    cuGreenCtxStreamCreate: 12050 => cuGreenCtxStreamCreate;
     cuImportExternalMemory: 10000 => cuImportExternalMemory;
     cuImportExternalSemaphore: 10000 => cuImportExternalSemaphore;
     cuInit: 2000 => cuInit;
@@ -310,12 +318,18 @@ proc_table! {
     cuLaunchKernel: 4000 => cuLaunchKernel, 7000 ptds => cuLaunchKernel_ptsz;
     cuLaunchKernelEx: 11060 => cuLaunchKernelEx, 11060 ptds => cuLaunchKernelEx_ptsz;
     cuLibraryEnumerateKernels: 12040 => cuLibraryEnumerateKernels;
+    cuLibraryGetGlobal: 12000 => cuLibraryGetGlobal;
     cuLibraryGetKernel: 12000 => cuLibraryGetKernel;
     cuLibraryGetKernelCount: 12040 => cuLibraryGetKernelCount;
     cuLibraryGetModule: 12000 => cuLibraryGetModule;
     cuLibraryLoadData: 12000 => cuLibraryLoadData;
     cuLibraryLoadFromFile: 12000 => cuLibraryLoadFromFile;
     cuLibraryUnload: 12000 => cuLibraryUnload;
+    cuLinkAddData: 5050 => cuLinkAddData, 6050 => cuLinkAddData_v2;
+    cuLinkAddFile: 5050 => cuLinkAddFile, 6050 => cuLinkAddFile_v2;
+    cuLinkComplete: 5050 => cuLinkComplete;
+    cuLinkCreate: 5050 => cuLinkCreate, 6050 => cuLinkCreate_v2;
+    cuLinkDestroy: 5050 => cuLinkDestroy;
     cuLogicalEndpointAddDevice: 13030 => cuLogicalEndpointAddDevice;
     cuLogicalEndpointBindAddr: 13030 => cuLogicalEndpointBindAddr;
     cuLogicalEndpointBindMem: 13030 => cuLogicalEndpointBindMem;
@@ -328,6 +342,8 @@ proc_table! {
     cuLogicalEndpointImport: 13030 => cuLogicalEndpointImport;
     cuLogicalEndpointQuery: 13030 => cuLogicalEndpointQuery;
     cuLogicalEndpointUnbind: 13030 => cuLogicalEndpointUnbind;
+    cuLogsRegisterCallback: 12090 => cuLogsRegisterCallback;
+    cuLogsUnregisterCallback: 12090 => cuLogsUnregisterCallback;
     cuMemAddressFree: 10020 => cuMemAddressFree;
     cuMemAddressReserve: 10020 => cuMemAddressReserve;
     cuMemAdvise: 8000 => cuMemAdvise, 12020 => cuMemAdvise_v2;
@@ -341,12 +357,14 @@ proc_table! {
     cuMemCreate: 10020 => cuMemCreate;
     cuMemDiscardAndPrefetchBatchAsync: 13000 => cuMemDiscardAndPrefetchBatchAsync;
     cuMemDiscardBatchAsync: 13000 => cuMemDiscardBatchAsync;
+    cuMemExportToShareableHandle: 10020 => cuMemExportToShareableHandle;
     cuMemFree: 2000 => cuMemFree, 3020 => cuMemFree_v2;
     cuMemFreeAsync: 11020 => cuMemFreeAsync, 11020 ptds => cuMemFreeAsync_ptsz;
     cuMemFreeHost: 2000 => cuMemFreeHost;
     cuMemGetAccess: 10020 => cuMemGetAccess;
     cuMemGetAddressRange: 2000 => cuMemGetAddressRange, 3020 => cuMemGetAddressRange_v2;
     cuMemGetAllocationGranularity: 10020 => cuMemGetAllocationGranularity;
+    cuMemGetAllocationPropertiesFromHandle: 10020 => cuMemGetAllocationPropertiesFromHandle;
     cuMemGetDefaultMemPool: 13000 => cuMemGetDefaultMemPool;
     cuMemGetHandleForAddressRange: 11070 => cuMemGetHandleForAddressRange;
     cuMemGetInfo: 2000 => cuMemGetInfo, 3020 => cuMemGetInfo_v2;
@@ -357,6 +375,7 @@ proc_table! {
     cuMemHostGetFlags: 2030 => cuMemHostGetFlags;
     cuMemHostRegister: 4000 => cuMemHostRegister, 6050 => cuMemHostRegister_v2;
     cuMemHostUnregister: 4000 => cuMemHostUnregister;
+    cuMemImportFromShareableHandle: 10020 => cuMemImportFromShareableHandle;
     cuMemMap: 10020 => cuMemMap;
     cuMemMapArrayAsync: 11010 => cuMemMapArrayAsync;
     cuMemPoolCreate: 11020 => cuMemPoolCreate;
@@ -436,6 +455,11 @@ proc_table! {
     cuModuleLoadDataEx: 2010 => cuModuleLoadDataEx;
     cuModuleLoadFatBinary: 2000 => cuModuleLoadFatBinary;
     cuModuleUnload: 2000 => cuModuleUnload;
+    cuMulticastAddDevice: 12010 => cuMulticastAddDevice;
+    cuMulticastBindMem: 12010 => cuMulticastBindMem;
+    cuMulticastCreate: 12010 => cuMulticastCreate;
+    cuMulticastGetGranularity: 12010 => cuMulticastGetGranularity;
+    cuMulticastUnbind: 12010 => cuMulticastUnbind;
     cuOccupancyAvailableDynamicSMemPerBlock: 10020 => cuOccupancyAvailableDynamicSMemPerBlock;
     cuOccupancyMaxActiveBlocksPerMultiprocessor: 6050 => cuOccupancyMaxActiveBlocksPerMultiprocessor;
     cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags: 7000 => cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags;
@@ -457,6 +481,7 @@ proc_table! {
     cuSignalExternalSemaphoresAsync: 10000 => cuSignalExternalSemaphoresAsync;
     cuStreamAddCallback: 5000 => cuStreamAddCallback, 7000 ptds => cuStreamAddCallback_ptsz;
     cuStreamAttachMemAsync: 6000 => cuStreamAttachMemAsync, 7000 ptds => cuStreamAttachMemAsync_ptsz;
+    cuStreamBatchMemOp: 8000 => cuStreamBatchMemOp, 11070 => cuStreamBatchMemOp_v2, 11070 ptds => cuStreamBatchMemOp_v2_ptsz;
     cuStreamBeginCapture: 10000 => cuStreamBeginCapture, 10000 ptds => cuStreamBeginCapture_ptsz, 10010 => cuStreamBeginCapture_v2, 10010 ptds => cuStreamBeginCapture_v2_ptsz;
     cuStreamBeginCaptureToCig: 13020 => cuStreamBeginCaptureToCig;
     cuStreamCopyAttributes: 11000 => cuStreamCopyAttributes, 11000 ptds => cuStreamCopyAttributes_ptsz;
@@ -477,11 +502,14 @@ proc_table! {
     cuStreamSetAttribute: 11000 => cuStreamSetAttribute, 11000 ptds => cuStreamSetAttribute_ptsz;
     cuStreamSynchronize: 2000 => cuStreamSynchronize, 7000 ptds => cuStreamSynchronize_ptsz;
     cuStreamWaitEvent: 3020 => cuStreamWaitEvent, 7000 ptds => cuStreamWaitEvent_ptsz;
+    cuStreamWaitValue32: 8000 => cuStreamWaitValue32, 11070 => cuStreamWaitValue32_v2, 11070 ptds => cuStreamWaitValue32_v2_ptsz;
+    cuStreamWriteValue32: 8000 => cuStreamWriteValue32, 11070 => cuStreamWriteValue32_v2, 11070 ptds => cuStreamWriteValue32_v2_ptsz;
     cuSurfObjectCreate: 5000 => cuSurfObjectCreate;
     cuSurfObjectDestroy: 5000 => cuSurfObjectDestroy;
     cuSurfObjectGetResourceDesc: 5000 => cuSurfObjectGetResourceDesc;
     cuSurfRefGetArray: 3000 => cuSurfRefGetArray;
     cuSurfRefSetArray: 3000 => cuSurfRefSetArray;
+    cuTensorMapEncodeTiled: 12000 => cuTensorMapEncodeTiled;
     cuTexObjectCreate: 5000 => cuTexObjectCreate;
     cuTexObjectDestroy: 5000 => cuTexObjectDestroy;
     cuTexObjectGetResourceDesc: 5000 => cuTexObjectGetResourceDesc;
@@ -514,6 +542,7 @@ proc_table! {
     cuTexRefSetMipmapLevelBias: 5000 => cuTexRefSetMipmapLevelBias;
     cuTexRefSetMipmapLevelClamp: 5000 => cuTexRefSetMipmapLevelClamp;
     cuTexRefSetMipmappedArray: 5000 => cuTexRefSetMipmappedArray;
+    cuThreadExchangeStreamCaptureMode: 10010 => cuThreadExchangeStreamCaptureMode;
     cuUserObjectCreate: 11030 => cuUserObjectCreate;
     cuUserObjectRelease: 11030 => cuUserObjectRelease;
     cuUserObjectRetain: 11030 => cuUserObjectRetain;
@@ -597,11 +626,15 @@ pub const STUBS: &[&str] = &[
     "cuCoredumpSetAttributeGlobal",
     "cuCtxAttach",
     "cuCtxDetach",
+    "cuCtxFromGreenCtx",
     "cuCtxGetExecAffinity",
     "cuDestroyExternalMemory",
     "cuDestroyExternalSemaphore",
+    "cuDevResourceGenerateDesc",
+    "cuDevSmResourceSplitByCount",
     "cuDeviceGetCliqueCount",
     "cuDeviceGetCliqueInfo",
+    "cuDeviceGetDevResource",
     "cuDeviceGetFabricClusterUuid",
     "cuDeviceGetHostAtomicCapabilities",
     "cuDeviceGetNvSciSyncAttributes",
@@ -667,6 +700,9 @@ pub const STUBS: &[&str] = &[
     "cuGraphicsUnregisterResource",
     "cuGraphicsVDPAURegisterOutputSurface",
     "cuGraphicsVDPAURegisterVideoSurface",
+    "cuGreenCtxCreate",
+    "cuGreenCtxDestroy",
+    "cuGreenCtxStreamCreate",
     "cuImportExternalMemory",
     "cuImportExternalSemaphore",
     "cuIpcCloseMemHandle",
@@ -697,12 +733,14 @@ pub const STUBS: &[&str] = &[
     "cuMemBatchDecompressAsync",
     "cuMemDiscardAndPrefetchBatchAsync",
     "cuMemDiscardBatchAsync",
+    "cuMemExportToShareableHandle",
     "cuMemFree",
     "cuMemGetAddressRange",
     "cuMemGetHandleForAddressRange",
     "cuMemGetLocationInfo",
     "cuMemHostGetDevicePointer",
     "cuMemHostRegister",
+    "cuMemImportFromShareableHandle",
     "cuMemMapArrayAsync",
     "cuMemPoolExportPointer",
     "cuMemPoolExportToShareableHandle",
@@ -742,6 +780,11 @@ pub const STUBS: &[&str] = &[
     "cuModuleGetGlobal",
     "cuModuleGetSurfRef",
     "cuModuleGetTexRef",
+    "cuMulticastAddDevice",
+    "cuMulticastBindMem",
+    "cuMulticastCreate",
+    "cuMulticastGetGranularity",
+    "cuMulticastUnbind",
     "cuParamSetSize",
     "cuParamSetTexRef",
     "cuParamSetf",
@@ -749,10 +792,14 @@ pub const STUBS: &[&str] = &[
     "cuParamSetv",
     "cuProfilerInitialize",
     "cuSignalExternalSemaphoresAsync",
+    "cuStreamBatchMemOp",
+    "cuStreamBatchMemOp_v2",
+    "cuStreamBatchMemOp_v2_ptsz",
     "cuStreamBeginCaptureToCig",
     "cuStreamEndCaptureToCig",
     "cuSurfRefGetArray",
     "cuSurfRefSetArray",
+    "cuTensorMapEncodeTiled",
     "cuTexRefCreate",
     "cuTexRefDestroy",
     "cuTexRefGetAddress",

@@ -4,7 +4,7 @@
 //! number of its last operation, an event the one of its last record.
 
 use crate::cuda::graph::{add_node_kind, KernelData, KernelNodeParams, NodeKind};
-use crate::driver::{cu, Capture, CaptureGraph, Event, KernelNode, Obj, Stream};
+use crate::driver::{cu, Capture, CaptureGraph, Event, KernelNode, MemOp, Obj, Stream};
 use crate::exec::EventTimes;
 use crate::{guard, put, CuRes};
 use cgpu_ffi::*;
@@ -766,6 +766,69 @@ pub fn record_node_if_capturing(
     Ok(true)
 }
 
+/// Runs `f` (an async copy or memset on `stream`): if the stream is
+/// capturing, its memory operations are recorded into the capture (to run
+/// at each replay) instead of performed. Arguments are checked either way.
+pub fn capture_mem_ops(stream: usize, f: impl FnOnce() -> CuRes) -> CuRes {
+    let (_, s) = cu()?.stream(stream)?;
+    let Some(s) = s.filter(|s| s.capture.lock().is_some()) else {
+        return f();
+    };
+    RECORDING.with(|r| *r.borrow_mut() = Some(Vec::new()));
+    let res = f();
+    let ops = RECORDING
+        .with(|r| r.borrow_mut().take())
+        .unwrap_or_default();
+    res?;
+    // Each operation becomes a node after the stream's current ones.
+    drop(s);
+    for op in ops {
+        record_node_if_capturing(stream, || NodeKind::MemOp(op))?;
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// Memory operations being recorded by `capture_mem_ops` on this thread.
+    static RECORDING: std::cell::RefCell<Option<Vec<MemOp>>> = const { std::cell::RefCell::new(None) };
+    /// `cuThreadExchangeStreamCaptureMode`: this thread's capture mode
+    /// (0 global, 1 thread-local, 2 relaxed).
+    static CAPTURE_MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Records `op` if this thread is recording a captured memory operation
+/// (true: the caller must not perform it now).
+pub fn record_mem_op(op: impl FnOnce() -> MemOp) -> bool {
+    RECORDING.with(|r| match r.borrow_mut().as_mut() {
+        Some(v) => {
+            v.push(op());
+            true
+        }
+        None => false,
+    })
+}
+
+/// Sets the calling thread's stream-capture mode to `*mode` and returns the
+/// previous one in `*mode`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CUresult {
+    guard(|| {
+        cu()?;
+        if mode.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: non-null in/out pointer from the caller.
+        let new = unsafe { mode.read_unaligned() };
+        if new > 2 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let old = CAPTURE_MODE.with(|m| m.replace(new));
+        // SAFETY: as above.
+        unsafe { mode.write_unaligned(old) };
+        Ok(())
+    })
+}
+
 /// Capture info: status, id, the capture's graph, and the stream's current
 /// dependencies (a pointer valid until the stream's next captured work, as
 /// with the driver); edge data is NULL (all edges are default edges).
@@ -959,4 +1022,120 @@ pub unsafe extern "C" fn cuCtxRecordEvent(ctx: CUcontext, ev: CUevent) -> CUresu
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxWaitEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
     guard(|| ctx_event(ctx, ev, false))
+}
+
+// -------------------------------------------------- stream memory operations
+
+/// `cuStreamWriteValue32`: writes `value` at device address `addr` in stream
+/// order (at once: the sim's copies need no ordering with kernels; recorded
+/// when the stream captures).
+fn write_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) -> CuRes {
+    if flags & !1 != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let v = value;
+    // SAFETY: viewing a u32 as its bytes.
+    let bytes = unsafe { std::slice::from_raw_parts(&v as *const u32 as *const u8, 4) };
+    let op = MemOp::Set {
+        dst: addr,
+        value: bytes.to_vec(),
+        count: 1,
+    };
+    capture_mem_ops(h as usize, || {
+        if addr % 4 != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if record_mem_op(|| op.clone()) {
+            return Ok(());
+        }
+        super::memory::run_mem_op(cu()?, &op)
+    })
+}
+
+/// CUDA 8's variant: the same arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWriteValue32(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| write_value32(h, addr, value, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWriteValue32_v2(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| write_value32(h, addr, value, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWriteValue32_v2_ptsz(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| write_value32(h, addr, value, flags))
+}
+
+/// `cuStreamWaitValue32`: succeeds when the condition (GEQ 0, EQ 1, AND 2,
+/// NOR 3) already holds. The sim cannot make a stream wait for a later write:
+/// otherwise `CUDA_ERROR_NOT_SUPPORTED`, counted as a stub.
+fn wait_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) -> CuRes {
+    let d = cu()?;
+    d.stream(h as usize)?;
+    if addr % 4 != 0 || flags & !(3 | 1 << 30) != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    super::memory::check_dev_range(d, addr, 4)?;
+    // SAFETY: a live device mapping of ours, 4 bytes, aligned.
+    let cur = unsafe { (addr as *const u32).read_volatile() };
+    let holds = match flags & 3 {
+        0 => (cur as i32).wrapping_sub(value as i32) >= 0,
+        1 => cur == value,
+        2 => cur & value != 0,
+        _ => !(cur | value) != 0,
+    };
+    if holds {
+        Ok(())
+    } else {
+        crate::stub_hit!("cuStreamWaitValue32 (not yet satisfied)");
+        Err(CUDA_ERROR_NOT_SUPPORTED)
+    }
+}
+
+/// CUDA 8's variant: the same arguments.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitValue32(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| wait_value32(h, addr, value, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitValue32_v2(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| wait_value32(h, addr, value, flags))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuStreamWaitValue32_v2_ptsz(
+    h: CUstream,
+    addr: CUdeviceptr,
+    value: u32,
+    flags: u32,
+) -> CUresult {
+    guard(|| wait_value32(h, addr, value, flags))
 }

@@ -376,3 +376,33 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
         unsafe { put(h, id, CUDA_ERROR_INVALID_VALUE) }
     })
 }
+
+/// The properties a physical allocation was created with (pinned device
+/// memory on its device).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
+    prop: *mut CUmemAllocationProp,
+    h: CUmemGenericAllocationHandle,
+) -> CUresult {
+    guard(|| {
+        let d = cu()?;
+        let dev = d
+            .phys
+            .lock()
+            .get(&h)
+            .map(|p| p.dev)
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let p = CUmemAllocationProp {
+            type_: 1,
+            requestedHandleTypes: 0,
+            location: CUmemLocation {
+                type_: 1,
+                id: dev as i32,
+            },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: [0; 8],
+        };
+        // SAFETY: out pointer from the caller.
+        unsafe { put(prop, p, CUDA_ERROR_INVALID_VALUE) }
+    })
+}
