@@ -153,11 +153,9 @@ fn graphs_pools_occupancy_and_arrays_through_cuda_bindings() {
 
     let e = &v["errors"];
     assert_eq!(e["name_2"], "CUDA_ERROR_OUT_OF_MEMORY", "{v:#}");
-    assert!(e["string_2"]
-        .as_str()
-        .unwrap()
-        .starts_with("The API call failed"));
-    assert!(e["string_904"].as_str().unwrap().contains("not joined"));
+    // The driver's own short strings (as CuPy and PyTorch print them).
+    assert_eq!(e["string_2"], "out of memory");
+    assert_eq!(e["string_904"], "capturing stream has unjoined work");
 
     let st = snapshot(&env.state_dir).unwrap();
     assert!(st.stubs.is_empty(), "stubs were hit: {:?}", st.stubs);

@@ -1,7 +1,7 @@
 //! Kernel launches: asynchronous, queued on the device's executor.
 
 use crate::driver::{cu, Driver, Func, KernelNode, Timing};
-use crate::{guard, CuRes};
+use crate::{exports, CuRes};
 use cgpu_ffi::*;
 use std::ffi::c_void;
 use std::sync::atomic::Ordering::*;
@@ -112,42 +112,16 @@ fn launch(
     submit(d, stream as usize, ns)
 }
 
-macro_rules! launch_variants {
-    ($($name:ident),+) => {$(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            f: CUfunction,
-            gx: u32, gy: u32, gz: u32,
-            bx: u32, by: u32, bz: u32,
-            shmem: u32,
-            stream: CUstream,
-            params: *mut *mut c_void,
-            extra: *mut *mut c_void,
-        ) -> CUresult {
-            std::hint::black_box(stringify!($name));
-            guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, shmem, stream, params, extra))
-        }
-    )+};
+exports! {
+    cuLaunchKernel | cuLaunchKernel_ptsz(
+        f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+        shmem: u32, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void,
+    ) => launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, shmem, stream, params, extra);
+    cuLaunchCooperativeKernel | cuLaunchCooperativeKernel_ptsz(
+        f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32,
+        shmem: u32, stream: CUstream, params: *mut *mut c_void,
+    ) => launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, shmem, stream, params, std::ptr::null_mut());
 }
-launch_variants!(cuLaunchKernel, cuLaunchKernel_ptsz);
-
-macro_rules! coop_variants {
-    ($($name:ident),+) => {$(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name(
-            f: CUfunction,
-            gx: u32, gy: u32, gz: u32,
-            bx: u32, by: u32, bz: u32,
-            shmem: u32,
-            stream: CUstream,
-            params: *mut *mut c_void,
-        ) -> CUresult {
-            std::hint::black_box(stringify!($name));
-            guard(|| launch(f, Dims { grid: [gx, gy, gz], block: [bx, by, bz] }, shmem, stream, params, std::ptr::null_mut()))
-        }
-    )+};
-}
-coop_variants!(cuLaunchCooperativeKernel, cuLaunchCooperativeKernel_ptsz);
 
 fn launch_ex(
     cfg: *const CUlaunchConfig,
@@ -170,22 +144,6 @@ fn launch_ex(
     launch(f, dm, c.sharedMemBytes, c.hStream, params, extra)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx(
-    cfg: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    guard(|| launch_ex(cfg, f, params, extra))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchKernelEx_ptsz(
-    cfg: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult {
-    guard(|| launch_ex(cfg, f, params, extra))
+exports! {
+    cuLaunchKernelEx | cuLaunchKernelEx_ptsz(cfg: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch_ex(cfg, f, params, extra);
 }

@@ -9,7 +9,7 @@
 //! cache); copies and memsets are performed at the call, in call order.
 
 use crate::driver::{cu, Alloc, AllocKind, Array, Driver, MemOp, Obj, Pool};
-use crate::{guard, put, CuRes};
+use crate::{exports, guard, put, CuRes};
 use cgpu_ffi::*;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -566,42 +566,12 @@ fn alloc_async(
     unsafe { put(dptr, p, CUDA_ERROR_INVALID_VALUE) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, size, None, stream))
+exports! {
+    cuMemAllocAsync | cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => alloc_async(dptr, size, None, stream);
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, size, None, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, size, Some(pool as usize), stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, size, Some(pool as usize), stream))
+exports! {
+    cuMemAllocFromPoolAsync | cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) => alloc_async(dptr, size, Some(pool as usize), stream);
 }
 
 fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuRes {
@@ -621,14 +591,8 @@ fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuRes {
     )
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    guard(|| free_async(dptr, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    guard(|| free_async(dptr, stream))
+exports! {
+    cuMemFreeAsync | cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free_async(dptr, stream);
 }
 
 #[unsafe(no_mangle)]
