@@ -1301,9 +1301,10 @@ exports! {
         => add_node(pn, g, deps, ndeps, || mem_free_data(p));
     cuGraphAddNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *mut GraphNodeParams)
         => add_node(pn, g, deps, ndeps, || generic_kind(p));
-    cuGraphAddNode_v2(pn: NodeOut, g: CUgraph, deps: Nodes, _edata: *const u64, ndeps: usize, p: *mut GraphNodeParams)
+    // _v3 (CUDA 13.4): the same signature; it also knows the batch copy node types.
+    cuGraphAddNode_v2 | cuGraphAddNode_v3(pn: NodeOut, g: CUgraph, deps: Nodes, _edata: *const u64, ndeps: usize, p: *mut GraphNodeParams)
         => add_node(pn, g, deps, ndeps, || generic_kind(p));
-    cuGraphNodeSetParams(n: CUgraphNode, p: *mut GraphNodeParams) => {
+    cuGraphNodeSetParams | cuGraphNodeSetParams_v2(n: CUgraphNode, p: *mut GraphNodeParams) => {
         if let NodeKind::MemAlloc(_) | NodeKind::MemFree(_) | NodeKind::Cond(..) = node_kind(n)? {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }

@@ -248,6 +248,14 @@ pub fn host_func_after(h: usize, f: unsafe extern "C" fn(*mut c_void), data: usi
 
 exports! {
     cuLaunchHostFunc | cuLaunchHostFunc_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void) => launch_host_func(h, f, data);
+    // CUDA 13.1: a sync mode (blocking 0 / non-blocking 1); the sim's host
+    // functions never block the stream's device work either way.
+    cuLaunchHostFunc_v2 | cuLaunchHostFunc_v2_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void, mode: u32) => {
+        if mode > 1 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        launch_host_func(h, f, data)
+    };
 }
 
 // ----------------------------------------------------------------------- events
