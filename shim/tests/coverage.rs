@@ -151,6 +151,18 @@ fn graphs_pools_occupancy_and_arrays_through_cuda_bindings() {
     assert_eq!(a["mipmap_returned"], 1024);
     assert_eq!(a["all_returned"], true);
 
+    let x = &v["more"];
+    assert_eq!(x["attr_prio"], 3, "{v:#}");
+    assert_eq!(x["attr_prio_other_before"], 0);
+    assert_eq!(x["attr_prio_copied"], 3);
+    assert!(x["legacy_ms"].as_f64().unwrap() >= 4.0, "{x}");
+    assert_eq!(x["batch_copy"], json!([0x33, 0x33, 0x33, 0x33]));
+    assert_eq!(x["batch_prefetch_host"], -1); // CU_DEVICE_CPU
+    assert_eq!(x["exec_affinity"], "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY");
+    // Both devices ran their 3 ms kernel (in parallel: not twice as long).
+    assert!(x["multi_device_wall_ms"].as_f64().unwrap() >= 3.0, "{x}");
+    assert_eq!(x["multi_device_too_many"], "CUDA_ERROR_INVALID_VALUE");
+
     let e = &v["errors"];
     assert_eq!(e["name_2"], "CUDA_ERROR_OUT_OF_MEMORY", "{v:#}");
     // The driver's own short strings (as CuPy and PyTorch print them).

@@ -576,3 +576,70 @@ exports! {
     cuTexObjectGetTextureDesc(out: *mut TextureDesc, h: u64) => tex_get(h, out, |o| o.tex);
     cuTexObjectGetResourceViewDesc(out: *mut ResourceViewDesc, h: u64) => tex_get(h, out, |o| o.view);
 }
+
+/// `cuMemcpyBatchAsync`: `count` linear copies (device or host memory on
+/// either side), validated in order and performed in order; the attributes
+/// (access order, location hints) change nothing in the sim but must be
+/// well formed. On a failing copy, `fail_idx` (v1) names it.
+#[allow(clippy::too_many_arguments)]
+fn memcpy_batch(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const c_void,
+    attr_idxs: *const usize,
+    nattrs: usize,
+    fail_idx: *mut usize,
+    stream: CUstream,
+) -> CuRes {
+    cu()?.stream(stream as usize)?;
+    if !fail_idx.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *fail_idx = usize::MAX };
+    }
+    if dsts.is_null() || srcs.is_null() || sizes.is_null() || count == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if attrs.is_null() || attr_idxs.is_null() || nattrs == 0 || nattrs > count {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: attr_idxs holds nattrs entries by the caller's contract.
+    if unsafe { *attr_idxs } != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for i in 0..count {
+        // SAFETY: the three arrays hold count entries by the caller's contract.
+        let (dst, src, n) = unsafe { (*dsts.add(i), *srcs.add(i), *sizes.add(i)) };
+        let m = Memcpy3D {
+            src_memory_type: 4,
+            src_host: src as *const c_void,
+            src_device: src,
+            dst_memory_type: 4,
+            dst_host: dst as *mut c_void,
+            dst_device: dst,
+            width_in_bytes: n,
+            height: 1,
+            depth: 1,
+            ..zeroed()
+        };
+        if let Err(e) = memcpy3d(&m) {
+            if !fail_idx.is_null() {
+                // SAFETY: non-null out pointer from the caller.
+                unsafe { *fail_idx = i };
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+type DPtrs = *const CUdeviceptr;
+type Sizes = *const usize;
+
+exports! {
+    cuMemcpyBatchAsync | cuMemcpyBatchAsync_ptsz(dsts: DPtrs, srcs: DPtrs, sizes: Sizes, count: usize, attrs: *const c_void, idxs: Sizes, nattrs: usize, fail: *mut usize, stream: CUstream)
+        => memcpy_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, fail, stream);
+    cuMemcpyBatchAsync_v2 | cuMemcpyBatchAsync_v2_ptsz(dsts: DPtrs, srcs: DPtrs, sizes: Sizes, count: usize, attrs: *const c_void, idxs: Sizes, nattrs: usize, stream: CUstream)
+        => memcpy_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, std::ptr::null_mut(), stream);
+}

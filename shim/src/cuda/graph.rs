@@ -144,11 +144,13 @@ pub const NODE_MEM_ALLOC: u32 = 10;
 pub const NODE_MEM_FREE: u32 = 11;
 pub const NODE_CONDITIONAL: u32 = 13;
 
-/// A kernel node: what runs, and the parameters as given.
+/// A kernel node: what runs, the parameters as given, and its launch
+/// attributes (`cuGraphKernelNodeSetAttribute`: id → the 64-byte value).
 #[derive(Clone)]
 pub struct KernelData {
     pub run: KernelNode,
     pub params: KernelNodeParams,
+    pub attrs: HashMap<u32, [u8; 64]>,
 }
 
 /// A graph allocation: its address is fixed when the node is added.
@@ -418,6 +420,7 @@ fn kernel_data(p: *const KernelNodeParams) -> Result<NodeKind, CUresult> {
     Ok(NodeKind::Kernel(KernelData {
         run: KernelNode { func, ns },
         params: kp,
+        attrs: HashMap::new(),
     }))
 }
 
@@ -1367,7 +1370,36 @@ exports! {
     cuGraphKernelNodeGetParams | cuGraphKernelNodeGetParams_v2(n: CUgraphNode, p: *mut KernelNodeParams)
         => get_kernel_params(n, p);
     cuGraphKernelNodeSetParams | cuGraphKernelNodeSetParams_v2(n: CUgraphNode, p: *const KernelNodeParams)
-        => set_node_kind(n, kernel_data(p)?);
+        => {
+            let attrs = match node_kind(n)? { NodeKind::Kernel(k) => k.attrs, _ => return Err(CUDA_ERROR_INVALID_VALUE) };
+            let mut k = kernel_data(p)?;
+            if let NodeKind::Kernel(x) = &mut k { x.attrs = attrs; }
+            set_node_kind(n, k)
+        };
+    cuGraphKernelNodeGetAttribute(n: CUgraphNode, attr: u32, out: *mut [u8; 64]) => match node_kind(n)? {
+        NodeKind::Kernel(k) => {
+            if !(1..=32).contains(&attr) { return Err(CUDA_ERROR_INVALID_VALUE) }
+            // SAFETY: out pointer from the caller (a 64-byte CUkernelNodeAttrValue).
+            unsafe { put(out, k.attrs.get(&attr).copied().unwrap_or([0; 64]), CUDA_ERROR_INVALID_VALUE) }
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphKernelNodeSetAttribute(n: CUgraphNode, attr: u32, v: *const [u8; 64]) => match node_kind(n)? {
+        NodeKind::Kernel(mut k) => {
+            if v.is_null() || !(1..=32).contains(&attr) { return Err(CUDA_ERROR_INVALID_VALUE) }
+            // SAFETY: a 64-byte CUkernelNodeAttrValue from the caller (checked non-null).
+            k.attrs.insert(attr, unsafe { v.read_unaligned() });
+            set_node_kind(n, NodeKind::Kernel(k))
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) => match (node_kind(dst)?, node_kind(src)?) {
+        (NodeKind::Kernel(mut d), NodeKind::Kernel(s)) => {
+            d.attrs = s.attrs;
+            set_node_kind(dst, NodeKind::Kernel(d))
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
     cuGraphExecKernelNodeSetParams | cuGraphExecKernelNodeSetParams_v2
         (e: CUgraphExec, n: CUgraphNode, p: *const KernelNodeParams) => exec_set(e, n, kernel_data(p)?);
     cuGraphMemsetNodeGetParams(n: CUgraphNode, p: *mut MemsetNodeParams) => match node_kind(n)? {
@@ -1576,8 +1608,7 @@ stub_fns! {
         cuGraphAddExternalSemaphoresWaitNode, cuGraphExternalSemaphoresSignalNodeGetParams,
         cuGraphExternalSemaphoresSignalNodeSetParams, cuGraphExternalSemaphoresWaitNodeGetParams,
         cuGraphExternalSemaphoresWaitNodeSetParams, cuGraphExecExternalSemaphoresSignalNodeSetParams,
-        cuGraphExecExternalSemaphoresWaitNodeSetParams, cuGraphKernelNodeCopyAttributes,
-        cuGraphKernelNodeGetAttribute, cuGraphKernelNodeSetAttribute;
+        cuGraphExecExternalSemaphoresWaitNodeSetParams;
 }
 
 /// `cuGraphNodeGetParams` (CUDA 13.2): the node's parameters in a

@@ -32,7 +32,6 @@ legacy_stubs! {
     cuMemcpyAtoD,
     cuMemcpyAtoH,
     cuMemcpyAtoHAsync,
-    cuMemcpyBatchAsync_v2,
     cuMemcpyDtoA,
     cuMemcpyDtoD,
     cuMemcpyDtoDAsync,
@@ -358,8 +357,8 @@ proc_table! {
     cuMemAllocPitch: 2000 => cuMemAllocPitch, 3020 => cuMemAllocPitch_v2;
     cuMemBatchDecompressAsync: 12060 => cuMemBatchDecompressAsync;
     cuMemCreate: 10020 => cuMemCreate;
-    cuMemDiscardAndPrefetchBatchAsync: 13000 => cuMemDiscardAndPrefetchBatchAsync;
-    cuMemDiscardBatchAsync: 13000 => cuMemDiscardBatchAsync;
+    cuMemDiscardAndPrefetchBatchAsync: 13000 => cuMemDiscardAndPrefetchBatchAsync, 13000 ptds => cuMemDiscardAndPrefetchBatchAsync_ptsz;
+    cuMemDiscardBatchAsync: 13000 => cuMemDiscardBatchAsync, 13000 ptds => cuMemDiscardBatchAsync_ptsz;
     cuMemExportToShareableHandle: 10020 => cuMemExportToShareableHandle;
     cuMemFree: 2000 => cuMemFree, 3020 => cuMemFree_v2;
     cuMemFreeAsync: 11020 => cuMemFreeAsync, 11020 ptds => cuMemFreeAsync_ptsz;
@@ -393,7 +392,7 @@ proc_table! {
     cuMemPoolSetAttribute: 11020 => cuMemPoolSetAttribute;
     cuMemPoolTrimTo: 11020 => cuMemPoolTrimTo;
     cuMemPrefetchAsync: 8000 => cuMemPrefetchAsync, 8000 ptds => cuMemPrefetchAsync_ptsz, 12020 => cuMemPrefetchAsync_v2, 12020 ptds => cuMemPrefetchAsync_v2_ptsz;
-    cuMemPrefetchBatchAsync: 13000 => cuMemPrefetchBatchAsync;
+    cuMemPrefetchBatchAsync: 13000 => cuMemPrefetchBatchAsync, 13000 ptds => cuMemPrefetchBatchAsync_ptsz;
     cuMemRangeGetAttribute: 8000 => cuMemRangeGetAttribute;
     cuMemRangeGetAttributes: 8000 => cuMemRangeGetAttributes;
     cuMemRelease: 10020 => cuMemRelease;
@@ -416,7 +415,7 @@ proc_table! {
     cuMemcpyAtoD: 2000 => cuMemcpyAtoD, 3020 => cuMemcpyAtoD_v2, 7000 ptds => cuMemcpyAtoD_v2_ptds;
     cuMemcpyAtoH: 2000 => cuMemcpyAtoH, 3020 => cuMemcpyAtoH_v2, 7000 ptds => cuMemcpyAtoH_v2_ptds;
     cuMemcpyAtoHAsync: 2000 => cuMemcpyAtoHAsync, 3020 => cuMemcpyAtoHAsync_v2, 7000 ptds => cuMemcpyAtoHAsync_v2_ptsz;
-    cuMemcpyBatchAsync: 12080 => cuMemcpyBatchAsync, 13000 => cuMemcpyBatchAsync_v2;
+    cuMemcpyBatchAsync: 12080 => cuMemcpyBatchAsync, 12080 ptds => cuMemcpyBatchAsync_ptsz, 13000 => cuMemcpyBatchAsync_v2, 13000 ptds => cuMemcpyBatchAsync_v2_ptsz;
     cuMemcpyDtoA: 2000 => cuMemcpyDtoA, 3020 => cuMemcpyDtoA_v2, 7000 ptds => cuMemcpyDtoA_v2_ptds;
     cuMemcpyDtoD: 2000 => cuMemcpyDtoD, 3020 => cuMemcpyDtoD_v2, 7000 ptds => cuMemcpyDtoD_v2_ptds;
     cuMemcpyDtoDAsync: 3000 => cuMemcpyDtoDAsync, 3020 => cuMemcpyDtoDAsync_v2, 7000 ptds => cuMemcpyDtoDAsync_v2_ptsz;
@@ -584,7 +583,6 @@ pub const STUBS: &[&str] = &[
     "cuCtxAttach",
     "cuCtxDetach",
     "cuCtxFromGreenCtx",
-    "cuCtxGetExecAffinity",
     "cuDestroyExternalMemory",
     "cuDestroyExternalSemaphore",
     "cuDevResourceGenerateDesc",
@@ -611,8 +609,6 @@ pub const STUBS: &[&str] = &[
     "cuExternalMemoryGetMappedBuffer",
     "cuExternalMemoryGetMappedMipmappedArray",
     "cuFabricCpyBatchAsync",
-    "cuFuncSetBlockShape",
-    "cuFuncSetSharedSize",
     "cuGLCtxCreate",
     "cuGLCtxCreate_v2",
     "cuGLGetDevices",
@@ -639,9 +635,6 @@ pub const STUBS: &[&str] = &[
     "cuGraphExternalSemaphoresSignalNodeSetParams",
     "cuGraphExternalSemaphoresWaitNodeGetParams",
     "cuGraphExternalSemaphoresWaitNodeSetParams",
-    "cuGraphKernelNodeCopyAttributes",
-    "cuGraphKernelNodeGetAttribute",
-    "cuGraphKernelNodeSetAttribute",
     "cuGraphicsEGLRegisterImage",
     "cuGraphicsGLRegisterBuffer",
     "cuGraphicsGLRegisterImage",
@@ -668,10 +661,6 @@ pub const STUBS: &[&str] = &[
     "cuIpcOpenEventHandle",
     "cuIpcOpenMemHandle",
     "cuIpcOpenMemHandle_v2",
-    "cuLaunch",
-    "cuLaunchCooperativeKernelMultiDevice",
-    "cuLaunchGrid",
-    "cuLaunchGridAsync",
     "cuLogicalEndpointAddDevice",
     "cuLogicalEndpointBindAddr",
     "cuLogicalEndpointBindMem",
@@ -688,8 +677,6 @@ pub const STUBS: &[&str] = &[
     "cuMemAllocHost",
     "cuMemAllocPitch",
     "cuMemBatchDecompressAsync",
-    "cuMemDiscardAndPrefetchBatchAsync",
-    "cuMemDiscardBatchAsync",
     "cuMemExportToShareableHandle",
     "cuMemFree",
     "cuMemGetAddressRange",
@@ -703,7 +690,6 @@ pub const STUBS: &[&str] = &[
     "cuMemPoolExportToShareableHandle",
     "cuMemPoolImportFromShareableHandle",
     "cuMemPoolImportPointer",
-    "cuMemPrefetchBatchAsync",
     "cuMemcpy2D",
     "cuMemcpy2DAsync",
     "cuMemcpy2DUnaligned",
@@ -716,8 +702,6 @@ pub const STUBS: &[&str] = &[
     "cuMemcpyAtoD",
     "cuMemcpyAtoH",
     "cuMemcpyAtoHAsync",
-    "cuMemcpyBatchAsync",
-    "cuMemcpyBatchAsync_v2",
     "cuMemcpyDtoA",
     "cuMemcpyDtoD",
     "cuMemcpyDtoDAsync",
@@ -745,11 +729,7 @@ pub const STUBS: &[&str] = &[
     "cuMulticastCreate",
     "cuMulticastGetGranularity",
     "cuMulticastUnbind",
-    "cuParamSetSize",
     "cuParamSetTexRef",
-    "cuParamSetf",
-    "cuParamSeti",
-    "cuParamSetv",
     "cuProfilerInitialize",
     "cuSignalExternalSemaphoresAsync",
     "cuStreamBatchMemOp",

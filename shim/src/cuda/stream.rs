@@ -617,6 +617,7 @@ pub fn record_if_capturing(stream: usize, k: &KernelNode) -> Result<bool, CUresu
                 kernel_params: std::ptr::null_mut(),
                 extra: std::ptr::null_mut(),
             },
+            attrs: Default::default(),
         })
     })
 }

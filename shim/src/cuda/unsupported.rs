@@ -43,10 +43,8 @@ stub_fns! {
         cuTexRefSetBorderColor, cuTexRefSetFilterMode, cuTexRefSetFlags, cuTexRefSetFormat,
         cuTexRefSetMaxAnisotropy, cuTexRefSetMipmapFilterMode, cuTexRefSetMipmapLevelBias,
         cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
-        cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuLaunch, cuLaunchGrid,
-        cuLaunchGridAsync, cuFuncSetBlockShape, cuFuncSetSharedSize, cuParamSetSize,
-        cuParamSetTexRef, cuParamSetf, cuParamSeti, cuParamSetv, cuCtxAttach, cuCtxDetach,
-        cuProfilerInitialize, cuLaunchCooperativeKernelMultiDevice;
+        cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuCtxAttach,
+        cuCtxDetach, cuProfilerInitialize;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Interprocess and external memory and semaphores: device memory is
         // private to each process in the sim.
@@ -61,8 +59,7 @@ stub_fns! {
         // Sparse arrays, batched and attribute copies, decompression.
         cuArrayGetMemoryRequirements, cuArrayGetPlane, cuArrayGetSparseProperties,
         cuMipmappedArrayGetMemoryRequirements, cuMipmappedArrayGetSparseProperties,
-        cuMemMapArrayAsync, cuMemBatchDecompressAsync, cuMemcpyBatchAsync, cuMemcpy3DBatchAsync,
-        cuMemPrefetchBatchAsync, cuMemDiscardBatchAsync, cuMemDiscardAndPrefetchBatchAsync,
+        cuMemMapArrayAsync, cuMemBatchDecompressAsync, cuMemcpy3DBatchAsync,
         cuMemcpyWithAttributesAsync, cuMemcpy3DWithAttributesAsync, cuMemGetLocationInfo,
         cuFabricCpyBatchAsync;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
@@ -77,7 +74,7 @@ stub_fns! {
         cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
         cuDeviceGetHostAtomicCapabilities, cuDeviceGetP2PAtomicCapabilities,
         cuDeviceRegisterAsyncNotification, cuDeviceUnregisterAsyncNotification,
-        cuCtxGetExecAffinity, cuStreamBeginCaptureToCig, cuStreamEndCaptureToCig,
+        cuStreamBeginCaptureToCig, cuStreamEndCaptureToCig,
         cuLogicalEndpointAddDevice, cuLogicalEndpointBindAddr, cuLogicalEndpointBindMem,
         cuLogicalEndpointCreate, cuLogicalEndpointDestroy, cuLogicalEndpointExport,
         cuLogicalEndpointGetLimits, cuLogicalEndpointIdRelease, cuLogicalEndpointIdReserve,
@@ -163,6 +160,13 @@ fn param_info(
 type PStr = *mut usize;
 
 exports! {
+    // Execution affinity is not supported (cuDeviceGetExecAffinitySupport
+    // says 0): the driver's answer.
+    cuCtxGetExecAffinity(p: *mut u64, _ty: u32) => {
+        cu()?.cur_ctx()?;
+        if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) }
+        Err(CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY)
+    };
     cuDeviceGetProperties(p: *mut DevProp, dev: CUdevice) => device_properties(p, dev);
     cuDeviceGetTexture1DLinearMaxWidth(w: *mut usize, _fmt: u32, ch: u32, dev: CUdevice) => {
         cu()?.check_dev(dev)?;

@@ -477,6 +477,83 @@ def _():
     return r
 
 
+@section("more")
+def _():
+    r = {}
+    # Kernel node launch attributes are kept per node and copied.
+    g = ok(d.cuGraphCreate(0))
+    kp = d.CUDA_KERNEL_NODE_PARAMS()
+    kp.func = spin
+    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+    ns = ctypes.c_uint64(1000)
+    kp.kernelParams = ((ns,), (ctypes.c_uint64,))
+    k1 = ok(d.cuGraphAddKernelNode(g, None, 0, kp))
+    k2 = ok(d.cuGraphAddKernelNode(g, None, 0, kp))
+    PRIO = d.CUkernelNodeAttrID.CU_LAUNCH_ATTRIBUTE_PRIORITY
+    v = d.CUkernelNodeAttrValue()
+    v.priority = 3
+    ok(d.cuGraphKernelNodeSetAttribute(k1, PRIO, v), "cuGraphKernelNodeSetAttribute")
+    r["attr_prio"] = ok(d.cuGraphKernelNodeGetAttribute(k1, PRIO), "cuGraphKernelNodeGetAttribute").priority
+    r["attr_prio_other_before"] = ok(d.cuGraphKernelNodeGetAttribute(k2, PRIO)).priority
+    ok(d.cuGraphKernelNodeCopyAttributes(k2, k1), "cuGraphKernelNodeCopyAttributes")
+    r["attr_prio_copied"] = ok(d.cuGraphKernelNodeGetAttribute(k2, PRIO)).priority
+    # The pre-4.0 launch API: block shape, parameter buffer, cuLaunchGrid.
+    ok(d.cuFuncSetBlockShape(spin, 32, 1, 1), "cuFuncSetBlockShape")
+    arg = ctypes.c_uint64(4_000_000)
+    ok(d.cuParamSetv(spin, 0, ctypes.addressof(arg), 8), "cuParamSetv")
+    ok(d.cuParamSetSize(spin, 8), "cuParamSetSize")
+    ev0, ev1 = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
+    ok(d.cuEventRecord(ev0, 0))
+    ok(d.cuLaunchGrid(spin, 1, 1), "cuLaunchGrid")
+    ok(d.cuEventRecord(ev1, 0))
+    ok(d.cuEventSynchronize(ev1))
+    r["legacy_ms"] = ok(d.cuEventElapsedTime(ev0, ev1))
+    # Batched copies.
+    a = ok(d.cuMemAlloc(4096))
+    b = ok(d.cuMemAlloc(4096))
+    ok(d.cuMemsetD8(a, 0x33, 4096))
+    attr = d.CUmemcpyAttributes()
+    attr.srcAccessOrder = d.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    ok(d.cuMemcpyBatchAsync([b], [a], [4096], 1, [attr], [0], 1, stream), "cuMemcpyBatchAsync")
+    ok(d.cuStreamSynchronize(stream))
+    buf = bytearray(4)
+    ok(d.cuMemcpyDtoH(buf, int(b) + 4092, 4))
+    r["batch_copy"] = list(buf)
+    # Batched prefetch of managed memory, read back as the last prefetch.
+    m = ok(d.cuMemAllocManaged(MIB, d.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value))
+    host = d.CUmemLocation()
+    host.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST
+    ok(d.cuMemPrefetchBatchAsync([m], [MIB], 1, [host], [0], 1, 0, stream), "cuMemPrefetchBatchAsync")
+    r["batch_prefetch_host"] = int(ok(d.cuMemRangeGetAttribute(4, d.CUmem_range_attribute.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, MIB)))
+    # A cooperative launch on both devices at once (deprecated API).
+    dev1 = ok(d.cuDeviceGet(1))
+    ctx1 = ok(d.cuDevicePrimaryCtxRetain(dev1))
+    ok(d.cuCtxSetCurrent(ctx1))
+    spin1 = ok(d.cuModuleGetFunction(ok(d.cuModuleLoadData(PTX)), b"cgpu_sim_spin"))
+    s1 = ok(d.cuStreamCreate(0))
+    ok(d.cuCtxSetCurrent(ctx))
+    ns2 = ctypes.c_uint64(3_000_000)
+    argv = (ctypes.c_void_p * 1)(ctypes.addressof(ns2))
+    lps = []
+    for f, s in ((spin, stream), (spin1, s1)):
+        lp = d.CUDA_LAUNCH_PARAMS()
+        lp.function = f
+        lp.gridDimX = lp.gridDimY = lp.gridDimZ = 1
+        lp.blockDimX = lp.blockDimY = lp.blockDimZ = 1
+        lp.hStream = s
+        lp.kernelParams = ctypes.addressof(argv)
+        lps.append(lp)
+    t0 = time.time()
+    ok(d.cuLaunchCooperativeKernelMultiDevice(lps, 2, 0), "cuLaunchCooperativeKernelMultiDevice")
+    ok(d.cuStreamSynchronize(stream))
+    ok(d.cuStreamSynchronize(s1))
+    r["multi_device_wall_ms"] = (time.time() - t0) * 1000
+    r["multi_device_too_many"] = d.cuLaunchCooperativeKernelMultiDevice(lps + [lps[0]], 3, 0)[0].name
+    r["exec_affinity"] = d.cuCtxGetExecAffinity(d.CUexecAffinityType.CU_EXEC_AFFINITY_TYPE_SM_COUNT)[0].name
+    return r
+
+
 @section("errors")
 def _():
     r = {}
