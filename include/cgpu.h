@@ -1,5 +1,5 @@
 /*
- * cgpu.h: the layout of a cgpu per-GPU ledger file (format version 1).
+ * cgpu.h: the layout of a cgpu per-GPU ledger file (format version 2).
  *
  * One file per physical GPU, `<dir>/<uuid>.ledger` (dir: $CGPU_LEDGER_DIR,
  * else /run/cgpu, else /dev/shm/cgpu), exactly sizeof(struct cgpu_ledger)
@@ -9,7 +9,9 @@
  * Concurrency: fields marked [atomic] are read and written by several
  * processes at once with atomic instructions (read them with
  * __atomic_load_n(&f, __ATOMIC_ACQUIRE), never cache them); the others are
- * written once, while a slot is being claimed under the table lock. Slot
+ * written once, while a slot is being claimed under the table lock (or at
+ * creation). Any process can rewrite the file: range-check what you read,
+ * and expect it to be truncated under you (cgpu survives SIGBUS there). Slot
  * changes take an fcntl OFD write lock on bytes [0, 8) (the table lock); a
  * live process holds an OFD write lock on its own process slot's bytes.
  * See docs/ledger.md for the full protocol. Read-only tools need no lock.
@@ -21,13 +23,13 @@
 #include <stdint.h>
 
 #define CGPU_LEDGER_MAGIC 0x4744454c55504743ULL /* "CGPULEDG" as LE u64 */
-#define CGPU_FORMAT_VERSION 1u
-#define CGPU_MAX_CONTAINERS 32
-#define CGPU_MAX_PROCESSES 256
+#define CGPU_FORMAT_VERSION 2u
+#define CGPU_MAX_CONTAINERS 128
+#define CGPU_MAX_PROCESSES 1024
 #define CGPU_ID_LEN 64
 #define CGPU_UUID_LEN 96
 #define CGPU_SCHED_GPU_WORDS 32
-#define CGPU_SCHED_CONTAINER_WORDS 16
+#define CGPU_SCHED_CONTAINER_WORDS 48
 
 /* Slot states (containers and processes). */
 #define CGPU_SLOT_FREE 0u
@@ -55,7 +57,7 @@ struct cgpu_header {
     uint64_t file_size;       /* sizeof(struct cgpu_ledger) */
     uint32_t ready;           /* [atomic] 1 once initialised (always 1 in a linked file) */
     uint32_t gpu_index;       /* host driver's index, informational */
-    char uuid[CGPU_UUID_LEN]; /* "GPU-...", NUL-padded */
+    char uuid[CGPU_UUID_LEN]; /* "GPU-...", NUL-padded; copy it out, never keep a pointer */
     uint64_t physical_total;  /* bytes */
     uint64_t created_ns;      /* CLOCK_REALTIME */
     uint32_t policy;          /* [atomic] 0..5 */
@@ -72,14 +74,14 @@ struct cgpu_header {
 struct cgpu_container {
     uint32_t state;           /* [atomic] CGPU_SLOT_* */
     uint32_t highprio;        /* [atomic] 0/1 */
-    char id[CGPU_ID_LEN];     /* container id, NUL-padded (may fill all 64) */
+    char id[CGPU_ID_LEN];     /* container id, NUL-padded (may fill all 64); rewritten when the slot is claimed again: copy it out, then re-check state */
     uint64_t quota;           /* [atomic] bytes, 0 = not limited */
     uint64_t used;            /* [atomic] bytes held by all its processes */
     uint64_t peak;            /* [atomic] highest used */
     uint32_t weight;          /* [atomic] 0 = no compute */
     uint32_t nprocs;          /* [atomic] live processes */
     uint64_t oom_count;       /* [atomic] allocations refused for quota */
-    uint64_t created_ns;      /* CLOCK_REALTIME at claim */
+    uint64_t created_ns;      /* [atomic] CLOCK_REALTIME at claim */
     uint32_t enforce_off;     /* [atomic] 1 = record only (CGPU_DISABLE) */
     uint32_t ops;             /* [atomic] bumped by every reserve/release (wraps) */
     uint64_t sched[CGPU_SCHED_CONTAINER_WORDS]; /* [atomic] scheduler state */

@@ -97,6 +97,36 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Values that cannot be what the operator meant for GPU `i` with
+    /// `physical` bytes, each a readable line naming the value and what is
+    /// done with it (the caller logs them as warnings): a quota larger than
+    /// the GPU, an `ALIYUN_COM_GPU_MEM_DEV` larger than its memory.
+    pub fn implausible(&self, i: usize, physical: u64) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.mode == Mode::PassThrough || physical == 0 {
+            return out;
+        }
+        let gpu_gib = physical as f64 / GIB as f64;
+        if let Some(dev) = self.mem_dev {
+            if dev as f64 > gpu_gib.ceil() {
+                out.push(format!(
+                    "ALIYUN_COM_GPU_MEM_DEV={dev} is more than GPU {i}'s memory ({gpu_gib:.2} GiB): quotas are scaled by it as given, so each container sees less than it asked"
+                ));
+            }
+        }
+        if let Some(q) = self.quota_bytes(i, physical) {
+            if q > physical {
+                out.push(format!(
+                    "ALIYUN_COM_GPU_MEM_CONTAINER gives GPU {i} a quota of {:.2} GiB, more than the GPU's {gpu_gib:.2} GiB: the quota is kept, the GPU itself is the limit",
+                    q as f64 / GIB as f64
+                ));
+            }
+        }
+        out
+    }
+}
+
 /// The value for GPU `i` from a `CONTAINER` list (the last value repeats).
 pub fn container_gib(list: &[u64], i: usize) -> u64 {
     match list.get(i) {
@@ -355,33 +385,11 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
 }
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
-static LOGGING: std::sync::Once = std::sync::Once::new();
-
-/// Install the stderr logger (filter from `CGPU_LOG`, default `warn`). Lazy:
-/// called from the first hooked call, never from a constructor.
+/// Install the stderr logger (level from `CGPU_LOG`, default `warn`; see
+/// [`crate::log`]). Lazy: called from the first hooked call, never from a
+/// constructor.
 pub fn init_logging() {
-    LOGGING.call_once(|| {
-        let filter = std::env::var("CGPU_LOG").unwrap_or_default();
-        let filter = if filter.trim().is_empty() {
-            "warn".to_string()
-        } else {
-            filter
-        };
-        let (env_filter, bad) = match tracing_subscriber::EnvFilter::try_new(&filter) {
-            Ok(f) => (f, false),
-            Err(_) => (tracing_subscriber::EnvFilter::new("warn"), true),
-        };
-        let _ = tracing_subscriber::fmt()
-            .with_writer(std::io::stderr)
-            .with_env_filter(env_filter)
-            .with_target(false)
-            .try_init();
-        if bad {
-            tracing::error!(
-                "cgpu: bad environment: CGPU_LOG='{filter}': not a log filter; using 'warn'"
-            );
-        }
-    });
+    crate::log::init();
 }
 
 /// The process's configuration, parsed (and its errors logged) on first use.
@@ -408,9 +416,15 @@ pub fn get() -> &'static Config {
                     c.container_id
                 ),
                 Mode::Enforce => tracing::info!(
-                    "cgpu: enforcing GPU memory {:?} GiB (DEV {:?}) for container {}",
-                    c.mem_container,
-                    c.mem_dev,
+                    "cgpu: enforcing GPU memory quotas of {} GiB{} for container {}",
+                    c.mem_container
+                        .iter()
+                        .map(|g| g.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    c.mem_dev
+                        .map(|d| format!(" (of a {d} GiB GPU)"))
+                        .unwrap_or_default(),
                     c.container_id
                 ),
             }
@@ -601,6 +615,31 @@ mod tests {
             container_id_from_cgroup("0::/user.slice/user-1000.slice\n"),
             None
         );
+    }
+
+    #[test]
+    fn implausible_values_are_named() {
+        let t4 = 15109 * MIB;
+        let ok = cfg(&[
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "6"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "15"),
+        ]);
+        assert!(ok.implausible(0, t4).is_empty());
+        let big = cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "40")]);
+        let w = big.implausible(0, t4);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("40.00 GiB") && w[0].contains("14.75 GiB"),
+            "{w:?}"
+        );
+        let dev = cfg(&[
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "4"),
+            ("ALIYUN_COM_GPU_MEM_DEV", "80"),
+        ]);
+        let w = dev.implausible(0, t4);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].contains("ALIYUN_COM_GPU_MEM_DEV=80"), "{w:?}");
+        assert!(cfg(&[]).implausible(0, t4).is_empty());
     }
 
     #[test]

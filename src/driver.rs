@@ -138,11 +138,49 @@ impl Handle {
             self.state.store(3, Ordering::Release);
             return None;
         }
+        if let Some(why) = not_a_driver(lib, h) {
+            let var = match lib {
+                Lib::Cuda => "CGPU_REAL_LIBCUDA",
+                Lib::Nvml => "CGPU_REAL_LIBNVML",
+            };
+            tracing::error!(
+                "cgpu: '{}' is not the real driver ({why}); set {var} to the driver's path. Calls through cgpu return an error",
+                path.to_string_lossy()
+            );
+            self.state.store(3, Ordering::Release);
+            return None;
+        }
         tracing::debug!("cgpu: loaded real driver {}", path.to_string_lossy());
         self.handle.store(h as usize, Ordering::Release);
         self.state.store(2, Ordering::Release);
         Some(h)
     }
+}
+
+/// Why the library `h` cannot be the real driver: it is libcgpu itself
+/// (every call would come back to our hooks, forever), or it lacks the
+/// driver's entry point. `None`: it looks like the driver.
+fn not_a_driver(lib: Lib, h: *mut c_void) -> Option<&'static str> {
+    // (a function we export, the driver's entry point)
+    let (ours, entry): (&CStr, &CStr) = match lib {
+        Lib::Cuda => (c"cuMemAlloc_v2", c"cuInit"),
+        Lib::Nvml => (c"nvmlDeviceGetMemoryInfo", c"nvmlInit_v2"),
+    };
+    let dlsym = real_dlsym()?;
+    // SAFETY: h is a live dlopen handle, the names valid C strings.
+    let (p, e) = unsafe { (dlsym(h, ours.as_ptr()), dlsym(h, entry.as_ptr())) };
+    if !p.is_null()
+        && crate::hooks::hook_by_name(ours.to_bytes()).is_some_and(|(hook, _)| hook == p)
+    {
+        return Some("it is libcgpu itself");
+    }
+    if e.is_null() {
+        return Some(match lib {
+            Lib::Cuda => "it has no cuInit",
+            Lib::Nvml => "it has no nvmlInit_v2",
+        });
+    }
+    None
 }
 
 /// The real driver's handle, opened on first use.

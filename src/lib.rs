@@ -4,5 +4,24 @@ pub mod config;
 pub mod driver;
 pub mod hooks;
 pub mod ledger;
+pub mod log;
 pub mod memory;
 pub mod scheduler;
+
+/// `cgpu-library-version=X.Y.Z` between NULs: how the tools read the version
+/// of an installed `libcgpu.so` from its file, without loading it
+/// (`cgpuctl version`). Exported so that the linker keeps it.
+#[unsafe(no_mangle)]
+pub static CGPU_LIBRARY_VERSION: [u8; VERSION_TAG.len()] = {
+    let mut out = [0u8; VERSION_TAG.len()];
+    let tag = VERSION_TAG.as_bytes();
+    let mut i = 0;
+    while i < tag.len() {
+        out[i] = tag[i];
+        i += 1;
+    }
+    out
+};
+
+/// See [`CGPU_LIBRARY_VERSION`].
+pub const VERSION_TAG: &str = concat!("\0cgpu-library-version=", env!("CARGO_PKG_VERSION"), "\0");

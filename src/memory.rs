@@ -17,14 +17,14 @@
 //! - `fork`: the child handler only resets atomics (and lets the ledger
 //!   forget the parent's slot); the child re-joins lazily.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use parking_lot::Mutex;
 
 use crate::config::{self, Mode};
-use crate::ledger::{JoinRequest, Ledger, Membership, QUOTA_UNLIMITED};
+use crate::ledger::{Account, JoinSpec, Ledger, Membership, QUOTA_UNLIMITED};
 
 /// Most GPUs per host we track (CUDA ordinals above are passed through).
 pub const MAX_GPUS: usize = 64;
@@ -44,18 +44,6 @@ pub enum Kind {
     Context,
 }
 
-enum Acct {
-    Ledger {
-        ledger: Ledger,
-        m: Membership,
-    },
-    /// The ledger is unusable: enforce within this process alone.
-    Local {
-        used: AtomicU64,
-        peak: AtomicU64,
-    },
-}
-
 /// One GPU this process uses.
 pub struct Gpu {
     pub uuid: String,
@@ -68,7 +56,9 @@ pub struct Gpu {
     pub quota: Option<u64>,
     /// Refuse allocations past the quota (false with `CGPU_DISABLE`).
     pub enforce: bool,
-    acct: Acct,
+    /// This process's account on the GPU's ledger (joined, waiting to
+    /// join: allocations refused, or alone: see `ledger::Account`).
+    acct: Account,
     left: AtomicBool,
     /// Primary-context retains by this process, and what the primary context reserved.
     pub primary_refs: AtomicU32,
@@ -78,44 +68,13 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Reserve `bytes`; false = over quota (nothing taken).
+    /// Reserve `bytes`; false = over quota, or not joined to the ledger
+    /// yet (nothing taken).
     pub fn reserve(&self, bytes: u64) -> bool {
         if bytes == 0 || self.left.load(Ordering::Relaxed) {
             return true;
         }
-        match &self.acct {
-            Acct::Ledger { ledger, m } => {
-                if ledger.try_reserve(m, bytes).is_ok() {
-                    return true;
-                }
-                // Maybe a dead process still holds bytes: reap, try once more.
-                if maybe_reap(ledger) {
-                    return ledger.try_reserve(m, bytes).is_ok();
-                }
-                false
-            }
-            Acct::Local { used, peak } => {
-                let limit = if self.enforce {
-                    self.quota.unwrap_or(u64::MAX)
-                } else {
-                    u64::MAX
-                };
-                let mut cur = used.load(Ordering::Relaxed);
-                loop {
-                    let Some(next) = cur.checked_add(bytes).filter(|n| *n <= limit) else {
-                        return false;
-                    };
-                    match used.compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
-                    {
-                        Ok(_) => {
-                            peak.fetch_max(next, Ordering::Relaxed);
-                            return true;
-                        }
-                        Err(c) => cur = c,
-                    }
-                }
-            }
-        }
+        self.acct.reserve(bytes)
     }
 
     /// Give back `bytes` reserved earlier.
@@ -123,47 +82,27 @@ impl Gpu {
         if bytes == 0 || self.left.load(Ordering::Relaxed) {
             return;
         }
-        match &self.acct {
-            Acct::Ledger { ledger, m } => ledger.release(m, bytes),
-            Acct::Local { used, .. } => {
-                let _ = used.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
-                    Some(u.saturating_sub(bytes))
-                });
-            }
-        }
+        self.acct.release(bytes)
     }
 
     /// Bytes held by the whole container on this GPU.
     pub fn container_used(&self) -> u64 {
-        match &self.acct {
-            Acct::Ledger { ledger, m } => ledger.file().containers[m.container]
-                .used
-                .load(Ordering::Acquire),
-            Acct::Local { used, .. } => used.load(Ordering::Acquire),
-        }
+        self.acct.container_used()
     }
 
     /// Bytes held by this process on this GPU.
     pub fn process_used(&self) -> u64 {
-        match &self.acct {
-            Acct::Ledger { ledger, m } => ledger.file().processes[m.process]
-                .used
-                .load(Ordering::Acquire),
-            Acct::Local { used, .. } => used.load(Ordering::Acquire),
-        }
+        self.acct.process_used()
     }
 
     /// Is accounting shared through the ledger (vs. this process alone)?
     pub fn shared(&self) -> bool {
-        matches!(self.acct, Acct::Ledger { .. })
+        self.acct.is_shared()
     }
 
     /// The ledger and membership, when shared (scheduler, tools).
     pub fn ledger(&self) -> Option<(&Ledger, &Membership)> {
-        match &self.acct {
-            Acct::Ledger { ledger, m } => Some((ledger, m)),
-            Acct::Local { .. } => None,
-        }
+        self.acct.ledger()
     }
 
     /// The quota view: `Some(quota)` when the container sees its slice,
@@ -173,13 +112,13 @@ impl Gpu {
         if !self.enforce {
             return None;
         }
-        match &self.acct {
-            Acct::Ledger { ledger, m } => {
+        match self.acct.ledger() {
+            Some((ledger, m)) => {
                 let c = ledger.container_of(m);
                 let q = c.quota.load(Ordering::Acquire);
                 (q != 0 && c.enforce_off.load(Ordering::Relaxed) == 0).then_some(q)
             }
-            Acct::Local { .. } => self.quota,
+            None => self.quota,
         }
     }
 
@@ -187,12 +126,21 @@ impl Gpu {
     pub fn view(&self, phys_free: u64, phys_total: u64) -> (u64, u64) {
         match self.view_quota() {
             Some(q) => {
-                if let Acct::Ledger { ledger, .. } = &self.acct {
-                    maybe_reap(ledger);
-                }
+                self.acct.maybe_reap();
                 (quota_free(q, self.container_used(), phys_free), q)
             }
             None => (phys_free, phys_total),
+        }
+    }
+
+    /// The container's view of this GPU as a [`Peek`] (dead processes'
+    /// bytes reaped first, at most every 200 ms).
+    pub fn peek(&self) -> Peek {
+        self.acct.maybe_reap();
+        Peek {
+            quota: self.view_quota(),
+            used: self.container_used(),
+            pids: self.container_pids(),
         }
     }
 
@@ -200,7 +148,7 @@ impl Gpu {
     pub fn container_pids(&self) -> Vec<u32> {
         let me = std::process::id();
         let mut pids = vec![me];
-        if let Acct::Ledger { ledger, m } = &self.acct {
+        if let Some((ledger, m)) = self.acct.ledger() {
             let f = ledger.file();
             for p in f.processes.iter() {
                 if p.state.load(Ordering::Acquire) == crate::ledger::SLOT_LIVE
@@ -223,12 +171,6 @@ pub fn quota_free(quota: u64, used: u64, phys_free: u64) -> u64 {
     quota.saturating_sub(used).min(phys_free)
 }
 
-/// `ledger.reap()`, at most every 200 ms (shared by all processes of the
-/// host through the ledger header), never blocking. True if it reaped.
-fn maybe_reap(ledger: &Ledger) -> bool {
-    ledger.maybe_reap(std::time::Duration::from_millis(200)) > 0
-}
-
 /// This process's state. Replaced (the old one leaked, never touched: its
 /// locks may be held by threads that do not exist in the child) after `fork`.
 pub struct Proc {
@@ -236,6 +178,50 @@ pub struct Proc {
     gpus: Mutex<Vec<&'static Gpu>>,
     by_cuda: [AtomicPtr<Gpu>; MAX_GPUS],
     allocs: Mutex<HashMap<(Kind, u64), Entry>>,
+    vmm: Mutex<Vmm>,
+    pools: Mutex<HashMap<usize, PoolPlace>>,
+}
+
+/// Where a stream-ordered memory pool keeps its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolPlace {
+    /// On this CUDA device (host ordinal): its allocations are charged there.
+    Device(i32),
+    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST*`): not device memory, not charged.
+    Host,
+}
+
+/// One `cuMemCreate` allocation: the device's, not any context's. Its charge
+/// lasts while a handle to it is held (`cuMemCreate`, each
+/// `cuMemRetainAllocationHandle`) or a mapping of it exists (`cuMemMap`), as
+/// the driver keeps the memory until the last of both is gone.
+struct Phys {
+    gpu: &'static Gpu,
+    bytes: u64,
+    /// Handle references not yet released.
+    refs: u32,
+    /// Live mappings.
+    maps: u32,
+}
+
+/// The virtual-memory objects of this process: physical allocations by
+/// handle, and mappings by start address (start -> (length, handle)).
+#[derive(Default)]
+struct Vmm {
+    phys: HashMap<u64, Phys>,
+    maps: BTreeMap<u64, (u64, u64)>,
+}
+
+impl Vmm {
+    /// Drop `h` if nothing holds it any more; what it was charged.
+    fn settle(&mut self, h: u64) -> Option<(&'static Gpu, u64)> {
+        let p = self.phys.get(&h)?;
+        if p.refs == 0 && p.maps == 0 {
+            let p = self.phys.remove(&h)?;
+            return Some((p.gpu, p.bytes));
+        }
+        None
+    }
 }
 
 static PROC: AtomicPtr<Proc> = AtomicPtr::new(std::ptr::null_mut());
@@ -252,9 +238,7 @@ extern "C" fn atfork_child() {
         if !p.is_null() {
             // SAFETY: joined GPUs are leaked ('static) and never freed.
             let gpu = unsafe { &*p };
-            if let Acct::Ledger { ledger, .. } = &gpu.acct {
-                ledger.after_fork_child();
-            }
+            gpu.acct.after_fork_child();
         }
     }
 }
@@ -270,13 +254,7 @@ extern "C" fn at_exit() {
         if gpu.left.swap(true, Ordering::AcqRel) {
             continue;
         }
-        if let Acct::Ledger { ledger, m } = &gpu.acct {
-            let m = Membership {
-                container: m.container,
-                process: m.process,
-            };
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ledger.leave(m)));
-        }
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gpu.acct.leave()));
     }
 }
 
@@ -300,6 +278,8 @@ pub fn proc_state() -> &'static Proc {
         gpus: Mutex::new(Vec::new()),
         by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
         allocs: Mutex::new(HashMap::new()),
+        vmm: Mutex::new(Vmm::default()),
+        pools: Mutex::new(HashMap::new()),
     }));
     match PROC.compare_exchange(
         std::ptr::null_mut(),
@@ -324,13 +304,32 @@ fn not_tracked() -> *mut Gpu {
     std::ptr::dangling_mut::<Gpu>()
 }
 
+/// What the driver frees an allocation with: the owner of its charge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// A context (0 = none known): destroying it frees the allocation.
+    Context(usize),
+    /// A stream-ordered allocation: freed with its pool (`cuMemPoolDestroy`;
+    /// 0 = the device's current pool) or with the context current when it
+    /// was made, whichever goes first.
+    Pool { pool: usize, ctx: usize },
+}
+
+impl Owner {
+    fn dies_with_context(self, c: usize) -> bool {
+        match self {
+            Owner::Context(x) | Owner::Pool { ctx: x, .. } => x == c,
+        }
+    }
+}
+
 /// One bookkeeping entry.
 #[derive(Clone, Copy)]
 pub struct Entry {
     pub gpu: &'static Gpu,
     pub bytes: u64,
-    /// The context it was made in (0 = unknown).
-    pub ctx: usize,
+    /// What frees it besides an explicit free.
+    pub owner: Owner,
 }
 
 /// Identity of a GPU as the driver reports it.
@@ -384,11 +383,23 @@ impl Proc {
             return Some(g);
         }
         let g: &'static Gpu = Box::leak(Box::new(join(info)?));
+        g.acct.watch();
         gpus.push(g);
         if let Some(s) = JOINED.iter().find(|s| s.load(Ordering::Acquire).is_null()) {
             s.store(g as *const Gpu as *mut Gpu, Ordering::Release);
         }
         Some(g)
+    }
+
+    /// The GPU of CUDA device `dev` if this process joined it (never joins).
+    pub fn joined_cuda(&self, dev: i32) -> Option<&'static Gpu> {
+        let slot = self.by_cuda.get(usize::try_from(dev).ok()?)?;
+        let p = slot.load(Ordering::Acquire);
+        if p.is_null() || p == not_tracked() {
+            return None;
+        }
+        // SAFETY: slots hold leaked, never-freed Gpus (or the sentinel, checked above).
+        Some(unsafe { &*p })
     }
 
     /// The tracked GPU by UUID, if this process joined it.
@@ -405,12 +416,12 @@ impl Proc {
         self.gpus.lock().clone()
     }
 
-    /// Remember that `key` holds `bytes` on `gpu`, made in context `ctx`.
-    pub fn track(&self, kind: Kind, key: u64, gpu: &'static Gpu, bytes: u64, ctx: usize) {
+    /// Remember that `key` holds `bytes` on `gpu`, owned by `owner`.
+    pub fn track(&self, kind: Kind, key: u64, gpu: &'static Gpu, bytes: u64, owner: Owner) {
         if let Some(old) = self
             .allocs
             .lock()
-            .insert((kind, key), Entry { gpu, bytes, ctx })
+            .insert((kind, key), Entry { gpu, bytes, owner })
         {
             // The driver handed out a key we still had: it was freed behind
             // our back; give its bytes back.
@@ -425,14 +436,27 @@ impl Proc {
 
     /// A context was destroyed: the driver freed everything made in it.
     /// Give back what its allocations held (the context's own reservation
-    /// is released by the caller). Returns the bytes released.
+    /// is released by the caller; `cuMemCreate` allocations are the
+    /// device's and stay). Returns the bytes released.
     pub fn release_context(&self, ctx: usize) -> u64 {
         if ctx == 0 {
             return 0;
         }
+        self.release_where(|k, e| k.0 != Kind::Context && e.owner.dies_with_context(ctx))
+    }
+
+    /// A pool was destroyed: the driver freed the allocations still out in it.
+    pub fn release_pool(&self, pool: usize) -> u64 {
+        if pool == 0 {
+            return 0;
+        }
+        self.release_where(|_, e| matches!(e.owner, Owner::Pool { pool: p, .. } if p == pool))
+    }
+
+    fn release_where(&self, dead: impl Fn(&(Kind, u64), &Entry) -> bool) -> u64 {
         let mut freed = Vec::new();
         self.allocs.lock().retain(|k, e| {
-            if e.ctx == ctx && k.0 != Kind::Context {
+            if dead(k, e) {
                 freed.push(*e);
                 false
             } else {
@@ -447,10 +471,192 @@ impl Proc {
         total
     }
 
+    /// `cuMemCreate` made handle `h` of `bytes` on `gpu` (already reserved).
+    pub fn vmm_created(&self, h: u64, gpu: &'static Gpu, bytes: u64) {
+        let old = self.vmm.lock().phys.insert(
+            h,
+            Phys {
+                gpu,
+                bytes,
+                refs: 1,
+                maps: 0,
+            },
+        );
+        if let Some(old) = old {
+            // A handle value we still had: the driver freed it behind our back.
+            old.gpu.release(old.bytes);
+        }
+    }
+
+    /// `cuMemRetainAllocationHandle` returned `h`: one more reference.
+    pub fn vmm_retained(&self, h: u64) {
+        if let Some(p) = self.vmm.lock().phys.get_mut(&h) {
+            p.refs = p.refs.saturating_add(1);
+        }
+    }
+
+    /// `cuMemRelease(h)` succeeded: one reference less; the charge goes when
+    /// no reference and no mapping is left.
+    pub fn vmm_released(&self, h: u64) {
+        let freed = {
+            let mut v = self.vmm.lock();
+            match v.phys.get_mut(&h) {
+                Some(p) => {
+                    p.refs = p.refs.saturating_sub(1);
+                    v.settle(h)
+                }
+                None => None,
+            }
+        };
+        if let Some((gpu, bytes)) = freed {
+            gpu.release(bytes);
+        }
+    }
+
+    /// `cuMemMap` mapped `[va, va + len)` to handle `h`.
+    pub fn vmm_mapped(&self, va: u64, len: u64, h: u64) {
+        let mut v = self.vmm.lock();
+        if let Some(p) = v.phys.get_mut(&h) {
+            p.maps = p.maps.saturating_add(1);
+            v.maps.insert(va, (len, h));
+        }
+    }
+
+    /// `cuMemUnmap` unmapped `[va, va + len)`: every mapping inside it is gone.
+    pub fn vmm_unmapped(&self, va: u64, len: u64) {
+        let end = va.saturating_add(len);
+        let mut freed = Vec::new();
+        {
+            let mut v = self.vmm.lock();
+            let gone: Vec<u64> = v
+                .maps
+                .range(va..end)
+                .filter(|(s, (l, _))| s.saturating_add(*l) <= end)
+                .map(|(s, _)| *s)
+                .collect();
+            for s in gone {
+                let Some((_, h)) = v.maps.remove(&s) else {
+                    continue;
+                };
+                if let Some(p) = v.phys.get_mut(&h) {
+                    p.maps = p.maps.saturating_sub(1);
+                }
+                freed.extend(v.settle(h));
+            }
+        }
+        for (gpu, bytes) in freed {
+            gpu.release(bytes);
+        }
+    }
+
+    /// Bytes charged for `cuMemCreate` allocations still held (tests).
+    pub fn vmm_charged(&self) -> u64 {
+        self.vmm.lock().phys.values().map(|p| p.bytes).sum()
+    }
+
+    /// `cuMemPoolCreate` made `pool` at `place`.
+    pub fn pool_created(&self, pool: usize, place: PoolPlace) {
+        self.pools.lock().insert(pool, place);
+    }
+
+    /// Where `pool` keeps its memory, if this process made it.
+    pub fn pool_place(&self, pool: usize) -> Option<PoolPlace> {
+        self.pools.lock().get(&pool).copied()
+    }
+
+    /// `cuMemPoolDestroy(pool)` succeeded.
+    pub fn pool_destroyed(&self, pool: usize) {
+        self.pools.lock().remove(&pool);
+        self.release_pool(pool);
+    }
+
     /// Number of tracked entries (tests).
     pub fn tracked(&self) -> usize {
         self.allocs.lock().len()
     }
+}
+
+/// What a process that has not joined a GPU sees of it: answered from the
+/// configuration and the GPU's ledger, read only (asking never joins: a
+/// process joins a GPU when it allocates, creates a context or launches there).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Peek {
+    /// The quota view (`None`: the physical view).
+    pub quota: Option<u64>,
+    /// Bytes the container holds on the GPU (its live processes).
+    pub used: u64,
+    /// Pids of the container's processes on the GPU.
+    pub pids: Vec<u32>,
+}
+
+impl Peek {
+    /// `(free, total)` the container sees, given the physical numbers.
+    pub fn view(&self, phys_free: u64, phys_total: u64) -> (u64, u64) {
+        match self.quota {
+            Some(q) => (quota_free(q, self.used, phys_free), q),
+            None => (phys_free, phys_total),
+        }
+    }
+}
+
+/// The GPU's ledger, opened once per process for reading (never created).
+fn peek_ledger(uuid: &str) -> Option<&'static Ledger> {
+    static OPENED: Mutex<Vec<(String, &'static Ledger)>> = Mutex::new(Vec::new());
+    let mut opened = OPENED.lock();
+    if let Some((_, l)) = opened.iter().find(|(u, _)| u.eq_ignore_ascii_case(uuid)) {
+        return Some(l);
+    }
+    let path = Ledger::path_for(&Ledger::default_dir(), uuid);
+    if !path.exists() {
+        return None;
+    }
+    let l: &'static Ledger = Box::leak(Box::new(Ledger::open(&path).ok()?));
+    opened.push((uuid.to_string(), l));
+    Some(l)
+}
+
+/// What this process sees of a GPU it has not joined (`None`: not tracked,
+/// the physical view).
+pub fn peek(info: &GpuInfo) -> Option<Peek> {
+    let cfg = config::get();
+    let ledger = peek_ledger(&info.uuid);
+    let (mut quota, enforce) = if cfg.isolating() {
+        (
+            cfg.quota_bytes(info.visible_index, info.physical_total),
+            cfg.mode == Mode::Enforce,
+        )
+    } else if cfg.unset() {
+        let d = ledger?
+            .file()
+            .header
+            .default_memsize
+            .load(Ordering::Acquire);
+        if d == 0 {
+            return None;
+        }
+        (Some(d), true)
+    } else {
+        return None;
+    };
+    let mut p = Peek {
+        pids: vec![std::process::id()],
+        ..Peek::default()
+    };
+    if let Some((l, c)) = ledger.and_then(|l| l.find_container(&cfg.container_id).map(|c| (l, c))) {
+        // The container is there: its live quota (cgpuctl may have changed it).
+        let slot = &l.file().containers[c];
+        let q = slot.quota.load(Ordering::Acquire);
+        quota = (q != 0 && slot.enforce_off.load(Ordering::Relaxed) == 0).then_some(q);
+        p.used = slot.used.load(Ordering::Acquire);
+        for (_, ps) in l.processes_of(c) {
+            let pid = ps.pid.load(Ordering::Acquire);
+            if pid > 0 && !p.pids.contains(&(pid as u32)) {
+                p.pids.push(pid as u32);
+            }
+        }
+    }
+    p.quota = if enforce { quota } else { None };
+    Some(p)
 }
 
 /// Is a ledger-configured `default_memsize` possible for a container that
@@ -510,46 +716,37 @@ fn join(info: GpuInfo) -> Option<Gpu> {
     } else {
         return None;
     };
-    let req = JoinRequest {
-        container_id: &cfg.container_id,
+    for w in cfg.implausible(info.visible_index, info.physical_total) {
+        tracing::warn!("{w}");
+    }
+    let spec = JoinSpec {
+        container_id: cfg.container_id.clone(),
         quota: req_quota,
         weight: cfg.weight.unwrap_or(1),
         highprio: cfg.high_prio,
         enforce_off,
     };
-    let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let dir = Ledger::default_dir();
-        let ledger = Ledger::open_or_create(&dir, &info.uuid, info.host_index, info.physical_total)
-            .map_err(|e| e.to_string())?;
-        let m = ledger.join(&req).map_err(|e| e.to_string())?;
-        Ok::<_, String>((ledger, m))
-    }))
-    .unwrap_or_else(|_| Err("ledger code panicked".into()));
-    let acct = match joined {
-        Ok((ledger, m)) => {
-            tracing::info!(
-                "cgpu: GPU {} ({}): container {} quota {:?} bytes, ledger {}",
-                info.visible_index,
-                info.uuid,
-                cfg.container_id,
-                quota,
-                ledger.path().display()
-            );
-            Acct::Ledger { ledger, m }
-        }
-        Err(e) => {
-            tracing::warn!(
-                "cgpu: GPU {} ({}): ledger unusable ({e}); enforcing the quota ({:?} bytes) within this process alone: other processes of the container are NOT counted",
-                info.visible_index,
-                info.uuid,
-                quota
-            );
-            Acct::Local {
-                used: AtomicU64::new(0),
-                peak: AtomicU64::new(0),
-            }
-        }
-    };
+    let name = format!("GPU {} ({})", info.visible_index, info.uuid);
+    let alone_limit = if enforce { quota } else { None };
+    let acct = Account::open(
+        &Ledger::default_dir(),
+        &info.uuid,
+        info.host_index,
+        info.physical_total,
+        name,
+        spec,
+        alone_limit,
+    );
+    if let Some((ledger, _)) = acct.ledger() {
+        tracing::info!(
+            "GPU {} ({}): container {}, quota {}, ledger {}",
+            info.visible_index,
+            info.uuid,
+            cfg.container_id,
+            quota.map_or("none".into(), crate::ledger::human_bytes),
+            ledger.path().display()
+        );
+    }
     Some(Gpu {
         uuid: info.uuid,
         host_index: info.host_index,
@@ -606,10 +803,7 @@ mod tests {
             physical_total: 100,
             quota,
             enforce,
-            acct: Acct::Local {
-                used: AtomicU64::new(0),
-                peak: AtomicU64::new(0),
-            },
+            acct: Account::alone("GPU test".into(), if enforce { quota } else { None }),
             left: AtomicBool::new(false),
             primary_refs: AtomicU32::new(0),
             primary_bytes: AtomicU64::new(0),
@@ -665,8 +859,6 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(g.container_used(), 0);
-        if let Acct::Local { peak, .. } = &g.acct {
-            assert!(peak.load(Ordering::Relaxed) <= 1000);
-        }
+        assert!(g.acct.alone_peak() <= 1000);
     }
 }

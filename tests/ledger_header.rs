@@ -122,7 +122,7 @@ fn c_header_matches_rust_layout() {
     }
     // And the numbers are the ones docs/ledger.md states.
     assert_eq!(size_of::<LedgerHeader>(), 560);
-    assert_eq!(size_of::<ContainerSlot>(), 320);
+    assert_eq!(size_of::<ContainerSlot>(), 576);
     assert_eq!(size_of::<ProcessSlot>(), 96);
-    assert_eq!(size_of::<LedgerFile>(), 35376);
+    assert_eq!(size_of::<LedgerFile>(), 172_592);
 }

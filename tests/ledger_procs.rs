@@ -1,8 +1,9 @@
 //! Multi-process ledger tests: real processes (this test binary re-executed
-//! with `CGPU_LEDGER_CHILD=<role>`) racing, being killed with SIGKILL at
-//! random points (also while holding the table lock), forking, creating the
-//! same ledger at once. Every wait is bounded. `harness = false`: `main`
-//! dispatches child roles and runs the tests in order.
+//! as `--exact child --ignored` with `CGPU_LEDGER_CHILD=<role>`) racing,
+//! being killed with SIGKILL at random points (also while holding the table
+//! lock), forking, creating the same ledger at once. Every wait is bounded.
+//! Children speak in lines starting with `@@` (libtest's own output around
+//! them is ignored). `CGPU_TEST_SEED` replays a run.
 
 use cgpu::ledger::*;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -78,6 +79,13 @@ impl Child {
                 c
             }
         };
+        cmd.args([
+            "--exact",
+            "child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ]);
         cmd.env("CGPU_LEDGER_CHILD", role)
             .env("DIR", dir)
             .stdin(Stdio::piped())
@@ -91,7 +99,10 @@ impl Child {
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
+                let Some(line) = line.strip_prefix("@@") else {
+                    continue; // libtest's own lines
+                };
+                if tx.send(line.to_string()).is_err() {
                     break;
                 }
             }
@@ -173,7 +184,8 @@ fn wait_stdin_eof() {
 
 fn say(s: &str) {
     let mut o = std::io::stdout().lock();
-    writeln!(o, "{s}").unwrap();
+    // On a line of its own (libtest may have written "test child ... ").
+    writeln!(o, "\n@@{s}").unwrap();
     o.flush().unwrap();
 }
 
@@ -338,6 +350,7 @@ fn child_main(role: &str) {
         }
         // Open-or-create the (new) ledger at a common instant, join, report.
         "creator" => {
+            TEST_CREATE_PAUSE_MS.store(env_u64("CREATE_PAUSE_MS"), Ordering::Relaxed);
             let go = env_u64("GO_NS");
             while now_ns() < go {
                 std::hint::spin_loop();
@@ -346,7 +359,8 @@ fn child_main(role: &str) {
             use std::os::unix::fs::MetadataExt;
             let ino = std::fs::metadata(l.path()).unwrap().ino();
             let m = l.join(&join_req(&env("ID"), KIB)).unwrap();
-            say(&format!("ok {ino} {}", m.container));
+            let lost = TEST_CREATE_LOST.load(Ordering::Relaxed);
+            say(&format!("ok {ino} {} {lost}", m.container));
             wait_stdin_eof();
         }
         "default_dir" => say(&format!("dir {}", Ledger::default_dir().display())),
@@ -697,48 +711,68 @@ fn fork_child(_seed: u64) {
 
 /// 8 processes create the same absent ledger at the same instant: one file,
 /// all valid, all 8 containers in it.
+/// Eight processes create the same ledger at one instant: one file, eight
+/// distinct container slots, no temporary left. The race must really have
+/// happened (at least one creator built its file and lost the link to
+/// another's); a round where it did not is run again, at most 10 times.
 fn concurrent_creation(_seed: u64) {
-    let dir = tmpdir("create");
-    let go = now_ns() + 300_000_000;
-    let kids: Vec<Child> = (0..8)
-        .map(|i| {
-            Child::spawn(
-                "creator",
-                &dir,
-                &[("ID", format!("c{i}")), ("GO_NS", go.to_string())],
-            )
-        })
-        .collect();
-    let mut inos = Vec::new();
-    let mut slots = Vec::new();
-    for k in &kids {
-        let line = k.expect("ok", Duration::from_secs(60));
-        let v: Vec<u64> = line
-            .split_whitespace()
-            .filter_map(|w| w.parse().ok())
+    for round in 0..10 {
+        let dir = tmpdir(&format!("create-{round}"));
+        let go = now_ns() + 300_000_000;
+        let kids: Vec<Child> = (0..8)
+            .map(|i| {
+                Child::spawn(
+                    "creator",
+                    &dir,
+                    &[
+                        ("ID", format!("c{i}")),
+                        ("GO_NS", go.to_string()),
+                        // Each creator holds its finished file 100 ms
+                        // before linking it: creators that start within
+                        // that window race for the name.
+                        ("CREATE_PAUSE_MS", "100".to_string()),
+                    ],
+                )
+            })
             .collect();
-        inos.push(v[0]);
-        slots.push(v[1]);
+        let mut inos = Vec::new();
+        let mut slots = Vec::new();
+        let mut lost = 0;
+        for k in &kids {
+            let line = k.expect("ok", Duration::from_secs(60));
+            let v: Vec<u64> = line
+                .split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect();
+            inos.push(v[0]);
+            slots.push(v[1]);
+            lost += v[2];
+        }
+        assert!(
+            inos.iter().all(|&i| i == inos[0]),
+            "one file for all: {inos:?}"
+        );
+        slots.sort();
+        slots.dedup();
+        assert_eq!(slots.len(), 8, "8 distinct container slots");
+        let l = Ledger::open(&Ledger::path_for(&dir, UUID)).unwrap();
+        assert_eq!(l.containers().count(), 8);
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(leftovers.len(), 1, "no temporary files left: {leftovers:?}");
+        for k in kids {
+            assert!(k.finish(Duration::from_secs(30)).success());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        if lost > 0 {
+            println!("  creation: {lost} creators lost the race in round {round}");
+            return;
+        }
     }
-    assert!(
-        inos.iter().all(|&i| i == inos[0]),
-        "one file for all: {inos:?}"
-    );
-    slots.sort();
-    slots.dedup();
-    assert_eq!(slots.len(), 8, "8 distinct container slots");
-    let l = Ledger::open(&Ledger::path_for(&dir, UUID)).unwrap();
-    assert_eq!(l.containers().count(), 8);
-    let leftovers: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name())
-        .collect();
-    assert_eq!(leftovers.len(), 1, "no temporary files left: {leftovers:?}");
-    for k in kids {
-        assert!(k.finish(Duration::from_secs(30)).success());
-    }
-    let _ = std::fs::remove_dir_all(&dir);
+    panic!("in 10 rounds no two creators ever raced: the test proved nothing");
 }
 
 /// `CGPU_LEDGER_DIR` names the directory (checked in a child process, whose
@@ -760,25 +794,38 @@ fn default_dir_env(_seed: u64) {
 
 /// A process in its own PID namespace (where it is pid 1, a pid that is
 /// always "alive" to `kill(pid, 0)` on the host) is told apart and reaped
-/// by its lock alone. Skipped where PID namespaces cannot be made.
+/// by its lock alone. As root with `unshare --pid`; otherwise inside a user
+/// namespace (`unshare --user --map-root-user --pid`). Where neither can be
+/// made the test fails, saying so: it never passes without running.
 fn pid_namespace(_seed: u64) {
-    let wrapper = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"];
-    let ok = Command::new(wrapper[0])
-        .args(&wrapper[1..])
-        .arg("true")
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        println!("  skipped: cannot create a PID namespace here (needs unshare and CAP_SYS_ADMIN)");
-        return;
-    }
+    let plain: &[&str] = &["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"];
+    let userns: &[&str] = &[
+        "unshare",
+        "--user",
+        "--map-root-user",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+    ];
+    let works = |w: &[&str]| {
+        Command::new(w[0])
+            .args(&w[1..])
+            .arg("true")
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    };
+    let wrapper = [plain, userns]
+        .into_iter()
+        .find(|w| works(w))
+        .expect("cannot create a PID namespace here, neither as root nor in a user namespace (unshare): this test needs one");
     let dir = tmpdir("pidns");
     let l = Ledger::open_or_create(&dir, UUID, 0, 0).unwrap();
     let me = l.join(&join_req("nspod", 0)).unwrap();
     let mut k = Child::spawn_under(
-        &wrapper,
+        wrapper,
         "holder",
         &dir,
         &[
@@ -818,33 +865,35 @@ fn pid_namespace(_seed: u64) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn main() {
-    if let Ok(role) = std::env::var("CGPU_LEDGER_CHILD") {
-        child_main(&role);
-        return;
-    }
-    let seed = seed();
-    println!("ledger_procs: seed {seed} (set CGPU_TEST_SEED to replay)");
-    let filter: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    type TestFn = fn(u64);
-    let tests: &[(&str, TestFn)] = &[
-        ("default_dir_env", default_dir_env),
-        ("concurrent_creation", concurrent_creation),
-        ("race_8_processes", race_8_processes),
-        ("fork_child", fork_child),
-        ("pid_namespace", pid_namespace),
-        ("kill9_random_points", kill9_random_points),
-    ];
-    for (name, t) in tests {
-        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
-        let t0 = Instant::now();
-        println!("test {name} ...");
-        t(seed);
-        println!("test {name} ... ok ({:.1?})", t0.elapsed());
-    }
+/// Entry point of the child processes (this binary re-run by the tests
+/// below): not a test itself, hence ignored in normal runs.
+#[test]
+#[ignore = "child process entry point, run by the other tests"]
+fn child() {
+    let role = std::env::var("CGPU_LEDGER_CHILD").expect("run by the tests with CGPU_LEDGER_CHILD");
+    child_main(&role);
 }
+
+macro_rules! ledger_procs_tests {
+    ($($name:ident),* $(,)?) => {
+        mod cases {
+            $(
+                #[test]
+                fn $name() {
+                    let s = super::seed();
+                    println!("{}: seed {s} (set CGPU_TEST_SEED to replay)", stringify!($name));
+                    super::$name(s);
+                }
+            )*
+        }
+    };
+}
+
+ledger_procs_tests!(
+    default_dir_env,
+    concurrent_creation,
+    race_8_processes,
+    fork_child,
+    pid_namespace,
+    kill9_random_points,
+);

@@ -49,12 +49,25 @@ fn vars<'a>(id: &'a str, gib: &'a str) -> [(&'a str, &'a str); 2] {
 
 /// Spawn a client that reports `ready`; returns the child and its stdout reader.
 fn spawn_ready(
-    mut c: std::process::Command,
+    c: std::process::Command,
 ) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+    let (child, r, _) = spawn_ready_out(c);
+    (child, r)
+}
+
+/// [`spawn_ready`], also returning what the client printed before `ready`.
+fn spawn_ready_out(
+    mut c: std::process::Command,
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStdout>,
+    String,
+) {
     c.stdout(Stdio::piped()).stderr(Stdio::inherit());
     let mut child = c.spawn().unwrap();
     let mut r = BufReader::new(child.stdout.take().unwrap());
     let start = Instant::now();
+    let mut out = String::new();
     loop {
         let mut line = String::new();
         if r.read_line(&mut line).unwrap() == 0 {
@@ -68,8 +81,9 @@ fn spawn_ready(
             start.elapsed() < Duration::from_secs(60),
             "not ready after 60 s"
         );
+        out.push_str(&line);
     }
-    (child, r)
+    (child, r, out)
 }
 
 #[test]
@@ -789,5 +803,299 @@ fn legacy_array_create_reads_the_v1_descriptor() {
         cgpu_testkit::num(&pre, "meminfo", "free"),
         4 * GIB - CTX,
         "only the context is charged: {pre}"
+    );
+}
+
+/// All `op` lines of `out` whose op is `name`.
+fn ops(out: &str, name: &str) -> Vec<serde_json::Value> {
+    lines(out).into_iter().filter(|j| j["op"] == name).collect()
+}
+
+/// The driver keeps a `cuMemCreate` allocation until its handle is released
+/// AND its last mapping is gone (releasing right after mapping is the
+/// pattern of NVIDIA's samples): the charge must last as long.
+#[test]
+fn vmm_released_while_mapped_stays_charged_until_unmapped() {
+    let m = Machine::new("vmmmapped", T4);
+    let v = vars("vmm", "1");
+    let mib600 = (600 * MIB).to_string();
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "vmmmap",
+            &mib600,
+            "vmmrelease",
+            "info",
+            "nvml",
+            "vmmmap",
+            &mib600,
+            "vmmunmap",
+            "info",
+            "nvml",
+            "vmmmap",
+            &mib600,
+            "info",
+        ],
+    ));
+    let maps = ops(&out, "vmmmap");
+    let infos = ops(&out, "info");
+    let nvmls = ops(&out, "nvml");
+    assert_eq!(maps[0]["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmrelease")["rc"], 0, "{out}");
+    // Released but mapped: the driver still holds it, and so does the quota.
+    assert_eq!(nvmls[0]["procs"][0][1].as_u64().unwrap(), CTX + 600 * MIB);
+    assert_eq!(
+        infos[0]["free"].as_u64().unwrap(),
+        GIB - CTX - 600 * MIB,
+        "{out}"
+    );
+    assert_eq!(maps[1]["rc"], 2, "a second 600 MiB passes 1 GiB: {out}");
+    // The last mapping gone: given back, once.
+    assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
+    assert_eq!(nvmls[1]["procs"][0][1].as_u64().unwrap(), CTX);
+    assert_eq!(infos[1]["free"].as_u64().unwrap(), GIB - CTX, "{out}");
+    assert_eq!(maps[2]["rc"], 0, "{out}");
+    assert_eq!(
+        infos[2]["free"].as_u64().unwrap(),
+        GIB - CTX - 600 * MIB,
+        "{out}"
+    );
+}
+
+/// `cuMemRetainAllocationHandle` is one more reference: the memory (and its
+/// charge) stays until that one is released too.
+#[test]
+fn vmm_retained_handle_keeps_the_charge_until_released() {
+    let m = Machine::new("vmmretain", T4);
+    let v = vars("retain", "2");
+    let mib600 = (600 * MIB).to_string();
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "vmmmap",
+            &mib600,
+            "vmmretain",
+            "vmmrelease",
+            "vmmunmap",
+            "info",
+            "nvml",
+            "vmmrelretained",
+            "info",
+            "nvml",
+        ],
+    ));
+    assert_eq!(op(&out, "vmmretain")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmretain")["same"], true, "{out}");
+    assert_eq!(op(&out, "vmmrelease")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmrelretained")["rc"], 0, "{out}");
+    let infos = ops(&out, "info");
+    let nvmls = ops(&out, "nvml");
+    assert_eq!(nvmls[0]["procs"][0][1].as_u64().unwrap(), CTX + 600 * MIB);
+    assert_eq!(
+        infos[0]["free"].as_u64().unwrap(),
+        2 * GIB - CTX - 600 * MIB,
+        "{out}"
+    );
+    assert_eq!(nvmls[1]["procs"][0][1].as_u64().unwrap(), CTX);
+    assert_eq!(infos[1]["free"].as_u64().unwrap(), 2 * GIB - CTX, "{out}");
+}
+
+/// `cuMemCreate` memory is the device's: destroying the context current
+/// when it was made frees nothing, so its charge stays.
+#[test]
+fn vmm_memory_outlives_its_context_and_stays_charged() {
+    let m = Machine::new("vmmctx", T4);
+    let v = vars("outlive", "1");
+    let mib600 = (600 * MIB).to_string();
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "vmmmap",
+            &mib600,
+            "destroy",
+            "ctx",
+            "info",
+            "nvml",
+            "alloc",
+            &mib600,
+            "vmmrelease",
+            "vmmunmap",
+            "info",
+            "nvml",
+        ],
+    ));
+    assert_eq!(op(&out, "destroy")["rc"], 0, "{out}");
+    let infos = ops(&out, "info");
+    let nvmls = ops(&out, "nvml");
+    assert_eq!(
+        nvmls[0]["procs"][0][1].as_u64().unwrap(),
+        CTX + 600 * MIB,
+        "{out}"
+    );
+    assert_eq!(
+        infos[0]["free"].as_u64().unwrap(),
+        GIB - CTX - 600 * MIB,
+        "{out}"
+    );
+    assert_eq!(
+        op(&out, "alloc")["rc"],
+        2,
+        "the quota still holds the 600 MiB: {out}"
+    );
+    assert_eq!(nvmls[1]["procs"][0][1].as_u64().unwrap(), CTX, "{out}");
+    assert_eq!(infos[1]["free"].as_u64().unwrap(), GIB - CTX, "{out}");
+}
+
+/// A stream-ordered allocation from a pool lands on the pool's device, not
+/// the current context's; destroying the pool frees what is still out in it.
+#[test]
+fn pool_allocations_are_charged_to_the_pools_device_and_freed_with_it() {
+    let m = Machine::new("pooldev", "23028:NVIDIA A10,23028:NVIDIA A10");
+    let v = vars("pools", "2");
+    let mib100 = (100 * MIB).to_string();
+    let mut c = m.client(
+        Some(&v),
+        &[
+            "ctx",
+            "0",
+            "ctx",
+            "1",
+            "stream",
+            "pool",
+            "1",
+            "setctx",
+            "0",
+            "poolalloc",
+            &mib100,
+            "ready",
+            "waitline",
+            "pooldestroy",
+            "hold",
+        ],
+    );
+    c.stdin(Stdio::piped());
+    let (mut k, mut r) = spawn_ready(c);
+    let gpu_ledger = |dev: usize| {
+        let st = cgpu_testkit::sim_stats(&m.state);
+        let uuid = st.devices[dev].uuid.clone();
+        Ledger::open(&Ledger::path_for(&m.ledger, &uuid)).expect("ledger of the GPU")
+    };
+    let used = |dev: usize| container(&gpu_ledger(dev), "pools").unwrap().0;
+    let pid = k.id();
+    let sim = |dev: usize| {
+        let st = cgpu_testkit::sim_stats(&m.state);
+        st.process(pid, dev).map(|p| p.mem_bytes).unwrap_or(0)
+    };
+    assert_eq!(sim(1), CTX + 100 * MIB, "the sim put it on GPU 1");
+    assert_eq!(used(1), CTX + 100 * MIB, "charged on the pool's GPU");
+    assert_eq!(used(0), CTX, "nothing charged on the current context's GPU");
+    k.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    while !rest.contains("\"ready\"") {
+        assert!(r.read_line(&mut rest).unwrap() > 0, "client ended: {rest}");
+    }
+    assert_eq!(op(&rest, "pooldestroy")["rc"], 0, "{rest}");
+    assert_eq!(sim(1), CTX, "the sim freed the pool's allocation");
+    assert_eq!(used(1), CTX, "and the quota got it back");
+    let _ = k.kill();
+    let _ = k.wait();
+}
+
+/// Asking about a GPU (its total memory through CUDA, its memory info and
+/// processes through NVML) answers with the container's view but does not
+/// join it: no process slot, no container slot, no weight taken (frameworks
+/// and monitors ask every GPU at start).
+#[test]
+fn asking_about_a_gpu_does_not_join_it() {
+    let m = Machine::new("nojoin", T4);
+    let (mut holder, _r) = spawn_ready(m.client(
+        Some(&vars("A", "4")),
+        &["ctx", "alloc", "1073741824", "ready", "hold"],
+    ));
+    let l = ledger(&m);
+    let free_weight = || cgpu::ledger::free_weight(l.file());
+    let fw0 = free_weight();
+    let ask = ["init", "info", "nvml", "ready", "hold"];
+    // A process of the same container, and one of a container not on the GPU.
+    let (mut same, _rs, so) = spawn_ready_out(m.client(Some(&vars("A", "4")), &ask));
+    let (mut other, _ro, oo) = spawn_ready_out(m.client(Some(&vars("B", "3")), &ask));
+    // The answers are the containers' views all the same.
+    assert_eq!(
+        op(&so, "info")["devtotal"].as_u64().unwrap(),
+        4 * GIB,
+        "{so}"
+    );
+    assert_eq!(
+        op(&so, "nvml")["v1"]["total"].as_u64().unwrap(),
+        4 * GIB,
+        "{so}"
+    );
+    assert_eq!(
+        op(&so, "nvml")["v1"]["used"].as_u64().unwrap(),
+        CTX + GIB,
+        "the container's use, from the ledger: {so}"
+    );
+    assert_eq!(
+        op(&so, "nvml")["v2"]["free"].as_u64().unwrap(),
+        3 * GIB - CTX,
+        "{so}"
+    );
+    let pids: Vec<u64> = op(&so, "nvml")["procs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[0].as_u64().unwrap())
+        .collect();
+    assert_eq!(pids, vec![holder.id() as u64], "{so}");
+    assert_eq!(
+        op(&oo, "info")["devtotal"].as_u64().unwrap(),
+        3 * GIB,
+        "{oo}"
+    );
+    assert_eq!(
+        op(&oo, "nvml")["v1"]["total"].as_u64().unwrap(),
+        3 * GIB,
+        "{oo}"
+    );
+    assert_eq!(op(&oo, "nvml")["v1"]["used"].as_u64().unwrap(), 0, "{oo}");
+    assert_eq!(op(&oo, "nvml")["procs"], serde_json::json!([]), "{oo}");
+    let (_, _, _, procs) = container(&l, "A").unwrap();
+    assert_eq!(
+        procs.len(),
+        1,
+        "only the holder is in the ledger: {procs:?}"
+    );
+    assert!(l.find_container("B").is_none(), "asking made B a container");
+    assert_eq!(free_weight(), fw0, "asking took a weight");
+    for k in [&mut holder, &mut same, &mut other] {
+        let _ = k.kill();
+        let _ = k.wait();
+    }
+}
+
+/// The library's own use of NVML (measuring contexts) is invisible to the
+/// application: NVML is not found initialised by a program that never
+/// initialised it, an unbalanced `nvmlShutdown` fails as without cgpu, and
+/// contexts made afterwards are still measured and charged.
+#[test]
+fn the_librarys_nvml_use_is_invisible_to_the_application() {
+    let m = Machine::new("nvmlref", T4);
+    let args = ["ctx", "nvmlraw", "nvmlraw", "ctx", "info"];
+    let bare = run_ok(&mut m.client(None, &args));
+    let pre = run_ok(&mut m.client(Some(&vars("nvml", "4")), &args));
+    let raws = |s: &str| ops(s, "nvmlraw");
+    assert_eq!(raws(&pre), raws(&bare), "bare: {bare}\npreloaded: {pre}");
+    // NVML_ERROR_UNINITIALIZED, as without cgpu.
+    assert_eq!(raws(&bare)[0]["count_rc"], 1, "{bare}");
+    assert_eq!(raws(&bare)[0]["shutdown_rc"], 1, "{bare}");
+    // The second context is measured and charged like the first.
+    assert_eq!(
+        op(&pre, "info")["free"].as_u64().unwrap(),
+        4 * GIB - 2 * CTX,
+        "{pre}"
     );
 }

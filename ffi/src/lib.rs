@@ -176,6 +176,13 @@ pub struct CUuuid {
     pub bytes: [u8; 16],
 }
 
+/// `CUmemLocationType`.
+pub const CU_MEM_LOCATION_TYPE_INVALID: i32 = 0;
+pub const CU_MEM_LOCATION_TYPE_DEVICE: i32 = 1;
+pub const CU_MEM_LOCATION_TYPE_HOST: i32 = 2;
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: i32 = 3;
+pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: i32 = 4;
+
 /// `CUmemLocation`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

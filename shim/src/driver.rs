@@ -144,8 +144,12 @@ pub struct PhysMem {
     pub dev: usize,
     pub size: u64,
     pub fd: i32,
-    /// Released by cuMemRelease (memory returns when unmapped too).
+    /// Every handle reference released by cuMemRelease (memory returns
+    /// when unmapped too).
     pub released: AtomicBool,
+    /// Handle references: 1 from cuMemCreate, one more per
+    /// cuMemRetainAllocationHandle; each cuMemRelease drops one.
+    pub refs: AtomicU32,
     pub maps: AtomicU32,
 }
 

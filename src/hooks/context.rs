@@ -10,7 +10,7 @@
 
 use std::cell::Cell;
 use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -19,7 +19,7 @@ use super::real;
 use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
-use crate::memory::{proc_state, Gpu, Kind};
+use crate::memory::{proc_state, Gpu, Kind, Owner};
 
 /// Allocations take it shared, context creation exclusively (so a
 /// concurrent allocation is not mistaken for the context's reservation).
@@ -57,18 +57,26 @@ impl Drop for Measuring {
     }
 }
 
-/// 0 untried, 1 ok, 2 unavailable.
-static NVML_STATE: AtomicU8 = AtomicU8::new(0);
 static WARNED: AtomicBool = AtomicBool::new(false);
 
-fn nvml_ready() -> bool {
-    match NVML_STATE.load(Ordering::Acquire) {
-        1 => true,
-        2 => false,
-        _ => {
-            let ok = super::call_real!(real::nvmlInit_v2,) == NVML_SUCCESS;
-            NVML_STATE.store(if ok { 1 } else { 2 }, Ordering::Release);
-            ok
+/// One NVML reference of the library's own, for the length of one
+/// measurement: `nvmlInit_v2` on creation, the matching `nvmlShutdown` on
+/// drop. Holding none otherwise keeps the library's use of NVML invisible to
+/// the application: one that never initialised NVML does not find it
+/// initialised, and an unbalanced `nvmlShutdown` of its own fails as it
+/// would without cgpu instead of dropping a reference of ours.
+struct NvmlRef(bool);
+
+impl NvmlRef {
+    fn acquire() -> NvmlRef {
+        NvmlRef(super::call_real!(real::nvmlInit_v2,) == NVML_SUCCESS)
+    }
+}
+
+impl Drop for NvmlRef {
+    fn drop(&mut self) {
+        if self.0 {
+            super::call_real!(real::nvmlShutdown,);
         }
     }
 }
@@ -83,9 +91,9 @@ struct Sample {
     device: Option<u64>,
 }
 
-fn sample(gpu: &Gpu) -> Sample {
+fn sample(gpu: &Gpu, nvml: &NvmlRef) -> Sample {
     let mut s = Sample::default();
-    if !nvml_ready() {
+    if !nvml.0 {
         return s;
     }
     let Ok(uuid) = CString::new(gpu.uuid.as_str()) else {
@@ -144,9 +152,10 @@ fn reserved(before: Sample, after: Sample) -> Option<u64> {
 /// could not be measured (then nothing is charged, with a warning).
 fn measured(gpu: &Gpu, create: impl FnOnce() -> CUresult) -> (CUresult, Option<u64>) {
     let _m = Measuring::start();
-    let before = sample(gpu);
+    let nvml = NvmlRef::acquire();
+    let before = sample(gpu, &nvml);
     let rc = create();
-    let after = sample(gpu);
+    let after = sample(gpu, &nvml);
     let delta = reserved(before, after);
     if delta.is_none() && !WARNED.swap(true, Ordering::Relaxed) {
         tracing::warn!(
@@ -174,7 +183,13 @@ fn charge_new_ctx(
         tracing::debug!("cgpu: context reservation of {bytes} bytes would pass the quota");
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    proc_state().track(Kind::Context, c as u64, gpu, bytes, c as usize);
+    proc_state().track(
+        Kind::Context,
+        c as u64,
+        gpu,
+        bytes,
+        Owner::Context(c as usize),
+    );
     rc
 }
 

@@ -88,25 +88,43 @@ pub fn cuda_visible_index(dev: CUdevice) -> Option<usize> {
     v.iter().position(|&d| d as i32 == dev)
 }
 
-/// The tracked GPU for CUDA device `dev` (`None`: pass-through, or hidden).
+/// Identity of CUDA device `dev` as the driver reports it (`None`: hidden
+/// or unknown).
+fn cuda_info(dev: CUdevice) -> Option<GpuInfo> {
+    let visible_index = cuda_visible_index(dev)?;
+    let uuid = cuda_uuid(dev)?;
+    let mut total: usize = 0;
+    if super::call_real!(real::cuDeviceTotalMem_v2, &mut total, dev) != CUDA_SUCCESS {
+        return None;
+    }
+    Some(GpuInfo {
+        uuid,
+        host_index: dev as u32,
+        visible_index,
+        physical_total: total as u64,
+    })
+}
+
+/// The tracked GPU for CUDA device `dev`, joining it on first use
+/// (`None`: pass-through, or hidden). Only for calls that use the GPU
+/// (allocate, create a context, launch); views use [`cuda_view_quota`].
 pub fn cuda_gpu(dev: CUdevice) -> Option<&'static Gpu> {
     if !crate::memory::tracking() {
         return None;
     }
-    memory::proc_state().gpu_for_cuda(dev, || {
-        let visible_index = cuda_visible_index(dev)?;
-        let uuid = cuda_uuid(dev)?;
-        let mut total: usize = 0;
-        if super::call_real!(real::cuDeviceTotalMem_v2, &mut total, dev) != CUDA_SUCCESS {
-            return None;
-        }
-        Some(GpuInfo {
-            uuid,
-            host_index: dev as u32,
-            visible_index,
-            physical_total: total as u64,
-        })
-    })
+    memory::proc_state().gpu_for_cuda(dev, || cuda_info(dev))
+}
+
+/// The quota CUDA device `dev` shows (`None`: the physical view), without
+/// joining it.
+pub fn cuda_view_quota(dev: CUdevice) -> Option<u64> {
+    if !crate::memory::tracking() {
+        return None;
+    }
+    match memory::proc_state().joined_cuda(dev) {
+        Some(g) => g.view_quota(),
+        None => memory::peek(&cuda_info(dev)?)?.quota,
+    }
 }
 
 /// A device `id` in a memory location (`CUmemLocation`), as the driver must

@@ -4,11 +4,11 @@
 //! back exactly that, once. Unknown pointers and double frees go to the
 //! driver and are charged nothing. Views report the quota.
 
-use super::device::{cuda_gpu, current_gpu};
+use super::device::{cuda_gpu, current_device, current_gpu};
 use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
-use crate::memory::{proc_state, Gpu, Kind};
+use crate::memory::{proc_state, Gpu, Kind, Owner, PoolPlace};
 
 /// The current context handle (0 if none): allocations die with it.
 fn current_ctx() -> usize {
@@ -30,16 +30,20 @@ pub fn granule(n: u64) -> u64 {
     n.div_ceil(ALLOC_GRANULE).saturating_mul(ALLOC_GRANULE)
 }
 
-/// Reserve `bytes` on `gpu`, run `alloc` (which returns the driver's code and
-/// the new object's key), then keep or give back the reservation.
+/// Reserve `bytes` on `gpu`, run `alloc` (the real call, returning the
+/// driver's code), then keep the reservation under the new object's key
+/// (`key` reads the out-parameter, and is called only when the driver
+/// succeeded, i.e. wrote it) or give it back.
 fn charged(
     gpu: Option<&'static Gpu>,
     kind: Kind,
+    owner: impl FnOnce() -> Owner,
     bytes: u64,
-    alloc: impl FnOnce() -> (CUresult, u64),
+    alloc: impl FnOnce() -> CUresult,
+    key: impl FnOnce() -> u64,
 ) -> CUresult {
     let Some(gpu) = gpu else {
-        return alloc().0;
+        return alloc();
     };
     let bytes = granule(bytes);
     let _g = super::context::alloc_guard();
@@ -51,12 +55,16 @@ fn charged(
         );
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    let (rc, key) = alloc();
+    let rc = alloc();
     if rc != CUDA_SUCCESS {
         gpu.release(bytes);
         return rc;
     }
-    proc_state().track(kind, key, gpu, bytes, current_ctx());
+    let st = proc_state();
+    match kind {
+        Kind::Handle => st.vmm_created(key(), gpu, bytes),
+        _ => st.track(kind, key(), gpu, bytes, owner()),
+    }
     rc
 }
 
@@ -74,22 +82,23 @@ fn uncharged(kind: Kind, key: u64, free: impl FnOnce() -> CUresult) -> CUresult 
         if rc == CUDA_SUCCESS {
             e.gpu.release(e.bytes);
         } else {
-            st.track(kind, key, e.gpu, e.bytes, e.ctx);
+            st.track(kind, key, e.gpu, e.bytes, e.owner);
         }
     }
     rc
 }
 
-/// Read an out-parameter the driver just wrote (0 if null).
+/// Read an out-parameter the driver wrote (0 if null). Call it only after
+/// the driver returned `CUDA_SUCCESS`: on failure it may have written nothing.
 ///
 /// # Safety
-/// `p` is null or valid for reads.
+/// `p` is null or valid for reads and initialised.
 unsafe fn out<T: Copy + Into<u64>>(p: *const T) -> u64 {
     if p.is_null() {
         0
     } else {
         // SAFETY: per the contract above.
-        unsafe { (*p).into() }
+        unsafe { p.read_unaligned().into() }
     }
 }
 
@@ -102,11 +111,15 @@ pub unsafe fn mem_alloc(
     dptr: *mut CUdeviceptr,
     size: usize,
 ) -> CUresult {
-    charged(current_gpu(), Kind::Ptr, size as u64, || {
-        let rc = super::call_real!(real, dptr, size);
-        // SAFETY: dptr was written by the driver on success (or is null).
-        (rc, unsafe { out(dptr) })
-    })
+    charged(
+        current_gpu(),
+        Kind::Ptr,
+        in_current_ctx,
+        size as u64,
+        || super::call_real!(real, dptr, size),
+        // SAFETY: called only on success, when the driver wrote *dptr.
+        || unsafe { out(dptr) },
+    )
 }
 
 /// `cuMemAlloc` (legacy 32-bit ABI).
@@ -114,11 +127,20 @@ pub unsafe fn mem_alloc(
 /// # Safety
 /// The driver's contract.
 pub unsafe fn mem_alloc_v1(real: &RealFn<sig::cuMemAlloc>, dptr: *mut u32, size: u32) -> CUresult {
-    charged(current_gpu(), Kind::Ptr, size as u64, || {
-        let rc = super::call_real!(real, dptr, size);
-        // SAFETY: as above.
-        (rc, unsafe { out(dptr) })
-    })
+    charged(
+        current_gpu(),
+        Kind::Ptr,
+        in_current_ctx,
+        size as u64,
+        || super::call_real!(real, dptr, size),
+        // SAFETY: called only on success, when the driver wrote *dptr.
+        || unsafe { out(dptr) },
+    )
+}
+
+/// Owned by the current context.
+fn in_current_ctx() -> Owner {
+    Owner::Context(current_ctx())
 }
 
 /// Pitch the driver will choose at most: the width rounded up to 512 bytes
@@ -127,26 +149,30 @@ fn pitch_bound(width: u64) -> u64 {
     width.div_ceil(512).saturating_mul(512).max(width)
 }
 
-/// Pitched allocation: reserve the bound, then settle on the real pitch × height.
+/// Pitched allocation: reserve the bound, then settle on the real pitch ×
+/// height. `alloc` returns the driver's code; `written` reads the pointer
+/// and pitch it wrote (called only on success).
 fn pitched(
     width: u64,
     height: u64,
-    alloc: impl FnOnce() -> (CUresult, u64, u64),
+    alloc: impl FnOnce() -> CUresult,
+    written: impl FnOnce() -> (u64, u64),
     free: impl FnOnce(u64),
 ) -> CUresult {
     let Some(gpu) = current_gpu() else {
-        return alloc().0;
+        return alloc();
     };
     let bound = granule(pitch_bound(width).saturating_mul(height));
     let _g = super::context::alloc_guard();
     if !gpu.reserve(bound) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    let (rc, ptr, pitch) = alloc();
+    let rc = alloc();
     if rc != CUDA_SUCCESS {
         gpu.release(bound);
         return rc;
     }
+    let (ptr, pitch) = written();
     let actual = granule(pitch.saturating_mul(height));
     if actual <= bound {
         gpu.release(bound - actual);
@@ -155,7 +181,7 @@ fn pitched(
         free(ptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    proc_state().track(Kind::Ptr, ptr, gpu, actual, current_ctx());
+    proc_state().track(Kind::Ptr, ptr, gpu, actual, in_current_ctx());
     rc
 }
 
@@ -174,13 +200,9 @@ pub unsafe fn mem_alloc_pitch(
     pitched(
         width as u64,
         height as u64,
-        || {
-            let rc = super::call_real!(real, dptr, pitch, width, height, elem);
-            // SAFETY: written by the driver on success.
-            (rc, unsafe { out(dptr) }, unsafe {
-                out(pitch as *const usize as *const u64)
-            })
-        },
+        || super::call_real!(real, dptr, pitch, width, height, elem),
+        // SAFETY: called only on success, when the driver wrote both.
+        || unsafe { (out(dptr), out(pitch as *const usize as *const u64)) },
         |p| {
             super::call_real!(super::real::cuMemFree_v2, p);
         },
@@ -202,11 +224,9 @@ pub unsafe fn mem_alloc_pitch_v1(
     pitched(
         width as u64,
         height as u64,
-        || {
-            let rc = super::call_real!(real, dptr, pitch, width, height, elem);
-            // SAFETY: written by the driver on success.
-            (rc, unsafe { out(dptr) }, unsafe { out(pitch) })
-        },
+        || super::call_real!(real, dptr, pitch, width, height, elem),
+        // SAFETY: called only on success, when the driver wrote both.
+        || unsafe { (out(dptr), out(pitch)) },
         |p| {
             super::call_real!(super::real::cuMemFree, p as u32);
         },
@@ -223,11 +243,57 @@ pub unsafe fn mem_alloc_managed(
     size: usize,
     flags: u32,
 ) -> CUresult {
-    charged(current_gpu(), Kind::Ptr, size as u64, || {
-        let rc = super::call_real!(real, dptr, size, flags);
-        // SAFETY: written by the driver on success.
-        (rc, unsafe { out(dptr) })
-    })
+    charged(
+        current_gpu(),
+        Kind::Ptr,
+        in_current_ctx,
+        size as u64,
+        || super::call_real!(real, dptr, size, flags),
+        // SAFETY: called only on success, when the driver wrote *dptr.
+        || unsafe { out(dptr) },
+    )
+}
+
+/// The device a stream's work runs on (`None`: the current context's, as
+/// for the default streams, or unknown).
+fn stream_device(stream: CUstream) -> Option<CUdevice> {
+    if (stream as usize) <= CU_STREAM_PER_THREAD {
+        return current_device();
+    }
+    let mut d: CUdevice = -1;
+    if let Some(f) = super::real::cuStreamGetDevice.get() {
+        // SAFETY: the real driver function with a valid out-pointer.
+        if unsafe { f(stream, &mut d) } == CUDA_SUCCESS {
+            return Some(d);
+        }
+    }
+    // Older drivers: the device of the stream's context.
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    if super::call_real!(super::real::cuStreamGetCtx, stream, &mut ctx) != CUDA_SUCCESS {
+        return current_device();
+    }
+    if super::call_real!(super::real::cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS {
+        return current_device();
+    }
+    let dev = current_device();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    super::call_real!(super::real::cuCtxPopCurrent_v2, &mut popped);
+    dev
+}
+
+/// The GPU a stream-ordered allocation from `pool` (null: the device's
+/// current pool) on `stream` lands on: the pool's device when this process
+/// made the pool (a host pool: none, it is not device memory), else the
+/// stream's device (the driver requires the pool to be on it).
+fn pool_gpu(pool: usize, stream: CUstream) -> Option<&'static Gpu> {
+    if !crate::memory::tracking() {
+        return None;
+    }
+    match (pool != 0).then(|| proc_state().pool_place(pool)).flatten() {
+        Some(PoolPlace::Host) => None,
+        Some(PoolPlace::Device(d)) => cuda_gpu(d),
+        None => cuda_gpu(stream_device(stream)?),
+    }
 }
 
 /// `cuMemAllocAsync` and `_ptsz`: charged when returned, released when freed.
@@ -240,14 +306,21 @@ pub unsafe fn mem_alloc_async(
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    charged(current_gpu(), Kind::Ptr, size as u64, || {
-        let rc = super::call_real!(real, dptr, size, stream);
-        // SAFETY: written by the driver on success.
-        (rc, unsafe { out(dptr) })
-    })
+    charged(
+        pool_gpu(0, stream),
+        Kind::Ptr,
+        || Owner::Pool {
+            pool: 0,
+            ctx: current_ctx(),
+        },
+        size as u64,
+        || super::call_real!(real, dptr, size, stream),
+        // SAFETY: called only on success, when the driver wrote *dptr.
+        || unsafe { out(dptr) },
+    )
 }
 
-/// `cuMemAllocFromPoolAsync` and `_ptsz`.
+/// `cuMemAllocFromPoolAsync` and `_ptsz`: charged to the pool's device.
 ///
 /// # Safety
 /// The driver's contract.
@@ -258,15 +331,24 @@ pub unsafe fn mem_alloc_from_pool_async(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CUresult {
-    charged(current_gpu(), Kind::Ptr, size as u64, || {
-        let rc = super::call_real!(real, dptr, size, pool, stream);
-        // SAFETY: written by the driver on success.
-        (rc, unsafe { out(dptr) })
-    })
+    charged(
+        pool_gpu(pool as usize, stream),
+        Kind::Ptr,
+        || Owner::Pool {
+            pool: pool as usize,
+            ctx: current_ctx(),
+        },
+        size as u64,
+        || super::call_real!(real, dptr, size, pool, stream),
+        // SAFETY: called only on success, when the driver wrote *dptr.
+        || unsafe { out(dptr) },
+    )
 }
 
 /// `cuMemCreate` (virtual memory API, PyTorch's expandable segments):
-/// charged against the device the properties name.
+/// charged against the device the properties name, owned by the device (no
+/// context frees it) until its last handle reference is released and its
+/// last mapping unmapped.
 ///
 /// # Safety
 /// The driver's contract.
@@ -280,21 +362,111 @@ pub unsafe fn mem_create(
     if prop.is_null() {
         return super::call_real!(real, handle, size, prop, flags);
     }
-    // SAFETY: prop is the caller's non-null property struct (32 bytes in cuda.h).
-    let mut p = unsafe { std::ptr::read(prop) };
-    // CU_MEM_LOCATION_TYPE_DEVICE = 1
-    if p.location.type_ != 1 {
+    // SAFETY: prop is the caller's non-null property struct (layout checked
+    // against cuda.h in cgpu-ffi); read unaligned, as a copy.
+    let mut p = unsafe { prop.read_unaligned() };
+    if p.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
         return super::call_real!(real, handle, size, prop, flags);
     }
     p.location.id = super::device::host_device_for_location(p.location.id);
     let gpu = cuda_gpu(p.location.id);
     let prop2: *const CUmemAllocationProp = &p;
-    charged(gpu, Kind::Handle, size as u64, || {
-        let rc = super::call_real!(real, handle, size, prop2, flags);
-        // SAFETY: written by the driver on success.
-        (rc, unsafe { out(handle) })
-    })
+    charged(
+        gpu,
+        Kind::Handle,
+        || Owner::Context(0),
+        size as u64,
+        || super::call_real!(real, handle, size, prop2, flags),
+        // SAFETY: called only on success, when the driver wrote *handle.
+        || unsafe { out(handle) },
+    )
 }
+
+/// `cuMemRelease`: one handle reference less; the charge stays while the
+/// memory is still mapped.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_release(
+    real: &RealFn<sig::cuMemRelease>,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, handle);
+    }
+    let _g = super::context::alloc_guard();
+    let rc = super::call_real!(real, handle);
+    if rc == CUDA_SUCCESS {
+        proc_state().vmm_released(handle);
+    }
+    rc
+}
+
+/// `cuMemMap`: a mapping keeps the allocation (and its charge) alive.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_map(
+    real: &RealFn<sig::cuMemMap>,
+    ptr: CUdeviceptr,
+    size: usize,
+    offset: usize,
+    handle: CUmemGenericAllocationHandle,
+    flags: u64,
+) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, ptr, size, offset, handle, flags);
+    }
+    let _g = super::context::alloc_guard();
+    let rc = super::call_real!(real, ptr, size, offset, handle, flags);
+    if rc == CUDA_SUCCESS {
+        proc_state().vmm_mapped(ptr, size as u64, handle);
+    }
+    rc
+}
+
+/// `cuMemUnmap`: the mappings in the range are gone; an allocation whose
+/// handles were all released is given back with its last mapping.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_unmap(real: &RealFn<sig::cuMemUnmap>, ptr: CUdeviceptr, size: usize) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, ptr, size);
+    }
+    let _g = super::context::alloc_guard();
+    let rc = super::call_real!(real, ptr, size);
+    if rc == CUDA_SUCCESS {
+        proc_state().vmm_unmapped(ptr, size as u64);
+    }
+    rc
+}
+
+/// `cuMemRetainAllocationHandle`: one more handle reference, to be released.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_retain_allocation_handle(
+    real: &RealFn<sig::cuMemRetainAllocationHandle>,
+    handle: *mut CUmemGenericAllocationHandle,
+    addr: *mut c_void,
+) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, handle, addr);
+    }
+    let _g = super::context::alloc_guard();
+    let rc = super::call_real!(real, handle, addr);
+    if rc == CUDA_SUCCESS && !handle.is_null() {
+        // SAFETY: the driver succeeded and wrote the handle.
+        proc_state().vmm_retained(unsafe { out(handle) });
+    }
+    rc
+}
+
+/// The locations in `cuMemSetAccess` descriptors that `translate` copies at
+/// most; more than this many is no valid request (one per device and kind):
+/// the driver answers it as it is.
+const MAX_ACCESS_DESCS: usize = 4 * crate::memory::MAX_GPUS;
 
 /// `cuMemSetAccess`: device locations given as container ordinals are
 /// translated (see [`super::device::host_device_for_location`]).
@@ -308,12 +480,19 @@ pub unsafe fn mem_set_access(
     desc: *const CUmemAccessDesc,
     count: usize,
 ) -> CUresult {
-    if desc.is_null() || count == 0 || crate::config::get().visible.is_none() {
+    if desc.is_null()
+        || count == 0
+        || count > MAX_ACCESS_DESCS
+        || crate::config::get().visible.is_none()
+    {
         return super::call_real!(real, ptr, size, desc, count);
     }
-    // SAFETY: the caller passes `count` valid entries.
+    // SAFETY: the caller passes `count` valid entries (bounded above).
     let mut v: Vec<CUmemAccessDesc> = unsafe { std::slice::from_raw_parts(desc, count) }.to_vec();
-    for d in v.iter_mut().filter(|d| d.location.type_ == 1) {
+    for d in v
+        .iter_mut()
+        .filter(|d| d.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
+    {
         d.location.id = super::device::host_device_for_location(d.location.id);
     }
     super::call_real!(real, ptr, size, v.as_ptr(), count)
@@ -332,16 +511,18 @@ pub unsafe fn mem_get_allocation_granularity(
     if prop.is_null() || crate::config::get().visible.is_none() {
         return super::call_real!(real, gran, prop, option);
     }
-    // SAFETY: non-null property struct from the caller.
-    let mut p = unsafe { std::ptr::read(prop) };
-    if p.location.type_ == 1 {
+    // SAFETY: non-null property struct from the caller, read as a copy.
+    let mut p = unsafe { prop.read_unaligned() };
+    if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
         p.location.id = super::device::host_device_for_location(p.location.id);
     }
     let prop2: *const CUmemAllocationProp = &p;
     super::call_real!(real, gran, prop2, option)
 }
 
-/// `cuMemPoolCreate`: the location translated as for `cuMemCreate`.
+/// `cuMemPoolCreate`: the location translated as for `cuMemCreate`; the
+/// pool's place is remembered (its allocations are charged to its device;
+/// a host pool's are not device memory).
 ///
 /// # Safety
 /// The driver's contract.
@@ -350,16 +531,46 @@ pub unsafe fn mem_pool_create(
     pool: *mut CUmemoryPool,
     props: *const CUmemPoolProps,
 ) -> CUresult {
-    if props.is_null() || crate::config::get().visible.is_none() {
+    if props.is_null() {
         return super::call_real!(real, pool, props);
     }
-    // SAFETY: non-null pool properties from the caller (88 bytes in cuda.h).
-    let mut p = unsafe { std::ptr::read(props) };
-    if p.location.type_ == 1 {
+    // SAFETY: non-null pool properties from the caller, read as a copy.
+    let mut p = unsafe { props.read_unaligned() };
+    if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
         p.location.id = super::device::host_device_for_location(p.location.id);
     }
     let props2: *const CUmemPoolProps = &p;
-    super::call_real!(real, pool, props2)
+    let rc = super::call_real!(real, pool, props2);
+    if rc == CUDA_SUCCESS && !pool.is_null() && crate::memory::tracking() {
+        let place = if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            PoolPlace::Device(p.location.id)
+        } else {
+            PoolPlace::Host
+        };
+        // SAFETY: the driver succeeded and wrote the pool handle.
+        let h = unsafe { pool.read_unaligned() } as usize;
+        proc_state().pool_created(h, place);
+    }
+    rc
+}
+
+/// `cuMemPoolDestroy`: the driver frees the allocations still out in it.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_pool_destroy(
+    real: &RealFn<sig::cuMemPoolDestroy>,
+    pool: CUmemoryPool,
+) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, pool);
+    }
+    let _g = super::context::alloc_guard();
+    let rc = super::call_real!(real, pool);
+    if rc == CUDA_SUCCESS {
+        proc_state().pool_destroyed(pool as usize);
+    }
+    rc
 }
 
 /// Bytes per element of a `CUarray_format`.
@@ -382,7 +593,7 @@ pub fn array_bytes(w: usize, h: usize, d: usize, format: i32, channels: u32) -> 
 }
 
 /// Charge an array of `bytes` around `create` (the real call), which writes
-/// the new handle to `arr`.
+/// the new handle to `arr` when it succeeds.
 ///
 /// # Safety
 /// `arr` is the caller's out-pointer, as the driver's contract has it.
@@ -392,11 +603,15 @@ unsafe fn array_charge(
     arr: *mut *mut c_void,
     create: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    charged(current_gpu(), kind, bytes, || {
-        let rc = create();
-        // SAFETY: read only on success, when the driver wrote the handle.
-        (rc, unsafe { out(arr as *const usize as *const u64) })
-    })
+    charged(
+        current_gpu(),
+        kind,
+        in_current_ctx,
+        bytes,
+        create,
+        // SAFETY: called only on success, when the driver wrote the handle.
+        || unsafe { out(arr as *const usize as *const u64) },
+    )
 }
 
 /// `cuArrayCreate_v2`.
@@ -482,7 +697,16 @@ pub unsafe fn array3d_create_v1(
     unsafe { array_charge(bytes, Kind::Array, arr, create) }
 }
 
-/// `cuMipmappedArrayCreate`: all levels (bounded by 4/3 of level 0).
+/// Most levels a mipmapped array of extent `w × h × d` can have: one per
+/// halving of its largest dimension, down to 1 (the driver refuses more).
+fn max_levels(w: usize, h: usize, d: usize) -> u32 {
+    let m = w.max(h).max(d).max(1) as u64;
+    64 - m.leading_zeros()
+}
+
+/// `cuMipmappedArrayCreate`: all levels. A level count the driver must
+/// refuse (more levels than halvings) is charged as the most it can have,
+/// so a caller-supplied count never drives the loop (the driver answers).
 ///
 /// # Safety
 /// The driver's contract.
@@ -498,7 +722,7 @@ pub unsafe fn mipmapped_array_create(
     };
     let mut bytes = 0u64;
     let (mut w, mut h, mut z) = (d.Width.max(1), d.Height.max(1), d.Depth.max(1));
-    for _ in 0..levels.max(1) {
+    for _ in 0..levels.clamp(1, max_levels(w, h, z)) {
         bytes = bytes.saturating_add(array_bytes(w, h, z, d.Format, d.NumChannels));
         w = (w / 2).max(1);
         h = (h / 2).max(1);
@@ -535,17 +759,6 @@ pub unsafe fn mem_free_async(
     stream: CUstream,
 ) -> CUresult {
     uncharged(Kind::Ptr, dptr, || super::call_real!(real, dptr, stream))
-}
-
-/// `cuMemRelease`.
-///
-/// # Safety
-/// The driver's contract.
-pub unsafe fn mem_release(
-    real: &RealFn<sig::cuMemRelease>,
-    handle: CUmemGenericAllocationHandle,
-) -> CUresult {
-    uncharged(Kind::Handle, handle, || super::call_real!(real, handle))
 }
 
 /// `cuArrayDestroy`.
@@ -615,7 +828,7 @@ pub unsafe fn mem_get_info_v1(
     rc
 }
 
-/// `cuDeviceTotalMem_v2`: the quota.
+/// `cuDeviceTotalMem_v2`: the quota (asking does not join the GPU).
 ///
 /// # Safety
 /// The driver's contract.
@@ -626,7 +839,7 @@ pub unsafe fn device_total_mem(
 ) -> CUresult {
     let rc = super::call_real!(real, bytes, dev);
     if rc == CUDA_SUCCESS && !bytes.is_null() {
-        if let Some(q) = cuda_gpu(dev).and_then(|g| g.view_quota()) {
+        if let Some(q) = super::device::cuda_view_quota(dev) {
             // SAFETY: non-null out-parameter.
             unsafe { *bytes = q as usize };
         }
@@ -645,7 +858,7 @@ pub unsafe fn device_total_mem_v1(
 ) -> CUresult {
     let rc = super::call_real!(real, bytes, dev);
     if rc == CUDA_SUCCESS && !bytes.is_null() {
-        if let Some(q) = cuda_gpu(dev).and_then(|g| g.view_quota()) {
+        if let Some(q) = super::device::cuda_view_quota(dev) {
             // SAFETY: non-null out-parameter.
             unsafe { *bytes = q.min(u32::MAX as u64) as u32 };
         }
@@ -667,5 +880,9 @@ mod tests {
         assert_eq!(pitch_bound(513), 1024);
         assert_eq!(array_bytes(100, 0, 0, 0x20, 4), 1600);
         assert_eq!(array_bytes(10, 10, 10, 0x01, 1), 1000);
+        assert_eq!(max_levels(1, 0, 0), 1);
+        assert_eq!(max_levels(1024, 1, 1), 11);
+        assert_eq!(max_levels(1023, 1, 1), 10);
+        assert_eq!(max_levels(usize::MAX, 1, 1), 64);
     }
 }

@@ -147,6 +147,8 @@ api! {
         fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
         fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
         fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult => memory::mem_create;
+        fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult => memory::mem_map;
+        fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult => memory::mem_retain_allocation_handle;
         fn cuArrayCreate(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult => memory::array_create_v1;
         fn cuArrayCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult => memory::array_create;
         fn cuArray3DCreate(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult => memory::array3d_create_v1;
@@ -162,6 +164,8 @@ api! {
         fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::mem_free_async;
         fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult => memory::mem_free_async;
         fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => memory::mem_release;
+        fn cuMemUnmap(ptr: CUdeviceptr, size: usize) -> CUresult => memory::mem_unmap;
+        fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => memory::mem_pool_destroy;
         fn cuArrayDestroy(arr: CUarray) -> CUresult => memory::array_destroy;
         fn cuMipmappedArrayDestroy(arr: CUmipmappedArray) -> CUresult => memory::mipmapped_array_destroy;
 
@@ -241,6 +245,9 @@ api! {
         fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
         fn cuDeviceGetPCIBusId(bus: *mut c_char, len: i32, dev: CUdevice) -> CUresult;
         fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult;
+        fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
+        fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CUresult;
+        fn nvmlShutdown() -> nvmlReturn_t;
         fn nvmlDeviceGetUUID(dev: nvmlDevice_t, uuid: *mut c_char, len: u32) -> nvmlReturn_t;
         fn nvmlDeviceGetPciInfo_v3(dev: nvmlDevice_t, pci: *mut c_void) -> nvmlReturn_t;
     }

@@ -11,7 +11,7 @@ use super::sig;
 use super::types::*;
 use crate::config;
 use crate::driver::RealFn;
-use crate::memory::{self, Gpu, GpuInfo};
+use crate::memory::{self, GpuInfo, Peek};
 
 static NVML_VISIBLE: OnceLock<Vec<u32>> = OnceLock::new();
 
@@ -65,15 +65,17 @@ fn host_index(h: nvmlDevice_t) -> Option<u32> {
     (super::call_real!(real::nvmlDeviceGetIndex, h, &mut i) == NVML_SUCCESS).then_some(i)
 }
 
-/// The tracked GPU behind an NVML handle (`None`: pass-through or hidden).
-pub(crate) fn nvml_gpu(h: nvmlDevice_t) -> Option<&'static Gpu> {
+/// What the container sees of the GPU behind an NVML handle (`None`:
+/// pass-through or hidden). NVML calls only look: they never join the GPU;
+/// a GPU this process joined answers from its membership, another from the
+/// configuration and the ledger.
+fn nvml_peek(h: nvmlDevice_t) -> Option<Peek> {
     if !crate::memory::tracking() {
         return None;
     }
     let uuid = nvml_uuid(h)?;
-    let st = memory::proc_state();
-    if let Some(g) = st.gpu_by_uuid(&uuid) {
-        return Some(g);
+    if let Some(g) = memory::proc_state().gpu_by_uuid(&uuid) {
+        return Some(g.peek());
     }
     let host = host_index(h)?;
     let visible_index = nvml_visible().ok()?.iter().position(|&i| i == host)?;
@@ -81,7 +83,7 @@ pub(crate) fn nvml_gpu(h: nvmlDevice_t) -> Option<&'static Gpu> {
     if super::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) != NVML_SUCCESS {
         return None;
     }
-    st.gpu_by_info(GpuInfo {
+    memory::peek(&GpuInfo {
         uuid,
         host_index: host,
         visible_index,
@@ -221,10 +223,10 @@ pub unsafe fn device_get_index(
 
 /// The container's view: `(total, free, used)` or `None` for the physical view.
 fn view(dev: nvmlDevice_t, phys_free: u64) -> Option<(u64, u64, u64)> {
-    let gpu = nvml_gpu(dev)?;
-    let q = gpu.view_quota()?;
-    let (free, total) = gpu.view(phys_free, q);
-    Some((total, free, gpu.container_used()))
+    let p = nvml_peek(dev)?;
+    let q = p.quota?;
+    let (free, total) = p.view(phys_free, q);
+    Some((total, free, p.used))
 }
 
 /// `nvmlDeviceGetMemoryInfo`: total = quota, used = the container's.
@@ -272,11 +274,11 @@ pub unsafe fn memory_info_v2(
 
 /// Keep only the container's processes, in place; returns the new count.
 fn filter<T: Copy>(dev: nvmlDevice_t, infos: *mut T, n: u32, pid: impl Fn(&T) -> u32) -> u32 {
-    let Some(gpu) = nvml_gpu(dev) else { return n };
     if infos.is_null() || n == 0 {
         return n;
     }
-    let pids = gpu.container_pids();
+    let Some(p) = nvml_peek(dev) else { return n };
+    let pids = p.pids;
     // SAFETY: NVML wrote n entries into the caller's buffer.
     let s = unsafe { std::slice::from_raw_parts_mut(infos, n as usize) };
     let mut k = 0;

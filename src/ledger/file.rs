@@ -35,6 +35,35 @@ pub(super) fn ensure_dir(dir: &Path) -> io::Result<()> {
     Ok(())
 }
 
+/// May a default ledger directory be trusted? It must be a real directory
+/// (a symbolic link is never followed: whoever made it chooses where
+/// root's ledgers go) owned by root or by this user (a directory owned by
+/// someone else lets them swap the files in it).
+pub(super) fn trusted_dir(dir: &Path) -> io::Result<()> {
+    let m = std::fs::symlink_metadata(dir)?;
+    let deny = |why: String| {
+        Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} {why}: not trusted", dir.display()),
+        ))
+    };
+    if m.file_type().is_symlink() {
+        return deny("is a symbolic link".into());
+    }
+    if !m.is_dir() {
+        return deny("is not a directory".into());
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != 0 && m.uid() != me {
+        return deny(format!(
+            "is owned by uid {}, neither root nor this user (uid {me})",
+            m.uid()
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn writable(dir: &Path) -> bool {
     let Ok(c) = CString::new(dir.as_os_str().as_bytes()) else {
         return false;
@@ -43,12 +72,47 @@ pub(super) fn writable(dir: &Path) -> bool {
     unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
+/// Open a ledger file: never through a symbolic link (`O_NOFOLLOW`), never
+/// blocking (`O_NONBLOCK`, a FIFO), and only a regular file (anything else
+/// is closed again and refused; a device node is refused before it is
+/// opened, unless swapped in between).
 fn open_fd(path: &Path, flags: libc::c_int) -> Result<i32, LedgerError> {
     let c = cpath(path)?;
+    let not_regular = || {
+        LedgerError::io(
+            path,
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "not a regular file (a link, FIFO or device): not opened",
+            ),
+        )
+    };
+    if let Ok(m) = std::fs::symlink_metadata(path) {
+        if !m.file_type().is_file() {
+            return Err(not_regular());
+        }
+    }
     // SAFETY: `c` is a valid NUL-terminated path; mode is used only with O_CREAT.
-    let fd = unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, 0o666 as libc::c_uint) };
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+            0o666 as libc::c_uint,
+        )
+    };
     if fd < 0 {
-        return Err(LedgerError::io(path, io::Error::last_os_error()));
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::ELOOP) {
+            return Err(not_regular());
+        }
+        return Err(LedgerError::io(path, err));
+    }
+    // SAFETY: `st` is a valid out-pointer for fstat on the fd just opened.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        close(fd);
+        return Err(not_regular());
     }
     Ok(fd)
 }
@@ -133,6 +197,57 @@ fn validate_fd(path: &Path, fd: i32) -> Result<(), LedgerError> {
     Ok(())
 }
 
+/// Give every byte of the file its space on the filesystem, so that no
+/// later write to the mapping can fault with SIGBUS on a full filesystem.
+/// Nothing to do when the file has no holes. `fallocate(2)` itself (never
+/// glibc's emulation, which writes bytes and could race with processes
+/// using the file); where the filesystem cannot, a `fresh` (still private)
+/// file is filled with zeros instead, and a file in use is left as it is.
+/// A failure (`ENOSPC`) makes the ledger unusable, with the reason.
+fn reserve_space(path: &Path, fd: i32, fresh: bool) -> Result<(), LedgerError> {
+    let no_space = |err: io::Error| {
+        LedgerError::io(
+            path,
+            io::Error::new(
+                err.kind(),
+                format!(
+                    "cannot reserve {SIZE} bytes for the ledger ({err}); is the filesystem full?"
+                ),
+            ),
+        )
+    };
+    // SAFETY: `st` is a valid out-pointer for fstat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above, on a descriptor we hold.
+    if unsafe { libc::fstat(fd, &mut st) } == 0 && (st.st_blocks as u64) * 512 >= SIZE as u64 {
+        return Ok(());
+    }
+    // SAFETY: plain syscall on a descriptor we hold; mode 0 only allocates
+    // (and extends the size when shorter), it never changes contents.
+    if unsafe { libc::fallocate(fd, 0, 0, SIZE as libc::off_t) } == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return Err(no_space(err));
+    }
+    if !fresh {
+        return Ok(());
+    }
+    let zeros = [0u8; 4096];
+    let mut off = 0usize;
+    while off < SIZE {
+        let n = zeros.len().min(SIZE - off);
+        // SAFETY: `zeros` is valid for `n` bytes; the file is private to us.
+        let w = unsafe { libc::pwrite(fd, zeros.as_ptr().cast(), n, off as libc::off_t) };
+        if w <= 0 {
+            return Err(no_space(io::Error::last_os_error()));
+        }
+        off += w as usize;
+    }
+    Ok(())
+}
+
 /// Open and validate an existing ledger (no create).
 pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     let fd = open_fd(path, libc::O_RDWR)?;
@@ -151,6 +266,10 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     if let Err(e) = validate_fd(path, fd) {
         return done(e);
     }
+    // A file made by an older build (or by hand) may have holes.
+    if let Err(e) = reserve_space(path, fd, false) {
+        return done(e);
+    }
     // Map through the probe description, never through `fd`: a mapping
     // holds a reference to its file description, and a forked child
     // inherits the mapping; mapped through `fd`, the child would keep the
@@ -159,6 +278,10 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
         Ok(m) => m,
         Err(e) => return done(e),
     };
+    // SAFETY: `st` is a valid out-pointer for fstat on our descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::fstat(fd, &mut st) };
     let l = Ledger {
         path: path.to_owned(),
         map,
@@ -166,6 +289,8 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
         probe_fd: AtomicI32::new(probe),
         table: parking_lot::Mutex::new(()),
         stale: AtomicBool::new(false),
+        guard: super::guard::register(map.as_ptr() as usize, SIZE),
+        ino: (st.st_dev, st.st_ino),
     };
     if l.file().header.ready.load(Ordering::Acquire) != 1 {
         return Err(LedgerError::Corrupt {
@@ -197,6 +322,9 @@ pub(super) fn open_or_create(
         ));
     }
     ensure_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
+    if DEFAULT_DIRS.iter().any(|d| Path::new(d) == dir) {
+        trusted_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
+    }
     // Each round either opens the file, creates it, or moves a dead corrupt
     // one aside; a few rounds cover losing races to other creators.
     let mut last = None;
@@ -251,15 +379,19 @@ fn create(
         unsafe {
             // Readable and writable by every uid, whatever the umask.
             libc::fchmod(fd, 0o666);
-            if libc::ftruncate(fd, SIZE as libc::off_t) != 0 {
-                return Err(LedgerError::io(&tmp, io::Error::last_os_error()));
-            }
         }
+        // Every page is given its space now: a file with holes would get
+        // SIGBUS on the first write to a hole once the filesystem is full.
+        reserve_space(&tmp, fd, true)?;
         let map = map_fd(&tmp, fd)?;
         // SAFETY: the file is private to us until linked; the fresh pages are
         // zero, which is a valid value of every field.
         unsafe { init(map.as_ptr(), uuid, gpu_index, physical_total) };
         unmap(map);
+        let pause = TEST_CREATE_PAUSE_MS.load(Ordering::Relaxed);
+        if pause > 0 {
+            std::thread::sleep(Duration::from_millis(pause));
+        }
         let (ct, cp) = (cpath(&tmp)?, cpath(path)?);
         // SAFETY: both are valid NUL-terminated paths.
         if unsafe { libc::link(ct.as_ptr(), cp.as_ptr()) } != 0 {
@@ -267,6 +399,7 @@ fn create(
             if err.raw_os_error() != Some(libc::EEXIST) {
                 return Err(LedgerError::io(path, err));
             }
+            TEST_CREATE_LOST.fetch_add(1, Ordering::Relaxed);
         } else {
             tracing::info!("created ledger {} for GPU {uuid}", path.display());
         }
@@ -281,8 +414,6 @@ fn create(
 /// `f` points to a writable, zeroed mapping of a whole `LedgerFile` that no
 /// other process can see yet.
 unsafe fn init(f: *mut LedgerFile, uuid: &str, gpu_index: u32, physical_total: u64) {
-    let mut u = [0u8; UUID_LEN];
-    u[..uuid.len()].copy_from_slice(uuid.as_bytes());
     // SAFETY: per the contract, `f` is valid and exclusively ours.
     let h = unsafe { &mut (*f).header };
     h.magic = LEDGER_MAGIC;
@@ -290,7 +421,7 @@ unsafe fn init(f: *mut LedgerFile, uuid: &str, gpu_index: u32, physical_total: u
     h.header_size = std::mem::size_of::<LedgerHeader>() as u32;
     h.file_size = SIZE as u64;
     h.gpu_index = gpu_index;
-    h.uuid = u;
+    h.set_uuid(uuid);
     h.physical_total = physical_total;
     h.created_ns = realtime_ns();
     h.policy.store(DEFAULT_POLICY, Ordering::Relaxed);
@@ -299,11 +430,20 @@ unsafe fn init(f: *mut LedgerFile, uuid: &str, gpu_index: u32, physical_total: u
     h.ready.store(1, Ordering::Release);
 }
 
-/// A corrupt file may be replaced only if nobody holds any lock on it (no
-/// process is joined to it). Take a whole-file lock to prove that and to
-/// keep other recoverers off this inode, check that the name still refers
-/// to it, and rename it to `<name>.corrupt-<ns>`. `Ok(true)`: moved (or
-/// already replaced by someone else): retry opening.
+/// Byte range (far past the end of any ledger) locked by a process that
+/// sets a corrupt file aside: keeps two recoverers off one inode. Nobody
+/// else ever locks there.
+const RECOVERY_LOCK: (u64, u64) = (1 << 40, 1);
+
+/// Move a corrupt file aside so that a fresh one can be created, even while
+/// processes still have it mapped: a corrupt file (wrong size, magic or
+/// `ready`) is of no use to anyone, and every process using it notices
+/// (its accesses fault or its checks fail) and moves to the new file,
+/// re-registering what it holds. Under the recovery lock, check that the
+/// name still refers to this inode and that it is still corrupt, and rename
+/// it to `<name>.corrupt-<ns>`. A file of another version is never moved.
+/// `Ok(true)`: moved, or being moved or already replaced by someone else:
+/// retry opening.
 fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
     let fd = match open_fd(path, libc::O_RDWR) {
         Ok(fd) => fd,
@@ -313,8 +453,11 @@ fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
         Err(e) => return Err(e),
     };
     let result = (|| {
-        if !lock::try_lock(fd, 0, 0).map_err(|e| LedgerError::io(path, e))? {
-            return Ok(false); // in use by someone: never touch it
+        if !lock::try_lock(fd, RECOVERY_LOCK.0, RECOVERY_LOCK.1)
+            .map_err(|e| LedgerError::io(path, e))?
+        {
+            std::thread::sleep(Duration::from_millis(1));
+            return Ok(true); // another process is moving it
         }
         // SAFETY: valid out-pointer for fstat on our fd.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -334,7 +477,7 @@ fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
         let aside = PathBuf::from(format!("{}.corrupt-{}", path.display(), realtime_ns()));
         std::fs::rename(path, &aside).map_err(|e| LedgerError::io(path, e))?;
         tracing::warn!(
-            "ledger {} was corrupt and unused: moved to {} and recreated",
+            "ledger {} was corrupt: moved to {} and recreated (processes still using it move to the new one)",
             path.display(),
             aside.display()
         );

@@ -15,33 +15,43 @@
 //!
 //! Design, locking protocol and crash semantics: `docs/ledger.md`.
 
+mod account;
 mod file;
+mod guard;
 mod lock;
 mod snapshot;
 
+pub use account::{Account, JoinSpec, JOIN_WAIT, RETRY_INTERVAL};
 pub use snapshot::{ContainerSnapshot, ProcessSnapshot, Snapshot};
 
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
 /// `b"CGPULEDG"` read as a little-endian u64.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"CGPULEDG");
-/// Bumped on any layout change.
-pub const FORMAT_VERSION: u32 = 1;
-/// Container slots per GPU (cGPU's `max_inst` is at most 25).
-pub const MAX_CONTAINERS: usize = 32;
-/// Process slots per GPU.
-pub const MAX_PROCESSES: usize = 256;
+/// Bumped on any layout change (2: 128 container and 1024 process slots,
+/// 48 scheduler words per container).
+pub const FORMAT_VERSION: u32 = 2;
+/// Container slots per GPU. cGPU's `max_inst` allows at most 25 containers
+/// with compute weight; containers that arrive with weight 0, run with
+/// `CGPU_DISABLE` or only hold memory need slots too: 128 is five times
+/// that, for a few hundred bytes each.
+pub const MAX_CONTAINERS: usize = 128;
+/// Process slots per GPU: 1024 (40 per container at 25 containers, 8 at
+/// 128). When a table is full, a newcomer is refused (out of memory, with a
+/// message), never run unaccounted.
+pub const MAX_PROCESSES: usize = 1024;
 /// Bytes for a container id, NUL-padded.
 pub const ID_LEN: usize = 64;
 /// Bytes for a GPU UUID string (`GPU-…`), NUL-padded.
 pub const UUID_LEN: usize = 96;
 /// Words of per-GPU scheduler state (owned by `scheduler`).
 pub const SCHED_GPU_WORDS: usize = 32;
-/// Words of per-container scheduler state (owned by `scheduler`).
-pub const SCHED_CONTAINER_WORDS: usize = 16;
+/// Words of per-container scheduler state (owned by `scheduler`; two bit
+/// sets of `MAX_PROCESSES` bits among them).
+pub const SCHED_CONTAINER_WORDS: usize = 48;
 
 /// Slot states (containers and processes).
 pub const SLOT_FREE: u32 = 0;
@@ -56,6 +66,9 @@ pub const DEFAULT_PRIO_RATIO: u32 = 80;
 pub const POLICY_MAX: u32 = 5;
 pub const MAX_INST_RANGE: std::ops::RangeInclusive<u32> = 1..=25;
 pub const PRIO_RATIO_RANGE: std::ops::RangeInclusive<u32> = 20..=99;
+
+/// The directories used when `CGPU_LEDGER_DIR` is not set, in order.
+pub const DEFAULT_DIRS: [&str; 2] = ["/run/cgpu", "/dev/shm/cgpu"];
 
 /// `JoinRequest::quota` value meaning "explicitly not limited" (a `0` inside
 /// `ALIYUN_COM_GPU_MEM_CONTAINER`'s list); a plain 0 means "no quota set",
@@ -75,7 +88,8 @@ pub struct LedgerHeader {
     pub ready: AtomicU32,
     /// Index of the GPU as the host driver numbers it (informational).
     pub gpu_index: u32,
-    pub uuid: [u8; UUID_LEN],
+    /// GPU UUID, NUL-padded (bytes: read with [`LedgerHeader::uuid_str`]).
+    pub uuid: [AtomicU8; UUID_LEN],
     /// Physical memory in bytes, as the driver reports it.
     pub physical_total: u64,
     /// CLOCK_REALTIME ns at creation.
@@ -104,8 +118,9 @@ pub struct LedgerHeader {
 pub struct ContainerSlot {
     pub state: AtomicU32,
     pub highprio: AtomicU32,
-    /// Container id, NUL-padded UTF-8.
-    pub id: [u8; ID_LEN],
+    /// Container id, NUL-padded UTF-8 (bytes: other processes rewrite them
+    /// when they claim the slot; read with [`ContainerSlot::id_str`]).
+    pub id: [AtomicU8; ID_LEN],
     /// Bytes; 0 = not limited.
     pub quota: AtomicU64,
     /// Bytes held by all its processes (allocations + context reservations).
@@ -118,7 +133,8 @@ pub struct ContainerSlot {
     pub nprocs: AtomicU32,
     /// Allocations refused for quota.
     pub oom_count: AtomicU64,
-    pub created_ns: u64,
+    /// CLOCK_REALTIME ns when the slot was claimed.
+    pub created_ns: AtomicU64,
     /// 1 when memory enforcement is off (`CGPU_DISABLE`): usage recorded only.
     pub enforce_off: AtomicU32,
     /// Bumped (wrapping) by every reserve/release before it touches `used`:
@@ -214,10 +230,59 @@ pub struct JoinRequest<'a> {
 
 /// This process's place in one ledger: its container and process slot. Holds
 /// the liveness lock for as long as it lives.
+///
+/// It also counts the reservations of this process's threads that are in
+/// flight, so that [`Ledger::leave`] (run by an exit handler while other
+/// threads may still allocate) waits for them and no reservation writes
+/// into a slot after it was freed (and perhaps claimed by someone else).
 #[derive(Debug)]
 pub struct Membership {
     pub container: usize,
     pub process: usize,
+    /// Reserve/release calls in flight through this membership.
+    inflight: AtomicU32,
+    /// Set by `leave`: later reservations are refused, releases ignored.
+    left: AtomicBool,
+}
+
+impl Membership {
+    fn new(container: usize, process: usize) -> Self {
+        Membership {
+            container,
+            process,
+            inflight: AtomicU32::new(0),
+            left: AtomicBool::new(false),
+        }
+    }
+    /// True once `leave` ran: the slot is no longer this process's.
+    pub fn has_left(&self) -> bool {
+        self.left.load(Ordering::SeqCst)
+    }
+    /// Enter a reserve/release; `None` once left. The `SeqCst` pair
+    /// (increment, then read `left`) against `leave`'s (set `left`, then read
+    /// the count) makes sure one of the two sees the other.
+    #[inline]
+    fn enter(&self) -> Option<InFlight<'_>> {
+        if self.left.load(Ordering::Relaxed) {
+            return None; // cheap early out; the check below is the one that counts
+        }
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        let g = InFlight(&self.inflight);
+        if self.left.load(Ordering::SeqCst) {
+            return None; // `g` drops: count restored
+        }
+        Some(g)
+    }
+}
+
+/// One reserve/release in flight (see [`Membership`]).
+struct InFlight<'a>(&'a AtomicU32);
+
+impl Drop for InFlight<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Display for LedgerError {
@@ -252,6 +317,15 @@ impl std::fmt::Display for QuotaExceeded {
 }
 
 impl LedgerError {
+    /// The table lock stayed held by a live process (a stopped one, or one
+    /// that is not scheduled) for the whole wait. Passing; try again.
+    pub fn is_busy(&self) -> bool {
+        matches!(self, LedgerError::Io { err, .. } if err.kind() == std::io::ErrorKind::TimedOut)
+    }
+    /// No free slot (passing, when processes or containers leave).
+    pub fn is_full(&self) -> bool {
+        matches!(self, LedgerError::Full { .. })
+    }
     fn io(path: &Path, err: std::io::Error) -> Self {
         LedgerError::Io {
             path: path.to_owned(),
@@ -270,23 +344,58 @@ pub fn process_slot_offset(i: usize) -> u64 {
 /// never stops anyone from reading the magic).
 const TABLE_LOCK: (u64, u64) = (0, 8);
 
-fn nul_str(bytes: &[u8]) -> &str {
+/// Copy of a NUL-padded byte field that other processes may rewrite at any
+/// time: read byte by byte through atomics (never a reference to shared
+/// bytes), so a torn read is at worst a wrong string, never undefined
+/// behaviour.
+fn load_bytes<const N: usize>(field: &[AtomicU8; N]) -> [u8; N] {
+    let mut out = [0u8; N];
+    for (o, b) in out.iter_mut().zip(field) {
+        *o = b.load(Ordering::Relaxed);
+    }
+    out
+}
+
+fn store_bytes<const N: usize>(field: &[AtomicU8; N], value: &[u8]) {
+    for (i, b) in field.iter().enumerate() {
+        b.store(value.get(i).copied().unwrap_or(0), Ordering::Relaxed);
+    }
+}
+
+/// The text up to the first NUL (lossy: bad UTF-8 shows as `�`).
+fn nul_string(bytes: &[u8]) -> String {
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    std::str::from_utf8(&bytes[..end]).unwrap_or("")
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
 impl LedgerHeader {
-    /// The GPU UUID (`""` if not valid UTF-8).
-    pub fn uuid_str(&self) -> &str {
-        nul_str(&self.uuid)
+    /// A copy of the GPU UUID.
+    pub fn uuid_str(&self) -> String {
+        nul_string(&load_bytes(&self.uuid))
+    }
+    /// A copy of the raw UUID bytes.
+    pub fn uuid_bytes(&self) -> [u8; UUID_LEN] {
+        load_bytes(&self.uuid)
+    }
+    /// Write the UUID (NUL-padded; cut at `UUID_LEN`).
+    pub fn set_uuid(&self, uuid: &str) {
+        store_bytes(&self.uuid, uuid.as_bytes());
     }
 }
 
 impl ContainerSlot {
-    /// The container id (`""` if not valid UTF-8). Stable while the slot is
+    /// A copy of the container id (lossy UTF-8). Stable while the slot is
     /// `SLOT_LIVE`: ids are only written while a slot is being claimed.
-    pub fn id_str(&self) -> &str {
-        nul_str(&self.id)
+    pub fn id_str(&self) -> String {
+        nul_string(&load_bytes(&self.id))
+    }
+    /// A copy of the raw id bytes.
+    pub fn id_bytes(&self) -> [u8; ID_LEN] {
+        load_bytes(&self.id)
+    }
+    /// Write the id (NUL-padded; cut at `ID_LEN`).
+    pub fn set_id(&self, id: &str) {
+        store_bytes(&self.id, id.as_bytes());
     }
     /// Bytes it may still allocate: `quota − used`, never below 0 (also when
     /// an operator lowered the quota under what is held); `None` when not
@@ -300,7 +409,11 @@ impl ContainerSlot {
     }
     /// Live and named `id`?
     fn is(&self, id: &str) -> bool {
-        self.state.load(Ordering::Acquire) == SLOT_LIVE && self.id_str() == id
+        if self.state.load(Ordering::Acquire) != SLOT_LIVE || id.len() > ID_LEN {
+            return false;
+        }
+        let b = self.id_bytes();
+        b[..id.len()] == *id.as_bytes() && b.get(id.len()).is_none_or(|&c| c == 0)
     }
 }
 
@@ -323,6 +436,10 @@ pub struct Ledger {
     table: parking_lot::Mutex<()>,
     /// Set in a forked child: this mapping's memberships belong to the parent.
     stale: AtomicBool,
+    /// Its slot in the SIGBUS guard (`guard::NONE`: unguarded).
+    guard: usize,
+    /// (device, inode) of the file it maps.
+    ino: (u64, u64),
 }
 
 // SAFETY: everything mutable in the mapping is an atomic or is written only
@@ -352,6 +469,7 @@ impl Drop for Ledger {
                 unsafe { libc::close(fd) };
             }
         }
+        guard::unregister(self.guard);
         // SAFETY: `map` is the mapping created in `file::map` with exactly
         // this length; no reference into it outlives `self`.
         unsafe {
@@ -378,6 +496,28 @@ impl Drop for TableGuard<'_> {
 #[doc(hidden)]
 pub static TEST_JOIN_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
 
+/// Times this process lost a creation race (its fully built ledger could
+/// not be linked into place because another process's was first): lets
+/// tests prove that the race they stage really happened.
+#[doc(hidden)]
+pub static TEST_CREATE_LOST: AtomicU64 = AtomicU64::new(0);
+
+/// Test hook: how long `open_or_create` sleeps between building a new
+/// ledger and linking it into place (widens the creation race for tests).
+#[doc(hidden)]
+pub static TEST_CREATE_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Test hook: how long `set_weight` sleeps between its check and its write
+/// (so that tests can run two operators into each other).
+#[doc(hidden)]
+pub static TEST_SET_WEIGHT_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Longest [`Ledger::reclaim_for`] waits for the table lock.
+pub const RECLAIM_WAIT: Duration = Duration::from_millis(5);
+
+/// Longest `leave` waits for this process's reservations in flight.
+pub const LEAVE_WAIT: Duration = Duration::from_millis(100);
+
 /// Default minimum interval between two `maybe_reap` scans (all processes together).
 pub const REAP_INTERVAL: Duration = Duration::from_millis(200);
 
@@ -391,6 +531,19 @@ fn now_ns(clock: libc::clockid_t) -> u64 {
 
 pub(crate) fn realtime_ns() -> u64 {
     now_ns(libc::CLOCK_REALTIME)
+}
+
+/// Bytes for people: `1.50 GiB`, `300.0 MiB`, `12 KiB`, `17 bytes`.
+pub fn human_bytes(b: u64) -> String {
+    const K: u64 = 1 << 10;
+    const M: u64 = 1 << 20;
+    const G: u64 = 1 << 30;
+    match b {
+        b if b >= G => format!("{:.2} GiB", b as f64 / G as f64),
+        b if b >= M => format!("{:.1} MiB", b as f64 / M as f64),
+        b if b >= K => format!("{} KiB", b / K),
+        b => format!("{b} bytes"),
+    }
 }
 
 /// Saturating subtract on a shared counter; returns what was subtracted.
@@ -407,21 +560,40 @@ fn sat_sub(a: &AtomicU64, v: u64) -> u64 {
 
 impl Ledger {
     /// `CGPU_LEDGER_DIR`, else `/run/cgpu` if writable (created), else `/dev/shm/cgpu`.
+    ///
+    /// A relative `CGPU_LEDGER_DIR` would name a different directory for
+    /// each working directory (two processes of one container would keep
+    /// separate books): it is refused with an error and the default used.
+    /// The default directories are used only when they are real directories
+    /// (not symbolic links) owned by root or by this user (see
+    /// [`Ledger::open_or_create`]).
     pub fn default_dir() -> PathBuf {
         if let Some(d) = std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
-            return PathBuf::from(d);
+            let d = PathBuf::from(d);
+            if d.is_absolute() {
+                return d;
+            }
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::error!(
+                    "bad environment: CGPU_LEDGER_DIR='{}' is a relative path (it would name another directory in each working directory); ignored, using the default directory",
+                    d.display()
+                )
+            });
         }
-        let run = Path::new("/run/cgpu");
-        if file::ensure_dir(run).is_ok() && file::writable(run) {
+        let run = Path::new(DEFAULT_DIRS[0]);
+        if file::ensure_dir(run).is_ok() && file::trusted_dir(run).is_ok() && file::writable(run) {
             return run.to_owned();
         }
-        PathBuf::from("/dev/shm/cgpu")
+        PathBuf::from(DEFAULT_DIRS[1])
     }
     /// `<dir>/<uuid>.ledger`.
     pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
         dir.join(format!("{uuid}.ledger"))
     }
-    /// All ledger files in `dir`, sorted.
+    /// All ledger files in `dir`, sorted: regular files only (symbolic
+    /// links, FIFOs and device nodes named `*.ledger` are skipped, never
+    /// followed or opened).
     pub fn list(dir: &Path) -> Vec<PathBuf> {
         let Ok(rd) = std::fs::read_dir(dir) else {
             return Vec::new();
@@ -431,7 +603,9 @@ impl Ledger {
             .filter(|e| {
                 let n = e.file_name();
                 let n = n.to_string_lossy();
-                !n.starts_with('.') && n.ends_with(".ledger")
+                !n.starts_with('.')
+                    && n.ends_with(".ledger")
+                    && e.file_type().is_ok_and(|t| t.is_file())
             })
             .map(|e| e.path())
             .collect();
@@ -461,11 +635,8 @@ impl Ledger {
         unsafe { self.map.as_ref() }
     }
     /// The GPU UUID recorded in the header.
-    pub fn uuid(&self) -> &str {
+    pub fn uuid(&self) -> String {
         self.file().header.uuid_str()
-    }
-    fn raw(&self) -> *mut LedgerFile {
-        self.map.as_ptr()
     }
     fn fd(&self) -> Result<i32, LedgerError> {
         match self.fd.load(Ordering::Acquire) {
@@ -478,22 +649,41 @@ impl Ledger {
     }
 
     fn lock_table(&self) -> Result<TableGuard<'_>, LedgerError> {
+        self.lock_table_within(lock::TABLE_LOCK_TIMEOUT)
+    }
+
+    /// Take the table lock, waiting at most `wait` (zero: one attempt).
+    /// `Err` with `ErrorKind::TimedOut` ([`LedgerError::is_busy`]) when a
+    /// live process (perhaps a stopped one) holds it all that time.
+    fn lock_table_within(&self, wait: Duration) -> Result<TableGuard<'_>, LedgerError> {
         let fd = self.fd()?;
-        let inner = self
-            .table
-            .try_lock_for(lock::TABLE_LOCK_TIMEOUT)
-            .ok_or_else(|| {
-                LedgerError::io(
-                    &self.path,
-                    std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "table lock held by another thread for 2 s",
+        let t0 = std::time::Instant::now();
+        let busy = |what: &str| {
+            LedgerError::io(
+                &self.path,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the slot-table lock is held by {what} (waited {} ms)",
+                        wait.as_millis()
                     ),
-                )
-            })?;
-        lock::lock_timeout(fd, TABLE_LOCK.0, TABLE_LOCK.1, lock::TABLE_LOCK_TIMEOUT)
-            .map_err(|e| LedgerError::io(&self.path, e))?;
-        Ok(TableGuard { fd, _inner: inner })
+                ),
+            )
+        };
+        let inner = if wait.is_zero() {
+            self.table.try_lock()
+        } else {
+            self.table.try_lock_for(wait)
+        }
+        .ok_or_else(|| busy("another thread of this process"))?;
+        let left = wait.saturating_sub(t0.elapsed());
+        match lock::lock_timeout(fd, TABLE_LOCK.0, TABLE_LOCK.1, left) {
+            Ok(()) => Ok(TableGuard { fd, _inner: inner }),
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => Err(busy(
+                "another process that is not making progress (stopped, paused or swapped out?)",
+            )),
+            Err(e) => Err(LedgerError::io(&self.path, e)),
+        }
     }
 
     /// One attempt, no waiting: for paths that must not block.
@@ -507,8 +697,21 @@ impl Ledger {
     }
 
     /// Claim (or find, by id) the container slot and a process slot; take the
-    /// liveness lock. Reaps dead slots first.
+    /// liveness lock. Reaps dead slots first. Waits at most 2 s for the
+    /// table lock (see [`Ledger::join_within`]).
     pub fn join(&self, req: &JoinRequest<'_>) -> Result<Membership, LedgerError> {
+        self.join_within(req, lock::TABLE_LOCK_TIMEOUT)
+    }
+
+    /// [`Ledger::join`], waiting at most `wait` for the table lock (zero:
+    /// one attempt). A lock still held after that is
+    /// [`LedgerError::is_busy`]: the caller must not allocate unaccounted
+    /// (refuse, and try again later).
+    pub fn join_within(
+        &self,
+        req: &JoinRequest<'_>,
+        wait: Duration,
+    ) -> Result<Membership, LedgerError> {
         let id = req.container_id;
         if id.is_empty() || id.len() > ID_LEN || id.contains('\0') {
             return Err(LedgerError::io(
@@ -520,21 +723,18 @@ impl Ledger {
             ));
         }
         let fd = self.fd()?;
-        let _g = self.lock_table()?;
+        let _g = self.lock_table_within(wait)?;
         self.reap_locked();
         let f = self.file();
 
         let (c, created) = match f.containers.iter().position(|c| c.is(id)) {
             Some(c) => {
-                let slot = &f.containers[c];
-                let quota = slot.quota.load(Ordering::Relaxed);
-                if req.quota != 0
-                    && req.quota != quota
-                    && !(req.quota == QUOTA_UNLIMITED && quota == 0)
-                {
-                    tracing::info!(
-                        "container {id}: keeping quota {quota} set by its first process (this one asked {}; use `cgpuctl set memsize` to change it)",
-                        req.quota
+                if let Some(diff) = settings_differ(&f.containers[c], req) {
+                    tracing::warn!(
+                        "container {id} already runs on GPU {} with {}; this process asked for {}: it gets the container's settings (the first process's; change them with cgpuctl set)",
+                        f.header.uuid_str(),
+                        diff.0,
+                        diff.1
                     );
                 }
                 (c, false)
@@ -552,10 +752,7 @@ impl Ledger {
             });
         };
         f.containers[c].nprocs.fetch_add(1, Ordering::AcqRel);
-        Ok(Membership {
-            container: c,
-            process: p,
-        })
+        Ok(Membership::new(c, p))
     }
 
     /// Under the table lock: claim a free container slot for `req`.
@@ -589,26 +786,26 @@ impl Ledger {
             );
             0
         } else if want > fw {
+            let max = h.max_inst.load(Ordering::Relaxed);
             tracing::warn!(
-                "container {}: asked weight {want}, only {fw} free on GPU {}: weight {fw}",
+                "container {}: asked for weight {want} on GPU {}, {}: it gets weight {fw}",
                 req.container_id,
-                h.uuid_str()
+                h.uuid_str(),
+                if want > max {
+                    format!("more than the GPU's max_inst {max}")
+                } else {
+                    format!("but only {fw} of max_inst {max} is free")
+                }
             );
             fw
         } else {
             want
         };
 
-        let mut id = [0u8; ID_LEN];
-        id[..req.container_id.len()].copy_from_slice(req.container_id.as_bytes());
-        // SAFETY: `raw()` points into our live mapping; the slot is CLAIMING
-        // under the table lock, so no other process writes these plain
-        // fields, and readers only trust them once the slot is LIVE.
-        unsafe {
-            let s = std::ptr::addr_of_mut!((*self.raw()).containers[c]);
-            std::ptr::write_volatile(std::ptr::addr_of_mut!((*s).id), id);
-            std::ptr::write_volatile(std::ptr::addr_of_mut!((*s).created_ns), realtime_ns());
-        }
+        // The slot is CLAIMING under the table lock: no other process
+        // writes it, and readers only trust the id once the slot is LIVE.
+        slot.set_id(req.container_id);
+        slot.created_ns.store(realtime_ns(), Ordering::Relaxed);
         slot.quota.store(quota, Ordering::Relaxed);
         slot.used.store(0, Ordering::Relaxed);
         slot.peak.store(0, Ordering::Relaxed);
@@ -697,17 +894,46 @@ impl Ledger {
         p.state.store(SLOT_FREE, Ordering::Release);
     }
 
-    /// Give back everything `m` holds and free its process slot (normal exit).
-    pub fn leave(&self, m: Membership) {
+    /// Give back everything `m` holds and free its process slot (normal
+    /// exit). Safe to call while other threads of this process allocate:
+    /// it first waits (at most [`LEAVE_WAIT`]) for reservations in flight
+    /// through `m` to finish; later ones are refused and releases ignored.
+    /// If some thread stays inside a reservation longer than that, the slot
+    /// is kept (still counted, never under-counted) and freed when this
+    /// process dies. Idempotent.
+    pub fn leave(&self, m: impl std::borrow::Borrow<Membership>) {
+        let m = m.borrow();
         if self.stale.load(Ordering::Acquire) {
             return; // the parent's membership: not ours to give back
         }
+        if m.left.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let t0 = std::time::Instant::now();
+        while m.inflight.load(Ordering::SeqCst) != 0 {
+            if t0.elapsed() > LEAVE_WAIT {
+                tracing::warn!(
+                    "leaving ledger {}: a thread is still inside an allocation after {} ms; the process slot is freed when the process ends",
+                    self.path.display(),
+                    LEAVE_WAIT.as_millis()
+                );
+                return;
+            }
+            std::thread::yield_now();
+        }
         let f = self.file();
         let p = &f.processes[m.process];
-        // Move the bytes first, then drop the liveness lock: a reaper that
-        // sees us dead then finds nothing left to subtract twice.
-        let held = p.used.swap(0, Ordering::AcqRel);
-        sat_sub(&f.containers[m.container].used, held);
+        let c = &f.containers[m.container];
+        // Move the bytes under the same `pending` marker as a release (a
+        // concurrent recount then cannot subtract them a second time), then
+        // drop the liveness lock: a reaper that sees us dead finds nothing
+        // left to subtract twice.
+        let held = p.used.load(Ordering::Acquire);
+        p.pending.fetch_add(held, Ordering::AcqRel);
+        c.ops.fetch_add(1, Ordering::AcqRel);
+        let took = sat_sub(&p.used, held);
+        sat_sub(&c.used, took);
+        p.pending.fetch_sub(held, Ordering::AcqRel);
         if let Ok(fd) = self.fd() {
             let _ = lock::unlock(
                 fd,
@@ -715,12 +941,14 @@ impl Ledger {
                 std::mem::size_of::<ProcessSlot>() as u64,
             );
         }
-        // Free the slot now if we can; otherwise the next reap does.
-        match self.lock_table() {
+        // Free the slot now if we can (waiting at most LEAVE_WAIT: an exit
+        // never hangs on a stalled lock holder); otherwise the next reap
+        // does, our liveness lock being gone.
+        match self.lock_table_within(LEAVE_WAIT) {
             Ok(_g) => {
                 self.reap_locked();
             }
-            Err(e) => tracing::warn!("leave: {e}; the slot is reaped later"),
+            Err(e) => tracing::debug!("leave: {e}; the slot is reaped later"),
         }
     }
 
@@ -732,6 +960,14 @@ impl Ledger {
         if bytes == 0 {
             return Ok(());
         }
+        let Some(_in) = m.enter() else {
+            // Left (the process is exiting): nothing may be charged any more.
+            return Err(QuotaExceeded {
+                quota: 0,
+                used: 0,
+                requested: bytes,
+            });
+        };
         let f = self.file();
         let c = &f.containers[m.container];
         let p = &f.processes[m.process];
@@ -780,6 +1016,9 @@ impl Ledger {
         if bytes == 0 {
             return;
         }
+        let Some(_in) = m.enter() else {
+            return; // left: `leave` gave everything back already
+        };
         let f = self.file();
         let p = &f.processes[m.process];
         let c = &f.containers[m.container];
@@ -836,6 +1075,37 @@ impl Ledger {
         match self.try_lock_table() {
             Some(_g) => self.reap_locked(),
             None => 0,
+        }
+    }
+
+    /// For a refused reservation: did a process of `m`'s container die
+    /// holding bytes (or mid-operation)? If so, reap now, waiting at most
+    /// [`RECLAIM_WAIT`] for the table lock, and return true: the caller
+    /// tries once more. Not rate-limited, so a survivor gets a dead
+    /// sibling's bytes as soon as the kernel has dropped its liveness lock;
+    /// cheap when nothing died (one pass over the slot states, one
+    /// `F_OFD_GETLK` per other live process of this container, no lock).
+    pub fn reclaim_for(&self, m: &Membership) -> bool {
+        let f = self.file();
+        let Some(slot) = f.containers.get(m.container) else {
+            return false;
+        };
+        let suspect = slot.suspect.load(Ordering::Acquire) != 0;
+        let dead = f.processes.iter().enumerate().any(|(i, p)| {
+            i != m.process
+                && p.state.load(Ordering::Acquire) == SLOT_LIVE
+                && p.container.load(Ordering::Relaxed) as usize == m.container
+                && !self.is_alive(i)
+        });
+        if !dead && !suspect {
+            return false;
+        }
+        match self.lock_table_within(RECLAIM_WAIT) {
+            Ok(_g) => {
+                let n = self.reap_locked();
+                n > 0 || (suspect && slot.suspect.load(Ordering::Acquire) == 0)
+            }
+            Err(_) => false,
         }
     }
 
@@ -995,6 +1265,89 @@ impl Ledger {
         }
     }
 
+    /// Can this mapping still be trusted? False once another process
+    /// truncated the file under it (the access faulted and the SIGBUS guard
+    /// put anonymous memory in its place), or wiped or overwrote its header.
+    #[inline]
+    pub fn is_damaged(&self) -> bool {
+        if guard::is_damaged(self.guard) {
+            return true;
+        }
+        let h = &self.file().header;
+        // SAFETY: plain fields of the header, read through raw pointers
+        // with volatile loads (another process may rewrite them).
+        let (magic, version) = unsafe {
+            (
+                std::ptr::read_volatile(std::ptr::addr_of!(h.magic)),
+                std::ptr::read_volatile(std::ptr::addr_of!(h.version)),
+            )
+        };
+        magic != LEDGER_MAGIC || version != FORMAT_VERSION || h.ready.load(Ordering::Acquire) != 1
+    }
+
+    /// Is `m` still this process's place here (slots live, as joined)?
+    #[inline]
+    pub fn membership_intact(&self, m: &Membership) -> bool {
+        let f = self.file();
+        let (Some(p), Some(c)) = (f.processes.get(m.process), f.containers.get(m.container)) else {
+            return false;
+        };
+        p.state.load(Ordering::Acquire) == SLOT_LIVE
+            && p.container.load(Ordering::Acquire) as usize == m.container
+            && c.state.load(Ordering::Acquire) == SLOT_LIVE
+    }
+
+    /// Does the ledger's path now name another file (deleted, or replaced
+    /// by another file), so that new processes no longer see this one?
+    /// Two `stat`s: for a periodic check, not the hot path.
+    pub fn is_replaced(&self) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        match std::fs::metadata(&self.path) {
+            Ok(m) => (m.dev(), m.ino()) != self.ino,
+            Err(_) => true,
+        }
+    }
+
+    /// Stop using this handle because its file is damaged or replaced:
+    /// close both descriptors, which drops this process's locks on it (so
+    /// that a damaged file can be set aside and rebuilt). The mapping stays
+    /// (other threads may still be reading it); later reserve/release on it
+    /// do nothing harmful, `join` fails.
+    pub fn abandon(&self) {
+        self.stale.store(true, Ordering::Release);
+        for fd in [&self.fd, &self.probe_fd] {
+            let fd = fd.swap(-1, Ordering::AcqRel);
+            if fd >= 0 {
+                // SAFETY: we own this descriptor and nobody uses it after
+                // the swap.
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
+
+    /// Charge `bytes` that this process already holds on the device to
+    /// `m`, whatever the quota (re-registering after a move to a rebuilt
+    /// ledger: they exist, so they count; the container then refuses until
+    /// it is back under its quota).
+    pub fn register_held(&self, m: &Membership, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        let Some(_in) = m.enter() else { return };
+        let f = self.file();
+        let p = &f.processes[m.process];
+        let c = &f.containers[m.container];
+        p.pending.fetch_add(bytes, Ordering::AcqRel);
+        c.ops.fetch_add(1, Ordering::AcqRel);
+        let new = c
+            .used
+            .fetch_add(bytes, Ordering::AcqRel)
+            .saturating_add(bytes);
+        c.peak.fetch_max(new, Ordering::Relaxed);
+        p.used.fetch_add(bytes, Ordering::AcqRel);
+        p.pending.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
     /// True after `after_fork_child`: this handle must be replaced.
     pub fn is_stale(&self) -> bool {
         self.stale.load(Ordering::Acquire)
@@ -1116,15 +1469,27 @@ impl Ledger {
     /// Weight of container slot `c` (0 = no compute). As in cGPU, the
     /// weights of live containers may not sum to more than `max_inst`: the
     /// most it may get is its current weight plus `free_weight`.
+    ///
+    /// Check and write happen under the table lock (the same lock `join`
+    /// takes to hand out weights), so two operators, or an operator and an
+    /// arriving container, can never together push the sum past `max_inst`.
     pub fn set_weight(&self, c: usize, w: u32) -> Result<(), String> {
+        let _g = self.lock_table().map_err(|e| e.to_string())?;
         let slot = self.live_container(c)?;
         let max = self.file().header.max_inst.load(Ordering::Acquire);
-        let most = slot.weight.load(Ordering::Acquire) + free_weight(self.file());
+        let most = slot
+            .weight
+            .load(Ordering::Acquire)
+            .saturating_add(free_weight(self.file()));
         if w > max || w > most {
             return Err(format!(
                 "weight {w} out of range 0..={} (max_inst {max}, weights of live containers may not sum past it)",
                 most.min(max)
             ));
+        }
+        let pause = TEST_SET_WEIGHT_PAUSE_MS.load(Ordering::Relaxed);
+        if pause > 0 {
+            std::thread::sleep(Duration::from_millis(pause));
         }
         slot.weight.store(w, Ordering::Release);
         self.weight_switches_policy(w);
@@ -1146,6 +1511,54 @@ impl Ledger {
         self.bump();
         Ok(())
     }
+}
+
+/// How a joining process's request differs from the live container it
+/// joins: `(what the container has, what was asked)`, each a readable list
+/// of the settings that differ; `None` when they agree. Settings the
+/// request leaves at their defaults (no quota, weight 1, not high
+/// priority) never count as asking for something.
+fn settings_differ(slot: &ContainerSlot, req: &JoinRequest<'_>) -> Option<(String, String)> {
+    let quota = slot.quota.load(Ordering::Relaxed);
+    let off = slot.enforce_off.load(Ordering::Relaxed) != 0;
+    let weight = slot.weight.load(Ordering::Relaxed);
+    let high = slot.highprio.load(Ordering::Relaxed) != 0;
+    let q = |b: u64| {
+        if b == 0 || b == QUOTA_UNLIMITED {
+            "no quota".to_string()
+        } else {
+            format!("quota {}", human_bytes(b))
+        }
+    };
+    let (mut has, mut asked) = (Vec::new(), Vec::new());
+    let asked_quota = match req.quota {
+        0 => None,
+        QUOTA_UNLIMITED => Some(0),
+        b => Some(b),
+    };
+    if asked_quota.is_some_and(|a| a != quota) {
+        has.push(q(quota));
+        asked.push(q(req.quota));
+    }
+    if req.enforce_off != off {
+        has.push(format!("CGPU_DISABLE {}", if off { "on" } else { "off" }));
+        asked.push(format!(
+            "CGPU_DISABLE {}",
+            if req.enforce_off { "on" } else { "off" }
+        ));
+    }
+    if req.weight > 1 && req.weight != weight {
+        has.push(format!("weight {weight}"));
+        asked.push(format!("weight {}", req.weight));
+    }
+    if req.highprio != high {
+        has.push(format!("high priority {}", if high { "on" } else { "off" }));
+        asked.push(format!(
+            "high priority {}",
+            if req.highprio { "on" } else { "off" }
+        ));
+    }
+    (!has.is_empty()).then(|| (has.join(", "), asked.join(", ")))
 }
 
 /// `free_weight` of SPEC §3: `max_inst − Σ weights of live containers`, never below 0.

@@ -80,7 +80,7 @@ impl Snapshot {
             .containers()
             .map(|(slot, c)| ContainerSnapshot {
                 slot,
-                id: c.id_str().to_owned(),
+                id: c.id_str(),
                 quota: c.quota.load(r),
                 used: c.used.load(r),
                 peak: c.peak.load(r),
@@ -91,7 +91,7 @@ impl Snapshot {
                 oom_count: c.oom_count.load(r),
                 suspect: c.suspect.load(r),
                 recounts: c.recounts.load(r),
-                created_ns: c.created_ns,
+                created_ns: c.created_ns.load(r),
                 sched: words(&c.sched),
             })
             .collect();
@@ -108,7 +108,7 @@ impl Snapshot {
                     container_id: f
                         .containers
                         .get(container)
-                        .map(|c| c.id_str().to_owned())
+                        .map(|c| c.id_str())
                         .unwrap_or_default(),
                     pid: p.pid.load(r),
                     pidns: p.pidns.load(r),
@@ -123,7 +123,7 @@ impl Snapshot {
             .collect();
         Snapshot {
             path: l.path().to_owned(),
-            uuid: h.uuid_str().to_owned(),
+            uuid: h.uuid_str(),
             gpu_index: h.gpu_index,
             format_version: h.version,
             physical_total: h.physical_total,

@@ -612,6 +612,5 @@ struct Watch {
 
 /// A container slot's id, for messages.
 fn id_of(s: &ContainerSlot) -> String {
-    let n = s.id.iter().position(|&b| b == 0).unwrap_or(s.id.len());
-    String::from_utf8_lossy(&s.id[..n]).into_owned()
+    s.id_str()
 }

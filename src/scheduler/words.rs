@@ -47,15 +47,15 @@ pub mod container {
     pub const SLICE_LAUNCHES: usize = 5;
     /// Slices it was granted.
     pub const SLICES: usize = 6;
-    /// Bit set of process slots with a thread waiting to launch (4 words).
+    /// Bit set of process slots with a thread waiting to launch (`SET_WORDS` words).
     pub const WANT: usize = 7;
     /// Bit set of process slots that launched in the current slice and must
-    /// drain before the GPU changes hands (4 words).
-    pub const DRAIN: usize = 11;
+    /// drain before the GPU changes hands (`SET_WORDS` words).
+    pub const DRAIN: usize = WANT + SET_WORDS;
     /// Last time a thread of the container started waiting (informational).
-    pub const LAST_WAIT_NS: usize = 15;
-    /// Words of a process bit set (256 process slots).
-    pub const SET_WORDS: usize = 4;
+    pub const LAST_WAIT_NS: usize = DRAIN + SET_WORDS;
+    /// Words of a process bit set (one bit per process slot).
+    pub const SET_WORDS: usize = crate::ledger::MAX_PROCESSES / 64;
 }
 
 /// Token states.

@@ -5,7 +5,8 @@
 //!   `libcgpu.so`, `libcgpu_sim.so`, the simulated-driver library directory
 //!   (`libcuda.so.1` etc. → the sim) and the binaries.
 //! - [`test_deps`]: the venv under `target/test-deps/venv` with
-//!   `cuda-bindings`, `nvidia-ml-py` and the real `cuda.h`/`nvml.h`
+//!   `cuda-bindings`, `nvidia-ml-py`, `prometheus-client` and the real
+//!   `cuda.h`/`nvml.h` at pinned versions
 //!   (via `scripts/test-deps.sh`, once, under a file lock).
 //! - [`compile_c`]: compiles a C client against the real headers, linked one
 //!   of three ways ([`LinkMode`]); [`cuclient`] builds `tests/c/cuclient.c`.
@@ -46,7 +47,7 @@ pub fn target_dir() -> PathBuf {
 pub struct Artifacts {
     /// `target/<profile>`.
     pub profile_dir: PathBuf,
-    /// The interposer, `libcgpu.so`.
+    /// The interposer, `libcgpu.so` (`CGPU_TEST_LIBCGPU` overrides it).
     pub libcgpu: PathBuf,
     /// The simulated driver, `libcgpu_sim.so`.
     pub libsim: PathBuf,
@@ -95,13 +96,40 @@ pub fn artifacts() -> &'static Artifacts {
         let sim_lib_dir = profile_dir.join("sim-libdir");
         make_sim_lib_dir(&sim_lib_dir, &libsim);
         Artifacts {
-            libcgpu: profile_dir.join("libcgpu.so"),
+            libcgpu: libcgpu_under_test(&profile_dir),
             sim_stat: profile_dir.join("cgpu-sim-stat"),
             libsim,
             sim_lib_dir,
             profile_dir,
         }
     })
+}
+
+/// The interposer the tests preload: `CGPU_TEST_LIBCGPU` when set (e.g.
+/// `dist/libcgpu.so`, built by `scripts/build-dist.sh`, which runs the
+/// interposer tests against it), else the one this build just made.
+fn libcgpu_under_test(profile_dir: &Path) -> PathBuf {
+    match std::env::var_os("CGPU_TEST_LIBCGPU") {
+        Some(p) if !p.is_empty() => {
+            let p = PathBuf::from(p);
+            let p = if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            };
+            assert!(
+                p.is_file(),
+                "CGPU_TEST_LIBCGPU={} is not a file",
+                p.display()
+            );
+            eprintln!(
+                "cgpu-testkit: preloading {} (CGPU_TEST_LIBCGPU)",
+                p.display()
+            );
+            p
+        }
+        _ => profile_dir.join("libcgpu.so"),
+    }
 }
 
 fn make_sim_lib_dir(dir: &Path, lib: &Path) {
@@ -170,32 +198,42 @@ fn find_file(root: &Path, name: &str) -> Option<PathBuf> {
 /// Ensures the venv with the Python test deps and the real headers exists
 /// (runs `scripts/test-deps.sh` once, under a lock shared by all tests).
 pub fn test_deps() -> &'static TestDeps {
-    static D: OnceLock<TestDeps> = OnceLock::new();
-    D.get_or_init(|| {
+    static D: OnceLock<Result<TestDeps, String>> = OnceLock::new();
+    let deps = D.get_or_init(|| {
         let dir = target_dir().join("test-deps");
         std::fs::create_dir_all(&dir).expect("create target/test-deps");
         let _lock = flock(&dir.join(".lock"));
         let venv = dir.join("venv");
+        // stderr goes straight to the terminal, past the test harness's
+        // capture: the one-time "fetching ..." line, and what to do when
+        // the registry cannot be reached.
         let out = Command::new("bash")
             .arg(workspace_root().join("scripts/test-deps.sh"))
             .arg(&venv)
+            .stderr(Stdio::inherit())
             .output()
             .expect("run scripts/test-deps.sh");
-        assert!(
-            out.status.success(),
-            "scripts/test-deps.sh failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if !out.status.success() {
+            return Err(
+                "scripts/test-deps.sh failed (its message is above): the Python test \
+                 dependencies and the real CUDA headers are missing"
+                    .to_owned(),
+            );
+        }
         let site = venv.join("lib");
         let cuda_h = find_file(&site, "cudaTypedefs.h").expect("cudaTypedefs.h in the venv");
         let nvml_h = find_file(&site, "nvml.h").expect("nvml.h in the venv");
-        TestDeps {
+        Ok(TestDeps {
             python: venv.join("bin/python"),
             cuda_include: cuda_h.parent().expect("include dir").to_path_buf(),
             nvml_include: nvml_h.parent().expect("include dir").to_path_buf(),
             venv,
-        }
-    })
+        })
+    });
+    match deps {
+        Ok(d) => d,
+        Err(e) => panic!("{e}"),
+    }
 }
 
 // ------------------------------------------------------------------ C clients

@@ -11,6 +11,8 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   destroy            cuCtxDestroy_v2 of the context made by `ctx` (allocations left in it)
   prelease           cuDevicePrimaryCtxRelease_v2 of device 0 (to zero after one `pctx`)
   nvmluuid UUID      nvmlDeviceGetHandleByUUID, print its rc
+  nvmlraw            print {"op":"nvmlraw", count_rc, shutdown_rc}: nvmlDeviceGetCount_v2
+                     and nvmlShutdown as they are, without nvmlInit first
   nvml               print {"op":"nvml", count, v1:{..}, v2:{..}, pids:[..]} for device 0
   alloc BYTES        cuMemAlloc_v2, print {"op":"alloc", rc}
   pitch W H          cuMemAllocPitch_v2(elem 4), print rc and pitch
@@ -18,6 +20,19 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   async BYTES        cuMemAllocAsync on the null stream
   vmm BYTES          cuMemCreate on device 0 (BYTES rounded to the granularity)
   array W H          cuArrayCreate_v2 (float, 1 channel)
+  vmmmap BYTES [DEV] cuMemCreate + AddressReserve + Map + SetAccess (kept on a
+                     mapping stack); print {"op":"vmmmap", rc, bytes}
+  vmmrelease         cuMemRelease of the top mapping's handle (it stays mapped)
+  vmmunmap           cuMemUnmap + cuMemAddressFree of the top mapping (popped)
+  vmmretain          cuMemRetainAllocationHandle on the top mapping: print rc and
+                     whether it is the mapping's handle; the new reference is kept
+  vmmrelretained     cuMemRelease of the last retained reference
+  pool [DEV|host]    cuMemPoolCreate on device DEV (default 0) or in host memory
+  poolalloc BYTES    cuMemAllocFromPoolAsync from the last pool on the current
+                     context's stream S (see `stream`), or the null stream
+  pooldestroy        cuMemPoolDestroy of the last pool (its allocations go with it)
+  stream             cuStreamCreate in the current context (used by poolalloc)
+  setctx N           make the N-th context made by `ctx` current (0-based)
   freeall            free everything this client holds (by its own family)
   race SEED N MAX    N random allocs/frees of 1..MAX bytes; frees all at the end
   sleep SECS         sleep
@@ -88,6 +103,7 @@ def make_ctx(dev, primary):
         if rc != 0:
             sys.exit(4)
     CTX.value = ctx.value
+    CTXS.append(ctx.value)
 
 def info():
     f, t = C.c_size_t(), C.c_size_t()
@@ -140,6 +156,35 @@ def nvml():
          "procs": pids})
 
 CTX = C.c_void_p()
+CTXS = []
+maps = []      # (handle, va, size, released)
+retained = []  # handles from cuMemRetainAllocationHandle
+pools = []
+STREAM = C.c_void_p()
+
+def vmm_prop(dev):
+    # CUmemAllocationProp: type=1 (pinned), handle types 0, location {type 1 (device), id dev}
+    return (C.c_int * 8)(1, 0, 1, dev, 0, 0, 0, 0)
+
+def vmm_map(n, dev):
+    prop = vmm_prop(dev)
+    gran = C.c_size_t()
+    rc = cu.cuMemGetAllocationGranularity(C.byref(gran), prop, 0)
+    if rc != 0:
+        return rc, n
+    n = (n + gran.value - 1) // gran.value * gran.value
+    h = C.c_uint64()
+    rc = cu.cuMemCreate(C.byref(h), C.c_size_t(n), prop, C.c_uint64(0))
+    if rc != 0:
+        return rc, n
+    va = C.c_uint64()
+    check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(n), C.c_size_t(0), C.c_uint64(0), C.c_uint64(0)), "cuMemAddressReserve")
+    check(cu.cuMemMap(C.c_uint64(va.value), C.c_size_t(n), C.c_size_t(0), h, C.c_uint64(0)), "cuMemMap")
+    # CUmemAccessDesc: location {type 1, id dev}, flags 3 (read-write)
+    acc = (C.c_int * 4)(1, dev, 3, 0)
+    check(cu.cuMemSetAccess(C.c_uint64(va.value), C.c_size_t(n), acc, C.c_size_t(1)), "cuMemSetAccess")
+    maps.append([h.value, va.value, n])
+    return 0, n
 
 def race(seed, steps, mx):
     if CTX.value:
@@ -226,6 +271,56 @@ def main(argv):
             if rc == 0:
                 held.append(("vmm", h.value, n))
             out({"op": "vmm", "rc": rc, "bytes": n})
+        elif cmd == "vmmmap":
+            n = int(arg())
+            dev = 0
+            if i < len(argv) and argv[i].isdigit():
+                dev = int(arg())
+            rc, n = vmm_map(n, dev)
+            out({"op": "vmmmap", "rc": rc, "bytes": n})
+        elif cmd == "vmmrelease":
+            out({"op": "vmmrelease", "rc": cu.cuMemRelease(C.c_uint64(maps[-1][0]))})
+        elif cmd == "vmmunmap":
+            h, va, n = maps.pop()
+            rc = cu.cuMemUnmap(C.c_uint64(va), C.c_size_t(n))
+            rc2 = cu.cuMemAddressFree(C.c_uint64(va), C.c_size_t(n))
+            out({"op": "vmmunmap", "rc": rc, "rc_free": rc2})
+        elif cmd == "vmmretain":
+            h = C.c_uint64()
+            rc = cu.cuMemRetainAllocationHandle(C.byref(h), C.c_void_p(maps[-1][1]))
+            if rc == 0:
+                retained.append(h.value)
+            out({"op": "vmmretain", "rc": rc, "same": h.value == maps[-1][0]})
+        elif cmd == "vmmrelretained":
+            out({"op": "vmmrelretained", "rc": cu.cuMemRelease(C.c_uint64(retained.pop()))})
+        elif cmd == "pool":
+            where = arg() if i < len(argv) and (argv[i].isdigit() or argv[i] == "host") else "0"
+            # CUmemPoolProps: allocType 1 (pinned), handleTypes 0, location {type, id}, ... (88 bytes)
+            props = (C.c_int * 22)()
+            props[0] = 1
+            if where == "host":
+                props[2], props[3] = 2, 0
+            else:
+                props[2], props[3] = 1, int(where)
+            pool = C.c_void_p()
+            rc = cu.cuMemPoolCreate(C.byref(pool), props)
+            if rc == 0:
+                pools.append(pool.value)
+            out({"op": "pool", "rc": rc})
+        elif cmd == "poolalloc":
+            n = int(arg())
+            p = C.c_uint64()
+            rc = cu.cuMemAllocFromPoolAsync(C.byref(p), C.c_size_t(n), C.c_void_p(pools[-1]), STREAM)
+            if rc == 0:
+                held.append(("async", p.value, n))
+            out({"op": "poolalloc", "rc": rc})
+        elif cmd == "pooldestroy":
+            rc = cu.cuMemPoolDestroy(C.c_void_p(pools.pop()))
+            out({"op": "pooldestroy", "rc": rc})
+        elif cmd == "stream":
+            check(cu.cuStreamCreate(C.byref(STREAM), 0), "cuStreamCreate")
+        elif cmd == "setctx":
+            check(cu.cuCtxSetCurrent(C.c_void_p(CTXS[int(arg())])), "cuCtxSetCurrent")
         elif cmd == "array":
             w, h = int(arg()), int(arg())
             desc = (C.c_size_t * 3)(w, h, 0)
@@ -273,6 +368,12 @@ def main(argv):
                     p = C.c_uint64()
                     if cu.cuMemAlloc_v2(C.byref(p), C.c_size_t(rnd.randint(1, mx))) == 0:
                         mine.append(p.value)
+        elif cmd == "nvmlraw":
+            lib = nv if nv is not None else C.CDLL("libnvidia-ml.so.1")
+            n = C.c_uint()
+            rc1 = lib.nvmlDeviceGetCount_v2(C.byref(n))
+            rc2 = lib.nvmlShutdown()
+            out({"op": "nvmlraw", "count_rc": rc1, "shutdown_rc": rc2})
         elif cmd == "nvmluuid":
             u = arg()
             if nv is None:

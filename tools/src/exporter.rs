@@ -6,145 +6,199 @@
 //! The metric list is in `docs/tools.md`.
 
 use super::{apply_util, sample_dir, Report, Sample, MIB};
+use prometheus::{CounterVec, GaugeVec, Opts, Registry, TextEncoder};
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering::AcqRel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Escape a label value (backslash, double quote, newline).
-pub fn escape(v: &str) -> String {
-    let mut s = String::with_capacity(v.len());
-    for ch in v.chars() {
-        match ch {
-            '\\' => s.push_str("\\\\"),
-            '"' => s.push_str("\\\""),
-            '\n' => s.push_str("\\n"),
-            c => s.push(c),
-        }
-    }
-    s
+const GPU: &[&str] = &["gpu", "UUID"];
+const CONTAINER: &[&str] = &["gpu", "UUID", "container"];
+const PROCESS: &[&str] = &["gpu", "UUID", "container", "pid", "alive"];
+
+/// One metric family registered in a scrape's registry.
+fn gauge(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric name and labels");
+    reg.register(Box::new(g.clone()))
+        .expect("metric registered once");
+    g
 }
 
-struct Family {
-    name: &'static str,
-    kind: &'static str,
-    help: &'static str,
-    samples: Vec<(String, f64)>,
+fn counter(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> CounterVec {
+    let c = CounterVec::new(Opts::new(name, help), labels).expect("valid metric name and labels");
+    reg.register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
 }
 
-impl Family {
-    fn new(name: &'static str, kind: &'static str, help: &'static str) -> Self {
-        Family {
-            name,
-            kind,
-            help,
-            samples: Vec::new(),
-        }
-    }
-    fn add(&mut self, labels: &[(&str, &str)], v: f64) {
-        let l: Vec<String> = labels
-            .iter()
-            .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-            .collect();
-        self.samples.push((l.join(","), v));
-    }
-}
-
-fn num(v: f64) -> String {
-    if v.is_nan() {
-        "NaN".into()
-    } else if v == v.trunc() && v.abs() < 1e15 {
-        format!("{}", v as i64)
-    } else {
-        format!("{v}")
-    }
-}
-
-/// Render a report as Prometheus text exposition format 0.0.4.
+/// Render a report as Prometheus text exposition format 0.0.4, through the
+/// `prometheus` crate's registry and text encoder (a fresh registry per
+/// scrape: every value is read from the ledgers at that moment). Families
+/// without samples are left out; label values are escaped by the encoder.
 pub fn render(r: &Report) -> String {
-    let mut fams = vec![
-        Family::new("CGPU_LEDGER_UP", "gauge", "1 if the GPU's ledger is readable and trusted, 0 if corrupt, of another format version or unreadable."),
-        Family::new("CGPU_FB_TOTAL", "gauge", "Physical GPU memory (in MiB)."),
-        Family::new("CGPU_POLICY", "gauge", "Compute policy 0..5 (0 fair share, 1 preemptive, 2 weight-based, 3 fixed, 4 soft, 5 native)."),
-        Family::new("CGPU_MAX_INST", "gauge", "Maximum containers on the GPU (also its number of time slices)."),
-        Family::new("CGPU_PRIO_RATIO", "gauge", "Most compute a high-priority container may take (in %)."),
-        Family::new("CGPU_FREE_WEIGHT", "gauge", "max_inst minus the weights of live containers."),
-        Family::new("CGPU_FB_QUOTA", "gauge", "Container's GPU memory quota (in MiB; 0 = not limited)."),
-        Family::new("CGPU_FB_USED", "gauge", "GPU memory held by the container's processes (in MiB)."),
-        Family::new("CGPU_FB_FREE", "gauge", "Quota (or physical memory when not limited) minus used (in MiB)."),
-        Family::new("CGPU_FB_PEAK", "gauge", "Highest GPU memory the container ever held (in MiB)."),
-        Family::new("CGPU_PROCESS_FB_USED", "gauge", "GPU memory held by one process (in MiB)."),
-        Family::new("CGPU_OOM_TOTAL", "counter", "Allocations refused because they would pass the quota."),
-        Family::new("CGPU_GPU_TIME_SECONDS_TOTAL", "counter", "GPU time charged to the container (in s)."),
-        Family::new("CGPU_THROTTLED_SECONDS_TOTAL", "counter", "Time the container's threads were held back before a launch (in s, summed over threads)."),
-        Family::new("CGPU_LAUNCHES_TOTAL", "counter", "Kernel launches admitted."),
-        Family::new("CGPU_UTIL", "gauge", "GPU time used by the container over the last second (in %)."),
-        Family::new("CGPU_UTIL_LIMIT", "gauge", "Compute limit the policy and weight give the container now (in %)."),
-        Family::new("CGPU_WEIGHT", "gauge", "Container's compute weight."),
-        Family::new("CGPU_HIGHPRIO", "gauge", "1 for a high-priority container."),
-    ];
+    let reg = Registry::new();
+    let ledger_up = gauge(&reg, "CGPU_LEDGER_UP", "1 if the GPU's ledger is readable and trusted, 0 if corrupt, of another format version or unreadable.", &["path", "status"]);
+    let fb_total = gauge(&reg, "CGPU_FB_TOTAL", "Physical GPU memory (in MiB).", GPU);
+    let policy = gauge(&reg, "CGPU_POLICY", "Compute policy 0..5 (0 fair share, 1 preemptive, 2 weight-based, 3 fixed, 4 soft, 5 native).", GPU);
+    let max_inst = gauge(
+        &reg,
+        "CGPU_MAX_INST",
+        "Maximum containers on the GPU (also its number of time slices).",
+        GPU,
+    );
+    let prio_ratio = gauge(
+        &reg,
+        "CGPU_PRIO_RATIO",
+        "Most compute a high-priority container may take (in %).",
+        GPU,
+    );
+    let free_weight = gauge(
+        &reg,
+        "CGPU_FREE_WEIGHT",
+        "max_inst minus the weights of live containers.",
+        GPU,
+    );
+    let fb_quota = gauge(
+        &reg,
+        "CGPU_FB_QUOTA",
+        "Container's GPU memory quota (in MiB; 0 = not limited).",
+        CONTAINER,
+    );
+    let fb_used = gauge(
+        &reg,
+        "CGPU_FB_USED",
+        "GPU memory held by the container's processes (in MiB).",
+        CONTAINER,
+    );
+    let fb_free = gauge(
+        &reg,
+        "CGPU_FB_FREE",
+        "Quota (or physical memory when not limited) minus used (in MiB).",
+        CONTAINER,
+    );
+    let fb_peak = gauge(
+        &reg,
+        "CGPU_FB_PEAK",
+        "Highest GPU memory the container ever held (in MiB).",
+        CONTAINER,
+    );
+    let proc_used = gauge(
+        &reg,
+        "CGPU_PROCESS_FB_USED",
+        "GPU memory held by one process (in MiB).",
+        PROCESS,
+    );
+    let oom = counter(
+        &reg,
+        "CGPU_OOM_TOTAL",
+        "Allocations refused because they would pass the quota.",
+        CONTAINER,
+    );
+    let gpu_time = counter(
+        &reg,
+        "CGPU_GPU_TIME_SECONDS_TOTAL",
+        "GPU time charged to the container (in s).",
+        CONTAINER,
+    );
+    let throttled = counter(
+        &reg,
+        "CGPU_THROTTLED_SECONDS_TOTAL",
+        "Time the container's threads were held back before a launch (in s, summed over threads).",
+        CONTAINER,
+    );
+    let launches = counter(
+        &reg,
+        "CGPU_LAUNCHES_TOTAL",
+        "Kernel launches admitted.",
+        CONTAINER,
+    );
+    let util = gauge(
+        &reg,
+        "CGPU_UTIL",
+        "GPU time used by the container over the last second (in %).",
+        CONTAINER,
+    );
+    let util_limit = gauge(
+        &reg,
+        "CGPU_UTIL_LIMIT",
+        "Compute limit the policy and weight give the container now (in %).",
+        CONTAINER,
+    );
+    let weight = gauge(
+        &reg,
+        "CGPU_WEIGHT",
+        "Container's compute weight.",
+        CONTAINER,
+    );
+    let highprio = gauge(
+        &reg,
+        "CGPU_HIGHPRIO",
+        "1 for a high-priority container.",
+        CONTAINER,
+    );
+
     let mb = |b: u64| b as f64 / MIB as f64;
     for e in &r.gpus {
-        fams[0].add(
-            &[("path", &e.path), ("status", e.status.as_str())],
-            if e.gpu.is_some() { 1.0 } else { 0.0 },
-        );
+        ledger_up
+            .with_label_values(&[e.path.as_str(), e.status.as_str()])
+            .set(if e.gpu.is_some() { 1.0 } else { 0.0 });
         let Some(g) = &e.gpu else { continue };
         let gi = g.index.to_string();
-        let gl = [("gpu", gi.as_str()), ("UUID", g.uuid.as_str())];
-        fams[1].add(&gl, mb(g.physical_total_bytes));
-        fams[2].add(&gl, g.policy.into());
-        fams[3].add(&gl, g.max_inst.into());
-        fams[4].add(&gl, g.prio_ratio.into());
-        fams[5].add(&gl, g.free_weight.into());
+        let gl = [gi.as_str(), g.uuid.as_str()];
+        fb_total
+            .with_label_values(&gl)
+            .set(mb(g.physical_total_bytes));
+        policy.with_label_values(&gl).set(g.policy.into());
+        max_inst.with_label_values(&gl).set(g.max_inst.into());
+        prio_ratio.with_label_values(&gl).set(g.prio_ratio.into());
+        free_weight.with_label_values(&gl).set(g.free_weight.into());
         for c in &g.containers {
-            let cl = [
-                ("gpu", gi.as_str()),
-                ("UUID", g.uuid.as_str()),
-                ("container", c.id.as_str()),
-            ];
-            fams[6].add(&cl, mb(c.quota_bytes));
-            fams[7].add(&cl, mb(c.used_bytes));
-            fams[8].add(&cl, mb(c.free_bytes));
-            fams[9].add(&cl, mb(c.peak_bytes));
+            let cl = [gi.as_str(), g.uuid.as_str(), c.id.as_str()];
+            fb_quota.with_label_values(&cl).set(mb(c.quota_bytes));
+            fb_used.with_label_values(&cl).set(mb(c.used_bytes));
+            fb_free.with_label_values(&cl).set(mb(c.free_bytes));
+            fb_peak.with_label_values(&cl).set(mb(c.peak_bytes));
             for p in &c.processes {
                 let pid = p.pid.to_string();
                 let alive = if p.alive { "1" } else { "0" };
-                fams[10].add(
-                    &[
-                        ("gpu", gi.as_str()),
-                        ("UUID", g.uuid.as_str()),
-                        ("container", c.id.as_str()),
-                        ("pid", pid.as_str()),
-                        ("alive", alive),
-                    ],
-                    mb(p.used_bytes),
-                );
+                // Added, not set: two slots with one pid (a reused pid
+                // whose old slot is not reaped yet) are one series.
+                proc_used
+                    .with_label_values(&[
+                        gi.as_str(),
+                        g.uuid.as_str(),
+                        c.id.as_str(),
+                        pid.as_str(),
+                        alive,
+                    ])
+                    .add(mb(p.used_bytes));
             }
-            fams[11].add(&cl, c.oom_count as f64);
-            fams[12].add(&cl, c.gpu_time_ns as f64 / 1e9);
-            fams[13].add(&cl, c.throttled_ns as f64 / 1e9);
-            fams[14].add(&cl, c.launches as f64);
+            oom.with_label_values(&cl).inc_by(c.oom_count as f64);
+            gpu_time
+                .with_label_values(&cl)
+                .inc_by(c.gpu_time_ns as f64 / 1e9);
+            throttled
+                .with_label_values(&cl)
+                .inc_by(c.throttled_ns as f64 / 1e9);
+            launches.with_label_values(&cl).inc_by(c.launches as f64);
             if let Some(u) = c.util_percent {
-                fams[15].add(&cl, u);
+                util.with_label_values(&cl).set(u);
             }
-            fams[16].add(&cl, c.limit_percent.into());
-            fams[17].add(&cl, c.weight.into());
-            fams[18].add(&cl, u8::from(c.highprio).into());
+            util_limit
+                .with_label_values(&cl)
+                .set(c.limit_percent.into());
+            weight.with_label_values(&cl).set(c.weight.into());
+            highprio
+                .with_label_values(&cl)
+                .set(u8::from(c.highprio).into());
         }
     }
-    let mut out = String::new();
-    for f in &fams {
-        let _ = writeln!(out, "# HELP {} {}", f.name, f.help);
-        let _ = writeln!(out, "# TYPE {} {}", f.name, f.kind);
-        for (l, v) in &f.samples {
-            let _ = writeln!(out, "{}{{{l}}} {}", f.name, num(*v));
-        }
-    }
-    out
+    TextEncoder::new()
+        .encode_to_string(&reg.gather())
+        .unwrap_or_else(|e| format!("# cgpu: encoding the metrics failed: {e}\n"))
 }
 
 /// Samples taken in the background so a scrape can report utilisation
@@ -283,34 +337,81 @@ pub fn handle(mut s: TcpStream, sampler: &Sampler) {
     }
 }
 
-/// Serve forever on `listener`; one short-lived thread per connection.
+/// Connections answered at once. Each holds a thread for at most the read
+/// and write timeouts (5 s each); past the cap a connection gets `503` at
+/// once from the accepting thread, so idle or slow clients can hold up
+/// scrapes for at most those timeouts, never exhaust threads or memory.
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// Decrements the count of open connections when a handler ends, however.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, AcqRel);
+    }
+}
+
+/// `503` on the accepting thread: never waits for the client (whatever
+/// request bytes have already arrived are read without blocking, so that
+/// closing does not reset the connection before the client reads the answer).
+fn refuse(mut s: TcpStream) {
+    let _ = s.set_nonblocking(true);
+    let mut sink = [0u8; 4096];
+    for _ in 0..4 {
+        match s.read(&mut sink) {
+            Ok(n) if n > 0 => continue,
+            _ => break,
+        }
+    }
+    let _ = s.set_nonblocking(false);
+    let _ = s.set_write_timeout(Some(Duration::from_millis(200)));
+    respond(
+        &mut s,
+        "503 Service Unavailable",
+        "text/plain; charset=utf-8",
+        "Retry-After: 1\r\n",
+        "too many connections\n",
+        false,
+    );
+}
+
+/// Serve forever on `listener`: one short-lived thread per connection, at
+/// most [`MAX_CONNECTIONS`] at once.
 pub fn serve(listener: TcpListener, dir: &Path) -> ! {
     let sampler = Sampler::new(dir);
+    let open = Arc::new(AtomicUsize::new(0));
     loop {
         match listener.accept() {
             Ok((s, _)) => {
+                if open.fetch_add(1, AcqRel) >= MAX_CONNECTIONS {
+                    open.fetch_sub(1, AcqRel);
+                    refuse(s);
+                    continue;
+                }
+                let slot = Slot(Arc::clone(&open));
                 let sm = Arc::clone(&sampler);
-                let _ = std::thread::Builder::new()
-                    .name("cgpu-http".into())
-                    .spawn(move || handle(s, &sm));
+                let Ok(fallback) = s.try_clone() else {
+                    drop(slot);
+                    continue;
+                };
+                let spawned =
+                    std::thread::Builder::new()
+                        .name("cgpu-http".into())
+                        .spawn(move || {
+                            let _slot = slot;
+                            handle(s, &sm)
+                        });
+                if let Err(e) = spawned {
+                    // The closure (and the slot in it) is dropped already.
+                    tracing::warn!("exporter: cannot start a thread for a connection: {e}");
+                    refuse(fallback);
+                }
             }
             Err(e) => {
                 tracing::warn!("exporter: accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn label_escaping() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-        assert_eq!(num(3.0), "3");
-        assert_eq!(num(1.5), "1.5");
-        assert_eq!(num(190.9990234375), "190.9990234375");
     }
 }

@@ -7,7 +7,7 @@
 //! longer switches the GPU to policy 2 (SPEC §1).
 
 use super::{container_live, cstr, GIB};
-use cgpu::ledger::{free_weight, Ledger, LedgerFile, ID_LEN};
+use cgpu::ledger::{free_weight, Ledger, LedgerFile};
 use std::sync::atomic::Ordering::Acquire;
 
 /// A knob of SPEC §3.
@@ -133,7 +133,7 @@ pub fn container_id(f: &LedgerFile, c: usize) -> Option<String> {
     if !container_live(s) {
         return None;
     }
-    cstr(&s.id[..ID_LEN])
+    cstr(&s.id_bytes())
 }
 
 /// Live container slots whose id is `id` (or starts with it, if unique).

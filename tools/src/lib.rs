@@ -17,13 +17,13 @@
 pub mod args;
 pub mod exporter;
 pub mod inspect;
+pub mod installed;
 pub mod knobs;
 pub mod table;
 pub mod tree;
 
 use cgpu::ledger::{
-    self, ContainerSlot, Ledger, LedgerError, LedgerFile, ID_LEN, MAX_CONTAINERS, MAX_PROCESSES,
-    SLOT_LIVE, UUID_LEN,
+    self, ContainerSlot, Ledger, LedgerError, LedgerFile, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE,
 };
 use cgpu::scheduler;
 use serde::{Deserialize, Serialize};
@@ -229,7 +229,7 @@ pub fn read_file(
         return Err((Status::NotReady, "ledger is still being created".into()));
     }
     let corrupt = |why: String| Err((Status::Corrupt, why));
-    let uuid = match cstr(&h.uuid[..UUID_LEN]) {
+    let uuid = match cstr(&h.uuid_bytes()) {
         Some(u) => u,
         None => return corrupt("GPU uuid is not UTF-8".into()),
     };
@@ -251,7 +251,7 @@ pub fn read_file(
         if !container_live(s) {
             continue;
         }
-        let id = match cstr(&s.id[..ID_LEN]) {
+        let id = match cstr(&s.id_bytes()) {
             Some(id) if !id.is_empty() => id,
             _ => return corrupt(format!("container slot {i}: id is empty or not UTF-8")),
         };
@@ -266,7 +266,7 @@ pub fn read_file(
         containers.push(ContainerInfo {
             slot: i,
             id,
-            created_ns: s.created_ns,
+            created_ns: s.created_ns.load(Acquire),
             highprio: s.highprio.load(Acquire) != 0,
             weight,
             quota_bytes: quota,
@@ -439,19 +439,40 @@ pub fn apply_util(prev: &Sample, cur: &mut Sample) {
 /// else whichever of the jobs' defaults (`/run/cgpu`, `/dev/shm/cgpu`) holds
 /// ledgers. Jobs that cannot write `/run/cgpu` use `/dev/shm/cgpu`; a tool
 /// run by root must still find them. Creates nothing.
-pub fn ledger_dir(arg: Option<&str>) -> PathBuf {
-    if let Some(d) = arg {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
+///
+/// A directory named by the operator (`--dir` or `CGPU_LEDGER_DIR`) must
+/// exist and be readable: a typo is an error naming it, not an empty
+/// listing. The defaults may both be absent (no job has run on this host).
+pub fn ledger_dir(arg: Option<&str>) -> Result<PathBuf, String> {
+    let named = match arg {
+        Some(d) => Some((PathBuf::from(d), "--dir")),
+        None => std::env::var_os("CGPU_LEDGER_DIR")
+            .filter(|d| !d.is_empty())
+            .map(|d| (PathBuf::from(d), "CGPU_LEDGER_DIR")),
+    };
+    if let Some((d, from)) = named {
+        return match std::fs::read_dir(&d) {
+            Ok(_) => Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+                "ledger directory {} (from {from}) does not exist",
+                d.display()
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => Err(format!(
+                "ledger directory {} (from {from}) is not a directory",
+                d.display()
+            )),
+            Err(e) => Err(format!(
+                "ledger directory {} (from {from}) cannot be read: {e}",
+                d.display()
+            )),
+        };
     }
     let candidates = [Path::new("/run/cgpu"), Path::new("/dev/shm/cgpu")];
-    candidates
+    Ok(candidates
         .iter()
         .find(|d| !Ledger::list(d).is_empty())
         .unwrap_or(&candidates[0])
-        .to_path_buf()
+        .to_path_buf())
 }
 
 /// Bytes to whole MiB (floor).
@@ -472,7 +493,7 @@ pub(crate) mod testutil {
         f.header.magic = ledger::LEDGER_MAGIC;
         f.header.version = ledger::FORMAT_VERSION;
         f.header.gpu_index = index;
-        f.header.uuid[..uuid.len()].copy_from_slice(uuid.as_bytes());
+        f.header.set_uuid(uuid);
         f.header.physical_total = physical;
         f.header.ready.store(1, Relaxed);
         f.header.max_inst.store(16, Relaxed);
@@ -485,12 +506,11 @@ pub(crate) mod testutil {
     pub fn add_container(f: &mut LedgerFile, c: usize, id: &str, quota: u64, used: u64, w: u32) {
         let s = &mut f.containers[c];
         s.state.store(SLOT_LIVE, Relaxed);
-        s.id = [0; ID_LEN];
-        s.id[..id.len()].copy_from_slice(id.as_bytes());
+        s.set_id(id);
         s.quota.store(quota, Relaxed);
         s.used.store(used, Relaxed);
         s.weight.store(w, Relaxed);
-        s.created_ns = 1000 + c as u64;
+        s.created_ns.store(1000 + c as u64, Relaxed);
     }
 
     /// Put a live process into slot `p`.
@@ -542,7 +562,7 @@ mod tests {
 
         let mut f = fake_file(0, "GPU-aaaa", 16 * GIB);
         add_container(&mut f, 0, "c", GIB, 0, 1);
-        f.containers[0].id[0] = 0xff;
+        f.containers[0].id[0].store(0xff, Relaxed);
         let e = read_file(&f, &|_| true).unwrap_err();
         assert_eq!(e.0, Status::Corrupt);
 

@@ -463,7 +463,11 @@ fn help_for_every_command() {
     assert!(o.status.success());
     assert_eq!(
         stdout(&o),
-        format!("cgpuctl {} (ledger format 1)\n", env!("CARGO_PKG_VERSION"))
+        format!(
+            "cgpuctl {} (ledger format {})\n",
+            env!("CARGO_PKG_VERSION"),
+            cgpu::ledger::FORMAT_VERSION
+        )
     );
     let o = smi().arg("--help").output().unwrap();
     assert!(o.status.success());
@@ -610,14 +614,17 @@ fn corrupt_ledgers_are_reported_not_trusted() {
 }
 
 fn scrape(addr: &str, path: &str) -> (String, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    try_scrape(addr, path).unwrap()
+}
+
+fn try_scrape(addr: &str, path: &str) -> std::io::Result<(String, String)> {
+    let mut s = std::net::TcpStream::connect(addr)?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: */*\r\n\r\n"
-    )
-    .unwrap();
+    )?;
     let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    s.read_to_string(&mut resp)?;
     let (head, body) = resp.split_once("\r\n\r\n").unwrap();
     let len: usize = head
         .lines()
@@ -626,26 +633,15 @@ fn scrape(addr: &str, path: &str) -> (String, String) {
         .parse()
         .unwrap();
     assert_eq!(body.len(), len);
-    (head.to_owned(), body.to_owned())
+    Ok((head.to_owned(), body.to_owned()))
 }
 
-#[test]
-fn exporter_scraped_over_loopback() {
-    let dir = tmpdir("exporter");
-    let _a = start(
-        &dir,
-        spec("GPU-e0", 0, "alpha", 6 * GIB, 2, 1000 * MIB + 512 * 1024),
-    );
-    let _b = start(&dir, spec("GPU-e0", 0, "be\"ta", 4 * GIB, 1, 3 * MIB));
-    patched_copy(
-        &Ledger::path_for(&dir, "GPU-e0"),
-        &dir.join("GPU-bad.ledger"),
-        |b| b[0] ^= 1,
-    );
+/// `cgpuctl exporter` on an ephemeral loopback port; its address.
+fn start_exporter(dir: &Path) -> (KillOnDrop, String) {
     let mut child = KillOnDrop(
         ctl()
             .arg("--dir")
-            .arg(&dir)
+            .arg(dir)
             .args(["exporter", "--listen", "127.0.0.1:0"])
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -661,6 +657,89 @@ fn exporter_scraped_over_loopback() {
         .and_then(|s| s.split('/').next())
         .unwrap_or_else(|| panic!("no address in {first:?}"))
         .to_owned();
+    (child, addr)
+}
+
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count()
+}
+
+/// Idle connections (a port scanner, a stuck client) never take more than
+/// the cap's worth of threads; past the cap a client gets `503` at once, and
+/// scrapes are answered again as soon as the idle ones go.
+#[test]
+fn exporter_caps_concurrent_connections() {
+    const CAP: usize = 32; // cgpu_tools::exporter::MAX_CONNECTIONS
+    let dir = tmpdir("exporter-cap");
+    let _a = start(&dir, spec("GPU-k0", 0, "alpha", GIB, 1, MIB));
+    let (child, addr) = start_exporter(&dir);
+    let idle: Vec<std::net::TcpStream> = (0..3 * CAP)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    // The accepting thread answers the ones past the cap with 503 and
+    // closes them: read one of the last to know it got that far.
+    let mut last = idle.last().unwrap().try_clone().unwrap();
+    last.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut resp = String::new();
+    last.read_to_string(&mut resp).unwrap();
+    assert!(
+        resp.starts_with("HTTP/1.1 503 Service Unavailable"),
+        "{resp}"
+    );
+    // The exporter's own threads: main (accepting) and the sampler.
+    let threads = threads_of(child.0.id());
+    assert!(
+        threads <= 2 + CAP,
+        "{threads} threads with {} idle connections (cap {CAP})",
+        idle.len()
+    );
+    // A client now is refused, not queued behind the idle ones (read
+    // without writing: the refusal does not wait for a request).
+    let t = std::time::Instant::now();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(4),
+        "{:?}",
+        t.elapsed()
+    );
+    drop(idle);
+    // Their handlers see the end of stream and leave; scrapes work again.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        // While handlers are still leaving, a refusal may reset the
+        // connection before the request is read: retry then too.
+        let (head, body) = try_scrape(&addr, "/metrics").unwrap_or_default();
+        if head.starts_with("HTTP/1.1 200") {
+            assert!(body.contains("CGPU_FB_USED{"), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {head}");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn exporter_scraped_over_loopback() {
+    let dir = tmpdir("exporter");
+    let _a = start(
+        &dir,
+        spec("GPU-e0", 0, "alpha", 6 * GIB, 2, 1000 * MIB + 512 * 1024),
+    );
+    let _b = start(&dir, spec("GPU-e0", 0, "be\"ta", 4 * GIB, 1, 3 * MIB));
+    patched_copy(
+        &Ledger::path_for(&dir, "GPU-e0"),
+        &dir.join("GPU-bad.ledger"),
+        |b| b[0] ^= 1,
+    );
+    let (child, addr) = start_exporter(&dir);
     let (head, body) = scrape(&addr, "/metrics");
     assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
     assert!(
@@ -737,21 +816,22 @@ fn exporter_scraped_over_loopback() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The parser the exporter's tests rely on does reject bad text (so a
+/// scrape that parses is well-formed, not merely accepted).
 #[test]
 fn prometheus_parser_rejects_garbage() {
     for bad in [
-        "CGPU_X 1\n",                                 // no TYPE
         "# TYPE CGPU_X gauge\nCGPU_X{a=\"1} 1\n",     // unterminated
         "# TYPE CGPU_X gauge\nCGPU_X{a=1} 1\n",       // unquoted
         "# TYPE CGPU_X gauge\nCGPU_X{a=\"1\"} one\n", // bad value
-        "# TYPE CGPU_X gauge\n# TYPE CGPU_X gauge\n", // twice
         "# TYPE 1X gauge\n",
     ] {
         assert!(parse_prometheus(bad).is_err(), "{bad}");
     }
-    let (s, _) = parse_prometheus("# TYPE A gauge\nA{x=\"a\\\"b\"} 2.5\n").unwrap();
+    let (s, t) = parse_prometheus("# TYPE A gauge\nA{x=\"a\\\"b\"} 2.5\n").unwrap();
     assert_eq!(s[0].labels["x"], "a\"b");
     assert_eq!(s[0].value, 2.5);
+    assert_eq!(t["A"], "gauge");
 }
 
 #[test]
@@ -781,7 +861,11 @@ fn tree_inspect_version_gc() {
         "0/0852a381c0cf/weight: 2".to_owned(),
         format!("1/0852a381c0cf/memsize: {}", 4 * GIB),
         "default_memsize: 0".to_owned(),
-        format!("version: {} (ledger format 1)", env!("CARGO_PKG_VERSION")),
+        format!(
+            "version: {} (ledger format {})",
+            env!("CARGO_PKG_VERSION"),
+            cgpu::ledger::FORMAT_VERSION
+        ),
     ] {
         assert!(t.lines().any(|l| l == want), "missing `{want}` in:\n{t}");
     }
@@ -814,8 +898,9 @@ fn tree_inspect_version_gc() {
 
     let o = run(ctl(), &dir, &["version"]);
     let t = stdout(&o);
-    assert!(t.contains("ledger format: 1"), "{t}");
-    assert!(t.contains("GPU-x1.ledger: format 1"), "{t}");
+    let v = cgpu::ledger::FORMAT_VERSION;
+    assert!(t.contains(&format!("ledger format: {v}")), "{t}");
+    assert!(t.contains(&format!("GPU-x1.ledger: format {v}")), "{t}");
 
     // gc: a killed client's slot and bytes are reaped and reported
     let (pid, bslot) = (a.pid, a.container);
@@ -871,4 +956,165 @@ fn the_tools_export_no_hooks() {
             .collect();
         assert!(leaked.is_empty(), "{exe} exports {leaked:?}");
     }
+}
+
+/// `--loop` periods that cannot be meant (a crash at 1e308, a busy loop at
+/// 1e-9 before) and ledger directories that do not exist (an empty listing
+/// and exit 0 before): a message naming the value and exit status 2, at once.
+#[test]
+fn absurd_intervals_and_missing_directories_are_usage_errors() {
+    let dir = tmpdir("bad-args");
+    let file = dir.join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let missing = dir.join("no-such-dir");
+    let missing_s = missing.to_str().unwrap();
+    let file_s = file.to_str().unwrap();
+    for (what, o, want) in [
+        (
+            "-l 1e308",
+            run(smi(), &dir, &["-l", "1e308"]),
+            "out of range",
+        ),
+        ("-l 1e-9", run(smi(), &dir, &["-l", "1e-9"]), "out of range"),
+        (
+            "-l 0.05",
+            run(smi(), &dir, &["--loop", "0.05"]),
+            "out of range",
+        ),
+        (
+            "-l inf",
+            run(smi(), &dir, &["-l", "inf"]),
+            "not a number of seconds",
+        ),
+        (
+            "-l nan",
+            run(smi(), &dir, &["-l", "nan"]),
+            "not a number of seconds",
+        ),
+        (
+            "-l -1",
+            run(smi(), &dir, &["-l", "-1"]),
+            "not a number of seconds",
+        ),
+        (
+            "smi --dir missing",
+            run(smi(), &missing, &["--instant"]),
+            "does not exist",
+        ),
+        (
+            "smi --dir file",
+            run(smi(), &file, &["--instant"]),
+            "is not a directory",
+        ),
+        (
+            "smi CGPU_LEDGER_DIR missing",
+            smi()
+                .arg("--instant")
+                .env("CGPU_LEDGER_DIR", &missing)
+                .output()
+                .unwrap(),
+            "(from CGPU_LEDGER_DIR) does not exist",
+        ),
+        (
+            "ctl --dir missing tree",
+            run(ctl(), &missing, &["tree"]),
+            "does not exist",
+        ),
+        (
+            "ctl --dir missing exporter",
+            run(ctl(), &missing, &["exporter", "--listen", "127.0.0.1:0"]),
+            "does not exist",
+        ),
+        (
+            "ctl --dir file get",
+            run(ctl(), &file, &["get", "policy"]),
+            "is not a directory",
+        ),
+    ] {
+        assert_eq!(o.status.code(), Some(2), "{what}: {}", stderr(&o));
+        let e = stderr(&o);
+        assert!(e.contains(want), "{what}: {e}");
+        assert!(stdout(&o).is_empty(), "{what}: {}", stdout(&o));
+        if what.contains("missing") {
+            assert!(e.contains(missing_s), "{what} names the directory: {e}");
+        }
+        if what.contains("file") {
+            assert!(e.contains(file_s), "{what} names the path: {e}");
+        }
+    }
+    // The shortest period is accepted and prints a sample per period.
+    let mut c = smi();
+    c.arg("--dir")
+        .arg(&dir)
+        .args(["--json", "-l", "0.1"])
+        .stdout(std::process::Stdio::piped());
+    let mut child = KillOnDrop(c.spawn().unwrap());
+    let mut lines = BufReader::new(child.0.stdout.take().unwrap()).lines();
+    for _ in 0..3 {
+        let l = lines.next().unwrap().unwrap();
+        let v: Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["gpus"].as_array().map(Vec::len), Some(0), "{l}");
+    }
+    drop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `cgpuctl version` reads the version out of the library file it finds (or
+/// is given), stripped or not: a library carrying another version says so.
+#[test]
+fn version_is_read_from_the_installed_library() {
+    let lib = &cgpu_testkit::artifacts().libcgpu;
+    let dir = tmpdir("version");
+    let o = run(ctl(), &dir, &["version", "--lib", lib.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v = env!("CARGO_PKG_VERSION");
+    assert!(
+        stdout(&o).contains(&format!("library: {} {v}\n", lib.display())),
+        "{}",
+        stdout(&o)
+    );
+    // The same library, stripped and carrying another version string.
+    let other = dir.join("libcgpu.so");
+    let st = std::process::Command::new("objcopy")
+        .arg("--strip-all")
+        .arg(lib)
+        .arg(&other)
+        .status()
+        .expect("objcopy (binutils)");
+    assert!(st.success());
+    let mut bytes = std::fs::read(&other).unwrap();
+    let tag = cgpu::VERSION_TAG.as_bytes();
+    let at = bytes
+        .windows(tag.len())
+        .position(|w| w == tag)
+        .expect("tag in the stripped library");
+    let fake = format!("\0cgpu-library-version={}\0", "9".repeat(v.len()));
+    bytes[at..at + tag.len()].copy_from_slice(fake.as_bytes());
+    std::fs::write(&other, &bytes).unwrap();
+    let o = run(ctl(), &dir, &["version", "--lib", other.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains(&format!(
+            "library: {} {} (the tools are {v})\n",
+            other.display(),
+            "9".repeat(v.len())
+        )),
+        "{}",
+        stdout(&o)
+    );
+    // Not a cgpu library: said, and exit 1.
+    let not_lib = dir.join("libnot.so");
+    std::fs::write(&not_lib, b"\x7fELF and nothing of ours").unwrap();
+    let o = run(
+        ctl(),
+        &dir,
+        &["version", "--lib", not_lib.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("no cgpu version in it"),
+        "{}",
+        stdout(&o)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

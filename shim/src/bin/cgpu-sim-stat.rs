@@ -9,8 +9,30 @@
 use cgpu_sim::stat;
 use std::path::PathBuf;
 
-fn usage() -> ! {
-    eprintln!("usage: cgpu-sim-stat [--state DIR] [--json]\n       cgpu-sim-stat --install-dir DIR [--lib PATH]");
+const HELP: &str = "\
+cgpu-sim-stat: read a simulated GPU's state, or expose the simulator as a driver
+
+USAGE:
+    cgpu-sim-stat [--state DIR] [--json]
+    cgpu-sim-stat --install-dir DIR [--lib PATH]
+
+OPTIONS:
+    --state DIR        state directory (default: $CGPU_SIM_STATE, else
+                       /dev/shm/cgpu-sim-<uid>); prints devices, memory,
+                       device time and processes
+    --json             the same as JSON (schema in shim/README.md)
+    --install-dir DIR  make DIR hold libcuda.so{,.1} and libnvidia-ml.so{,.1}
+                       as symlinks to the simulator, for LD_LIBRARY_PATH
+    --lib PATH         the simulator library to link to (default:
+                       libcgpu_sim.so next to this binary)
+    -h, --help         this help
+";
+
+/// A usage error: what was wrong, the short usage, exit status 2.
+fn usage(what: &str) -> ! {
+    eprintln!(
+        "cgpu-sim-stat: error: {what}\nusage: cgpu-sim-stat [--state DIR] [--json]\n       cgpu-sim-stat --install-dir DIR [--lib PATH]\n(cgpu-sim-stat --help for more)"
+    );
     std::process::exit(2)
 }
 
@@ -21,15 +43,22 @@ fn main() {
     let mut lib = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        let mut value = || {
+            PathBuf::from(
+                args.next()
+                    .unwrap_or_else(|| usage(&format!("{a} needs a value"))),
+            )
+        };
         match a.as_str() {
-            "--state" => state = Some(PathBuf::from(args.next().unwrap_or_else(|| usage()))),
+            "--state" => state = Some(value()),
             "--json" => json = true,
-            "--install-dir" => {
-                install = Some(PathBuf::from(args.next().unwrap_or_else(|| usage())))
+            "--install-dir" => install = Some(value()),
+            "--lib" => lib = Some(value()),
+            "-h" | "--help" => {
+                print!("{HELP}");
+                return;
             }
-            "--lib" => lib = Some(PathBuf::from(args.next().unwrap_or_else(|| usage()))),
-            "-h" | "--help" => usage(),
-            _ => usage(),
+            other => usage(&format!("unknown option `{other}`")),
         }
     }
     if let Some(dir) = install {

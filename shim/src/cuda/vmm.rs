@@ -79,6 +79,7 @@ pub unsafe extern "C" fn cuMemCreate(
                 size: size as u64,
                 fd,
                 released: AtomicBool::new(false),
+                refs: AtomicU32::new(1),
                 maps: AtomicU32::new(0),
             }),
         );
@@ -106,8 +107,13 @@ pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresu
             .get(&h)
             .cloned()
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if p.released.swap(true, AcqRel) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
+        // One reference less; the last one marks the memory released.
+        let dropped = p
+            .refs
+            .fetch_update(AcqRel, Acquire, |r| r.checked_sub(1))
+            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        if dropped == 1 {
+            p.released.store(true, Release);
         }
         maybe_free(d, h, &p);
         Ok(())
@@ -372,6 +378,14 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
             .next_back()
             .and_then(|(s, (l, id))| (a < s + l).then_some(*id));
         let id = found.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if h.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // The handle is a new reference, to be released with cuMemRelease.
+        let p = d.phys.lock().get(&id).cloned();
+        if let Some(p) = p {
+            p.refs.fetch_add(1, AcqRel);
+        }
         // SAFETY: out pointer from the caller.
         unsafe { put(h, id, CUDA_ERROR_INVALID_VALUE) }
     })

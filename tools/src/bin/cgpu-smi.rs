@@ -15,8 +15,9 @@ OPTIONS:
                           time held back, free memory
         --json            machine-readable output (schema in docs/tools.md);
                           with -l, one JSON document per line
-    -l, --loop SECONDS    refresh every SECONDS (like nvidia-smi -l); the
-                          utilisation is over the time since the last refresh
+    -l, --loop SECONDS    refresh every SECONDS, 0.1 to 86400 (like nvidia-smi
+                          -l); the utilisation is over the time since the last
+                          refresh
         --instant         do not wait 1 s to measure utilisation (shows `-`)
         --dir DIR         ledger directory (default: $CGPU_LEDGER_DIR, else
                           /run/cgpu or /dev/shm/cgpu, whichever has ledgers)
@@ -32,13 +33,15 @@ COLUMNS:
 
 Never blocks or alters a job. A ledger that is corrupt or of another format
 version is shown as such and none of its numbers are used; the exit status is
-then 3 (0 otherwise, 2 for usage errors).
+then 3 (0 otherwise; 2 for usage errors, a --loop out of range, or a ledger
+directory named by --dir or $CGPU_LEDGER_DIR that does not exist or cannot be
+read).
 ";
 
 struct Opts {
     detail: bool,
     json: bool,
-    every: Option<f64>,
+    every: Option<Duration>,
     instant: bool,
     dir: std::path::PathBuf,
 }
@@ -62,10 +65,7 @@ fn parse() -> Result<Option<Opts>, String> {
     let instant = a.flag(&["--instant"]);
     let every = match a.value(&["-l", "--loop"])? {
         None => None,
-        Some(s) => match s.parse::<f64>() {
-            Ok(x) if x > 0.0 && x.is_finite() => Some(x),
-            _ => return Err(format!("--loop: `{s}` is not a positive number of seconds")),
-        },
+        Some(s) => Some(loop_period(&s)?),
     };
     let dir = a.value(&["--dir"])?;
     a.finish()?;
@@ -74,8 +74,26 @@ fn parse() -> Result<Option<Opts>, String> {
         json,
         every,
         instant,
-        dir: cgpu_tools::ledger_dir(dir.as_deref()),
+        dir: cgpu_tools::ledger_dir(dir.as_deref())?,
     }))
+}
+
+/// Shortest and longest `--loop` period: a shorter one would only burn a
+/// core re-reading the ledgers (they change no faster); a longer one is a
+/// typo (and past `Duration`'s range, a crash).
+const LOOP_MIN_SECS: f64 = 0.1;
+const LOOP_MAX_SECS: f64 = 86_400.0;
+
+fn loop_period(s: &str) -> Result<Duration, String> {
+    match s.parse::<f64>() {
+        Ok(x) if (LOOP_MIN_SECS..=LOOP_MAX_SECS).contains(&x) => Ok(Duration::from_secs_f64(x)),
+        Ok(x) if x.is_finite() && x > 0.0 => Err(format!(
+            "--loop: {s} s is out of range ({LOOP_MIN_SECS} to {LOOP_MAX_SECS} seconds)"
+        )),
+        _ => Err(format!(
+            "--loop: `{s}` is not a number of seconds ({LOOP_MIN_SECS} to {LOOP_MAX_SECS})"
+        )),
+    }
 }
 
 fn print(r: &Report, o: &Opts) {
@@ -130,8 +148,7 @@ fn main() {
                 std::process::exit(3);
             }
         }
-        Some(secs) => {
-            let period = Duration::from_secs_f64(secs);
+        Some(period) => {
             let mut prev: Option<Sample> = None;
             let mut next = Instant::now();
             loop {

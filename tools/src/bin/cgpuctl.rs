@@ -3,7 +3,7 @@
 
 use cgpu::ledger::{Ledger, FORMAT_VERSION};
 use cgpu_tools::knobs::{self, Knob};
-use cgpu_tools::{args::Args, exporter, inspect, tree, GpuInfo};
+use cgpu_tools::{args::Args, exporter, inspect, installed, tree, GpuInfo};
 use std::path::{Path, PathBuf};
 use std::process::exit;
 
@@ -28,7 +28,9 @@ OPTIONS:
                           /run/cgpu or /dev/shm/cgpu, whichever has ledgers)
     -h, --help            help
 
-Exit status: 0 done, 1 failed (e.g. a corrupt ledger), 2 usage or range error.
+Exit status: 0 done, 1 failed (e.g. a corrupt ledger), 2 usage or range
+error (also: a ledger directory named by --dir or $CGPU_LEDGER_DIR that does
+not exist or cannot be read).
 ";
 
 const HELP_GET: &str = "\
@@ -112,10 +114,15 @@ address on its first line (use port 0 for any free port).
 ";
 
 const HELP_VERSION: &str = "\
-cgpuctl version
+cgpuctl version [--lib PATH]
 
-Print the version of the library and tools, the ledger format they read and
-write, and the format of each ledger found.
+Print the version of the tools, of the installed libcgpu.so (read from the
+file, not loaded: the cgpu entries of /etc/ld.so.preload and the usual paths,
+/opt/cgpu/libcgpu.so first; or the file given with --lib), the ledger format
+they read and write, and the format of each ledger found. Exit status 1 when
+a library file found has no cgpu version in it or cannot be read.
+
+    --lib PATH            the library file to read instead of looking
 ";
 
 fn die(code: i32, msg: &str) -> ! {
@@ -386,9 +393,38 @@ fn cmd_version(mut a: Args, dir: &Path) {
         print!("{HELP_VERSION}");
         return;
     }
+    let lib = a.value(&["--lib"]).unwrap_or_else(|e| usage(e));
     a.finish().unwrap_or_else(|e| usage(e));
-    println!("cgpuctl {}", cgpu_tools::CGPU_VERSION);
-    println!("library: libcgpu.so {}", cgpu_tools::CGPU_VERSION);
+    let tools = cgpu_tools::CGPU_VERSION;
+    println!("cgpuctl {tools}");
+    let mut failed = false;
+    let libs = match &lib {
+        Some(p) => vec![PathBuf::from(p)],
+        None => installed::find_installed(),
+    };
+    if libs.is_empty() {
+        println!(
+            "library: no libcgpu.so found (looked in /etc/ld.so.preload, {}; name one with --lib PATH)",
+            installed::USUAL_PATHS.join(", ")
+        );
+    }
+    for p in &libs {
+        match installed::library_version(p) {
+            Ok(Some(v)) if v == tools => println!("library: {} {v}", p.display()),
+            Ok(Some(v)) => println!("library: {} {v} (the tools are {tools})", p.display()),
+            Ok(None) => {
+                failed = true;
+                println!(
+                    "library: {}: no cgpu version in it (not a cgpu library, or one built before versions were recorded)",
+                    p.display()
+                )
+            }
+            Err(e) => {
+                failed = true;
+                println!("library: {}: {e}", p.display())
+            }
+        }
+    }
     println!("ledger format: {FORMAT_VERSION}");
     for p in Ledger::list(dir) {
         let what = match Ledger::open(&p) {
@@ -399,6 +435,9 @@ fn cmd_version(mut a: Args, dir: &Path) {
             Err(e) => cgpu_tools::open_error(&e).1,
         };
         println!("{}: {what}", p.display());
+    }
+    if failed {
+        exit(1);
     }
 }
 
@@ -502,7 +541,8 @@ fn main() {
         return;
     }
     let cmd = a.positional();
-    let dir = || -> PathBuf { cgpu_tools::ledger_dir(dir_arg.as_deref()) };
+    let dir =
+        || -> PathBuf { cgpu_tools::ledger_dir(dir_arg.as_deref()).unwrap_or_else(|e| usage(e)) };
     match cmd.as_deref() {
         None | Some("help") => match a.positional().as_deref() {
             Some("get") => print!("{HELP_GET}"),

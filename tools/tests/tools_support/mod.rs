@@ -1,5 +1,5 @@
 //! Support for the tools' tests: ledger-level client processes, running the
-//! binaries, and a small Prometheus text parser.
+//! binaries, and the reference Prometheus text parser (Python `prometheus_client`).
 #![allow(dead_code)]
 
 use cgpu::ledger::{JoinRequest, Ledger};
@@ -256,159 +256,72 @@ pub fn client_main_if_asked() -> bool {
     true
 }
 
-/// One sample line of Prometheus text.
+/// One sample of Prometheus text, as the reference parser read it.
 #[derive(Debug, Clone)]
 pub struct PromSample {
+    /// The family (the name in `# TYPE`, what the exporter documents).
+    pub family: String,
+    /// The sample's own name as the parser reports it (for a counter the
+    /// reference parser appends `_total` to a family that does not end in it).
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub value: f64,
 }
 
-/// A strict-enough parser of the Prometheus text exposition format 0.0.4:
-/// `# HELP`/`# TYPE` lines (TYPE before samples, at most once per family),
-/// `name{label="value",…} value`, with label-value escapes `\\ \" \n`.
-/// Returns the samples and the declared types.
+/// Parses Prometheus text with the reference parser, the `prometheus_client`
+/// Python package's `text_string_to_metric_families` (in the test venv,
+/// `scripts/test-deps.sh`). Returns the samples and each family's type,
+/// keyed by family name; `Err` with the parser's message when it rejects
+/// the text.
 pub fn parse_prometheus(text: &str) -> Result<(Vec<PromSample>, BTreeMap<String, String>), String> {
+    let deps = cgpu_testkit::test_deps();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/parse_prometheus.py");
+    let mut child = Command::new(&deps.python)
+        .arg(&script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run the test venv's python");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let fams: serde_json::Value = serde_json::from_slice(&out.stdout).expect("parser JSON");
     let mut types = BTreeMap::new();
-    let mut helps = BTreeMap::new();
     let mut samples = Vec::new();
-    let valid_name = |n: &str| {
-        !n.is_empty()
-            && n.chars().enumerate().all(|(i, c)| {
-                c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit())
-            })
-    };
-    for (ln, line) in text.lines().enumerate() {
-        let err = |m: &str| format!("line {}: {m}: {line:?}", ln + 1);
-        if line.is_empty() {
-            continue;
+    for f in fams.as_array().unwrap() {
+        let name = f["name"].as_str().unwrap().to_owned();
+        types.insert(name.clone(), f["type"].as_str().unwrap().to_owned());
+        for s in f["samples"].as_array().unwrap() {
+            samples.push(PromSample {
+                family: name.clone(),
+                name: s["name"].as_str().unwrap().to_owned(),
+                labels: s["labels"]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+                    .collect(),
+                value: s["value"].as_str().unwrap().parse().unwrap(),
+            });
         }
-        if let Some(rest) = line.strip_prefix("# ") {
-            let mut p = rest.splitn(3, ' ');
-            match (p.next(), p.next(), p.next()) {
-                (Some("HELP"), Some(n), Some(h)) => {
-                    if !valid_name(n) {
-                        return Err(err("bad name"));
-                    }
-                    if helps.insert(n.to_owned(), h.to_owned()).is_some() {
-                        return Err(err("second HELP"));
-                    }
-                }
-                (Some("TYPE"), Some(n), Some(t)) => {
-                    if !valid_name(n) {
-                        return Err(err("bad name"));
-                    }
-                    if !["counter", "gauge", "histogram", "summary", "untyped"].contains(&t) {
-                        return Err(err("bad type"));
-                    }
-                    if samples.iter().any(|s: &PromSample| s.name == n) {
-                        return Err(err("TYPE after samples"));
-                    }
-                    if types.insert(n.to_owned(), t.to_owned()).is_some() {
-                        return Err(err("second TYPE"));
-                    }
-                }
-                _ => {}
-            }
-            continue;
-        }
-        if line.starts_with('#') {
-            continue;
-        }
-        let name_end = line.find(['{', ' ']).ok_or_else(|| err("no value"))?;
-        let name = &line[..name_end];
-        if !valid_name(name) {
-            return Err(err("bad metric name"));
-        }
-        let mut labels = BTreeMap::new();
-        let mut rest = &line[name_end..];
-        if let Some(r) = rest.strip_prefix('{') {
-            let mut chars = r.char_indices().peekable();
-            let consumed;
-            loop {
-                // label name
-                let mut lname = String::new();
-                while let Some(&(_, c)) = chars.peek() {
-                    if c == '=' || c == '}' {
-                        break;
-                    }
-                    lname.push(c);
-                    chars.next();
-                }
-                match chars.next() {
-                    Some((i, '}')) if lname.is_empty() => {
-                        consumed = Some(i + 1);
-                        break;
-                    }
-                    Some((_, '=')) => {}
-                    _ => return Err(err("bad label")),
-                }
-                if !valid_name(&lname) || lname.contains(':') {
-                    return Err(err("bad label name"));
-                }
-                if chars.next().map(|x| x.1) != Some('"') {
-                    return Err(err("label value not quoted"));
-                }
-                let mut val = String::new();
-                loop {
-                    match chars.next() {
-                        Some((_, '\\')) => match chars.next().map(|x| x.1) {
-                            Some('\\') => val.push('\\'),
-                            Some('"') => val.push('"'),
-                            Some('n') => val.push('\n'),
-                            _ => return Err(err("bad escape")),
-                        },
-                        Some((_, '"')) => break,
-                        Some((_, '\n')) | None => return Err(err("unterminated label value")),
-                        Some((_, c)) => val.push(c),
-                    }
-                }
-                if labels.insert(lname, val).is_some() {
-                    return Err(err("repeated label"));
-                }
-                match chars.next() {
-                    Some((_, ',')) => continue,
-                    Some((i, '}')) => {
-                        consumed = Some(i + 1);
-                        break;
-                    }
-                    _ => return Err(err("expected , or }")),
-                }
-            }
-            rest = &r[consumed.ok_or_else(|| err("unterminated labels"))?..];
-        }
-        let mut parts = rest.split_whitespace();
-        let v = parts.next().ok_or_else(|| err("no value"))?;
-        let value = match v {
-            "NaN" => f64::NAN,
-            "+Inf" => f64::INFINITY,
-            "-Inf" => f64::NEG_INFINITY,
-            _ => v.parse::<f64>().map_err(|_| err("bad value"))?,
-        };
-        if let Some(ts) = parts.next() {
-            ts.parse::<i64>().map_err(|_| err("bad timestamp"))?;
-        }
-        if parts.next().is_some() {
-            return Err(err("trailing garbage"));
-        }
-        if !types.contains_key(name) {
-            return Err(err("sample without TYPE"));
-        }
-        samples.push(PromSample {
-            name: name.to_owned(),
-            labels,
-            value,
-        });
     }
     Ok((samples, types))
 }
 
-/// Find the one sample of `name` whose labels include all of `want`.
+/// Find the one sample of family `name` whose labels include all of `want`.
 pub fn find<'a>(s: &'a [PromSample], name: &str, want: &[(&str, &str)]) -> Option<&'a PromSample> {
     let m: Vec<&PromSample> = s
         .iter()
         .filter(|x| {
-            x.name == name
+            x.family == name
                 && want
                     .iter()
                     .all(|(k, v)| x.labels.get(*k).map(String::as_str) == Some(*v))

@@ -1,0 +1,948 @@
+//! Fault injection: each fault run against real processes under
+//! `LD_PRELOAD=libcgpu.so` on the simulated driver (or, for faults inside
+//! the ledger protocol, against the ledger API that the hooks use), with
+//! what happened read back without the preload: the simulated driver's own
+//! books (`cgpu-sim-stat --json`) for what each process holds on the
+//! device, exit statuses for "no job died", and wall-clock times for how
+//! long anyone was held up.
+//!
+//! Each test states the fault, what cgpu does about it, and asserts:
+//! - no container ever holds more than its quota on the device;
+//! - no process dies of a signal it was not sent;
+//! - the delay imposed on others stays within the bound the README states.
+
+use cgpu::ledger::*;
+use cgpu_testkit::{artifacts, cuclient, LinkMode, SimEnv};
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// The simulated T4: 15109 MiB.
+const T4: &str = "15109:Tesla T4";
+
+/// A simulated machine with its own ledger directory.
+struct Rig {
+    sim: SimEnv,
+    dir: PathBuf,
+}
+
+impl Rig {
+    fn new(name: &str) -> Rig {
+        let sim = SimEnv::new().gpus(T4);
+        let dir = sim.state_dir.join(format!("ledger-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sim = sim.env("CGPU_LEDGER_DIR", dir.to_str().unwrap());
+        Rig { sim, dir }
+    }
+    /// A cuclient of container `id` with a quota of `gib` GiB.
+    fn client(&self, id: &str, gib: u64, extra: &[(&str, &str)], args: &[&str]) -> Child {
+        let mut c = self.sim.command(cuclient(LinkMode::Link));
+        c.env("LD_PRELOAD", &artifacts().libcgpu)
+            .env("CGPU_CONTAINER_ID", id)
+            .env("ALIYUN_COM_GPU_MEM_CONTAINER", gib.to_string())
+            .env("CUCLIENT_HOLD_MAX_S", "60");
+        for (k, v) in extra {
+            c.env(k, v);
+        }
+        c.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn cuclient")
+    }
+    fn ledger_path(&self) -> PathBuf {
+        Ledger::list(&self.dir)
+            .into_iter()
+            .next()
+            .expect("a ledger file")
+    }
+    /// Device bytes held by each pid, from the simulated driver's books.
+    fn device_bytes(&self, pids: &[u32]) -> u64 {
+        let s = self.sim.stats();
+        s.processes
+            .iter()
+            .filter(|p| p.alive && pids.contains(&p.pid))
+            .map(|p| p.mem_bytes)
+            .sum()
+    }
+}
+
+/// Read stdout lines until one starts with `prefix` (or EOF / 60 s).
+fn read_until(out: &mut BufReader<ChildStdout>, prefix: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let t0 = Instant::now();
+    loop {
+        let mut l = String::new();
+        if out.read_line(&mut l).unwrap_or(0) == 0 {
+            return lines;
+        }
+        let done = l.starts_with(prefix);
+        lines.push(l.trim_end().to_string());
+        if done || t0.elapsed() > Duration::from_secs(60) {
+            return lines;
+        }
+    }
+}
+
+fn field(lines: &[String], cmd: &str, key: &str) -> Option<u64> {
+    let l = lines.iter().find(|l| l.starts_with(cmd))?;
+    l.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Kill and reap; the process must not have died of anything else before.
+fn kill_and_check(mut c: Child, what: &str) -> String {
+    if let Ok(Some(st)) = c.try_wait() {
+        assert!(st.signal().is_none(), "{what} died of a signal: {st:?}");
+    }
+    let _ = c.kill();
+    let o = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Take an OFD write lock on the ledger's slot-table range through a
+/// description of our own, as a process stopped inside `join` would hold
+/// it (the kernel sees no difference: a live description holding the lock).
+fn hold_table_lock(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    // SAFETY: plain old data, zero is valid; l_pid must be 0 for OFD locks.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = libc::F_WRLCK as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = 0;
+    fl.l_len = 8;
+    // SAFETY: valid fd and flock struct.
+    let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_OFD_SETLK, &mut fl) };
+    assert_eq!(rc, 0, "take the table lock");
+    f
+}
+
+/// Fault: a process stops (SIGSTOP, `docker pause`, a debugger) while it
+/// holds the ledger's slot-table lock.
+///
+/// Before: after 2 s each new process fell back to counting itself alone,
+/// so two processes of a 1 GiB container held 2 GiB on the device.
+/// Now: a process that cannot join within 0.5 s refuses its allocations
+/// (out of memory) until it can; the quota holds, and once the holder
+/// goes, new processes join and share the quota again.
+#[test]
+fn stalled_table_lock_holder_never_unlimits_a_container() {
+    let rig = Rig::new("stall");
+    // The ledger exists (a first process made it).
+    let mut first = rig.client("stall", 1, &[], &["alloc", "1048576"]);
+    let o = first.wait().unwrap();
+    assert!(o.success(), "{o:?}");
+    let lock = hold_table_lock(&rig.ledger_path());
+
+    let t0 = Instant::now();
+    let mut kids: Vec<Child> = (0..2)
+        .map(|_| {
+            rig.client(
+                "stall",
+                1,
+                &[],
+                &["pid", "alloc_until_oom", "134217728", "hold"],
+            )
+        })
+        .collect();
+    let mut pids = Vec::new();
+    let mut waited = Duration::ZERO;
+    for k in kids.iter_mut() {
+        let mut out = BufReader::new(k.stdout.take().unwrap());
+        let lines = read_until(&mut out, "holding");
+        waited = waited.max(t0.elapsed());
+        assert!(
+            lines.iter().any(|l| l == "holding"),
+            "client did not get through: {lines:?}"
+        );
+        pids.push(field(&lines, "pid", "pid").unwrap() as u32);
+        // Refused (out of memory, at context creation or at the first
+        // allocation): nothing allocated while the lock is held.
+        let l = lines
+            .iter()
+            .find(|l| l.starts_with("alloc_until_oom"))
+            .unwrap();
+        assert!(l.contains("err=2"), "{lines:?}");
+        assert_eq!(
+            field(&lines, "alloc_until_oom", "count").unwrap_or(0),
+            0,
+            "{lines:?}"
+        );
+    }
+    let held = rig.device_bytes(&pids);
+    assert!(
+        held <= GIB,
+        "container held {held} bytes on the device with a 1 GiB quota"
+    );
+    // The README's bound: a joining process is held up at most 0.5 s per
+    // GPU before it is refused (plus process start-up on a loaded machine).
+    println!("stalled lock: clients refused after {waited:?} (both started together)");
+    assert!(waited < Duration::from_secs(10), "{waited:?}");
+    for k in kids.drain(..) {
+        let err = kill_and_check(k, "client under a stalled lock");
+        assert!(
+            err.contains("cannot join ledger") && err.contains("refused"),
+            "one clear line saying why: {err}"
+        );
+    }
+
+    // The holder goes: new processes join and the quota is shared again.
+    drop(lock);
+    let mut kids: Vec<Child> = (0..2)
+        .map(|_| {
+            rig.client(
+                "stall",
+                1,
+                &[],
+                &["pid", "alloc_until_oom", "134217728", "hold"],
+            )
+        })
+        .collect();
+    let mut pids = Vec::new();
+    let mut total = 0;
+    for k in kids.iter_mut() {
+        let mut out = BufReader::new(k.stdout.take().unwrap());
+        let lines = read_until(&mut out, "holding");
+        if !lines.iter().any(|l| l == "holding") {
+            let _ = k.kill();
+            let mut err = String::new();
+            let _ = std::io::Read::read_to_string(k.stderr.as_mut().unwrap(), &mut err);
+            panic!("client after the stall: {lines:?} {:?}\n{err}", k.wait());
+        }
+        pids.push(field(&lines, "pid", "pid").unwrap_or_else(|| panic!("{lines:?}")) as u32);
+        // The first takes the quota; the second may find no room even
+        // for its context (refused, err=2): both are fine.
+        total += field(&lines, "alloc_until_oom", "count").unwrap_or(0);
+    }
+    assert!(total > 0, "allocations work again once the lock is free");
+    let held = rig.device_bytes(&pids);
+    assert!(held <= GIB, "{held} bytes held with a 1 GiB quota");
+    for k in kids {
+        kill_and_check(k, "client after the stall");
+    }
+}
+
+/// Fault: a process of the container is killed while its sibling is at
+/// the quota. Survivors must get its memory back at once.
+///
+/// Before: the sibling's refusal reaped at most every 200 ms (shared by all
+/// processes), so the first retries after the death were refused.
+/// Now: a refusal checks the container's own processes for a dead one and
+/// reaps it: the first allocation after the victim is gone succeeds.
+#[test]
+fn reclaim_after_kill_is_immediate() {
+    let rig = Rig::new("reclaim");
+    let mut victim = rig.client("reclaim", 1, &[], &["pid", "alloc", "536870912", "hold"]);
+    let mut out = BufReader::new(victim.stdout.take().unwrap());
+    let lines = read_until(&mut out, "holding");
+    assert!(lines.iter().any(|l| l == "holding"), "{lines:?}");
+    let uuid = rig.sim.stats().devices[0].uuid.clone();
+    let spec = JoinSpec {
+        container_id: "reclaim".into(),
+        quota: GIB,
+        weight: 1,
+        highprio: false,
+        enforce_off: false,
+    };
+    let acct = Account::open(
+        &rig.dir,
+        &uuid,
+        0,
+        15109 * MIB,
+        "GPU 0".into(),
+        spec,
+        Some(GIB),
+    );
+    assert!(acct.is_shared());
+    // Victim: its context (300 MiB on the sim) + 512 MiB. 512 MiB more do not fit.
+    let mut refusals = 0;
+    for _ in 0..50 {
+        assert!(!acct.reserve(512 * MIB));
+        refusals += 1;
+    }
+    let t_refuse = Instant::now();
+    for _ in 0..1000 {
+        assert!(!acct.reserve(512 * MIB));
+    }
+    let per_refusal = t_refuse.elapsed() / 1000;
+    victim.kill().unwrap();
+    let st = victim.wait().unwrap();
+    assert_eq!(st.signal(), Some(libc::SIGKILL));
+    let t0 = Instant::now();
+    let first = acct.reserve(512 * MIB);
+    let took = t0.elapsed();
+    println!(
+        "reclaim: first allocation after the victim's death {} after {took:?}; a refusal costs {per_refusal:?} ({refusals} refusals before)",
+        if first { "succeeded" } else { "was refused" }
+    );
+    assert!(first, "the first allocation after the death succeeds");
+    let (l, m) = acct.ledger().unwrap();
+    assert_eq!(l.container_of(m).used.load(Ordering::Acquire), 512 * MIB);
+    acct.leave();
+}
+
+/// Fault: the slot tables are full (many processes on one GPU). New
+/// arrivals are refused (out of memory) with a message, never run
+/// unaccounted; they join as soon as a slot frees.
+#[test]
+fn full_tables_refuse_instead_of_running_unaccounted() {
+    let dir = std::env::temp_dir().join(format!("cgpu-faults-full-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let l = Ledger::open_or_create(&dir, "GPU-full-0", 0, 16 * GIB).unwrap();
+    let mut members = Vec::new();
+    loop {
+        match l.join(&JoinRequest {
+            container_id: "filler",
+            quota: GIB,
+            weight: 1,
+            highprio: false,
+            enforce_off: false,
+        }) {
+            Ok(m) => members.push(m),
+            Err(e) => {
+                assert!(e.is_full(), "{e}");
+                break;
+            }
+        }
+    }
+    assert_eq!(members.len(), MAX_PROCESSES);
+    let spec = JoinSpec {
+        container_id: "late".into(),
+        quota: GIB,
+        weight: 1,
+        highprio: false,
+        enforce_off: false,
+    };
+    let acct = Account::open(
+        &dir,
+        "GPU-full-0",
+        0,
+        16 * GIB,
+        "GPU 0".into(),
+        spec,
+        Some(GIB),
+    );
+    assert!(acct.is_waiting());
+    assert!(!acct.reserve(MIB), "refused while the tables are full");
+    assert_eq!(acct.container_used(), 0);
+    // A slot frees: the next allocation (after the retry interval) joins.
+    l.leave(members.pop().unwrap());
+    std::thread::sleep(RETRY_INTERVAL * 2);
+    assert!(acct.reserve(MIB));
+    assert!(acct.is_shared());
+    let (lg, m) = acct.ledger().unwrap();
+    assert_eq!(lg.container_of(m).used.load(Ordering::Acquire), MIB);
+    acct.leave();
+    for m in members {
+        l.leave(m);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Fault: the exit handler leaves the ledger while another thread of the
+/// process is inside a reservation. Before: that reservation could land
+/// after the slot was freed, charging the container bytes nobody would
+/// ever give back. Now `leave` waits for reservations in flight and
+/// refuses later ones.
+#[test]
+fn leave_while_other_threads_allocate_loses_nothing() {
+    let dir = std::env::temp_dir().join(format!("cgpu-faults-leave-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    for round in 0..40 {
+        let l = Ledger::open_or_create(&dir, "GPU-leave-0", 0, 16 * GIB).unwrap();
+        // A second process of the container keeps it alive.
+        let other = Ledger::open(&Ledger::path_for(&dir, "GPU-leave-0")).unwrap();
+        let req = JoinRequest {
+            container_id: "c",
+            quota: 64 * GIB,
+            weight: 1,
+            highprio: false,
+            enforce_off: false,
+        };
+        let keep = other.join(&req).unwrap();
+        let m = l.join(&req).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        if l.try_reserve(&m, 4096).is_ok() {
+                            l.release(&m, 4096);
+                        }
+                        let _ = l.try_reserve(&m, 8192);
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_micros(200 + round * 50));
+            l.leave(&m);
+            stop.store(true, Ordering::Relaxed);
+        });
+        let c = other.container_of(&keep);
+        assert_eq!(
+            c.used.load(Ordering::Acquire),
+            0,
+            "round {round}: bytes charged after leave stay counted forever"
+        );
+        other.leave(keep);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Fault: logging at exit and in a forked child, and a `CGPU_LOG` that is
+/// not a level. Before: every process run with `CGPU_LOG=debug` panicked in
+/// the exit handler (its ledger exit cut short), `CGPU_LOG=off` or
+/// `warning` hid the error of a bad environment. Now: no panic, errors
+/// always printed, a bad `CGPU_LOG` falls back to `warn` and says so.
+#[test]
+fn logging_never_panics_and_errors_are_always_shown() {
+    let rig = Rig::new("log");
+    let mut c = rig.client(
+        "log",
+        1,
+        &[("CGPU_LOG", "trace")],
+        &["alloc", "1048576", "fork_sleep", "0"],
+    );
+    let st = c.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(st.success(), "{st:?}\n{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    for l in err.lines() {
+        assert!(l.starts_with("cgpu["), "one line per event, ours: {l:?}");
+    }
+    // The exit handler left: no process slot remains.
+    let l = Ledger::open(&rig.ledger_path()).unwrap();
+    assert_eq!(l.snapshot().processes.len(), 0, "{:?}", l.snapshot());
+
+    for level in ["off", "warning", "error"] {
+        let mut c = rig.client(
+            "log",
+            1,
+            &[("CGPU_LOG", level), ("ALIYUN_COM_GPU_MEM_CONTAINER", "abc")],
+            &["alloc", "1048576"],
+        );
+        c.wait().unwrap();
+        let mut err = String::new();
+        std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err).unwrap();
+        assert!(
+            err.contains("ALIYUN_COM_GPU_MEM_CONTAINER='abc'") && err.contains("isolation OFF"),
+            "CGPU_LOG={level}: {err}"
+        );
+    }
+    let mut c = rig.client(
+        "log",
+        1,
+        &[("CGPU_LOG", "cgpu=debug")],
+        &["alloc", "1048576"],
+    );
+    c.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("CGPU_LOG='cgpu=debug' is not a level") && err.contains("using 'warn'"),
+        "{err}"
+    );
+}
+
+/// Fault: a library loaded with `RTLD_LOCAL` resolves its own symbols with
+/// `dlsym(RTLD_DEFAULT, …)` (and the next one with `RTLD_NEXT`). glibc
+/// decides the scope from the caller's address. Before: cgpu's `dlsym`
+/// called the real one from its own code for every non-`RTLD_NEXT` handle,
+/// so glibc saw libcgpu as the caller and the library got NULL for its own
+/// symbols. Now every name cgpu does not hook reaches glibc from the
+/// caller's own address: same answers with and without the preload.
+#[test]
+fn dlsym_of_names_we_do_not_hook_is_untouched() {
+    let src = cgpu_testkit::workspace_root().join("tests/c/dlsym_local.c");
+    let lib = cgpu_testkit::compile_c_with(
+        &src,
+        "dlsym_local_lib",
+        &["DLSYM_LOCAL_LIB"],
+        LinkMode::Dlsym,
+        &["-shared", "-fPIC"],
+    );
+    let prog = cgpu_testkit::compile_c_with(&src, "dlsym_local", &[], LinkMode::Dlsym, &[]);
+    let sim = SimEnv::new().gpus(T4);
+    let run = |preload: bool| {
+        let mut c = sim.command(&prog);
+        c.arg(&lib);
+        if preload {
+            c.env("LD_PRELOAD", &artifacts().libcgpu)
+                .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{o:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let bare = run(false);
+    assert!(!bare.contains("missing"), "without cgpu: {bare}");
+    assert_eq!(bare.lines().count(), 4, "{bare}");
+    assert_eq!(run(true), bare, "with cgpu, the same answers");
+}
+
+/// Run `program args` with the ledger directory `dir` replaced, in a
+/// private mount namespace, by a tmpfs of `size` bytes (as root: `unshare
+/// -m`; otherwise in a user namespace). Fails loudly where neither works:
+/// never a silent skip.
+fn in_small_tmpfs(
+    rig: &Rig,
+    dir: &Path,
+    size: &str,
+    program: &Path,
+    args: &[&str],
+) -> std::process::Output {
+    let script =
+        format!("mount -t tmpfs -o size={size},mode=1777 tmpfs \"$0\" || exit 97; exec \"$@\"");
+    for ns in [&["-m"][..], &["-U", "-r", "-m"][..]] {
+        let mut c = rig.sim.command("unshare");
+        c.args(ns)
+            .args(["sh", "-c", &script])
+            .arg(dir)
+            .arg(program)
+            .args(args)
+            .env("LD_PRELOAD", &artifacts().libcgpu)
+            .env("CGPU_LEDGER_DIR", dir)
+            .env("CGPU_CONTAINER_ID", "fullfs")
+            .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+            .stdin(Stdio::null());
+        let o = c.output().expect("run unshare");
+        if o.status.code() == Some(97) || (o.status.code() == Some(1) && o.stdout.is_empty()) {
+            continue; // this kind of namespace is not allowed here
+        }
+        return o;
+    }
+    panic!("cannot mount a small tmpfs here (neither `unshare -m` as root nor a user namespace works): this test needs one");
+}
+
+/// Fault: the ledger directory's filesystem is full. Before: the ledger
+/// file was created sparse and jobs died of SIGBUS at their first write
+/// to a page the filesystem could not give. Now: the file's space is
+/// reserved before it is mapped; when that fails the ledger is "unusable"
+/// with one clear error, and the job runs, held to its quota alone.
+#[test]
+fn full_filesystem_is_a_clear_error_never_sigbus() {
+    let rig = Rig::new("fullfs");
+    let dir = rig.sim.state_dir.join("tiny");
+    std::fs::create_dir_all(&dir).unwrap();
+    let o = in_small_tmpfs(
+        &rig,
+        &dir,
+        "4k",
+        &cuclient(LinkMode::Link),
+        &["alloc", "1048576", "alloc_until_oom", "268435456"],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.signal(),
+        None,
+        "died: {:?}\n{out}\n{err}",
+        o.status
+    );
+    assert!(o.status.success(), "{:?}\n{out}\n{err}", o.status);
+    assert!(out.contains("alloc ok"), "{out}");
+    assert!(
+        err.contains("the ledger cannot be used") && err.contains("is the filesystem full"),
+        "{err}"
+    );
+    // Alone, still held to its 1 GiB: context 300 MiB + 2 chunks of 256 MiB + 1 MiB.
+    let n: u64 = out
+        .lines()
+        .find(|l| l.starts_with("alloc_until_oom"))
+        .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("count=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    assert_eq!(n, 2, "{out}");
+}
+
+/// The container's `used` in the ledger file now at the GPU's path, if any.
+fn ledger_used(dir: &Path, id: &str) -> Option<u64> {
+    let l = Ledger::open(Ledger::list(dir).first()?).ok()?;
+    let c = l.find_container(id)?;
+    Some(l.file().containers[c].used.load(Ordering::Acquire))
+}
+
+fn wait_for(limit: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let t0 = Instant::now();
+    while t0.elapsed() < limit {
+        if f() {
+            return Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    None
+}
+
+/// Fault: the ledger file is truncated to nothing while a job uses it.
+/// Before: the job's next allocation touched a page past the end of the
+/// file and the job died of SIGBUS. Now: the SIGBUS guard swaps in private
+/// memory, the job keeps the quota it knew, the corrupt file is set aside
+/// and rebuilt, and the job re-registers what it holds there, so a second
+/// process of the container cannot pass the quota.
+#[test]
+fn truncated_ledger_never_kills_and_is_rebuilt() {
+    let rig = Rig::new("trunc");
+    let mut p1 = rig.client(
+        "trunc",
+        1,
+        &[],
+        &[
+            "pid",
+            "alloc",
+            "536870912",
+            "ready",
+            "sleep",
+            "1500",
+            "alloc_until_oom",
+            "134217728",
+            "ready",
+            "hold",
+        ],
+    );
+    let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+    let lines = read_until(&mut out1, "ready");
+    let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
+    let path = rig.ledger_path();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    let lines = read_until(&mut out1, "ready");
+    assert!(
+        lines.iter().any(|l| l == "ready"),
+        "p1 died? {lines:?} {:?}",
+        p1.try_wait()
+    );
+    // 300 MiB context + 512 MiB held; one more 128 MiB fits under 1 GiB.
+    assert_eq!(
+        field(&lines, "alloc_until_oom", "count"),
+        Some(1),
+        "{lines:?}"
+    );
+    let want = (300 + 512 + 128) * MIB;
+    let t = wait_for(Duration::from_secs(5), || {
+        ledger_used(&rig.dir, "trunc") == Some(want)
+    });
+    println!(
+        "truncated ledger: rebuilt with this process's {want} bytes re-registered after {t:?}"
+    );
+    assert!(
+        t.is_some(),
+        "re-registered: {:?}",
+        ledger_used(&rig.dir, "trunc")
+    );
+    let aside = std::fs::read_dir(&rig.dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains(".corrupt-")
+        })
+        .count();
+    assert_eq!(
+        aside, 1,
+        "the truncated file is kept aside for a post-mortem"
+    );
+
+    let mut p2 = rig.client(
+        "trunc",
+        1,
+        &[],
+        &["pid", "alloc_until_oom", "134217728", "hold"],
+    );
+    let mut out2 = BufReader::new(p2.stdout.take().unwrap());
+    let lines = read_until(&mut out2, "holding");
+    let pid2 = field(&lines, "pid", "pid").unwrap() as u32;
+    let held = rig.device_bytes(&[pid1, pid2]);
+    assert!(
+        held <= GIB,
+        "{held} bytes on the device with a 1 GiB quota: {lines:?}"
+    );
+    let err = kill_and_check(p1, "the process whose ledger was truncated");
+    assert!(
+        err.contains("truncated") && err.contains("joined ledger"),
+        "{err}"
+    );
+    kill_and_check(p2, "the second process");
+}
+
+/// Fault: the ledger file is deleted, or wiped (truncated and grown back
+/// to size, all zeros), while an idle job holds memory under it. Before:
+/// new processes made a new ledger without the idle job's bytes (deleted),
+/// or everybody ran with quota 0, that is unlimited (wiped). Now: the
+/// job's watcher notices within a quarter of a second, rebuilds or rejoins,
+/// and re-registers what the job holds; only then do newcomers see room.
+#[test]
+fn deleted_or_wiped_ledger_is_re_registered_by_idle_jobs() {
+    for fault in ["delete", "wipe"] {
+        let rig = Rig::new(fault);
+        let mut p1 = rig.client("idle", 1, &[], &["pid", "alloc", "536870912", "hold"]);
+        let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+        let lines = read_until(&mut out1, "holding");
+        let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
+        let path = rig.ledger_path();
+        let held = (300 + 512) * MIB;
+        assert_eq!(ledger_used(&rig.dir, "idle"), Some(held));
+        match fault {
+            "delete" => std::fs::remove_file(&path).unwrap(),
+            _ => {
+                let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+                let len = f.metadata().unwrap().len();
+                f.set_len(0).unwrap();
+                f.set_len(len).unwrap();
+            }
+        }
+        let t = wait_for(Duration::from_secs(5), || {
+            ledger_used(&rig.dir, "idle") == Some(held)
+        });
+        println!("{fault}: idle job re-registered {held} bytes after {t:?}");
+        assert!(
+            t.is_some_and(|t| t < Duration::from_secs(2)),
+            "{fault}: re-registered within 2 s: {t:?} {:?}",
+            ledger_used(&rig.dir, "idle")
+        );
+        let mut p2 = rig.client(
+            "idle",
+            1,
+            &[],
+            &["pid", "alloc_until_oom", "134217728", "hold"],
+        );
+        let mut out2 = BufReader::new(p2.stdout.take().unwrap());
+        let lines = read_until(&mut out2, "holding");
+        let pid2 = field(&lines, "pid", "pid").unwrap() as u32;
+        let dev = rig.device_bytes(&[pid1, pid2]);
+        assert!(
+            dev <= GIB,
+            "{fault}: {dev} bytes on the device, quota 1 GiB: {lines:?}"
+        );
+        kill_and_check(p1, "the idle job");
+        kill_and_check(p2, "the newcomer");
+    }
+}
+
+/// Run `sh -c script` in a private mount namespace where `/run` and
+/// `/dev/shm` are fresh tmpfs (root: `unshare -m`; else a user namespace),
+/// with the preload and a 1 GiB quota, and no `CGPU_LEDGER_DIR` unless
+/// `dir` is given. `$CUCLIENT` names the client. Fails loudly where no
+/// such namespace can be made.
+fn in_private_run(rig: &Rig, dir: Option<&str>, script: &str) -> std::process::Output {
+    let full = format!(
+        "mount -t tmpfs tmpfs /run && mount -t tmpfs -o mode=1777 tmpfs /dev/shm || exit 97\n{script}"
+    );
+    for ns in [&["-m"][..], &["-U", "-r", "-m"][..]] {
+        let mut c = rig.sim.command("unshare");
+        c.args(ns)
+            .args(["sh", "-c", &full])
+            .env("LD_PRELOAD", &artifacts().libcgpu)
+            .env("CUCLIENT", cuclient(LinkMode::Link))
+            .env("CGPU_CONTAINER_ID", "dirs")
+            .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+            .env_remove("CGPU_LEDGER_DIR")
+            .stdin(Stdio::null());
+        if let Some(d) = dir {
+            c.env("CGPU_LEDGER_DIR", d);
+        }
+        let o = c.output().expect("run unshare");
+        if o.status.code() == Some(97) {
+            continue;
+        }
+        return o;
+    }
+    panic!("cannot make a private mount namespace here (neither `unshare -m` as root nor a user namespace works): this test needs one");
+}
+
+/// Fault: the ledger directory is not what it should be. A symbolic link
+/// or a directory owned by another user in place of the default
+/// `/run/cgpu` and `/dev/shm/cgpu` is never followed or trusted (the job
+/// runs, held to its quota alone, and says why); a relative
+/// `CGPU_LEDGER_DIR` is refused (it would differ per working directory)
+/// and the default used.
+#[test]
+fn untrusted_or_relative_ledger_directories_are_refused() {
+    let rig = Rig::new("dirs");
+    // Both defaults are symbolic links to a directory an attacker chose.
+    let o = in_private_run(
+        &rig,
+        None,
+        "mkdir -m 1777 /tmp/cgpu-evil-$$ && ln -s /tmp/cgpu-evil-$$ /run/cgpu && ln -s /tmp/cgpu-evil-$$ /dev/shm/cgpu\n\
+         \"$CUCLIENT\" alloc 1048576; echo \"files=$(ls /tmp/cgpu-evil-$$ | wc -l)\"; rm -rf /tmp/cgpu-evil-$$",
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(
+        out.contains("alloc ok") && out.contains("files=0"),
+        "{out}\n{err}"
+    );
+    assert!(
+        err.contains("/dev/shm/cgpu is a symbolic link: not trusted")
+            && err.contains("the ledger cannot be used"),
+        "{err}"
+    );
+    // A default directory owned by another user.
+    let o = in_private_run(
+        &rig,
+        None,
+        "mkdir -m 1777 /run/cgpu /dev/shm/cgpu && chown 4321 /run/cgpu /dev/shm/cgpu && \"$CUCLIENT\" alloc 1048576; ls /dev/shm/cgpu | wc -l",
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(out.contains("alloc ok"), "{out}\n{err}");
+    assert_eq!(
+        out.lines().last(),
+        Some("0"),
+        "nothing written there: {out}"
+    );
+    assert!(err.contains("is owned by uid 4321"), "{err}");
+    // A relative CGPU_LEDGER_DIR: refused, the default (/run/cgpu) used.
+    let o = in_private_run(
+        &rig,
+        Some("ledgers"),
+        "cd /tmp && \"$CUCLIENT\" alloc 1048576 && ls /run/cgpu",
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(
+        out.contains("alloc ok") && out.contains(".ledger"),
+        "{out}\n{err}"
+    );
+    assert!(
+        err.contains("CGPU_LEDGER_DIR='ledgers' is a relative path"),
+        "{err}"
+    );
+}
+
+/// Fault: `CGPU_REAL_LIBCUDA` names a library that does not exist,
+/// libcgpu itself, or a library without the driver, while the program
+/// reaches the driver by linking, by `dlsym` on its own handle, or through
+/// `cuGetProcAddress`. Before: the `dlsym` and `cuGetProcAddress` paths got
+/// the system driver's own functions (the whole GPU, no quota), and
+/// libcgpu itself recursed into its own hooks. Now: every path goes
+/// through the hooks, which answer with an error; nothing reaches the
+/// GPU, nothing crashes, and the log says what is wrong.
+#[test]
+fn unusable_real_driver_never_lets_a_path_reach_the_gpu() {
+    let rig = Rig::new("realdrv");
+    let libcgpu = artifacts().libcgpu.to_str().unwrap().to_string();
+    for (value, says) in [
+        ("/nonexistent/libcuda.so.1", "cannot load the real driver"),
+        (libcgpu.as_str(), "it is libcgpu itself"),
+        ("libc.so.6", "it has no cuInit"),
+    ] {
+        for mode in LinkMode::ALL {
+            let mut c = rig.sim.command(cuclient(mode));
+            c.env("LD_PRELOAD", &artifacts().libcgpu)
+                .env("CGPU_CONTAINER_ID", "realdrv")
+                .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+                .env("CGPU_REAL_LIBCUDA", value)
+                .env("CUCLIENT_HOLD_MAX_S", "60")
+                .args(["pid", "alloc_until_oom", "268435456", "hold"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            let mut k = c.spawn().unwrap();
+            let mut out = BufReader::new(k.stdout.take().unwrap());
+            let lines = read_until(&mut out, "holding");
+            let what = format!("CGPU_REAL_LIBCUDA={value} ({})", mode.name());
+            let pid = field(&lines, "pid", "pid").unwrap() as u32;
+            if lines.iter().any(|l| l == "holding") {
+                // It ran on: every allocation was refused, nothing on the GPU.
+                let l = lines
+                    .iter()
+                    .find(|l| l.starts_with("alloc_until_oom"))
+                    .unwrap();
+                assert!(l.contains(" err=") && !l.contains("err=0"), "{what}: {l}");
+                assert_eq!(rig.device_bytes(&[pid]), 0, "{what}: reached the GPU");
+            } else {
+                // The client gave up on the errors it got (its own choice:
+                // cuclient exits when it cannot resolve the driver), never
+                // by a signal.
+                let st = k.wait().unwrap();
+                assert!(st.signal().is_none() && !st.success(), "{what}: {st:?}");
+            }
+            let err = kill_and_check(k, &what);
+            assert!(err.contains(says), "{what}: {err}");
+        }
+    }
+}
+
+/// Fault: configuration that cannot be what the operator meant. A second
+/// process of a container asks for other settings (today's rule: the
+/// first process's settings stay); a quota larger than the GPU; a weight
+/// above `max_inst`. Each gets one readable warning naming what was asked
+/// and what it gets (no debug formatting).
+#[test]
+fn conflicting_and_implausible_settings_get_one_readable_warning() {
+    let rig = Rig::new("conf");
+    let mut a = rig.client("conf", 1, &[], &["alloc", "1048576", "hold"]);
+    let mut out = BufReader::new(a.stdout.take().unwrap());
+    read_until(&mut out, "holding");
+    let o = rig
+        .client(
+            "conf",
+            2,
+            &[
+                ("ALIYUN_COM_GPU_SCHD_WEIGHT", "3"),
+                ("ALIYUN_COM_GPU_HIGH_PRIO", "1"),
+            ],
+            &["alloc", "1048576"],
+        )
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.contains("already runs on GPU"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        line.contains("with quota 1.00 GiB, weight 1, high priority off; this process asked for quota 2.00 GiB, weight 3, high priority on"),
+        "{line}"
+    );
+    kill_and_check(a, "first process");
+
+    let o = rig
+        .client(
+            "conf-big",
+            40,
+            &[("ALIYUN_COM_GPU_SCHD_WEIGHT", "25")],
+            &["alloc", "1048576"],
+        )
+        .wait_with_output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("a quota of 40.00 GiB, more than the GPU's 14.75 GiB"),
+        "{err}"
+    );
+    assert!(
+        err.contains("asked for weight 25") && err.contains("more than the GPU's max_inst 16"),
+        "{err}"
+    );
+    for l in err.lines() {
+        assert!(
+            !l.contains("Some(") && !l.contains("None") && !l.contains("[\""),
+            "{l}"
+        );
+    }
+}
