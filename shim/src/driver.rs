@@ -75,6 +75,9 @@ pub struct CaptureGraph {
     pub invalidated: bool,
     /// Streams other than the origin still in the capture.
     pub joined: u32,
+    /// The graph is the caller's (`cuStreamBeginCaptureToGraph`): a failed
+    /// capture leaves it alone.
+    pub user_graph: bool,
 }
 
 pub struct Event {

@@ -58,6 +58,10 @@ fn graphs_pools_occupancy_and_arrays_through_cuda_bindings() {
     assert_eq!(g["reserved_after_trim"], 0);
     assert_eq!(g["held_after_trim"], 0);
     assert_eq!(g["used_high_reset"], 0);
+    assert_eq!(g["second_exec"], "CUDA_ERROR_NOT_SUPPORTED");
+    assert_eq!(g["clone_mem_graph"], "CUDA_ERROR_NOT_SUPPORTED");
+    assert_eq!(g["auto_free_relaunch"], "CUDA_SUCCESS");
+    assert_eq!(g["auto_free_used"], 64 * MIB);
 
     let s = &v["graph_structure"];
     assert_eq!(s["nodes"], 4, "{v:#}");
@@ -105,6 +109,9 @@ fn graphs_pools_occupancy_and_arrays_through_cuda_bindings() {
     assert_eq!(j["nodes"], 3);
     assert_eq!(j["edges"], 3);
     assert_eq!(j["unjoined"], "CUDA_ERROR_STREAM_CAPTURE_UNJOINED");
+    assert_eq!(j["to_graph_same"], true);
+    assert_eq!(j["to_graph_nodes"], 3);
+    assert_eq!(j["to_graph_root_dependents"], 2);
 
     let p = &v["pools"];
     assert_eq!(p["get_mem_pool_same"], true, "{v:#}");
@@ -220,7 +227,7 @@ fn nvml_queries_of_monitoring_agents_through_pynvml() {
 /// Names cuda-bindings resolves at start that the sim does not have yet:
 /// more of green contexts and device resources, library managed variables
 /// and unified functions, log dumps, multicast by address, 64-bit stream
-/// memory operations, capture into a given graph, tensor maps beyond tiled.
+/// memory operations, recapture, tensor maps beyond tiled.
 /// The list may only shrink.
 const KNOWN_MISSING: &[&str] = &[
     "cuCtxGetDevResource",
@@ -235,11 +242,9 @@ const KNOWN_MISSING: &[&str] = &[
     "cuLogsDumpToFile",
     "cuLogsDumpToMemory",
     "cuMulticastBindAddr",
-    "cuStreamBeginCaptureToGraph",
     "cuStreamBeginRecaptureToGraph",
     "cuStreamGetDevResource",
     "cuStreamGetGreenCtx",
-    "cuStreamUpdateCaptureDependencies",
     "cuStreamWaitValue64",
     "cuStreamWriteValue64",
     "cuTensorMapEncodeIm2col",

@@ -162,6 +162,11 @@ pub struct GraphAlloc {
     pub pooled: u64,
     /// Allocated by a launch and not freed yet.
     pub live: std::sync::atomic::AtomicBool,
+    /// Executable graphs made from the node's graph that still exist (the
+    /// driver allows one at a time).
+    pub execs: AtomicU32,
+    /// Its node is gone: the address range goes once the memory is freed.
+    pub orphan: std::sync::atomic::AtomicBool,
 }
 
 /// A conditional handle (`cuGraphConditionalHandleCreate`).
@@ -353,7 +358,7 @@ fn cond_handles() -> &'static Mutex<HashMap<u64, Arc<CondHandle>>> {
 }
 
 /// Reads `n` node handles from a caller array.
-fn read_nodes(p: *const CUgraphNode, n: usize) -> Result<Vec<usize>, CUresult> {
+pub(crate) fn read_nodes(p: *const CUgraphNode, n: usize) -> Result<Vec<usize>, CUresult> {
     if n > 0 && p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -482,6 +487,14 @@ fn clone_graph(src: usize) -> Result<(usize, HashMap<usize, usize>), CUresult> {
         .iter()
         .map(|n| (n.h, n.kind.clone(), n.deps.clone()))
         .collect();
+    // Graphs with memory nodes cannot be cloned or embedded (the driver
+    // refuses: an allocation belongs to one graph).
+    if nodes
+        .iter()
+        .any(|n| matches!(n.1, NodeKind::MemAlloc(_) | NodeKind::MemFree(_)))
+    {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
     let g = new_graph(d);
     let mut map = HashMap::new();
     for (old, kind, deps) in nodes {
@@ -563,6 +576,8 @@ fn mem_alloc_data(p: *mut MemAllocNodeParams) -> Result<NodeKind, CUresult> {
         size: mp.bytesize as u64,
         pooled,
         live: std::sync::atomic::AtomicBool::new(false),
+        execs: AtomicU32::new(0),
+        orphan: std::sync::atomic::AtomicBool::new(false),
     });
     graph_allocs().lock().insert(ptr, Arc::clone(&ga));
     // SAFETY: the caller's params (checked non-null): dptr is an output.
@@ -598,9 +613,22 @@ pub fn graph_mem_free(p: u64) -> Option<CuRes> {
     if !ga.live.swap(false, AcqRel) {
         return Some(Err(CUDA_ERROR_INVALID_VALUE));
     }
-    let mut m = graph_mem(ga.dev).lock();
-    m.used = m.used.saturating_sub(ga.pooled);
+    {
+        let mut m = graph_mem(ga.dev).lock();
+        m.used = m.used.saturating_sub(ga.pooled);
+    }
+    if ga.orphan.load(Acquire) {
+        drop_range(&ga);
+    }
     Some(Ok(()))
+}
+
+/// Unmaps a graph allocation's address range (its node is gone and the
+/// memory is not allocated).
+fn drop_range(ga: &GraphAlloc) {
+    if graph_allocs().lock().remove(&ga.ptr).is_some() {
+        super::memory::unmap_pub(ga.ptr, ga.pooled as usize);
+    }
 }
 
 /// Whether `[p, p+len)` lies in a graph allocation (`Some(in bounds)`).
@@ -660,6 +688,13 @@ fn destroy_graph(d: &Driver, g: usize) -> CuRes {
 fn forget_node(d: &Driver, n: Node) {
     d.objs.lock().remove(n.h);
     match n.kind {
+        NodeKind::MemAlloc(a) => {
+            // Memory still allocated stays until it is freed (cuMemFree).
+            a.orphan.store(true, Release);
+            if !a.live.load(Acquire) {
+                drop_range(&a);
+            }
+        }
         NodeKind::Child(c) => {
             let _ = destroy_graph(d, c);
         }
@@ -930,6 +965,20 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     let graph = graph_of(g as usize)?;
     let mut steps = Vec::new();
     flatten(g as usize, &mut steps)?;
+    // A graph with memory nodes has one executable at a time.
+    let allocs: Vec<Arc<GraphAlloc>> = steps
+        .iter()
+        .filter_map(|s| match &s.op {
+            Op::Alloc(a) => Some(Arc::clone(a)),
+            _ => None,
+        })
+        .collect();
+    if allocs.iter().any(|a| a.execs.load(Acquire) > 0) {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    for a in &allocs {
+        a.execs.fetch_add(1, AcqRel);
+    }
     let user_objs = graph.lock().user_objs.clone();
     for (u, c) in &user_objs {
         if let Ok(o) = user_obj(*u) {
@@ -1042,6 +1091,17 @@ fn graph_launch(e: CUgraphExec, stream: CUstream) -> CuRes {
     let ge = exec_of(e)?;
     d.stream(stream as usize)?;
     let steps = ge.steps.lock().clone();
+    // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: what the previous
+    // launch allocated and nobody freed is freed first.
+    if ge.flags & 1 != 0 {
+        for s in &steps {
+            if let Op::Alloc(a) = &s.op {
+                if a.live.load(Acquire) {
+                    let _ = graph_mem_free(a.ptr);
+                }
+            }
+        }
+    }
     run_steps(d, &steps, stream as usize)
 }
 
@@ -1049,6 +1109,13 @@ fn exec_destroy(e: CUgraphExec) -> CuRes {
     let d = cu()?;
     let ge = exec_of(e)?;
     d.objs.lock().remove(e as usize);
+    for s in ge.steps.lock().iter() {
+        if let Op::Alloc(a) = &s.op {
+            let _ = a
+                .execs
+                .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(1)));
+        }
+    }
     for (u, c) in &ge.user_objs {
         release_user_obj(d, *u, *c);
     }

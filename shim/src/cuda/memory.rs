@@ -40,6 +40,11 @@ pub fn map_anon(len: usize) -> Result<u64, CUresult> {
     }
 }
 
+/// Unmaps a mapping of ours (graph allocations use it).
+pub fn unmap_pub(addr: u64, len: usize) {
+    unmap(addr, len)
+}
+
 fn unmap(addr: u64, len: usize) {
     if len > 0 {
         // SAFETY: addr/len is a mapping we created and nobody else owns.

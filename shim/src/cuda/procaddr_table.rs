@@ -486,6 +486,7 @@ proc_table! {
     cuStreamBatchMemOp: 8000 => cuStreamBatchMemOp, 11070 => cuStreamBatchMemOp_v2, 11070 ptds => cuStreamBatchMemOp_v2_ptsz;
     cuStreamBeginCapture: 10000 => cuStreamBeginCapture, 10000 ptds => cuStreamBeginCapture_ptsz, 10010 => cuStreamBeginCapture_v2, 10010 ptds => cuStreamBeginCapture_v2_ptsz;
     cuStreamBeginCaptureToCig: 13010 => cuStreamBeginCaptureToCig;
+    cuStreamBeginCaptureToGraph: 12030 => cuStreamBeginCaptureToGraph, 12030 ptds => cuStreamBeginCaptureToGraph_ptsz;
     cuStreamCopyAttributes: 11000 => cuStreamCopyAttributes, 11000 ptds => cuStreamCopyAttributes_ptsz;
     cuStreamCreate: 2000 => cuStreamCreate;
     cuStreamCreateWithPriority: 5050 => cuStreamCreateWithPriority;
@@ -503,6 +504,7 @@ proc_table! {
     cuStreamQuery: 2000 => cuStreamQuery, 7000 ptds => cuStreamQuery_ptsz;
     cuStreamSetAttribute: 11000 => cuStreamSetAttribute, 11000 ptds => cuStreamSetAttribute_ptsz;
     cuStreamSynchronize: 2000 => cuStreamSynchronize, 7000 ptds => cuStreamSynchronize_ptsz;
+    cuStreamUpdateCaptureDependencies: 11030 => cuStreamUpdateCaptureDependencies, 11030 ptds => cuStreamUpdateCaptureDependencies_ptsz, 12030 => cuStreamUpdateCaptureDependencies_v2, 12030 ptds => cuStreamUpdateCaptureDependencies_v2_ptsz;
     cuStreamWaitEvent: 3020 => cuStreamWaitEvent, 7000 ptds => cuStreamWaitEvent_ptsz;
     cuStreamWaitValue32: 8000 => cuStreamWaitValue32, 11070 => cuStreamWaitValue32_v2, 11070 ptds => cuStreamWaitValue32_v2_ptsz;
     cuStreamWriteValue32: 8000 => cuStreamWriteValue32, 11070 => cuStreamWriteValue32_v2, 11070 ptds => cuStreamWriteValue32_v2_ptsz;

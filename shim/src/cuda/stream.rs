@@ -525,11 +525,93 @@ fn begin_capture(h: CUstream, mode: u32) -> CuRes {
             graph,
             invalidated: false,
             joined: 0,
+            user_graph: false,
         })),
         deps: Vec::new(),
         origin: true,
     });
     Ok(())
+}
+
+/// `cuStreamBeginCaptureToGraph`: captures into the caller's graph, after
+/// the given nodes of it.
+fn begin_capture_to_graph(
+    h: CUstream,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    mode: u32,
+) -> CuRes {
+    let d = cu()?;
+    if mode > 2 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, s) = d.stream(h as usize)?;
+    let s = s.ok_or(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)?;
+    let graph = crate::cuda::graph::graph_of(g as usize)?;
+    let deps = crate::cuda::graph::read_nodes(deps, n)?;
+    {
+        let gr = graph.lock();
+        if deps.iter().any(|x| gr.node(*x).is_none()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let mut cap = s.capture.lock();
+    if cap.is_some() {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    *cap = Some(Capture {
+        shared: Arc::new(Mutex::new(CaptureGraph {
+            id: CAPTURE_IDS.fetch_add(1, Relaxed) + 1,
+            mode,
+            graph: g as usize,
+            invalidated: false,
+            joined: 0,
+            user_graph: true,
+        })),
+        deps,
+        origin: true,
+    });
+    Ok(())
+}
+
+/// `cuStreamUpdateCaptureDependencies`: the nodes the stream's next captured
+/// work depends on, added to (flags 0) or replacing (1) the current ones.
+fn update_capture_deps(h: CUstream, deps: *const CUgraphNode, n: usize, flags: u32) -> CuRes {
+    let d = cu()?;
+    if flags > 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, s) = d.stream(h as usize)?;
+    let s = s.ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    let new = crate::cuda::graph::read_nodes(deps, n)?;
+    let mut cap = s.capture.lock();
+    let c = cap.as_mut().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    let gh = c.shared.lock().graph;
+    let graph = crate::cuda::graph::graph_of(gh)?;
+    if new.iter().any(|x| graph.lock().node(*x).is_none()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if flags == 1 {
+        c.deps.clear();
+    }
+    for x in new {
+        if !c.deps.contains(&x) {
+            c.deps.push(x);
+        }
+    }
+    Ok(())
+}
+
+type NodeList = *const CUgraphNode;
+
+exports! {
+    cuStreamBeginCaptureToGraph | cuStreamBeginCaptureToGraph_ptsz(h: CUstream, g: CUgraph, deps: NodeList, _edata: *const u64, n: usize, mode: u32)
+        => begin_capture_to_graph(h, g, deps, n, mode);
+    cuStreamUpdateCaptureDependencies | cuStreamUpdateCaptureDependencies_ptsz(h: CUstream, deps: NodeList, n: usize, flags: u32)
+        => update_capture_deps(h, deps, n, flags);
+    cuStreamUpdateCaptureDependencies_v2 | cuStreamUpdateCaptureDependencies_v2_ptsz(h: CUstream, deps: NodeList, _edata: *const u64, n: usize, flags: u32)
+        => update_capture_deps(h, deps, n, flags);
 }
 
 // CUDA 10.0 signature: global mode.
@@ -587,7 +669,9 @@ fn end_capture(h: CUstream, pg: *mut CUgraph) -> CuRes {
     }
     let g = cap.shared.lock();
     if g.invalidated || unjoined {
-        let _ = crate::cuda::graph::destroy_graph_handle(g.graph);
+        if !g.user_graph {
+            let _ = crate::cuda::graph::destroy_graph_handle(g.graph);
+        }
         // SAFETY: out pointer from the caller (checked non-null).
         unsafe { put(pg, std::ptr::null_mut(), CUDA_ERROR_INVALID_VALUE) }?;
         return Err(if unjoined {

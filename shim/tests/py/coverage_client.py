@@ -126,6 +126,18 @@ def _():
     r["held_after_trim"] = free0 - free_bytes()
     ok(d.cuDeviceSetGraphMemAttribute(dev, A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, d.cuuint64_t(0)))
     r["used_high_reset"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)
+    # One executable at a time for a graph with memory nodes; no clones.
+    r["second_exec"] = d.cuGraphInstantiate(g2, 0)[0].name
+    r["clone_mem_graph"] = d.cuGraphClone(g2)[0].name
+    # Auto-free on launch: relaunching frees the previous allocation.
+    ok(d.cuGraphExecDestroy(ex))
+    ex3 = ok(d.cuGraphInstantiate(g, d.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH))
+    ok(d.cuGraphLaunch(ex3, stream))
+    r["auto_free_relaunch"] = d.cuGraphLaunch(ex3, stream)[0].name
+    ok(d.cuStreamSynchronize(stream))
+    r["auto_free_used"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+    ok(d.cuMemFree(p.dptr))
+    ex = ex3
     for x in (ex, ex2):
         ok(d.cuGraphExecDestroy(x))
     for x in (g, g2):
@@ -316,6 +328,18 @@ def _():
     ok(d.cuStreamWaitEvent(s2, fork, 0))
     ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s2, args, 0))
     r["unjoined"] = d.cuStreamEndCapture(s1)[0].name
+    # Capture into an existing graph after one of its nodes; then make the
+    # next captured work depend on the root only (SET).
+    g2 = ok(d.cuGraphCreate(0))
+    root = ok(d.cuGraphAddEmptyNode(g2, None, 0))
+    ok(d.cuStreamBeginCaptureToGraph(s1, g2, [root], None, 1, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCaptureToGraph")
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s1, args, 0))
+    ok(d.cuStreamUpdateCaptureDependencies(s1, [root], None, 1, 1), "cuStreamUpdateCaptureDependencies")
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s1, args, 0))
+    g3 = ok(d.cuStreamEndCapture(s1))
+    r["to_graph_same"] = int(g3) == int(g2)
+    r["to_graph_nodes"] = int(ok(d.cuGraphGetNodes(g2))[-1])
+    r["to_graph_root_dependents"] = int(ok(d.cuGraphNodeGetDependentNodes(root, 4))[-1])
     return r
 
 
