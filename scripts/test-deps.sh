@@ -8,6 +8,7 @@
 #   - nvidia-cuda-runtime-cu12, nvidia-nvml-dev: the real cuda.h / nvml.h headers,
 #                        and NVIDIA's CUDA 12 runtime (libcudart.so.12)
 #   - prometheus-client  the reference parser of the exporter's text format
+#   - gpustat            a monitoring tool on NVML (run unmodified on the sim)
 #   - in VENV/cuda13 (apart, so that its headers never shadow CUDA 12's):
 #     nvidia-cuda-runtime (libcudart.so.13 and its headers) and
 #     nvidia-cuda-crt (crt/host_defines.h, which cuda_runtime_api.h includes;
@@ -25,6 +26,7 @@ PKGS=(
   nvidia-cuda-runtime-cu12==12.9.79
   nvidia-nvml-dev==13.5.37
   prometheus-client==0.26.0
+  gpustat==1.1.1
 )
 CUDA13=(nvidia-cuda-runtime==13.5.37 nvidia-cuda-crt==13.5.37)
 # The stamp names the pins: changing a pin rebuilds the venv.

@@ -224,6 +224,55 @@ fn nvml_queries_of_monitoring_agents_through_pynvml() {
     assert!(st.stubs.is_empty(), "stubs were hit: {:?}", st.stubs);
 }
 
+/// gpustat, a monitoring tool on NVML, shows what the sim holds: devices,
+/// memory in use, the process using it, power limits, no stub touched.
+#[test]
+fn gpustat_shows_the_simulated_gpus() {
+    let env = SimEnv::new()
+        .gpus("23028:NVIDIA A10,15109:Tesla T4")
+        .ctx_mib(300);
+    let mut holder = env.spawn(
+        cgpu_testkit::cuclient(cgpu_testkit::LinkMode::Link),
+        &["alloc", "268435456", "pid", "hold"],
+    );
+    let lines =
+        cgpu_testkit::read_until(&mut holder, "holding", std::time::Duration::from_secs(60));
+    let pid: u64 = lines
+        .iter()
+        .find(|l| l.starts_with("pid ok"))
+        .and_then(|l| cgpu_testkit::field(l, "pid"))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    let gpustat = test_deps().venv.join("bin/gpustat");
+    let o = env.run(&gpustat, &["--json"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(v["driver_version"], "580.82.07");
+    let g = &v["gpus"];
+    assert_eq!(g[0]["name"], "NVIDIA A10", "{v:#}");
+    assert_eq!(g[1]["name"], "Tesla T4");
+    assert_eq!(g[0]["memory.total"], 23028);
+    assert_eq!(g[1]["memory.total"], 15109);
+    // The context's 300 MiB and the 256 MiB allocation.
+    assert_eq!(g[0]["memory.used"], 556);
+    assert_eq!(g[1]["memory.used"], 0);
+    assert_eq!(g[0]["enforced.power.limit"], 150);
+    assert_eq!(g[1]["enforced.power.limit"], 70);
+    let procs = g[0]["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{v:#}");
+    assert_eq!(procs[0]["pid"], pid);
+    assert_eq!(procs[0]["gpu_memory_usage"], 556);
+    let st = snapshot(&env.state_dir).unwrap();
+    assert!(st.stubs.is_empty(), "stubs were hit: {:?}", st.stubs);
+}
+
 /// Names cuda-bindings resolves at start that the sim does not have yet:
 /// more of green contexts and device resources, library managed variables
 /// and unified functions, log dumps, multicast by address, 64-bit stream
