@@ -166,6 +166,10 @@ fn graphs_pools_occupancy_and_arrays_through_cuda_bindings() {
     assert_eq!(x["batch_copy"], json!([0x33, 0x33, 0x33, 0x33]));
     assert_eq!(x["batch_prefetch_host"], -1); // CU_DEVICE_CPU
     assert_eq!(x["exec_affinity"], "CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY");
+    assert_eq!(x["param_info"], json!([[0, 4], [8, 8], [16, 24]]));
+    assert_eq!(x["param_count"], 3);
+    assert_eq!(x["param_past_end"], "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(x["kernel_param_2"], json!([16, 24]));
     // Both devices ran their 3 ms kernel (in parallel: not twice as long).
     assert!(x["multi_device_wall_ms"].as_f64().unwrap() >= 3.0, "{x}");
     assert_eq!(x["multi_device_too_many"], "CUDA_ERROR_INVALID_VALUE");

@@ -125,8 +125,32 @@ fn device_properties(p: *mut DevProp, dev: CUdevice) -> CuRes {
     unsafe { put(p, v, CUDA_ERROR_INVALID_VALUE) }
 }
 
-/// Parameters of a function: known for the sim's own `cgpu_sim_spin*`
-/// kernels (one `u64`); other kernels' parameter lists are not kept.
+/// Parameters of a function: from its PTX `.entry` (offsets as the driver
+/// packs them), or the one `u64` of the sim's own `cgpu_sim_spin*` kernels;
+/// a kernel from a binary image has no parameter list in the sim (a counted
+/// stub call).
+fn param_list(f: usize) -> Result<Vec<(u64, u64)>, CUresult> {
+    let d = cu()?;
+    let func = d.func(f)?;
+    let from_image = match d.objs.lock().get(func.module) {
+        Some(crate::driver::Obj::Module(m)) => m
+            .image
+            .params
+            .iter()
+            .find(|(n, _)| *n == func.name)
+            .map(|(_, p)| p.clone()),
+        _ => None,
+    };
+    match from_image {
+        Some(p) => Ok(p),
+        None if func.timing == crate::driver::Timing::Spin => Ok(vec![(0, 8)]),
+        None => {
+            crate::stub_hit!("cuFuncGetParamInfo(kernel of a binary image)");
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        }
+    }
+}
+
 fn param_info(
     f: usize,
     index: usize,
@@ -134,24 +158,17 @@ fn param_info(
     size: *mut usize,
     count: *mut usize,
 ) -> CuRes {
-    let d = cu()?;
-    let func = d.func(f)?;
-    if func.timing != crate::driver::Timing::Spin {
-        crate::stub_hit!("cuFuncGetParamInfo(kernel other than cgpu_sim_spin*)");
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
+    let list = param_list(f)?;
     if !count.is_null() {
         // SAFETY: non-null out pointer from the caller.
-        return unsafe { put(count, 1, CUDA_ERROR_INVALID_VALUE) };
+        return unsafe { put(count, list.len(), CUDA_ERROR_INVALID_VALUE) };
     }
-    if index != 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+    let (o, s) = *list.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     // SAFETY: out pointers from the caller.
     unsafe {
-        put(off, 0, CUDA_ERROR_INVALID_VALUE)?;
+        put(off, o as usize, CUDA_ERROR_INVALID_VALUE)?;
         if !size.is_null() {
-            put(size, 8, CUDA_ERROR_INVALID_VALUE)?;
+            put(size, s as usize, CUDA_ERROR_INVALID_VALUE)?;
         }
     }
     Ok(())

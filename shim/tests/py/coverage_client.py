@@ -574,6 +574,22 @@ def _():
     ok(d.cuStreamSynchronize(s1))
     r["multi_device_wall_ms"] = (time.time() - t0) * 1000
     r["multi_device_too_many"] = d.cuLaunchCooperativeKernelMultiDevice(lps + [lps[0]], 3, 0)[0].name
+    # Parameter layout of a PTX kernel.
+    ptx2 = b""".version 7.0
+.target sm_52
+.address_size 64
+.visible .entry k3(.param .u32 a, .param .u64 b, .param .align 16 .b8 c[24])
+{
+  ret;
+}
+"""
+    k3 = ok(d.cuModuleGetFunction(ok(d.cuModuleLoadData(ptx2)), b"k3"))
+    r["param_info"] = [list(ok(d.cuFuncGetParamInfo(k3, i), "cuFuncGetParamInfo")) for i in range(3)]
+    r["param_count"] = int(ok(d.cuFuncGetParamCount(k3), "cuFuncGetParamCount"))
+    r["param_past_end"] = d.cuFuncGetParamInfo(k3, 3)[0].name
+    lib = ok(d.cuLibraryLoadData(ptx2, None, None, 0, None, None, 0))
+    kk = ok(d.cuLibraryGetKernel(lib, b"k3"))
+    r["kernel_param_2"] = list(ok(d.cuKernelGetParamInfo(kk, 2), "cuKernelGetParamInfo"))
     r["exec_affinity"] = d.cuCtxGetExecAffinity(d.CUexecAffinityType.CU_EXEC_AFFINITY_TYPE_SM_COUNT)[0].name
     return r
 
