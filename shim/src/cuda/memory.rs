@@ -947,25 +947,15 @@ fn with_stream(stream: CUstream, f: impl FnOnce() -> CuRes) -> CuRes {
     super::stream::capture_mem_ops(stream as usize, f)
 }
 
+/// The copy and memset families: one implementation `$imp`, its variants
+/// (`_v2`, `_ptds`, `Async`, `_ptsz`) declared through `exports!`; an
+/// `async` variant takes a trailing stream.
 macro_rules! variants {
-    (async $imp:ident $args:tt => $($name:ident),+) => {$( variant!(async $imp $args $name); )+};
-    ($imp:ident $args:tt => $($name:ident),+) => {$( variant!($imp $args $name); )+};
-}
-
-macro_rules! variant {
-    (async $imp:ident ($($a:ident : $t:ty),*) $name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t,)* stream: CUstream) -> CUresult {
-            std::hint::black_box(stringify!($name));
-            guard(|| with_stream(stream, || $imp($($a),*)))
-        }
+    (async $imp:ident ($($a:ident : $t:ty),*) => $($name:ident),+) => {
+        exports! { $($name)|+ ($($a: $t,)* stream: CUstream) => with_stream(stream, || $imp($($a),*)); }
     };
-    ($imp:ident ($($a:ident : $t:ty),*) $name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            std::hint::black_box(stringify!($name));
-            guard(|| $imp($($a),*))
-        }
+    ($imp:ident ($($a:ident : $t:ty),*) => $($name:ident),+) => {
+        exports! { $($name)|+ ($($a: $t),*) => $imp($($a),*); }
     };
 }
 
