@@ -12,6 +12,8 @@
 #      idle container costs a busy one nothing
 #   5  overhead of the library on a training-like loop
 #   6  CuPy, JAX (and cuda-bindings) where installed
+#   7  TensorFlow (--tensorflow): devices, memory info, over-quota error, Keras fit
+#   8  (--sim) no function the simulated driver only stubs was relied on
 # Without PyTorch the same checks run on the driver API through cuda-bindings,
 # and without nvidia-smi NVML is read through nvidia-ml-py; so `--sim` runs the
 # whole script on the simulated driver (target/*/libcgpu_sim.so), as CI does.
@@ -30,6 +32,10 @@ usage: scripts/gpu-check.sh [options]
   --python PATH     Python with torch (or cuda-bindings) (default: $CGPU_CHECK_PYTHON, python3;
                     with --sim: target/test-deps/venv/bin/python when present)
   --backend NAME    auto (default: torch, else cuda-bindings), torch or cuda
+  --framework torch use the pinned PyTorch of scripts/frameworks.sh (installed
+                    into a cached virtualenv on first use) as --python, backend torch
+  --tensorflow      also check TensorFlow (check 7), from scripts/frameworks.sh
+                    tensorflow (pinned, cached virtualenv; --tf-python PATH instead)
   --gpu N           GPU index to use (default 0)
   --only LIST       run only these checks, e.g. 1,2,3
   --quick           shorter measuring windows
@@ -54,6 +60,9 @@ ONLY=""
 QUICK=0
 SIM=0
 SIM_LIB="${CGPU_SIM_LIB:-}"
+FRAMEWORK=""
+TF=0
+TF_PY="${CGPU_CHECK_TF_PYTHON:-}"
 LOG=""
 RESULTS=""
 MARKDOWN=""
@@ -65,6 +74,9 @@ while [ $# -gt 0 ]; do
     --cgpuctl) CTL="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
     --backend) BACKEND="$2"; shift 2 ;;
+    --framework) FRAMEWORK="$2"; shift 2 ;;
+    --tensorflow) TF=1; shift ;;
+    --tf-python) TF=1; TF_PY="$2"; shift 2 ;;
     --gpu) GPU_INDEX="$2"; shift 2 ;;
     --only) ONLY="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
@@ -173,11 +185,25 @@ if [ "$SIM" = 1 ]; then
   export CGPU_SIM_STATE="$WORK/simstate"
   export CGPU_SIM_GPUS="${CGPU_SIM_GPUS:-15109:Tesla T4}"
   NVSMI=""
-  if [ -z "$PY" ] && [ -x "$ROOT/target/test-deps/venv/bin/python" ]; then
+  if [ -z "$PY" ] && [ -z "$FRAMEWORK" ] && [ -x "$ROOT/target/test-deps/venv/bin/python" ]; then
     PY="$ROOT/target/test-deps/venv/bin/python"
   fi
 else
   NVSMI="$(command -v nvidia-smi || true)"
+fi
+case "$FRAMEWORK" in
+  "") ;;
+  torch)
+    if [ -z "$PY" ]; then
+      say "framework: PyTorch from scripts/frameworks.sh torch (installs on first use; output in the log)"
+      PY="$("$ROOT/scripts/frameworks.sh" torch 2>>"$LOG")" || fail_setup "scripts/frameworks.sh torch failed (see $LOG)"
+    fi
+    BACKEND=torch ;;
+  *) fail_setup "--framework: only torch is supported (TensorFlow: --tensorflow)" ;;
+esac
+if [ "$TF" = 1 ] && [ -z "$TF_PY" ]; then
+  say "framework: TensorFlow from scripts/frameworks.sh tensorflow (installs on first use; output in the log)"
+  TF_PY="$("$ROOT/scripts/frameworks.sh" tensorflow 2>>"$LOG")" || fail_setup "scripts/frameworks.sh tensorflow failed (see $LOG)"
 fi
 PY="${PY:-$(command -v python3 || command -v python || true)}"
 [ -n "$PY" ] || fail_setup "no python3 found (--python PATH)"
@@ -186,10 +212,14 @@ abspath() { case "$1" in */*) echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$
 PY="$(abspath "$PY")"
 [ -n "$CTL" ] && CTL="$(abspath "$CTL")"
 [ -n "$SMI" ] && SMI="$(abspath "$SMI")"
+[ -n "$TF_PY" ] && TF_PY="$(abspath "$TF_PY")"
+SIM_STAT=""
+[ "$SIM" = 1 ] && [ -x "$(dirname "$SIM_LIB")/cgpu-sim-stat" ] && SIM_STAT="$(dirname "$SIM_LIB")/cgpu-sim-stat"
 
 export CGPU_CHECK_LIB="$LIB" CGPU_CHECK_CGPUCTL="$CTL" CGPU_CHECK_PYTHON="$PY" \
   CGPU_CHECK_CGPUSMI="$SMI" CGPU_CHECK_WORKDIR="$WORK" CGPU_CHECK_QUICK="$QUICK" CGPU_CHECK_SIM="$SIM" \
   CGPU_CHECK_BACKEND="$BACKEND" CGPU_CHECK_NVIDIA_SMI="$NVSMI" CGPU_CHECK_GPU="$GPU_INDEX" \
+  CGPU_CHECK_TF_PYTHON="$TF_PY" CGPU_CHECK_SIM_STAT="$SIM_STAT" \
   PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 
 # ------------------------------------------------------------------ budget
@@ -197,11 +227,15 @@ export CGPU_CHECK_LIB="$LIB" CGPU_CHECK_CGPUCTL="$CTL" CGPU_CHECK_PYTHON="$PY" \
 # left of the budget.
 if [ "$SIM" = 1 ]; then
   BUDGET=$([ "$QUICK" = 1 ] && echo 170 || echo 400)
-  declare -A LIMIT=([probe]=60 [1]=60 [2]=60 [3]=60 [4]=90 [5]=60 [6]=60)
+  declare -A LIMIT=([probe]=60 [1]=60 [2]=60 [3]=60 [4]=90 [5]=60 [6]=60 [7]=240 [8]=30)
 else
   BUDGET=450
-  declare -A LIMIT=([probe]=150 [1]=90 [2]=90 [3]=90 [4]=150 [5]=120 [6]=150)
+  declare -A LIMIT=([probe]=150 [1]=90 [2]=90 [3]=90 [4]=150 [5]=120 [6]=150 [7]=300 [8]=30)
 fi
+# A framework's import and first CUDA call take seconds on the simulated
+# driver (~4 s and ~3 s for PyTorch): more time for the framework runs.
+if [ "$SIM" = 1 ] && { [ "$BACKEND" = torch ] || [ "$TF" = 1 ]; }; then BUDGET=$((BUDGET + 420)); fi
+[ "$TF" = 1 ] && BUDGET=$((BUDGET + ${LIMIT[7]}))
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 
 # run_check ID NAME SCRIPT: runs one check program with a timeout, appends its
@@ -264,6 +298,8 @@ want 3 && run_check 3 "one quota per container" check_share.py
 want 4 && run_check 4 "compute shares (weights, idle)" check_sched.py
 want 5 && run_check 5 "overhead" check_overhead.py
 want 6 && run_check 6 "other frameworks" check_frameworks.py
+[ "$TF" = 1 ] && want 7 && run_check 7 "TensorFlow" check_tensorflow.py
+[ "$SIM" = 1 ] && want 8 && run_check 8 "simulated driver: no stub relied on" check_stubs.py
 
 print_table
 if grep -q $'\tFAIL$' "$ALL"; then exit 1; fi

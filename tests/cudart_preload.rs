@@ -117,3 +117,69 @@ fn cudart_private_tables_pass_through_untouched() {
         }
     }
 }
+
+/// Two copies of the runtime in one process (as PyTorch holds three: its own
+/// and cuBLAS's and cuBLASLt's static ones), racing from two threads to
+/// retain the one primary context: its reservation is charged once, both
+/// copies see the same quota, and the ledger holds exactly the context plus
+/// both allocations.
+#[test]
+fn two_runtime_copies_share_one_primary_context() {
+    use std::io::Write;
+    let rows = cudart_rows();
+    let libs: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            r.lib_dir
+                .join(format!("libcudart.so.{}", r.major))
+                .display()
+                .to_string()
+        })
+        .collect();
+    let exe = cc(
+        &repo().join("tests/c/cudart_two_copies.c"),
+        "cudart_two_copies",
+        &[],
+        false,
+    );
+    const BYTES: u64 = 64 * MIB;
+    for round in 0..3 {
+        let m = Machine::new("cudart-two", T4);
+        let mut c = m.preloaded(&exe, VARS);
+        c.args([&libs[0], &libs[1], &BYTES.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let lines =
+            cgpu_testkit::read_until(&mut child, "holding", std::time::Duration::from_secs(60));
+        let out = lines.join("\n");
+        assert!(out.contains("holding"), "round {round}: {out}");
+        let copies: Vec<&str> = lines
+            .iter()
+            .filter(|l| l.starts_with("copy "))
+            .map(|l| l.as_str())
+            .collect();
+        assert_eq!(copies.len(), 2, "{out}");
+        let get = |l: &str, k: &str| -> u64 { field(l, k).unwrap().parse().unwrap() };
+        for l in &copies {
+            assert_eq!(get(l, "rc_info"), 0, "{out}");
+            assert_eq!(get(l, "rc_malloc"), 0, "{out}");
+            assert_eq!(get(l, "total"), QUOTA, "{out}");
+        }
+        // One context reservation, whichever copy came first.
+        let first = copies.iter().map(|l| get(l, "free_before")).max().unwrap();
+        let last = copies.iter().map(|l| get(l, "free_after")).min().unwrap();
+        assert_eq!(first, QUOTA - CTX, "round {round}: {out}");
+        assert_eq!(last, QUOTA - CTX - 2 * BYTES, "round {round}: {out}");
+        let l = cgpu::ledger::Ledger::open(&m.ledger_file().expect("a ledger")).unwrap();
+        let ci = l.find_container("cudart-a").expect("the container");
+        let used = l.file().containers[ci]
+            .used
+            .load(std::sync::atomic::Ordering::Acquire);
+        assert_eq!(used, CTX + 2 * BYTES, "round {round}: ledger");
+        child.stdin.take().unwrap().write_all(b"\n").unwrap();
+        let o = wait_timeout(child, std::time::Duration::from_secs(60));
+        assert!(o.status.success());
+    }
+}

@@ -58,11 +58,15 @@ def main():
         cap = pre.call("capture", steps=20, timeout=180)
         rb = busy.recv(timeout=window + 120)
         during = start <= t_cap < start + window
-        c.result(name2, "capture + 20 replays succeed, finite output",
+        # The simulated GPU's kernels compute nothing: their output is
+        # whatever the memory held, so finiteness is only checked on a GPU.
+        finite_ok = cap["finite"] or c.SIM
+        c.result(name2, "capture + 20 replays succeed" + ("" if c.SIM else ", finite output"),
                  "%d replays in %.2f s, finite=%s, %s; busy container %.1f it/s"
-                 % (cap["replays"], cap["seconds"], cap["finite"],
+                 % (cap["replays"], cap["seconds"],
+                    "n/a (simulated: kernels do not compute)" if c.SIM else cap["finite"],
                     "while it ran" if during else "NOT while it ran", rb["rate"]),
-                 cap["finite"] and during)
+                 finite_ok and during)
         busy.close()
         pre.close()
 

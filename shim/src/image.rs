@@ -390,30 +390,30 @@ fn ptx_params(list: &str) -> Vec<(u64, u64)> {
     out
 }
 
+/// The text without `//` and `/* */` comments (one linear pass: PTX texts
+/// in real fat binaries run to megabytes).
 fn strip_comments(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    loop {
-        let line = rest.find("//");
-        let block = rest.find("/*");
-        match (line, block) {
-            (Some(l), b) if b.is_none_or(|b| l < b) => {
-                out.push_str(&rest[..l]);
-                rest = rest[l..].find('\n').map(|e| &rest[l + e..]).unwrap_or("");
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'/' && b.get(i + 1) == Some(&b'/') {
+            while i < b.len() && b[i] != b'\n' {
+                i += 1;
             }
-            (_, Some(b)) => {
-                out.push_str(&rest[..b]);
-                rest = rest[b..]
-                    .find("*/")
-                    .map(|e| &rest[b + e + 2..])
-                    .unwrap_or("");
+        } else if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
+            i += 2;
+            while i < b.len() && !(b[i] == b'*' && b.get(i + 1) == Some(&b'/')) {
+                i += 1;
             }
-            _ => {
-                out.push_str(rest);
-                return out;
-            }
+            i = (i + 2).min(b.len());
+            out.push(b' ');
+        } else {
+            out.push(b[i]);
+            i += 1;
         }
     }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `[.visible|.extern] .global|.const [.align N] .type name[dims] [= init]`.

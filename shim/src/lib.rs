@@ -41,12 +41,32 @@ pub type CuRes = Result<(), CUresult>;
 #[inline]
 #[track_caller]
 pub fn guard(f: impl FnOnce() -> CuRes) -> CUresult {
-    std::hint::black_box(std::panic::Location::caller());
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+    let at = std::hint::black_box(std::panic::Location::caller());
+    let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e,
         Err(_) => CUDA_ERROR_UNKNOWN,
+    };
+    if r != CUDA_SUCCESS && trace_failures() {
+        eprintln!("cgpu-sim: call at {}:{} failed: {r}", at.file(), at.line());
     }
+    r
+}
+
+/// `CGPU_SIM_TRACE=2`: every CUDA call that fails is logged (the source
+/// line of the function and its error code).
+fn trace_failures() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+    static LEVEL: AtomicU8 = AtomicU8::new(u8::MAX);
+    let mut l = LEVEL.load(Relaxed);
+    if l == u8::MAX {
+        l = std::env::var("CGPU_SIM_TRACE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        LEVEL.store(l, Relaxed);
+    }
+    l >= 2
 }
 
 /// Runs an NVML body, turning a panic into `NVML_ERROR_UNKNOWN`.
