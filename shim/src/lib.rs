@@ -2,7 +2,7 @@
 //! driver API and NVML, to be exposed as `libcuda.so.1` and
 //! `libnvidia-ml.so.1`; see `shim/README.md`.
 //!
-//! Modules by API area: `cuda::{init, export_tables, device, context,
+//! Modules by API area: `cuda::{init, export_tables, device, diagnostics, context,
 //! memory, managed, vmm, array, stream, module, link, launch, occupancy,
 //! graph, unsupported, procaddr}`, `nvml`, `nvml_monitoring`; the machinery
 //! underneath: `config` (environment), `state` (the shared mmap'd file),

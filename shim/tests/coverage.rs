@@ -170,6 +170,13 @@ fn graphs_pools_occupancy_and_arrays_through_cuda_bindings() {
     assert_eq!(x["param_count"], 3);
     assert_eq!(x["param_past_end"], "CUDA_ERROR_INVALID_VALUE");
     assert_eq!(x["kernel_param_2"], json!([16, 24]));
+    assert_eq!(x["coredump_trigger_host"], true);
+    assert_eq!(x["coredump_on_exception"], true);
+    assert_eq!(x["coredump_ctx_override"], false);
+    assert_eq!(x["coredump_global_kept"], true);
+    assert_eq!(x["coredump_dereg"], "CUDA_SUCCESS");
+    assert_eq!(x["coredump_dereg_again"], "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(x["notify_unreg"], "CUDA_SUCCESS");
     // Both devices ran their 3 ms kernel (in parallel: not twice as long).
     assert!(x["multi_device_wall_ms"].as_f64().unwrap() >= 3.0, "{x}");
     assert_eq!(x["multi_device_too_many"], "CUDA_ERROR_INVALID_VALUE");

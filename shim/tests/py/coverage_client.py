@@ -590,6 +590,23 @@ def _():
     lib = ok(d.cuLibraryLoadData(ptx2, None, None, 0, None, None, 0))
     kk = ok(d.cuLibraryGetKernel(lib, b"k3"))
     r["kernel_param_2"] = list(ok(d.cuKernelGetParamInfo(kk, 2), "cuKernelGetParamInfo"))
+    # Core dump settings: defaults, a global setting seen by the context,
+    # a context setting overriding it; callbacks register and deregister.
+    CD = d.CUcoredumpSettings
+    r["coredump_trigger_host"] = bool(ok(d.cuCoredumpGetAttribute(CD.CU_COREDUMP_TRIGGER_HOST), "cuCoredumpGetAttribute"))
+    ok(d.cuCoredumpSetAttributeGlobal(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION, True), "cuCoredumpSetAttributeGlobal")
+    r["coredump_on_exception"] = bool(ok(d.cuCoredumpGetAttribute(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION)))
+    ok(d.cuCoredumpSetAttribute(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION, False), "cuCoredumpSetAttribute")
+    r["coredump_ctx_override"] = bool(ok(d.cuCoredumpGetAttribute(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION)))
+    r["coredump_global_kept"] = bool(ok(d.cuCoredumpGetAttributeGlobal(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION)))
+    cbt = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+    cdcb = cbt(lambda *a: None)
+    h = ok(d.cuCoredumpRegisterStartCallback(ctypes.cast(cdcb, ctypes.c_void_p).value, 0), "cuCoredumpRegisterStartCallback")
+    r["coredump_dereg"] = d.cuCoredumpDeregisterStartCallback(h)[0].name
+    r["coredump_dereg_again"] = d.cuCoredumpDeregisterStartCallback(h)[0].name
+    ncb = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(lambda *a: None)
+    nh = ok(d.cuDeviceRegisterAsyncNotification(dev, ctypes.cast(ncb, ctypes.c_void_p).value, 0), "cuDeviceRegisterAsyncNotification")
+    r["notify_unreg"] = d.cuDeviceUnregisterAsyncNotification(dev, nh)[0].name
     r["exec_affinity"] = d.cuCtxGetExecAffinity(d.CUexecAffinityType.CU_EXEC_AFFINITY_TYPE_SM_COUNT)[0].name
     return r
 
