@@ -62,6 +62,21 @@ fn graphs_pools_occupancy_and_arrays_through_cuda_bindings() {
     assert_eq!(g["clone_mem_graph"], "CUDA_ERROR_NOT_SUPPORTED");
     assert_eq!(g["auto_free_relaunch"], "CUDA_SUCCESS");
     assert_eq!(g["auto_free_used"], 64 * MIB);
+    // Captured cuMemAllocAsync/cuMemFreeAsync: alloc, memset and free nodes;
+    // nothing held until the launch, which takes it from the pool's reserve
+    // (64 MiB, left by the graphs above) and frees it again.
+    assert_eq!(g["captured_alloc_held_before_launch"], 0);
+    assert_eq!(g["captured_ptr_type"], 2); // CU_MEMORYTYPE_DEVICE
+    assert_eq!(
+        g["captured_kinds"],
+        json!([
+            "CU_GRAPH_NODE_TYPE_MEM_ALLOC",
+            "CU_GRAPH_NODE_TYPE_MEMSET",
+            "CU_GRAPH_NODE_TYPE_MEM_FREE"
+        ])
+    );
+    assert_eq!(g["captured_reserved_after_launch"], 64 * MIB);
+    assert_eq!(g["captured_used_after_launch"], 0);
 
     let s = &v["graph_structure"];
     assert_eq!(s["nodes"], 4, "{v:#}");

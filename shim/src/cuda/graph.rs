@@ -552,6 +552,41 @@ pub fn graph_allocs() -> &'static Mutex<std::collections::BTreeMap<u64, Arc<Grap
 
 const GRAPH_MEM_GRANULE: u64 = 2 << 20;
 
+/// A graph allocation of `size` bytes on `dev`: its address range, mapped
+/// now, charged when a launch allocates it.
+pub fn new_graph_alloc(d: &Driver, dev: usize, size: u64) -> Result<Arc<GraphAlloc>, CUresult> {
+    let pooled = size
+        .checked_next_multiple_of(GRAPH_MEM_GRANULE)
+        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    if size == 0 || pooled > d.devs[dev].total {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let ptr = super::memory::map_anon(pooled as usize)?;
+    let ga = Arc::new(GraphAlloc {
+        dev,
+        ptr,
+        size,
+        pooled,
+        live: std::sync::atomic::AtomicBool::new(false),
+        execs: AtomicU32::new(0),
+        orphan: std::sync::atomic::AtomicBool::new(false),
+    });
+    graph_allocs().lock().insert(ptr, Arc::clone(&ga));
+    Ok(ga)
+}
+
+/// (start, size, device) of the graph allocation holding address `p`.
+pub fn graph_alloc_at(p: u64) -> Option<(u64, u64, usize)> {
+    let allocs = graph_allocs().lock();
+    let (start, ga) = allocs.range(..=p).next_back()?;
+    (p < start + ga.size).then_some((*start, ga.size, ga.dev))
+}
+
+/// Whether `p` starts a graph allocation.
+pub fn is_graph_alloc(p: u64) -> bool {
+    graph_allocs().lock().contains_key(&p)
+}
+
 fn mem_alloc_data(p: *mut MemAllocNodeParams) -> Result<NodeKind, CUresult> {
     let d = cu()?;
     if p.is_null() {
@@ -563,25 +598,9 @@ fn mem_alloc_data(p: *mut MemAllocNodeParams) -> Result<NodeKind, CUresult> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = d.check_dev(mp.pool_props.location.id)?;
-    let pooled = (mp.bytesize as u64)
-        .checked_next_multiple_of(GRAPH_MEM_GRANULE)
-        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-    if pooled > d.devs[dev].total {
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    let ptr = super::memory::map_anon(pooled as usize)?;
-    let ga = Arc::new(GraphAlloc {
-        dev,
-        ptr,
-        size: mp.bytesize as u64,
-        pooled,
-        live: std::sync::atomic::AtomicBool::new(false),
-        execs: AtomicU32::new(0),
-        orphan: std::sync::atomic::AtomicBool::new(false),
-    });
-    graph_allocs().lock().insert(ptr, Arc::clone(&ga));
+    let ga = new_graph_alloc(d, dev, mp.bytesize as u64)?;
     // SAFETY: the caller's params (checked non-null): dptr is an output.
-    unsafe { std::ptr::addr_of_mut!((*p).dptr).write_unaligned(ptr) };
+    unsafe { std::ptr::addr_of_mut!((*p).dptr).write_unaligned(ga.ptr) };
     Ok(NodeKind::MemAlloc(ga))
 }
 

@@ -566,6 +566,26 @@ fn alloc_async(
         // SAFETY: out pointer from the caller (checked non-null).
         return unsafe { put(dptr, 0, CUDA_ERROR_INVALID_VALUE) };
     }
+    // Into a capturing stream, the allocation becomes a memory alloc node:
+    // its address now, its memory when the graph is launched.
+    let mut captured = Err(CUDA_ERROR_UNKNOWN);
+    let recorded = super::stream::record_node_if_capturing(stream as usize, || {
+        match super::graph::new_graph_alloc(d, dev, size as u64) {
+            Ok(ga) => {
+                captured = Ok(ga.ptr);
+                super::graph::NodeKind::MemAlloc(ga)
+            }
+            Err(e) => {
+                captured = Err(e);
+                super::graph::NodeKind::Empty
+            }
+        }
+    })?;
+    if recorded {
+        let captured = captured?;
+        // SAFETY: out pointer from the caller (checked non-null).
+        return unsafe { put(dptr, captured, CUDA_ERROR_INVALID_VALUE) };
+    }
     let p = alloc_on(d, ctx, dev, size as u64, AllocKind::Async, pool)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(dptr, p, CUDA_ERROR_INVALID_VALUE) }
@@ -584,6 +604,14 @@ fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuRes {
     d.stream(stream as usize)?;
     if dptr == 0 {
         // What a zero-byte allocation returned.
+        return Ok(());
+    }
+    // Freeing graph memory into a capturing stream is a memory free node.
+    if super::graph::is_graph_alloc(dptr)
+        && super::stream::record_node_if_capturing(stream as usize, || {
+            super::graph::NodeKind::MemFree(dptr)
+        })?
+    {
         return Ok(());
     }
     if let Some(r) = super::graph::graph_mem_free(dptr) {
@@ -1158,7 +1186,26 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 _ => None,
             }
         };
-        let (start, a) = a.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (start, a) = match a {
+            Some(x) => x,
+            // Graph memory: device memory of the graph's device.
+            None => {
+                let (start, size, dev) =
+                    super::graph::graph_alloc_at(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                (
+                    start,
+                    Alloc {
+                        size,
+                        charged: 0,
+                        dev,
+                        ctx: d.cur_ctx().map(|c| c.0).unwrap_or(0),
+                        kind: AllocKind::Device,
+                        map_len: 0,
+                        pool: 0,
+                    },
+                )
+            }
+        };
         let host = a.kind == AllocKind::Host;
         // SAFETY (all writes below): data points to storage of the attribute's
         // documented type, by the caller's contract.

@@ -138,6 +138,26 @@ def _():
     r["auto_free_used"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
     ok(d.cuMemFree(p.dptr))
     ex = ex3
+    # Stream-ordered allocation inside a capture: a memory alloc node (the
+    # address now, the memory at launch) and a free node.
+    cs = ok(d.cuStreamCreate(0))
+    ok(d.cuStreamBeginCapture(cs, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    before = free_bytes()
+    cp = ok(d.cuMemAllocAsync(16 * MIB, cs), "cuMemAllocAsync(captured)")
+    r["captured_alloc_held_before_launch"] = before - free_bytes()
+    r["captured_ptr_type"] = int(ok(d.cuPointerGetAttribute(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, cp)))
+    ok(d.cuMemsetD8Async(cp, 7, 1024, cs))
+    ok(d.cuMemFreeAsync(cp, cs), "cuMemFreeAsync(captured)")
+    cg = ok(d.cuStreamEndCapture(cs))
+    kinds = [ok(d.cuGraphNodeGetType(n)).name for n in ok(d.cuGraphGetNodes(cg, 8))[0] if n is not None and int(n) != 0]
+    r["captured_kinds"] = kinds
+    cex = ok(d.cuGraphInstantiate(cg, 0))
+    ok(d.cuGraphLaunch(cex, cs))
+    ok(d.cuStreamSynchronize(cs))
+    r["captured_reserved_after_launch"] = graph_mem(A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+    r["captured_used_after_launch"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+    ok(d.cuGraphExecDestroy(cex))
+    ok(d.cuDeviceGraphMemTrim(dev))
     for x in (ex, ex2):
         ok(d.cuGraphExecDestroy(x))
     for x in (g, g2):
