@@ -284,7 +284,7 @@ impl Demo {
             ok,
         ) {
             println!(
-                "           the compute scheduler (issue 4) is not doing its job here: if\n           src/scheduler.rs is still the stub on main, it has not landed yet."
+                "           the compute scheduler (src/scheduler/, the launch hooks in\n           src/hooks/launch.rs) is not holding launches back to the weights."
             );
         }
     }

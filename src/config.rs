@@ -384,6 +384,90 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
     }
 }
 
+/// `CGPU_ALLOC_FILE`: the values the cluster's device plugin decides only
+/// after the kubelet's `Allocate` (at `PreStartContainer`), in a read-only
+/// file of `KEY=VALUE` lines. Its keys, all required but `CGPU_DISABLE`:
+pub const ALLOC_FILE_KEYS: [&str; 5] = [
+    "CGPU_CONTAINER_ID",
+    "ALIYUN_COM_GPU_MEM_CONTAINER",
+    "ALIYUN_COM_GPU_MEM_DEV",
+    "ALIYUN_COM_GPU_VISIBLE_DEVICES",
+    "CGPU_DISABLE",
+];
+
+/// Parses an allocation file: `KEY=VALUE` lines with the keys of
+/// [`ALLOC_FILE_KEYS`] (blank lines and `#` comments allowed; an unknown or
+/// repeated key, or a missing required one, is an error).
+pub fn parse_alloc_file(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!("line {}: expected KEY=VALUE", n + 1));
+        };
+        let k = k.trim();
+        if !ALLOC_FILE_KEYS.contains(&k) {
+            return Err(format!("line {}: unknown key {k}", n + 1));
+        }
+        if out.iter().any(|(have, _)| have == k) {
+            return Err(format!("line {}: {k} given twice", n + 1));
+        }
+        out.push((k.to_string(), v.trim().to_string()));
+    }
+    for k in &ALLOC_FILE_KEYS[..4] {
+        if !out.iter().any(|(have, _)| have == k) {
+            return Err(format!("{k} is missing"));
+        }
+    }
+    Ok(out)
+}
+
+/// The configuration when `CGPU_ALLOC_FILE` is set: `file` is its text (or
+/// why it could not be read). A valid file's values take precedence over
+/// the environment; a missing or invalid one (or values that do not parse)
+/// leave the container no GPU at all (no device visible), never the whole
+/// GPU. Returns the configuration and, on failure, the message to log.
+pub fn with_alloc_file(
+    get: &dyn Fn(&str) -> Option<String>,
+    cgroup: Option<&str>,
+    path: &str,
+    file: Result<String, String>,
+) -> (Config, Option<String>) {
+    let parsed = file.and_then(|t| parse_alloc_file(&t));
+    let failure = match parsed {
+        Ok(vals) => {
+            let merged = |k: &str| {
+                vals.iter()
+                    .find(|(have, _)| have == k)
+                    .map(|(_, v)| v.clone())
+                    .or_else(|| get(k))
+            };
+            let c = from_lookup(&merged, cgroup);
+            if c.errors.is_empty() && c.mode != Mode::PassThrough {
+                return (c, None);
+            }
+            if c.errors.is_empty() {
+                "it grants no GPU memory".to_string()
+            } else {
+                c.errors.join("; ")
+            }
+        }
+        Err(e) => e,
+    };
+    let mut c = from_lookup(get, cgroup);
+    c.mode = Mode::Enforce;
+    c.visible = Some(Vec::new());
+    c.errors.clear();
+    let msg = format!(
+        "cgpu: CGPU_ALLOC_FILE='{path}': {failure}: this container's GPU allocation is missing or \
+         invalid, so no GPU is visible to it (ask the cluster's operator: cgpu-device-plugin logs say why)"
+    );
+    (c, Some(msg))
+}
+
 static CONFIG: OnceLock<Config> = OnceLock::new();
 /// Install the stderr logger (level from `CGPU_LOG`, default `warn`; see
 /// [`crate::log`]). Lazy: called from the first hooked call, never from a
@@ -398,7 +482,18 @@ pub fn get() -> &'static Config {
         init_logging();
         let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok();
         let env = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-        let c = from_lookup(&env, cgroup.as_deref());
+        let c = match env("CGPU_ALLOC_FILE").filter(|p| !p.is_empty()) {
+            None => from_lookup(&env, cgroup.as_deref()),
+            Some(path) => {
+                let text = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+                let (c, failure) = with_alloc_file(&env, cgroup.as_deref(), &path, text);
+                if let Some(msg) = failure {
+                    tracing::error!("{msg}");
+                    return c;
+                }
+                c
+            }
+        };
         for e in &c.errors {
             tracing::error!("cgpu: bad environment: {e}");
         }
@@ -649,5 +744,72 @@ mod tests {
         assert_eq!(c.real_libnvml.to_str().unwrap(), "libnvidia-ml.so.1");
         let c = cfg(&[("CGPU_REAL_LIBCUDA", "/x/libcuda.so")]);
         assert_eq!(c.real_libcuda.to_str().unwrap(), "/x/libcuda.so");
+    }
+
+    fn alloc(vars: &[(&str, &str)], file: Result<&str, &str>) -> (Config, Option<String>) {
+        let env = |k: &str| {
+            vars.iter()
+                .find(|(a, _)| *a == k)
+                .map(|(_, v)| v.to_string())
+        };
+        with_alloc_file(
+            &env,
+            None,
+            "/etc/cgpu/alloc.env",
+            file.map(str::to_string).map_err(str::to_string),
+        )
+    }
+
+    const GOOD: &str = "CGPU_CONTAINER_ID=default/tf/main\nALIYUN_COM_GPU_MEM_CONTAINER=4,4\n\
+                        ALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a,GPU-0b\n";
+
+    #[test]
+    fn alloc_file_values_win_over_the_environment() {
+        let (c, err) = alloc(
+            &[
+                ("ALIYUN_COM_GPU_MEM_CONTAINER", "15"),
+                ("ALIYUN_COM_GPU_SCHD_WEIGHT", "2"),
+            ],
+            Ok(GOOD),
+        );
+        assert_eq!(err, None);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.mem_container, vec![4, 4]);
+        assert_eq!(c.mem_dev, Some(15));
+        assert_eq!(c.container_id, "default/tf/main");
+        assert_eq!(
+            c.visible,
+            Some(vec![
+                DeviceSel::Uuid("gpu-0a".into()),
+                DeviceSel::Uuid("gpu-0b".into())
+            ])
+        );
+        // Keys the file does not carry still come from the environment.
+        assert_eq!(c.weight, Some(2));
+        // The pod's own CGPU_DISABLE=true still opts out (usage recorded).
+        let (c, _) = alloc(&[("CGPU_DISABLE", "true")], Ok(GOOD));
+        assert_eq!(c.mode, Mode::Record);
+        let (c, _) = alloc(&[], Ok(&format!("{GOOD}CGPU_DISABLE=true\n")));
+        assert_eq!(c.mode, Mode::Record);
+    }
+
+    #[test]
+    fn a_missing_or_invalid_alloc_file_leaves_no_gpu_visible() {
+        let cases: [(Result<&str, &str>, &str); 6] = [
+            (Err("No such file or directory (os error 2)"), "No such file"),
+            (Ok(""), "CGPU_CONTAINER_ID is missing"),
+            (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=4\n"), "ALIYUN_COM_GPU_MEM_DEV is missing"),
+            (Ok(&"LD_PRELOAD=/x\n"), "unknown key LD_PRELOAD"),
+            (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=four\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a\n"), "ALIYUN_COM_GPU_MEM_CONTAINER='four'"),
+            (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=0\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a\n"), "grants no GPU memory"),
+        ];
+        for (file, why) in cases {
+            let (c, err) = alloc(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "15")], file);
+            let err = err.expect("a failure message");
+            assert!(err.contains(why), "{err}");
+            assert!(err.contains("no GPU is visible"), "{err}");
+            assert_eq!(c.visible, Some(vec![]), "{file:?}");
+            assert_eq!(c.mode, Mode::Enforce);
+        }
     }
 }

@@ -46,17 +46,17 @@ fn rank(l: &Level) -> u8 {
     }
 }
 
-/// What a `CGPU_LOG` value means: `Ok(rank)`, or `Err(())` for a value that
+/// What a `CGPU_LOG` value means: `Some(rank)`, or `None` for a value that
 /// is not a level (the caller falls back to `warn` and says so).
-pub fn parse_level(v: &str) -> Result<u8, ()> {
+pub fn parse_level(v: &str) -> Option<u8> {
     match v.trim().to_ascii_lowercase().as_str() {
-        "" | "warn" | "warning" => Ok(2),
-        "off" | "none" | "quiet" => Ok(0),
-        "error" => Ok(1),
-        "info" => Ok(3),
-        "debug" => Ok(4),
-        "trace" => Ok(5),
-        _ => Err(()),
+        "" | "warn" | "warning" => Some(2),
+        "off" | "none" | "quiet" => Some(0),
+        "error" => Some(1),
+        "info" => Some(3),
+        "debug" => Some(4),
+        "trace" => Some(5),
+        _ => None,
     }
 }
 
@@ -176,7 +176,7 @@ fn write_event(level: &Level, event: &Event<'_>) {
         }
     }
     if buf.cut {
-        let _ = (&mut buf.b[buf.n..buf.n + 3]).copy_from_slice("…".as_bytes());
+        buf.b[buf.n..buf.n + 3].copy_from_slice("…".as_bytes());
         buf.n += 3;
     }
     buf.b[buf.n] = b'\n';
@@ -249,11 +249,11 @@ pub fn init() {
         let raw = std::env::var_os("CGPU_LOG").map(|v| v.to_string_lossy().into_owned());
         let bad = match raw.as_deref().map(parse_level) {
             None => None,
-            Some(Ok(l)) => {
+            Some(Some(l)) => {
                 LEVEL.store(l, Ordering::Relaxed);
                 None
             }
-            Some(Err(())) => raw,
+            Some(None) => raw,
         };
         // Fails only if the host program installed its own global
         // subscriber first (a Rust program using tracing): then ours is not
@@ -273,12 +273,12 @@ mod tests {
 
     #[test]
     fn levels() {
-        assert_eq!(parse_level(""), Ok(2));
-        assert_eq!(parse_level("WARNING"), Ok(2));
-        assert_eq!(parse_level(" debug "), Ok(4));
-        assert_eq!(parse_level("off"), Ok(0));
-        assert_eq!(parse_level("cgpu=debug"), Err(()));
-        assert_eq!(parse_level("verbose"), Err(()));
+        assert_eq!(parse_level(""), Some(2));
+        assert_eq!(parse_level("WARNING"), Some(2));
+        assert_eq!(parse_level(" debug "), Some(4));
+        assert_eq!(parse_level("off"), Some(0));
+        assert_eq!(parse_level("cgpu=debug"), None);
+        assert_eq!(parse_level("verbose"), None);
     }
 
     #[test]

@@ -144,6 +144,26 @@ fn stalled_table_lock_holder_never_unlimits_a_container() {
     let mut first = rig.client("stall", 1, &[], &["alloc", "1048576"]);
     let o = first.wait().unwrap();
     assert!(o.success(), "{o:?}");
+    // Another container, joined before the stall, allocates during it.
+    let mut other = rig.client(
+        "other",
+        2,
+        &[],
+        &[
+            "pid",
+            "alloc",
+            "1048576",
+            "ready",
+            "sleep",
+            "300",
+            "alloc_until_oom",
+            "268435456",
+            "ready",
+            "hold",
+        ],
+    );
+    let mut other_out = BufReader::new(other.stdout.take().unwrap());
+    read_until(&mut other_out, "ready");
     let lock = hold_table_lock(&rig.ledger_path());
 
     let t0 = Instant::now();
@@ -190,6 +210,17 @@ fn stalled_table_lock_holder_never_unlimits_a_container() {
     // GPU before it is refused (plus process start-up on a loaded machine).
     println!("stalled lock: clients refused after {waited:?} (both started together)");
     assert!(waited < Duration::from_secs(10), "{waited:?}");
+    // The other container was not held up: it got its whole quota during
+    // the stall (2 GiB: 300 MiB context + 1 MiB + 6 chunks of 256 MiB).
+    let lines = read_until(&mut other_out, "ready");
+    let waited_other = t0.elapsed();
+    assert_eq!(
+        field(&lines, "alloc_until_oom", "count"),
+        Some(6),
+        "{lines:?}"
+    );
+    println!("stalled lock: a container joined before the stall allocated its whole quota meanwhile (done {waited_other:?} after the stall began, 0.3 s of it its own sleep)");
+    kill_and_check(other, "the other container");
     for k in kids.drain(..) {
         let err = kill_and_check(k, "client under a stalled lock");
         assert!(
@@ -945,4 +976,58 @@ fn conflicting_and_implausible_settings_get_one_readable_warning() {
             "{l}"
         );
     }
+}
+
+/// Logging in a child forked from a multi-threaded process (while another
+/// thread is logging) and in an exit handler: the logger takes no lock,
+/// allocates nothing and touches no thread-local, so neither can hang or
+/// panic. The child's lines carry its own pid.
+#[test]
+fn logging_in_a_forked_child_and_at_exit() {
+    use std::os::fd::AsRawFd;
+    cgpu::log::init();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    // Another thread logs all the time (its lines go to the test's stderr).
+    let busy = std::thread::spawn(move || {
+        while !s2.load(Ordering::Relaxed) {
+            tracing::error!("(test noise: another thread logging while the test forks)");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    });
+    for _ in 0..20 {
+        let (r, w) = std::os::unix::net::UnixStream::pair().unwrap();
+        // SAFETY: the child only calls dup2, the logger (no lock, no
+        // allocation) and _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: plain syscalls in the child.
+            unsafe { libc::dup2(w.as_raw_fd(), 2) };
+            tracing::error!("child line {}", 42);
+            extern "C" fn at_exit() {
+                tracing::error!("exit handler line");
+            }
+            // SAFETY: registering a plain extern "C" handler; exit() runs it.
+            unsafe {
+                libc::atexit(at_exit);
+                libc::exit(0);
+            }
+        }
+        drop(w);
+        let mut st = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut st, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0,
+            "child status {st:#x}"
+        );
+        let mut out = String::new();
+        std::io::Read::read_to_string(&mut &r, &mut out).unwrap();
+        assert_eq!(
+            out,
+            format!("cgpu[{pid}] error: child line 42\ncgpu[{pid}] error: exit handler line\n")
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    busy.join().unwrap();
 }

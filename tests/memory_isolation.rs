@@ -71,7 +71,7 @@ fn spawn_ready_out(
     loop {
         let mut line = String::new();
         if r.read_line(&mut line).unwrap() == 0 {
-            panic!("client exited before ready: {:?}", child.wait());
+            panic!("client exited before ready: {:?}\n{out}", child.wait());
         }
         if line.contains("\"ready\"") {
             break;
@@ -655,17 +655,18 @@ fn unusable_ledger_directory_enforces_within_the_process_and_says_so() {
 #[test]
 fn missing_real_driver_is_a_clear_error_not_a_crash() {
     let m = Machine::new("nodriver", T4);
-    let src = repo().join("tests/entry_paths_client.c");
-    let exe = cc(&src, "entry_paths_client", &["PATH_LINKED"], true);
+    let exe = cgpu_testkit::cuclient(cgpu_testkit::LinkMode::Link);
     let v = [
         ("ALIYUN_COM_GPU_MEM_CONTAINER", "2"),
         ("CGPU_REAL_LIBCUDA", "/nonexistent/libcuda.so.1"),
     ];
-    let o = run(&mut m.preloaded(&exe, &v));
+    let o = run(m.preloaded(&exe, &v).args(["init", "meminfo"]));
     let err = String::from_utf8_lossy(&o.stderr);
-    // Our exported cuCtxCreate_v2 answers CUDA_ERROR_NOT_INITIALIZED: the
-    // client reports the failed init and exits 3 (no signal, no hang).
-    assert_eq!(o.status.code(), Some(3), "{err}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    // Our exported cuInit answers CUDA_ERROR_NOT_INITIALIZED (3): the client
+    // reports the failed init and carries on to a clean exit (no signal, no hang).
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(out.lines().any(|l| l.starts_with("init err=3")), "{out}");
     assert!(
         err.contains("cannot load the real driver") && err.contains("CGPU_REAL_LIBCUDA"),
         "{err}"
@@ -1098,4 +1099,75 @@ fn the_librarys_nvml_use_is_invisible_to_the_application() {
         4 * GIB - 2 * CTX,
         "{pre}"
     );
+}
+
+/// `cmd` run inside a new PID namespace (`unshare -Urp --fork`, a user
+/// namespace so no privilege is needed; `/proc` stays the host's, so the
+/// simulated driver lists the process by its host pid as NVML does).
+fn in_pid_namespace(cmd: &std::process::Command) -> std::process::Command {
+    let mut c = std::process::Command::new("unshare");
+    c.args(["-Urp", "--fork", "--kill-child"])
+        .arg(cmd.get_program())
+        .args(cmd.get_args())
+        .stdin(Stdio::null());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c
+}
+
+/// Inside a PID namespace NVML does not list the process under its own
+/// pid. What each context reserves must still be measured exactly, whatever
+/// other containers allocate and free meanwhile (before: the device's used
+/// memory before and after, so their activity was charged to the context).
+#[test]
+fn contexts_in_a_pid_namespace_are_measured_without_other_containers_noise() {
+    let m = Machine::new("pidns", "81920:NVIDIA A100");
+    let probe = std::process::Command::new("unshare")
+        .args(["-Urp", "--fork", "true"])
+        .status();
+    assert!(
+        probe.is_ok_and(|s| s.success()),
+        "this test needs `unshare -Urp` (util-linux, user namespaces enabled)"
+    );
+    // Other containers allocate and free up to 300 MB at random, all along.
+    let noisy = Reap(
+        (0..3)
+            .map(|i| {
+                let id = format!("noisy{i}");
+                spawn_ready(m.client(Some(&vars(&id, "8")), &["ctx", "loop", "300000000"])).0
+            })
+            .collect(),
+    );
+    let n = 60;
+    let mut args = vec!["ctx"; n];
+    args.extend(["info", "ready", "hold"]);
+    let (ns, _r, out) = spawn_ready_out(in_pid_namespace(
+        &m.client(Some(&vars("inns", "20")), &args),
+    ));
+    let _ns = Reap(vec![ns]);
+    let l = ledger(&m);
+    let (used, ..) = container(&l, "inns").unwrap();
+    assert_eq!(used, n as u64 * CTX, "{n} contexts of 300 MiB each: {out}");
+    assert_eq!(
+        op(&out, "info")["free"].as_u64().unwrap(),
+        20 * GIB - n as u64 * CTX,
+        "{out}"
+    );
+    drop(noisy);
+}
+
+/// Children killed when dropped (also when a test fails).
+struct Reap(Vec<std::process::Child>);
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for k in &mut self.0 {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+    }
 }

@@ -314,6 +314,16 @@ fn comm() -> String {
         .unwrap_or_default()
 }
 
+/// This process's pid as the host numbers it, as the real driver reports
+/// pids (NVML lists host pids, also for a process inside a PID namespace):
+/// the pid `/proc/self` names when `/proc` is the host's, else `getpid()`.
+fn host_pid() -> u32 {
+    std::fs::read_link("/proc/self")
+        .ok()
+        .and_then(|p| p.to_str()?.parse().ok())
+        .unwrap_or_else(std::process::id)
+}
+
 fn build() -> Result<Driver, String> {
     let cfg = Config::from_env();
     let want: Vec<DeviceInit> = cfg
@@ -328,7 +338,7 @@ fn build() -> Result<Driver, String> {
         .map_err(|e| format!("cannot open the state in {}: {e}", cfg.state_dir.display()))?;
     let shared: &'static Shared = Box::leak(Box::new(shared));
     let slot = shared
-        .claim_slot(std::process::id(), &comm())
+        .claim_slot(host_pid(), &comm())
         .map_err(|e| e.to_string())?;
     state::set_own_slot_hint(slot);
     let n = shared.ndev();

@@ -24,6 +24,7 @@ pub mod integrity;
 pub mod nvml;
 pub mod nvml_monitoring;
 pub mod stat;
+pub mod stat_schema;
 pub mod state;
 pub mod stubs;
 

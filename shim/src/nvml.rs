@@ -661,10 +661,10 @@ pub unsafe extern "C" fn nvmlDeviceGetPersistenceMode(
 }
 
 // ------------------------------------------------------- interconnect queries
-// The simulated GPUs sit on PCIe gen 3 x16 and have no NVLink and no fabric:
-// the real NVML answers such a GPU's NVLink and fabric queries with
-// NOT_SUPPORTED. PyTorch asks these at its first out-of-memory error (to
-// describe the GPU), TensorFlow at start-up.
+// The simulated GPUs have no NVLink and no fabric: the real NVML answers such
+// a GPU's NVLink and fabric queries with NOT_SUPPORTED. PyTorch asks these at
+// its first out-of-memory error (to describe the GPU), TensorFlow at start-up
+// (PCIe: nvml_monitoring.rs).
 
 fn no_nvlink(h: nvmlDevice_t) -> Result<(), nvmlReturn_t> {
     let d = nv()?;
@@ -705,43 +705,4 @@ pub unsafe extern "C" fn nvmlDeviceGetGpuFabricInfoV(
     _info: *mut std::ffi::c_void,
 ) -> nvmlReturn_t {
     nvml_guard(|| no_nvlink(h))
-}
-
-fn pcie_value(h: nvmlDevice_t, out: *mut u32, v: u32) -> Result<(), nvmlReturn_t> {
-    let d = nv()?;
-    dev_of(d, h)?;
-    // SAFETY: out pointer from the caller.
-    unsafe { put(out, v, NVML_ERROR_INVALID_ARGUMENT) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkGeneration(
-    h: nvmlDevice_t,
-    gen: *mut u32,
-) -> nvmlReturn_t {
-    nvml_guard(|| pcie_value(h, gen, 3))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkGeneration(
-    h: nvmlDevice_t,
-    gen: *mut u32,
-) -> nvmlReturn_t {
-    nvml_guard(|| pcie_value(h, gen, 3))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetCurrPcieLinkWidth(
-    h: nvmlDevice_t,
-    width: *mut u32,
-) -> nvmlReturn_t {
-    nvml_guard(|| pcie_value(h, width, 16))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn nvmlDeviceGetMaxPcieLinkWidth(
-    h: nvmlDevice_t,
-    width: *mut u32,
-) -> nvmlReturn_t {
-    nvml_guard(|| pcie_value(h, width, 16))
 }

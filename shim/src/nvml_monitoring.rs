@@ -303,10 +303,14 @@ nvml_fns! {
     };
     nvmlDeviceGetFanSpeed_v2(h: Dev, fan: u32, s: *mut u32) => { dev(h)?; if fan != 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) } out(s, 30) };
     nvmlDeviceGetNumFans(h: Dev, n: *mut u32) => { dev(h)?; out(n, 1) };
-    // PCIe gen 3 x16, as nvml.rs answers for the link itself.
-    nvmlDeviceGetGpuMaxPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 3) };
-    nvmlDeviceGetPcieSpeed(h: Dev, s: *mut u32) => { dev(h)?; out(s, 8_000) };
-    nvmlDeviceGetPcieLinkMaxSpeed(h: Dev, s: *mut u32) => { dev(h)?; out(s, 8_000) };
+    // PCIe gen 4 x16.
+    nvmlDeviceGetCurrPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 4) };
+    nvmlDeviceGetMaxPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 4) };
+    nvmlDeviceGetGpuMaxPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 4) };
+    nvmlDeviceGetCurrPcieLinkWidth(h: Dev, w: *mut u32) => { dev(h)?; out(w, 16) };
+    nvmlDeviceGetMaxPcieLinkWidth(h: Dev, w: *mut u32) => { dev(h)?; out(w, 16) };
+    nvmlDeviceGetPcieSpeed(h: Dev, s: *mut u32) => { dev(h)?; out(s, 16_000) };
+    nvmlDeviceGetPcieLinkMaxSpeed(h: Dev, s: *mut u32) => { dev(h)?; out(s, 16_000) };
     nvmlDeviceGetPcieThroughput(h: Dev, counter: u32, v: *mut u32) => { dev(h)?; if counter > 1 { return Err(NVML_ERROR_INVALID_ARGUMENT) } out(v, 0) };
     nvmlDeviceGetPcieReplayCounter(h: Dev, v: *mut u32) => { dev(h)?; out(v, 0) };
     nvmlDeviceGetBusType(h: Dev, t: *mut u32) => { dev(h)?; out(t, 2) }; // NVML_BUS_TYPE_PCIE

@@ -3,52 +3,10 @@
 //! `shim/README.md`.
 
 use crate::state::{Shared, MAX_DEVICES, SLOT_ALIVE, SLOT_FREE};
-use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::atomic::Ordering::*;
 
-pub const SCHEMA_VERSION: u32 = 1;
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct DeviceStat {
-    pub index: usize,
-    pub uuid: String,
-    pub name: String,
-    pub total_bytes: u64,
-    pub used_bytes: u64,
-    pub busy_ns: u64,
-    pub kernels: u64,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct ProcessStat {
-    pub pid: u32,
-    pub slot: usize,
-    pub comm: String,
-    pub alive: bool,
-    pub device: usize,
-    pub mem_bytes: u64,
-    pub device_time_ns: u64,
-    pub kernels: u64,
-}
-
-/// Calls to a function the sim only stubs (see `stubs.rs`).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct StubStat {
-    pub name: String,
-    pub calls: u64,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct Snapshot {
-    pub schema: u32,
-    pub state_dir: String,
-    pub devices: Vec<DeviceStat>,
-    pub processes: Vec<ProcessStat>,
-    /// Every stub called at least once, by name (all processes together).
-    #[serde(default)]
-    pub stubs: Vec<StubStat>,
-}
+pub use crate::stat_schema::*;
 
 /// Reads the state in `dir` (reaping dead processes first). Fails if the
 /// directory holds no state.

@@ -230,7 +230,7 @@ fn nvml_queries_of_monitoring_agents_through_pynvml() {
     let de = v["energy2"].as_u64().unwrap() - v["energy1"].as_u64().unwrap();
     assert!(de >= 6000, "{de} mJ");
     assert_eq!(v["temp_slowdown"], 87);
-    assert_eq!(v["pcie_gen"], 3);
+    assert_eq!(v["pcie_gen"], 4);
     assert_eq!(v["pcie_width"], 16);
     assert_eq!(v["bar1_total"], 256 * MIB);
     assert_eq!(v["ecc"], json!([0, 0]));

@@ -44,12 +44,9 @@ named_stubs = set()
 for path in glob.glob(f"{srcdir}/**/*.rs", recursive=True):
     text = open(path).read()
     named_stubs.update(re.findall(r'stub_hit!\("([A-Za-z0-9_]+)"', text))
-    # unsupported! { name(args); ... } (cuda/unsupported.rs): every entry a stub
-    for block in re.findall(r"\nunsupported!\s*\{(.*?)\n\}", text, re.S):
-        named_stubs.update(re.findall(r"^\s*(cu\w+)\(", block, re.M))
     for block in re.findall(r"stub_fns!\s*\{(.*?)\n\}", text, re.S):
+        block = re.sub(r"//[^\n]*", "", block)  # comments may hold ';'
         for part in re.findall(r"=>(.*?);", block, re.S):
-            part = re.sub(r"//[^\n]*", "", part)
             named_stubs.update(x.strip() for x in part.split(",") if x.strip())
 exported = {l.strip() for l in open(exported_file) if l.strip().startswith("cu")}
 

@@ -10,7 +10,7 @@
 
 use std::cell::Cell;
 use std::ffi::CString;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -81,6 +81,24 @@ impl Drop for NvmlRef {
     }
 }
 
+/// This process's pid as NVML lists it, and the `getpid()` it was found for
+/// (`getpid << 32 | nvml pid`; 0 = not known). Inside a PID namespace
+/// (Docker's default) NVML lists host pids, which `getpid()` is not; the
+/// pid is found once, by a probe (see [`find_own_pid`]). A forked child has
+/// another `getpid()`, so it never uses its parent's.
+static OWN_PID: AtomicU64 = AtomicU64::new(0);
+
+/// This process's pid in NVML's lists.
+fn own_pid() -> u32 {
+    let me = std::process::id();
+    let v = OWN_PID.load(Ordering::Acquire);
+    if v >> 32 == u64::from(me) && v as u32 != 0 {
+        v as u32
+    } else {
+        me
+    }
+}
+
 /// What the driver reports about device memory on `gpu`.
 #[derive(Default, Clone, Copy)]
 struct Sample {
@@ -89,21 +107,21 @@ struct Sample {
     mine: Option<u64>,
     /// The device's used bytes.
     device: Option<u64>,
+    /// What this process has charged on the GPU (its view of its own bytes
+    /// when NVML does not list it yet).
+    charged: u64,
 }
 
-fn sample(gpu: &Gpu, nvml: &NvmlRef) -> Sample {
-    let mut s = Sample::default();
-    if !nvml.0 {
-        return s;
-    }
-    let Ok(uuid) = CString::new(gpu.uuid.as_str()) else {
-        return s;
-    };
+/// The NVML handle of `gpu`.
+fn nvml_handle(gpu: &Gpu) -> Option<nvmlDevice_t> {
+    let uuid = CString::new(gpu.uuid.as_str()).ok()?;
     let mut h: nvmlDevice_t = std::ptr::null_mut();
-    if super::call_real!(real::nvmlDeviceGetHandleByUUID, uuid.as_ptr(), &mut h) != NVML_SUCCESS {
-        return s;
-    }
-    let me = std::process::id();
+    (super::call_real!(real::nvmlDeviceGetHandleByUUID, uuid.as_ptr(), &mut h) == NVML_SUCCESS)
+        .then_some(h)
+}
+
+/// NVML's compute processes on `h`: (pid, bytes), summed per pid.
+fn processes(h: nvmlDevice_t) -> Option<Vec<(u32, u64)>> {
     let mut infos = vec![nvmlProcessInfo_t::default(); 64];
     for _ in 0..3 {
         let mut n = infos.len() as u32;
@@ -117,17 +135,35 @@ fn sample(gpu: &Gpu, nvml: &NvmlRef) -> Sample {
             infos.resize(n as usize + 16, nvmlProcessInfo_t::default());
             continue;
         }
-        if rc == NVML_SUCCESS {
-            let mine: Vec<u64> = infos[..n as usize]
-                .iter()
-                .filter(|p| p.pid == me)
-                .map(|p| p.usedGpuMemory)
-                .collect();
-            if !mine.is_empty() {
-                s.mine = Some(mine.iter().sum());
+        if rc != NVML_SUCCESS {
+            return None;
+        }
+        let mut out: Vec<(u32, u64)> = Vec::new();
+        for p in &infos[..(n as usize).min(infos.len())] {
+            match out.iter_mut().find(|(pid, _)| *pid == p.pid) {
+                Some((_, b)) => *b = b.saturating_add(p.usedGpuMemory),
+                None => out.push((p.pid, p.usedGpuMemory)),
             }
         }
-        break;
+        return Some(out);
+    }
+    None
+}
+
+fn sample(gpu: &Gpu, nvml: &NvmlRef) -> Sample {
+    let mut s = Sample {
+        charged: gpu.process_used(),
+        ..Sample::default()
+    };
+    if !nvml.0 {
+        return s;
+    }
+    let Some(h) = nvml_handle(gpu) else {
+        return s;
+    };
+    let me = own_pid();
+    if let Some(ps) = processes(h) {
+        s.mine = ps.iter().find(|(p, _)| *p == me).map(|(_, b)| *b);
     }
     let mut m = nvmlMemory_t::default();
     if super::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) == NVML_SUCCESS {
@@ -136,26 +172,89 @@ fn sample(gpu: &Gpu, nvml: &NvmlRef) -> Sample {
     s
 }
 
+/// Find this process's pid in NVML's list of `gpu` when it is not
+/// `getpid()` (a PID namespace): allocate a probe of a size unlikely to be
+/// anyone else's in the new context `ctx`, and take the one pid whose bytes
+/// grew by exactly that much and fell by as much when it was freed. No
+/// other process's activity can be mistaken for ours, unlike the device's
+/// used memory. Runs once per process (the answer is kept).
+fn find_own_pid(gpu: &Gpu, ctx: CUcontext) -> Option<u32> {
+    let h = nvml_handle(gpu)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let probe = (2 << 20) + 512 * (1 + u64::from(nanos % 4093));
+    if super::call_real!(real::cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS {
+        return None;
+    }
+    let found = (|| {
+        let p0 = processes(h)?;
+        let mut dptr: CUdeviceptr = 0;
+        if super::call_real!(real::cuMemAlloc_v2, &mut dptr, probe as usize) != CUDA_SUCCESS {
+            return None;
+        }
+        let p1 = processes(h);
+        super::call_real!(real::cuMemFree_v2, dptr);
+        let p1 = p1?;
+        let p2 = processes(h)?;
+        let bytes =
+            |ps: &[(u32, u64)], pid: u32| ps.iter().find(|(p, _)| *p == pid).map_or(0, |(_, b)| *b);
+        let mut hits = p1.iter().map(|(pid, _)| *pid).filter(|&pid| {
+            bytes(&p1, pid).checked_sub(bytes(&p0, pid)) == Some(probe)
+                && bytes(&p1, pid).checked_sub(bytes(&p2, pid)) == Some(probe)
+        });
+        let pid = hits.next()?;
+        hits.next().is_none().then_some(pid)
+    })();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    super::call_real!(real::cuCtxPopCurrent_v2, &mut popped);
+    if let Some(pid) = found {
+        tracing::debug!(
+            "cgpu: NVML lists this process as pid {pid} (getpid {}: a PID namespace)",
+            std::process::id()
+        );
+        OWN_PID.store(
+            u64::from(std::process::id()) << 32 | u64::from(pid),
+            Ordering::Release,
+        );
+    }
+    found
+}
+
 /// What a context creation reserved, from samples before and after: this
-/// process's bytes when NVML lists it afterwards (unlisted before = none
-/// yet), else the device's used bytes (inside a PID namespace NVML lists
-/// host pids; other processes' activity may then blur the measure).
+/// process's bytes when NVML lists it afterwards, less what it held before
+/// (what it had charged, when NVML did not list it then: no context yet);
+/// else the device's used bytes (NVML lists no processes; other processes'
+/// activity may then blur the measure).
 fn reserved(before: Sample, after: Sample) -> Option<u64> {
     match (after.mine, before.device, after.device) {
-        (Some(a), _, _) => Some(a.saturating_sub(before.mine.unwrap_or(0))),
+        (Some(a), _, _) => Some(a.saturating_sub(before.mine.unwrap_or(before.charged))),
         (None, Some(b), Some(a)) => Some(a.saturating_sub(b)),
         _ => None,
     }
 }
 
-/// Run `create`, measuring the device memory it reserved. `None` if it
-/// could not be measured (then nothing is charged, with a warning).
-fn measured(gpu: &Gpu, create: impl FnOnce() -> CUresult) -> (CUresult, Option<u64>) {
+/// Run `create`, measuring the device memory it reserved; `new_ctx` reads
+/// the context it made (called only on success). `None` if it could not be
+/// measured (then nothing is charged, with a warning).
+fn measured(
+    gpu: &Gpu,
+    create: impl FnOnce() -> CUresult,
+    new_ctx: impl FnOnce() -> CUcontext,
+) -> (CUresult, Option<u64>) {
     let _m = Measuring::start();
     let nvml = NvmlRef::acquire();
     let before = sample(gpu, &nvml);
     let rc = create();
-    let after = sample(gpu, &nvml);
+    let mut after = sample(gpu, &nvml);
+    if rc == CUDA_SUCCESS && nvml.0 && after.mine.is_none() && own_pid() == std::process::id() {
+        // Not listed under getpid() although it has a context now: a PID namespace.
+        let c = new_ctx();
+        if !c.is_null() && find_own_pid(gpu, c).is_some() {
+            after = sample(gpu, &nvml);
+        }
+    }
     let delta = reserved(before, after);
     if delta.is_none() && !WARNED.swap(true, Ordering::Relaxed) {
         tracing::warn!(
@@ -163,6 +262,18 @@ fn measured(gpu: &Gpu, create: impl FnOnce() -> CUresult) -> (CUresult, Option<u
         );
     }
     (rc, delta)
+}
+
+/// Reads the context a successful creation wrote to `ctx` (null if none).
+fn new_ctx(ctx: *mut CUcontext) -> impl FnOnce() -> CUcontext {
+    move || {
+        if ctx.is_null() {
+            std::ptr::null_mut()
+        } else {
+            // SAFETY: called only after the driver succeeded and wrote *ctx.
+            unsafe { ctx.read() }
+        }
+    }
 }
 
 /// Charge a new context's reservation; on over-quota destroy it again.
@@ -206,7 +317,11 @@ pub unsafe fn ctx_create(
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, flags, dev);
     };
-    let (rc, d) = measured(gpu, || super::call_real!(real, ctx, flags, dev));
+    let (rc, d) = measured(
+        gpu,
+        || super::call_real!(real, ctx, flags, dev),
+        new_ctx(ctx),
+    );
     charge_new_ctx(gpu, ctx, rc, d)
 }
 
@@ -225,7 +340,11 @@ pub unsafe fn ctx_create_v3(
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, n, flags, dev);
     };
-    let (rc, d) = measured(gpu, || super::call_real!(real, ctx, params, n, flags, dev));
+    let (rc, d) = measured(
+        gpu,
+        || super::call_real!(real, ctx, params, n, flags, dev),
+        new_ctx(ctx),
+    );
     charge_new_ctx(gpu, ctx, rc, d)
 }
 
@@ -243,7 +362,11 @@ pub unsafe fn ctx_create_v4(
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, flags, dev);
     };
-    let (rc, d) = measured(gpu, || super::call_real!(real, ctx, params, flags, dev));
+    let (rc, d) = measured(
+        gpu,
+        || super::call_real!(real, ctx, params, flags, dev),
+        new_ctx(ctx),
+    );
     charge_new_ctx(gpu, ctx, rc, d)
 }
 
@@ -279,7 +402,7 @@ pub unsafe fn primary_retain(
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, dev);
     };
-    let (rc, delta) = measured(gpu, || super::call_real!(real, ctx, dev));
+    let (rc, delta) = measured(gpu, || super::call_real!(real, ctx, dev), new_ctx(ctx));
     if rc != CUDA_SUCCESS || ctx.is_null() {
         return rc;
     }
@@ -360,7 +483,11 @@ mod tests {
 
     #[test]
     fn reservation_measures() {
-        let s = |mine, device| Sample { mine, device };
+        let s = |mine, device| Sample {
+            mine,
+            device,
+            charged: 0,
+        };
         // First context: not listed before, listed after.
         assert_eq!(
             reserved(s(None, Some(100)), s(Some(300), Some(400))),
@@ -375,6 +502,13 @@ mod tests {
         assert_eq!(reserved(s(None, Some(100)), s(None, Some(400))), Some(300));
         // No NVML.
         assert_eq!(reserved(s(None, None), s(None, None)), None);
+        // Not listed before (no context) while holding memory that outlived
+        // its contexts: what it had charged is not the new context's.
+        let before = Sample {
+            charged: 200,
+            ..s(None, Some(900))
+        };
+        assert_eq!(reserved(before, s(Some(500), Some(1200))), Some(300));
         // Never negative.
         assert_eq!(reserved(s(None, Some(500)), s(None, Some(400))), Some(0));
     }

@@ -594,7 +594,13 @@ impl Ledger {
     /// All ledger files in `dir`, sorted: regular files only (symbolic
     /// links, FIFOs and device nodes named `*.ledger` are skipped, never
     /// followed or opened).
+    ///
+    /// A default directory that is not trusted (a symbolic link, or owned
+    /// by another user) lists nothing.
     pub fn list(dir: &Path) -> Vec<PathBuf> {
+        if DEFAULT_DIRS.iter().any(|d| Path::new(d) == dir) && file::trusted_dir(dir).is_err() {
+            return Vec::new();
+        }
         let Ok(rd) = std::fs::read_dir(dir) else {
             return Vec::new();
         };

@@ -3,9 +3,8 @@
 //! the whole is a near-instant picture, not a transaction.
 
 use super::*;
-use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {
     pub path: PathBuf,
     pub uuid: String,
@@ -28,7 +27,7 @@ pub struct Snapshot {
     pub processes: Vec<ProcessSnapshot>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerSnapshot {
     pub slot: usize,
     pub id: String,
@@ -50,7 +49,7 @@ pub struct ContainerSnapshot {
     pub sched: Vec<u64>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcessSnapshot {
     pub slot: usize,
     /// Container slot index.

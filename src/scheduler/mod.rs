@@ -304,7 +304,7 @@ fn register_handlers() {
 }
 
 /// Per-container compute counters kept in the ledger.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ContainerSchedStats {
     /// GPU time charged to the container since it joined, ns.
     pub gpu_time_ns: u64,

@@ -14,7 +14,6 @@
 //!   `LD_LIBRARY_PATH`, optional `LD_PRELOAD`) to spawn processes in.
 //! - [`sim_stats`]: the state directory read through `cgpu-sim-stat --json`.
 
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -621,46 +620,14 @@ pub fn num(out: &str, cmd: &str, key: &str) -> u64 {
 
 // ------------------------------------------------------------------ stats
 
-/// `cgpu-sim-stat --json` (schema 1; see shim/README.md).
-#[derive(Deserialize, Debug, Clone)]
-pub struct SimStats {
-    pub schema: u32,
-    pub state_dir: String,
-    pub devices: Vec<DeviceStat>,
-    pub processes: Vec<ProcessStat>,
-}
-
-#[derive(Deserialize, Debug, Clone)]
-pub struct DeviceStat {
-    pub index: usize,
-    pub uuid: String,
-    pub name: String,
-    pub total_bytes: u64,
-    pub used_bytes: u64,
-    pub busy_ns: u64,
-    pub kernels: u64,
-}
-
-#[derive(Deserialize, Debug, Clone)]
-pub struct ProcessStat {
-    pub pid: u32,
-    pub slot: usize,
-    pub comm: String,
-    pub alive: bool,
-    pub device: usize,
-    pub mem_bytes: u64,
-    pub device_time_ns: u64,
-    pub kernels: u64,
-}
-
-impl SimStats {
-    /// The record of `pid` on `device`.
-    pub fn process(&self, pid: u32, device: usize) -> Option<&ProcessStat> {
-        self.processes
-            .iter()
-            .find(|p| p.pid == pid && p.device == device)
-    }
-}
+/// The `cgpu-sim-stat --json` document: the simulated driver's own
+/// definition (`shim/src/stat_schema.rs`), compiled here too rather than
+/// linked (the sim's library exports the driver's symbols).
+#[path = "../../shim/src/stat_schema.rs"]
+mod sim_stat_schema;
+pub use sim_stat_schema::{
+    DeviceStat, ProcessStat, Snapshot as SimStats, StubStat, SCHEMA_VERSION as SIM_STAT_SCHEMA,
+};
 
 /// Reads a state directory with `cgpu-sim-stat --state DIR --json`.
 pub fn sim_stats(state_dir: &Path) -> SimStats {

@@ -69,10 +69,17 @@
  *                             failed test leaves no process behind for long)
  *   pid                       pid ok pid=<getpid()>
  *   procaddr NAME VER FLAGS   procaddr ok|err=E name=NAME status=S ptr=0x.. (cuGetProcAddress_v2)
+ *   variants                  for a fixed list of (name, version, flags) that covers distinct ABIs,
+ *                             what cuGetProcAddress_v2 returned, one line each:
+ *                             variant sym=S ver=V flags=F rc=R status=S null=0|1 hook=H aliases=A
+ *                             hook: the libcgpu export it is (what RTLD_DEFAULT finds, if that
+ *                             lies in libcgpu), else "driver"; aliases: the names under which
+ *                             the libcuda.so.1 handle exports that address ("-" if none);
+ *                             meaningful without the preload, where both are the driver's
  *   nvml_init                 nvml_init ok (nvmlInit_v2; the NVML commands do it implicitly)
  *   nvml_count                nvml_count ok n=N
  *   nvml_meminfo              nvml_meminfo ok total= used= free=  (nvmlDeviceGetMemoryInfo)
- *   nvml_meminfo_v2           nvml_meminfo_v2 ok total= reserved= used= free=
+ *   nvml_meminfo_v2           nvml_meminfo_v2 ok total= reserved= used= free= version=
  *   nvml_procs                nvml_procs ok n=N <pid>:<bytes>...  (ComputeRunningProcesses_v3)
  *   nvml_util                 nvml_util ok gpu=P               (UtilizationRates)
  *   nvml_uuid                 nvml_uuid ok uuid=GPU-...
@@ -331,6 +338,53 @@ static CUresult alloc_vmm(size_t bytes, struct alloc *a) {
 
 #define NEED(n) do { if (i + (n) >= argc) { fprintf(stderr, "usage: %s needs %d args\n", c, n); return 2; } } while (0)
 #define CUDA_OR_ERR(cmd) do { if (!cuda_init()) { printf("%s err=%d\n", cmd, init_err); continue; } } while (0)
+
+/* `variants`: which of libcgpu's exports cuGetProcAddress_v2 hands back. */
+static void variants(void) {
+    static const struct { const char *sym; int ver; cuuint64_t flags; } q[] = {
+        {"cuCtxCreate", 3020, 0}, {"cuCtxCreate", 11040, 0}, {"cuCtxCreate", 12050, 0},
+        {"cuMemAlloc", 3020, 0}, {"cuMemGetInfo", 3020, 0}, {"cuMemFree", 3020, 0},
+        {"cuMemAllocAsync", 11020, 0}, {"cuMemAllocAsync", 11020, 2},
+        {"cuLaunchKernel", 4000, 0}, {"cuLaunchKernel", 7000, 2},
+        {"cuGraphLaunch", 10000, 2}, {"cuMemFreeAsync", 11020, 2},
+        {"cuDevicePrimaryCtxRelease", 11000, 0}, {"cuGetProcAddress", 11030, 0},
+        {"cuGetProcAddress", 12000, 0}, {"cuCtxGetDevice", 2000, 0}, {"cuGetExportTable", 3000, 0},
+    };
+    static const char *const ours[] = {
+        "cuCtxCreate", "cuCtxCreate_v2", "cuCtxCreate_v3", "cuCtxCreate_v4", "cuMemAlloc_v2",
+        "cuMemGetInfo_v2", "cuMemFree_v2", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
+        "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuGraphLaunch", "cuGraphLaunch_ptsz",
+        "cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuDevicePrimaryCtxRelease",
+        "cuDevicePrimaryCtxRelease_v2", "cuGetProcAddress", "cuGetProcAddress_v2",
+    };
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) die(dlerror());
+    if (!get_proc) load_cuda();
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+        void *p = NULL;
+        CUdriverProcAddressQueryResult st = 0;
+        CUresult rc = get_proc(q[i].sym, &p, q[i].ver, q[i].flags, &st);
+        const char *which = "driver";
+        for (size_t j = 0; j < sizeof ours / sizeof ours[0]; j++) {
+            void *o = dlsym(RTLD_DEFAULT, ours[j]);
+            Dl_info di;
+            if (o && o == p && dladdr(o, &di) && di.dli_fname && strstr(di.dli_fname, "libcgpu")) {
+                which = ours[j];
+                break;
+            }
+        }
+        char aliases[1024] = "";
+        for (size_t j = 0; j < sizeof ours / sizeof ours[0]; j++) {
+            if (p && dlsym(h, ours[j]) == p) {
+                if (aliases[0]) strcat(aliases, ",");
+                strcat(aliases, ours[j]);
+            }
+        }
+        printf("variant sym=%s ver=%d flags=%llu rc=%d status=%d null=%d hook=%s aliases=%s\n", q[i].sym,
+               q[i].ver, (unsigned long long)q[i].flags, (int)rc, (int)st, p == NULL, which,
+               aliases[0] ? aliases : "-");
+    }
+}
 
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -664,6 +718,8 @@ int main(int argc, char **argv) {
             const char *sym = (p && dladdr(p, &info) && info.dli_sname) ? info.dli_sname : "?";
             if (r) printf("procaddr err=%d name=%s status=%d ptr=%p sym=%s\n", r, name, (int)st, p, sym);
             else printf("procaddr ok name=%s status=%d ptr=%p sym=%s\n", name, (int)st, p, sym);
+        } else if (!strcmp(c, "variants")) {
+            variants();
         } else if (!strcmp(c, "nvml_init")) {
             if (nvml_dev()) printf("nvml_init ok\n");
         } else if (!strcmp(c, "nvml_count")) {
@@ -686,7 +742,7 @@ int main(int argc, char **argv) {
             m.version = nvmlMemory_v2;
             nvmlReturn_t e = nv.DeviceGetMemoryInfo_v2(h, &m);
             if (e) printf("nvml_meminfo_v2 err=%d\n", e);
-            else printf("nvml_meminfo_v2 ok total=%llu reserved=%llu used=%llu free=%llu\n", m.total, m.reserved, m.used, m.free);
+            else printf("nvml_meminfo_v2 ok total=%llu reserved=%llu used=%llu free=%llu version=%u\n", m.total, m.reserved, m.used, m.free, m.version);
         } else if (!strcmp(c, "nvml_procs")) {
             nvmlDevice_t h = nvml_dev();
             if (!h) continue;

@@ -1,4 +1,4 @@
-//! `cgpuctl inspect`: the `kubectl inspect cgpu` view (SPEC §5) for this host.
+//! `cgpuctl inspect`: the `kubectl inspect cgpu` view for this host.
 //!
 //! Allocated = the quotas of live containers, total = the GPU's physical
 //! memory, both in whole GiB (rounded to nearest, as the operator counts a

@@ -1,16 +1,16 @@
-//! The knobs of SPEC §3 (cGPU's `/proc/cgpu_km` nodes): names, ranges,
+//! The knobs (cGPU's `/proc/cgpu_km` nodes): names, ranges,
 //! reading and writing them in a ledger.
 //!
 //! A write is one atomic store into the header or the container slot,
 //! followed by a bump of `knob_generation` (running jobs watch it). Writing
 //! `policy` also sets `policy_explicit`, so that a container's weight > 1 no
-//! longer switches the GPU to policy 2 (SPEC §1).
+//! longer switches the GPU to policy 2 (see `cgpu::ledger`).
 
 use super::{container_live, cstr, GIB};
 use cgpu::ledger::{free_weight, Ledger, LedgerFile};
 use std::sync::atomic::Ordering::Acquire;
 
-/// A knob of SPEC §3.
+/// A knob (a cGPU `/proc/cgpu_km` node).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Knob {
     Policy,

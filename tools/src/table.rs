@@ -1,4 +1,4 @@
-//! The `cgpu-smi` table (SPEC §5, after the seed's `cgpu-smi`).
+//! The `cgpu-smi` table (the layout of cGPU's `cgpu-smi`).
 
 use super::{mib, Report, CGPU_VERSION};
 use cgpu::ledger::FORMAT_VERSION;

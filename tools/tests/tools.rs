@@ -850,7 +850,7 @@ fn tree_inspect_version_gc() {
     for want in [
         "0/free_weight: 13".to_owned(),
         "0/max_inst: 16".to_owned(),
-        "0/policy: 2".to_owned(), // a weight > 1 switched it (SPEC §1)
+        "0/policy: 2".to_owned(), // a weight > 1 switched it (no explicit policy)
         "1/policy: 1".to_owned(),
         "0/prio_ratio: 80".to_owned(),
         "0/012b2edccd7a/id: 012b2edccd7a".to_owned(),

@@ -49,7 +49,6 @@ legacy_stubs! {
     cuMemsetD8,
     cuModuleGetGlobal,
     cuMulticastBindMem_v2,
-    cuStreamBatchMemOp,
     cuTexRefGetAddress_v2,
     cuTexRefSetAddress2D_v2,
     cuTexRefSetAddress2D_v3,

@@ -733,18 +733,63 @@ pub fn capture_mem_ops(stream: usize, f: impl FnOnce() -> CuRes) -> CuRes {
     let Some(s) = s.filter(|s| s.capture.lock().is_some()) else {
         return f();
     };
+    drop(s);
     RECORDING.with(|r| *r.borrow_mut() = Some(Vec::new()));
     let res = f();
     let ops = RECORDING
         .with(|r| r.borrow_mut().take())
         .unwrap_or_default();
     res?;
-    // Each operation becomes a node after the stream's current ones.
-    drop(s);
     for op in ops {
-        record_node_if_capturing(stream, || NodeKind::MemOp(op))?;
+        record_node_if_capturing(stream, || mem_op_node(op))?;
     }
     Ok(())
+}
+
+/// The graph node of a captured copy or memset.
+fn mem_op_node(op: MemOp) -> NodeKind {
+    match op {
+        // Unified addressing (4) on both sides: device or host memory.
+        MemOp::Copy { dst, src, len } => NodeKind::Memcpy(crate::cuda::array::Memcpy3D {
+            src_x_in_bytes: 0,
+            src_y: 0,
+            src_z: 0,
+            src_lod: 0,
+            src_memory_type: 4,
+            src_host: std::ptr::null(),
+            src_device: src,
+            src_array: std::ptr::null_mut(),
+            reserved0: std::ptr::null_mut(),
+            src_pitch: len,
+            src_height: 1,
+            dst_x_in_bytes: 0,
+            dst_y: 0,
+            dst_z: 0,
+            dst_lod: 0,
+            dst_memory_type: 4,
+            dst_host: std::ptr::null_mut(),
+            dst_device: dst,
+            dst_array: std::ptr::null_mut(),
+            reserved1: std::ptr::null_mut(),
+            dst_pitch: len,
+            dst_height: 1,
+            width_in_bytes: len,
+            height: 1,
+            depth: 1,
+        }),
+        MemOp::Set { dst, value, count } => {
+            let mut v = [0u8; 4];
+            v[..value.len().min(4)].copy_from_slice(&value[..value.len().min(4)]);
+            NodeKind::Memset(crate::cuda::graph::MemsetNodeParams {
+                dst,
+                pitch: 0,
+                value: u32::from_ne_bytes(v),
+                element_size: value.len() as u32,
+                width: count,
+                height: 1,
+            })
+        }
+    }
 }
 
 thread_local! {

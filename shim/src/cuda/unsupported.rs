@@ -12,9 +12,8 @@
 //! cuBLAS looks several up).
 
 use crate::driver::cu;
-use crate::{exports, guard, put, stub_fns, CuRes};
+use crate::{exports, put, stub_fns, CuRes};
 use cgpu_ffi::*;
-use std::ffi::c_void;
 
 stub_fns! {
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
@@ -62,6 +61,18 @@ stub_fns! {
         cuMemMapArrayAsync, cuMemBatchDecompressAsync, cuMemcpy3DBatchAsync,
         cuMemcpyWithAttributesAsync, cuMemcpy3DWithAttributesAsync, cuMemGetLocationInfo,
         cuFabricCpyBatchAsync;
+    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
+        // Features the simulated GPU does not have, which clients resolve up
+        // front and refuse to load without (PyTorch's driver table requires
+        // every name it asks for; cuBLAS looks several up): memory shared
+        // through OS handles, multicast objects, green contexts and device
+        // resources, tensor maps (TMA), batched stream memory operations.
+        cuMemExportToShareableHandle, cuMemImportFromShareableHandle, cuMulticastCreate,
+        cuMulticastAddDevice, cuMulticastBindMem, cuMulticastUnbind, cuMulticastGetGranularity,
+        cuGreenCtxCreate, cuGreenCtxDestroy, cuGreenCtxStreamCreate, cuCtxFromGreenCtx,
+        cuDeviceGetDevResource, cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc,
+        cuTensorMapEncodeTiled, cuStreamBatchMemOp, cuStreamBatchMemOp_v2,
+        cuStreamBatchMemOp_v2_ptsz;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Checkpointing, core dumps, fabric, cliques, atomics queries,
         // asynchronous notifications, CIG capture, logical endpoints.
@@ -231,43 +242,4 @@ exports! {
         => { if count.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) } param_info(f as usize, 0, std::ptr::null_mut(), std::ptr::null_mut(), count) };
     cuKernelGetParamCount(k: CUkernel, count: PStr)
         => { if count.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) } param_info(k as usize, 0, std::ptr::null_mut(), std::ptr::null_mut(), count) };
-}
-
-macro_rules! unsupported {
-    ($($name:ident($($a:ident: $t:ty),*);)+) => {$(
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            std::hint::black_box(stringify!($name));
-            guard(|| {
-                $(let _ = $a;)*
-                crate::stub_hit!(stringify!($name));
-                Err(CUDA_ERROR_NOT_SUPPORTED)
-            })
-        }
-    )+};
-}
-
-unsupported! {
-    // Memory shared with other processes through OS handles.
-    cuMemExportToShareableHandle(handle: *mut c_void, mem: u64, kind: u32, flags: u64);
-    cuMemImportFromShareableHandle(mem: *mut u64, handle: *mut c_void, kind: u32);
-    // Multicast objects (NVLink SHARP).
-    cuMulticastCreate(mc: *mut u64, prop: *const c_void);
-    cuMulticastAddDevice(mc: u64, dev: CUdevice);
-    cuMulticastBindMem(mc: u64, mc_off: usize, mem: u64, mem_off: usize, size: usize, flags: u64);
-    cuMulticastUnbind(mc: u64, dev: CUdevice, mc_off: usize, size: usize);
-    cuMulticastGetGranularity(g: *mut usize, prop: *const c_void, option: u32);
-    // Green contexts and device resources.
-    cuGreenCtxCreate(ctx: *mut *mut c_void, desc: *mut c_void, dev: CUdevice, flags: u32);
-    cuGreenCtxDestroy(ctx: *mut c_void);
-    cuGreenCtxStreamCreate(s: *mut CUstream, ctx: *mut c_void, flags: u32, prio: i32);
-    cuCtxFromGreenCtx(ctx: *mut CUcontext, green: *mut c_void);
-    cuDeviceGetDevResource(dev: CUdevice, res: *mut c_void, kind: u32);
-    cuDevSmResourceSplitByCount(out: *mut c_void, n: *mut u32, input: *const c_void, rest: *mut c_void, flags: u32, min: u32);
-    cuDevResourceGenerateDesc(desc: *mut *mut c_void, res: *mut c_void, n: u32);
-    // Tensor memory access descriptors (TMA, compute capability 9.0+).
-    cuTensorMapEncodeTiled(map: *mut c_void, dtype: u32, rank: u32, addr: *mut c_void, dims: *const u64, strides: *const u64, box_dim: *const u32, elem_strides: *const u32, interleave: u32, swizzle: u32, l2: u32, oob: u32);
-    // Batched stream memory operations.
-    cuStreamBatchMemOp_v2(s: CUstream, n: u32, ops: *mut c_void, flags: u32);
-    cuStreamBatchMemOp_v2_ptsz(s: CUstream, n: u32, ops: *mut c_void, flags: u32);
 }

@@ -1,4 +1,4 @@
-//! `cgpu-smi`: who holds what on every GPU (SPEC §5). Read-only.
+//! `cgpu-smi`: who holds what on every GPU. Read-only.
 
 use cgpu_tools::{args::Args, table, Report, Sample, Status};
 use std::io::Write;

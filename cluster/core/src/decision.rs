@@ -1,0 +1,443 @@
+//! What the scheduler decided for a pod, how it is recorded on the pod, how
+//! a node's GPU use is rebuilt from its pods, and what a container is handed.
+//!
+//! Everything here reads and writes Kubernetes JSON as `serde_json::Value`,
+//! so the extender, the device plugin and the kubectl plugin (which hold
+//! typed objects) and tests (which hold literals) share one implementation.
+
+use crate::names::*;
+use crate::placement::{ContainerRequest, Gpu, Placement, Request};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Whole GiB of a GPU as the cluster counts it: the node's stated size if
+/// it has one (`cgpu.io/gpu-mem-dev`), else `floor(MiB / 1024)`.
+pub fn gpu_gib(mib: u64, stated: Option<u64>) -> u64 {
+    stated.unwrap_or(mib / 1024)
+}
+
+/// One GPU of a node, as the device plugin publishes it (node annotation
+/// `cgpu.io/gpus`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeGpu {
+    pub index: u32,
+    pub uuid: String,
+    pub memory_mib: u64,
+    /// Size in whole GiB as the cluster counts it (see [`gpu_gib`]).
+    pub gib: u64,
+}
+
+/// The GPUs of a node: from the device plugin's annotation when present,
+/// else (a node prepared by gpushare's device plugin) from the capacity,
+/// `gpu-mem / gpu-count` GiB each.
+pub fn node_gpus(node: &Value) -> Vec<NodeGpu> {
+    if let Some(s) = node["metadata"]["annotations"][ANN_NODE_GPUS].as_str() {
+        if let Ok(gpus) = serde_json::from_str::<Vec<NodeGpu>>(s) {
+            return gpus;
+        }
+    }
+    let cap = &node["status"]["capacity"];
+    let count = quantity(&cap[RESOURCE_GPU_COUNT]).unwrap_or(0);
+    let mem = quantity(&cap[RESOURCE_GPU_MEM]).unwrap_or(0);
+    if count == 0 {
+        return Vec::new();
+    }
+    (0..count as u32)
+        .map(|index| NodeGpu {
+            index,
+            uuid: String::new(),
+            memory_mib: 0,
+            gib: mem / count,
+        })
+        .collect()
+}
+
+/// An integer resource quantity (`"8"` or `8`); extended resources are
+/// whole numbers.
+pub fn quantity(v: &Value) -> Option<u64> {
+    match v {
+        Value::String(s) => s.trim().parse().ok(),
+        Value::Number(n) => n.as_u64(),
+        _ => None,
+    }
+}
+
+/// The node's first InternalIP (else any address).
+pub fn node_ip(node: &Value) -> String {
+    let addrs = node["status"]["addresses"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    addrs
+        .iter()
+        .find(|a| a["type"] == "InternalIP")
+        .or_else(|| addrs.first())
+        .and_then(|a| a["address"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// What a pod asks for, read from its spec: every container's (and init
+/// container's) `aliyun.com/gpu-mem` limit (else request), and the pod
+/// label `aliyun.com/gpu-count`. `Err` with a reason when the label is not a
+/// whole number.
+pub fn pod_request(pod: &Value) -> Result<Request, String> {
+    let gpu_count = match pod["metadata"]["labels"][LABEL_GPU_COUNT].as_str() {
+        None => 1,
+        Some(s) => s.trim().parse::<u32>().map_err(|_| {
+            format!("pod label {LABEL_GPU_COUNT}={s:?} is not a whole number of GPUs")
+        })?,
+    };
+    let mut containers = Vec::new();
+    for (key, init) in [("initContainers", true), ("containers", false)] {
+        for c in pod["spec"][key].as_array().into_iter().flatten() {
+            let res = &c["resources"];
+            let mem = quantity(&res["limits"][RESOURCE_GPU_MEM])
+                .or_else(|| quantity(&res["requests"][RESOURCE_GPU_MEM]))
+                .unwrap_or(0);
+            containers.push(ContainerRequest {
+                name: c["name"].as_str().unwrap_or("").to_string(),
+                mem,
+                init,
+            });
+        }
+    }
+    Ok(Request {
+        containers,
+        gpu_count,
+    })
+}
+
+/// `namespace/name`.
+pub fn pod_key(pod: &Value) -> String {
+    format!(
+        "{}/{}",
+        pod["metadata"]["namespace"].as_str().unwrap_or("default"),
+        pod["metadata"]["name"].as_str().unwrap_or("")
+    )
+}
+
+/// The scheduler's decision for one pod, recorded on it as the annotation
+/// `cgpu.io/allocation` at bind, before the Binding is created.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Decision {
+    pub node: String,
+    /// The pod this decision was made for (a decision copied onto another
+    /// pod is refused).
+    pub pod_uid: String,
+    /// The chosen GPUs: index and UUID at the time of the decision.
+    pub gpus: Vec<DecisionGpu>,
+    /// Size in GiB of each chosen GPU.
+    pub gpu_gib: u64,
+    /// What the pod holds on each chosen GPU.
+    pub per_gpu: u64,
+    /// Per container name: its GiB on each chosen GPU.
+    pub containers: BTreeMap<String, u64>,
+    /// HMAC-SHA256 (hex) of [`Decision::signed_bytes`] with the cluster's
+    /// decision key: only the extender can write a decision that device
+    /// plugins accept.
+    #[serde(default)]
+    pub sig: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecisionGpu {
+    pub index: u32,
+    pub uuid: String,
+}
+
+impl Decision {
+    pub fn new(node: &str, pod_uid: &str, p: &Placement, gpus: &[NodeGpu]) -> Decision {
+        Decision {
+            node: node.to_string(),
+            pod_uid: pod_uid.to_string(),
+            gpus: p
+                .gpus
+                .iter()
+                .map(|&i| DecisionGpu {
+                    index: i,
+                    uuid: gpus
+                        .iter()
+                        .find(|g| g.index == i)
+                        .map(|g| g.uuid.clone())
+                        .unwrap_or_default(),
+                })
+                .collect(),
+            gpu_gib: p.gpu_total,
+            per_gpu: p.per_gpu,
+            containers: p.containers.iter().cloned().collect(),
+            sig: String::new(),
+        }
+    }
+
+    /// The bytes the signature covers: the decision's JSON without `sig`
+    /// (field order is fixed and container names sorted, so it is canonical).
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        let unsigned = Decision {
+            sig: String::new(),
+            ..self.clone()
+        };
+        serde_json::to_vec(&unsigned).expect("a Decision always serialises")
+    }
+
+    /// The decision recorded on a pod, if any (unparsable counts as none).
+    pub fn from_pod(pod: &Value) -> Option<Decision> {
+        let s = pod["metadata"]["annotations"][ANN_ALLOCATION].as_str()?;
+        serde_json::from_str(s).ok()
+    }
+
+    /// ACK's annotation for the same decision:
+    /// `{"<container index>": {"<GPU index>": GiB}}`, containers in spec order.
+    pub fn ack_allocation(&self, pod: &Value) -> String {
+        let mut out = BTreeMap::new();
+        let names = pod["spec"]["containers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for (i, c) in names.iter().enumerate() {
+            let name = c["name"].as_str().unwrap_or("");
+            let gib = self.containers.get(name).copied().unwrap_or(0);
+            if gib == 0 {
+                continue;
+            }
+            let per: BTreeMap<String, u64> = self
+                .gpus
+                .iter()
+                .map(|g| (g.index.to_string(), gib))
+                .collect();
+            out.insert(i.to_string(), per);
+        }
+        serde_json::to_string(&out).expect("a map always serialises")
+    }
+}
+
+/// Whether a pod still holds what it was given: bound to a node and not
+/// finished. A terminating pod (deletion requested) still holds its memory
+/// until it is gone from the API server.
+pub fn pod_holds_gpu(pod: &Value) -> bool {
+    let phase = pod["status"]["phase"].as_str().unwrap_or("");
+    pod["spec"]["nodeName"]
+        .as_str()
+        .is_some_and(|n| !n.is_empty())
+        && phase != "Succeeded"
+        && phase != "Failed"
+}
+
+/// A pod's share of each GPU of its node: from our decision, else ACK's
+/// annotation, else gpushare's (`ALIYUN_COM_GPU_MEM_IDX` + `_POD`). Empty
+/// when it holds nothing or nothing was decided for it.
+pub fn pod_gpu_use(pod: &Value) -> BTreeMap<u32, u64> {
+    let mut out = BTreeMap::new();
+    if !pod_holds_gpu(pod) {
+        return out;
+    }
+    let node = pod["spec"]["nodeName"].as_str().unwrap_or("");
+    if let Some(d) = Decision::from_pod(pod) {
+        if d.node == node {
+            for g in &d.gpus {
+                out.insert(g.index, d.per_gpu);
+            }
+        }
+        return out;
+    }
+    let ann = &pod["metadata"]["annotations"];
+    if let Some(s) = ann[ANN_ACK_ALLOCATION].as_str() {
+        if let Ok(m) = serde_json::from_str::<BTreeMap<String, BTreeMap<String, u64>>>(s) {
+            for per in m.values() {
+                for (gpu, gib) in per {
+                    if let Ok(i) = gpu.parse::<u32>() {
+                        *out.entry(i).or_insert(0) += gib;
+                    }
+                }
+            }
+            return out;
+        }
+    }
+    if let (Some(idx), Some(gib)) = (
+        ann[ANN_GPUSHARE_IDX]
+            .as_str()
+            .and_then(|s| s.parse::<u32>().ok()),
+        ann[ANN_GPUSHARE_POD]
+            .as_str()
+            .and_then(|s| s.parse::<u64>().ok()),
+    ) {
+        out.insert(idx, gib);
+    }
+    out
+}
+
+/// A node's GPUs with what its pods hold (the input to placement).
+pub fn node_usage<'a>(gpus: &[NodeGpu], pods: impl IntoIterator<Item = &'a Value>) -> Vec<Gpu> {
+    let mut out: Vec<Gpu> = gpus
+        .iter()
+        .map(|g| Gpu {
+            index: g.index,
+            total: g.gib,
+            used: 0,
+            pods: 0,
+        })
+        .collect();
+    for pod in pods {
+        for (idx, gib) in pod_gpu_use(pod) {
+            if let Some(g) = out.iter_mut().find(|g| g.index == idx) {
+                g.used += gib;
+                g.pods += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The values one container is handed, as `KEY=VALUE` lines: the file
+/// named by `CGPU_ALLOC_FILE` that `libcgpu.so` reads at load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerAlloc {
+    pub container_id: String,
+    /// GiB on each visible GPU, in visible order.
+    pub mem_per_gpu: Vec<u64>,
+    /// Size in GiB of each GPU as the cluster counts it.
+    pub mem_dev: u64,
+    pub visible_uuids: Vec<String>,
+    pub disable: bool,
+}
+
+impl ContainerAlloc {
+    /// The file's text. `CGPU_DISABLE=true` is written only for nodes
+    /// labelled for sharing without isolation; otherwise the key is left
+    /// out, so a pod may still opt out of isolation with its own
+    /// `CGPU_DISABLE=true` (its memory is then still counted).
+    pub fn to_file(&self) -> String {
+        let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+        let mut s = format!(
+            "{ENV_CONTAINER_ID}={}\n{ENV_MEM_CONTAINER}={}\n{ENV_MEM_DEV}={}\n{ENV_VISIBLE_DEVICES}={}\n",
+            self.container_id,
+            join(&self.mem_per_gpu),
+            self.mem_dev,
+            self.visible_uuids.join(","),
+        );
+        if self.disable {
+            s.push_str(&format!("{ENV_DISABLE}=true\n"));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::{place, Policy};
+    use serde_json::json;
+
+    fn node_json() -> Value {
+        let gpus = vec![
+            NodeGpu {
+                index: 0,
+                uuid: "GPU-a".into(),
+                memory_mib: 16160,
+                gib: 15,
+            },
+            NodeGpu {
+                index: 1,
+                uuid: "GPU-b".into(),
+                memory_mib: 16160,
+                gib: 15,
+            },
+        ];
+        json!({"metadata": {"name": "n1", "annotations": {ANN_NODE_GPUS: serde_json::to_string(&gpus).unwrap()}},
+               "status": {"addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "10.0.0.3"}]}})
+    }
+
+    #[test]
+    fn gib_rounds_down_unless_stated() {
+        assert_eq!(gpu_gib(16130, None), 15);
+        assert_eq!(gpu_gib(15109, None), 14);
+        assert_eq!(gpu_gib(15109, Some(15)), 15);
+    }
+
+    #[test]
+    fn node_gpus_from_annotation_or_capacity() {
+        let n = node_json();
+        assert_eq!(node_gpus(&n).len(), 2);
+        assert_eq!(node_ip(&n), "10.0.0.3");
+        let legacy = json!({"status": {"capacity": {"aliyun.com/gpu-mem": "45", "aliyun.com/gpu-count": "3"}}});
+        let g = node_gpus(&legacy);
+        assert_eq!(
+            g.iter().map(|g| g.gib).collect::<Vec<_>>(),
+            vec![15, 15, 15]
+        );
+    }
+
+    #[test]
+    fn request_from_pod_spec() {
+        let pod = json!({"metadata": {"labels": {"aliyun.com/gpu-count": "2"}},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": "8"}}}]}});
+        let r = pod_request(&pod).unwrap();
+        assert_eq!(r, Request::single(8, 2).renamed("c"));
+        let bad = json!({"metadata": {"labels": {"aliyun.com/gpu-count": "two"}}, "spec": {}});
+        assert!(pod_request(&bad).unwrap_err().contains("\"two\""));
+    }
+
+    #[test]
+    fn use_from_our_decision_ack_and_gpushare_annotations() {
+        let node = node_json();
+        let gpus = node_gpus(&node);
+        let req = Request::single(8, 2);
+        let p = place(&node_usage(&gpus, []), &req, Policy::Binpack).unwrap();
+        let d = Decision::new("n1", "uid-1", &p, &gpus);
+        assert_eq!(d.gpus[1].uuid, "GPU-b");
+        let spec = json!({"nodeName": "n1", "containers": [{"name": "main"}]});
+        let ours = json!({"metadata": {"annotations": {ANN_ALLOCATION: serde_json::to_string(&d).unwrap()}},
+                          "spec": spec, "status": {"phase": "Running"}});
+        assert_eq!(d.ack_allocation(&ours), r#"{"0":{"0":4,"1":4}}"#);
+        let ack = json!({"metadata": {"annotations": {ANN_ACK_ALLOCATION: r#"{"0":{"1":3}}"#}},
+                         "spec": spec, "status": {"phase": "Pending"}});
+        let gpushare = json!({"metadata": {"annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "2"}},
+                              "spec": spec, "status": {"phase": "Running"}});
+        let done = json!({"metadata": {"annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "9"}},
+                          "spec": spec, "status": {"phase": "Succeeded"}});
+        let terminating = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z",
+                                 "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "1", "ALIYUN_COM_GPU_MEM_POD": "1"}},
+                                 "spec": spec, "status": {"phase": "Running"}});
+        let u = node_usage(&gpus, [&ours, &ack, &gpushare, &done, &terminating]);
+        assert_eq!((u[0].used, u[0].pods), (4 + 2, 2));
+        assert_eq!((u[1].used, u[1].pods), (4 + 3 + 1, 3));
+    }
+
+    #[test]
+    fn signed_bytes_ignore_the_signature() {
+        let gpus = node_gpus(&node_json());
+        let p = place(
+            &node_usage(&gpus, []),
+            &Request::single(3, 1),
+            Policy::Binpack,
+        )
+        .unwrap();
+        let mut d = Decision::new("n1", "u", &p, &gpus);
+        let before = d.signed_bytes();
+        d.sig = "00ff".into();
+        assert_eq!(d.signed_bytes(), before);
+        d.per_gpu = 15;
+        assert_ne!(d.signed_bytes(), before);
+    }
+
+    #[test]
+    fn alloc_file_lines() {
+        let a = ContainerAlloc {
+            container_id: "default/p/main".into(),
+            mem_per_gpu: vec![4, 4],
+            mem_dev: 15,
+            visible_uuids: vec!["GPU-a".into(), "GPU-b".into()],
+            disable: false,
+        };
+        assert_eq!(
+            a.to_file(),
+            "CGPU_CONTAINER_ID=default/p/main\nALIYUN_COM_GPU_MEM_CONTAINER=4,4\nALIYUN_COM_GPU_MEM_DEV=15\n\
+             ALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-a,GPU-b\n"
+        );
+        let shared = ContainerAlloc { disable: true, ..a };
+        assert!(shared.to_file().ends_with("\nCGPU_DISABLE=true\n"));
+    }
+}

@@ -1,0 +1,56 @@
+//! Names that the cluster components, the interposer and the ecosystem's
+//! tools share. Where Aliyun's gpushare / ACK already named a thing, the same
+//! name is used, so `kubectl inspect cgpu` reads clusters that ran them.
+
+/// Extended resource: GPU memory in whole GiB, the total over the pod's GPUs
+/// (`resources.limits`), and on a node the sum over its GPUs (capacity).
+pub const RESOURCE_GPU_MEM: &str = "aliyun.com/gpu-mem";
+/// Extended resource on a node: how many GPUs it has.
+pub const RESOURCE_GPU_COUNT: &str = "aliyun.com/gpu-count";
+/// Pod label: over how many GPUs of one node its `gpu-mem` is split (a
+/// string, default "1").
+pub const LABEL_GPU_COUNT: &str = "aliyun.com/gpu-count";
+
+/// Node label choosing how GPUs are shared (ACK's name). `share`: the
+/// scheduler shares GPUs by memory but the containers are not isolated
+/// (`CGPU_DISABLE=true`); `cgpu` (or absent): shared and isolated.
+pub const LABEL_NODE_SCHEDULE: &str = "ack.node.gpu.schedule";
+/// Value of [`LABEL_NODE_SCHEDULE`] for sharing without isolation.
+pub const NODE_SCHEDULE_SHARE_ONLY: &str = "share";
+/// Node label choosing the GPU policy on that node (`binpack`/`spread`).
+pub const LABEL_NODE_POLICY: &str = "cgpu.io/gpu-policy";
+/// Node label stating the size of each of its GPUs in GiB, for GPUs whose
+/// MiB do not round down to the size operators count (a T4 has 15109 MiB,
+/// which rounds to 14, sold as 15): the scheduler, the device plugin and the
+/// interposer (`ALIYUN_COM_GPU_MEM_DEV`) then all use this number.
+pub const LABEL_NODE_GPU_MEM_DEV: &str = "cgpu.io/gpu-mem-dev";
+
+/// Node annotation the device plugin writes: the node's GPUs as NVML sees
+/// them (JSON list of [`crate::decision::NodeGpu`]).
+pub const ANN_NODE_GPUS: &str = "cgpu.io/gpus";
+
+/// Pod annotation the scheduler extender writes at bind, before the Binding:
+/// the whole decision ([`crate::decision::Decision`], signed).
+pub const ANN_ALLOCATION: &str = "cgpu.io/allocation";
+/// Pod annotation in ACK's format: `{"<container index>": {"<GPU index>": GiB}}`.
+pub const ANN_ACK_ALLOCATION: &str = "scheduler.framework.gpushare.allocation";
+/// gpushare's pod annotations: the GPU index (single-GPU pods), the pod's
+/// GiB, whether the device plugin has handed it out, and when it was placed.
+pub const ANN_GPUSHARE_IDX: &str = "ALIYUN_COM_GPU_MEM_IDX";
+pub const ANN_GPUSHARE_POD: &str = "ALIYUN_COM_GPU_MEM_POD";
+pub const ANN_GPUSHARE_ASSIGNED: &str = "ALIYUN_COM_GPU_MEM_ASSIGNED";
+pub const ANN_GPUSHARE_ASSUME_TIME: &str = "ALIYUN_COM_GPU_MEM_ASSUME_TIME";
+
+/// Container environment (read by `libcgpu.so`).
+pub const ENV_MEM_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
+pub const ENV_MEM_DEV: &str = "ALIYUN_COM_GPU_MEM_DEV";
+pub const ENV_VISIBLE_DEVICES: &str = "ALIYUN_COM_GPU_VISIBLE_DEVICES";
+pub const ENV_CONTAINER_ID: &str = "CGPU_CONTAINER_ID";
+pub const ENV_DISABLE: &str = "CGPU_DISABLE";
+/// Path of the read-only file carrying the values known only after the
+/// kubelet's `Allocate` (written by the device plugin at `PreStartContainer`).
+pub const ENV_ALLOC_FILE: &str = "CGPU_ALLOC_FILE";
+
+/// Name under which the extender's metrics and events appear.
+pub const COMPONENT_EXTENDER: &str = "cgpu-scheduler-extender";
+pub const COMPONENT_DEVICE_PLUGIN: &str = "cgpu-device-plugin";

@@ -1,0 +1,98 @@
+//! `cgpu-device-plugin`: the kubelet device plugin for `aliyun.com/gpu-mem`
+//! (runs on every GPU node, as a DaemonSet).
+
+use cgpu_cluster::device_plugin::{self, Plugin, PluginConfig};
+use cgpu_cluster::{kube_io, nvml::Nvml, signing::DecisionKey};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+const USAGE: &str = "usage: cgpu-device-plugin\n\
+  Configured by environment:\n\
+  NODE_NAME                  this node (from the downward API; required)\n\
+  CGPU_DECISION_KEY_FILE     the extender's decision key (default /etc/cgpu/decision-key/key)\n\
+  CGPU_NVML_LIB              NVML to load (default libnvidia-ml.so.1)\n\
+  CGPU_KUBELET_DIR           the kubelet's device-plugin directory (default /var/lib/kubelet/device-plugins)\n\
+  CGPU_POD_RESOURCES_SOCKET  default /var/lib/kubelet/pod-resources/kubelet.sock\n\
+  CGPU_LIBRARY               libcgpu.so on the node and in containers (default /opt/cgpu/libcgpu.so)\n\
+  CGPU_LEDGER_DIR            the ledger directory on the node and in containers (default /run/cgpu)\n\
+  CGPU_ALLOC_DIR             allocation files (default /run/cgpu-alloc; outside the ledger directory)\n";
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("CGPU_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    if std::env::args().nth(1).is_some() {
+        eprint!("{USAGE}");
+        return ExitCode::from(2);
+    }
+    let Some(node) = std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()) else {
+        eprint!("cgpu-device-plugin: NODE_NAME is not set\n{USAGE}");
+        return ExitCode::from(2);
+    };
+    let mut cfg = PluginConfig::standard(&node);
+    let env_path = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(d) = env_path("CGPU_KUBELET_DIR") {
+        cfg.plugin_dir = d;
+    }
+    if let Some(s) = env_path("CGPU_POD_RESOURCES_SOCKET") {
+        cfg.pod_resources_socket = s;
+    }
+    if let Some(l) = env_path("CGPU_LIBRARY") {
+        cfg.library_on_host = l.clone();
+        cfg.library_in_container = l;
+    }
+    if let Some(l) = env_path("CGPU_LEDGER_DIR") {
+        cfg.ledger_on_host = l.clone();
+        cfg.ledger_in_container = l;
+    }
+    if let Some(a) = env_path("CGPU_ALLOC_DIR") {
+        cfg.alloc_dir = a.clone();
+        cfg.alloc_dir_on_host = a;
+    }
+    let fail = |e: String| {
+        eprintln!("cgpu-device-plugin: {e}");
+        ExitCode::FAILURE
+    };
+    let key = match DecisionKey::load() {
+        Ok(k) => k,
+        Err(e) => return fail(e),
+    };
+    let nvml = match Nvml::load() {
+        Ok(n) => n,
+        Err(e) => return fail(e),
+    };
+    let client = match kube_io::client().await {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let plugin = match Plugin::new(cfg, client, key, &nvml).await {
+        Ok(p) => Arc::new(p),
+        Err(e) => return fail(e),
+    };
+    tracing::info!(
+        "node {node}: {} GPUs, {} GiB of {}",
+        plugin.node.gpus.len(),
+        plugin.node.gpus.iter().map(|g| g.gib).sum::<u64>(),
+        cgpu_cluster_core::names::RESOURCE_GPU_MEM
+    );
+    device_plugin::run(plugin, async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    })
+    .await;
+    ExitCode::SUCCESS
+}

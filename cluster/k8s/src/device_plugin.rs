@@ -1,0 +1,743 @@
+//! The kubelet device plugin for `aliyun.com/gpu-mem` (and, for capacity,
+//! `aliyun.com/gpu-count`).
+//!
+//! The kubelet's `Allocate` names device ids but no pod, so nothing about
+//! the pod is decided there: each container gets the same environment and
+//! mounts (the interposer, the ledger directory, and `CGPU_ALLOC_FILE`
+//! naming a file keyed by its device ids). The pod is identified at
+//! `PreStartContainer`, which the kubelet calls before each start of the
+//! container, after it has recorded the allocation: the kubelet's own
+//! PodResources API maps the device ids to namespace, pod and container.
+//! The plugin then reads the pod, checks the scheduler extender's signed
+//! decision (made for this pod, this node, GPUs that exist here with the
+//! size it assumed, the container's share matching what the kubelet
+//! allocated, the node not over-committed), and only then writes the
+//! container's file. Any failure fails `PreStartContainer`, so the kubelet
+//! does not start the container and reports why on the pod; a container
+//! whose file is missing anyway sees no GPU (the interposer's rule).
+
+use crate::kube_io::to_value;
+use crate::kubelet_api::deviceplugin as dp;
+use crate::kubelet_api::podresources as pr;
+use crate::nvml::GpuSource;
+use crate::signing::DecisionKey;
+use cgpu_cluster_core::decision::{pod_gpu_use, ContainerAlloc, Decision, NodeGpu};
+use cgpu_cluster_core::names::*;
+use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::Client;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+/// Where things are, on the node and in the containers.
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    pub node_name: String,
+    /// The kubelet's device-plugin directory (holds `kubelet.sock`).
+    pub plugin_dir: PathBuf,
+    /// The kubelet's PodResources socket.
+    pub pod_resources_socket: PathBuf,
+    /// Directory for the per-container allocation files, as the plugin
+    /// sees it and as the node sees it (the host path mounted into
+    /// containers; the same unless the plugin runs with another mount).
+    pub alloc_dir: PathBuf,
+    pub alloc_dir_on_host: PathBuf,
+    /// `libcgpu.so` on the node, and where containers see it.
+    pub library_on_host: PathBuf,
+    pub library_in_container: PathBuf,
+    /// The ledger directory on the node, and where containers see it.
+    pub ledger_on_host: PathBuf,
+    pub ledger_in_container: PathBuf,
+    /// Where a container sees its allocation file.
+    pub alloc_file_in_container: PathBuf,
+}
+
+impl PluginConfig {
+    /// The usual layout on a node.
+    pub fn standard(node_name: &str) -> PluginConfig {
+        PluginConfig {
+            node_name: node_name.to_string(),
+            plugin_dir: "/var/lib/kubelet/device-plugins".into(),
+            pod_resources_socket: "/var/lib/kubelet/pod-resources/kubelet.sock".into(),
+            alloc_dir: "/run/cgpu-alloc".into(),
+            alloc_dir_on_host: "/run/cgpu-alloc".into(),
+            library_on_host: "/opt/cgpu/libcgpu.so".into(),
+            library_in_container: "/opt/cgpu/libcgpu.so".into(),
+            ledger_on_host: "/run/cgpu".into(),
+            ledger_in_container: "/run/cgpu".into(),
+            alloc_file_in_container: "/etc/cgpu/alloc.env".into(),
+        }
+    }
+}
+
+pub const MEM_SOCKET: &str = "cgpu-gpu-mem.sock";
+pub const COUNT_SOCKET: &str = "cgpu-gpu-count.sock";
+
+/// The file name (in the allocation directory) for a container's device ids.
+pub fn alloc_file_name(device_ids: &[String]) -> String {
+    let mut ids: Vec<&str> = device_ids.iter().map(String::as_str).collect();
+    ids.sort_unstable();
+    let digest = ring::digest::digest(&ring::digest::SHA256, ids.join(",").as_bytes());
+    let hex: String = digest.as_ref()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{hex}.env")
+}
+
+/// `namespace/pod/container`, shortened to the ledger's 63 bytes when
+/// longer (a prefix and a hash of the whole, so it stays unique and stable).
+pub fn container_id(ns: &str, pod: &str, container: &str) -> String {
+    let full = format!("{ns}/{pod}/{container}");
+    if full.len() <= 63 {
+        return full;
+    }
+    let digest = ring::digest::digest(&ring::digest::SHA256, full.as_bytes());
+    let hex: String = digest.as_ref()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut cut = 50;
+    while !full.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{hex}", &full[..cut])
+}
+
+/// What the plugin knows about its node.
+pub struct NodeState {
+    pub gpus: Vec<NodeGpu>,
+    /// The node is labelled for sharing without isolation.
+    pub share_only: bool,
+}
+
+/// Shared by the two plugin services.
+pub struct Plugin {
+    pub cfg: PluginConfig,
+    pub client: Client,
+    pub key: DecisionKey,
+    pub node: NodeState,
+}
+
+impl Plugin {
+    /// Reads the node (labels), the GPUs (NVML), and publishes them on the
+    /// node (annotation `cgpu.io/gpus`) for the scheduler extender.
+    pub async fn new(
+        cfg: PluginConfig,
+        client: Client,
+        key: DecisionKey,
+        gpus: &dyn GpuSource,
+    ) -> Result<Plugin, String> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let node = nodes
+            .get(&cfg.node_name)
+            .await
+            .map_err(|e| format!("cannot read node {}: {e}", cfg.node_name))?;
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        let stated = match labels.get(LABEL_NODE_GPU_MEM_DEV) {
+            None => None,
+            Some(v) => Some(v.trim().parse::<u64>().ok().filter(|&g| g > 0).ok_or_else(|| {
+                format!("node label {LABEL_NODE_GPU_MEM_DEV}={v:?} is not a whole number of GiB")
+            })?),
+        };
+        let share_only =
+            labels.get(LABEL_NODE_SCHEDULE).map(String::as_str) == Some(NODE_SCHEDULE_SHARE_ONLY);
+        let gpus = gpus.gpus(stated)?;
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            ANN_NODE_GPUS: serde_json::to_string(&gpus).expect("GPUs serialise")}}});
+        nodes
+            .patch(
+                &cfg.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map_err(|e| format!("cannot publish the GPUs on node {}: {e}", cfg.node_name))?;
+        Ok(Plugin {
+            cfg,
+            client,
+            key,
+            node: NodeState { gpus, share_only },
+        })
+    }
+
+    fn mem_devices(&self) -> Vec<dp::Device> {
+        let total: u64 = self.node.gpus.iter().map(|g| g.gib).sum();
+        (0..total)
+            .map(|i| dp::Device {
+                id: format!("cgpu-mem-{i}"),
+                health: "Healthy".into(),
+                topology: None,
+            })
+            .collect()
+    }
+
+    fn count_devices(&self) -> Vec<dp::Device> {
+        self.node
+            .gpus
+            .iter()
+            .map(|g| dp::Device {
+                id: format!("cgpu-gpu-{}", g.index),
+                health: "Healthy".into(),
+                topology: None,
+            })
+            .collect()
+    }
+
+    fn container_response(&self, ids: &[String]) -> dp::ContainerAllocateResponse {
+        let c = &self.cfg;
+        let file = alloc_file_name(ids);
+        let envs = BTreeMap::from([
+            (
+                "LD_PRELOAD".to_string(),
+                c.library_in_container.display().to_string(),
+            ),
+            (
+                ENV_ALLOC_FILE.to_string(),
+                c.alloc_file_in_container.display().to_string(),
+            ),
+            (
+                "CGPU_LEDGER_DIR".to_string(),
+                c.ledger_in_container.display().to_string(),
+            ),
+            // The GPUs are chosen per pod only at PreStartContainer: the
+            // runtime exposes the node's GPUs and the interposer shows the
+            // container only its own (ALIYUN_COM_GPU_VISIBLE_DEVICES).
+            ("NVIDIA_VISIBLE_DEVICES".to_string(), "all".to_string()),
+        ]);
+        let mounts = vec![
+            dp::Mount {
+                container_path: c.library_in_container.display().to_string(),
+                host_path: c.library_on_host.display().to_string(),
+                read_only: true,
+            },
+            dp::Mount {
+                container_path: c.ledger_in_container.display().to_string(),
+                host_path: c.ledger_on_host.display().to_string(),
+                read_only: false,
+            },
+            dp::Mount {
+                container_path: c.alloc_file_in_container.display().to_string(),
+                host_path: c.alloc_dir_on_host.join(&file).display().to_string(),
+                read_only: true,
+            },
+        ];
+        dp::ContainerAllocateResponse {
+            envs: envs.into_iter().collect(),
+            mounts,
+            devices: Vec::new(),
+            annotations: Default::default(),
+            cdi_devices: Vec::new(),
+        }
+    }
+
+    /// Who owns these device ids, by the kubelet's records.
+    async fn owner(&self, ids: &[String]) -> Result<(String, String, String), String> {
+        let mut want: Vec<&str> = ids.iter().map(String::as_str).collect();
+        want.sort_unstable();
+        let channel = uds_channel(&self.cfg.pod_resources_socket)
+            .await
+            .map_err(|e| format!("cannot reach the kubelet's PodResources API: {e}"))?;
+        let mut client = pr::pod_resources_lister_client::PodResourcesListerClient::new(channel);
+        let list = client
+            .list(pr::ListPodResourcesRequest {})
+            .await
+            .map_err(|e| format!("PodResources List failed: {e}"))?
+            .into_inner();
+        for pod in list.pod_resources {
+            for c in &pod.containers {
+                for d in c
+                    .devices
+                    .iter()
+                    .filter(|d| d.resource_name == RESOURCE_GPU_MEM)
+                {
+                    let mut have: Vec<&str> = d.device_ids.iter().map(String::as_str).collect();
+                    have.sort_unstable();
+                    if have == want {
+                        return Ok((pod.namespace.clone(), pod.name.clone(), c.name.clone()));
+                    }
+                }
+            }
+        }
+        Err(format!(
+            "the kubelet lists no container holding {RESOURCE_GPU_MEM} devices {}",
+            ids.join(",")
+        ))
+    }
+
+    /// Checks the pod's decision and returns what the container gets.
+    pub async fn resolve(&self, ids: &[String]) -> Result<(String, ContainerAlloc), String> {
+        let owner = self.owner(ids).await?;
+        self.resolve_for(&owner, ids).await
+    }
+
+    async fn resolve_for(
+        &self,
+        (ns, name, container): &(String, String, String),
+        ids: &[String],
+    ) -> Result<(String, ContainerAlloc), String> {
+        let (ns, name, container) = (ns.as_str(), name.as_str(), container.as_str());
+        let who = format!("{ns}/{name} container {container}");
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let pod = pods
+            .get(name)
+            .await
+            .map_err(|e| format!("cannot read pod {ns}/{name}: {e}"))?;
+        let pod = to_value(&pod);
+        let d = Decision::from_pod(&pod).ok_or_else(|| {
+            format!(
+                "{who}: the pod holds no decision from cgpu-scheduler-extender ({ANN_ALLOCATION}); \
+                 it was scheduled without it, so it gets no GPU memory. Check that the scheduler \
+                 configuration names the extender for {RESOURCE_GPU_MEM}"
+            )
+        })?;
+        if !self.key.verify(&d) {
+            return Err(format!(
+                "{who}: the decision in {ANN_ALLOCATION} is not signed by cgpu-scheduler-extender \
+                 (written by hand or altered); it gets no GPU memory"
+            ));
+        }
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
+        if d.pod_uid != uid {
+            return Err(format!(
+                "{who}: the decision was made for pod uid {}, not this pod ({uid})",
+                d.pod_uid
+            ));
+        }
+        if d.node != self.cfg.node_name {
+            return Err(format!(
+                "{who}: the decision is for node {}, not {}",
+                d.node, self.cfg.node_name
+            ));
+        }
+        let mut uuids = Vec::new();
+        for g in &d.gpus {
+            let here = self
+                .node
+                .gpus
+                .iter()
+                .find(|n| n.index == g.index)
+                .ok_or_else(|| {
+                    format!(
+                        "{who}: the decision names GPU{} but this node has {} GPUs",
+                        g.index,
+                        self.node.gpus.len()
+                    )
+                })?;
+            if here.gib != d.gpu_gib {
+                return Err(format!(
+                    "{who}: the decision assumed GPU{} holds {} GiB; it holds {} GiB here",
+                    g.index, d.gpu_gib, here.gib
+                ));
+            }
+            if !g.uuid.is_empty() && g.uuid != here.uuid {
+                // UUIDs change when a cloud instance is stopped and started;
+                // the index and size are what the decision rests on.
+                tracing::warn!(
+                    "{who}: GPU{} was {} at scheduling, is {} now",
+                    g.index,
+                    g.uuid,
+                    here.uuid
+                );
+            }
+            uuids.push(here.uuid.clone());
+        }
+        let share = d.containers.get(container).copied().unwrap_or(0);
+        let m = d.gpus.len() as u64;
+        if share == 0 || share * m != ids.len() as u64 {
+            return Err(format!(
+                "{who}: the decision gives it {share} GiB on each of {m} GPUs, but the kubelet \
+                 allocated {} GiB of {RESOURCE_GPU_MEM}",
+                ids.len()
+            ));
+        }
+        // Defence in depth: the node's signed decisions must fit its GPUs.
+        let all = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name)))
+            .await
+            .map_err(|e| format!("cannot list the pods of node {}: {e}", self.cfg.node_name))?;
+        let mut used: BTreeMap<u32, u64> = BTreeMap::new();
+        for p in all.items.iter().map(to_value) {
+            let valid = Decision::from_pod(&p).is_some_and(|pd| self.key.verify(&pd));
+            if valid {
+                for (i, g) in pod_gpu_use(&p) {
+                    *used.entry(i).or_default() += g;
+                }
+            }
+        }
+        for g in &self.node.gpus {
+            let u = used.get(&g.index).copied().unwrap_or(0);
+            if u > g.gib {
+                return Err(format!(
+                    "{who}: GPU{} of node {} is over-committed ({u}/{} GiB by signed decisions); refusing",
+                    g.index, self.cfg.node_name, g.gib
+                ));
+            }
+        }
+        let alloc = ContainerAlloc {
+            container_id: container_id(ns, name, container),
+            mem_per_gpu: vec![share; d.gpus.len()],
+            mem_dev: d.gpu_gib,
+            visible_uuids: uuids,
+            disable: self.node.share_only,
+        };
+        Ok((format!("{ns}/{name}"), alloc))
+    }
+
+    /// `PreStartContainer`: resolve, check, write the container's file.
+    pub async fn pre_start(&self, ids: &[String]) -> Result<(), String> {
+        let path = self.cfg.alloc_dir.join(alloc_file_name(ids));
+        let owner = self.owner(ids).await;
+        let result = match &owner {
+            Ok(o) => self.resolve_for(o, ids).await,
+            Err(e) => Err(e.clone()),
+        };
+        match result {
+            Ok((pod, alloc)) => {
+                write_file_atomically(&path, alloc.to_file().as_bytes())
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                tracing::info!(
+                    "{pod}: {} gets {:?} GiB on {:?}",
+                    alloc.container_id,
+                    alloc.mem_per_gpu,
+                    alloc.visible_uuids
+                );
+                if let Some((ns, name)) = pod.split_once('/') {
+                    let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+                    let patch = serde_json::json!({"metadata": {"annotations": {ANN_GPUSHARE_ASSIGNED: "true"}}});
+                    if let Err(e) = pods
+                        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                    {
+                        tracing::warn!("{pod}: cannot mark it assigned: {e}");
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // A stale file from an earlier start must not hand out memory.
+                let _ = std::fs::remove_file(&path);
+                tracing::error!("{e}");
+                if let Ok((ns, name, _)) = &owner {
+                    self.event(ns, name, &e).await;
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Plugin {
+    /// A Warning event on the pod saying why its container got no GPU
+    /// memory (besides the kubelet's own report of the failed start).
+    async fn event(&self, ns: &str, pod: &str, message: &str) {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), ns);
+        let uid = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .get(pod)
+            .await
+            .ok()
+            .and_then(|p| p.metadata.uid);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let ev = Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{pod}.cgpu.{nanos:x}")),
+                namespace: Some(ns.to_string()),
+                ..Default::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.to_string()),
+                namespace: Some(ns.to_string()),
+                uid,
+                ..Default::default()
+            },
+            reason: Some(EVENT_REASON_REFUSED.into()),
+            message: Some(message.to_string()),
+            type_: Some("Warning".into()),
+            source: Some(EventSource {
+                component: Some(COMPONENT_DEVICE_PLUGIN.into()),
+                host: Some(self.cfg.node_name.clone()),
+            }),
+            reporting_component: Some(COMPONENT_DEVICE_PLUGIN.into()),
+            reporting_instance: Some(self.cfg.node_name.clone()),
+            count: Some(1),
+            ..Default::default()
+        };
+        if let Err(e) = events.create(&PostParams::default(), &ev).await {
+            tracing::warn!("cannot record an event on {ns}/{pod}: {e}");
+        }
+    }
+}
+
+/// Reason of the Warning event on a pod whose container was refused GPU memory.
+pub const EVENT_REASON_REFUSED: &str = "CgpuAllocationRefused";
+
+fn write_file_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o444))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// A gRPC channel over a Unix socket.
+pub async fn uds_channel(
+    path: &Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://[::1]:1")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let s = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+}
+
+/// One registered resource: `aliyun.com/gpu-mem` or `aliyun.com/gpu-count`.
+#[derive(Clone)]
+pub struct Service {
+    plugin: Arc<Plugin>,
+    mem: bool,
+    /// Becomes true when this server stops (the kubelet restarted): the
+    /// device stream then ends, so the server's graceful stop completes.
+    stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+type DeviceStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl dp::device_plugin_server::DevicePlugin for Service {
+    async fn get_device_plugin_options(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<dp::DevicePluginOptions>, Status> {
+        Ok(Response::new(dp::DevicePluginOptions {
+            pre_start_required: self.mem,
+            get_preferred_allocation_available: false,
+        }))
+    }
+
+    type ListAndWatchStream = DeviceStream;
+
+    async fn list_and_watch(
+        &self,
+        _: Request<dp::Empty>,
+    ) -> Result<Response<DeviceStream>, Status> {
+        let devices = if self.mem {
+            self.plugin.mem_devices()
+        } else {
+            self.plugin.count_devices()
+        };
+        let first = futures::stream::once(async move { Ok(dp::ListAndWatchResponse { devices }) });
+        // The list does not change while the plugin runs: keep the stream
+        // open (the kubelet treats its end as the plugin going away) until
+        // this server stops.
+        let mut stopping = self.stopping.clone();
+        let rest = futures::StreamExt::filter_map(
+            futures::stream::once(async move {
+                let _ = stopping.wait_for(|s| *s).await;
+            }),
+            |()| async { None },
+        );
+        Ok(Response::new(Box::pin(futures::StreamExt::chain(
+            first, rest,
+        ))))
+    }
+
+    async fn get_preferred_allocation(
+        &self,
+        _: Request<dp::PreferredAllocationRequest>,
+    ) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        Ok(Response::new(dp::PreferredAllocationResponse::default()))
+    }
+
+    async fn allocate(
+        &self,
+        req: Request<dp::AllocateRequest>,
+    ) -> Result<Response<dp::AllocateResponse>, Status> {
+        let req = req.into_inner();
+        let container_responses = req
+            .container_requests
+            .iter()
+            .map(|c| {
+                if self.mem {
+                    self.plugin.container_response(&c.devices_ids)
+                } else {
+                    dp::ContainerAllocateResponse::default()
+                }
+            })
+            .collect();
+        Ok(Response::new(dp::AllocateResponse {
+            container_responses,
+        }))
+    }
+
+    async fn pre_start_container(
+        &self,
+        req: Request<dp::PreStartContainerRequest>,
+    ) -> Result<Response<dp::PreStartContainerResponse>, Status> {
+        if !self.mem {
+            return Ok(Response::new(dp::PreStartContainerResponse {}));
+        }
+        let ids = req.into_inner().devices_ids;
+        self.plugin
+            .pre_start(&ids)
+            .await
+            .map(|()| Response::new(dp::PreStartContainerResponse {}))
+            .map_err(Status::failed_precondition)
+    }
+}
+
+fn inode(p: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| m.ino())
+}
+
+/// Serves both resources and registers them with the kubelet; serves and
+/// registers again whenever the kubelet restarts (its socket is recreated,
+/// or it removed ours). Returns only if `stop` resolves.
+pub async fn run(plugin: Arc<Plugin>, stop: impl std::future::Future<Output = ()>) {
+    let mut stop = std::pin::pin!(stop);
+    let kubelet_sock = plugin.cfg.plugin_dir.join("kubelet.sock");
+    loop {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let mut servers = Vec::new();
+        for (mem, sock) in [(true, MEM_SOCKET), (false, COUNT_SOCKET)] {
+            let path = plugin.cfg.plugin_dir.join(sock);
+            let _ = std::fs::remove_file(&path);
+            let listener = match tokio::net::UnixListener::bind(&path) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!("cannot listen on {}: {e}; retrying", path.display());
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let svc = Service {
+                plugin: plugin.clone(),
+                mem,
+                stopping: rx.clone(),
+            };
+            let mut rx = rx.clone();
+            servers.push(tokio::spawn(async move {
+                let _ = tonic::transport::Server::builder()
+                    .add_service(dp::device_plugin_server::DevicePluginServer::new(svc))
+                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                        let _ = rx.changed().await;
+                    })
+                    .await;
+            }));
+        }
+        let registered = register_all(&plugin.cfg.plugin_dir).await;
+        if let Err(e) = &registered {
+            tracing::warn!("registration with the kubelet failed: {e}; retrying");
+        }
+        let kubelet_ino = inode(&kubelet_sock);
+        // Watch for a kubelet restart (or a failed registration to retry).
+        let restart = async {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let ours_gone = [MEM_SOCKET, COUNT_SOCKET]
+                    .iter()
+                    .any(|s| !plugin.cfg.plugin_dir.join(s).exists());
+                let kubelet_new = inode(&kubelet_sock) != kubelet_ino;
+                if ours_gone || kubelet_new || registered.is_err() {
+                    if registered.is_err() {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    return;
+                }
+            }
+        };
+        let stopped = tokio::select! {
+            _ = restart => false,
+            _ = &mut stop => true,
+        };
+        let _ = tx.send(true);
+        for s in servers {
+            // A client that keeps a connection open must not hold us up.
+            let abort = s.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(2), s)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+        if stopped {
+            return;
+        }
+        tracing::info!(
+            "the kubelet restarted (or registration failed): serving and registering again"
+        );
+    }
+}
+
+async fn register_all(dir: &Path) -> Result<(), String> {
+    let channel = uds_channel(&dir.join("kubelet.sock")).await.map_err(|e| {
+        format!(
+            "cannot reach the kubelet at {}: {e}",
+            dir.join("kubelet.sock").display()
+        )
+    })?;
+    let mut client = dp::registration_client::RegistrationClient::new(channel);
+    for (mem, sock, resource) in [
+        (true, MEM_SOCKET, RESOURCE_GPU_MEM),
+        (false, COUNT_SOCKET, RESOURCE_GPU_COUNT),
+    ] {
+        client
+            .register(dp::RegisterRequest {
+                version: "v1beta1".into(),
+                endpoint: sock.into(),
+                resource_name: resource.into(),
+                options: Some(dp::DevicePluginOptions {
+                    pre_start_required: mem,
+                    get_preferred_allocation_available: false,
+                }),
+            })
+            .await
+            .map_err(|e| format!("Register {resource}: {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_file_name_ignores_order() {
+        let a = alloc_file_name(&["cgpu-mem-3".into(), "cgpu-mem-1".into()]);
+        let b = alloc_file_name(&["cgpu-mem-1".into(), "cgpu-mem-3".into()]);
+        assert_eq!(a, b);
+        assert_ne!(a, alloc_file_name(&["cgpu-mem-1".into()]));
+        assert!(a.ends_with(".env") && a.len() == 24 + 4);
+    }
+
+    #[test]
+    fn container_ids_fit_the_ledger() {
+        assert_eq!(container_id("default", "tf", "main"), "default/tf/main");
+        let long = container_id("a-very-long-namespace-name", &"p".repeat(60), "main");
+        assert_eq!(long.len(), 63);
+        assert_ne!(
+            long,
+            container_id("a-very-long-namespace-name", &"p".repeat(60), "side")
+        );
+    }
+}

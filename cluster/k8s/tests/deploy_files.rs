@@ -1,0 +1,113 @@
+//! The manifests in `deploy/` agree with the code: the scheduler
+//! configuration uses the current API, names the extender's Service and port
+//! and the verbs it serves, for the resource the components use.
+
+use cgpu_cluster_core::names::RESOURCE_GPU_MEM;
+
+fn read(name: &str) -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../deploy")
+        .join(name);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The value of the first `key: value` line (indentation and `- ` ignored).
+fn value<'a>(text: &'a str, key: &str) -> &'a str {
+    text.lines()
+        .map(|l| l.trim_start().trim_start_matches("- "))
+        .find_map(|l| l.strip_prefix(&format!("{key}:")))
+        .unwrap_or_else(|| panic!("no {key}: in\n{text}"))
+        .trim()
+}
+
+#[test]
+fn scheduler_configuration_names_the_extender() {
+    let cfg = read("scheduler-config.yaml");
+    assert_eq!(value(&cfg, "apiVersion"), "kubescheduler.config.k8s.io/v1");
+    assert_eq!(value(&cfg, "kind"), "KubeSchedulerConfiguration");
+    assert_eq!(
+        value(&cfg, "urlPrefix"),
+        "http://cgpu-scheduler-extender.kube-system.svc:32766"
+    );
+    assert_eq!(value(&cfg, "filterVerb"), "filter");
+    assert_eq!(value(&cfg, "prioritizeVerb"), "prioritize");
+    assert_eq!(value(&cfg, "bindVerb"), "bind");
+    assert_eq!(value(&cfg, "nodeCacheCapable"), "true");
+    assert_eq!(value(&cfg, "name"), RESOURCE_GPU_MEM);
+    assert_eq!(value(&cfg, "ignorable"), "false");
+    let ext = read("scheduler-extender.yaml");
+    assert!(ext.contains("ports: [{name: http, port: 32766, targetPort: 32766}]"));
+    assert!(ext.contains("\"0.0.0.0:32766\""));
+    assert!(ext.contains("path: /readyz") && ext.contains("path: /healthz"));
+}
+
+#[test]
+fn device_plugin_mounts_what_it_uses() {
+    let ds = read("device-plugin.yaml");
+    for path in [
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+        "/run/cgpu",
+        "/run/cgpu-alloc",
+        "/etc/cgpu/decision-key",
+    ] {
+        assert!(
+            ds.contains(&format!("mountPath: {path}")),
+            "{path} not mounted"
+        );
+    }
+    let std = cgpu_cluster::device_plugin::PluginConfig::standard("n");
+    assert_eq!(std.alloc_dir.to_str(), Some("/run/cgpu-alloc"));
+    assert_eq!(std.library_on_host.to_str(), Some("/opt/cgpu/libcgpu.so"));
+    assert!(ds.contains("/host/opt/cgpu/libcgpu.so"));
+    assert_eq!(
+        cgpu_cluster::signing::DEFAULT_KEY_FILE,
+        "/etc/cgpu/decision-key/key"
+    );
+}
+
+/// `libcgpu.so` is injected into every job: none of the cluster crates'
+/// dependencies may reach it.
+#[test]
+fn the_interposer_links_no_cluster_crate() {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+        .args([
+            "tree",
+            "--offline",
+            "-e",
+            "normal",
+            "-p",
+            "cgpu",
+            "--prefix",
+            "none",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(tree.lines().any(|l| l.starts_with("cgpu v")), "{tree}");
+    for c in [
+        "kube",
+        "k8s-openapi",
+        "tonic",
+        "prost",
+        "tokio",
+        "axum",
+        "hyper",
+        "ring",
+        "cgpu-cluster",
+    ] {
+        assert!(
+            !tree
+                .lines()
+                .any(|l| l.starts_with(&format!("{c} v")) || l.starts_with(&format!("{c}-"))),
+            "libcgpu.so depends on {c}:\n{tree}"
+        );
+    }
+}

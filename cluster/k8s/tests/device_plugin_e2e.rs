@@ -1,0 +1,624 @@
+//! End to end on the simulated driver: the test API server, the scheduler
+//! extender (called as kube-scheduler calls it), the real
+//! `cgpu-device-plugin` binary reading the simulated GPUs through NVML, the
+//! kubelet double, and container processes under `libcgpu.so`.
+
+mod support;
+
+use cgpu_cluster::extender::Extender;
+use cgpu_cluster::signing::DecisionKey;
+use cgpu_cluster_core::decision::Decision;
+use cgpu_cluster_core::placement::Policy;
+use cgpu_cluster_testkit::apiserver::ApiServer;
+use cgpu_testkit::{artifacts, cuclient, field, line, LinkMode, SimEnv};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+use support::kubelet::{Kubelet, Started};
+
+const KEY: &[u8] = b"e2e decision key: 32 bytes long!";
+const NODE: &str = "gpu-node-1";
+const V100: &str = "16160:Tesla V100-SXM2-16GB";
+
+struct Cluster {
+    api: ApiServer,
+    dir: PathBuf,
+    sim: SimEnv,
+    kubelet: Kubelet,
+    plugin: Option<Child>,
+    extender: Arc<Extender>,
+    ext_url: String,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Some(mut p) = self.plugin.take() {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cgpu-e2e-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+impl Cluster {
+    async fn new(name: &str, gpus: &[&str], labels: Value) -> Cluster {
+        let dir = scratch(name);
+        let api = ApiServer::start().await;
+        api.write_kubeconfig(&dir.join("kubeconfig"));
+        std::fs::write(dir.join("key"), KEY).unwrap();
+        api.put("nodes", json!({"metadata": {"name": NODE, "labels": labels},
+                                "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.11"}]}}));
+        let sim = SimEnv::new().gpus(&gpus.join(","));
+        let kubelet = Kubelet::start(&dir.join("device-plugins")).await;
+        let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
+        let extender = Extender::new(
+            client,
+            DecisionKey::from_bytes(KEY).unwrap(),
+            Policy::Binpack,
+        );
+        extender.spawn_watches();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ext_url = listener.local_addr().unwrap().to_string();
+        let router = extender.router();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        let mut c = Cluster {
+            api,
+            dir,
+            sim,
+            kubelet,
+            plugin: None,
+            extender,
+            ext_url,
+        };
+        c.start_plugin();
+        c
+    }
+
+    fn start_plugin(&mut self) {
+        let a = artifacts();
+        let child = self
+            .sim
+            .command(a.bin("cgpu-device-plugin"))
+            .env("NODE_NAME", NODE)
+            .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            .env("CGPU_DECISION_KEY_FILE", self.dir.join("key"))
+            .env("CGPU_KUBELET_DIR", &self.kubelet.dir)
+            .env("CGPU_POD_RESOURCES_SOCKET", &self.kubelet.pod_resources)
+            .env("CGPU_LIBRARY", &a.libcgpu)
+            .env("CGPU_LEDGER_DIR", self.dir.join("ledger"))
+            .env("CGPU_ALLOC_DIR", self.dir.join("alloc"))
+            .env("CGPU_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn cgpu-device-plugin");
+        std::fs::create_dir_all(self.dir.join("ledger")).unwrap();
+        self.plugin = Some(child);
+    }
+
+    fn kill_plugin(&mut self) {
+        if let Some(mut p) = self.plugin.take() {
+            p.kill().unwrap();
+            p.wait().unwrap();
+        }
+    }
+
+    /// Waits for the plugin's devices and the extender's view of the node.
+    async fn ready(&self, gib: usize) {
+        let devs = self
+            .kubelet
+            .devices("aliyun.com/gpu-mem", Duration::from_secs(60))
+            .await;
+        assert_eq!(devs.len(), gib);
+        for _ in 0..1000 {
+            if self.extender.ready() && self.extender.metrics.nodes.get() == 1 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the extender never saw the node's GPUs");
+    }
+
+    fn pod(&self, name: &str, containers: Value, gpu_count: u32) -> Value {
+        self.api.put(
+            "pods",
+            json!({"metadata": {"name": name, "namespace": "default", "labels": {"aliyun.com/gpu-count": gpu_count.to_string()}},
+                   "spec": {"containers": containers}}),
+        )
+    }
+
+    /// kube-scheduler's part: filter, then bind through the extender.
+    async fn schedule(&self, pod: &Value) -> Result<(), String> {
+        let f = post(
+            &self.ext_url,
+            "/filter",
+            &json!({"Pod": pod, "NodeNames": [NODE]}),
+        )
+        .await;
+        if f["NodeNames"] != json!([NODE]) {
+            return Err(format!("filtered out: {f}"));
+        }
+        let b = post(
+            &self.ext_url,
+            "/bind",
+            &json!({"PodName": pod["metadata"]["name"], "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": NODE}),
+        )
+        .await;
+        match b["Error"].as_str() {
+            Some("") => Ok(()),
+            other => Err(format!("bind: {other:?}")),
+        }
+    }
+
+    fn get(&self, name: &str) -> Value {
+        self.api.get("pods", "default", name).unwrap()
+    }
+
+    /// The kubelet's part for one single-container pod: admit, start.
+    async fn run_pod(&self, name: &str, container: &str) -> Result<Started, String> {
+        let pod = self.get(name);
+        let alloc = self.kubelet.admit(&pod).await?;
+        self.kubelet
+            .start_container(&pod, container, &alloc[container])
+            .await
+    }
+
+    /// A process in the container: cuclient with the container's environment.
+    fn exec(&self, started: &Started, args: &[&str]) -> String {
+        let mut cmd = self.sim.command(cuclient(LinkMode::Link));
+        for (k, v) in started.env_on_host() {
+            cmd.env(k, v);
+        }
+        let out = cmd.args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "cuclient {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+async fn post(addr: &str, path: &str, body: &Value) -> Value {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let body = body.to_string();
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    let (_, body) = text.split_once("\r\n\r\n").unwrap();
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn mib(bytes: &str) -> u64 {
+    bytes.parse::<u64>().unwrap() >> 20
+}
+
+fn gpu_container(name: &str, gib: u64) -> Value {
+    json!({"name": name, "resources": {"limits": {"aliyun.com/gpu-mem": gib.to_string()}}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_000_two_v100s_give_two_gpus_of_4309_mib() {
+    let c = Cluster::new("seed000", &[V100, V100], json!({})).await;
+    c.ready(30).await;
+    let pod = c.pod(
+        "tensorflow-mnist-multigpu",
+        json!([gpu_container("tf", 8)]),
+        2,
+    );
+    c.schedule(&pod).await.unwrap();
+    let started = c.run_pod("tensorflow-mnist-multigpu", "tf").await.unwrap();
+    assert_eq!(
+        c.kubelet
+            .calls()
+            .iter()
+            .filter(|s| !s.starts_with("Register") && !s.starts_with("ListAndWatch"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        [
+            "Allocate default/tensorflow-mnist-multigpu/tf",
+            "PreStartContainer default/tensorflow-mnist-multigpu/tf"
+        ]
+    );
+    let file =
+        std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
+    assert!(file.starts_with("CGPU_CONTAINER_ID=default/tensorflow-mnist-multigpu/tf\nALIYUN_COM_GPU_MEM_CONTAINER=4,4\nALIYUN_COM_GPU_MEM_DEV=15\n"), "{file}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(started.host_path(&started.envs["CGPU_ALLOC_FILE"]))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o222, 0, "the allocation file is writable");
+    assert!(started
+        .mounts
+        .iter()
+        .any(|m| m.container_path == started.envs["CGPU_ALLOC_FILE"] && m.read_only));
+
+    // The container's process sees two GPUs of 4309 MiB.
+    let out = c.exec(&started, &["devcount", "meminfo"]);
+    assert_eq!(field(line(&out, "devcount"), "n"), Some("2"), "{out}");
+    assert_eq!(
+        mib(field(line(&out, "meminfo"), "total").unwrap()),
+        4309,
+        "{out}"
+    );
+    let out = c.exec(&started, &["-d", "1", "meminfo", "nvml_count"]);
+    assert_eq!(
+        mib(field(line(&out, "meminfo"), "total").unwrap()),
+        4309,
+        "{out}"
+    );
+    assert_eq!(field(line(&out, "nvml_count"), "n"), Some("2"), "{out}");
+    // ... and gets CUDA_ERROR_OUT_OF_MEMORY (2) past it.
+    let out = c.exec(&started, &["alloc_until_oom", "67108864"]);
+    let l = line(&out, "alloc_until_oom");
+    assert_eq!(field(l, "err"), Some("2"), "{out}");
+    assert!(mib(field(l, "bytes").unwrap()) <= 4309, "{out}");
+
+    // cgpu-smi shows it under its pod's id while it holds memory.
+    let mut cmd = c.sim.command(cuclient(LinkMode::Link));
+    for (k, v) in started.env_on_host() {
+        cmd.env(k, v);
+    }
+    let mut holder = cmd
+        .args(["alloc", "1073741824", "ready", "hold"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let seen = cgpu_testkit::read_until(&mut holder, "ready", Duration::from_secs(60));
+    assert!(seen.iter().any(|l| l.starts_with("alloc ok")), "{seen:?}");
+    let smi = c
+        .sim
+        .command(artifacts().bin("cgpu-smi"))
+        .env("CGPU_LEDGER_DIR", c.dir.join("ledger"))
+        .args(["--json", "--instant"])
+        .output()
+        .unwrap();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let doc: Value = serde_json::from_slice(&smi.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&smi.stdout)));
+    let rows: Vec<(String, u64)> = doc["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| {
+            g["gpu"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|ct| {
+            (
+                ct["id"].as_str().unwrap().to_string(),
+                ct["quota_bytes"].as_u64().unwrap() >> 20,
+            )
+        })
+        .collect();
+    assert!(
+        rows.contains(&("default/tensorflow-mnist-multigpu/tf".to_string(), 4309)),
+        "{rows:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_extender_or_with_a_forged_decision_no_gpu_memory() {
+    let c = Cluster::new("forged", &[V100, V100], json!({})).await;
+    c.ready(30).await;
+    // Bound straight to the node (spec.nodeName), no extender.
+    c.api.put(
+        "pods",
+        json!({"metadata": {"name": "direct", "namespace": "default"},
+               "spec": {"nodeName": NODE, "containers": [gpu_container("main", 4)]}, "status": {"phase": "Pending"}}),
+    );
+    let err = c.run_pod("direct", "main").await.unwrap_err();
+    assert!(
+        err.contains("holds no decision from cgpu-scheduler-extender"),
+        "{err}"
+    );
+    // ... and a Warning event on the pod says so.
+    let events = c.api.list("events");
+    let ev = events
+        .iter()
+        .find(|e| e["involvedObject"]["name"] == "direct")
+        .unwrap_or_else(|| panic!("no event for the pod: {events:?}"));
+    assert_eq!(ev["reason"], "CgpuAllocationRefused");
+    assert_eq!(ev["type"], "Warning");
+    assert!(
+        ev["message"]
+            .as_str()
+            .unwrap()
+            .contains("gets no GPU memory"),
+        "{ev}"
+    );
+
+    // A decision written by hand: right shape, wrong signature.
+    let honest = c.pod("honest", json!([gpu_container("main", 2)]), 1);
+    c.schedule(&honest).await.unwrap();
+    let mut forged: Decision = Decision::from_pod(&c.get("honest")).unwrap();
+    let p = c.api.put(
+        "pods",
+        json!({"metadata": {"name": "forger", "namespace": "default"},
+               "spec": {"nodeName": NODE, "containers": [gpu_container("main", 15)]}, "status": {"phase": "Pending"}}),
+    );
+    forged.pod_uid = p["metadata"]["uid"].as_str().unwrap().into();
+    forged.containers.insert("main".into(), 15);
+    forged.per_gpu = 15;
+    DecisionKey::from_bytes(b"the attacker's own key, 16+ bytes")
+        .unwrap()
+        .sign(&mut forged);
+    c.api.patch("pods", "default", "forger", &json!({"metadata": {"annotations": {"cgpu.io/allocation": serde_json::to_string(&forged).unwrap()}}}));
+    let err = c.run_pod("forger", "main").await.unwrap_err();
+    assert!(
+        err.contains("not signed by cgpu-scheduler-extender"),
+        "{err}"
+    );
+
+    // Another pod's genuine decision copied over.
+    c.api.put(
+        "pods",
+        json!({"metadata": {"name": "copycat", "namespace": "default",
+                            "annotations": {"cgpu.io/allocation": c.get("honest")["metadata"]["annotations"]["cgpu.io/allocation"]}},
+               "spec": {"nodeName": NODE, "containers": [gpu_container("main", 2)]}, "status": {"phase": "Pending"}}),
+    );
+    let err = c.run_pod("copycat", "main").await.unwrap_err();
+    assert!(err.contains("was made for pod uid"), "{err}");
+
+    // Had a runtime started such a container anyway (its Allocate
+    // environment, no allocation file), its processes see no GPU.
+    let never = Started {
+        envs: c
+            .kubelet
+            .admit(
+                &json!({"metadata": {"name": "ghost", "namespace": "default"},
+                                        "spec": {"containers": [gpu_container("main", 1)]}}),
+            )
+            .await
+            .unwrap()["main"]
+            .envs
+            .clone()
+            .into_iter()
+            .collect(),
+        mounts: Vec::new(),
+    };
+    let mut cmd = c.sim.command(cuclient(LinkMode::Link));
+    for (k, v) in never.env_on_host() {
+        cmd.env(k, v);
+    }
+    let out = cmd.args(["devcount"]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.lines().any(|l| l == "devcount ok n=0"), "{stdout}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no GPU is visible"));
+
+    // The honest pod runs.
+    let started = c.run_pod("honest", "main").await.unwrap();
+    let out = c.exec(&started, &["devcount", "meminfo"]);
+    assert_eq!(field(line(&out, "devcount"), "n"), Some("1"), "{out}");
+    assert_eq!(
+        mib(field(line(&out, "meminfo"), "total").unwrap()),
+        2154,
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_pods_admitted_in_random_order_each_get_their_own() {
+    let gpus = [V100; 8];
+    let c = Cluster::new("hundred", &gpus, json!({})).await;
+    c.ready(120).await;
+    let mut names: Vec<String> = (0..100).map(|i| format!("p{i:03}")).collect();
+    for n in &names {
+        let pod = c.pod(n, json!([gpu_container("main", 1)]), 1);
+        c.schedule(&pod).await.unwrap();
+    }
+    // Admission and starts in an order unrelated to scheduling.
+    let mut seed = 12345u64;
+    let mut shuffle = |v: &mut Vec<String>| {
+        for i in (1..v.len()).rev() {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            v.swap(i, (seed >> 33) as usize % (i + 1));
+        }
+    };
+    shuffle(&mut names);
+    let mut allocs = Vec::new();
+    for n in &names {
+        let pod = c.get(n);
+        allocs.push((n.clone(), c.kubelet.admit(&pod).await.unwrap()));
+    }
+    shuffle(&mut names);
+    let mut per_gpu: std::collections::BTreeMap<String, u64> = Default::default();
+    for n in &names {
+        let pod = c.get(n);
+        let a = &allocs.iter().find(|(m, _)| m == n).unwrap().1["main"];
+        let s = c.kubelet.start_container(&pod, "main", a).await.unwrap();
+        let file = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
+        let d = Decision::from_pod(&pod).unwrap();
+        let uuid = d.gpus[0].uuid.clone();
+        assert_eq!(
+            file,
+            format!("CGPU_CONTAINER_ID=default/{n}/main\nALIYUN_COM_GPU_MEM_CONTAINER=1\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES={uuid}\n")
+        );
+        *per_gpu.entry(uuid).or_default() += 1;
+    }
+    // Binpack filled GPUs one after another: 15 + 15 + ... + 10.
+    let mut counts: Vec<u64> = per_gpu.values().copied().collect();
+    counts.sort_unstable();
+    assert_eq!(counts, [10, 15, 15, 15, 15, 15, 15]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugin_and_kubelet_restarts_lose_nothing() {
+    let mut c = Cluster::new(
+        "restarts",
+        &[V100, V100],
+        json!({"ack.node.gpu.schedule": "share"}),
+    )
+    .await;
+    c.ready(30).await;
+    let a = c.pod("a", json!([gpu_container("main", 3)]), 1);
+    c.schedule(&a).await.unwrap();
+    let pod_a = c.get("a");
+    let alloc_a = c.kubelet.admit(&pod_a).await.unwrap();
+    let first = c
+        .kubelet
+        .start_container(&pod_a, "main", &alloc_a["main"])
+        .await
+        .unwrap();
+    let file =
+        |s: &Started| std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
+    let before = file(&first);
+    // Nodes labelled for sharing without isolation: CGPU_DISABLE=true.
+    assert!(before.ends_with("CGPU_DISABLE=true\n"), "{before}");
+
+    // The plugin restarts: it registers again and the container's next
+    // start gets the same allocation.
+    c.kill_plugin();
+    c.start_plugin();
+    let registers = |c: &Cluster| {
+        c.kubelet
+            .calls()
+            .iter()
+            .filter(|s| *s == "Register aliyun.com/gpu-mem")
+            .count()
+    };
+    for _ in 0..500 {
+        if registers(&c) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(registers(&c), 2);
+    c.ready(30).await;
+    let again = c
+        .kubelet
+        .start_container(&pod_a, "main", &alloc_a["main"])
+        .await
+        .unwrap();
+    assert_eq!(file(&again), before);
+
+    // The kubelet restarts (removing the plugin's sockets): the plugin
+    // registers a third time; old allocations still resolve, new pods run.
+    c.kubelet.restart().await;
+    let devs = c
+        .kubelet
+        .devices("aliyun.com/gpu-mem", Duration::from_secs(30))
+        .await;
+    assert_eq!(devs.len(), 30);
+    assert_eq!(registers(&c), 3);
+    let again = c
+        .kubelet
+        .start_container(&pod_a, "main", &alloc_a["main"])
+        .await
+        .unwrap();
+    assert_eq!(file(&again), before);
+    let b = c.pod("b", json!([gpu_container("main", 12)]), 1);
+    c.schedule(&b).await.unwrap();
+    let started = c.run_pod("b", "main").await.unwrap();
+    let d_a = Decision::from_pod(&c.get("a")).unwrap();
+    let d_b = Decision::from_pod(&c.get("b")).unwrap();
+    assert_eq!(
+        d_a.gpus[0].index, d_b.gpus[0].index,
+        "binpack: 3 + 12 on one GPU"
+    );
+    assert!(file(&started).contains("ALIYUN_COM_GPU_MEM_CONTAINER=12\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_container_of_a_pod_gets_its_own_share_of_the_same_gpus() {
+    let c = Cluster::new(
+        "multi",
+        &[V100, V100, V100],
+        json!({"cgpu.io/gpu-mem-dev": "16"}),
+    )
+    .await;
+    c.ready(48).await;
+    let pod = c.pod(
+        "two-containers",
+        json!([gpu_container("trainer", 6), {"name": "sidecar"}, gpu_container("eval", 2)]),
+        2,
+    );
+    c.schedule(&pod).await.unwrap();
+    let pod = c.get("two-containers");
+    let d = Decision::from_pod(&pod).unwrap();
+    assert_eq!(d.per_gpu, 4);
+    let uuids: Vec<String> = d.gpus.iter().map(|g| g.uuid.clone()).collect();
+    let alloc = c.kubelet.admit(&pod).await.unwrap();
+    // No Allocate for a container that asks for no GPU memory.
+    assert_eq!(alloc.keys().collect::<Vec<_>>(), ["eval", "trainer"]);
+    for (container, share) in [("eval", 1), ("trainer", 3)] {
+        let s = c
+            .kubelet
+            .start_container(&pod, container, &alloc[container])
+            .await
+            .unwrap();
+        let file = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
+        assert_eq!(
+            file,
+            format!(
+                "CGPU_CONTAINER_ID=default/two-containers/{container}\nALIYUN_COM_GPU_MEM_CONTAINER={share},{share}\n\
+                 ALIYUN_COM_GPU_MEM_DEV=16\nALIYUN_COM_GPU_VISIBLE_DEVICES={}\n",
+                uuids.join(",")
+            )
+        );
+        // 16160 MiB counted as 16 GiB: a 3 GiB share shows 3030 MiB.
+        let out = c.exec(&s, &["devcount", "meminfo"]);
+        assert_eq!(field(line(&out, "devcount"), "n"), Some("2"), "{out}");
+        assert_eq!(
+            mib(field(line(&out, "meminfo"), "total").unwrap()),
+            16160 * share / 16,
+            "{out}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpu_uuids_that_changed_since_scheduling_still_resolve() {
+    let c = Cluster::new("uuids", &[V100, V100], json!({})).await;
+    c.ready(30).await;
+    let pod = c.pod("old-uuids", json!([gpu_container("main", 8)]), 2);
+    c.schedule(&pod).await.unwrap();
+    // As if the node had other UUIDs when the extender decided (a cloud
+    // instance stopped and started): same indices and sizes.
+    let mut d = Decision::from_pod(&c.get("old-uuids")).unwrap();
+    let now: Vec<String> = d.gpus.iter().map(|g| g.uuid.clone()).collect();
+    for g in &mut d.gpus {
+        g.uuid = format!("GPU-00000000-0000-0000-0000-00000000000{}", g.index);
+    }
+    DecisionKey::from_bytes(KEY).unwrap().sign(&mut d);
+    c.api.patch(
+        "pods",
+        "default",
+        "old-uuids",
+        &json!({"metadata": {"annotations": {"cgpu.io/allocation": serde_json::to_string(&d).unwrap()}}}),
+    );
+    let s = c.run_pod("old-uuids", "main").await.unwrap();
+    let file = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
+    assert!(
+        file.contains(&format!(
+            "ALIYUN_COM_GPU_VISIBLE_DEVICES={}\n",
+            now.join(",")
+        )),
+        "{file}"
+    );
+    let out = c.exec(&s, &["devcount"]);
+    assert_eq!(field(line(&out, "devcount"), "n"), Some("2"), "{out}");
+}

@@ -1,0 +1,454 @@
+//! The scheduler extender over HTTP, with kube-rs against the test API
+//! server: filter/prioritize/bind as the scheduler calls them, 64
+//! concurrent binds, rollback of a failed Binding, terminating pods, a
+//! restart, metrics.
+
+use cgpu_cluster::extender::Extender;
+use cgpu_cluster::signing::DecisionKey;
+use cgpu_cluster_core::decision::{Decision, NodeGpu};
+use cgpu_cluster_core::names::*;
+use cgpu_cluster_core::placement::Policy;
+use cgpu_cluster_testkit::apiserver::ApiServer;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const KEY: &[u8] = b"test decision key, 32 bytes long";
+
+async fn client_for(api: &ApiServer) -> kube::Client {
+    let cfg = kube::Config::new(api.url().parse().unwrap());
+    kube::Client::try_from(cfg).unwrap()
+}
+
+struct Running {
+    ext: Arc<Extender>,
+    url: String,
+    server: tokio::task::JoinHandle<()>,
+}
+
+async fn start_extender(api: &ApiServer, policy: Policy) -> Running {
+    let ext = Extender::new(
+        client_for(api).await,
+        DecisionKey::from_bytes(KEY).unwrap(),
+        policy,
+    );
+    ext.spawn_watches();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("{}", listener.local_addr().unwrap());
+    let router = ext.router();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, router).await.unwrap();
+    });
+    let r = Running { ext, url, server };
+    // Ready once both watches listed everything.
+    for _ in 0..500 {
+        if http(&r.url, "GET", "/readyz", "").await.0 == 200 {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("extender never became ready");
+}
+
+/// A minimal HTTP/1.1 exchange: (status, body).
+async fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code: u16 = text[9..12].parse().unwrap();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = rest;
+        loop {
+            let (len, tail) = rest.split_once("\r\n").unwrap();
+            let len = usize::from_str_radix(len.trim(), 16).unwrap();
+            if len == 0 {
+                break;
+            }
+            out.push_str(&tail[..len]);
+            rest = &tail[len + 2..];
+        }
+        out
+    } else {
+        rest.to_string()
+    };
+    (code, body)
+}
+
+async fn post(addr: &str, path: &str, body: &Value) -> Value {
+    let (code, text) = http(addr, "POST", path, &body.to_string()).await;
+    assert_eq!(code, 200, "{text}");
+    serde_json::from_str(&text).unwrap()
+}
+
+fn gpu_node(api: &ApiServer, name: &str, gpus: u32, mib: u64) {
+    let list: Vec<NodeGpu> = (0..gpus)
+        .map(|i| NodeGpu {
+            index: i,
+            uuid: format!("GPU-{name}-{i}"),
+            memory_mib: mib,
+            gib: mib / 1024,
+        })
+        .collect();
+    api.put(
+        "nodes",
+        json!({"metadata": {"name": name, "annotations": {ANN_NODE_GPUS: serde_json::to_string(&list).unwrap()}},
+               "status": {"capacity": {RESOURCE_GPU_COUNT: gpus.to_string(),
+                                       RESOURCE_GPU_MEM: (u64::from(gpus) * (mib / 1024)).to_string()}}}),
+    );
+}
+
+fn gpu_pod(api: &ApiServer, name: &str, mem: u64, count: u32) -> Value {
+    api.put(
+        "pods",
+        json!({"metadata": {"name": name, "namespace": "default", "labels": {LABEL_GPU_COUNT: count.to_string()}},
+               "spec": {"containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU_MEM: mem.to_string()}}}]}}),
+    )
+}
+
+fn bind_args(pod: &Value, node: &str) -> Value {
+    json!({"PodName": pod["metadata"]["name"], "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": node})
+}
+
+fn decision(api: &ApiServer, name: &str) -> Option<Decision> {
+    Decision::from_pod(&api.get("pods", "default", name)?)
+}
+
+/// Waits until the extender's watch has seen `n` pods holding GPU memory.
+async fn settled(r: &Running, pods: i64) {
+    for _ in 0..500 {
+        if r.ext.metrics.pods.get() == pods && r.ext.metrics.reserved.get() == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "view never settled at {pods} pods (has {}, {} reserved)",
+        r.ext.metrics.pods.get(),
+        r.ext.metrics.reserved.get()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filter_prioritize_bind_as_the_scheduler_calls_them() {
+    let api = ApiServer::start().await;
+    gpu_node(&api, "two-v100", 2, 16160);
+    gpu_node(&api, "one-v100", 1, 16160);
+    api.put("nodes", json!({"metadata": {"name": "cpu"}}));
+    let pod = gpu_pod(&api, "tf-multi", 8, 2);
+    let r = start_extender(&api, Policy::Binpack).await;
+
+    let args = json!({"Pod": pod, "NodeNames": ["two-v100", "one-v100", "cpu", "ghost"]});
+    let f = post(&r.url, "/filter", &args).await;
+    assert_eq!(f["NodeNames"], json!(["two-v100"]));
+    assert_eq!(f["FailedNodes"], json!({}));
+    let unres = f["FailedAndUnresolvableNodes"].as_object().unwrap();
+    assert!(
+        unres["one-v100"]
+            .as_str()
+            .unwrap()
+            .contains("asks for 2 GPUs"),
+        "{unres:?}"
+    );
+    assert!(unres["cpu"].as_str().unwrap().contains("no shared GPUs"));
+    assert!(unres["ghost"].as_str().unwrap().contains("unknown"));
+    assert_eq!(f["Error"], "");
+
+    let p = post(
+        &r.url,
+        "/prioritize",
+        &json!({"Pod": pod, "NodeNames": ["two-v100", "one-v100"]}),
+    )
+    .await;
+    // Binpack: 22 of 30 GiB left free after placing -> 10 - 22*10/30 = 3.
+    assert_eq!(
+        p,
+        json!([{"Host": "two-v100", "Score": 3}, {"Host": "one-v100", "Score": 0}])
+    );
+
+    let b = post(&r.url, "/bind", &bind_args(&pod, "two-v100")).await;
+    assert_eq!(b, json!({"Error": ""}));
+    let bound = api.get("pods", "default", "tf-multi").unwrap();
+    assert_eq!(bound["spec"]["nodeName"], "two-v100");
+    let d = Decision::from_pod(&bound).unwrap();
+    assert_eq!(d.node, "two-v100");
+    assert_eq!(d.pod_uid, pod["metadata"]["uid"].as_str().unwrap());
+    assert_eq!(
+        d.gpus.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>(),
+        ["GPU-two-v100-0", "GPU-two-v100-1"]
+    );
+    assert_eq!((d.per_gpu, d.gpu_gib), (4, 15));
+    assert!(DecisionKey::from_bytes(KEY).unwrap().verify(&d));
+    let ann = &bound["metadata"]["annotations"];
+    assert_eq!(ann[ANN_ACK_ALLOCATION], r#"{"0":{"0":4,"1":4}}"#);
+    assert_eq!(ann[ANN_GPUSHARE_POD], "8");
+    // The annotation was written before the Binding was created.
+    let reqs = api.requests();
+    let patch = reqs
+        .iter()
+        .position(|r| r.starts_with("PATCH /api/v1/namespaces/default/pods/tf-multi"))
+        .unwrap();
+    let binding = reqs
+        .iter()
+        .position(|r| r.starts_with("POST /api/v1/namespaces/default/pods/tf-multi/binding"))
+        .unwrap();
+    assert!(patch < binding, "{reqs:?}");
+
+    // 7 over 2 is refused everywhere, for good.
+    let bad = gpu_pod(&api, "odd", 7, 2);
+    let f = post(
+        &r.url,
+        "/filter",
+        &json!({"Pod": bad, "NodeNames": ["two-v100"]}),
+    )
+    .await;
+    assert_eq!(f["NodeNames"], json!([]));
+    assert!(f["FailedAndUnresolvableNodes"]["two-v100"]
+        .as_str()
+        .unwrap()
+        .contains("not divisible"));
+
+    // The 8/2 pod took 4 of each GPU: a 12 GiB single-GPU pod no longer fits,
+    // which preemption could fix.
+    settled(&r, 1).await;
+    let big = gpu_pod(&api, "big", 12, 1);
+    let f = post(
+        &r.url,
+        "/filter",
+        &json!({"Pod": big, "NodeNames": ["two-v100"]}),
+    )
+    .await;
+    assert!(
+        f["FailedNodes"]["two-v100"]
+            .as_str()
+            .unwrap()
+            .contains("not enough free GPU memory"),
+        "{f}"
+    );
+    let b = post(&r.url, "/bind", &bind_args(&big, "two-v100")).await;
+    assert!(
+        b["Error"]
+            .as_str()
+            .unwrap()
+            .contains("not enough free GPU memory"),
+        "{b}"
+    );
+    assert!(api.get("pods", "default", "big").unwrap()["spec"]["nodeName"].is_null());
+    r.server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_concurrent_binds_never_over_commit() {
+    let api = ApiServer::start().await;
+    gpu_node(&api, "n1", 2, 16160); // 2 x 15 GiB
+    let pods: Vec<Value> = (0..64)
+        .map(|i| gpu_pod(&api, &format!("p{i:02}"), 2, 1))
+        .collect();
+    let r = start_extender(&api, Policy::Spread).await;
+    let mut tasks = Vec::new();
+    for pod in &pods {
+        let url = r.url.clone();
+        let args = bind_args(pod, "n1");
+        tasks.push(tokio::spawn(
+            async move { post(&url, "/bind", &args).await },
+        ));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        if t.await.unwrap()["Error"] == "" {
+            ok += 1;
+        }
+    }
+    // 7 pods of 2 GiB per 15 GiB GPU.
+    assert_eq!(ok, 14);
+    let mut per_gpu = [0u64; 2];
+    let mut bound = 0;
+    for pod in api.list("pods") {
+        let d = Decision::from_pod(&pod);
+        assert_eq!(
+            d.is_some(),
+            !pod["spec"]["nodeName"].is_null(),
+            "a decision without a binding, or the reverse: {pod}"
+        );
+        if let Some(d) = d {
+            bound += 1;
+            for g in d.gpus {
+                per_gpu[g.index as usize] += d.per_gpu;
+            }
+        }
+    }
+    assert_eq!(bound, 14);
+    assert_eq!(per_gpu, [14, 14]);
+    r.server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_binding_rolls_back() {
+    let api = ApiServer::start().await;
+    gpu_node(&api, "n1", 1, 16160);
+    let a = gpu_pod(&api, "a", 15, 1);
+    let b = gpu_pod(&api, "b", 15, 1);
+    let r = start_extender(&api, Policy::Binpack).await;
+    api.fail_next(axum::http::Method::POST, "/pods/a/binding", 500);
+    let res = post(&r.url, "/bind", &bind_args(&a, "n1")).await;
+    assert!(
+        res["Error"]
+            .as_str()
+            .unwrap()
+            .contains("binding default/a to n1 failed"),
+        "{res}"
+    );
+    let pod_a = api.get("pods", "default", "a").unwrap();
+    assert!(pod_a["spec"]["nodeName"].is_null());
+    assert!(
+        decision(&api, "a").is_none(),
+        "decision left behind: {pod_a}"
+    );
+    assert!(pod_a["metadata"]["annotations"][ANN_GPUSHARE_POD].is_null());
+    // The whole GPU is free again: b gets it.
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&b, "n1")).await,
+        json!({"Error": ""})
+    );
+    let d = decision(&api, "b").unwrap();
+    assert_eq!(d.per_gpu, 15);
+    // A retried bind of a bound pod changes nothing (and never rolls back
+    // its decision); to another node it is refused.
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&b, "n1")).await,
+        json!({"Error": ""})
+    );
+    let res = post(&r.url, "/bind", &bind_args(&b, "n2")).await;
+    assert!(
+        res["Error"]
+            .as_str()
+            .unwrap()
+            .contains("already bound to n1"),
+        "{res}"
+    );
+    assert_eq!(decision(&api, "b").unwrap(), d);
+    assert_eq!(
+        api.get("pods", "default", "b").unwrap()["spec"]["nodeName"],
+        "n1"
+    );
+    r.server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminating_pods_hold_memory_until_gone_and_a_restart_loses_nothing() {
+    let api = ApiServer::start().await;
+    gpu_node(&api, "n1", 1, 16160);
+    let a = gpu_pod(&api, "a", 10, 1);
+    let b = gpu_pod(&api, "b", 10, 1);
+    let r = start_extender(&api, Policy::Binpack).await;
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&a, "n1")).await,
+        json!({"Error": ""})
+    );
+    settled(&r, 1).await;
+
+    // The extender restarts: the new one rebuilds the same view.
+    r.server.abort();
+    let r = start_extender(&api, Policy::Binpack).await;
+    settled(&r, 1).await;
+    let f = post(&r.url, "/filter", &json!({"Pod": b, "NodeNames": ["n1"]})).await;
+    assert_eq!(f["NodeNames"], json!([]), "{f}");
+
+    // a is deleted: while it terminates, its memory is still held.
+    let client = client_for(&api).await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, "default");
+    pods.delete("a", &Default::default()).await.unwrap();
+    assert!(!api.get("pods", "default", "a").unwrap()["metadata"]["deletionTimestamp"].is_null());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let f = post(&r.url, "/filter", &json!({"Pod": b, "NodeNames": ["n1"]})).await;
+    assert_eq!(
+        f["NodeNames"],
+        json!([]),
+        "terminating pod counted free: {f}"
+    );
+    // Gone: now b fits.
+    api.finalize("pods", "default", "a");
+    settled(&r, 0).await;
+    let f = post(&r.url, "/filter", &json!({"Pod": b, "NodeNames": ["n1"]})).await;
+    assert_eq!(f["NodeNames"], json!(["n1"]), "{f}");
+    r.server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_metrics() {
+    let api = ApiServer::start().await;
+    gpu_node(&api, "n1", 2, 16160);
+    let pod = gpu_pod(&api, "a", 4, 2);
+    let r = start_extender(&api, Policy::Binpack).await;
+    assert_eq!(
+        http(&r.url, "GET", "/healthz", "").await,
+        (200, "ok".to_string())
+    );
+    post(&r.url, "/filter", &json!({"Pod": pod, "NodeNames": ["n1"]})).await;
+    post(&r.url, "/bind", &bind_args(&pod, "n1")).await;
+    settled(&r, 1).await;
+    let (code, text) = http(&r.url, "GET", "/metrics", "").await;
+    assert_eq!(code, 200);
+    assert!(
+        text.contains("cgpu_extender_requests_total{verb=\"filter\",result=\"fit\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("cgpu_extender_requests_total{verb=\"bind\",result=\"ok\"} 1\n"),
+        "{text}"
+    );
+    assert!(text.contains("cgpu_extender_nodes 1\n"), "{text}");
+    assert!(text.contains("cgpu_extender_pods 1\n"), "{text}");
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    // The reference OpenMetrics parser (Python prometheus_client) reads it.
+    let parsed = openmetrics_parse(&text);
+    assert!(
+        parsed.contains("cgpu_extender_requests filter fit 1.0\n"),
+        "{parsed}"
+    );
+    assert!(parsed.contains("cgpu_extender_pods  1.0\n"), "{parsed}");
+    r.server.abort();
+}
+
+/// Parses OpenMetrics text with `prometheus_client.openmetrics.parser`;
+/// one line per sample: family, label values, value.
+fn openmetrics_parse(text: &str) -> String {
+    use std::io::Write;
+    let deps = cgpu_testkit::test_deps();
+    let script = "import sys\n\
+        from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\n\
+        for f in parse(sys.stdin.read()):\n\
+        \x20   for s in f.samples:\n\
+        \x20       print(f.name, ' '.join(s.labels[k] for k in sorted(s.labels, reverse=True)), float(s.value))\n";
+    let mut child = std::process::Command::new(&deps.python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the parser rejected the metrics: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}

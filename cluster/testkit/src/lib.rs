@@ -1,0 +1,3 @@
+//! Test doubles for cgpu's cluster layer.
+
+pub mod apiserver;
