@@ -172,6 +172,10 @@ fn graphs_pools_occupancy_and_arrays_through_cuda_bindings() {
     assert_eq!(a["tex_destroyed_again"], "CUDA_ERROR_INVALID_VALUE");
     assert_eq!(a["mipmap_returned"], 1024);
     assert_eq!(a["all_returned"], true);
+    assert_eq!(a["copy2d_fits"], "CUDA_SUCCESS");
+    assert_eq!(a["copy2d_overrun"], "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(a["copy3d_at_capture"], 0);
+    assert_eq!(a["copy3d_at_replay"], 0x42);
 
     let x = &v["more"];
     assert_eq!(x["attr_prio"], 3, "{v:#}");

@@ -217,11 +217,9 @@ pub fn memcpy3d(m: &Memcpy3D) -> CuRes {
         for y in 0..m.height as u64 {
             let so = s.base + (z * s.rows + y) * s.pitch;
             let to = t.base + (z * t.rows + y) * t.pitch;
-            // SAFETY: both ranges were validated against our mappings (or
-            // are the caller's host memory, valid by the API contract).
-            unsafe {
-                std::ptr::copy(so as *const u8, to as *mut u8, m.width_in_bytes);
-            }
+            // Both ranges were validated against our mappings (or are the
+            // caller's host memory); recorded instead inside a capture.
+            super::memory::copy_pub(to, so, m.width_in_bytes);
         }
     }
     Ok(())
@@ -236,9 +234,10 @@ fn memcpy3d_ptr(p: *const Memcpy3D) -> CuRes {
     memcpy3d(&m)
 }
 
+/// Runs an async copy on `stream` (recorded into the capture when the
+/// stream captures).
 fn with_stream(stream: CUstream, f: impl FnOnce() -> CuRes) -> CuRes {
-    cu()?.stream(stream as usize)?;
-    f()
+    super::stream::capture_mem_ops(stream as usize, f)
 }
 
 /// A 1D copy between an array (at byte `off`) and other memory.

@@ -191,6 +191,12 @@ fn check_any_range(d: &Driver, p: u64, len: u64) -> CuRes {
     }
 }
 
+/// Copies `n` validated bytes (recorded instead when a capture is being
+/// recorded on this thread: see `stream::capture_mem_ops`).
+pub fn copy_pub(dst: u64, src: u64, n: usize) {
+    copy(dst, src, n)
+}
+
 fn copy(dst: u64, src: u64, n: usize) {
     if super::stream::record_mem_op(|| MemOp::Copy { dst, src, len: n }) {
         return; // captured into a graph: runs at replay
@@ -1044,12 +1050,19 @@ fn memcpy_2d(p: *const CudaMemcpy2D) -> CuRes {
     if w == 0 || h == 0 {
         return Ok(());
     }
-    let arr_base = |a: CUarray| -> Result<u64, CUresult> {
+    // An array side: its backing's start and end (copies are checked
+    // against it) and its row size (the pitch of its rows).
+    let arr = |a: CUarray| -> Result<(u64, u64, u64), CUresult> {
         match d.objs.lock().get(a as usize) {
-            Some(Obj::Array(x)) => Ok(x.base),
+            Some(Obj::Array(x)) => Ok((
+                x.base,
+                x.base + x.row_bytes() * x.rows() * x.layers(),
+                x.row_bytes(),
+            )),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     };
+    let arr_base = |a: CUarray| arr(a).map(|x| x.0);
     // memory types: 1 host, 2 device, 3 array, 4 unified
     let base = |ty: u32, host: u64, dev: u64, arr: CUarray| -> Result<(u64, bool), CUresult> {
         match ty {
@@ -1072,9 +1085,16 @@ fn memcpy_2d(p: *const CudaMemcpy2D) -> CuRes {
         m.dst_device,
         m.dst_array,
     )?;
+    let pitch_of = |ty: u32, arr_h: CUarray, given: usize| -> Result<u64, CUresult> {
+        if ty == 3 {
+            arr(arr_h).map(|x| x.2)
+        } else {
+            Ok(given.max(m.width_in_bytes) as u64)
+        }
+    };
     let (sp, dp) = (
-        m.src_pitch.max(m.width_in_bytes) as u64,
-        m.dst_pitch.max(m.width_in_bytes) as u64,
+        pitch_of(m.src_memory_type, m.src_array, m.src_pitch)?,
+        pitch_of(m.dst_memory_type, m.dst_array, m.dst_pitch)?,
     );
     if sb == 0 || db == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -1088,6 +1108,20 @@ fn memcpy_2d(p: *const CudaMemcpy2D) -> CuRes {
     if ddev {
         check_dev_range(d, d0, span(dp))?;
     }
+    // Array sides stay inside the array.
+    let inside = |ty: u32, a: CUarray, start: u64, p: u64| -> CuRes {
+        if ty != 3 {
+            return Ok(());
+        }
+        let (lo, hi, _) = arr(a)?;
+        if start >= lo && start.checked_add(span(p)).is_some_and(|e| e <= hi) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    };
+    inside(m.src_memory_type, m.src_array, s0, sp)?;
+    inside(m.dst_memory_type, m.dst_array, d0, dp)?;
     for row in 0..h {
         copy(d0 + row * dp, s0 + row * sp, w as usize);
     }

@@ -516,8 +516,41 @@ def _():
     r["tex_destroyed_again"] = d.cuTexObjectDestroy(tex)[0].name
     ok(d.cuMipmappedArrayDestroy(mm))
     r["mipmap_returned"] = before - free_bytes()
+    # A 2D copy into an array stays inside it (17 rows into 16: refused).
+    c2 = d.CUDA_MEMCPY2D()
+    hbuf = ctypes.create_string_buffer(64 * 17)
+    c2.srcMemoryType = d.CUmemorytype.CU_MEMORYTYPE_HOST
+    c2.srcHost = ctypes.addressof(hbuf)
+    c2.srcPitch = 64
+    c2.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_ARRAY
+    c2.dstArray = a2
+    c2.WidthInBytes, c2.Height = 64, 16
+    r["copy2d_fits"] = d.cuMemcpy2D(c2)[0].name
+    c2.Height = 17
+    r["copy2d_overrun"] = d.cuMemcpy2D(c2)[0].name
     ok(d.cuArrayDestroy(a2))
     r["all_returned"] = free0 == free_bytes()
+    # A 3D copy issued into a capturing stream runs at replay, not at capture.
+    dbuf = ok(d.cuMemAlloc(256))
+    ok(d.cuMemsetD8(dbuf, 0, 256))
+    src3 = ctypes.create_string_buffer(b"\x42" * 256, 256)
+    c3 = d.CUDA_MEMCPY3D()
+    c3.srcMemoryType = d.CUmemorytype.CU_MEMORYTYPE_HOST
+    c3.srcHost = ctypes.addressof(src3)
+    c3.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    c3.dstDevice = dbuf
+    c3.WidthInBytes, c3.Height, c3.Depth = 256, 1, 1
+    cs = ok(d.cuStreamCreate(0))
+    ok(d.cuStreamBeginCapture(cs, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    ok(d.cuMemcpy3DAsync(c3, cs), "cuMemcpy3DAsync(captured)")
+    g3 = ok(d.cuStreamEndCapture(cs))
+    chk = bytearray(1)
+    ok(d.cuMemcpyDtoH(chk, dbuf, 1))
+    r["copy3d_at_capture"] = chk[0]
+    ok(d.cuGraphLaunch(ok(d.cuGraphInstantiate(g3, 0)), cs))
+    ok(d.cuStreamSynchronize(cs))
+    ok(d.cuMemcpyDtoH(chk, int(dbuf) + 255, 1))
+    r["copy3d_at_replay"] = chk[0]
     return r
 
 
