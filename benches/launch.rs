@@ -79,6 +79,7 @@ fn setup() -> Sim {
             ctx_get_current: *lib.get(b"cuCtxGetCurrent").unwrap(),
             ctx_set_current: *lib.get(b"cuCtxSetCurrent").unwrap(),
             ctx_synchronize: sync,
+            ctx_get_device: *lib.get(b"cuCtxGetDevice").unwrap(),
         };
         // Join a ledger as a container of weight 1 and attach the scheduler.
         let ledger: &'static Ledger = Box::leak(Box::new(

@@ -234,7 +234,12 @@ else
 fi
 # A framework's import and first CUDA call take seconds on the simulated
 # driver (~4 s and ~3 s for PyTorch): more time for the framework runs.
-if [ "$SIM" = 1 ] && { [ "$BACKEND" = torch ] || [ "$TF" = 1 ]; }; then BUDGET=$((BUDGET + 420)); fi
+# Each check starts several framework processes: a limit of its own too.
+if [ "$SIM" = 1 ] && { [ "$BACKEND" = torch ] || [ "$TF" = 1 ]; }; then
+  BUDGET=$((BUDGET + 900))
+  for k in probe 1 2 3 6; do LIMIT[$k]=$((LIMIT[$k] + 120)); done
+  LIMIT[4]=$((LIMIT[4] + 180)); LIMIT[5]=$((LIMIT[5] + 180)); LIMIT[7]=$((LIMIT[7] + 240))
+fi
 [ "$TF" = 1 ] && BUDGET=$((BUDGET + ${LIMIT[7]}))
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 

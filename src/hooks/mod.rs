@@ -213,6 +213,10 @@ api! {
         fn cuStreamBeginCaptureToGraph_ptsz(stream: CUstream, graph: CUgraph, deps: *const CUgraphNode, edges: *const c_void, n: usize, mode: u32) -> CUresult => stream::begin_capture_to_graph;
         fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph) -> CUresult => stream::end_capture;
         fn cuStreamEndCapture_ptsz(stream: CUstream, graph: *mut CUgraph) -> CUresult => stream::end_capture;
+        fn cuCtxSynchronize() -> CUresult => stream::ctx_synchronize;
+        fn cuStreamSynchronize(stream: CUstream) -> CUresult => stream::stream_synchronize;
+        fn cuStreamSynchronize_ptsz(stream: CUstream) -> CUresult => stream::stream_synchronize;
+        fn cuEventSynchronize(event: CUevent) -> CUresult => stream::event_synchronize;
 
         // --- NVML ---------------------------------------------------------
         fn nvmlInit() -> nvmlReturn_t => nvml::init;
@@ -237,7 +241,6 @@ api! {
         fn cuCtxGetDevice(dev: *mut CUdevice) -> CUresult;
         fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
         fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult;
-        fn cuCtxSynchronize() -> CUresult;
         fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
         fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
         fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -> CUresult;

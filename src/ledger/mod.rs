@@ -171,7 +171,15 @@ pub struct ProcessSlot {
     pub gpu_time_ns: AtomicU64,
     /// Kernel launches admitted (scheduler).
     pub launches: AtomicU64,
-    pub reserved: [u64; 4],
+    /// `CLOCK_MONOTONIC` ns of the scheduler's last sign of life from this
+    /// process (0: none yet): a process that stops answering (SIGSTOP, a
+    /// debugger) loses its turn (`src/scheduler/gate.rs`).
+    pub sched_beat_ns: AtomicU64,
+    /// Threads of this process inside a synchronise call (`cuCtxSynchronize`,
+    /// `cuStreamSynchronize`, `cuEventSynchronize`): it waits for its GPU
+    /// work, so the GPU is not idle for it (scheduler).
+    pub sched_in_sync: AtomicU64,
+    pub reserved: [u64; 2],
 }
 
 /// The whole file.
@@ -861,6 +869,8 @@ impl Ledger {
             p.pending.store(0, Ordering::Relaxed);
             p.gpu_time_ns.store(0, Ordering::Relaxed);
             p.launches.store(0, Ordering::Relaxed);
+            p.sched_beat_ns.store(0, Ordering::Relaxed);
+            p.sched_in_sync.store(0, Ordering::Relaxed);
             p.state.store(SLOT_LIVE, Ordering::Release);
             return Some(i);
         }
@@ -1289,6 +1299,14 @@ impl Ledger {
             )
         };
         magic != LEDGER_MAGIC || version != FORMAT_VERSION || h.ready.load(Ordering::Acquire) != 1
+    }
+
+    /// Can this handle still be used for shared state (scheduling)? False
+    /// once damaged, abandoned (its file was replaced: the process moved to
+    /// another ledger) or inherited across `fork`.
+    #[inline]
+    pub fn is_usable(&self) -> bool {
+        !self.is_stale() && !self.is_damaged()
     }
 
     /// Is `m` still this process's place here (slots live, as joined)?

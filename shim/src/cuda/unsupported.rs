@@ -64,7 +64,7 @@ stub_fns! {
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Features the simulated GPU does not have, which clients resolve up
         // front and refuse to load without (PyTorch's driver table requires
-        // every name it asks for; cuBLAS looks several up): memory shared
+        // every name it asks for, cuBLAS looks several up): memory shared
         // through OS handles, multicast objects, green contexts and device
         // resources, tensor maps (TMA), batched stream memory operations.
         cuMemExportToShareableHandle, cuMemImportFromShareableHandle, cuMulticastCreate,
