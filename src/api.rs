@@ -94,6 +94,16 @@ macro_rules! for_each_api {
                 fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch;
                 fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch;
 
+                // --- graph memory (alloc nodes: charged at launch) ------------------
+                fn cuGraphInstantiate(pe: *mut CUgraphExec, g: CUgraph, err: *mut CUgraphNode, log: *mut c_char, n: usize) -> CUresult => graph::instantiate_legacy;
+                fn cuGraphInstantiate_v2(pe: *mut CUgraphExec, g: CUgraph, err: *mut CUgraphNode, log: *mut c_char, n: usize) -> CUresult => graph::instantiate_legacy;
+                fn cuGraphInstantiateWithFlags(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CUresult => graph::instantiate_with_flags;
+                fn cuGraphInstantiateWithParams(pe: *mut CUgraphExec, g: CUgraph, p: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult => graph::instantiate_with_params;
+                fn cuGraphInstantiateWithParams_ptsz(pe: *mut CUgraphExec, g: CUgraph, p: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult => graph::instantiate_with_params;
+                fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graph::exec_destroy;
+                fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult => graph::device_graph_mem_trim;
+                fn cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult => graph::device_set_graph_mem_attribute;
+
                 // --- stream capture (the scheduler's drain must not invalidate it) --
                 fn cuStreamBeginCapture(stream: CUstream) -> CUresult => stream::begin_capture_v1;
                 fn cuStreamBeginCapture_ptsz(stream: CUstream) -> CUresult => stream::begin_capture_v1;
@@ -140,6 +150,11 @@ macro_rules! for_each_api {
                 fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult;
                 fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
                 fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CUresult;
+                fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) -> CUresult;
+                fn cuGraphNodeGetType(node: CUgraphNode, t: *mut CUgraphNodeType) -> CUresult;
+                fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, p: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
+                fn cuGraphChildGraphNodeGetGraph(node: CUgraphNode, g: *mut CUgraph) -> CUresult;
+                fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult;
                 fn nvmlShutdown() -> nvmlReturn_t;
                 fn nvmlDeviceGetUUID(dev: nvmlDevice_t, uuid: *mut c_char, len: u32) -> nvmlReturn_t;
                 fn nvmlDeviceGetPciInfo_v3(dev: nvmlDevice_t, pci: *mut nvmlPciInfo_t) -> nvmlReturn_t;

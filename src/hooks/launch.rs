@@ -144,5 +144,7 @@ pub unsafe fn graph_launch(
     stream: CUstream,
 ) -> CUresult {
     admit(stream);
-    launched(stream, super::call_real!(real, exec, stream))
+    // Graph memory: charged around the launch (execs with alloc nodes only).
+    let rc = super::graph::launch(exec, || super::call_real!(real, exec, stream));
+    launched(stream, rc)
 }

@@ -15,6 +15,7 @@
 pub mod context;
 pub mod device;
 pub mod dlsym;
+pub mod graph;
 pub mod launch;
 pub mod memory;
 pub mod nvml;
@@ -51,7 +52,7 @@ macro_rules! declare_hooks {
             #[allow(unused_imports)]
             use super::types::*;
             #[allow(unused_imports)]
-            use super::{context, device, launch, memory, nvml, procaddr, stream};
+            use super::{context, device, graph, launch, memory, nvml, procaddr, stream};
             use crate::process::table::real;
             $(
                 /// Exported hook (see the declaration list in `src/api.rs`).

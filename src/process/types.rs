@@ -14,3 +14,21 @@ pub type CUexecAffinityParam = c_void;
 pub type CStrP = *const c_char;
 /// `void *`.
 pub type Ptr = *mut c_void;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (`_v1`): what `cuGraphMemAllocNodeGetParams`
+/// fills in (graph memory accounting reads the pool's device and the size).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub poolProps: CUmemPoolProps,
+    pub accessDescs: *const c_void,
+    pub accessDescCount: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+/// `CUDA_GRAPH_INSTANTIATE_PARAMS` (only passed through).
+pub type CUDA_GRAPH_INSTANTIATE_PARAMS = c_void;
+/// `CUgraphNodeType` (a C enum).
+pub type CUgraphNodeType = u32;
+/// `CUgraphMem_attribute` (a C enum).
+pub type CUgraphMem_attribute = u32;

@@ -1,0 +1,412 @@
+//! Graph memory: the device memory that memory-alloc nodes of CUDA graphs
+//! take (`cuGraphAddMemAllocNode`, `cuGraphAddNode` with a mem-alloc node,
+//! `cuMemAllocAsync` captured into a graph).
+//!
+//! The driver reserves it on the node's device when a graph exec is
+//! **launched**, in 2 MiB units, into the device's graph memory pool, and
+//! keeps it reserved after the allocation is freed, until
+//! `cuDeviceGraphMemTrim`. The charge therefore follows what the driver
+//! reserves, per device, not the allocations:
+//!
+//! - at instantiation the graph is walked once (child graphs included) and
+//!   an exec with alloc nodes is remembered with its bytes per device
+//!   (each node rounded up to 2 MiB);
+//! - before such an exec is launched, the most the launch can add to the
+//!   pool (its bytes, less what the pool holds reserved and unused) is
+//!   reserved on the container's quota; a launch that does not fit is
+//!   refused with `CUDA_ERROR_OUT_OF_MEMORY` and never reaches the driver;
+//! - after the launch, and after `cuDeviceGraphMemTrim` /
+//!   `cuDeviceSetGraphMemAttribute`, the charge is set to what the driver
+//!   reports reserved (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`): the excess
+//!   is given back.
+//!
+//! The charge belongs to the device, not to a context. Launches of execs
+//! without alloc nodes cost one atomic load when the process has no such
+//! exec, else a lock-free probe of a fixed table (no allocation, no lock).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use parking_lot::Mutex;
+
+use super::sig;
+use super::types::*;
+use crate::driver::RealFn;
+use crate::memory::Gpu;
+
+/// The driver's graph memory unit.
+const GRANULE: u64 = 2 << 20;
+/// `CU_GRAPH_NODE_TYPE_GRAPH` (a child graph).
+const NODE_CHILD_GRAPH: u32 = 4;
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`.
+const NODE_MEM_ALLOC: u32 = 10;
+/// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`.
+const ATTR_USED: u32 = 0;
+/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
+const ATTR_RESERVED: u32 = 2;
+/// Deepest nesting of child graphs walked.
+const MAX_DEPTH: u32 = 64;
+
+/// Execs with alloc nodes, as a lock-free open-addressed set read by every
+/// graph launch: 0 = never used, `TOMB` = removed.
+const SLOTS: usize = 1024;
+const TOMB: usize = usize::MAX;
+static KEYS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+/// Execs with alloc nodes alive (0: every launch takes the fast path).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Some exec did not fit in `KEYS`: launches also look in `NEEDS`.
+static OVERFLOW: AtomicBool = AtomicBool::new(false);
+
+/// Bytes per device (driver ordinal) of each remembered exec.
+static NEEDS: Mutex<BTreeMap<usize, Vec<(CUdevice, u64)>>> = Mutex::new(BTreeMap::new());
+
+/// The graph memory charge per device: `(gpu, bytes)`. Also serialises
+/// launches of execs with alloc nodes and trims, so that what the pool holds
+/// spare cannot shrink between the estimate and the launch.
+static CHARGE: Mutex<BTreeMap<CUdevice, (usize, u64)>> = Mutex::new(BTreeMap::new());
+
+static WALK_WARNED: AtomicBool = AtomicBool::new(false);
+
+fn slot_of(exec: usize) -> usize {
+    (exec >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) % SLOTS
+}
+
+/// Is `exec` remembered as having alloc nodes? Lock-free unless the table
+/// overflowed.
+#[inline(always)]
+fn has_memory(exec: CUgraphExec) -> bool {
+    if LIVE.load(Ordering::Acquire) == 0 {
+        return false;
+    }
+    has_memory_slow(exec as usize)
+}
+
+#[inline(never)]
+fn has_memory_slow(exec: usize) -> bool {
+    let start = slot_of(exec);
+    for i in 0..SLOTS {
+        let k = KEYS[(start + i) % SLOTS].load(Ordering::Acquire);
+        if k == exec {
+            return true;
+        }
+        if k == 0 {
+            break;
+        }
+    }
+    OVERFLOW.load(Ordering::Acquire) && NEEDS.lock().contains_key(&exec)
+}
+
+fn remember(exec: usize, needs: Vec<(CUdevice, u64)>) {
+    if exec == 0 || exec == TOMB {
+        return;
+    }
+    let fresh = NEEDS.lock().insert(exec, needs).is_none();
+    if !fresh {
+        return;
+    }
+    let start = slot_of(exec);
+    let mut placed = false;
+    for i in 0..SLOTS {
+        let s = &KEYS[(start + i) % SLOTS];
+        let k = s.load(Ordering::Acquire);
+        if (k == 0 || k == TOMB)
+            && s.compare_exchange(k, exec, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            placed = true;
+            break;
+        }
+    }
+    if !placed {
+        OVERFLOW.store(true, Ordering::Release);
+    }
+    LIVE.fetch_add(1, Ordering::AcqRel);
+}
+
+fn forget(exec: usize) {
+    if NEEDS.lock().remove(&exec).is_none() {
+        return;
+    }
+    for s in KEYS.iter() {
+        if s.compare_exchange(exec, TOMB, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            break;
+        }
+    }
+    LIVE.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Adds the alloc nodes of `graph` (and of its child graphs) to `out`;
+/// false when the graph could not be read.
+fn walk(graph: CUgraph, out: &mut BTreeMap<CUdevice, u64>, depth: u32) -> bool {
+    let (Some(get_nodes), Some(get_type), Some(get_alloc), Some(get_child)) = (
+        super::real::cuGraphGetNodes.get(),
+        super::real::cuGraphNodeGetType.get(),
+        super::real::cuGraphMemAllocNodeGetParams.get(),
+        super::real::cuGraphChildGraphNodeGetGraph.get(),
+    ) else {
+        return false;
+    };
+    if depth > MAX_DEPTH {
+        return false;
+    }
+    let mut n: usize = 0;
+    // SAFETY: the real driver function; a null array asks for the count only.
+    if unsafe { get_nodes(graph, std::ptr::null_mut(), &mut n) } != CUDA_SUCCESS {
+        return false;
+    }
+    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `nodes` holds `n` entries, the count passed in.
+    if n > 0 && unsafe { get_nodes(graph, nodes.as_mut_ptr(), &mut n) } != CUDA_SUCCESS {
+        return false;
+    }
+    nodes.truncate(n);
+    for node in nodes {
+        let mut t: CUgraphNodeType = 0;
+        // SAFETY: a node of the graph and a valid out-pointer.
+        if unsafe { get_type(node, &mut t) } != CUDA_SUCCESS {
+            return false;
+        }
+        match t {
+            NODE_MEM_ALLOC => {
+                // SAFETY: all-zero is a valid value of this plain C struct.
+                let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+                // SAFETY: an alloc node and a valid out-pointer of the
+                // header's layout.
+                if unsafe { get_alloc(node, &mut p) } != CUDA_SUCCESS {
+                    return false;
+                }
+                let bytes = (p.bytesize as u64).div_ceil(GRANULE).saturating_mul(GRANULE);
+                let e = out.entry(p.poolProps.location.id).or_insert(0);
+                *e = e.saturating_add(bytes);
+            }
+            NODE_CHILD_GRAPH => {
+                let mut child: CUgraph = std::ptr::null_mut();
+                // SAFETY: a child-graph node and a valid out-pointer.
+                if unsafe { get_child(node, &mut child) } != CUDA_SUCCESS
+                    || !walk(child, out, depth + 1)
+                {
+                    return false;
+                }
+            }
+            _ => {}
+        }
+    }
+    true
+}
+
+/// After a successful instantiation of `graph` into `*pe`: remember the
+/// exec if it has alloc nodes.
+///
+/// # Safety
+/// `pe` is the caller's out-pointer the driver just wrote (or null).
+unsafe fn instantiated(rc: CUresult, pe: *mut CUgraphExec, graph: CUgraph) -> CUresult {
+    if rc != CUDA_SUCCESS || pe.is_null() || !crate::memory::tracking() {
+        return rc;
+    }
+    // SAFETY: per the contract above, written by the driver on success.
+    let exec = unsafe { pe.read_unaligned() } as usize;
+    let mut per_dev = BTreeMap::new();
+    if !walk(graph, &mut per_dev, 0) {
+        if !WALK_WARNED.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "cgpu: cannot read a graph's memory nodes at instantiation: its graph memory is charged after each launch (the quota may be passed by one launch)"
+            );
+        }
+        remember(exec, Vec::new());
+    } else if !per_dev.is_empty() {
+        remember(exec, per_dev.into_iter().collect());
+    }
+    rc
+}
+
+fn attr(dev: CUdevice, which: u32) -> Option<u64> {
+    let f = super::real::cuDeviceGetGraphMemAttribute.get()?;
+    let mut v: u64 = 0;
+    // SAFETY: the real driver function; both attributes are 64-bit values.
+    (unsafe { f(dev, which, (&mut v as *mut u64).cast()) } == CUDA_SUCCESS).then_some(v)
+}
+
+/// The charge held on `dev` (0 after a fork made a new `gpu`).
+fn held(map: &BTreeMap<CUdevice, (usize, u64)>, dev: CUdevice, gpu: &'static Gpu) -> u64 {
+    match map.get(&dev) {
+        Some(&(g, b)) if g == gpu as *const Gpu as usize => b,
+        _ => 0,
+    }
+}
+
+/// Sets the charge of `dev` to what the driver reserves; `extra` bytes were
+/// reserved on top of the charge before a launch. Called with `CHARGE` held.
+fn settle(map: &mut BTreeMap<CUdevice, (usize, u64)>, dev: CUdevice, gpu: &'static Gpu, extra: u64) {
+    let have = held(map, dev, gpu).saturating_add(extra);
+    let now = match attr(dev, ATTR_RESERVED) {
+        Some(v) => v,
+        None => have, // keep what was taken: never under-count
+    };
+    if now < have {
+        gpu.release(have - now);
+    } else if now > have && !gpu.reserve(now - have) {
+        tracing::error!(
+            "cgpu: the driver reserved {} bytes of graph memory beyond the container's quota on GPU {}",
+            now - have,
+            gpu.visible_index
+        );
+        // Counted anyway would need a forced charge; keep what we hold.
+        map.insert(dev, (gpu as *const Gpu as usize, have));
+        return;
+    }
+    map.insert(dev, (gpu as *const Gpu as usize, now));
+}
+
+/// The launch of `exec`: through `launch` directly when it has no alloc
+/// nodes, else charged as described in the module documentation.
+#[inline(always)]
+pub fn launch(exec: CUgraphExec, launch: impl FnOnce() -> CUresult) -> CUresult {
+    if !has_memory(exec) {
+        return launch();
+    }
+    launch_with_memory(exec as usize, launch)
+}
+
+#[cold]
+#[inline(never)]
+fn launch_with_memory(exec: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(needs) = NEEDS.lock().get(&exec).cloned() else {
+        return launch();
+    };
+    let _g = super::context::alloc_guard();
+    let mut map = CHARGE.lock();
+    let mut taken: Vec<(CUdevice, &'static Gpu, u64)> = Vec::with_capacity(needs.len());
+    for &(dev, bytes) in &needs {
+        let Some(gpu) = crate::process::gpus::cuda_gpu(dev) else {
+            continue;
+        };
+        let spare = match (attr(dev, ATTR_RESERVED), attr(dev, ATTR_USED)) {
+            (Some(r), Some(u)) => r.saturating_sub(u).min(held(&map, dev, gpu)),
+            _ => 0,
+        };
+        let want = bytes.saturating_sub(spare);
+        if !gpu.reserve(want) {
+            tracing::debug!(
+                "cgpu: graph launch needing {want} bytes of graph memory refused: container would pass its quota on GPU {}",
+                gpu.visible_index
+            );
+            for &(_, g, b) in &taken {
+                g.release(b);
+            }
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        taken.push((dev, gpu, want));
+    }
+    // Execs whose graph could not be read: charge what the launch reserved.
+    if needs.is_empty() {
+        if let Some(dev) = crate::process::gpus::current_device() {
+            if let Some(gpu) = crate::process::gpus::cuda_gpu(dev) {
+                taken.push((dev, gpu, 0));
+            }
+        }
+    }
+    let rc = launch();
+    for (dev, gpu, want) in taken {
+        settle(&mut map, dev, gpu, want);
+    }
+    rc
+}
+
+/// Runs `call` (a trim or an attribute reset on `dev`), then re-reads what
+/// the driver reserves on `dev` and gives back the excess. No launch with
+/// memory runs meanwhile.
+fn resettled(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+    let _g = super::context::alloc_guard();
+    let mut map = CHARGE.lock();
+    let rc = call();
+    if rc == CUDA_SUCCESS && map.contains_key(&dev) {
+        if let Some(gpu) = crate::process::gpus::cuda_gpu(dev) {
+            settle(&mut map, dev, gpu, 0);
+        }
+    }
+    rc
+}
+
+/// `cuGraphInstantiate` / `_v2` (legacy signature).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn instantiate_legacy(
+    real: &RealFn<sig::cuGraphInstantiate>,
+    pe: *mut CUgraphExec,
+    g: CUgraph,
+    err: *mut CUgraphNode,
+    log: *mut c_char,
+    n: usize,
+) -> CUresult {
+    let rc = super::call_real!(real, pe, g, err, log, n);
+    // SAFETY: pe is the caller's out-pointer.
+    unsafe { instantiated(rc, pe, g) }
+}
+
+/// `cuGraphInstantiateWithFlags`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn instantiate_with_flags(
+    real: &RealFn<sig::cuGraphInstantiateWithFlags>,
+    pe: *mut CUgraphExec,
+    g: CUgraph,
+    flags: u64,
+) -> CUresult {
+    let rc = super::call_real!(real, pe, g, flags);
+    // SAFETY: pe is the caller's out-pointer.
+    unsafe { instantiated(rc, pe, g) }
+}
+
+/// `cuGraphInstantiateWithParams` and `_ptsz`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn instantiate_with_params(
+    real: &RealFn<sig::cuGraphInstantiateWithParams>,
+    pe: *mut CUgraphExec,
+    g: CUgraph,
+    p: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
+) -> CUresult {
+    let rc = super::call_real!(real, pe, g, p);
+    // SAFETY: pe is the caller's out-pointer.
+    unsafe { instantiated(rc, pe, g) }
+}
+
+/// `cuGraphExecDestroy`: the exec is forgotten (its handle may be reused).
+/// What its launches reserved stays in the device's pool, and charged.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn exec_destroy(real: &RealFn<sig::cuGraphExecDestroy>, exec: CUgraphExec) -> CUresult {
+    forget(exec as usize);
+    super::call_real!(real, exec)
+}
+
+/// `cuDeviceGraphMemTrim`: what the pool gives back is released.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn device_graph_mem_trim(
+    real: &RealFn<sig::cuDeviceGraphMemTrim>,
+    dev: CUdevice,
+) -> CUresult {
+    resettled(dev, || super::call_real!(real, dev))
+}
+
+/// `cuDeviceSetGraphMemAttribute` (high-water mark resets): the charge is
+/// re-read.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn device_set_graph_mem_attribute(
+    real: &RealFn<sig::cuDeviceSetGraphMemAttribute>,
+    dev: CUdevice,
+    attr: CUgraphMem_attribute,
+    value: *mut c_void,
+) -> CUresult {
+    resettled(dev, || super::call_real!(real, dev, attr, value))
+}

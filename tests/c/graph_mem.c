@@ -1,0 +1,109 @@
+/*
+ * Graph memory client for tests/graph_memory.rs, linked with -lcuda against
+ * the real cuda.h. Every step prints one JSON line.
+ *
+ *   graph_mem alloc MIB              cuMemAlloc(MIB), then a graph with one
+ *                                    MIB alloc node launched once
+ *   graph_mem relaunch MIB N PROBE   a graph with a MIB alloc node and its
+ *                                    free node, launched N times; then
+ *                                    cuMemAlloc(PROBE MiB), trim, and
+ *                                    cuMemAlloc(PROBE MiB) again
+ *   graph_mem capture MIB            cuMemAllocAsync/cuMemFreeAsync of MIB
+ *                                    captured into a graph, launched
+ */
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static CUdevice dev;
+
+static unsigned long long reserved(void) {
+    cuuint64_t v = ~0ull;
+    cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &v);
+    return (unsigned long long)v;
+}
+
+static unsigned long long mem_free(void) {
+    size_t f = 0, t = 0;
+    cuMemGetInfo(&f, &t);
+    return (unsigned long long)f;
+}
+
+static void report(const char *op, int i, CUresult rc) {
+    printf("{\"op\":\"%s\",\"i\":%d,\"rc\":%d,\"reserved\":%llu,\"free\":%llu}\n", op, i, (int)rc,
+           reserved(), mem_free());
+    fflush(stdout);
+}
+
+static CUDA_MEM_ALLOC_NODE_PARAMS alloc_params(size_t bytes) {
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    memset(&p, 0, sizeof p);
+    p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.poolProps.location.id = dev;
+    p.bytesize = bytes;
+    return p;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) return 2;
+    size_t bytes = (size_t)strtoull(argv[2], NULL, 10) << 20;
+    CUcontext ctx;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuCtxCreate(&ctx, 0, dev)) return 3;
+    report("start", 0, CUDA_SUCCESS);
+
+    CUgraph g;
+    CUgraphExec e;
+    CUgraphNode a, f;
+    if (!strcmp(argv[1], "alloc")) {
+        CUdeviceptr p = 0;
+        CUresult rc = cuMemAlloc(&p, bytes);
+        report("mem_alloc", 0, rc);
+        if (rc == CUDA_SUCCESS) cuMemFree(p);
+        CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
+        if (cuGraphCreate(&g, 0) || cuGraphAddMemAllocNode(&a, g, NULL, 0, &ap)) return 4;
+        if (cuGraphInstantiate(&e, g, 0)) return 5;
+        rc = cuGraphLaunch(e, 0);
+        cuStreamSynchronize(0);
+        report("graph_launch", 0, rc);
+    } else if (!strcmp(argv[1], "relaunch") && argc >= 5) {
+        int n = atoi(argv[3]);
+        size_t probe = (size_t)strtoull(argv[4], NULL, 10) << 20;
+        CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
+        if (cuGraphCreate(&g, 0) || cuGraphAddMemAllocNode(&a, g, NULL, 0, &ap)) return 4;
+        if (cuGraphAddMemFreeNode(&f, g, &a, 1, ap.dptr)) return 4;
+        if (cuGraphInstantiate(&e, g, 0)) return 5;
+        for (int i = 0; i < n; i++) {
+            CUresult rc = cuGraphLaunch(e, 0);
+            cuStreamSynchronize(0);
+            report("graph_launch", i, rc);
+        }
+        CUdeviceptr p = 0;
+        CUresult rc = cuMemAlloc(&p, probe);
+        report("probe_before_trim", 0, rc);
+        if (rc == CUDA_SUCCESS) cuMemFree(p);
+        report("trim", 0, cuDeviceGraphMemTrim(dev));
+        rc = cuMemAlloc(&p, probe);
+        report("probe_after_trim", 0, rc);
+        if (rc == CUDA_SUCCESS) cuMemFree(p);
+    } else if (!strcmp(argv[1], "capture")) {
+        CUstream s;
+        CUdeviceptr p = 0;
+        if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) return 4;
+        if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) return 4;
+        report("capture_alloc", 0, cuMemAllocAsync(&p, bytes, s));
+        report("capture_free", 0, cuMemFreeAsync(p, s));
+        if (cuStreamEndCapture(s, &g)) return 4;
+        if (cuGraphInstantiate(&e, g, 0)) return 5;
+        CUresult rc = cuGraphLaunch(e, s);
+        cuStreamSynchronize(s);
+        report("graph_launch", 0, rc);
+    } else {
+        return 2;
+    }
+    cuGraphExecDestroy(e);
+    cuGraphDestroy(g);
+    report("end", 0, CUDA_SUCCESS);
+    return 0;
+}

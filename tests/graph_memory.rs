@@ -1,0 +1,112 @@
+//! Graph memory under a quota, with real processes on the simulated driver:
+//! a client linked with `-lcuda` (`tests/c/graph_mem.c`) builds graphs with
+//! memory-alloc nodes and launches them under `LD_PRELOAD=libcgpu.so`. The
+//! driver's own report (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`) and the
+//! sim's per-process memory (NVML without the preload) are the ground truth.
+
+mod interpose_common;
+
+use interpose_common::*;
+
+const T4: &str = "15109:Tesla T4";
+/// The sim's context reservation (charged to the quota).
+const CTX: u64 = 300 * MIB;
+
+fn client() -> std::path::PathBuf {
+    cc(&repo().join("tests/c/graph_mem.c"), "graph_mem", &[], true)
+}
+
+fn vars<'a>(id: &'a str, gib: &'a str) -> [(&'a str, &'a str); 2] {
+    [
+        ("CGPU_CONTAINER_ID", id),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", gib),
+    ]
+}
+
+/// Steps of `op` in the client's output.
+fn steps<'a>(all: &'a [serde_json::Value], op: &str) -> Vec<&'a serde_json::Value> {
+    all.iter().filter(|j| j["op"] == op).collect()
+}
+
+fn u(j: &serde_json::Value, k: &str) -> u64 {
+    j[k].as_u64().unwrap_or_else(|| panic!("{k} in {j}"))
+}
+
+/// The escape: with a 1 GiB quota, `cuMemAlloc(2 GiB)` is refused, and a
+/// graph whose alloc node takes 2 GiB must be refused too, before the
+/// driver reserves anything.
+#[test]
+fn a_graph_alloc_node_past_the_quota_is_refused() {
+    let m = Machine::new("graph-escape", T4);
+    let exe = client();
+    let out = run_ok(&mut m.preloaded(&exe, &vars("gm-a", "1")).args(["alloc", "2048"]));
+    let all = lines(&out);
+    assert_eq!(u(steps(&all, "mem_alloc")[0], "rc"), 2, "{out}");
+    let launch = steps(&all, "graph_launch")[0];
+    assert_eq!(u(launch, "rc"), 2, "graph launch past the quota: {out}");
+    assert_eq!(u(launch, "reserved"), 0, "the driver reserved graph memory: {out}");
+    // Within the quota the same client's graph launches, and is charged.
+    let out = run_ok(&mut m.preloaded(&exe, &vars("gm-b", "1")).args(["alloc", "512"]));
+    let all = lines(&out);
+    let start = steps(&all, "start")[0];
+    let launch = steps(&all, "graph_launch")[0];
+    assert_eq!(u(launch, "rc"), 0, "{out}");
+    assert_eq!(u(launch, "reserved"), 512 * MIB, "{out}");
+    assert_eq!(u(start, "free") - u(launch, "free"), 512 * MIB, "{out}");
+    assert_eq!(u(start, "free"), (1 << 30) - CTX, "{out}");
+}
+
+/// A graph that allocates and frees 400 MiB, relaunched: the pool keeps
+/// 400 MiB reserved (charged once, not per launch, so relaunches fit a
+/// 1 GiB quota), the charge outlives the free node until
+/// `cuDeviceGraphMemTrim`, and the trim gives it back.
+#[test]
+fn graph_memory_is_charged_while_the_pool_holds_it() {
+    let m = Machine::new("graph-pool", T4);
+    let exe = client();
+    let mut cmd = m.preloaded(&exe, &vars("gm-p", "1"));
+    let out = run_ok(cmd.args(["relaunch", "400", "4", "400"]));
+    let all = lines(&out);
+    let start = steps(&all, "start")[0];
+    let launches = steps(&all, "graph_launch");
+    assert_eq!(launches.len(), 4);
+    for l in &launches {
+        assert_eq!(u(l, "rc"), 0, "relaunch refused: {out}");
+        assert_eq!(u(l, "reserved"), 400 * MIB, "{out}");
+        assert_eq!(u(start, "free") - u(l, "free"), 400 * MIB, "{out}");
+    }
+    // 1 GiB − 300 MiB context − 400 MiB pool: 324 MiB left.
+    assert_eq!(u(steps(&all, "probe_before_trim")[0], "rc"), 2, "{out}");
+    let trim = steps(&all, "trim")[0];
+    assert_eq!(u(trim, "rc"), 0);
+    assert_eq!(u(trim, "reserved"), 0, "{out}");
+    assert_eq!(u(trim, "free"), u(start, "free"), "trim gave back: {out}");
+    assert_eq!(u(steps(&all, "probe_after_trim")[0], "rc"), 0, "{out}");
+}
+
+/// `cuMemAllocAsync` captured into a graph becomes an alloc node: past the
+/// quota it is refused (at capture, or at the launch), within it the launch
+/// is charged what the pool reserves.
+#[test]
+fn captured_stream_allocations_are_charged_at_launch() {
+    let m = Machine::new("graph-capture", T4);
+    let exe = client();
+    let out = run_ok(&mut m.preloaded(&exe, &vars("gm-c", "1")).args(["capture", "2048"]));
+    let all = lines(&out);
+    let launch = steps(&all, "graph_launch")[0];
+    assert!(
+        u(steps(&all, "capture_alloc")[0], "rc") == 2 || u(launch, "rc") == 2,
+        "{out}"
+    );
+    assert_eq!(u(launch, "reserved"), 0, "{out}");
+    let out = run_ok(&mut m.preloaded(&exe, &vars("gm-d", "1")).args(["capture", "100"]));
+    let all = lines(&out);
+    let launch = steps(&all, "graph_launch")[0];
+    assert_eq!(u(launch, "rc"), 0, "{out}");
+    assert_eq!(u(launch, "reserved"), 100 * MIB, "{out}");
+    assert_eq!(
+        u(steps(&all, "start")[0], "free") - u(launch, "free"),
+        100 * MIB,
+        "{out}"
+    );
+}
