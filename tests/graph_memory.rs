@@ -39,12 +39,20 @@ fn u(j: &serde_json::Value, k: &str) -> u64 {
 fn a_graph_alloc_node_past_the_quota_is_refused() {
     let m = Machine::new("graph-escape", T4);
     let exe = client();
-    let out = run_ok(&mut m.preloaded(&exe, &vars("gm-a", "1")).args(["alloc", "2048"]));
+    let out = run_ok(
+        &mut m
+            .preloaded(&exe, &vars("gm-a", "1"))
+            .args(["alloc", "2048"]),
+    );
     let all = lines(&out);
     assert_eq!(u(steps(&all, "mem_alloc")[0], "rc"), 2, "{out}");
     let launch = steps(&all, "graph_launch")[0];
     assert_eq!(u(launch, "rc"), 2, "graph launch past the quota: {out}");
-    assert_eq!(u(launch, "reserved"), 0, "the driver reserved graph memory: {out}");
+    assert_eq!(
+        u(launch, "reserved"),
+        0,
+        "the driver reserved graph memory: {out}"
+    );
     // Within the quota the same client's graph launches, and is charged.
     let out = run_ok(&mut m.preloaded(&exe, &vars("gm-b", "1")).args(["alloc", "512"]));
     let all = lines(&out);
@@ -91,7 +99,11 @@ fn graph_memory_is_charged_while_the_pool_holds_it() {
 fn captured_stream_allocations_are_charged_at_launch() {
     let m = Machine::new("graph-capture", T4);
     let exe = client();
-    let out = run_ok(&mut m.preloaded(&exe, &vars("gm-c", "1")).args(["capture", "2048"]));
+    let out = run_ok(
+        &mut m
+            .preloaded(&exe, &vars("gm-c", "1"))
+            .args(["capture", "2048"]),
+    );
     let all = lines(&out);
     let launch = steps(&all, "graph_launch")[0];
     assert!(
@@ -99,7 +111,11 @@ fn captured_stream_allocations_are_charged_at_launch() {
         "{out}"
     );
     assert_eq!(u(launch, "reserved"), 0, "{out}");
-    let out = run_ok(&mut m.preloaded(&exe, &vars("gm-d", "1")).args(["capture", "100"]));
+    let out = run_ok(
+        &mut m
+            .preloaded(&exe, &vars("gm-d", "1"))
+            .args(["capture", "100"]),
+    );
     let all = lines(&out);
     let launch = steps(&all, "graph_launch")[0];
     assert_eq!(u(launch, "rc"), 0, "{out}");

@@ -177,7 +177,9 @@ fn walk(graph: CUgraph, out: &mut BTreeMap<CUdevice, u64>, depth: u32) -> bool {
                 if unsafe { get_alloc(node, &mut p) } != CUDA_SUCCESS {
                     return false;
                 }
-                let bytes = (p.bytesize as u64).div_ceil(GRANULE).saturating_mul(GRANULE);
+                let bytes = (p.bytesize as u64)
+                    .div_ceil(GRANULE)
+                    .saturating_mul(GRANULE);
                 let e = out.entry(p.poolProps.location.id).or_insert(0);
                 *e = e.saturating_add(bytes);
             }
@@ -238,7 +240,12 @@ fn held(map: &BTreeMap<CUdevice, (usize, u64)>, dev: CUdevice, gpu: &'static Gpu
 
 /// Sets the charge of `dev` to what the driver reserves; `extra` bytes were
 /// reserved on top of the charge before a launch. Called with `CHARGE` held.
-fn settle(map: &mut BTreeMap<CUdevice, (usize, u64)>, dev: CUdevice, gpu: &'static Gpu, extra: u64) {
+fn settle(
+    map: &mut BTreeMap<CUdevice, (usize, u64)>,
+    dev: CUdevice,
+    gpu: &'static Gpu,
+    extra: u64,
+) {
     let have = held(map, dev, gpu).saturating_add(extra);
     let now = match attr(dev, ATTR_RESERVED) {
         Some(v) => v,
