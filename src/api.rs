@@ -101,6 +101,8 @@ macro_rules! for_each_api {
                 fn cuGraphInstantiateWithParams(pe: *mut CUgraphExec, g: CUgraph, p: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult => graph::instantiate_with_params;
                 fn cuGraphInstantiateWithParams_ptsz(pe: *mut CUgraphExec, g: CUgraph, p: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) -> CUresult => graph::instantiate_with_params;
                 fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graph::exec_destroy;
+                fn cuGraphUpload(exec: CUgraphExec, stream: CUstream) -> CUresult => graph::upload;
+                fn cuGraphUpload_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => graph::upload;
                 fn cuDeviceGraphMemTrim(dev: CUdevice) -> CUresult => graph::device_graph_mem_trim;
                 fn cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void) -> CUresult => graph::device_set_graph_mem_attribute;
 

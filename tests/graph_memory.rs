@@ -40,8 +40,7 @@ fn a_graph_alloc_node_past_the_quota_is_refused() {
     let m = Machine::new("graph-escape", T4);
     let exe = client();
     let out = run_ok(
-        &mut m
-            .preloaded(&exe, &vars("gm-a", "1"))
+        m.preloaded(&exe, &vars("gm-a", "1"))
             .args(["alloc", "2048"]),
     );
     let all = lines(&out);
@@ -54,7 +53,7 @@ fn a_graph_alloc_node_past_the_quota_is_refused() {
         "the driver reserved graph memory: {out}"
     );
     // Within the quota the same client's graph launches, and is charged.
-    let out = run_ok(&mut m.preloaded(&exe, &vars("gm-b", "1")).args(["alloc", "512"]));
+    let out = run_ok(m.preloaded(&exe, &vars("gm-b", "1")).args(["alloc", "512"]));
     let all = lines(&out);
     let start = steps(&all, "start")[0];
     let launch = steps(&all, "graph_launch")[0];
@@ -100,8 +99,7 @@ fn captured_stream_allocations_are_charged_at_launch() {
     let m = Machine::new("graph-capture", T4);
     let exe = client();
     let out = run_ok(
-        &mut m
-            .preloaded(&exe, &vars("gm-c", "1"))
+        m.preloaded(&exe, &vars("gm-c", "1"))
             .args(["capture", "2048"]),
     );
     let all = lines(&out);
@@ -112,8 +110,7 @@ fn captured_stream_allocations_are_charged_at_launch() {
     );
     assert_eq!(u(launch, "reserved"), 0, "{out}");
     let out = run_ok(
-        &mut m
-            .preloaded(&exe, &vars("gm-d", "1"))
+        m.preloaded(&exe, &vars("gm-d", "1"))
             .args(["capture", "100"]),
     );
     let all = lines(&out);

@@ -15,6 +15,7 @@
 //!   pool (its bytes, less what the pool holds reserved and unused) is
 //!   reserved on the container's quota; a launch that does not fit is
 //!   refused with `CUDA_ERROR_OUT_OF_MEMORY` and never reaches the driver;
+//! - `cuGraphUpload` is charged the same way (a driver may reserve there);
 //! - after the launch, and after `cuDeviceGraphMemTrim` /
 //!   `cuDeviceSetGraphMemAttribute`, the charge is set to what the driver
 //!   reports reserved (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`): the excess
@@ -381,6 +382,19 @@ pub unsafe fn instantiate_with_params(
     let rc = super::call_real!(real, pe, g, p);
     // SAFETY: pe is the caller's out-pointer.
     unsafe { instantiated(rc, pe, g) }
+}
+
+/// `cuGraphUpload` and `_ptsz`: a driver may reserve the exec's graph
+/// memory at upload, so an upload is charged like a launch.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn upload(
+    real: &RealFn<sig::cuGraphUpload>,
+    exec: CUgraphExec,
+    stream: CUstream,
+) -> CUresult {
+    launch(exec, || super::call_real!(real, exec, stream))
 }
 
 /// `cuGraphExecDestroy`: the exec is forgotten (its handle may be reused).
