@@ -101,7 +101,9 @@ struct cgpu_process {
     uint64_t pending;         /* [atomic] bytes of reservations in flight */
     uint64_t gpu_time_ns;     /* [atomic] GPU time charged */
     uint64_t launches;        /* [atomic] kernel launches admitted */
-    uint64_t reserved[4];
+    uint64_t sched_beat_ns;   /* [atomic] CLOCK_MONOTONIC ns of the scheduler's last sign of life, 0: none */
+    uint64_t sched_in_sync;   /* [atomic] threads inside a synchronise call */
+    uint64_t reserved[2];
 };
 
 struct cgpu_ledger {

@@ -46,7 +46,7 @@ fn c_header_matches_rust_layout() {
         }
         "cgpu_process" ProcessSlot {
             state, container, pid, _pad, pidns, start_time, used, pending, gpu_time_ns,
-            launches, reserved,
+            launches, sched_beat_ns, sched_in_sync, reserved,
         }
         "cgpu_ledger" LedgerFile { header, containers, processes }
     };

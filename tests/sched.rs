@@ -1,12 +1,17 @@
-//! Compute scheduling on the simulated driver (issue 4): every scenario of
-//! the issue's table with real processes under `LD_PRELOAD`, shares from the
-//! sim's per-process device time, each within ±10% of its target (the noisy
-//! 2-core CI machine's allowance; `cargo run --release --example share`
-//! measures the same over longer windows).
+//! Compute scheduling on the simulated driver: every scenario of the table
+//! in `tests/sched_support/scenarios.rs` (shared with
+//! `cargo run --release --example share`, which measures the same over
+//! longer windows), with real processes under `LD_PRELOAD`, shares from the
+//! sim's per-process device time within ±10% of their targets (short
+//! windows on a noisy shared machine), utilisation and throughput against
+//! the same processes run without cgpu in the same test; plus the
+//! mechanism's own tests (every launch path gated, kills, threads, several
+//! processes, two GPUs, stream capture, corrupt ledger words).
 
 mod sched_support;
 
 use cgpu_testkit::LinkMode;
+use sched_support::scenarios::{self, Opts};
 use sched_support::*;
 use std::time::{Duration, Instant};
 
@@ -40,222 +45,158 @@ fn check(what: &str, got: f64, want: f64) {
 }
 
 /// Start, set the knobs, warm up, measure.
-fn run(ctrs: &[Ctr], policy: u32, max_inst: Option<u32>, prio: Option<u32>) -> (Scenario, Measure) {
-    let s = Scenario::start(ctrs);
-    let l = s.ledger();
-    if let Some(m) = max_inst {
-        l.set_max_inst(m).unwrap();
-    }
-    if let Some(p) = prio {
-        l.set_prio_ratio(p).unwrap();
-    }
-    l.set_policy(policy).unwrap();
-    std::thread::sleep(WARMUP);
-    let m = s.measure(WINDOW);
+fn run(ctrs: &[Ctr], policy: u32) -> (Scenario, Measure) {
+    let o = Opts::test();
+    let s = scenarios::start(&o, ctrs, policy, None, None);
+    let m = s.measure(o.window);
     (s, m)
 }
 
-fn weighted_one_to_two(kernel_ns: u64) {
-    let (_s, m) = run(
-        &[
-            Ctr::new("w1", 1).busy(RUN_MS, kernel_ns),
-            Ctr::new("w2", 2).busy(RUN_MS, kernel_ns),
-        ],
-        2,
-        None,
-        None,
-    );
-    check("policy 2, 1:2, w1 share", m.of_busy("w1"), 1.0 / 3.0);
-    check("policy 2, 1:2, w2 share", m.of_busy("w2"), 2.0 / 3.0);
-    check("policy 2, 1:2, utilisation", m.utilisation().min(1.0), 1.0);
+/// Every row of the scenario table's `name`, within ±10% for shares, and
+/// exactly for the rows judged against a bare run of the same processes
+/// measured in the same test.
+fn table(name: &str) {
+    let _serial = serial();
+    let rows = scenarios::run_named(name, &Opts::test(), true);
+    let bad: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.holds(TOL))
+        .map(|r| {
+            format!(
+                "{}: {} achieved {:.4}, target {} (error {:.1}%)",
+                r.scenario,
+                r.what,
+                r.achieved,
+                r.target_str(),
+                r.err() * 100.0
+            )
+        })
+        .collect();
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Only the share rows of scenario `name` (its other rows are goals not
+/// met yet, asserted by an ignored test).
+fn table_shares(name: &str) {
+    let _serial = serial();
+    let rows = scenarios::run_named(name, &Opts::test(), true);
+    for r in rows.iter().filter(|r| r.kind == scenarios::Kind::Share) {
+        assert!(
+            r.holds(TOL),
+            "{}: {} achieved {:.4}, target {} (error {:.1}%)",
+            r.scenario,
+            r.what,
+            r.achieved,
+            r.target_str(),
+            r.err() * 100.0
+        );
+    }
+}
+
+/// The GPU's use by one busy process alone without cgpu (the bar for
+/// "gets the whole GPU"), measured now.
+fn bare_alone() -> f64 {
+    let o = Opts::test();
+    scenarios::bare(&o, &[Ctr::new("alone", 1).busy(o.run_ms(), MS)]).utilisation()
 }
 
 #[test]
 fn weighted_one_to_two_1ms_kernels() {
-    let _serial = serial();
-    weighted_one_to_two(MS);
+    table("policy 2, weights 1:2, 1 ms kernels");
 }
 
 #[test]
 fn weighted_one_to_two_50us_kernels() {
-    let _serial = serial();
-    weighted_one_to_two(50_000);
+    table("policy 2, weights 1:2, 50 µs kernels");
 }
 
 #[test]
 fn weighted_one_to_two_20ms_kernels() {
-    let _serial = serial();
-    weighted_one_to_two(20 * MS);
+    table("policy 2, weights 1:2, 20 ms kernels");
 }
 
 #[test]
 fn weighted_one_one_two_four() {
-    let _serial = serial();
-    let (_s, m) = run(
-        &[
-            Ctr::new("a", 1).busy(RUN_MS, MS),
-            Ctr::new("b", 1).busy(RUN_MS, MS),
-            Ctr::new("c", 2).busy(RUN_MS, MS),
-            Ctr::new("d", 4).busy(RUN_MS, MS),
-        ],
-        2,
-        None,
-        None,
-    );
-    for (id, want) in [("a", 0.125), ("b", 0.125), ("c", 0.25), ("d", 0.5)] {
-        check(&format!("policy 2, 1:1:2:4, {id}"), m.of_busy(id), want);
-    }
+    table("policy 2, weights 1:1:2:4");
 }
 
 #[test]
 fn preemptive_three_busy() {
-    let _serial = serial();
-    let (_s, m) = run(
-        &[
-            Ctr::new("a", 1).busy(RUN_MS, MS),
-            Ctr::new("b", 1).busy(RUN_MS, MS),
-            Ctr::new("c", 1).busy(RUN_MS, MS),
-        ],
-        1,
-        None,
-        None,
-    );
-    for id in ["a", "b", "c"] {
-        check(
-            &format!("policy 1, three busy, {id}"),
-            m.of_busy(id),
-            1.0 / 3.0,
-        );
-    }
-    check(
-        "policy 1, three busy, utilisation",
-        m.utilisation().min(1.0),
-        1.0,
-    );
+    table("policy 1, three busy");
 }
 
 #[test]
 fn preemptive_one_busy_one_idle() {
-    let _serial = serial();
-    let (_s, m) = run(
-        &[
-            Ctr::new("busy", 1).busy(RUN_MS, MS),
-            Ctr::new("idle", 1).idle(),
-        ],
-        1,
-        None,
-        None,
-    );
-    // Target ≥ 97%: within the tolerance, ≥ 87.3% of wall time.
-    let got = m.of_wall("busy");
-    eprintln!("policy 1, one busy one idle: busy gets {got:.4} of the GPU");
-    assert!(
-        got >= 0.97 * (1.0 - TOL),
-        "busy container got {got:.4} of the GPU"
-    );
-    assert_eq!(m.per.get("idle").copied().unwrap_or(0), 0);
+    table("policy 1, one busy, one idle");
 }
 
 #[test]
 fn weighted_idle_weight_two_keeps_its_slices() {
-    let _serial = serial();
-    let (_s, m) = run(
-        &[Ctr::new("w1", 1).busy(RUN_MS, MS), Ctr::new("w2", 2).idle()],
-        2,
-        None,
-        None,
-    );
-    let got = m.of_wall("w1");
-    eprintln!("policy 2, 1:2 with w2 idle: w1 gets {got:.4} of the GPU (≤ 1/3)");
-    assert!(got <= (1.0 + TOL) / 3.0, "w1 got {got:.4}");
-    check("policy 2, w2 idle, w1 still gets its third", got, 1.0 / 3.0);
+    table("policy 2, 1:2, weight-2 alive but idle");
 }
 
 #[test]
 fn fair_share_max_inst_four_alone() {
-    let _serial = serial();
-    let (_s, m) = run(&[Ctr::new("solo", 1).busy(RUN_MS, MS)], 0, Some(4), None);
-    check("policy 0, max_inst 4, alone", m.of_wall("solo"), 0.25);
+    table("policy 0, max_inst 4, alone");
 }
 
 #[test]
 fn fixed_weight_three_of_ten() {
-    let _serial = serial();
-    let (_s, m) = run(&[Ctr::new("fixed", 3).busy(RUN_MS, MS)], 3, Some(10), None);
-    check("policy 3, weight 3, max_inst 10", m.of_wall("fixed"), 0.30);
+    table("policy 3, weight 3, max_inst 10");
+}
+
+#[test]
+fn soft_policy_four_shares_and_slice_length() {
+    table("policy 4 (soft), two busy");
 }
 
 #[test]
 fn high_priority_takes_prio_ratio_then_gives_all_back() {
-    let _serial = serial();
-    // The high-priority container works 4.5 s, then idles.
-    let s = Scenario::start(&[
-        Ctr::new("hp", 1)
-            .highprio()
-            .cmd(&["init", "ready", "spin_for", "4500", "1000000", "hold"]),
-        Ctr::new("normal", 1).busy(RUN_MS + 4000, MS),
-    ]);
-    let l = s.ledger();
-    l.set_prio_ratio(80).unwrap();
-    l.set_policy(1).unwrap();
-    std::thread::sleep(WARMUP);
-    let m = s.measure(Duration::from_millis(2500));
-    check(
-        "high priority (prio_ratio 80) vs busy normal, hp",
-        m.of_busy("hp"),
-        0.80,
-    );
-    check(
-        "high priority (prio_ratio 80) vs busy normal, normal",
-        m.of_busy("normal"),
-        0.20,
-    );
-    // Wait for the high-priority container to go idle.
-    let start = s.started;
-    while start.elapsed() < Duration::from_millis(4500 + 1200) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let m = s.measure(Duration::from_millis(2000));
-    let got = m.of_wall("normal");
-    eprintln!("high priority idle: normal gets {got:.4}");
-    assert!(
-        got >= 0.97 * (1.0 - TOL),
-        "normal got {got:.4} while hp idles"
-    );
+    table("high priority, prio_ratio 80, policy 1");
 }
 
 #[test]
 fn policy_change_native_to_weighted_within_a_second() {
-    let _serial = serial();
-    let s = Scenario::start(&[
-        Ctr::new("w1", 1).busy(RUN_MS, MS),
-        Ctr::new("w2", 2).busy(RUN_MS, MS),
-    ]);
-    let l = s.ledger();
-    l.set_policy(5).unwrap();
-    std::thread::sleep(WARMUP);
-    let native = s.measure(Duration::from_millis(1500));
-    // Native: the sim time-slices the two processes equally.
-    check("policy 5 (native), w1", native.of_busy("w1"), 0.5);
-    l.set_policy(2).unwrap();
-    std::thread::sleep(Duration::from_millis(1000));
-    let m = s.measure(Duration::from_millis(2000));
-    check("policy 5 → 2 after 1 s, w1", m.of_busy("w1"), 1.0 / 3.0);
-    check("policy 5 → 2 after 1 s, w2", m.of_busy("w2"), 2.0 / 3.0);
+    table("policy 5 -> 2 while running, 1:2");
+}
+
+/// A holder that goes idle while another container waits hands the GPU
+/// over after the idle grace (2 ms), not at its slice's end (40 ms).
+#[test]
+fn idle_holder_hands_over_within_a_few_ms() {
+    table("idle holder hands over (policy 1)");
+}
+
+/// A process stopped (SIGSTOP) for 5 s while its container holds the GPU
+/// loses its turn: the other container's GPU time during the stop is at
+/// least 0.9 of what the same stop leaves it without cgpu.
+#[test]
+fn stopped_while_holding_loses_its_turn() {
+    table("stopped 5 s while holding its slice");
+}
+
+/// The same, stopped while its helper thread drains (20 ms kernels queued).
+#[test]
+fn stopped_mid_drain_loses_its_turn() {
+    table("stopped 5 s mid-drain (20 ms kernels)");
+}
+
+/// Stop/continue cycles at arbitrary moments.
+#[test]
+fn stop_continue_cycles_do_not_starve_the_other() {
+    table("stop/continue cycles (6 × 300 ms stopped, 700 ms running)");
 }
 
 #[test]
 fn multi_process_container_shares_one_bucket() {
     let _serial = serial();
     // Container "pair" runs two processes, "single" one; 1:1 by container.
-    let (_s, m) = run(
+    let (s, m) = run(
         &[
             Ctr::new("pair", 1).busy(RUN_MS, MS).busy(RUN_MS, MS),
             Ctr::new("single", 1).busy(RUN_MS, MS),
         ],
         2,
-        None,
-        None,
     );
     check(
         "policy 2, 1:1, two-process container",
@@ -266,6 +207,33 @@ fn multi_process_container_shares_one_bucket() {
         "policy 2, 1:1, one-process container",
         m.of_busy("single"),
         0.5,
+    );
+    // Per-process GPU time (`cgpu-smi -d`): each of the pair's processes
+    // has its part, and the parts add up to the container's time.
+    let l = s.ledger();
+    let f = l.file();
+    let c = s.slot(&l, "pair");
+    let container_ns = cgpu::scheduler::container_stats(&f.containers[c]).gpu_time_ns;
+    let parts: Vec<u64> = f
+        .processes
+        .iter()
+        .filter(|p| {
+            p.state.load(std::sync::atomic::Ordering::Relaxed) == cgpu::ledger::SLOT_LIVE
+                && p.container.load(std::sync::atomic::Ordering::Relaxed) as usize == c
+        })
+        .map(|p| p.gpu_time_ns.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    let sum: u64 = parts.iter().sum();
+    eprintln!("pair: container {container_ns} ns, processes {parts:?}");
+    assert_eq!(parts.len(), 2, "{parts:?}");
+    assert!(
+        parts.iter().all(|&p| p > container_ns / 10),
+        "{parts:?} of {container_ns}"
+    );
+    check(
+        "per-process GPU time adds up to the container's",
+        sum as f64,
+        container_ns as f64,
     );
 }
 
@@ -291,10 +259,12 @@ fn killed_holder_never_leaves_others_waiting() {
     std::thread::sleep(Duration::from_millis(300));
     let m = s.measure(Duration::from_millis(1500));
     let got = m.of_wall("survivor");
-    eprintln!("after kill -9 of the other container: survivor gets {got:.4}");
+    drop(s);
+    let bare = bare_alone();
+    eprintln!("after kill -9 of the other container: survivor gets {got:.4} (alone without cgpu {bare:.4})");
     assert!(
-        got >= 0.97 * (1.0 - TOL),
-        "survivor got {got:.4} after the other was killed"
+        got >= 0.97 * bare,
+        "survivor got {got:.4} after the other was killed, < 0.97 × {bare:.4}"
     );
 }
 
@@ -416,15 +386,19 @@ fn repeated_kills_never_stall_the_other_container() {
             "round {round}: steady container stalled"
         );
     }
-    std::thread::sleep(Duration::from_millis(300));
+    // The simulated driver itself takes up to ~250 ms to hand the device
+    // on from a process killed while it owned it: measure after that.
+    std::thread::sleep(Duration::from_millis(1000));
     let m = s.measure(Duration::from_millis(1500));
     let got = m.of_wall("steady");
-    eprintln!("after 16 kills: steady gets {got:.4} (worst stall seen {worst_gap:?})");
-    assert!(
-        got >= 0.97 * (1.0 - TOL),
-        "steady got {got:.4} after the kills"
-    );
     s.kill_all();
+    drop(s);
+    let bare = bare_alone();
+    eprintln!("after 16 kills: steady gets {got:.4} (alone without cgpu {bare:.4}; worst stall seen {worst_gap:?})");
+    assert!(
+        got >= 0.97 * bare,
+        "steady got {got:.4} after the kills, < 0.97 × {bare:.4}"
+    );
 }
 
 /// A process of four launching threads (each its own stream) and a
@@ -432,15 +406,12 @@ fn repeated_kills_never_stall_the_other_container() {
 #[test]
 fn multi_threaded_process_shares_one_bucket() {
     let _serial = serial();
-    let (_s, m) = run(
-        &[
-            Ctr::new("threads", 1).threads(4, RUN_MS, MS),
-            Ctr::new("single", 1).busy(RUN_MS, MS),
-        ],
-        2,
-        None,
-        None,
-    );
+    let ctrs = [
+        Ctr::new("threads", 1).threads(4, RUN_MS, MS),
+        Ctr::new("single", 1).busy(RUN_MS, MS),
+    ];
+    let bare = scenarios::bare(&Opts::test(), &ctrs).utilisation();
+    let (_s, m) = run(&ctrs, 2);
     check(
         "policy 2, 1:1, four-thread process",
         m.of_busy("threads"),
@@ -451,10 +422,11 @@ fn multi_threaded_process_shares_one_bucket() {
         m.of_busy("single"),
         0.5,
     );
-    check(
-        "policy 2, 1:1 with threads, utilisation",
-        m.utilisation().min(1.0),
-        1.0,
+    let u = m.utilisation();
+    eprintln!("policy 2, 1:1 with threads: utilisation {u:.4}, without cgpu {bare:.4}");
+    assert!(
+        u >= 0.97 * bare,
+        "utilisation {u:.4} < 0.97 × {bare:.4} (bare)"
     );
 }
 
@@ -570,4 +542,155 @@ fn stream_capture_survives_slice_ends() {
         busy_now >= before + 100 * MS,
         "no handover during the captures: busy container charged {before} then {busy_now} ns"
     );
+}
+
+/// The scheduler's ledger words are shared memory that any process can
+/// write. Garbage there (a token naming container 200 or process 60000, a
+/// slice budget of centuries, times in the future, the largest launch
+/// estimate, the most negative bucket) never makes a launch fail or panic,
+/// and the GPU is shared again once the garbage stops.
+#[test]
+fn corrupt_scheduler_words_never_break_launches() {
+    use cgpu::scheduler::words::{container as cw, gpu as gw, Token, DRAINING, IDLE, RUNNING};
+    use std::sync::atomic::Ordering::SeqCst;
+    let _serial = serial();
+    let mut s = Scenario::start(&[
+        Ctr::new("a", 1).busy(5000, MS),
+        Ctr::new("b", 1).busy(5000, MS),
+    ]);
+    let l = s.ledger();
+    l.set_policy(1).unwrap();
+    std::thread::sleep(WARMUP);
+    let f = l.file();
+    let h = &f.header.sched;
+    let tok = |state, holder, aux| {
+        Token {
+            seq: 0x5eed,
+            state,
+            holder,
+            aux,
+        }
+        .pack()
+    };
+    let end = Instant::now() + Duration::from_millis(1500);
+    let mut i = 0u32;
+    while Instant::now() < end {
+        i += 1;
+        match i % 6 {
+            0 => h[gw::TOKEN].store(tok(RUNNING, Some(200), None) + i as u64, SeqCst),
+            1 => h[gw::TOKEN].store(tok(DRAINING, Some(40), Some(60000)) + i as u64, SeqCst),
+            2 => {
+                h[gw::SLICE_BUDGET].store(u64::MAX, SeqCst);
+                h[gw::SLICE_START].store(u64::MAX / 2, SeqCst);
+            }
+            3 => h[gw::STATE_SINCE].store(u64::MAX, SeqCst),
+            4 => {
+                h[gw::IDLE_UNTIL].store(u64::MAX, SeqCst);
+                h[gw::TOKEN].store(tok(IDLE, None, None) + i as u64, SeqCst);
+            }
+            _ => {
+                for c in &f.containers {
+                    c.sched[cw::NS_PER_LAUNCH].store(u64::MAX, SeqCst);
+                    c.sched[cw::TOKENS].store(i64::MIN as u64, SeqCst);
+                    c.sched[cw::OWED_NS].store(u64::MAX, SeqCst);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let m = s.measure(Duration::from_millis(1500));
+    check("after corrupt words, policy 1, a", m.of_busy("a"), 0.5);
+    check("after corrupt words, policy 1, b", m.of_busy("b"), 0.5);
+    for p in &mut s.procs {
+        let done = p
+            .wait_line("spin_for", Duration::from_secs(30))
+            .map(|l| l.text.clone());
+        assert!(
+            done.as_deref()
+                .is_some_and(|t| t.starts_with("spin_for ok")),
+            "a launch failed under corrupt scheduler words: {done:?}"
+        );
+    }
+}
+
+/// Sync-heavy training loops (two 1 ms kernels, a synchronise, 0.3 ms on
+/// the host): the shares hold.
+#[test]
+fn sync_heavy_shares_one_to_one() {
+    table_shares("sync-heavy 1:1 (policy 1)");
+}
+
+#[test]
+fn sync_heavy_shares_one_to_two() {
+    table_shares("sync-heavy 1:2 (policy 2)");
+}
+
+#[test]
+fn sync_heavy_shares_one_one_two_four() {
+    table_shares("sync-heavy 1:1:2:4 (policy 2)");
+}
+
+// Goals not met yet (docs/scheduling.md, "Limits"): run with
+// `cargo test --release --test sched -- --ignored` to see how far.
+const NOT_MET: &str = "goal not met yet: exclusive slices leave a sync-heavy holder's host gaps idle, and a light container waits for the holder's slice";
+
+/// Utilisation of sync-heavy mixes ≥ 0.97 of the same loops without cgpu,
+/// and a sync-heavy container beside an always-busy one gets its weight.
+#[test]
+#[ignore = "goal not met yet: see NOT_MET"]
+fn sync_heavy_one_to_one() {
+    eprintln!("{NOT_MET}");
+    table("sync-heavy 1:1 (policy 1)");
+}
+
+#[test]
+#[ignore = "goal not met yet: see NOT_MET"]
+fn sync_heavy_one_to_two() {
+    table("sync-heavy 1:2 (policy 2)");
+}
+
+#[test]
+#[ignore = "goal not met yet: see NOT_MET"]
+fn sync_heavy_one_one_two_four() {
+    table("sync-heavy 1:1:2:4 (policy 2)");
+}
+
+#[test]
+#[ignore = "goal not met yet: see NOT_MET"]
+fn sync_heavy_ten_containers() {
+    table("sync-heavy, ten containers (policy 1)");
+}
+
+#[test]
+#[ignore = "goal not met yet: see NOT_MET"]
+fn sync_heavy_beside_always_busy() {
+    table("sync-heavy vs always-busy 1:1 (policy 1)");
+}
+
+/// Request latency (0.2 ms requests, 5 ms apart) of a high-priority or
+/// under-share container beside a busy one: p99 within 2× of the same pair
+/// without cgpu.
+#[test]
+#[ignore = "goal not met yet: see NOT_MET"]
+fn latency_high_priority_beside_1ms_kernels() {
+    table("latency: high priority beside 1 ms kernels");
+}
+
+#[test]
+#[ignore = "goal not met yet: see NOT_MET"]
+fn latency_high_priority_beside_20ms_kernels() {
+    table("latency: high priority beside 20 ms kernels");
+}
+
+#[test]
+#[ignore = "goal not met yet: see NOT_MET"]
+fn latency_under_share_beside_1ms_kernels() {
+    table("latency: under its share, equal weights, beside 1 ms kernels");
+}
+
+#[test]
+#[ignore = "goal not met yet: see NOT_MET"]
+fn latency_under_share_beside_20ms_kernels() {
+    table("latency: under its share, equal weights, beside 20 ms kernels");
 }

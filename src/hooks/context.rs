@@ -375,6 +375,7 @@ pub unsafe fn ctx_create_v4(
 /// # Safety
 /// The driver's contract.
 pub unsafe fn ctx_destroy(real: &RealFn<sig::cuCtxDestroy_v2>, ctx: CUcontext) -> CUresult {
+    crate::scheduler::forget_context(ctx as usize);
     if !crate::memory::tracking() {
         return super::call_real!(real, ctx);
     }
@@ -442,6 +443,7 @@ pub unsafe fn primary_release(
     real: &RealFn<sig::cuDevicePrimaryCtxRelease_v2>,
     dev: CUdevice,
 ) -> CUresult {
+    crate::scheduler::forget_device_contexts(dev);
     let rc = super::call_real!(real, dev);
     if rc == CUDA_SUCCESS {
         if let Some(gpu) = cuda_gpu(dev) {
@@ -467,6 +469,7 @@ pub unsafe fn primary_reset(
     real: &RealFn<sig::cuDevicePrimaryCtxReset_v2>,
     dev: CUdevice,
 ) -> CUresult {
+    crate::scheduler::forget_device_contexts(dev);
     let rc = super::call_real!(real, dev);
     if rc == CUDA_SUCCESS {
         if let Some(gpu) = cuda_gpu(dev) {

@@ -14,7 +14,7 @@ type Ptr = *mut c_void;
 
 /// SCHEDULER ADMISSION POINT: every launch hook calls this before the real
 /// launch, with the stream the work goes to. It may hold the calling thread
-/// back (SPEC §4); it never allocates or locks when the container is within
+/// back (see `crate::scheduler`); it never allocates or locks when the container is within
 /// its share.
 #[inline(always)]
 fn admit(stream: CUstream) {
@@ -101,6 +101,9 @@ pub unsafe fn launch_cooperative(
 }
 
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated): admits each stream.
+/// The caller's `n` is believed only up to the number of devices (each entry
+/// is a distinct device): beyond that, or with no list, the driver answers
+/// alone (it refuses the launch), and no entry past the real list is read.
 ///
 /// # Safety
 /// The driver's contract: `list` holds `n` launch descriptions.
@@ -110,18 +113,23 @@ pub unsafe fn launch_cooperative_multi(
     n: u32,
     flags: u32,
 ) -> CUresult {
-    if !list.is_null() {
-        for i in 0..n as usize {
-            // SAFETY: the caller passes n valid entries.
-            admit(unsafe { (*list.add(i)).hStream });
-        }
+    let mut devices: i32 = 0;
+    let counted = match super::real::cuDeviceGetCount.get() {
+        // SAFETY: the real driver function with a valid out-pointer.
+        Some(f) => (unsafe { f(&mut devices) }) == CUDA_SUCCESS,
+        None => false,
+    };
+    if list.is_null() || n == 0 || !counted || n > devices.max(0) as u32 {
+        return super::call_real!(real, list, n, flags);
+    }
+    for i in 0..n as usize {
+        // SAFETY: the caller passes n valid entries (n ≤ the device count).
+        admit(unsafe { (*list.add(i)).hStream });
     }
     let rc = super::call_real!(real, list, n, flags);
-    if !list.is_null() {
-        for i in 0..n as usize {
-            // SAFETY: as above.
-            launched(unsafe { (*list.add(i)).hStream }, rc);
-        }
+    for i in 0..n as usize {
+        // SAFETY: as above.
+        launched(unsafe { (*list.add(i)).hStream }, rc);
     }
     rc
 }

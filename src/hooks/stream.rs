@@ -1,8 +1,11 @@
 //! Stream capture (CUDA graphs): passed through, counted so that the
 //! scheduler's drain never synchronises a context while this process has a
 //! capture open (that would invalidate it; see `scheduler/capture.rs`).
-
-use std::ffi::c_void;
+//!
+//! Synchronise calls (`cuCtxSynchronize`, `cuStreamSynchronize`,
+//! `cuEventSynchronize`): passed through, counted so that the scheduler
+//! tells a holder that waits for its GPU work (busy) from one that does
+//! nothing (idle, handed over after a grace).
 
 use super::sig;
 use super::types::*;
@@ -17,9 +20,9 @@ pub unsafe fn begin_capture_v1(
     real: &RealFn<sig::cuStreamBeginCapture>,
     stream: CUstream,
 ) -> CUresult {
-    CAPTURES.begin();
+    let b = CAPTURES.begin(stream as usize);
     let rc = super::call_real!(real, stream);
-    CAPTURES.begun(rc);
+    CAPTURES.begun(b, rc);
     rc
 }
 
@@ -32,9 +35,9 @@ pub unsafe fn begin_capture(
     stream: CUstream,
     mode: u32,
 ) -> CUresult {
-    CAPTURES.begin();
+    let b = CAPTURES.begin(stream as usize);
     let rc = super::call_real!(real, stream, mode);
-    CAPTURES.begun(rc);
+    CAPTURES.begun(b, rc);
     rc
 }
 
@@ -47,17 +50,18 @@ pub unsafe fn begin_capture_to_graph(
     stream: CUstream,
     graph: CUgraph,
     deps: *const CUgraphNode,
-    edges: *const c_void,
+    edges: *const CUgraphEdgeData,
     n: usize,
     mode: u32,
 ) -> CUresult {
-    CAPTURES.begin();
+    let b = CAPTURES.begin(stream as usize);
     let rc = super::call_real!(real, stream, graph, deps, edges, n, mode);
-    CAPTURES.begun(rc);
+    CAPTURES.begun(b, rc);
     rc
 }
 
-/// `cuStreamEndCapture` and `_ptsz`: the capture is over whatever it returns.
+/// `cuStreamEndCapture` and `_ptsz`: the stream's capture is over unless the
+/// driver refused the end and the capture goes on (see `scheduler/capture.rs`).
 ///
 /// # Safety
 /// The driver's contract for `cuStreamEndCapture`.
@@ -67,6 +71,39 @@ pub unsafe fn end_capture(
     graph: *mut CUgraph,
 ) -> CUresult {
     let rc = super::call_real!(real, stream, graph);
-    CAPTURES.ended();
+    CAPTURES.ended(stream as usize, rc);
     rc
+}
+
+/// `cuCtxSynchronize`: counted as waiting for the GPU.
+///
+/// # Safety
+/// The driver's contract for `cuCtxSynchronize`.
+pub unsafe fn ctx_synchronize(real: &RealFn<sig::cuCtxSynchronize>) -> CUresult {
+    let _w = crate::scheduler::WaitingForGpu::new();
+    super::call_real!(real,)
+}
+
+/// `cuStreamSynchronize` and `_ptsz`: counted as waiting for the GPU.
+///
+/// # Safety
+/// The driver's contract for `cuStreamSynchronize`.
+pub unsafe fn stream_synchronize(
+    real: &RealFn<sig::cuStreamSynchronize>,
+    stream: CUstream,
+) -> CUresult {
+    let _w = crate::scheduler::WaitingForGpu::new();
+    super::call_real!(real, stream)
+}
+
+/// `cuEventSynchronize`: counted as waiting for the GPU.
+///
+/// # Safety
+/// The driver's contract for `cuEventSynchronize`.
+pub unsafe fn event_synchronize(
+    real: &RealFn<sig::cuEventSynchronize>,
+    event: CUevent,
+) -> CUresult {
+    let _w = crate::scheduler::WaitingForGpu::new();
+    super::call_real!(real, event)
 }

@@ -1,4 +1,4 @@
-//! Stream captures (CUDA graphs) open in this process.
+//! Stream captures (CUDA graphs) open in this process, tracked per stream.
 //!
 //! On a real driver, `cuCtxSynchronize` on a context while one of its streams
 //! is being captured fails (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`) and
@@ -10,74 +10,143 @@
 //! that handover (it keeps running into the next holder's slice, as work of
 //! a drain that timed out does).
 //!
+//! Captures are kept per stream (a small table of stream handles), so that a
+//! `cuStreamEndCapture` on a stream that is not capturing (the driver refuses
+//! it) closes nothing, and an end that the driver refuses while the capture
+//! goes on (`CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`) leaves it open.
+//!
 //! A handshake closes the race between the drain's check and its
-//! `cuCtxSynchronize`: the drain announces itself (`SYNCING`) before looking
-//! at `OPEN`; `cuStreamBeginCapture` counts itself in `OPEN` before looking at
-//! `SYNCING` and, if a drain is synchronising, waits for it to finish before
-//! the real call (all `SeqCst`: one of the two sees the other). Atomics only.
+//! `cuCtxSynchronize`: the drain announces itself (`syncing`) before looking
+//! at the table; `cuStreamBeginCapture` enters its stream in the table before
+//! looking at `syncing` and, if a drain is synchronising, waits for it to
+//! finish before the real call (all `SeqCst`: one of the two sees the other).
+//! Atomics only; every wait is bounded.
 
-use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
 
-/// The counters (one process-wide instance, [`CAPTURES`]).
+/// Streams with a capture open (or being begun); 0 = free entry.
+const SLOTS: usize = 64;
+/// A stream handle is never this (a free entry is 0; the legacy stream, also
+/// 0, is entered as this value).
+const NULL_STREAM: usize = usize::MAX;
+/// Longest a `cuStreamBeginCapture` waits for a synchronising drain.
+const BEGIN_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+/// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: the end is refused, the capture goes on.
+const WRONG_THREAD: u32 = 908;
+
+/// The table (one process-wide instance, [`CAPTURES`]).
 pub struct Captures {
-    /// Captures begun (successfully, or being begun) and not yet ended.
-    open: AtomicU32,
-    /// Drains between their check of `open` and the end of their synchronisation.
+    streams: [AtomicUsize; SLOTS],
+    /// Captures begun while the table was full (counted, not keyed).
+    overflow: AtomicU32,
+    /// Drains between their check of the table and the end of their synchronisation.
     syncing: AtomicU32,
 }
 
 /// This process's captures.
 pub static CAPTURES: Captures = Captures::new();
 
-fn dec_saturating(a: &AtomicU32) {
-    let _ = a.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1));
+fn key(stream: usize) -> usize {
+    if stream == 0 {
+        NULL_STREAM
+    } else {
+        stream
+    }
 }
+
+fn dec_saturating(a: &AtomicU32) -> bool {
+    a.fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1)).is_ok()
+}
+
+/// One capture being begun: [`Captures::begun`] consumes it.
+#[must_use]
+pub struct Begin(Option<usize>);
 
 impl Captures {
     pub const fn new() -> Captures {
         Captures {
-            open: AtomicU32::new(0),
+            streams: [const { AtomicUsize::new(0) }; SLOTS],
+            overflow: AtomicU32::new(0),
             syncing: AtomicU32::new(0),
         }
     }
 
-    /// Before the real `cuStreamBeginCapture*`: counts the capture as open
-    /// and waits while a drain is inside `cuCtxSynchronize` (bounded by it).
-    pub fn begin(&self) {
-        self.open.fetch_add(1, SeqCst);
-        while self.syncing.load(SeqCst) > 0 {
+    /// Before the real `cuStreamBeginCapture*` on `stream`: counts the
+    /// capture as open and waits while a drain is inside `cuCtxSynchronize`
+    /// (bounded by it, and by 2 s whatever happens).
+    pub fn begin(&self, stream: usize) -> Begin {
+        let k = key(stream);
+        let entry = self
+            .streams
+            .iter()
+            .position(|s| s.compare_exchange(0, k, SeqCst, SeqCst).is_ok());
+        if entry.is_none() {
+            self.overflow.fetch_add(1, SeqCst);
+        }
+        let t0 = std::time::Instant::now();
+        while self.syncing.load(SeqCst) > 0 && t0.elapsed() < BEGIN_WAIT_LIMIT {
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
+        Begin(entry)
     }
 
     /// After the real `cuStreamBeginCapture*` returned `rc`: a failed begin
     /// does not count.
-    pub fn begun(&self, rc: u32) {
-        if rc != 0 {
-            dec_saturating(&self.open);
+    pub fn begun(&self, b: Begin, rc: u32) {
+        if rc == 0 {
+            return;
+        }
+        match b.0 {
+            Some(i) => self.streams[i].store(0, SeqCst),
+            None => {
+                dec_saturating(&self.overflow);
+            }
         }
     }
 
-    /// After the real `cuStreamEndCapture`, whatever it returned (the
-    /// capture is over either way); saturating.
-    pub fn ended(&self) {
-        dec_saturating(&self.open);
+    /// After the real `cuStreamEndCapture(stream)` returned `rc`. A stream
+    /// this process did not begin capturing closes nothing; a refused end
+    /// that leaves the capture going (wrong thread) closes nothing.
+    pub fn ended(&self, stream: usize, rc: u32) {
+        if rc == WRONG_THREAD {
+            return;
+        }
+        let k = key(stream);
+        if let Some(s) = self.streams.iter().find(|s| s.load(SeqCst) == k) {
+            // Another thread may end the same stream concurrently (the
+            // driver refuses one of them): whichever CAS wins clears it.
+            let _ = s.compare_exchange(k, 0, SeqCst, SeqCst);
+        } else if rc == 0 {
+            // A capture begun while the table was full.
+            dec_saturating(&self.overflow);
+        }
     }
 
     /// Captures open now.
     pub fn open(&self) -> u32 {
-        self.open.load(SeqCst)
+        self.streams.iter().filter(|s| s.load(SeqCst) != 0).count() as u32
+            + self.overflow.load(SeqCst)
     }
 
     /// The drain may synchronise this process's contexts while the guard
     /// lives; `None`: a capture is open, do not synchronise.
     pub fn sync_guard(&self) -> Option<SyncGuard<'_>> {
         self.syncing.fetch_add(1, SeqCst);
-        if self.open.load(SeqCst) > 0 {
+        if self.open() > 0 {
             self.syncing.fetch_sub(1, SeqCst);
             return None;
         }
         Some(SyncGuard(&self.syncing))
+    }
+
+    /// In a child after `fork` (async-signal-safe: atomic stores): no
+    /// capture and no drain exist in the child (its threads are gone).
+    pub fn after_fork_child(&self) {
+        for s in &self.streams {
+            s.store(0, SeqCst);
+        }
+        self.overflow.store(0, SeqCst);
+        self.syncing.store(0, SeqCst);
     }
 }
 
@@ -109,16 +178,15 @@ mod tests {
         let c = Captures::new();
         assert_eq!(c.open(), 0);
         assert!(c.sync_guard().is_some());
-        c.begin();
-        c.begun(901); // failed: not counted
+        let b = c.begin(0x10);
+        c.begun(b, 901); // failed: not counted
         assert_eq!(c.open(), 0);
-        c.begin();
-        c.begun(0);
+        let b = c.begin(0x10);
+        c.begun(b, 0);
         assert_eq!(c.open(), 1);
         assert!(c.sync_guard().is_none());
         assert_eq!(c.syncing.load(SeqCst), 0);
-        c.ended();
-        c.ended(); // unmatched end: saturates
+        c.ended(0x10, 0);
         assert_eq!(c.open(), 0);
         let g = c.sync_guard();
         assert!(g.is_some());
@@ -129,13 +197,56 @@ mod tests {
         assert!(!is_capture_error(201) && !is_capture_error(908));
     }
 
+    /// An unmatched or refused end never closes another stream's capture.
+    #[test]
+    fn per_stream_ends() {
+        let c = Captures::new();
+        let b = c.begin(0xa);
+        c.begun(b, 0);
+        // End on a stream that is not capturing (the driver says 401).
+        c.ended(0xb, 401);
+        assert_eq!(c.open(), 1);
+        assert!(c.sync_guard().is_none());
+        // End from the wrong thread: refused, the capture goes on.
+        c.ended(0xa, WRONG_THREAD);
+        assert_eq!(c.open(), 1);
+        // The same stream ended twice: the second is unmatched.
+        c.ended(0xa, 0);
+        c.ended(0xa, 401);
+        assert_eq!(c.open(), 0);
+        // Invalidated captures are over (901: EndCapture ends them).
+        let b = c.begin(0);
+        c.begun(b, 0);
+        let b = c.begin(0xa);
+        c.begun(b, 0);
+        assert_eq!(c.open(), 2);
+        c.ended(0, 901);
+        assert_eq!(c.open(), 1);
+        c.ended(0xa, 0);
+        assert_eq!(c.open(), 0);
+    }
+
+    #[test]
+    fn a_full_table_still_counts() {
+        let c = Captures::new();
+        for i in 0..SLOTS + 3 {
+            let b = c.begin(0x100 + i);
+            c.begun(b, 0);
+        }
+        assert_eq!(c.open(), SLOTS as u32 + 3);
+        for i in 0..SLOTS + 3 {
+            c.ended(0x100 + i, 0);
+        }
+        assert_eq!(c.open(), 0);
+    }
+
     #[test]
     fn begin_waits_for_a_syncing_drain() {
         let c: &'static Captures = Box::leak(Box::new(Captures::new()));
         let g = c.sync_guard().unwrap();
         let t = std::thread::spawn(move || {
-            c.begin();
-            c.begun(0);
+            let b = c.begin(0x20);
+            c.begun(b, 0);
         });
         std::thread::sleep(std::time::Duration::from_millis(100));
         assert!(!t.is_finished(), "begin must wait for the drain's sync");
@@ -143,6 +254,21 @@ mod tests {
         assert!(c.sync_guard().is_none());
         drop(g);
         t.join().unwrap();
+        assert_eq!(c.open(), 1);
+    }
+
+    /// A child forked while a drain synchronised inherits `syncing > 0`
+    /// with no drain to finish it: reset, its begin does not wait.
+    #[test]
+    fn fork_child_reset_unblocks_begin() {
+        let c = Captures::new();
+        let g = c.sync_guard().unwrap();
+        std::mem::forget(g); // the "drain" does not exist in the child
+        c.after_fork_child();
+        let t0 = std::time::Instant::now();
+        let b = c.begin(0x30);
+        c.begun(b, 0);
+        assert!(t0.elapsed() < std::time::Duration::from_millis(100));
         assert_eq!(c.open(), 1);
     }
 }

@@ -158,7 +158,8 @@ pub fn update_estimate(old: u64, held_ns: u64, launches: u64) -> u64 {
     if old == 0 {
         sample.max(1)
     } else {
-        ((3 * old + sample) / 4).max(1)
+        // `old` comes from the ledger: saturating, never an overflow.
+        (old.saturating_mul(3).saturating_add(sample) / 4).max(1)
     }
 }
 

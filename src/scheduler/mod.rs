@@ -1,4 +1,4 @@
-//! Compute scheduling (SPEC §4): policies 0–5, weights, high priority.
+//! Compute scheduling: policies 0–5, weights, high priority.
 //!
 //! - the launch hooks call [`admit_launch`] before every kernel launch
 //!   (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, `cuGraphLaunch`,
@@ -118,11 +118,12 @@ fn gate_slow() -> *const Gate {
 
 /// The real driver's functions the scheduler needs.
 fn driver_ops() -> Option<DriverOps> {
-    use crate::hooks::real;
+    use crate::process::real;
     Some(DriverOps {
         ctx_get_current: real::cuCtxGetCurrent.get()?,
         ctx_set_current: real::cuCtxSetCurrent.get()?,
         ctx_synchronize: real::cuCtxSynchronize.get()?,
+        ctx_get_device: real::cuCtxGetDevice.get()?,
     })
 }
 
@@ -141,7 +142,7 @@ fn attach_lazily() -> *const Gate {
     {
         return GATE.load(Acquire);
     }
-    let several = crate::hooks::device::cuda_visible().is_ok_and(|v| v.len() > 1);
+    let several = crate::process::gpus::cuda_visible().is_ok_and(|v| v.len() > 1);
     if several {
         MULTI.store(true, Release);
         ATTACH.store(DECIDED, Release);
@@ -149,7 +150,7 @@ fn attach_lazily() -> *const Gate {
         return gate_of_current_context();
     }
     let r = std::panic::catch_unwind(|| {
-        let gpu = crate::hooks::device::current_gpu()?;
+        let gpu = crate::process::gpus::current_gpu()?;
         let (ledger, m) = gpu.ledger()?;
         Some(attach(ledger, m, driver_ops()?))
     });
@@ -176,7 +177,7 @@ fn log_attach(r: std::thread::Result<Option<Result<(), String>>>) {
 /// Several GPUs: the gate of the current context's device (cached per
 /// thread by context; attached on the device's first launch).
 fn gate_of_current_context() -> *const Gate {
-    use crate::hooks::real;
+    use crate::process::real;
     let (Some(get_ctx), Some(get_dev)) = (real::cuCtxGetCurrent.get(), real::cuCtxGetDevice.get())
     else {
         return std::ptr::null();
@@ -205,7 +206,7 @@ fn gate_of_current_context() -> *const Gate {
             .is_ok()
     {
         let r = std::panic::catch_unwind(|| {
-            let gpu = crate::hooks::device::cuda_gpu(dev)?;
+            let gpu = crate::process::gpus::cuda_gpu(dev)?;
             let (ledger, m) = gpu.ledger()?;
             Some(make_gate(ledger, m, driver_ops()?))
         });
@@ -232,12 +233,21 @@ fn make_gate(
     drv: DriverOps,
 ) -> Result<&'static Gate, String> {
     let gate: &'static Gate = Box::leak(Box::new(Gate::new(ledger, m.container, m.process, drv)));
-    std::thread::Builder::new()
+    gate.beat();
+    let spawned = std::thread::Builder::new()
         .name("cgpu-sched".into())
         .spawn(move || gate.helper_loop())
-        .map_err(|e| {
-            format!("cannot start the scheduler thread: {e}; kernel launches are not held back")
-        })?;
+        .and_then(|_| {
+            std::thread::Builder::new()
+                .name("cgpu-beat".into())
+                .spawn(move || gate.beat_loop())
+        });
+    if let Err(e) = spawned {
+        gate.stop.store(true, Release);
+        return Err(format!(
+            "cannot start the scheduler threads: {e}; kernel launches are not held back"
+        ));
+    }
     register_handlers();
     Ok(gate)
 }
@@ -272,10 +282,78 @@ pub fn detach() {
     }
 }
 
+/// Every gate of this process (at most one per device, plus the single one).
+fn each_gate(mut f: impl FnMut(&Gate)) {
+    for g in std::iter::once(&GATE).chain(GATES.iter()) {
+        let p = g.load(Acquire);
+        if !p.is_null() {
+            // SAFETY: leaked, never freed.
+            f(unsafe { &*p });
+        }
+    }
+}
+
+/// A thread of this process inside a synchronise call, while it lives: the
+/// scheduler counts the process as waiting for its GPU work on the gate of
+/// its current context's device (a holder that waits for its work is not
+/// idle). Atomics only (a process that sees several GPUs also asks the real
+/// driver for the current context); a no-op when not scheduling.
+pub struct WaitingForGpu(*const Gate);
+
+impl WaitingForGpu {
+    #[inline]
+    pub fn new() -> WaitingForGpu {
+        let g = if MULTI.load(Acquire) {
+            gate_of_current_context()
+        } else {
+            GATE.load(Acquire) as *const Gate
+        };
+        if !g.is_null() {
+            // SAFETY: a gate, once published, is never freed (leaked on attach).
+            unsafe { &*g }.in_sync(true);
+        }
+        WaitingForGpu(g)
+    }
+}
+
+impl Default for WaitingForGpu {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for WaitingForGpu {
+    #[inline]
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: as in `new`.
+            unsafe { &*self.0 }.in_sync(false);
+        }
+    }
+}
+
+/// Context `ctx` is about to be destroyed (`cuCtxDestroy`): the handover
+/// drain forgets it, and this returns once no drain is synchronising it.
+/// Call before the real destroy.
+pub fn forget_context(ctx: usize) {
+    each_gate(|g| g.forget_ctx(ctx));
+}
+
+/// The primary context of device `dev` (the real driver's ordinal) is about
+/// to be released or reset: the drain forgets the device's contexts (a
+/// context still in use is registered again at its next slice). Call
+/// before the real release/reset.
+pub fn forget_device_contexts(dev: i32) {
+    each_gate(|g| g.forget_device(dev));
+}
+
 /// For a `pthread_atfork` child handler (async-signal-safe: atomic stores).
 /// The child has no helper thread; it attaches again at its first launch
-/// (the memory side re-joins the ledger lazily).
+/// (the memory side re-joins the ledger lazily). The capture table is
+/// emptied: a drain that was synchronising in the parent does not exist in
+/// the child, and would otherwise make its `cuStreamBeginCapture` wait.
 pub fn after_fork_child() {
+    capture::CAPTURES.after_fork_child();
     GATE.store(std::ptr::null_mut(), Release);
     MULTI.store(false, Release);
     for (g, a) in GATES.iter().zip(DEV_ATTACH.iter()) {
@@ -320,6 +398,52 @@ pub fn container_stats(slot: &ContainerSlot) -> ContainerSchedStats {
         gpu_time_ns: slot.sched[cw::GPU_NS].load(Relaxed),
         throttled_ns: slot.sched[cw::THROTTLED_NS].load(Relaxed),
         launches: slot.sched[cw::LAUNCHES].load(Relaxed),
+    }
+}
+
+/// Why a container's launches are held back now, for the tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// A thread of it waits for its turn on the GPU.
+    Turn,
+    /// A thread of it waits and it has compute weight 0 (it arrived when
+    /// `free_weight` was 0, or an operator set it): it waits until an
+    /// operator gives it weight.
+    NoWeight,
+}
+
+impl Waiting {
+    /// One line for operators.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Waiting::Turn => "waiting for its turn",
+            Waiting::NoWeight => {
+                "waiting: weight 0 (free_weight was 0 when it arrived, or set to 0)"
+            }
+        }
+    }
+}
+
+/// Does container slot `container` wait to launch now, and why (`None`: it
+/// holds the GPU, or no thread of it waits)? Read from the ledger's WANT
+/// set and weight; any process may call it.
+pub fn waiting(file: &LedgerFile, container: usize) -> Option<Waiting> {
+    let s = file.containers.get(container)?;
+    if s.state.load(Relaxed) != SLOT_LIVE {
+        return None;
+    }
+    let wants = (0..cw::SET_WORDS).any(|i| s.sched[cw::WANT + i].load(Relaxed) != 0);
+    if !wants {
+        return None;
+    }
+    if s.weight.load(Relaxed) == 0 {
+        return Some(Waiting::NoWeight);
+    }
+    let t = words::Token::unpack(file.header.sched[words::gpu::TOKEN].load(Relaxed));
+    if t.state == words::RUNNING && t.holder_slot() == Some(container) {
+        None
+    } else {
+        Some(Waiting::Turn)
     }
 }
 

@@ -29,6 +29,9 @@ pub mod gpu {
     pub const SLICES: usize = 8;
     /// `knob_generation` seen by the last decision (informational).
     pub const KNOB_GEN_SEEN: usize = 9;
+    /// Processes in the holder's DRAIN set when its slice ended (each is
+    /// charged an equal part of the slice in its own process slot).
+    pub const DRAIN_COUNT: usize = 10;
 }
 
 /// Per-container words (`ContainerSlot::sched[..]`).
@@ -52,8 +55,10 @@ pub mod container {
     /// Bit set of process slots that launched in the current slice and must
     /// drain before the GPU changes hands (`SET_WORDS` words).
     pub const DRAIN: usize = WANT + SET_WORDS;
-    /// Last time a thread of the container started waiting (informational).
-    pub const LAST_WAIT_NS: usize = DRAIN + SET_WORDS;
+    /// GPU time of work that was seen to have run after its drain had been
+    /// given up on (a process that stopped answering), ns: charged to the
+    /// bucket at the next decision.
+    pub const OWED_NS: usize = DRAIN + SET_WORDS;
     /// Words of a process bit set (one bit per process slot).
     pub const SET_WORDS: usize = crate::ledger::MAX_PROCESSES / 64;
 }
@@ -103,6 +108,13 @@ impl Token {
             aux: None,
         }
         .pack()
+    }
+    /// The holder as a container slot index, if it is one: the word is
+    /// shared memory that any process can write, so every use as an index
+    /// goes through here.
+    #[inline]
+    pub fn holder_slot(&self) -> Option<usize> {
+        self.holder.filter(|&h| h < crate::ledger::MAX_CONTAINERS)
     }
     /// The next state, with the sequence number advanced.
     #[inline]
@@ -170,11 +182,17 @@ mod tests {
             }
             .pack()
         );
-        assert_eq!(
-            container::DRAIN + container::SET_WORDS,
-            container::LAST_WAIT_NS
-        );
-        const { assert!(container::LAST_WAIT_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
-        const { assert!(gpu::KNOB_GEN_SEEN < crate::ledger::SCHED_GPU_WORDS) };
+        assert_eq!(container::DRAIN + container::SET_WORDS, container::OWED_NS);
+        const { assert!(container::OWED_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
+        const { assert!(gpu::DRAIN_COUNT < crate::ledger::SCHED_GPU_WORDS) };
+        // Any process may write the token: an out-of-range holder is no slot.
+        let last = crate::ledger::MAX_CONTAINERS - 1;
+        let t = Token::unpack(Token::running(1, last) + (1u64 << 40));
+        assert_eq!(t.holder, Some(last + 1));
+        assert_eq!(t.holder_slot(), None);
+        let t = Token::unpack(Token::running(1, last));
+        assert_eq!(t.holder_slot(), Some(last));
+        // The holder field (8 bits, holder + 1) can name every slot.
+        const { assert!(crate::ledger::MAX_CONTAINERS < 0xff) };
     }
 }

@@ -4,6 +4,8 @@
 //! truth (`cgpu-sim-stat --json`, per-process device time).
 #![allow(dead_code)]
 
+pub mod scenarios;
+
 use cgpu::ledger::Ledger;
 use cgpu_testkit::{self as tk, LinkMode, SimEnv};
 use std::collections::HashMap;
@@ -105,6 +107,21 @@ impl Ctr {
         );
         self
     }
+    /// One `sched_load MODE` process (`tests/c/sched_load.c`): `sync`, a
+    /// loop of KERNELS kernels of NS, a synchronise and PAUSE_US on the
+    /// host; `requests`, the same as timed requests.
+    pub fn load(mut self, mode: &str, ms: u64, ns: u64, kernels: u32, pause_us: u64) -> Ctr {
+        let src = tk::workspace_root().join("tests/c/sched_load.c");
+        self.exe = Some(tk::compile_c(&src, &[], LinkMode::Link));
+        self.procs.push(vec![
+            mode.into(),
+            ms.to_string(),
+            ns.to_string(),
+            kernels.to_string(),
+            pause_us.to_string(),
+        ]);
+        self
+    }
     pub fn env(mut self, k: &str, v: &str) -> Ctr {
         self.extra_env.push((k.into(), v.into()));
         self
@@ -175,8 +192,21 @@ impl Scenario {
 
     /// [`Scenario::start`] on the simulated GPUs `gpus` (`CGPU_SIM_GPUS`).
     pub fn start_on(ctrs: &[Ctr], gpus: Option<&str>) -> Scenario {
+        Scenario::start_with(ctrs, gpus, true)
+    }
+
+    /// The same processes on the simulated driver without cgpu (no
+    /// `LD_PRELOAD`): the baseline a scenario is compared with.
+    pub fn start_bare(ctrs: &[Ctr]) -> Scenario {
+        Scenario::start_with(ctrs, None, false)
+    }
+
+    fn start_with(ctrs: &[Ctr], gpus: Option<&str>, cgpu: bool) -> Scenario {
         let a = tk::artifacts();
-        let mut env = SimEnv::new().preload(&a.libcgpu).ctx_mib(16);
+        let mut env = SimEnv::new().ctx_mib(16);
+        if cgpu {
+            env = env.preload(&a.libcgpu);
+        }
         if let Some(g) = gpus {
             env = env.gpus(g);
         }
@@ -186,7 +216,11 @@ impl Scenario {
         let env = env
             .env("CGPU_LEDGER_DIR", ledger_dir.to_str().unwrap())
             .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
-            .env("CGPU_LOG", "warn");
+            // `CGPU_SCHED_TEST_LOG=debug cargo test …` shows the library's log.
+            .env(
+                "CGPU_LOG",
+                &std::env::var("CGPU_SCHED_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            );
         let mut procs = Vec::new();
         for c in ctrs {
             let exe = c.exe.clone().unwrap_or_else(|| tk::cuclient(c.mode));
@@ -285,6 +319,36 @@ impl Scenario {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The pid of container `id`'s first process.
+    pub fn pid_of(&self, id: &str) -> i32 {
+        self.procs
+            .iter()
+            .find(|p| p.container == id)
+            .unwrap_or_else(|| panic!("no process of {id}"))
+            .child
+            .id() as i32
+    }
+
+    /// [`Scenario::measure`], and the mean slice length (ns) the ledger
+    /// granted over the window.
+    pub fn measure_slices(&self, window: Duration) -> (Measure, f64) {
+        use cgpu::scheduler::words::gpu as gw;
+        use std::sync::atomic::Ordering::Relaxed;
+        let l = self.ledger();
+        let h = &l.file().header;
+        let (b0, n0) = (
+            h.sched[gw::BUSY_NS].load(Relaxed),
+            h.sched[gw::SLICES].load(Relaxed),
+        );
+        let m = self.measure(window);
+        let (b1, n1) = (
+            h.sched[gw::BUSY_NS].load(Relaxed),
+            h.sched[gw::SLICES].load(Relaxed),
+        );
+        let mean = (b1 - b0) as f64 / (n1 - n0).max(1) as f64;
+        (m, mean)
     }
 
     pub fn slot(&self, l: &Ledger, id: &str) -> usize {

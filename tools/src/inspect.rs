@@ -167,6 +167,15 @@ pub fn render(r: &Report, detail: bool, host: &str, ip: &str) -> String {
             percent(alloc_total, total)
         );
     }
+    // Containers held back for lack of compute weight (all waiting ones
+    // with `detail`), with the reason.
+    for g in &gpus {
+        for c in &g.containers {
+            if let Some(w) = c.waiting.as_deref().filter(|_| detail || c.weight == 0) {
+                let _ = writeln!(out, "GPU{} {}: {w}", g.index, c.id);
+            }
+        }
+    }
     for e in r.gpus.iter().filter(|e| e.gpu.is_none()) {
         let _ = writeln!(
             out,

@@ -128,6 +128,9 @@ pub struct ContainerInfo {
     /// GPU time over the last sampling window, percent of the GPU; `null`
     /// when there is only one sample (or the slot was reused in between).
     pub util_percent: Option<f64>,
+    /// Why its kernel launches are held back now (`null`: it holds the GPU,
+    /// or none of its threads waits to launch); weight 0 says so.
+    pub waiting: Option<String>,
     pub processes: Vec<ProcessInfo>,
 }
 
@@ -282,6 +285,7 @@ pub fn read_file(
             launches: st.launches,
             limit_percent: scheduler::limit_percent(f, i),
             util_percent: None,
+            waiting: scheduler::waiting(f, i).map(|w| w.reason().to_owned()),
             processes: Vec::new(),
         });
     }

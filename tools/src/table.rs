@@ -74,6 +74,11 @@ pub fn render(r: &Report, detail: bool) -> String {
                 format!("{util}/{:>3}", c.limit_percent),
                 format!("{}/{}", mib(c.used_bytes), mib(c.total_bytes)),
             );
+            // A container held back for lack of weight is always shown as
+            // such; one waiting for its turn only in the detailed view.
+            if let Some(w) = c.waiting.as_deref().filter(|_| detail || c.weight == 0) {
+                wide(&mut out, &format!("   {w}"));
+            }
             if detail {
                 let _ = writeln!(
                     out,
@@ -159,5 +164,53 @@ mod tests {
         for l in d.lines().skip(1) {
             assert_eq!(l.len(), SEP.len(), "{l}");
         }
+    }
+
+    /// A container that waits because it has weight 0 is shown as waiting,
+    /// with the reason; one waiting for its turn only with `-d`.
+    #[test]
+    fn waiting_containers_say_why() {
+        use cgpu::scheduler::words::container as cw;
+        use std::sync::atomic::Ordering::Relaxed;
+        let mut f = fake_file(0, "GPU-aaaa", 16 * GIB);
+        add_container(&mut f, 0, "noweight", GIB, 0, 0);
+        add_container(&mut f, 1, "turn", GIB, 0, 1);
+        add_process(&mut f, 0, 0, 10, 0);
+        add_process(&mut f, 1, 1, 11, 0);
+        f.containers[0].sched[cw::WANT].store(1, Relaxed);
+        f.containers[1].sched[cw::WANT].store(2, Relaxed);
+        let g = read_file(&f, &|_| true).unwrap();
+        assert_eq!(
+            g.containers[0].waiting.as_deref(),
+            Some(cgpu::scheduler::Waiting::NoWeight.reason())
+        );
+        assert_eq!(
+            g.containers[1].waiting.as_deref(),
+            Some("waiting for its turn")
+        );
+        let r = Report {
+            schema_version: 1,
+            cgpu_version: "0.1.0".into(),
+            ledger_format: 1,
+            ledger_dir: "/x".into(),
+            timestamp_ns: 0,
+            util_window_ms: None,
+            gpus: vec![GpuEntry {
+                path: "x".into(),
+                status: Status::Ok,
+                error: None,
+                gpu: Some(g),
+            }],
+        };
+        let t = render(&r, false);
+        assert!(t.contains("waiting: weight 0 (free_weight was 0"), "{t}");
+        assert!(!t.contains("waiting for its turn"), "{t}");
+        for l in t.lines().skip(1) {
+            assert_eq!(l.len(), SEP.len(), "{l}");
+        }
+        assert!(render(&r, true).contains("waiting for its turn"));
+        let i = crate::inspect::render(&r, false, "h", "1.2.3.4");
+        assert!(i.contains("GPU0 noweight: waiting: weight 0"), "{i}");
+        assert!(!i.contains("turn"), "{i}");
     }
 }

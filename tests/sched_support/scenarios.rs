@@ -1,0 +1,715 @@
+//! The scheduling scenarios: one table, run by `cargo test --test sched`
+//! (short windows, each row asserted) and by
+//! `cargo run --release --example share` (long windows, every row printed).
+//!
+//! Utilisation and throughput are never compared with a fixed number: the
+//! same processes run without cgpu (no `LD_PRELOAD`, the simulated driver's
+//! own time-slicing) in the same run, and the row is cgpu's value over that
+//! bare value, so load on the machine weighs on both alike.
+
+use super::*;
+use cgpu::scheduler::words::{gpu as gw, Token, DRAINING, RUNNING};
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{Duration, Instant};
+
+const MS: u64 = 1_000_000;
+
+/// How a row's achieved value is judged against its target.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    /// Within the tolerance of the target (relative error).
+    Share,
+    /// At least the target (no tolerance: the target already is a
+    /// fraction of a value measured in the same run).
+    AtLeast,
+    /// At most the target (no tolerance, as above).
+    AtMost,
+    /// Printed, not judged (a goal not met today, or context).
+    Info,
+}
+
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub scenario: String,
+    pub what: String,
+    pub target: f64,
+    pub achieved: f64,
+    pub kind: Kind,
+}
+
+impl Row {
+    /// Relative shortfall against the target (0 when the row holds).
+    pub fn err(&self) -> f64 {
+        match self.kind {
+            Kind::AtLeast if self.achieved >= self.target => 0.0,
+            Kind::AtMost if self.achieved <= self.target => 0.0,
+            _ => rel_err(self.achieved, self.target),
+        }
+    }
+    /// Does the row hold, with `tol` for [`Kind::Share`] rows?
+    pub fn holds(&self, tol: f64) -> bool {
+        match self.kind {
+            Kind::Share => self.err() <= tol,
+            Kind::AtLeast | Kind::AtMost => self.err() == 0.0,
+            Kind::Info => true,
+        }
+    }
+    pub fn target_str(&self) -> String {
+        match self.kind {
+            Kind::AtLeast => format!("≥ {:.4}", self.target),
+            Kind::AtMost => format!("≤ {:.4}", self.target),
+            Kind::Info if self.target.is_nan() => "—".into(),
+            Kind::Info => format!("({:.4})", self.target),
+            Kind::Share => format!("{:.4}", self.target),
+        }
+    }
+}
+
+/// Window lengths.
+#[derive(Clone, Copy, Debug)]
+pub struct Opts {
+    pub window: Duration,
+    pub warm: Duration,
+}
+
+impl Opts {
+    /// `cargo test`: short windows.
+    pub fn test() -> Opts {
+        Opts {
+            window: Duration::from_millis(2000),
+            warm: Duration::from_millis(600),
+        }
+    }
+    /// `examples/share`: `secs` windows.
+    pub fn long(secs: u64) -> Opts {
+        Opts {
+            window: Duration::from_secs(secs),
+            warm: Duration::from_millis(1000),
+        }
+    }
+    /// How long the workload processes run: warm-up, window, and slack.
+    pub fn run_ms(&self) -> u64 {
+        (self.warm + self.window).as_millis() as u64 + 6000
+    }
+}
+
+/// One scenario: a name and what it measures.
+pub struct Spec {
+    pub name: &'static str,
+    pub run: fn(&Opts, &mut Rows),
+}
+
+/// Rows being collected for one scenario.
+pub struct Rows {
+    pub scenario: String,
+    pub rows: Vec<Row>,
+    /// Print each row as it is measured.
+    pub echo: bool,
+}
+
+impl Rows {
+    pub fn new(scenario: &str, echo: bool) -> Rows {
+        Rows {
+            scenario: scenario.into(),
+            rows: Vec::new(),
+            echo,
+        }
+    }
+    pub fn push(&mut self, what: &str, target: f64, achieved: f64, kind: Kind) {
+        let r = Row {
+            scenario: self.scenario.clone(),
+            what: what.into(),
+            target,
+            achieved,
+            kind,
+        };
+        if self.echo {
+            eprintln!(
+                "  {:<46} {:<40} {:>9} {:>9.4} {:>6.2}%",
+                r.scenario,
+                r.what,
+                r.target_str(),
+                r.achieved,
+                r.err() * 100.0
+            );
+        }
+        self.rows.push(r);
+    }
+    fn share(&mut self, m: &Measure, id: &str, target: f64) {
+        self.push(&format!("{id} share"), target, m.of_busy(id), Kind::Share);
+    }
+    fn util_vs_bare(&mut self, m: &Measure, bare: &Measure) {
+        let (u, b) = (m.utilisation(), bare.utilisation());
+        self.push(
+            &format!("utilisation ÷ bare ({u:.3} / {b:.3})"),
+            0.97,
+            u / b,
+            Kind::AtLeast,
+        );
+    }
+}
+
+/// Start `ctrs` under cgpu with the knobs, warm up.
+pub fn start(
+    o: &Opts,
+    ctrs: &[Ctr],
+    policy: u32,
+    max_inst: Option<u32>,
+    prio: Option<u32>,
+) -> Scenario {
+    let s = Scenario::start(ctrs);
+    let l = s.ledger();
+    if let Some(m) = max_inst {
+        l.set_max_inst(m).unwrap();
+    }
+    if let Some(p) = prio {
+        l.set_prio_ratio(p).unwrap();
+    }
+    l.set_policy(policy).unwrap();
+    std::thread::sleep(o.warm);
+    s
+}
+
+/// The same processes without cgpu, measured over the window.
+pub fn bare(o: &Opts, ctrs: &[Ctr]) -> Measure {
+    let s = Scenario::start_bare(ctrs);
+    std::thread::sleep(o.warm);
+    s.measure(o.window)
+}
+
+fn busy_pair(o: &Opts, w: (u32, u32), ns: u64) -> Vec<Ctr> {
+    vec![
+        Ctr::new("w1", w.0).busy(o.run_ms(), ns),
+        Ctr::new("w2", w.1).busy(o.run_ms(), ns),
+    ]
+}
+
+fn weighted_one_to_two(o: &Opts, r: &mut Rows, ns: u64) {
+    let ctrs = busy_pair(o, (1, 2), ns);
+    let b = bare(o, &ctrs);
+    let m = start(o, &ctrs, 2, None, None).measure(o.window);
+    r.share(&m, "w1", 1.0 / 3.0);
+    r.share(&m, "w2", 2.0 / 3.0);
+    r.util_vs_bare(&m, &b);
+}
+
+/// A training loop that synchronises often: two 1 ms kernels, a
+/// synchronise, 0.3 ms on the host.
+fn sync_heavy(id: &str, w: u32, o: &Opts) -> Ctr {
+    Ctr::new(id, w).load("sync", o.run_ms(), MS, 2, 300)
+}
+
+fn sync_heavy_rows(o: &Opts, r: &mut Rows, policy: u32, ctrs: Vec<Ctr>, targets: &[(&str, f64)]) {
+    let b = bare(o, &ctrs);
+    let m = start(o, &ctrs, policy, None, None).measure(o.window);
+    for (id, t) in targets {
+        r.share(&m, id, *t);
+    }
+    let (u, bu) = (m.utilisation(), b.utilisation());
+    r.push(
+        &format!("utilisation ÷ bare ({u:.3} / {bu:.3})"),
+        0.97,
+        u / bu,
+        Kind::AtLeast,
+    );
+}
+
+/// Request latency of a light container beside `neighbour`: p50/p99 under
+/// cgpu against the same pair without cgpu.
+fn latency_rows(o: &Opts, r: &mut Rows, policy: u32, light: Ctr, neighbour: Ctr) {
+    let ctrs = vec![light, neighbour];
+    let mut s = Scenario::start_bare(&ctrs);
+    let bare = s.procs[0]
+        .wait_line("done", o.window + Duration::from_secs(60))
+        .map(|l| Latency::parse(&l.text))
+        .expect("bare requests never finished");
+    s.kill_all();
+    let mut s = start(o, &ctrs, policy, None, Some(80));
+    let got = s.procs[0]
+        .wait_line("done", o.window + Duration::from_secs(60))
+        .map(|l| Latency::parse(&l.text))
+        .expect("requests never finished");
+    r.push(
+        &format!("p50 ms (bare {:.2})", bare.p50),
+        bare.p50,
+        got.p50,
+        Kind::Info,
+    );
+    r.push(
+        &format!("p99 ms ≤ 2× bare ({:.2})", bare.p99),
+        2.0 * bare.p99,
+        got.p99,
+        Kind::AtMost,
+    );
+}
+
+/// The light container: 0.2 ms requests (launch, synchronise), 5 ms apart,
+/// for as long as the window.
+fn requests(id: &str, o: &Opts) -> Ctr {
+    let ms = (o.warm + o.window).as_millis() as u64;
+    Ctr::new(id, 1).load("requests", ms, 200_000, 1, 5000)
+}
+
+/// Stop `victim`'s process when the token is in `state` (RUNNING or
+/// DRAINING) held by its container (any state when `state` is None or the
+/// run is bare), for `stop`; returns the other container's share of the
+/// GPU's wall time during the stop.
+fn stop_once(s: &Scenario, victim: &str, other: &str, state: Option<u8>, stop: Duration) -> f64 {
+    if let Some(st) = state {
+        let l = s.ledger();
+        let c = s.slot(&l, victim);
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            let t = Token::unpack(l.file().header.sched[gw::TOKEN].load(Relaxed));
+            if t.state == st && t.holder == Some(c) {
+                break;
+            }
+            assert!(
+                Instant::now() < end,
+                "the token never reached state {st} by {victim}"
+            );
+            std::hint::spin_loop();
+        }
+    }
+    let pid = s.pid_of(victim);
+    let s0 = s.env.stats();
+    let t0 = Instant::now();
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    std::thread::sleep(stop);
+    let s1 = s.env.stats();
+    let wall = t0.elapsed().as_nanos() as f64;
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let opid = s.pid_of(other) as u32;
+    let a = s0.process(opid, 0).map_or(0, |x| x.device_time_ns);
+    let b = s1.process(opid, 0).map_or(a, |x| x.device_time_ns);
+    b.saturating_sub(a) as f64 / wall
+}
+
+/// A process stopped for `stop`, `n` times, `gap` apart: the other
+/// container's share of the GPU during the stops, under cgpu (stopped in
+/// `state`) over the same without cgpu.
+fn stop_rows(
+    o: &Opts,
+    r: &mut Rows,
+    state: Option<u8>,
+    kernel_ns: u64,
+    stop: Duration,
+    n: u32,
+    gap: Duration,
+) {
+    let run = o.run_ms() + n as u64 * (stop + gap).as_millis() as u64;
+    let ctrs = vec![
+        Ctr::new("stopped", 1).busy(run, kernel_ns),
+        Ctr::new("other", 1).busy(run, kernel_ns),
+    ];
+    let mut got = [0.0f64; 2];
+    for (i, bare) in [true, false].into_iter().enumerate() {
+        let s = if bare {
+            Scenario::start_bare(&ctrs)
+        } else {
+            start(o, &ctrs, 1, None, None)
+        };
+        std::thread::sleep(o.warm);
+        let mut sum = 0.0;
+        for _ in 0..n {
+            sum += stop_once(
+                &s,
+                "stopped",
+                "other",
+                if bare { None } else { state },
+                stop,
+            );
+            std::thread::sleep(gap);
+        }
+        got[i] = sum / n as f64;
+    }
+    r.push(
+        &format!(
+            "other's GPU during stops ÷ bare ({:.3} / {:.3})",
+            got[1], got[0]
+        ),
+        0.9,
+        got[1] / got[0],
+        Kind::AtLeast,
+    );
+}
+
+/// Every scenario.
+pub fn table() -> Vec<Spec> {
+    vec![
+        Spec {
+            name: "policy 2, weights 1:2, 1 ms kernels",
+            run: |o, r| weighted_one_to_two(o, r, MS),
+        },
+        Spec {
+            name: "policy 2, weights 1:2, 50 µs kernels",
+            run: |o, r| weighted_one_to_two(o, r, 50_000),
+        },
+        Spec {
+            name: "policy 2, weights 1:2, 20 ms kernels",
+            run: |o, r| weighted_one_to_two(o, r, 20 * MS),
+        },
+        Spec {
+            name: "policy 2, weights 1:1:2:4",
+            run: |o, r| {
+                let ctrs = vec![
+                    Ctr::new("a", 1).busy(o.run_ms(), MS),
+                    Ctr::new("b", 1).busy(o.run_ms(), MS),
+                    Ctr::new("c", 2).busy(o.run_ms(), MS),
+                    Ctr::new("d", 4).busy(o.run_ms(), MS),
+                ];
+                let b = bare(o, &ctrs);
+                let m = start(o, &ctrs, 2, None, None).measure(o.window);
+                for (id, t) in [("a", 0.125), ("b", 0.125), ("c", 0.25), ("d", 0.5)] {
+                    r.share(&m, id, t);
+                }
+                r.util_vs_bare(&m, &b);
+            },
+        },
+        Spec {
+            name: "policy 1, three busy",
+            run: |o, r| {
+                let ctrs: Vec<Ctr> = ["a", "b", "c"]
+                    .iter()
+                    .map(|id| Ctr::new(id, 1).busy(o.run_ms(), MS))
+                    .collect();
+                let b = bare(o, &ctrs);
+                let m = start(o, &ctrs, 1, None, None).measure(o.window);
+                for id in ["a", "b", "c"] {
+                    r.share(&m, id, 1.0 / 3.0);
+                }
+                r.util_vs_bare(&m, &b);
+            },
+        },
+        Spec {
+            name: "policy 1, one busy, one idle",
+            run: |o, r| {
+                let ctrs = vec![
+                    Ctr::new("busy", 1).busy(o.run_ms(), MS),
+                    Ctr::new("idle", 1).idle(),
+                ];
+                let b = bare(o, &ctrs);
+                let m = start(o, &ctrs, 1, None, None).measure(o.window);
+                let (g, bg) = (m.of_wall("busy"), b.of_wall("busy"));
+                r.push(
+                    &format!("busy's GPU ÷ bare ({g:.3} / {bg:.3})"),
+                    0.97,
+                    g / bg,
+                    Kind::AtLeast,
+                );
+            },
+        },
+        Spec {
+            name: "policy 2, 1:2, weight-2 alive but idle",
+            run: |o, r| {
+                let ctrs = vec![
+                    Ctr::new("w1", 1).busy(o.run_ms(), MS),
+                    Ctr::new("w2", 2).idle(),
+                ];
+                let m = start(o, &ctrs, 2, None, None).measure(o.window);
+                r.push("w1 of GPU", 1.0 / 3.0, m.of_wall("w1"), Kind::Share);
+            },
+        },
+        Spec {
+            name: "policy 0, max_inst 4, alone",
+            run: |o, r| {
+                let ctrs = vec![Ctr::new("solo", 1).busy(o.run_ms(), MS)];
+                let m = start(o, &ctrs, 0, Some(4), None).measure(o.window);
+                r.push("solo of GPU", 0.25, m.of_wall("solo"), Kind::Share);
+            },
+        },
+        Spec {
+            name: "policy 3, weight 3, max_inst 10",
+            run: |o, r| {
+                let ctrs = vec![Ctr::new("fixed", 3).busy(o.run_ms(), MS)];
+                let m = start(o, &ctrs, 3, Some(10), None).measure(o.window);
+                r.push("fixed of GPU", 0.30, m.of_wall("fixed"), Kind::Share);
+            },
+        },
+        Spec {
+            name: "policy 4 (soft), two busy",
+            run: |o, r| {
+                let ctrs = busy_pair(o, (1, 1), MS);
+                let b = bare(o, &ctrs);
+                let s = start(o, &ctrs, 4, None, None);
+                let (m, soft) = s.measure_slices(o.window);
+                r.share(&m, "w1", 0.5);
+                r.share(&m, "w2", 0.5);
+                r.util_vs_bare(&m, &b);
+                // Its slices are 4× policy 1's (160 ms against 40 ms).
+                s.ledger().set_policy(1).unwrap();
+                std::thread::sleep(o.warm);
+                let (_, p1) = s.measure_slices(o.window);
+                r.push(
+                    &format!(
+                        "mean slice ÷ policy 1's ({:.1} / {:.1} ms)",
+                        soft / 1e6,
+                        p1 / 1e6
+                    ),
+                    4.0,
+                    soft / p1,
+                    Kind::Share,
+                );
+            },
+        },
+        Spec {
+            name: "high priority, prio_ratio 80, policy 1",
+            run: |o, r| {
+                let hp_ms = (o.warm + o.window).as_millis() as u64 + 500;
+                let ctrs = vec![
+                    Ctr::new("hp", 1).highprio().cmd(&[
+                        "init",
+                        "ready",
+                        "spin_for",
+                        &hp_ms.to_string(),
+                        "1000000",
+                        "hold",
+                    ]),
+                    Ctr::new("normal", 1).busy(o.run_ms() + hp_ms, MS),
+                ];
+                let b = bare(o, &ctrs);
+                let s = start(o, &ctrs, 1, None, Some(80));
+                let m = s.measure(o.window);
+                r.share(&m, "hp", 0.8);
+                r.share(&m, "normal", 0.2);
+                r.util_vs_bare(&m, &b);
+                while s.started.elapsed() < Duration::from_millis(hp_ms + 1200) {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                let m = s.measure(o.window);
+                let (g, bu) = (m.of_wall("normal"), b.utilisation());
+                r.push(
+                    &format!("normal's GPU, hp idle ÷ bare ({g:.3} / {bu:.3})"),
+                    0.97,
+                    g / bu,
+                    Kind::AtLeast,
+                );
+            },
+        },
+        Spec {
+            name: "policy 5 -> 2 while running, 1:2",
+            run: |o, r| {
+                let ctrs = busy_pair(o, (1, 2), MS);
+                let s = start(o, &ctrs, 5, None, None);
+                let m = s.measure(o.window.min(Duration::from_secs(2)));
+                r.push("w1 share, native", 0.5, m.of_busy("w1"), Kind::Share);
+                s.ledger().set_policy(2).unwrap();
+                std::thread::sleep(Duration::from_secs(1));
+                let m = s.measure(o.window);
+                r.push(
+                    "w1 share, from +1 s",
+                    1.0 / 3.0,
+                    m.of_busy("w1"),
+                    Kind::Share,
+                );
+                r.push(
+                    "w2 share, from +1 s",
+                    2.0 / 3.0,
+                    m.of_busy("w2"),
+                    Kind::Share,
+                );
+            },
+        },
+        Spec {
+            name: "idle holder hands over (policy 1)",
+            run: |o, r| {
+                // The holder launches one 1 ms kernel every 10 ms (idle 9 ms
+                // of 10); the other sends 0.2 ms requests. A request that
+                // arrives while the holder idles runs after the idle grace
+                // (2 ms), not at the end of the 40 ms slice.
+                let ms = (o.warm + o.window).as_millis() as u64;
+                let ctrs = vec![
+                    requests("req", o),
+                    Ctr::new("idler", 1).load("sync", ms + 4000, MS, 1, 9000),
+                ];
+                let mut s = start(o, &ctrs, 1, None, None);
+                let got = s.procs[0]
+                    .wait_line("done", o.window + Duration::from_secs(60))
+                    .map(|l| Latency::parse(&l.text))
+                    .expect("requests never finished");
+                r.push("request p50 ms", 5.0, got.p50, Kind::AtMost);
+                r.push("request p90 ms", 10.0, got.p90, Kind::AtMost);
+            },
+        },
+        Spec {
+            name: "stopped 5 s while holding its slice",
+            run: |o, r| {
+                stop_rows(
+                    o,
+                    r,
+                    Some(RUNNING),
+                    MS,
+                    Duration::from_secs(5),
+                    1,
+                    Duration::ZERO,
+                )
+            },
+        },
+        Spec {
+            name: "stopped 5 s mid-drain (20 ms kernels)",
+            run: |o, r| {
+                stop_rows(
+                    o,
+                    r,
+                    Some(DRAINING),
+                    20 * MS,
+                    Duration::from_secs(5),
+                    1,
+                    Duration::ZERO,
+                )
+            },
+        },
+        Spec {
+            name: "stop/continue cycles (6 × 300 ms stopped, 700 ms running)",
+            run: |o, r| {
+                stop_rows(
+                    o,
+                    r,
+                    None,
+                    MS,
+                    Duration::from_millis(300),
+                    6,
+                    Duration::from_millis(700),
+                )
+            },
+        },
+        Spec {
+            name: "sync-heavy 1:1 (policy 1)",
+            run: |o, r| {
+                let ctrs = vec![sync_heavy("a", 1, o), sync_heavy("b", 1, o)];
+                sync_heavy_rows(o, r, 1, ctrs, &[("a", 0.5), ("b", 0.5)]);
+            },
+        },
+        Spec {
+            name: "sync-heavy 1:2 (policy 2)",
+            run: |o, r| {
+                let ctrs = vec![sync_heavy("a", 1, o), sync_heavy("b", 2, o)];
+                sync_heavy_rows(o, r, 2, ctrs, &[("a", 1.0 / 3.0), ("b", 2.0 / 3.0)]);
+            },
+        },
+        Spec {
+            name: "sync-heavy 1:1:2:4 (policy 2)",
+            run: |o, r| {
+                let ctrs = vec![
+                    sync_heavy("a", 1, o),
+                    sync_heavy("b", 1, o),
+                    sync_heavy("c", 2, o),
+                    sync_heavy("d", 4, o),
+                ];
+                sync_heavy_rows(
+                    o,
+                    r,
+                    2,
+                    ctrs,
+                    &[("a", 0.125), ("b", 0.125), ("c", 0.25), ("d", 0.5)],
+                );
+            },
+        },
+        Spec {
+            name: "sync-heavy, ten containers (policy 1)",
+            run: |o, r| {
+                let ids = ["c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"];
+                let ctrs: Vec<Ctr> = ids.iter().map(|id| sync_heavy(id, 1, o)).collect();
+                let t: Vec<(&str, f64)> = ids.iter().map(|id| (*id, 0.1)).collect();
+                sync_heavy_rows(o, r, 1, ctrs, &t);
+            },
+        },
+        Spec {
+            name: "sync-heavy vs always-busy 1:1 (policy 1)",
+            run: |o, r| {
+                let ctrs = vec![
+                    sync_heavy("sync", 1, o),
+                    Ctr::new("busy", 1).busy(o.run_ms(), MS),
+                ];
+                sync_heavy_rows(o, r, 1, ctrs, &[("sync", 0.5), ("busy", 0.5)]);
+            },
+        },
+        Spec {
+            name: "latency: high priority beside 1 ms kernels",
+            run: |o, r| {
+                latency_rows(
+                    o,
+                    r,
+                    1,
+                    requests("hp", o).highprio(),
+                    Ctr::new("busy", 1).busy(o.run_ms(), MS),
+                )
+            },
+        },
+        Spec {
+            name: "latency: high priority beside 20 ms kernels",
+            run: |o, r| {
+                latency_rows(
+                    o,
+                    r,
+                    1,
+                    requests("hp", o).highprio(),
+                    Ctr::new("busy", 1).busy(o.run_ms(), 20 * MS),
+                )
+            },
+        },
+        Spec {
+            name: "latency: under its share, equal weights, beside 1 ms kernels",
+            run: |o, r| {
+                latency_rows(
+                    o,
+                    r,
+                    1,
+                    requests("light", o),
+                    Ctr::new("busy", 1).busy(o.run_ms(), MS),
+                )
+            },
+        },
+        Spec {
+            name: "latency: under its share, equal weights, beside 20 ms kernels",
+            run: |o, r| {
+                latency_rows(
+                    o,
+                    r,
+                    1,
+                    requests("light", o),
+                    Ctr::new("busy", 1).busy(o.run_ms(), 20 * MS),
+                )
+            },
+        },
+    ]
+}
+
+/// Run the scenario named `name` (panics if there is none).
+pub fn run_named(name: &str, o: &Opts, echo: bool) -> Vec<Row> {
+    let spec = table()
+        .into_iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no scenario {name:?}"));
+    let mut rows = Rows::new(spec.name, echo);
+    (spec.run)(o, &mut rows);
+    rows.rows
+}
+
+/// Percentiles printed by `sched_load requests`, in ms.
+#[derive(Clone, Copy, Debug)]
+pub struct Latency {
+    pub n: u64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl Latency {
+    pub fn parse(line: &str) -> Latency {
+        let f = |k: &str| -> f64 {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+        };
+        Latency {
+            n: f("requests=") as u64,
+            p50: f("p50_us=") / 1000.0,
+            p90: f("p90_us=") / 1000.0,
+            p99: f("p99_us=") / 1000.0,
+        }
+    }
+}
