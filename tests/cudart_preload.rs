@@ -67,7 +67,7 @@ fn cudart_sees_the_quota_and_is_refused_past_it() {
         assert_eq!(totals, [QUOTA, QUOTA], "CUDA {v}");
         let free = num(&out, "meminfo", "free");
         assert!(
-            free <= QUOTA - CTX && free >= QUOTA - CTX - 512,
+            (QUOTA - CTX - 512..=QUOTA - CTX).contains(&free),
             "CUDA {v}: free {free} of {QUOTA}"
         );
         // 1 MiB and 3 GB fit; 7 GB is past the quota (not the device).
@@ -181,5 +181,34 @@ fn two_runtime_copies_share_one_primary_context() {
         child.stdin.take().unwrap().write_all(b"\n").unwrap();
         let o = wait_timeout(child, std::time::Duration::from_secs(60));
         assert!(o.status.success());
+    }
+}
+
+/// A framework's teardown outlives the library's exit handler (PyTorch's
+/// takes seconds): the ledger watcher must not take the slot the process
+/// just gave up for a damaged ledger, report it "wiped" and register the
+/// exiting process again. The client lingers 800 ms in an exit handler run
+/// after the library's (the watcher checks every 250 ms).
+#[test]
+fn long_teardown_after_the_library_left_is_quiet() {
+    let row = &cudart_rows()[0];
+    let m = Machine::new("cudart-exit", T4);
+    let exe = client(row);
+    let o =
+        run(m
+            .preloaded(&exe, VARS)
+            .args(["--linger-at-exit", "800", "info", "malloc", "1048576"]));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    for bad in ["wiped", "overwritten", "joined ledger", "re-registered"] {
+        assert!(!err.contains(bad), "`{bad}` at exit:\n{err}");
+    }
+    let l = cgpu::ledger::Ledger::open(&m.ledger_file().expect("a ledger")).unwrap();
+    if let Some(ci) = l.find_container("cudart-a") {
+        assert_eq!(
+            l.processes_of(ci).count(),
+            0,
+            "the exited process is not registered"
+        );
     }
 }

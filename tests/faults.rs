@@ -633,11 +633,17 @@ fn truncated_ledger_never_kills_and_is_rebuilt() {
             "pid",
             "alloc",
             "536870912",
+            "spin",
+            "100000",
+            "20",
             "ready",
             "sleep",
             "1500",
             "alloc_until_oom",
             "134217728",
+            "spin",
+            "100000",
+            "20",
             "ready",
             "hold",
         ],
@@ -664,6 +670,8 @@ fn truncated_ledger_never_kills_and_is_rebuilt() {
         Some(1),
         "{lines:?}"
     );
+    // Kernel launches (the scheduler's gate reads the ledger too) go on.
+    assert_eq!(field(&lines, "spin", "count"), Some(20), "{lines:?}");
     let want = (300 + 512 + 128) * MIB;
     let t = wait_for(Duration::from_secs(5), || {
         ledger_used(&rig.dir, "trunc") == Some(want)
@@ -723,9 +731,30 @@ fn truncated_ledger_never_kills_and_is_rebuilt() {
 fn deleted_or_wiped_ledger_is_re_registered_by_idle_jobs() {
     for fault in ["delete", "wipe"] {
         let rig = Rig::new(fault);
-        let mut p1 = rig.client("idle", 1, &[], &["pid", "alloc", "536870912", "hold"]);
+        // Idle while the file is damaged, then it launches kernels again.
+        let mut p1 = rig.client(
+            "idle",
+            1,
+            &[],
+            &[
+                "pid",
+                "alloc",
+                "536870912",
+                "spin",
+                "100000",
+                "5",
+                "ready",
+                "sleep",
+                "2500",
+                "spin",
+                "100000",
+                "20",
+                "ready",
+                "hold",
+            ],
+        );
         let mut out1 = BufReader::new(p1.stdout.take().unwrap());
-        let lines = read_until(&mut out1, "holding");
+        let lines = read_until(&mut out1, "ready");
         let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
         let path = rig.ledger_path();
         let held = (300 + 512) * MIB;
@@ -761,6 +790,13 @@ fn deleted_or_wiped_ledger_is_re_registered_by_idle_jobs() {
         assert!(
             dev <= GIB,
             "{fault}: {dev} bytes on the device, quota 1 GiB: {lines:?}"
+        );
+        // The idle job's kernel launches go on afterwards (never hang).
+        let lines = read_until(&mut out1, "ready");
+        assert_eq!(
+            field(&lines, "spin", "count"),
+            Some(20),
+            "{fault}: {lines:?}"
         );
         kill_and_check(p1, "the idle job");
         kill_and_check(p2, "the newcomer");

@@ -184,8 +184,14 @@ class TorchBackend:
             nn.Linear(d, d), nn.GELU(), nn.LayerNorm(d),
             nn.Linear(d, d),
         ).to(self.dev, dtype=t.bfloat16)
+        # fp32 conv2d (cuDNN) and fp32/fp16 matmuls (cuBLAS) besides the bf16 model
+        conv = nn.Conv2d(16, 16, 3, padding=1).to(self.dev)
+        img = t.randn(8, 16, 32, 32, device=self.dev)
+        m32 = t.randn(512, 512, device=self.dev)
+        self._extra = (conv, img, m32, m32.half())
         # foreach=False: one small kernel per parameter and op, as many as we can get
-        opt = t.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        opt = t.optim.AdamW(list(model.parameters()) + list(conv.parameters()), lr=1e-4,
+                            foreach=False)
         x = t.randn(256, d, device=self.dev, dtype=t.bfloat16)
         # a captured CUDA graph of many small elementwise kernels, replayed each step
         small = t.randn(64, 1024, device=self.dev)
@@ -230,9 +236,12 @@ class TorchBackend:
 
     def train_step(self):
         model, opt, x, g, small = self._train
+        conv, img, m32, m16 = self._extra
         out = model(x)
-        loss = out.float().pow(2).mean()
+        loss = out.float().pow(2).mean() + conv(img).relu().mean()
         loss.backward()
+        m32 @ m32
+        m16 @ m16
         opt.step()
         opt.zero_grad(set_to_none=True)
         g.replay()

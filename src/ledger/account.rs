@@ -32,6 +32,8 @@ const JOINED: u8 = 0;
 const WAITING: u8 = 1;
 const ALONE: u8 = 2;
 const REJOIN: u8 = 3;
+/// Left at exit: the watcher and later calls leave the ledger alone.
+const LEFT: u8 = 4;
 
 /// What this process asks of a GPU's ledger (owned [`JoinRequest`]).
 #[derive(Debug, Clone)]
@@ -596,8 +598,13 @@ impl Account {
     }
 
     /// Leave the ledger (exit handler). Safe while other threads allocate.
+    /// The account is LEFT first, so that the watcher thread (and any call
+    /// still made during a long teardown) does not take the slot we just
+    /// gave up for a damaged ledger and register the process again.
     pub fn leave(&self) {
-        if let Some((l, m)) = self.ledger() {
+        let joined = self.ledger();
+        self.state.store(LEFT, Ordering::Release);
+        if let Some((l, m)) = joined {
             l.leave(m);
         }
     }

@@ -255,7 +255,11 @@ impl Gate {
             let k = self.knobs();
             let w = self.token().load(SeqCst);
             let t = Token::unpack(w);
-            if k.native() || self.stop.load(Relaxed) {
+            // A ledger truncated, wiped or replaced under us (the process
+            // moved to another one, see `Ledger::is_usable`) holds no
+            // schedule any more: no control rather than waiting on words
+            // nobody else sees.
+            if k.native() || self.stop.load(Relaxed) || !self.ledger.is_usable() {
                 if k.native() && matches!(t.state, RUNNING | DRAINING) {
                     // No control: the slice in force is void (never charge a
                     // holder for time spent under policy 5).

@@ -17,6 +17,9 @@
  *                        events around the first: ms= (device time)
  *   graph NS N R         capture N launches + a memset + a D2H copy on a
  *                        stream, replay R times: before= after= (copied byte)
+ *   --linger-at-exit MS  (first) an exit handler, registered before any CUDA
+ *                        call and so run after the libraries', sleeps MS ms
+ *                        (as a framework's long teardown does)
  *   tables               where the driver's export tables live: the
  *                        library and offset of CUDART_INTERFACE and of
  *                        INTEGRITY_CHECK slot 1, from cuGetExportTable as
@@ -274,9 +277,18 @@ static void cmd_tables(void) {
     printf("\n");
 }
 
+static int linger_ms;
+static void linger(void) { usleep((useconds_t)linger_ms * 1000); }
+
 int main(int argc, char **argv) {
+    int first = 1;
+    if (argc > 2 && !strcmp(argv[1], "--linger-at-exit")) {
+        linger_ms = atoi(argv[2]);
+        atexit(linger);
+        first = 3;
+    }
     register_image();
-    for (int i = 1; i < argc; i++) {
+    for (int i = first; i < argc; i++) {
         const char *c = argv[i];
         if (!strcmp(c, "info")) cmd_info();
         else if (!strcmp(c, "meminfo")) cmd_meminfo();

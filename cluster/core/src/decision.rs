@@ -94,9 +94,22 @@ pub fn pod_request(pod: &Value) -> Result<Request, String> {
     for (key, init) in [("initContainers", true), ("containers", false)] {
         for c in pod["spec"][key].as_array().into_iter().flatten() {
             let res = &c["resources"];
-            let mem = quantity(&res["limits"][RESOURCE_GPU_MEM])
-                .or_else(|| quantity(&res["requests"][RESOURCE_GPU_MEM]))
-                .unwrap_or(0);
+            let raw = [
+                &res["limits"][RESOURCE_GPU_MEM],
+                &res["requests"][RESOURCE_GPU_MEM],
+            ]
+            .into_iter()
+            .find(|v| !v.is_null());
+            let mem = match raw {
+                None => 0,
+                Some(v) => quantity(v).ok_or_else(|| {
+                    format!(
+                        "container {:?} asks for {RESOURCE_GPU_MEM}={v}: not a whole number of GiB \
+                         (write e.g. 8, not 8Gi)",
+                        c["name"].as_str().unwrap_or("")
+                    )
+                })?,
+            };
             containers.push(ContainerRequest {
                 name: c["name"].as_str().unwrap_or("").to_string(),
                 mem,
@@ -378,6 +391,10 @@ mod tests {
         assert_eq!(r, Request::single(8, 2).renamed("c"));
         let bad = json!({"metadata": {"labels": {"aliyun.com/gpu-count": "two"}}, "spec": {}});
         assert!(pod_request(&bad).unwrap_err().contains("\"two\""));
+        let gi = json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"aliyun.com/gpu-mem": "8Gi"}}}]}});
+        assert!(pod_request(&gi)
+            .unwrap_err()
+            .contains("not a whole number of GiB"));
     }
 
     #[test]

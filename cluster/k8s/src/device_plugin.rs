@@ -237,6 +237,13 @@ impl Plugin {
     }
 
     /// Who owns these device ids, by the kubelet's records.
+    ///
+    /// PodResources lists app containers (and sidecars) with their device
+    /// ids; an exact match names the container. Plain init containers are
+    /// not listed, but the kubelet hands their devices on to the pod's later
+    /// containers, and device ids belong to one pod at a time: ids shared
+    /// with a listed container name the pod, and the pod's init container
+    /// asking for exactly that many GiB names the container.
     async fn owner(&self, ids: &[String]) -> Result<(String, String, String), String> {
         let mut want: Vec<&str> = ids.iter().map(String::as_str).collect();
         want.sort_unstable();
@@ -249,7 +256,8 @@ impl Plugin {
             .await
             .map_err(|e| format!("PodResources List failed: {e}"))?
             .into_inner();
-        for pod in list.pod_resources {
+        let mut sharing: Option<(String, String)> = None;
+        for pod in &list.pod_resources {
             for c in &pod.containers {
                 for d in c
                     .devices
@@ -261,13 +269,31 @@ impl Plugin {
                     if have == want {
                         return Ok((pod.namespace.clone(), pod.name.clone(), c.name.clone()));
                     }
+                    if have.iter().any(|h| want.binary_search(h).is_ok()) {
+                        sharing = Some((pod.namespace.clone(), pod.name.clone()));
+                    }
                 }
             }
         }
-        Err(format!(
-            "the kubelet lists no container holding {RESOURCE_GPU_MEM} devices {}",
-            ids.join(",")
-        ))
+        let not_listed = || {
+            format!(
+                "the kubelet lists no container holding {RESOURCE_GPU_MEM} devices {}",
+                ids.join(",")
+            )
+        };
+        let (ns, name) = sharing.ok_or_else(not_listed)?;
+        let pod = Api::<Pod>::namespaced(self.client.clone(), &ns)
+            .get(&name)
+            .await
+            .map_err(|e| format!("cannot read pod {ns}/{name}: {e}"))?;
+        let pod = to_value(&pod);
+        let req = cgpu_cluster_core::decision::pod_request(&pod)?;
+        let init = req
+            .containers
+            .iter()
+            .find(|c| c.init && c.mem == ids.len() as u64)
+            .ok_or_else(not_listed)?;
+        Ok((ns, name, init.name.clone()))
     }
 
     /// Checks the pod's decision and returns what the container gets.
@@ -392,9 +418,17 @@ impl Plugin {
     /// `PreStartContainer`: resolve, check, write the container's file.
     pub async fn pre_start(&self, ids: &[String]) -> Result<(), String> {
         let path = self.cfg.alloc_dir.join(alloc_file_name(ids));
-        let owner = self.owner(ids).await;
+        // The kubelet gives PreStartContainer 30 s; answer within them,
+        // with a reason, even when the API server or kubelet is slow.
+        let limit = Duration::from_secs(25);
+        let slow = || format!("no answer from the kubelet or the API server within {limit:?}");
+        let owner = tokio::time::timeout(limit, self.owner(ids))
+            .await
+            .unwrap_or_else(|_| Err(slow()));
         let result = match &owner {
-            Ok(o) => self.resolve_for(o, ids).await,
+            Ok(o) => tokio::time::timeout(limit, self.resolve_for(o, ids))
+                .await
+                .unwrap_or_else(|_| Err(slow())),
             Err(e) => Err(e.clone()),
         };
         match result {
@@ -475,6 +509,45 @@ impl Plugin {
         if let Err(e) = events.create(&PostParams::default(), &ev).await {
             tracing::warn!("cannot record an event on {ns}/{pod}: {e}");
         }
+    }
+}
+
+impl Plugin {
+    /// Removes allocation files no container listed by the kubelet holds
+    /// (pods gone while the plugin was down). A running container keeps
+    /// the file it has mounted; a container started again gets its file
+    /// written again at `PreStartContainer`. Returns how many were removed.
+    pub async fn clean_alloc_dir(&self) -> Result<usize, String> {
+        let channel = uds_channel(&self.cfg.pod_resources_socket)
+            .await
+            .map_err(|e| format!("cannot reach the kubelet's PodResources API: {e}"))?;
+        let list = pr::pod_resources_lister_client::PodResourcesListerClient::new(channel)
+            .list(pr::ListPodResourcesRequest {})
+            .await
+            .map_err(|e| format!("PodResources List failed: {e}"))?
+            .into_inner();
+        let keep: Vec<String> = list
+            .pod_resources
+            .iter()
+            .flat_map(|p| p.containers.iter())
+            .flat_map(|c| c.devices.iter())
+            .filter(|d| d.resource_name == RESOURCE_GPU_MEM)
+            .map(|d| alloc_file_name(&d.device_ids))
+            .collect();
+        let Ok(dir) = std::fs::read_dir(&self.cfg.alloc_dir) else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".env")
+                && !keep.contains(&name)
+                && std::fs::remove_file(e.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 }
 

@@ -122,7 +122,7 @@ impl Cluster {
             .devices("aliyun.com/gpu-mem", Duration::from_secs(60))
             .await;
         assert_eq!(devs.len(), gib);
-        for _ in 0..1000 {
+        for _ in 0..6000 {
             if self.extender.ready() && self.extender.metrics.nodes.get() == 1 {
                 return;
             }
@@ -490,8 +490,11 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
     assert!(before.ends_with("CGPU_DISABLE=true\n"), "{before}");
 
     // The plugin restarts: it registers again and the container's next
-    // start gets the same allocation.
+    // start gets the same allocation. A file left by a pod that went away
+    // meanwhile is removed.
     c.kill_plugin();
+    let stale = c.dir.join("alloc/0123456789abcdef01234567.env");
+    std::fs::write(&stale, "CGPU_CONTAINER_ID=gone\n").unwrap();
     c.start_plugin();
     let registers = |c: &Cluster| {
         c.kubelet
@@ -500,7 +503,7 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
             .filter(|s| *s == "Register aliyun.com/gpu-mem")
             .count()
     };
-    for _ in 0..500 {
+    for _ in 0..3000 {
         if registers(&c) == 2 {
             break;
         }
@@ -514,13 +517,14 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
         .await
         .unwrap();
     assert_eq!(file(&again), before);
+    assert!(!stale.exists(), "stale allocation file left");
 
     // The kubelet restarts (removing the plugin's sockets): the plugin
     // registers a third time; old allocations still resolve, new pods run.
     c.kubelet.restart().await;
     let devs = c
         .kubelet
-        .devices("aliyun.com/gpu-mem", Duration::from_secs(30))
+        .devices("aliyun.com/gpu-mem", Duration::from_secs(60))
         .await;
     assert_eq!(devs.len(), 30);
     assert_eq!(registers(&c), 3);
@@ -621,4 +625,36 @@ async fn gpu_uuids_that_changed_since_scheduling_still_resolve() {
     );
     let out = c.exec(&s, &["devcount"]);
     assert_eq!(field(line(&out, "devcount"), "n"), Some("2"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_init_container_gets_its_own_share_though_podresources_does_not_list_it() {
+    let c = Cluster::new("init", &[V100], json!({})).await;
+    c.ready(15).await;
+    c.api.put(
+        "pods",
+        json!({"metadata": {"name": "with-init", "namespace": "default"},
+               "spec": {"initContainers": [gpu_container("setup", 4)],
+                        "containers": [gpu_container("main", 2)]}}),
+    );
+    let pod = c.get("with-init");
+    c.schedule(&pod).await.unwrap();
+    let pod = c.get("with-init");
+    // The pod needs the larger of its init container and its app containers.
+    assert_eq!(Decision::from_pod(&pod).unwrap().per_gpu, 4);
+    let alloc = c.kubelet.admit(&pod).await.unwrap();
+    for (container, share) in [("setup", 4), ("main", 2)] {
+        let s = c
+            .kubelet
+            .start_container(&pod, container, &alloc[container])
+            .await
+            .unwrap();
+        let file = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
+        assert!(
+            file.starts_with(&format!(
+                "CGPU_CONTAINER_ID=default/with-init/{container}\nALIYUN_COM_GPU_MEM_CONTAINER={share}\n"
+            )),
+            "{file}"
+        );
+    }
 }

@@ -85,6 +85,11 @@ async fn main() -> ExitCode {
         plugin.node.gpus.iter().map(|g| g.gib).sum::<u64>(),
         cgpu_cluster_core::names::RESOURCE_GPU_MEM
     );
+    match plugin.clean_alloc_dir().await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!("removed {n} allocation files of containers that are gone"),
+        Err(e) => tracing::warn!("allocation files not cleaned: {e}"),
+    }
     device_plugin::run(plugin, async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");

@@ -42,6 +42,9 @@ struct State {
     plugins: HashMap<String, Registered>,
     /// (namespace, pod, container, resource) → device ids.
     checkpoint: BTreeMap<(String, String, String, String), Vec<String>>,
+    /// (namespace, pod, container) of init containers (not listed by
+    /// PodResources, like the kubelet's).
+    init: Vec<(String, String, String)>,
     calls: Vec<String>,
     /// The ListAndWatch readers (ended when the kubelet "dies").
     readers: Vec<tokio::task::AbortHandle>,
@@ -137,6 +140,12 @@ impl pr::pod_resources_lister_server::PodResourcesLister for PodResourcesSvc {
         let st = self.state.lock();
         let mut pods: BTreeMap<(String, String), pr::PodResources> = BTreeMap::new();
         for ((ns, pod, container, resource), ids) in &st.checkpoint {
+            if st
+                .init
+                .contains(&(ns.clone(), pod.clone(), container.clone()))
+            {
+                continue;
+            }
             let p = pods
                 .entry((ns.clone(), pod.clone()))
                 .or_insert_with(|| pr::PodResources {
@@ -220,9 +229,9 @@ impl Started {
     }
 }
 
-fn container_requests(pod: &Value) -> Vec<(String, u64)> {
+fn container_requests(pod: &Value) -> Vec<(String, u64, bool)> {
     let mut out = Vec::new();
-    for key in ["initContainers", "containers"] {
+    for (key, init) in [("initContainers", true), ("containers", false)] {
         for c in pod["spec"][key].as_array().into_iter().flatten() {
             let q = &c["resources"]["limits"]["aliyun.com/gpu-mem"];
             let n = q
@@ -230,7 +239,7 @@ fn container_requests(pod: &Value) -> Vec<(String, u64)> {
                 .and_then(|s| s.parse().ok())
                 .or_else(|| q.as_u64())
                 .unwrap_or(0);
-            out.push((c["name"].as_str().unwrap_or("").to_string(), n));
+            out.push((c["name"].as_str().unwrap_or("").to_string(), n, init));
         }
     }
     out
@@ -370,7 +379,10 @@ impl Kubelet {
         let name = pod["metadata"]["name"].as_str().unwrap_or("").to_string();
         let resource = "aliyun.com/gpu-mem".to_string();
         let mut out = BTreeMap::new();
-        for (container, n) in container_requests(pod) {
+        // Devices an init container held are handed on to the pod's later
+        // containers first (the kubelet's devicesToReuse).
+        let mut reuse: Vec<String> = Vec::new();
+        for (container, n, init) in container_requests(pod) {
             if n == 0 {
                 continue;
             }
@@ -383,20 +395,25 @@ impl Kubelet {
                     .unwrap_or_default();
                 let used: Vec<String> = st.checkpoint.values().flatten().cloned().collect();
                 let mut free: Vec<String> = all.into_iter().filter(|d| !used.contains(d)).collect();
-                if (free.len() as u64) < n {
+                let mut ids: Vec<String> = reuse.iter().take(n as usize).cloned().collect();
+                reuse.retain(|d| !ids.contains(d));
+                if ((free.len() + ids.len()) as u64) < n {
                     return Err(format!(
                         "insufficient {resource}: {} free, {n} asked",
                         free.len()
                     ));
                 }
-                let mut ids = Vec::new();
-                for _ in 0..n {
+                while (ids.len() as u64) < n {
                     st.seed = st
                         .seed
                         .wrapping_mul(6_364_136_223_846_793_005)
                         .wrapping_add(1_442_695_040_888_963_407);
                     let i = (st.seed >> 33) as usize % free.len();
                     ids.push(free.swap_remove(i));
+                }
+                if init {
+                    st.init.push((ns.clone(), name.clone(), container.clone()));
+                    reuse = ids.clone();
                 }
                 ids
             };
