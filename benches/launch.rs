@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 static MEMBER: AtomicUsize = AtomicUsize::new(0);
 static LEDGER: AtomicPtr<Ledger> = AtomicPtr::new(std::ptr::null_mut());
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use std::ffi::{c_char, c_void};
 use std::hint::black_box;
 use std::time::Duration;
@@ -41,9 +41,14 @@ struct Sim {
     f: Ptr,
 }
 
+/// The run's simulated GPU state and ledger (removed at the end).
+fn bench_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("cgpu-sched-bench-{}", std::process::id()))
+}
+
 fn setup() -> Sim {
     let a = cgpu_testkit::artifacts();
-    let dir = std::env::temp_dir().join(format!("cgpu-sched-bench-{}", std::process::id()));
+    let dir = bench_dir();
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::env::set_var("CGPU_SIM_STATE", dir.join("sim"));
@@ -226,4 +231,9 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let _ = std::fs::remove_dir_all(bench_dir());
+}

@@ -294,7 +294,7 @@ impl Demo {
         println!(
             "cgpu demo: two containers share one simulated NVIDIA A10 (23028 MiB), no GPU needed"
         );
-        println!("\n[1/6] building libcgpu.so, the simulated driver and the tools (cargo build --workspace)");
+        println!("\n[1/6] building libcgpu.so, the simulated driver and the tools (cargo build)");
         let a = cgpu_testkit::artifacts();
         println!(
             "      done in {:.1}s: {}",

@@ -3,7 +3,7 @@
 #
 # Runs on a machine with an NVIDIA GPU, its driver, CUDA and PyTorch installed,
 # and no network. Checks, with libcgpu.so in LD_PRELOAD:
-#   1  mem_get_info / cuDeviceTotalMem / nvidia-smi show the SPEC §1 quota
+#   1  mem_get_info / cuDeviceTotalMem / nvidia-smi show the container's quota
 #      (with and without ALIYUN_COM_GPU_MEM_DEV); CGPU_DISABLE=true the physical total
 #   2  allocating past the quota raises the framework's OOM (default allocator
 #      and expandable segments / cuMemCreate); freed memory is usable again
@@ -17,6 +17,8 @@
 # Without PyTorch the same checks run on the driver API through cuda-bindings,
 # and without nvidia-smi NVML is read through nvidia-ml-py; so `--sim` runs the
 # whole script on the simulated driver (target/*/libcgpu_sim.so), as CI does.
+# `--sim --framework torch --tensorflow` runs it with the real frameworks on
+# the simulated driver (pinned, from scripts/frameworks.sh): ~8 minutes more.
 #
 # Writes a full log (--log FILE, default gpu-check-<date>.log), prints a table
 # (check, expected, measured, PASS/FAIL/SKIP) at the end, exits 1 when a check

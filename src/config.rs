@@ -1,11 +1,11 @@
-//! The container's environment (SPEC §1), parsed once.
+//! The container's environment (README: the environment table), parsed once.
 //!
 //! Every parser here is a pure function of the variable's value, with unit
-//! tests for the seed vectors. [`get`] reads the process environment the first
+//! tests for the test vectors (T4, V100, A10 with `ALIYUN_COM_GPU_MEM_DEV`). [`get`] reads the process environment the first
 //! time it is called (lazily, from the first hooked call, never from a
 //! library constructor) and logs one clear error per bad value. Any bad value
 //! switches the whole library to pass-through ("isolation OFF"), which is
-//! the safe behaviour SPEC §1 asks for: the job runs unchanged, and the log
+//! the safe behaviour the README promises: the job runs unchanged, and the log
 //! says that nothing is enforced.
 
 use std::ffi::CString;
@@ -26,7 +26,7 @@ pub enum Mode {
     /// No isolation: every call passes through unchanged (unset variables, or
     /// a bad value anywhere).
     PassThrough,
-    /// Quotas enforced (SPEC §2).
+    /// Quotas enforced.
     Enforce,
     /// `CGPU_DISABLE=true`: physical view, usage recorded in the ledger only.
     Record,
@@ -135,7 +135,7 @@ pub fn container_gib(list: &[u64], i: usize) -> u64 {
     }
 }
 
-/// SPEC §1: `floor(physical * container / dev)` with `ALIYUN_COM_GPU_MEM_DEV`,
+/// `floor(physical * container / dev)` with `ALIYUN_COM_GPU_MEM_DEV`,
 /// else `container` GiB exactly.
 pub fn visible_total(physical_bytes: u64, container_gib: u64, dev_gib: Option<u64>) -> u64 {
     match dev_gib {
@@ -799,7 +799,7 @@ mod tests {
             (Err("No such file or directory (os error 2)"), "No such file"),
             (Ok(""), "CGPU_CONTAINER_ID is missing"),
             (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=4\n"), "ALIYUN_COM_GPU_MEM_DEV is missing"),
-            (Ok(&"LD_PRELOAD=/x\n"), "unknown key LD_PRELOAD"),
+            (Ok("LD_PRELOAD=/x\n"), "unknown key LD_PRELOAD"),
             (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=four\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a\n"), "ALIYUN_COM_GPU_MEM_CONTAINER='four'"),
             (Ok("CGPU_CONTAINER_ID=x\nALIYUN_COM_GPU_MEM_CONTAINER=0\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a\n"), "grants no GPU memory"),
         ];

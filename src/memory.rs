@@ -1,4 +1,4 @@
-//! The memory quota (SPEC §2): per-GPU accounting against the ledger, the
+//! The memory quota: per-GPU accounting against the ledger, the
 //! per-allocation bookkeeping that makes every free path give back exactly
 //! what was taken (once), and the quota view of memory info.
 //!

@@ -1,4 +1,4 @@
-//! Every way a client reaches the driver is caught (SPEC §2): a C client
+//! Every way a client reaches the driver is caught: a C client
 //! compiled three ways against the real headers (linked `-lcuda`, `dlsym` on
 //! its own handle, `cuGetProcAddress_v2`), unmodified cuda-bindings and
 //! nvidia-ml-py; `cuGetProcAddress` hands back our hook for exactly the
@@ -11,7 +11,7 @@ use interpose_common::*;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The seed vectors of SPEC §1: (physical MiB, DEV, CONTAINER, expected MiB).
+/// The memory test vectors of the README's environment table: (physical MiB, DEV, CONTAINER, expected MiB).
 const SEEDS: &[(u64, &str, &str, u64)] = &[
     (15109, "15", "6", 6043),
     (16160, "15", "4", 4309),

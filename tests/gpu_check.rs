@@ -158,7 +158,7 @@ fn gpu_check_script_runs_on_the_sim() {
         "CuPy is not in the test venv"
     );
     assert_eq!(run.rows["6c"].status, "SKIP", "JAX is not in the test venv");
-    // The seed's vector: T4 15109 MiB, DEV 15, CONTAINER 6 -> 6043 MiB.
+    // The README's vector: T4 15109 MiB, DEV 15, CONTAINER 6 -> 6043 MiB.
     assert!(
         run.rows["1c"].measured.contains("total 6043 MiB"),
         "{:?}",

@@ -1,4 +1,4 @@
-//! Memory isolation on the simulated driver (SPEC §2), with real processes
+//! Memory isolation on the simulated driver, with real processes
 //! under `LD_PRELOAD`: every allocation family, the container's quota shared
 //! by its processes and never passed under racing, containers isolated from
 //! each other, `kill -9` at random points, `fork` and threads, pass-through

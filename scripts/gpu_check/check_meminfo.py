@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check 1: the memory the container sees (SPEC §1).
+"""Check 1: the memory the container sees.
 
 With ALIYUN_COM_GPU_MEM_CONTAINER=6 and ALIYUN_COM_GPU_MEM_DEV=<GPU's GiB>,
 the framework's mem_get_info/cuMemGetInfo total and device total, and NVML

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Check 4: compute shares (SPEC §4).
+"""Check 4: compute shares (docs/scheduling.md).
 
 4a  two containers at weights 1:2 (ALIYUN_COM_GPU_SCHD_WEIGHT, policy 2, also
     set with `cgpuctl set policy 2` when cgpuctl is there) run the same loop
@@ -25,8 +25,8 @@ def windows():
 
 
 def tol():
-    # the goal on real hardware is an error <= 3% (issue 4); we pass at 5%
-    # there, 10% on the noisy simulated machine (as the issue's own tests)
+    # the goal on real hardware is an error <= 3% (docs/scheduling.md); we pass at 5%
+    # there, 10% on the noisy simulated machine (as tests/sched.rs)
     return 0.10 if c.SIM else 0.05
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Check 3: the processes of one container share one quota; another
-container has its own (SPEC §2). Quota 2 GiB each (no DEV):
+container has its own. Quota 2 GiB each (no DEV):
 
   A1 (container A) holds 1 GiB;
   A2 (container A) sees at most quota - 1 GiB free and can take no more;

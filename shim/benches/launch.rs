@@ -7,15 +7,20 @@
 
 use cgpu_ffi::*;
 use cgpu_sim::cuda::*;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 use std::ffi::c_void;
 use std::time::Duration;
 
 const N: u64 = 2000;
 const NS: u64 = 5_000;
 
+/// The simulated GPU's state directory of this run (removed at the end).
+fn state_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("cgpu-sim-bench-{}", std::process::id()))
+}
+
 fn setup() -> CUfunction {
-    let dir = std::env::temp_dir().join(format!("cgpu-sim-bench-{}", std::process::id()));
+    let dir = state_dir();
     std::env::set_var("CGPU_SIM_STATE", &dir);
     let ptx =
         c".version 7.0\n.target sm_52\n.visible .entry cgpu_sim_spin(.param .u64 a)\n{ ret; }\n";
@@ -80,4 +85,9 @@ fn bench(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    let _ = std::fs::remove_dir_all(state_dir());
+}

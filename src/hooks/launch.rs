@@ -14,7 +14,7 @@ type Ptr = *mut c_void;
 
 /// SCHEDULER ADMISSION POINT: every launch hook calls this before the real
 /// launch, with the stream the work goes to. It may hold the calling thread
-/// back (SPEC §4); it never allocates or locks when the container is within
+/// back (see `crate::scheduler`); it never allocates or locks when the container is within
 /// its share.
 #[inline(always)]
 fn admit(stream: CUstream) {

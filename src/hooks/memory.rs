@@ -1,4 +1,4 @@
-//! Memory hooks (SPEC §2): every allocation family reserves against the
+//! Memory hooks: every allocation family reserves against the
 //! container's quota BEFORE the real allocator runs, gives the reservation
 //! back if the driver fails, and records what it took; every free path gives
 //! back exactly that, once. Unknown pointers and double frees go to the

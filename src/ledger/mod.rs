@@ -1,4 +1,4 @@
-//! The per-GPU shared-memory ledger (SPEC §2–§3).
+//! The per-GPU shared-memory ledger (docs/ledger.md).
 //!
 //! One file per physical GPU, named by UUID (`<dir>/<uuid>.ledger`), mapped
 //! `MAP_SHARED` by every process of every container on the host. The layout
@@ -62,7 +62,7 @@ pub const SLOT_LIVE: u32 = 2;
 pub const DEFAULT_POLICY: u32 = 1;
 pub const DEFAULT_MAX_INST: u32 = 16;
 pub const DEFAULT_PRIO_RATIO: u32 = 80;
-/// Knob ranges (SPEC §3).
+/// Knob ranges (cGPU's `/proc/cgpu_km` nodes; README, docs/tools.md).
 pub const POLICY_MAX: u32 = 5;
 pub const MAX_INST_RANGE: std::ops::RangeInclusive<u32> = 1..=25;
 pub const PRIO_RATIO_RANGE: std::ops::RangeInclusive<u32> = 20..=99;
@@ -94,7 +94,7 @@ pub struct LedgerHeader {
     pub physical_total: u64,
     /// CLOCK_REALTIME ns at creation.
     pub created_ns: u64,
-    /// Compute policy 0..=5 (SPEC §4).
+    /// Compute policy 0..=5 (docs/scheduling.md).
     pub policy: AtomicU32,
     /// 1 once an operator set the policy explicitly (then a weight > 1 does not switch it to 2).
     pub policy_explicit: AtomicU32,
@@ -834,7 +834,7 @@ impl Ledger {
         for w in &slot.sched {
             w.store(0, Ordering::Relaxed);
         }
-        // The requested weight counts, even if clamped (SPEC §1).
+        // The requested weight counts, even if clamped (`ALIYUN_COM_GPU_SCHD_WEIGHT`, README).
         self.weight_switches_policy(req.weight);
         slot.state.store(SLOT_LIVE, Ordering::Release);
         Ok(c)
@@ -1426,7 +1426,7 @@ impl Ledger {
 /// `knob_generation` so running jobs notice. A smaller `memsize` than what
 /// is held refuses further allocations; it never frees memory under a job.
 impl Ledger {
-    /// SPEC §1/§3: a weight > 1 switches the GPU to policy 2 unless an
+    /// A weight > 1 switches the GPU to policy 2 unless an
     /// operator set the policy explicitly (at join and on `set_weight`).
     fn weight_switches_policy(&self, weight: u32) {
         let h = &self.file().header;
@@ -1585,7 +1585,7 @@ fn settings_differ(slot: &ContainerSlot, req: &JoinRequest<'_>) -> Option<(Strin
     (!has.is_empty()).then(|| (has.join(", "), asked.join(", ")))
 }
 
-/// `free_weight` of SPEC §3: `max_inst − Σ weights of live containers`, never below 0.
+/// `free_weight`: `max_inst − Σ weights of live containers`, never below 0.
 pub fn free_weight(f: &LedgerFile) -> u32 {
     let used: u32 = f
         .containers

@@ -1,4 +1,4 @@
-//! Compute scheduling (SPEC §4): policies 0–5, weights, high priority.
+//! Compute scheduling: policies 0–5, weights, high priority.
 //!
 //! - the launch hooks call [`admit_launch`] before every kernel launch
 //!   (`cuLaunchKernel`, `cuLaunchKernelEx`, cooperative, `cuGraphLaunch`,

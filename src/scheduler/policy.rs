@@ -1,4 +1,4 @@
-//! Shares by policy (SPEC §4): pure functions, no clock, no ledger.
+//! Shares by policy (docs/scheduling.md): pure functions, no clock, no ledger.
 
 /// `<gpu>/policy` values.
 pub const FAIR_SHARE: u32 = 0;

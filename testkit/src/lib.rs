@@ -57,8 +57,13 @@ pub struct Artifacts {
 }
 
 impl Artifacts {
-    /// A binary of the workspace, e.g. `bin("cgpu-smi")`.
+    /// A binary of the workspace, e.g. `bin("cgpu-smi")`; a Kubernetes
+    /// component's (`cgpu-device-plugin`, …) is built on first use.
     pub fn bin(&self, name: &str) -> PathBuf {
+        if !ROOT_BINS.contains(&name) {
+            static CLUSTER: OnceLock<()> = OnceLock::new();
+            CLUSTER.get_or_init(|| cargo_build(&["build", "-p", "cgpu-cluster", "--bins"]));
+        }
         self.profile_dir.join(name)
     }
 }
@@ -72,24 +77,39 @@ pub fn profile() -> &'static str {
     }
 }
 
-/// Builds the whole workspace once per test process (`cargo build --workspace`,
-/// `--release` for release test builds) and returns the artifact paths.
+fn cargo_build(args: &[&str]) {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root()).args(args);
+    if !cfg!(debug_assertions) {
+        cmd.arg("--release");
+    }
+    let out = cmd.output().expect("run cargo build");
+    assert!(
+        out.status.success(),
+        "cargo {} failed:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The binaries `cargo build` at the root makes; any other name asked of
+/// [`Artifacts::bin`] is a Kubernetes component, built then.
+const ROOT_BINS: &[&str] = &["cgpu-smi", "cgpuctl", "cgpu-sim-stat"];
+
+/// Builds, once per test process, what `cargo build` at the root builds
+/// (the library, the simulated driver, the tools) and returns the artifact
+/// paths; `--release` for release builds (the demo). The same command as the
+/// README's, so `libcgpu.so` is built with the same features as there, as by
+/// `cargo run --release --example demo` and as by `cargo test -p cgpu`: none
+/// of them rebuilds another's. The Kubernetes components are built when
+/// [`Artifacts::bin`] is first asked for one of theirs, in an invocation of
+/// their own: their dependencies (tonic, kube) turn on features of `tracing`
+/// and `smallvec` that would otherwise change the library's build.
 pub fn artifacts() -> &'static Artifacts {
     static A: OnceLock<Artifacts> = OnceLock::new();
     A.get_or_init(|| {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.current_dir(workspace_root())
-            .args(["build", "--workspace", "--bins", "--lib"]);
-        if !cfg!(debug_assertions) {
-            cmd.arg("--release");
-        }
-        let out = cmd.output().expect("run cargo build");
-        assert!(
-            out.status.success(),
-            "cargo build --workspace failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        cargo_build(&["build", "--bins", "--lib"]);
         let profile_dir = target_dir().join(profile());
         let libsim = profile_dir.join("libcgpu_sim.so");
         let sim_lib_dir = profile_dir.join("sim-libdir");
