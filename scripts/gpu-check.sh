@@ -17,6 +17,8 @@
 # Without PyTorch the same checks run on the driver API through cuda-bindings,
 # and without nvidia-smi NVML is read through nvidia-ml-py; so `--sim` runs the
 # whole script on the simulated driver (target/*/libcgpu_sim.so), as CI does.
+# `--sim --framework torch --tensorflow` runs it with the real frameworks on
+# the simulated driver (pinned, from scripts/frameworks.sh): ~8 minutes more.
 #
 # Writes a full log (--log FILE, default gpu-check-<date>.log), prints a table
 # (check, expected, measured, PASS/FAIL/SKIP) at the end, exits 1 when a check

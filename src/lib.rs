@@ -1,12 +1,16 @@
 //! cgpu: GPU sharing for containers. See README.md and docs/.
 
+mod api;
 pub mod config;
-pub mod driver;
 pub mod hooks;
 pub mod ledger;
 pub mod log;
 pub mod memory;
+pub mod process;
 pub mod scheduler;
+
+/// The real driver's loader (kept at its old path: `process::driver`).
+pub use process::driver;
 
 /// `cgpu-library-version=X.Y.Z` between NULs: how the tools read the version
 /// of an installed `libcgpu.so` from its file, without loading it

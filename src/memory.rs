@@ -174,6 +174,10 @@ pub fn quota_free(quota: u64, used: u64, phys_free: u64) -> u64 {
 /// This process's state. Replaced (the old one leaked, never touched: its
 /// locks may be held by threads that do not exist in the child) after `fork`.
 pub struct Proc {
+    /// The fork generation it was made in (`process::fork`).
+    generation: u64,
+    /// GPU ledgers opened read-only to answer views ([`peek`]).
+    peeked: Mutex<Vec<(String, &'static Ledger)>>,
     pid: u32,
     gpus: Mutex<Vec<&'static Gpu>>,
     by_cuda: [AtomicPtr<Gpu>; MAX_GPUS],
@@ -260,10 +264,18 @@ extern "C" fn at_exit() {
 
 /// The process state, created on first use (and again in a forked child).
 pub fn proc_state() -> &'static Proc {
-    let p = PROC.load(Ordering::Acquire);
+    let generation = crate::process::fork::generation();
+    let mut p = PROC.load(Ordering::Acquire);
     if !p.is_null() {
         // SAFETY: PROC only ever holds leaked Box<Proc>s.
-        return unsafe { &*p };
+        let cur = unsafe { &*p };
+        if cur.generation == generation {
+            return cur;
+        }
+        // Made before a fork (its locks may be held by threads this child
+        // does not have): abandoned, never touched again.
+    } else {
+        p = std::ptr::null_mut();
     }
     HANDLERS.call_once(|| {
         // SAFETY: registering plain extern "C" handlers that touch only atomics
@@ -274,6 +286,8 @@ pub fn proc_state() -> &'static Proc {
         }
     });
     let fresh = Box::into_raw(Box::new(Proc {
+        generation,
+        peeked: Mutex::new(Vec::new()),
         pid: std::process::id(),
         gpus: Mutex::new(Vec::new()),
         by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
@@ -281,19 +295,21 @@ pub fn proc_state() -> &'static Proc {
         vmm: Mutex::new(Vmm::default()),
         pools: Mutex::new(HashMap::new()),
     }));
-    match PROC.compare_exchange(
-        std::ptr::null_mut(),
-        fresh,
-        Ordering::AcqRel,
-        Ordering::Acquire,
-    ) {
+    match PROC.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
         // SAFETY: we just published our leaked box.
         Ok(_) => unsafe { &*fresh },
         Err(winner) => {
-            // SAFETY: fresh was never published; winner is a leaked box.
-            unsafe {
-                drop(Box::from_raw(fresh));
-                &*winner
+            // SAFETY: fresh was never published.
+            drop(unsafe { Box::from_raw(fresh) });
+            if winner.is_null() {
+                return proc_state();
+            }
+            // SAFETY: winner is a leaked box; it is checked like any other.
+            let w = unsafe { &*winner };
+            if w.generation == generation {
+                w
+            } else {
+                proc_state()
             }
         }
     }
@@ -601,8 +617,7 @@ impl Peek {
 
 /// The GPU's ledger, opened once per process for reading (never created).
 fn peek_ledger(uuid: &str) -> Option<&'static Ledger> {
-    static OPENED: Mutex<Vec<(String, &'static Ledger)>> = Mutex::new(Vec::new());
-    let mut opened = OPENED.lock();
+    let mut opened = proc_state().peeked.lock();
     if let Some((_, l)) = opened.iter().find(|(u, _)| u.eq_ignore_ascii_case(uuid)) {
         return Some(l);
     }
@@ -809,6 +824,54 @@ mod tests {
             primary_bytes: AtomicU64::new(0),
             primary_ctx: AtomicUsize::new(0),
         }
+    }
+
+    fn test_proc() -> Proc {
+        Proc {
+            generation: 0,
+            peeked: Mutex::new(Vec::new()),
+            pid: 1,
+            gpus: Mutex::new(Vec::new()),
+            by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
+            allocs: Mutex::new(HashMap::new()),
+            vmm: Mutex::new(Vmm::default()),
+            pools: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A `cuMemCreate` charge lasts until every handle reference is released
+    /// and the last mapping is gone, in any order; unknown handles and
+    /// ranges change nothing.
+    #[test]
+    fn vmm_charge_follows_references_and_mappings() {
+        let g: &'static Gpu = Box::leak(Box::new(local_gpu(Some(1000), true)));
+        let p = test_proc();
+        assert!(g.reserve(100));
+        p.vmm_created(7, g, 100);
+        p.vmm_mapped(0x1000, 0x200, 7);
+        p.vmm_mapped(0x2000, 0x200, 7);
+        p.vmm_retained(7);
+        p.vmm_released(7);
+        p.vmm_released(7);
+        assert_eq!(g.container_used(), 100, "still mapped twice");
+        p.vmm_unmapped(0x1000, 0x100);
+        assert_eq!(g.container_used(), 100, "a partial range unmaps nothing");
+        p.vmm_unmapped(0x1000, 0x200);
+        assert_eq!(g.container_used(), 100, "one mapping left");
+        p.vmm_unmapped(0x2000, 0x200);
+        assert_eq!(g.container_used(), 0, "given back with the last mapping");
+        p.vmm_released(7);
+        p.vmm_unmapped(0x0, u64::MAX);
+        assert_eq!(g.container_used(), 0, "once");
+        // Released first, mappings gone in one wide unmap.
+        assert!(g.reserve(50));
+        p.vmm_created(8, g, 50);
+        p.vmm_mapped(0x4000, 0x100, 8);
+        p.vmm_mapped(0x5000, 0x100, 8);
+        p.vmm_released(8);
+        p.vmm_unmapped(0x4000, 0x2000);
+        assert_eq!(g.container_used(), 0);
+        assert_eq!(p.vmm_charged(), 0);
     }
 
     #[test]

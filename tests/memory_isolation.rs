@@ -951,8 +951,10 @@ fn vmm_memory_outlives_its_context_and_stays_charged() {
     assert_eq!(infos[1]["free"].as_u64().unwrap(), GIB - CTX, "{out}");
 }
 
-/// A stream-ordered allocation from a pool lands on the pool's device, not
-/// the current context's; destroying the pool frees what is still out in it.
+/// A stream-ordered allocation from a pool lands on the pool's device (a
+/// pool made with `cuMemPoolCreate` or a device's default pool), not the
+/// current context's nor the stream's; destroying the pool frees what is
+/// still out in it.
 #[test]
 fn pool_allocations_are_charged_to_the_pools_device_and_freed_with_it() {
     let m = Machine::new("pooldev", "23028:NVIDIA A10,23028:NVIDIA A10");
@@ -975,6 +977,13 @@ fn pool_allocations_are_charged_to_the_pools_device_and_freed_with_it() {
             "ready",
             "waitline",
             "pooldestroy",
+            "setctx",
+            "1",
+            "defpool",
+            "0",
+            "poolalloc",
+            &mib100,
+            "ready",
             "hold",
         ],
     );
@@ -1002,6 +1011,11 @@ fn pool_allocations_are_charged_to_the_pools_device_and_freed_with_it() {
     assert_eq!(op(&rest, "pooldestroy")["rc"], 0, "{rest}");
     assert_eq!(sim(1), CTX, "the sim freed the pool's allocation");
     assert_eq!(used(1), CTX, "and the quota got it back");
+    // GPU 0's default pool used from a stream of GPU 1: GPU 0's memory.
+    assert_eq!(op(&rest, "poolalloc")["rc"], 0, "{rest}");
+    assert_eq!(sim(0), CTX + 100 * MIB, "the sim put it on GPU 0");
+    assert_eq!(used(0), CTX + 100 * MIB, "charged on the pool's GPU");
+    assert_eq!(used(1), CTX, "not on the stream's");
     let _ = k.kill();
     let _ = k.wait();
 }

@@ -169,6 +169,16 @@ pub struct CUDA_LAUNCH_PARAMS {
     pub kernelParams: *mut *mut c_void,
 }
 
+/// `CUgraphEdgeData` (CUDA 12.3).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct CUgraphEdgeData {
+    pub from_port: u8,
+    pub to_port: u8,
+    pub type_: u8,
+    pub reserved: [u8; 5],
+}
+
 /// `CUuuid`.
 #[repr(C)]
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
@@ -231,9 +241,9 @@ pub struct CUDA_ARRAY_DESCRIPTOR {
 }
 
 /// `CUDA_ARRAY_DESCRIPTOR_v1` (legacy `cuArrayCreate`: 32-bit sizes). The
-/// header declares the `_v1` structs only under `__CUDA_API_VERSION_INTERNAL`,
-/// so `shim/tests/abi.rs` cannot compile against them: their layout (every
-/// field 4 bytes) is pinned by the unit test below.
+/// header declares the `_v1` structs only under `__CUDA_API_VERSION_INTERNAL`;
+/// `tests/entry_paths.rs` (`v1_descriptors_match_cuda_h`) compiles against
+/// them with it defined and compares their layout with ours.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
@@ -405,21 +415,3 @@ pub const NVML_DEVICE_NAME_BUFFER_SIZE: u32 = 64;
 pub const NVML_DEVICE_NAME_V2_BUFFER_SIZE: u32 = 96;
 pub const NVML_DEVICE_UUID_BUFFER_SIZE: u32 = 80;
 pub const NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE: u32 = 80;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::mem::{offset_of, size_of};
-
-    /// The legacy `_v1` array descriptors, as `cuda.h` declares them in its
-    /// internal section: 32-bit fields only.
-    #[test]
-    fn v1_array_descriptors() {
-        assert_eq!(size_of::<CUDA_ARRAY_DESCRIPTOR_v1>(), 16);
-        assert_eq!(offset_of!(CUDA_ARRAY_DESCRIPTOR_v1, Format), 8);
-        assert_eq!(offset_of!(CUDA_ARRAY_DESCRIPTOR_v1, NumChannels), 12);
-        assert_eq!(size_of::<CUDA_ARRAY3D_DESCRIPTOR_v1>(), 24);
-        assert_eq!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR_v1, Format), 12);
-        assert_eq!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR_v1, Flags), 20);
-    }
-}

@@ -87,6 +87,16 @@ for line in sys.stdin:
 '''
 
 
+def report(what, times, scale, unit):
+    """Median and best (least disturbed) round of each, as ratios."""
+    b, p = statistics.median(times[False]), statistics.median(times[True])
+    bb, pb = min(times[False]), min(times[True])
+    print("ratio %s: %.3fx median (%.3f vs %.3f %s), %.3fx best (%.3f vs %.3f %s), "
+          "with vs without libcgpu.so, %d rounds"
+          % (what, p / b, p * scale, b * scale, unit, pb / bb, pb * scale, bb * scale, unit,
+             ROUNDS), flush=True)
+
+
 def env(preload):
     e = dict(os.environ)
     e.pop("LD_PRELOAD", None)
@@ -106,9 +116,7 @@ def startup():
             t = float(out.strip().splitlines()[-1])
             times[pre].append(t)
             print("startup %-7s round %d: %.3f s" % ("preload" if pre else "bare", i, t), flush=True)
-    b, p = statistics.median(times[False]), statistics.median(times[True])
-    print("ratio startup: %.3fx (median %.3f s with libcgpu.so vs %.3f s without, %d rounds)"
-          % (p / b, p, b, ROUNDS), flush=True)
+    report("startup", times, 1.0, "s")
 
 
 def steps():
@@ -131,9 +139,7 @@ def steps():
     for p in procs.values():
         p.stdin.close()
         p.wait(timeout=60)
-    b, p = statistics.median(times[False]), statistics.median(times[True])
-    print("ratio step: %.3fx (median %.3f ms/step with libcgpu.so vs %.3f ms without, %d rounds)"
-          % (p / b, p * 1e3, b * 1e3, ROUNDS), flush=True)
+    report("step", times, 1e3, "ms/step")
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ pub struct Stream {
 }
 
 /// A stream's part in a capture (`cuStreamBeginCapture`, or joined by
-/// waiting on an event recorded in a capturing stream): work is recorded
-/// into the capture's graph, not run.
+/// waiting on an event recorded in a capturing stream): launches, async
+/// copies and memsets are recorded into the capture's graph, not run.
 pub struct Capture {
     pub shared: Arc<Mutex<CaptureGraph>>,
     /// The nodes the stream's next captured work depends on.
@@ -75,6 +75,9 @@ pub struct CaptureGraph {
     pub invalidated: bool,
     /// Streams other than the origin still in the capture.
     pub joined: u32,
+    /// The graph is the caller's (`cuStreamBeginCaptureToGraph`): a failed
+    /// capture leaves it alone.
+    pub user_graph: bool,
 }
 
 pub struct Event {
@@ -118,6 +121,8 @@ pub struct KernelNode {
     pub ns: u64,
 }
 
+pub use crate::cuda::graph::{Graph, GraphExec, UserObject};
+
 /// A copy or memset recorded in a graph, performed each time it runs. The
 /// sim's copies take no device time and need no ordering with kernels
 /// (kernels compute nothing); among themselves they run in issue order.
@@ -132,8 +137,6 @@ pub enum MemOp {
         count: usize,
     },
 }
-
-pub use crate::cuda::graph::{Graph, GraphExec, UserObject};
 
 pub struct Pool {
     pub dev: usize,

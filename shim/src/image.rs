@@ -45,6 +45,8 @@ pub struct Image {
     pub kernels: Vec<String>,
     /// Global variables: (name, size in bytes).
     pub globals: Vec<(String, u64)>,
+    /// Kernel parameters from PTX: (kernel, [(offset, size)]).
+    pub params: Vec<(String, Vec<(u64, u64)>)>,
     /// Some part could not be read: any name resolves.
     pub opaque: bool,
 }
@@ -68,6 +70,11 @@ impl Image {
         for g in other.globals {
             if !self.globals.iter().any(|(n, _)| *n == g.0) {
                 self.globals.push(g);
+            }
+        }
+        for p in other.params {
+            if !self.params.iter().any(|(n, _)| *n == p.0) {
+                self.params.push(p);
             }
         }
         self.opaque |= other.opaque;
@@ -303,6 +310,13 @@ pub fn parse_ptx(text: &str) -> Option<Image> {
             .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '$' | '.'))
             .collect();
         if !name.is_empty() {
+            if let Some(list) = rest.trim_start()[name.len()..]
+                .trim_start()
+                .strip_prefix('(')
+                .and_then(|r| r.split(')').next())
+            {
+                img.params.push((name.clone(), ptx_params(list)));
+            }
             img.kernels.push(name);
         }
     }
@@ -335,6 +349,45 @@ pub fn parse_ptx(text: &str) -> Option<Image> {
         }
     }
     Some(img)
+}
+
+/// (offset, size) of each `.param` of an entry's parameter list, laid out
+/// as the driver packs them (each at its alignment: `.align N`, else its
+/// element size).
+fn ptx_params(list: &str) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut off = 0u64;
+    for p in list.split(',') {
+        let toks: Vec<&str> = p.split_whitespace().collect();
+        if !toks.contains(&".param") {
+            continue;
+        }
+        let elem = toks.iter().find_map(|t| match *t {
+            ".u8" | ".s8" | ".b8" | ".pred" => Some(1u64),
+            ".u16" | ".s16" | ".b16" | ".f16" | ".bf16" => Some(2),
+            ".u32" | ".s32" | ".b32" | ".f32" => Some(4),
+            ".u64" | ".s64" | ".b64" | ".f64" => Some(8),
+            _ => None,
+        });
+        let Some(elem) = elem else { continue };
+        let align = toks
+            .iter()
+            .position(|t| *t == ".align")
+            .and_then(|i| toks.get(i + 1))
+            .and_then(|a| a.parse::<u64>().ok())
+            .filter(|a| a.is_power_of_two())
+            .unwrap_or(elem);
+        let count = toks
+            .last()
+            .and_then(|n| n.split_once('['))
+            .and_then(|(_, c)| c.trim_end_matches(']').parse::<u64>().ok())
+            .unwrap_or(1);
+        off = off.next_multiple_of(align);
+        let size = elem.saturating_mul(count);
+        out.push((off, size));
+        off += size;
+    }
+    out
 }
 
 /// The text without `//` and `/* */` comments (one linear pass: PTX texts
@@ -508,6 +561,18 @@ mod tests {
         .extern .global .u32 elsewhere;\n\
         .visible .entry cgpu_sim_spin(\n .param .u64 ns\n)\n{\n .reg .b64 %rd<2>;\n ld.global.u64 %rd1, [counter];\n ret;\n}\n\
         .entry other_k() { ret; }\n";
+
+    #[test]
+    fn ptx_params_are_laid_out_as_the_driver_packs_them() {
+        let img = parse_ptx(
+            ".version 8.0\n.visible .entry k(\n .param .u32 a,\n .param .u64 .ptr .global .align 8 b,\n .param .align 16 .b8 c[24],\n .param .u8 d\n)\n{ ret; }",
+        )
+        .unwrap();
+        assert_eq!(
+            img.params,
+            vec![("k".to_string(), vec![(0, 4), (8, 8), (16, 24), (40, 1)])]
+        );
+    }
 
     #[test]
     fn ptx_kernels_and_globals() {

@@ -303,6 +303,7 @@ nvml_fns! {
     };
     nvmlDeviceGetFanSpeed_v2(h: Dev, fan: u32, s: *mut u32) => { dev(h)?; if fan != 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) } out(s, 30) };
     nvmlDeviceGetNumFans(h: Dev, n: *mut u32) => { dev(h)?; out(n, 1) };
+    // PCIe gen 4 x16.
     nvmlDeviceGetCurrPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 4) };
     nvmlDeviceGetMaxPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 4) };
     nvmlDeviceGetGpuMaxPcieLinkGeneration(h: Dev, g: *mut u32) => { dev(h)?; out(g, 4) };

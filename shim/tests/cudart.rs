@@ -109,20 +109,11 @@ fn cudart_12_and_13_run_unmodified() {
         assert_eq!(p.kernels, 3 + 2 * 2, "CUDA {m}");
         assert_eq!(p.mem_bytes, 0, "everything returned at exit");
 
-        // Stubs: the only ones the runtime touched are two slots of its
-        // callback-hooks table, which it calls around a capture once a kernel
-        // ran and whose "not supported" it tolerates (the run above passed).
+        // Stubs: none. (The runtime calls its tool-callback hook slots only
+        // when the bytes past the hook buffers it was handed say a tool is
+        // attached; they are zero, as with no tool on a real driver.)
         let s = snapshot(&env.state_dir).unwrap();
-        let names: Vec<&str> = s.stubs.iter().map(|x| x.name.as_str()).collect();
-        assert_eq!(
-            names,
-            [
-                "TOOLS_RUNTIME_CALLBACK_HOOKS[1]",
-                "TOOLS_RUNTIME_CALLBACK_HOOKS[4]"
-            ],
-            "CUDA {m}: {:?}",
-            s.stubs
-        );
+        assert!(s.stubs.is_empty(), "CUDA {m}: {:?}", s.stubs);
     }
 }
 

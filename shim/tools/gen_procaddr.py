@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Generates shim/src/cuda/procaddr_table.rs: the cuGetProcAddress table.
 
-Usage: gen_procaddr.py INCLUDE_DIR EXPORTED_SYMBOLS_FILE > shim/src/cuda/procaddr_table.rs
+Usage: gen_procaddr.py INCLUDE_DIR[:INCLUDE_DIR...] EXPORTED_SYMBOLS_FILE > shim/src/cuda/procaddr_table.rs
 
-INCLUDE_DIR holds the real cudaTypedefs.h and the GL/EGL/VDPAU/profiler
-typedef headers (PyPI nvidia-cuda-runtime-cu12);
+Each INCLUDE_DIR holds the real cudaTypedefs.h and the GL/EGL/VDPAU/profiler
+typedef headers (PyPI nvidia-cuda-runtime-cu12 for CUDA 12.9,
+nvidia-cuda-runtime for CUDA 13.x); the variants are their union;
 EXPORTED_SYMBOLS_FILE lists the cu* functions the sim implements by hand, one
 per line (e.g. `nm -D --defined-only libcgpu_sim.so | awk '{print $3}'`).
 
@@ -14,7 +15,7 @@ at CUDA version <ver>. Default variants sorted by version are `name`,
 `name_v2`, `name_v3`, ...; a per-thread variant is the default variant in
 force at its version plus `_ptds`/`_ptsz`. Variants of an API we implement but
 whose symbol we do not are emitted as legacy stubs (NOT_SUPPORTED).
-EXTRA adds variants newer than the headers (CUDA 13).
+EXTRA adds variants in no header.
 
 It also lists the stubs (STUBS): every name given to `stub_fns!` or
 `stub_hit!("...")` in shim/src, and the legacy stubs it emits.
@@ -22,39 +23,21 @@ It also lists the stubs (STUBS): every name given to `stub_fns!` or
 import re, sys, collections
 
 EXTRA = [
-    # (api, version, flavour, symbol): CUDA 13.0 additions, not in 12.x headers.
-    ("cuCtxGetDevice", 13000, "", "cuCtxGetDevice_v2"),
-    ("cuCtxSynchronize", 13000, "", "cuCtxSynchronize_v2"),
-] + [
-    # CUDA 13.x functions, at the version cuda-bindings 13.5 asks for them.
-    (api, ver, "", api) for api, ver in [
-        ("cuGraphGetId", 13010), ("cuGraphExecGetId", 13010),
-        ("cuGraphNodeGetContainingGraph", 13010), ("cuGraphNodeGetLocalId", 13010),
-        ("cuGraphNodeGetToolsId", 13010), ("cuGraphNodeGetParams", 13020),
-        ("cuMemGetDefaultMemPool", 13000), ("cuMemGetMemPool", 13000),
-        ("cuMemSetMemPool", 13000), ("cuFuncGetParamCount", 13020),
-        ("cuKernelGetParamCount", 13020), ("cuCheckpointOperationComplete", 13041),
-        ("cuCoredumpRegisterStartCallback", 13020), ("cuCoredumpRegisterCompleteCallback", 13020),
-        ("cuCoredumpDeregisterStartCallback", 13020), ("cuCoredumpDeregisterCompleteCallback", 13020),
-        ("cuDeviceGetCliqueCount", 13041), ("cuDeviceGetCliqueInfo", 13041),
-        ("cuDeviceGetFabricClusterUuid", 13041), ("cuDeviceGetHostAtomicCapabilities", 13000),
-        ("cuDeviceGetP2PAtomicCapabilities", 13000), ("cuFabricCpyBatchAsync", 13050),
-        ("cuMemDiscardAndPrefetchBatchAsync", 13000), ("cuMemDiscardBatchAsync", 13000),
-        ("cuMemPrefetchBatchAsync", 13000), ("cuMemGetLocationInfo", 13041),
-        ("cuMemcpy3DWithAttributesAsync", 13020), ("cuMemcpyWithAttributesAsync", 13020),
-        ("cuStreamBeginCaptureToCig", 13020), ("cuStreamEndCaptureToCig", 13020),
-    ] + [("cuLogicalEndpoint" + x, 13030) for x in (
-        "AddDevice", "BindAddr", "BindMem", "Create", "Destroy", "Export", "GetLimits",
-        "IdRelease", "IdReserve", "Import", "Query", "Unbind")]
+    # (api, version, flavour, symbol): variants in neither header set.
 ]
 # An API renamed in 12.0: cuGraphInstantiate resolves to cuGraphInstantiateWithFlags.
 ALIASES = [("cuGraphInstantiate", 12000, "", "cuGraphInstantiateWithFlags")]
 
 inc, exported_file = sys.argv[1], sys.argv[2]
 import glob, os
-src = "".join(open(f"{inc}/{h}").read() for h in (
-    "cudaTypedefs.h", "cudaGLTypedefs.h", "cudaEGLTypedefs.h", "cudaVDPAUTypedefs.h",
-    "cudaProfilerTypedefs.h"))
+# INCLUDE_DIR may list several directories (CUDA 12.9 and 13.x), ':'-separated:
+# the variants are the union of what their headers declare.
+src = "".join(
+    open(f"{d}/{h}").read()
+    for d in inc.split(":")
+    for h in ("cudaTypedefs.h", "cudaGLTypedefs.h", "cudaEGLTypedefs.h",
+              "cudaVDPAUTypedefs.h", "cudaProfilerTypedefs.h")
+    if os.path.exists(f"{d}/{h}"))
 # Stubs named in the sources (shim/src next to this script's directory).
 srcdir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 named_stubs = set()
@@ -62,8 +45,8 @@ for path in glob.glob(f"{srcdir}/**/*.rs", recursive=True):
     text = open(path).read()
     named_stubs.update(re.findall(r'stub_hit!\("([A-Za-z0-9_]+)"', text))
     for block in re.findall(r"stub_fns!\s*\{(.*?)\n\}", text, re.S):
+        block = re.sub(r"//[^\n]*", "", block)  # comments may hold ';'
         for part in re.findall(r"=>(.*?);", block, re.S):
-            part = re.sub(r"//[^\n]*", "", part)
             named_stubs.update(x.strip() for x in part.split(",") if x.strip())
 exported = {l.strip() for l in open(exported_file) if l.strip().startswith("cu")}
 
@@ -91,7 +74,7 @@ for api, v, f, sym in EXTRA + ALIASES:
 
 implemented = {api for api, rs in rows.items() if any(s in exported for _, _, s in rs)}
 stubs = sorted({s for api in implemented for _, f, s in rows[api] if s not in exported and not f})
-out = ["// @generated by shim/tools/gen_procaddr.py from cudaTypedefs.h (CUDA 12.9) + CUDA 13 extras.",
+out = ["// @generated by shim/tools/gen_procaddr.py from the typedef headers of CUDA 12.9 and 13.x.",
        "// Regenerate after adding API functions; tests/procaddr.rs checks it. Do not edit by hand.",
        "use super::procaddr::{legacy_stubs, proc_table};",
        "#[allow(unused_imports)]",
@@ -107,7 +90,7 @@ for api in sorted(implemented):
         ents.append(f"{v}{' ptds' if f else ''} => {s}")
     out.append(f"    {api}: " + ", ".join(ents) + ";")
 out.append("}")
-out += ["", "/// Variants not in the 12.9 typedef headers (CUDA 13 additions, the 12.0 rename, the profiler).",
+out += ["", "/// Variants in no typedef header (the 12.0 rename of cuGraphInstantiate).",
         "pub const EXTRA: &[(&str, u32)] = &["]
 out += [f'    ("{api}", {v}),' for api, v, f, sym in EXTRA + ALIASES]
 out += ["];"]

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=$(scripts/test-deps.sh)
-INC=$(ls -d "$VENV"/lib/python3*/site-packages/nvidia/cuda_runtime/include)
+INC=$(ls -d "$VENV"/lib/python3*/site-packages/nvidia/cuda_runtime/include):$(ls -d "$VENV"/cuda13/nvidia/cu13/include)
 OUT=shim/src/cuda/procaddr_table.rs
 # Build once with no stubs so that only hand-written functions are listed.
 cp "$OUT" "$OUT.bak"

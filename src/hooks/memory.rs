@@ -554,6 +554,48 @@ pub unsafe fn mem_pool_create(
     rc
 }
 
+/// Remember that `pool` (just written by the driver) is device `dev`'s.
+///
+/// # Safety
+/// `pool` is null or the caller's out-pointer the driver just wrote.
+unsafe fn device_pool(rc: CUresult, pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult {
+    if rc == CUDA_SUCCESS && !pool.is_null() && crate::memory::tracking() {
+        // SAFETY: the driver succeeded and wrote the pool handle.
+        let h = unsafe { pool.read_unaligned() } as usize;
+        proc_state().pool_created(h, PoolPlace::Device(dev));
+    }
+    rc
+}
+
+/// `cuDeviceGetDefaultMemPool`: the pool is remembered as the device's (its
+/// allocations are charged there, whichever stream they are made on).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn device_get_default_mem_pool(
+    real: &RealFn<sig::cuDeviceGetDefaultMemPool>,
+    pool: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
+    let rc = super::call_real!(real, pool, dev);
+    // SAFETY: pool is the caller's out-pointer.
+    unsafe { device_pool(rc, pool, dev) }
+}
+
+/// `cuDeviceGetMemPool` (the device's current pool): as above.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn device_get_mem_pool(
+    real: &RealFn<sig::cuDeviceGetMemPool>,
+    pool: *mut CUmemoryPool,
+    dev: CUdevice,
+) -> CUresult {
+    let rc = super::call_real!(real, pool, dev);
+    // SAFETY: pool is the caller's out-pointer.
+    unsafe { device_pool(rc, pool, dev) }
+}
+
 /// `cuMemPoolDestroy`: the driver frees the allocations still out in it.
 ///
 /// # Safety
@@ -780,6 +822,67 @@ pub unsafe fn mipmapped_array_destroy(
     uncharged(Kind::Mipmap, arr as u64, || super::call_real!(real, arr))
 }
 
+/// A size out-parameter: `size_t` (the `_v2` ABI) or `unsigned int` (the
+/// legacy one, clamped as the driver clamps).
+trait SizeOut: Copy {
+    fn to_u64(self) -> u64;
+    fn clamped(v: u64) -> Self;
+}
+
+impl SizeOut for usize {
+    fn to_u64(self) -> u64 {
+        self as u64
+    }
+    fn clamped(v: u64) -> Self {
+        usize::try_from(v).unwrap_or(usize::MAX)
+    }
+}
+
+impl SizeOut for u32 {
+    fn to_u64(self) -> u64 {
+        u64::from(self)
+    }
+    fn clamped(v: u64) -> Self {
+        u32::try_from(v).unwrap_or(u32::MAX)
+    }
+}
+
+/// After the real `cuMemGetInfo` (either ABI) returned `rc`: the quota view
+/// of the current context's GPU.
+///
+/// # Safety
+/// `free` and `total` are the caller's out-parameters, written by the
+/// driver when `rc` is success.
+unsafe fn mem_info_view<T: SizeOut>(rc: CUresult, free: *mut T, total: *mut T) -> CUresult {
+    if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
+        return rc;
+    }
+    if let Some(gpu) = current_gpu() {
+        // SAFETY: both out-parameters are non-null and were written by the driver.
+        unsafe {
+            let (f, t) = gpu.view(free.read().to_u64(), total.read().to_u64());
+            free.write(T::clamped(f));
+            total.write(T::clamped(t));
+        }
+    }
+    rc
+}
+
+/// After the real `cuDeviceTotalMem` (either ABI) returned `rc`: the quota
+/// (asking does not join the GPU).
+///
+/// # Safety
+/// `bytes` is the caller's out-parameter, written by the driver on success.
+unsafe fn total_mem_view<T: SizeOut>(rc: CUresult, bytes: *mut T, dev: CUdevice) -> CUresult {
+    if rc == CUDA_SUCCESS && !bytes.is_null() {
+        if let Some(q) = super::device::cuda_view_quota(dev) {
+            // SAFETY: non-null out-parameter.
+            unsafe { bytes.write(T::clamped(q)) };
+        }
+    }
+    rc
+}
+
 /// `cuMemGetInfo_v2`: total = quota, free = min(quota − used, physical free).
 ///
 /// # Safety
@@ -790,21 +893,11 @@ pub unsafe fn mem_get_info(
     total: *mut usize,
 ) -> CUresult {
     let rc = super::call_real!(real, free, total);
-    if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
-        return rc;
-    }
-    if let Some(gpu) = current_gpu() {
-        // SAFETY: both out-parameters are non-null and were written by the driver.
-        unsafe {
-            let (f, t) = gpu.view(*free as u64, *total as u64);
-            *free = f as usize;
-            *total = t as usize;
-        }
-    }
-    rc
+    // SAFETY: the caller's out-parameters, as the driver's contract has them.
+    unsafe { mem_info_view(rc, free, total) }
 }
 
-/// `cuMemGetInfo` (legacy 32-bit ABI; clamped as the driver clamps).
+/// `cuMemGetInfo` (legacy 32-bit ABI).
 ///
 /// # Safety
 /// The driver's contract.
@@ -814,21 +907,11 @@ pub unsafe fn mem_get_info_v1(
     total: *mut u32,
 ) -> CUresult {
     let rc = super::call_real!(real, free, total);
-    if rc != CUDA_SUCCESS || free.is_null() || total.is_null() {
-        return rc;
-    }
-    if let Some(gpu) = current_gpu() {
-        // SAFETY: both out-parameters are non-null and were written by the driver.
-        unsafe {
-            let (f, t) = gpu.view(*free as u64, *total as u64);
-            *free = f.min(u32::MAX as u64) as u32;
-            *total = t.min(u32::MAX as u64) as u32;
-        }
-    }
-    rc
+    // SAFETY: as above.
+    unsafe { mem_info_view(rc, free, total) }
 }
 
-/// `cuDeviceTotalMem_v2`: the quota (asking does not join the GPU).
+/// `cuDeviceTotalMem_v2`: the quota.
 ///
 /// # Safety
 /// The driver's contract.
@@ -838,13 +921,8 @@ pub unsafe fn device_total_mem(
     dev: CUdevice,
 ) -> CUresult {
     let rc = super::call_real!(real, bytes, dev);
-    if rc == CUDA_SUCCESS && !bytes.is_null() {
-        if let Some(q) = super::device::cuda_view_quota(dev) {
-            // SAFETY: non-null out-parameter.
-            unsafe { *bytes = q as usize };
-        }
-    }
-    rc
+    // SAFETY: the caller's out-parameter.
+    unsafe { total_mem_view(rc, bytes, dev) }
 }
 
 /// `cuDeviceTotalMem` (legacy 32-bit ABI).
@@ -857,13 +935,8 @@ pub unsafe fn device_total_mem_v1(
     dev: CUdevice,
 ) -> CUresult {
     let rc = super::call_real!(real, bytes, dev);
-    if rc == CUDA_SUCCESS && !bytes.is_null() {
-        if let Some(q) = super::device::cuda_view_quota(dev) {
-            // SAFETY: non-null out-parameter.
-            unsafe { *bytes = q.min(u32::MAX as u64) as u32 };
-        }
-    }
-    rc
+    // SAFETY: the caller's out-parameter.
+    unsafe { total_mem_view(rc, bytes, dev) }
 }
 
 #[cfg(test)]

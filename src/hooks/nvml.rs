@@ -2,94 +2,14 @@
 //! info (v1 and v2) in the quota view with the container's used bytes, and
 //! process lists filtered to the container's processes.
 
-use std::ffi::{c_char, CStr};
-use std::sync::OnceLock;
+use std::ffi::c_char;
 
-use super::device::visible_list;
-use super::real;
 use super::sig;
 use super::types::*;
 use crate::config;
 use crate::driver::RealFn;
-use crate::memory::{self, GpuInfo, Peek};
 
-static NVML_VISIBLE: OnceLock<Vec<u32>> = OnceLock::new();
-
-fn nvml_uuid(h: nvmlDevice_t) -> Option<String> {
-    let mut buf = [0 as c_char; 96];
-    if super::call_real!(
-        real::nvmlDeviceGetUUID,
-        h,
-        buf.as_mut_ptr(),
-        buf.len() as u32
-    ) != NVML_SUCCESS
-    {
-        return None;
-    }
-    // SAFETY: NVML NUL-terminates within the buffer; we set the last byte anyway.
-    buf[95] = 0;
-    Some(
-        unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned(),
-    )
-}
-
-fn nvml_handle(index: u32) -> Option<nvmlDevice_t> {
-    let mut h: nvmlDevice_t = std::ptr::null_mut();
-    (super::call_real!(real::nvmlDeviceGetHandleByIndex_v2, index, &mut h) == NVML_SUCCESS)
-        .then_some(h)
-}
-
-/// The container-visible host indices (NVML); `Err` = NVML's code (not cached).
-pub fn nvml_visible() -> Result<&'static [u32], nvmlReturn_t> {
-    if let Some(v) = NVML_VISIBLE.get() {
-        return Ok(v);
-    }
-    let mut n = 0u32;
-    let rc = super::call_real!(real::nvmlDeviceGetCount_v2, &mut n);
-    if rc != NVML_SUCCESS {
-        return Err(rc);
-    }
-    let cfg = config::get();
-    let uuid_of = |i: u32| nvml_handle(i).and_then(nvml_uuid);
-    let (list, errors) = visible_list(cfg.visible.as_deref(), n, &uuid_of);
-    for e in errors {
-        tracing::error!("cgpu: ALIYUN_COM_GPU_VISIBLE_DEVICES names {e}, which is not a GPU of this host; ignored");
-    }
-    Ok(NVML_VISIBLE.get_or_init(|| list))
-}
-
-fn host_index(h: nvmlDevice_t) -> Option<u32> {
-    let mut i = 0u32;
-    (super::call_real!(real::nvmlDeviceGetIndex, h, &mut i) == NVML_SUCCESS).then_some(i)
-}
-
-/// What the container sees of the GPU behind an NVML handle (`None`:
-/// pass-through or hidden). NVML calls only look: they never join the GPU;
-/// a GPU this process joined answers from its membership, another from the
-/// configuration and the ledger.
-fn nvml_peek(h: nvmlDevice_t) -> Option<Peek> {
-    if !crate::memory::tracking() {
-        return None;
-    }
-    let uuid = nvml_uuid(h)?;
-    if let Some(g) = memory::proc_state().gpu_by_uuid(&uuid) {
-        return Some(g.peek());
-    }
-    let host = host_index(h)?;
-    let visible_index = nvml_visible().ok()?.iter().position(|&i| i == host)?;
-    let mut m = nvmlMemory_t::default();
-    if super::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) != NVML_SUCCESS {
-        return None;
-    }
-    memory::peek(&GpuInfo {
-        uuid,
-        host_index: host,
-        visible_index,
-        physical_total: m.total,
-    })
-}
+use crate::process::gpus::{nvml_handle_host_index as host_index, nvml_peek, nvml_visible};
 
 fn filtering() -> bool {
     config::get().visible.is_some()

@@ -7,8 +7,6 @@
 //! tells a holder that waits for its GPU work (busy) from one that does
 //! nothing (idle, handed over after a grace).
 
-use std::ffi::c_void;
-
 use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
@@ -52,7 +50,7 @@ pub unsafe fn begin_capture_to_graph(
     stream: CUstream,
     graph: CUgraph,
     deps: *const CUgraphNode,
-    edges: *const c_void,
+    edges: *const CUgraphEdgeData,
     n: usize,
     mode: u32,
 ) -> CUresult {

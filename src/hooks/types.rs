@@ -1,15 +1,3 @@
-//! The C types our hooks' signatures use: everything comes from `cgpu-ffi`
-//! (one place for the CUDA/NVML ABI, checked against the real headers by
-//! `shim/tests/abi.rs`), plus two spellings of our own.
+//! The C types the hooks' signatures use: the layer's (`process::types`).
 
-#![allow(non_camel_case_types, non_snake_case)]
-
-pub use std::ffi::{c_char, c_void};
-
-pub use cgpu_ffi::*;
-
-/// `CUexecAffinityParam` (only passed through).
-pub type CUexecAffinityParam = c_void;
-pub type CStrP = *const c_char;
-/// `void *`.
-pub type Ptr = *mut c_void;
+pub use crate::process::types::*;

@@ -118,7 +118,7 @@ fn gate_slow() -> *const Gate {
 
 /// The real driver's functions the scheduler needs.
 fn driver_ops() -> Option<DriverOps> {
-    use crate::hooks::real;
+    use crate::process::real;
     Some(DriverOps {
         ctx_get_current: real::cuCtxGetCurrent.get()?,
         ctx_set_current: real::cuCtxSetCurrent.get()?,
@@ -142,7 +142,7 @@ fn attach_lazily() -> *const Gate {
     {
         return GATE.load(Acquire);
     }
-    let several = crate::hooks::device::cuda_visible().is_ok_and(|v| v.len() > 1);
+    let several = crate::process::gpus::cuda_visible().is_ok_and(|v| v.len() > 1);
     if several {
         MULTI.store(true, Release);
         ATTACH.store(DECIDED, Release);
@@ -150,7 +150,7 @@ fn attach_lazily() -> *const Gate {
         return gate_of_current_context();
     }
     let r = std::panic::catch_unwind(|| {
-        let gpu = crate::hooks::device::current_gpu()?;
+        let gpu = crate::process::gpus::current_gpu()?;
         let (ledger, m) = gpu.ledger()?;
         Some(attach(ledger, m, driver_ops()?))
     });
@@ -177,7 +177,7 @@ fn log_attach(r: std::thread::Result<Option<Result<(), String>>>) {
 /// Several GPUs: the gate of the current context's device (cached per
 /// thread by context; attached on the device's first launch).
 fn gate_of_current_context() -> *const Gate {
-    use crate::hooks::real;
+    use crate::process::real;
     let (Some(get_ctx), Some(get_dev)) = (real::cuCtxGetCurrent.get(), real::cuCtxGetDevice.get())
     else {
         return std::ptr::null();
@@ -206,7 +206,7 @@ fn gate_of_current_context() -> *const Gate {
             .is_ok()
     {
         let r = std::panic::catch_unwind(|| {
-            let gpu = crate::hooks::device::cuda_gpu(dev)?;
+            let gpu = crate::process::gpus::cuda_gpu(dev)?;
             let (ledger, m) = gpu.ledger()?;
             Some(make_gate(ledger, m, driver_ops()?))
         });

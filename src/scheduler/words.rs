@@ -186,9 +186,13 @@ mod tests {
         const { assert!(container::OWED_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
         const { assert!(gpu::DRAIN_COUNT < crate::ledger::SCHED_GPU_WORDS) };
         // Any process may write the token: an out-of-range holder is no slot.
-        let t = Token::unpack(Token::running(1, 31) + (1u64 << 40));
-        assert_eq!(t.holder, Some(32));
+        let last = crate::ledger::MAX_CONTAINERS - 1;
+        let t = Token::unpack(Token::running(1, last) + (1u64 << 40));
+        assert_eq!(t.holder, Some(last + 1));
         assert_eq!(t.holder_slot(), None);
-        assert_eq!(Token::unpack(Token::running(1, 31)).holder_slot(), Some(31));
+        let t = Token::unpack(Token::running(1, last));
+        assert_eq!(t.holder_slot(), Some(last));
+        // The holder field (8 bits, holder + 1) can name every slot.
+        const { assert!(crate::ledger::MAX_CONTAINERS < 0xff) };
     }
 }

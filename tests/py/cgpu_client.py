@@ -28,6 +28,7 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
                      whether it is the mapping's handle; the new reference is kept
   vmmrelretained     cuMemRelease of the last retained reference
   pool [DEV|host]    cuMemPoolCreate on device DEV (default 0) or in host memory
+  defpool DEV        cuDeviceGetDefaultMemPool of device DEV (used by poolalloc)
   poolalloc BYTES    cuMemAllocFromPoolAsync from the last pool on the current
                      context's stream S (see `stream`), or the null stream
   pooldestroy        cuMemPoolDestroy of the last pool (its allocations go with it)
@@ -307,6 +308,14 @@ def main(argv):
             if rc == 0:
                 pools.append(pool.value)
             out({"op": "pool", "rc": rc})
+        elif cmd == "defpool":
+            d = C.c_int()
+            check(cu.cuDeviceGet(C.byref(d), int(arg())), "cuDeviceGet")
+            pool = C.c_void_p()
+            rc = cu.cuDeviceGetDefaultMemPool(C.byref(pool), d)
+            if rc == 0:
+                pools.append(pool.value)
+            out({"op": "defpool", "rc": rc})
         elif cmd == "poolalloc":
             n = int(arg())
             p = C.c_uint64()

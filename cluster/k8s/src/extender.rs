@@ -47,6 +47,12 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GpuLabels {
+    pub node: String,
+    pub gpu: String,
+}
+
 /// The extender's Prometheus metrics.
 pub struct Metrics {
     pub registry: Registry,
@@ -54,6 +60,8 @@ pub struct Metrics {
     pub nodes: Gauge,
     pub pods: Gauge,
     pub reserved: Gauge,
+    pub gpu_allocated: Family<GpuLabels, Gauge>,
+    pub gpu_total: Family<GpuLabels, Gauge>,
 }
 
 impl Metrics {
@@ -83,7 +91,21 @@ impl Metrics {
             "Decisions made at bind not yet seen back through the watch",
             reserved.clone(),
         );
+        let gpu_allocated = Family::<GpuLabels, Gauge>::default();
+        let gpu_total = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "gpu_allocated_gib",
+            "GiB of a GPU promised to pods (decided, bound, running or terminating)",
+            gpu_allocated.clone(),
+        );
+        registry.register(
+            "gpu_total_gib",
+            "Size of a GPU in GiB as the cluster counts it",
+            gpu_total.clone(),
+        );
         Metrics {
+            gpu_allocated,
+            gpu_total,
             registry,
             requests,
             nodes,
@@ -615,6 +637,25 @@ async fn readyz(State(x): State<Arc<Extender>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(x): State<Arc<Extender>>) -> impl IntoResponse {
+    // Per-GPU use, computed when scraped (not on every watch event).
+    {
+        let view = x.view.lock();
+        x.metrics.gpu_allocated.clear();
+        x.metrics.gpu_total.clear();
+        for node in view.nodes.keys() {
+            let Some((_, usage)) = view.usage(node) else {
+                continue;
+            };
+            for g in usage {
+                let l = GpuLabels {
+                    node: node.clone(),
+                    gpu: g.index.to_string(),
+                };
+                x.metrics.gpu_allocated.get_or_create(&l).set(g.used as i64);
+                x.metrics.gpu_total.get_or_create(&l).set(g.total as i64);
+            }
+        }
+    }
     let mut s = String::new();
     if prometheus_client::encoding::text::encode(&mut s, &x.metrics.registry).is_err() {
         return (

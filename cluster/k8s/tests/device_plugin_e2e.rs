@@ -122,7 +122,7 @@ impl Cluster {
             .devices("aliyun.com/gpu-mem", Duration::from_secs(60))
             .await;
         assert_eq!(devs.len(), gib);
-        for _ in 0..1000 {
+        for _ in 0..6000 {
             if self.extender.ready() && self.extender.metrics.nodes.get() == 1 {
                 return;
             }
@@ -503,7 +503,7 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
             .filter(|s| *s == "Register aliyun.com/gpu-mem")
             .count()
     };
-    for _ in 0..500 {
+    for _ in 0..3000 {
         if registers(&c) == 2 {
             break;
         }
@@ -524,7 +524,7 @@ async fn plugin_and_kubelet_restarts_lose_nothing() {
     c.kubelet.restart().await;
     let devs = c
         .kubelet
-        .devices("aliyun.com/gpu-mem", Duration::from_secs(30))
+        .devices("aliyun.com/gpu-mem", Duration::from_secs(60))
         .await;
     assert_eq!(devs.len(), 30);
     assert_eq!(registers(&c), 3);

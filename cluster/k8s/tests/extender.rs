@@ -42,7 +42,7 @@ async fn start_extender(api: &ApiServer, policy: Policy) -> Running {
     });
     let r = Running { ext, url, server };
     // Ready once both watches listed everything.
-    for _ in 0..500 {
+    for _ in 0..6000 {
         if http(&r.url, "GET", "/readyz", "").await.0 == 200 {
             return r;
         }
@@ -127,7 +127,7 @@ fn decision(api: &ApiServer, name: &str) -> Option<Decision> {
 
 /// Waits until the extender's watch has seen `n` pods holding GPU memory.
 async fn settled(r: &Running, pods: i64) {
-    for _ in 0..500 {
+    for _ in 0..6000 {
         if r.ext.metrics.pods.get() == pods && r.ext.metrics.reserved.get() == 0 {
             return;
         }
@@ -418,6 +418,19 @@ async fn health_readiness_and_metrics() {
         "{parsed}"
     );
     assert!(parsed.contains("cgpu_extender_pods  1.0\n"), "{parsed}");
+    // The 4 GiB pod over 2 GPUs: 2 on each of n1's two 15 GiB GPUs.
+    assert!(
+        parsed.contains("cgpu_extender_gpu_allocated_gib n1 0 2.0\n"),
+        "{parsed}"
+    );
+    assert!(
+        parsed.contains("cgpu_extender_gpu_allocated_gib n1 1 2.0\n"),
+        "{parsed}"
+    );
+    assert!(
+        parsed.contains("cgpu_extender_gpu_total_gib n1 1 15.0\n"),
+        "{parsed}"
+    );
     r.server.abort();
 }
 

@@ -37,6 +37,11 @@ fn usage(what: &str) -> ! {
 }
 
 fn main() {
+    // Output piped into `head` and closed early: end quietly, as Unix tools
+    // do, instead of panicking on the write.
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread
+    // or handler exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let mut state = None;
     let mut json = false;
     let mut install = None;

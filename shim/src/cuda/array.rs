@@ -217,11 +217,9 @@ pub fn memcpy3d(m: &Memcpy3D) -> CuRes {
         for y in 0..m.height as u64 {
             let so = s.base + (z * s.rows + y) * s.pitch;
             let to = t.base + (z * t.rows + y) * t.pitch;
-            // SAFETY: both ranges were validated against our mappings (or
-            // are the caller's host memory, valid by the API contract).
-            unsafe {
-                std::ptr::copy(so as *const u8, to as *mut u8, m.width_in_bytes);
-            }
+            // Both ranges were validated against our mappings (or are the
+            // caller's host memory); recorded instead inside a capture.
+            super::memory::copy_pub(to, so, m.width_in_bytes);
         }
     }
     Ok(())
@@ -236,9 +234,10 @@ fn memcpy3d_ptr(p: *const Memcpy3D) -> CuRes {
     memcpy3d(&m)
 }
 
+/// Runs an async copy on `stream` (recorded into the capture when the
+/// stream captures).
 fn with_stream(stream: CUstream, f: impl FnOnce() -> CuRes) -> CuRes {
-    cu()?.stream(stream as usize)?;
-    f()
+    super::stream::capture_mem_ops(stream as usize, f)
 }
 
 /// A 1D copy between an array (at byte `off`) and other memory.
@@ -575,4 +574,71 @@ exports! {
     cuTexObjectGetResourceDesc | cuSurfObjectGetResourceDesc(out: *mut ResourceDesc, h: u64) => tex_get(h, out, |o| Some(o.res));
     cuTexObjectGetTextureDesc(out: *mut TextureDesc, h: u64) => tex_get(h, out, |o| o.tex);
     cuTexObjectGetResourceViewDesc(out: *mut ResourceViewDesc, h: u64) => tex_get(h, out, |o| o.view);
+}
+
+/// `cuMemcpyBatchAsync`: `count` linear copies (device or host memory on
+/// either side), validated in order and performed in order; the attributes
+/// (access order, location hints) change nothing in the sim but must be
+/// well formed. On a failing copy, `fail_idx` (v1) names it.
+#[allow(clippy::too_many_arguments)]
+fn memcpy_batch(
+    dsts: *const CUdeviceptr,
+    srcs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    attrs: *const c_void,
+    attr_idxs: *const usize,
+    nattrs: usize,
+    fail_idx: *mut usize,
+    stream: CUstream,
+) -> CuRes {
+    cu()?.stream(stream as usize)?;
+    if !fail_idx.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *fail_idx = usize::MAX };
+    }
+    if dsts.is_null() || srcs.is_null() || sizes.is_null() || count == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if attrs.is_null() || attr_idxs.is_null() || nattrs == 0 || nattrs > count {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: attr_idxs holds nattrs entries by the caller's contract.
+    if unsafe { *attr_idxs } != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for i in 0..count {
+        // SAFETY: the three arrays hold count entries by the caller's contract.
+        let (dst, src, n) = unsafe { (*dsts.add(i), *srcs.add(i), *sizes.add(i)) };
+        let m = Memcpy3D {
+            src_memory_type: 4,
+            src_host: src as *const c_void,
+            src_device: src,
+            dst_memory_type: 4,
+            dst_host: dst as *mut c_void,
+            dst_device: dst,
+            width_in_bytes: n,
+            height: 1,
+            depth: 1,
+            ..zeroed()
+        };
+        if let Err(e) = memcpy3d(&m) {
+            if !fail_idx.is_null() {
+                // SAFETY: non-null out pointer from the caller.
+                unsafe { *fail_idx = i };
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+type DPtrs = *const CUdeviceptr;
+type Sizes = *const usize;
+
+exports! {
+    cuMemcpyBatchAsync | cuMemcpyBatchAsync_ptsz(dsts: DPtrs, srcs: DPtrs, sizes: Sizes, count: usize, attrs: *const c_void, idxs: Sizes, nattrs: usize, fail: *mut usize, stream: CUstream)
+        => memcpy_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, fail, stream);
+    cuMemcpyBatchAsync_v2 | cuMemcpyBatchAsync_v2_ptsz(dsts: DPtrs, srcs: DPtrs, sizes: Sizes, count: usize, attrs: *const c_void, idxs: Sizes, nattrs: usize, stream: CUstream)
+        => memcpy_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, std::ptr::null_mut(), stream);
 }

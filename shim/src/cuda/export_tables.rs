@@ -317,15 +317,19 @@ unsafe extern "C" fn cudart_load_compilers() -> CUresult {
 
 // ----------------------------------------------- TOOLS_RUNTIME_CALLBACK_HOOKS
 
-/// A writable zeroed buffer handed to the runtime once for the process.
+/// A writable zeroed buffer handed to the runtime once for the process,
+/// followed by zeroed padding: the runtime reads past the size it is given
+/// (filling the bytes after a buffer with 0xff makes cudart 12.9 call hook
+/// slots 1, 3 and 4), so what follows must read as "no tool attached", not
+/// as whatever static the linker put there.
 #[repr(C, align(16))]
-struct Buffer<const N: usize>(UnsafeCell<[u8; N]>);
+struct Buffer<const N: usize>(UnsafeCell<[u8; N]>, UnsafeCell<[u8; 4096]>);
 
 // SAFETY: we never read or write the buffer; the runtime owns its contents.
 unsafe impl<const N: usize> Sync for Buffer<N> {}
 
-static HOOK_BUF_1024: Buffer<1024> = Buffer(UnsafeCell::new([0; 1024]));
-static HOOK_BUF_14: Buffer<56> = Buffer(UnsafeCell::new([0; 56]));
+static HOOK_BUF_1024: Buffer<1024> = Buffer(UnsafeCell::new([0; 1024]), UnsafeCell::new([0; 4096]));
+static HOOK_BUF_14: Buffer<56> = Buffer(UnsafeCell::new([0; 56]), UnsafeCell::new([0; 4096]));
 
 unsafe fn hand_out<const N: usize>(b: &'static Buffer<N>, buf: *mut *mut c_void, size: *mut usize) {
     if !buf.is_null() {

@@ -144,11 +144,13 @@ pub const NODE_MEM_ALLOC: u32 = 10;
 pub const NODE_MEM_FREE: u32 = 11;
 pub const NODE_CONDITIONAL: u32 = 13;
 
-/// A kernel node: what runs, and the parameters as given.
+/// A kernel node: what runs, the parameters as given, and its launch
+/// attributes (`cuGraphKernelNodeSetAttribute`: id → the 64-byte value).
 #[derive(Clone)]
 pub struct KernelData {
     pub run: KernelNode,
     pub params: KernelNodeParams,
+    pub attrs: HashMap<u32, [u8; 64]>,
 }
 
 /// A graph allocation: its address is fixed when the node is added.
@@ -160,6 +162,11 @@ pub struct GraphAlloc {
     pub pooled: u64,
     /// Allocated by a launch and not freed yet.
     pub live: std::sync::atomic::AtomicBool,
+    /// Executable graphs made from the node's graph that still exist (the
+    /// driver allows one at a time).
+    pub execs: AtomicU32,
+    /// Its node is gone: the address range goes once the memory is freed.
+    pub orphan: std::sync::atomic::AtomicBool,
 }
 
 /// A conditional handle (`cuGraphConditionalHandleCreate`).
@@ -184,6 +191,9 @@ pub enum NodeKind {
     MemFree(u64),
     /// Conditional: handle value, type, body graphs (owned by the node).
     Cond(u64, u32, Vec<usize>),
+    /// A copy or memset recorded by stream capture (reported as a memcpy or
+    /// memset node).
+    MemOp(crate::driver::MemOp),
 }
 
 impl NodeKind {
@@ -200,6 +210,8 @@ impl NodeKind {
             NodeKind::MemAlloc(_) => NODE_MEM_ALLOC,
             NodeKind::MemFree(_) => NODE_MEM_FREE,
             NodeKind::Cond(..) => NODE_CONDITIONAL,
+            NodeKind::MemOp(crate::driver::MemOp::Copy { .. }) => NODE_MEMCPY,
+            NodeKind::MemOp(crate::driver::MemOp::Set { .. }) => NODE_MEMSET,
         }
     }
 }
@@ -245,6 +257,7 @@ pub enum Op {
     Alloc(Arc<GraphAlloc>),
     Free(u64),
     Cond(Arc<CondHandle>, u32, Vec<Vec<Step>>),
+    MemOp(crate::driver::MemOp),
 }
 
 /// An op, the node it came from (for the exec's per-node setters), and
@@ -345,7 +358,7 @@ fn cond_handles() -> &'static Mutex<HashMap<u64, Arc<CondHandle>>> {
 }
 
 /// Reads `n` node handles from a caller array.
-fn read_nodes(p: *const CUgraphNode, n: usize) -> Result<Vec<usize>, CUresult> {
+pub(crate) fn read_nodes(p: *const CUgraphNode, n: usize) -> Result<Vec<usize>, CUresult> {
     if n > 0 && p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -412,6 +425,7 @@ fn kernel_data(p: *const KernelNodeParams) -> Result<NodeKind, CUresult> {
     Ok(NodeKind::Kernel(KernelData {
         run: KernelNode { func, ns },
         params: kp,
+        attrs: HashMap::new(),
     }))
 }
 
@@ -473,6 +487,14 @@ fn clone_graph(src: usize) -> Result<(usize, HashMap<usize, usize>), CUresult> {
         .iter()
         .map(|n| (n.h, n.kind.clone(), n.deps.clone()))
         .collect();
+    // Graphs with memory nodes cannot be cloned or embedded (the driver
+    // refuses: an allocation belongs to one graph).
+    if nodes
+        .iter()
+        .any(|n| matches!(n.1, NodeKind::MemAlloc(_) | NodeKind::MemFree(_)))
+    {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
     let g = new_graph(d);
     let mut map = HashMap::new();
     for (old, kind, deps) in nodes {
@@ -530,6 +552,41 @@ pub fn graph_allocs() -> &'static Mutex<std::collections::BTreeMap<u64, Arc<Grap
 
 const GRAPH_MEM_GRANULE: u64 = 2 << 20;
 
+/// A graph allocation of `size` bytes on `dev`: its address range, mapped
+/// now, charged when a launch allocates it.
+pub fn new_graph_alloc(d: &Driver, dev: usize, size: u64) -> Result<Arc<GraphAlloc>, CUresult> {
+    let pooled = size
+        .checked_next_multiple_of(GRAPH_MEM_GRANULE)
+        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    if size == 0 || pooled > d.devs[dev].total {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let ptr = super::memory::map_anon(pooled as usize)?;
+    let ga = Arc::new(GraphAlloc {
+        dev,
+        ptr,
+        size,
+        pooled,
+        live: std::sync::atomic::AtomicBool::new(false),
+        execs: AtomicU32::new(0),
+        orphan: std::sync::atomic::AtomicBool::new(false),
+    });
+    graph_allocs().lock().insert(ptr, Arc::clone(&ga));
+    Ok(ga)
+}
+
+/// (start, size, device) of the graph allocation holding address `p`.
+pub fn graph_alloc_at(p: u64) -> Option<(u64, u64, usize)> {
+    let allocs = graph_allocs().lock();
+    let (start, ga) = allocs.range(..=p).next_back()?;
+    (p < start + ga.size).then_some((*start, ga.size, ga.dev))
+}
+
+/// Whether `p` starts a graph allocation.
+pub fn is_graph_alloc(p: u64) -> bool {
+    graph_allocs().lock().contains_key(&p)
+}
+
 fn mem_alloc_data(p: *mut MemAllocNodeParams) -> Result<NodeKind, CUresult> {
     let d = cu()?;
     if p.is_null() {
@@ -541,23 +598,9 @@ fn mem_alloc_data(p: *mut MemAllocNodeParams) -> Result<NodeKind, CUresult> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = d.check_dev(mp.pool_props.location.id)?;
-    let pooled = (mp.bytesize as u64)
-        .checked_next_multiple_of(GRAPH_MEM_GRANULE)
-        .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-    if pooled > d.devs[dev].total {
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
-    }
-    let ptr = super::memory::map_anon(pooled as usize)?;
-    let ga = Arc::new(GraphAlloc {
-        dev,
-        ptr,
-        size: mp.bytesize as u64,
-        pooled,
-        live: std::sync::atomic::AtomicBool::new(false),
-    });
-    graph_allocs().lock().insert(ptr, Arc::clone(&ga));
+    let ga = new_graph_alloc(d, dev, mp.bytesize as u64)?;
     // SAFETY: the caller's params (checked non-null): dptr is an output.
-    unsafe { std::ptr::addr_of_mut!((*p).dptr).write_unaligned(ptr) };
+    unsafe { std::ptr::addr_of_mut!((*p).dptr).write_unaligned(ga.ptr) };
     Ok(NodeKind::MemAlloc(ga))
 }
 
@@ -589,9 +632,22 @@ pub fn graph_mem_free(p: u64) -> Option<CuRes> {
     if !ga.live.swap(false, AcqRel) {
         return Some(Err(CUDA_ERROR_INVALID_VALUE));
     }
-    let mut m = graph_mem(ga.dev).lock();
-    m.used = m.used.saturating_sub(ga.pooled);
+    {
+        let mut m = graph_mem(ga.dev).lock();
+        m.used = m.used.saturating_sub(ga.pooled);
+    }
+    if ga.orphan.load(Acquire) {
+        drop_range(&ga);
+    }
     Some(Ok(()))
+}
+
+/// Unmaps a graph allocation's address range (its node is gone and the
+/// memory is not allocated).
+fn drop_range(ga: &GraphAlloc) {
+    if graph_allocs().lock().remove(&ga.ptr).is_some() {
+        super::memory::unmap_pub(ga.ptr, ga.pooled as usize);
+    }
 }
 
 /// Whether `[p, p+len)` lies in a graph allocation (`Some(in bounds)`).
@@ -651,6 +707,13 @@ fn destroy_graph(d: &Driver, g: usize) -> CuRes {
 fn forget_node(d: &Driver, n: Node) {
     d.objs.lock().remove(n.h);
     match n.kind {
+        NodeKind::MemAlloc(a) => {
+            // Memory still allocated stays until it is freed (cuMemFree).
+            a.orphan.store(true, Release);
+            if !a.live.load(Acquire) {
+                drop_range(&a);
+            }
+        }
         NodeKind::Child(c) => {
             let _ = destroy_graph(d, c);
         }
@@ -879,6 +942,7 @@ fn flatten(g: usize, out: &mut Vec<Step>) -> CuRes {
             NodeKind::EventWait(_) => Op::EventWait,
             NodeKind::MemAlloc(a) => Op::Alloc(Arc::clone(a)),
             NodeKind::MemFree(p) => Op::Free(*p),
+            NodeKind::MemOp(m) => Op::MemOp(m.clone()),
             NodeKind::Child(c) => {
                 flatten(*c, out)?;
                 continue;
@@ -920,6 +984,20 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     let graph = graph_of(g as usize)?;
     let mut steps = Vec::new();
     flatten(g as usize, &mut steps)?;
+    // A graph with memory nodes has one executable at a time.
+    let allocs: Vec<Arc<GraphAlloc>> = steps
+        .iter()
+        .filter_map(|s| match &s.op {
+            Op::Alloc(a) => Some(Arc::clone(a)),
+            _ => None,
+        })
+        .collect();
+    if allocs.iter().any(|a| a.execs.load(Acquire) > 0) {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    for a in &allocs {
+        a.execs.fetch_add(1, AcqRel);
+    }
     let user_objs = graph.lock().user_objs.clone();
     for (u, c) in &user_objs {
         if let Ok(o) = user_obj(*u) {
@@ -968,8 +1046,24 @@ fn run_steps(d: &Driver, steps: &[Step], stream: usize) -> CuRes {
                 }
                 super::launch::submit(d, stream, k.ns)?;
             }
-            Op::Memcpy(m) => super::array::memcpy3d(m)?,
-            Op::Memset(m) => run_memset(m)?,
+            Op::Memcpy(m) => {
+                let m = *m;
+                if !super::stream::record_node_if_capturing(stream, || NodeKind::Memcpy(m))? {
+                    super::array::memcpy3d(&m)?
+                }
+            }
+            Op::Memset(m) => {
+                let m = *m;
+                if !super::stream::record_node_if_capturing(stream, || NodeKind::Memset(m))? {
+                    run_memset(&m)?
+                }
+            }
+            Op::MemOp(m) => {
+                if !super::stream::record_node_if_capturing(stream, || NodeKind::MemOp(m.clone()))?
+                {
+                    super::memory::run_mem_op(d, m)?
+                }
+            }
             Op::Host(f, u) => {
                 // SAFETY: f was a non-null CUhostFn given by the caller.
                 let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(*f) };
@@ -1016,6 +1110,17 @@ fn graph_launch(e: CUgraphExec, stream: CUstream) -> CuRes {
     let ge = exec_of(e)?;
     d.stream(stream as usize)?;
     let steps = ge.steps.lock().clone();
+    // CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: what the previous
+    // launch allocated and nobody freed is freed first.
+    if ge.flags & 1 != 0 {
+        for s in &steps {
+            if let Op::Alloc(a) = &s.op {
+                if a.live.load(Acquire) {
+                    let _ = graph_mem_free(a.ptr);
+                }
+            }
+        }
+    }
     run_steps(d, &steps, stream as usize)
 }
 
@@ -1023,6 +1128,13 @@ fn exec_destroy(e: CUgraphExec) -> CuRes {
     let d = cu()?;
     let ge = exec_of(e)?;
     d.objs.lock().remove(e as usize);
+    for s in ge.steps.lock().iter() {
+        if let Op::Alloc(a) = &s.op {
+            let _ = a
+                .execs
+                .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(1)));
+        }
+    }
     for (u, c) in &ge.user_objs {
         release_user_obj(d, *u, *c);
     }
@@ -1278,9 +1390,10 @@ exports! {
         => add_node(pn, g, deps, ndeps, || mem_free_data(p));
     cuGraphAddNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *mut GraphNodeParams)
         => add_node(pn, g, deps, ndeps, || generic_kind(p));
-    cuGraphAddNode_v2(pn: NodeOut, g: CUgraph, deps: Nodes, _edata: *const u64, ndeps: usize, p: *mut GraphNodeParams)
+    // _v3 (CUDA 13.4): the same signature; it also knows the batch copy node types.
+    cuGraphAddNode_v2 | cuGraphAddNode_v3(pn: NodeOut, g: CUgraph, deps: Nodes, _edata: *const u64, ndeps: usize, p: *mut GraphNodeParams)
         => add_node(pn, g, deps, ndeps, || generic_kind(p));
-    cuGraphNodeSetParams(n: CUgraphNode, p: *mut GraphNodeParams) => {
+    cuGraphNodeSetParams | cuGraphNodeSetParams_v2(n: CUgraphNode, p: *mut GraphNodeParams) => {
         if let NodeKind::MemAlloc(_) | NodeKind::MemFree(_) | NodeKind::Cond(..) = node_kind(n)? {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -1343,7 +1456,36 @@ exports! {
     cuGraphKernelNodeGetParams | cuGraphKernelNodeGetParams_v2(n: CUgraphNode, p: *mut KernelNodeParams)
         => get_kernel_params(n, p);
     cuGraphKernelNodeSetParams | cuGraphKernelNodeSetParams_v2(n: CUgraphNode, p: *const KernelNodeParams)
-        => set_node_kind(n, kernel_data(p)?);
+        => {
+            let attrs = match node_kind(n)? { NodeKind::Kernel(k) => k.attrs, _ => return Err(CUDA_ERROR_INVALID_VALUE) };
+            let mut k = kernel_data(p)?;
+            if let NodeKind::Kernel(x) = &mut k { x.attrs = attrs; }
+            set_node_kind(n, k)
+        };
+    cuGraphKernelNodeGetAttribute(n: CUgraphNode, attr: u32, out: *mut [u8; 64]) => match node_kind(n)? {
+        NodeKind::Kernel(k) => {
+            if !(1..=32).contains(&attr) { return Err(CUDA_ERROR_INVALID_VALUE) }
+            // SAFETY: out pointer from the caller (a 64-byte CUkernelNodeAttrValue).
+            unsafe { put(out, k.attrs.get(&attr).copied().unwrap_or([0; 64]), CUDA_ERROR_INVALID_VALUE) }
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphKernelNodeSetAttribute(n: CUgraphNode, attr: u32, v: *const [u8; 64]) => match node_kind(n)? {
+        NodeKind::Kernel(mut k) => {
+            if v.is_null() || !(1..=32).contains(&attr) { return Err(CUDA_ERROR_INVALID_VALUE) }
+            // SAFETY: a 64-byte CUkernelNodeAttrValue from the caller (checked non-null).
+            k.attrs.insert(attr, unsafe { v.read_unaligned() });
+            set_node_kind(n, NodeKind::Kernel(k))
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    cuGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode) => match (node_kind(dst)?, node_kind(src)?) {
+        (NodeKind::Kernel(mut d), NodeKind::Kernel(s)) => {
+            d.attrs = s.attrs;
+            set_node_kind(dst, NodeKind::Kernel(d))
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    };
     cuGraphExecKernelNodeSetParams | cuGraphExecKernelNodeSetParams_v2
         (e: CUgraphExec, n: CUgraphNode, p: *const KernelNodeParams) => exec_set(e, n, kernel_data(p)?);
     cuGraphMemsetNodeGetParams(n: CUgraphNode, p: *mut MemsetNodeParams) => match node_kind(n)? {
@@ -1552,8 +1694,7 @@ stub_fns! {
         cuGraphAddExternalSemaphoresWaitNode, cuGraphExternalSemaphoresSignalNodeGetParams,
         cuGraphExternalSemaphoresSignalNodeSetParams, cuGraphExternalSemaphoresWaitNodeGetParams,
         cuGraphExternalSemaphoresWaitNodeSetParams, cuGraphExecExternalSemaphoresSignalNodeSetParams,
-        cuGraphExecExternalSemaphoresWaitNodeSetParams, cuGraphKernelNodeCopyAttributes,
-        cuGraphKernelNodeGetAttribute, cuGraphKernelNodeSetAttribute;
+        cuGraphExecExternalSemaphoresWaitNodeSetParams;
 }
 
 /// `cuGraphNodeGetParams` (CUDA 13.2): the node's parameters in a
@@ -1595,7 +1736,7 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
                 std::ptr::addr_of_mut!((*c).type_).write_unaligned(t);
                 std::ptr::addr_of_mut!((*c).size).write_unaligned(bodies.len() as u32);
             }
-            NodeKind::Empty => {}
+            NodeKind::Empty | NodeKind::MemOp(_) => {}
         }
     }
     Ok(())

@@ -335,3 +335,86 @@ exports! {
     cuMemGetDefaultMemPool(out: *mut CUmemoryPool, loc: *const CUmemLocation, ty: u32) => get_mem_pool(out, loc, ty, true);
     cuMemSetMemPool(loc: *const CUmemLocation, ty: u32, pool: CUmemoryPool) => set_mem_pool(loc, ty, pool);
 }
+
+/// The location of entry `i` of a batch: the last `locs[j]` whose first
+/// index `idxs[j]` is at most `i` (indices ascending, the first 0).
+fn batch_loc(
+    d: &Driver,
+    locs: *const CUmemLocation,
+    idxs: *const usize,
+    nlocs: usize,
+    i: usize,
+) -> Result<i32, CUresult> {
+    let mut pick = None;
+    for j in 0..nlocs {
+        // SAFETY: idxs and locs hold nlocs entries by the caller's contract.
+        let (first, loc) = unsafe { (*idxs.add(j), locs.add(j).read_unaligned()) };
+        if first <= i {
+            pick = Some(loc);
+        }
+    }
+    let l = pick.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    loc_dev(d, l.type_, l.id)
+}
+
+/// `cuMemPrefetchBatchAsync`, `cuMemDiscardBatchAsync`,
+/// `cuMemDiscardAndPrefetchBatchAsync` (CUDA 13): every range is checked
+/// (managed memory), prefetches are recorded like `cuMemPrefetchAsync`; a
+/// discard leaves the bytes as they are (their contents are undefined after
+/// it, so keeping them is allowed).
+#[allow(clippy::too_many_arguments)]
+fn batch_hint(
+    ptrs: *const CUdeviceptr,
+    sizes: *const usize,
+    count: usize,
+    locs: *const CUmemLocation,
+    idxs: *const usize,
+    nlocs: usize,
+    flags: u64,
+    stream: CUstream,
+    prefetch: bool,
+) -> CuRes {
+    let d = cu()?;
+    d.stream(stream as usize)?;
+    if ptrs.is_null() || sizes.is_null() || count == 0 || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if prefetch && (locs.is_null() || idxs.is_null() || nlocs == 0 || nlocs > count) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut todo = Vec::with_capacity(count.min(1 << 16));
+    for i in 0..count {
+        // SAFETY: ptrs and sizes hold count entries by the caller's contract.
+        let (p, n) = unsafe { (*ptrs.add(i), *sizes.add(i)) };
+        let (start, kind) = alloc_at(d, p, n as u64)?;
+        if kind != AllocKind::Managed {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let dev = if prefetch {
+            Some(batch_loc(d, locs, idxs, nlocs, i)?)
+        } else {
+            None
+        };
+        todo.push((start, dev));
+    }
+    let mut h = hints().lock();
+    for (start, dev) in todo {
+        if let Some(dev) = dev {
+            h.entry(start).or_default().last_prefetch = Some(dev);
+        }
+    }
+    Ok(())
+}
+
+type Ptrs = *const CUdeviceptr;
+type Sizes = *const usize;
+type Locs = *const CUmemLocation;
+
+exports! {
+    cuMemPrefetchBatchAsync | cuMemPrefetchBatchAsync_ptsz(ptrs: Ptrs, sizes: Sizes, count: usize, locs: Locs, idxs: Sizes, nlocs: usize, flags: u64, stream: CUstream)
+        => batch_hint(ptrs, sizes, count, locs, idxs, nlocs, flags, stream, true);
+    cuMemDiscardAndPrefetchBatchAsync | cuMemDiscardAndPrefetchBatchAsync_ptsz(ptrs: Ptrs, sizes: Sizes, count: usize, locs: Locs, idxs: Sizes, nlocs: usize, flags: u64, stream: CUstream)
+        => batch_hint(ptrs, sizes, count, locs, idxs, nlocs, flags, stream, true);
+    cuMemDiscardBatchAsync | cuMemDiscardBatchAsync_ptsz(ptrs: Ptrs, sizes: Sizes, count: usize, flags: u64, stream: CUstream)
+        => batch_hint(ptrs, sizes, count, std::ptr::null(), std::ptr::null(), 0, flags, stream, false);
+}

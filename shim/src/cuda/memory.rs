@@ -9,7 +9,7 @@
 //! cache); copies and memsets are performed at the call, in call order.
 
 use crate::driver::{cu, Alloc, AllocKind, Array, Driver, MemOp, Obj, Pool};
-use crate::{guard, put, CuRes};
+use crate::{exports, guard, put, CuRes};
 use cgpu_ffi::*;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -38,6 +38,11 @@ pub fn map_anon(len: usize) -> Result<u64, CUresult> {
     } else {
         Ok(p as u64)
     }
+}
+
+/// Unmaps a mapping of ours (graph allocations use it).
+pub fn unmap_pub(addr: u64, len: usize) {
+    unmap(addr, len)
 }
 
 fn unmap(addr: u64, len: usize) {
@@ -184,6 +189,12 @@ fn check_any_range(d: &Driver, p: u64, len: u64) -> CuRes {
         None if p == 0 => Err(CUDA_ERROR_INVALID_VALUE),
         None => Ok(()),
     }
+}
+
+/// Copies `n` validated bytes (recorded instead when a capture is being
+/// recorded on this thread: see `stream::capture_mem_ops`).
+pub fn copy_pub(dst: u64, src: u64, n: usize) {
+    copy(dst, src, n)
 }
 
 fn copy(dst: u64, src: u64, n: usize) {
@@ -561,47 +572,37 @@ fn alloc_async(
         // SAFETY: out pointer from the caller (checked non-null).
         return unsafe { put(dptr, 0, CUDA_ERROR_INVALID_VALUE) };
     }
+    // Into a capturing stream, the allocation becomes a memory alloc node:
+    // its address now, its memory when the graph is launched.
+    let mut captured = Err(CUDA_ERROR_UNKNOWN);
+    let recorded = super::stream::record_node_if_capturing(stream as usize, || {
+        match super::graph::new_graph_alloc(d, dev, size as u64) {
+            Ok(ga) => {
+                captured = Ok(ga.ptr);
+                super::graph::NodeKind::MemAlloc(ga)
+            }
+            Err(e) => {
+                captured = Err(e);
+                super::graph::NodeKind::Empty
+            }
+        }
+    })?;
+    if recorded {
+        let captured = captured?;
+        // SAFETY: out pointer from the caller (checked non-null).
+        return unsafe { put(dptr, captured, CUDA_ERROR_INVALID_VALUE) };
+    }
     let p = alloc_on(d, ctx, dev, size as u64, AllocKind::Async, pool)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(dptr, p, CUDA_ERROR_INVALID_VALUE) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, size, None, stream))
+exports! {
+    cuMemAllocAsync | cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, stream: CUstream) => alloc_async(dptr, size, None, stream);
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, size, None, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, size, Some(pool as usize), stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemAllocFromPoolAsync_ptsz(
-    dptr: *mut CUdeviceptr,
-    size: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> CUresult {
-    guard(|| alloc_async(dptr, size, Some(pool as usize), stream))
+exports! {
+    cuMemAllocFromPoolAsync | cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) => alloc_async(dptr, size, Some(pool as usize), stream);
 }
 
 fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuRes {
@@ -609,6 +610,14 @@ fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuRes {
     d.stream(stream as usize)?;
     if dptr == 0 {
         // What a zero-byte allocation returned.
+        return Ok(());
+    }
+    // Freeing graph memory into a capturing stream is a memory free node.
+    if super::graph::is_graph_alloc(dptr)
+        && super::stream::record_node_if_capturing(stream as usize, || {
+            super::graph::NodeKind::MemFree(dptr)
+        })?
+    {
         return Ok(());
     }
     if let Some(r) = super::graph::graph_mem_free(dptr) {
@@ -621,14 +630,8 @@ fn free_async(dptr: CUdeviceptr, stream: CUstream) -> CuRes {
     )
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    guard(|| free_async(dptr, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult {
-    guard(|| free_async(dptr, stream))
+exports! {
+    cuMemFreeAsync | cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => free_async(dptr, stream);
 }
 
 #[unsafe(no_mangle)]
@@ -978,25 +981,15 @@ fn with_stream(stream: CUstream, f: impl FnOnce() -> CuRes) -> CuRes {
     super::stream::capture_mem_ops(stream as usize, f)
 }
 
+/// The copy and memset families: one implementation `$imp`, its variants
+/// (`_v2`, `_ptds`, `Async`, `_ptsz`) declared through `exports!`; an
+/// `async` variant takes a trailing stream.
 macro_rules! variants {
-    (async $imp:ident $args:tt => $($name:ident),+) => {$( variant!(async $imp $args $name); )+};
-    ($imp:ident $args:tt => $($name:ident),+) => {$( variant!($imp $args $name); )+};
-}
-
-macro_rules! variant {
-    (async $imp:ident ($($a:ident : $t:ty),*) $name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t,)* stream: CUstream) -> CUresult {
-            std::hint::black_box(stringify!($name));
-            guard(|| with_stream(stream, || $imp($($a),*)))
-        }
+    (async $imp:ident ($($a:ident : $t:ty),*) => $($name:ident),+) => {
+        exports! { $($name)|+ ($($a: $t,)* stream: CUstream) => with_stream(stream, || $imp($($a),*)); }
     };
-    ($imp:ident ($($a:ident : $t:ty),*) $name:ident) => {
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($a: $t),*) -> CUresult {
-            std::hint::black_box(stringify!($name));
-            guard(|| $imp($($a),*))
-        }
+    ($imp:ident ($($a:ident : $t:ty),*) => $($name:ident),+) => {
+        exports! { $($name)|+ ($($a: $t),*) => $imp($($a),*); }
     };
 }
 
@@ -1057,12 +1050,19 @@ fn memcpy_2d(p: *const CudaMemcpy2D) -> CuRes {
     if w == 0 || h == 0 {
         return Ok(());
     }
-    let arr_base = |a: CUarray| -> Result<u64, CUresult> {
+    // An array side: its backing's start and end (copies are checked
+    // against it) and its row size (the pitch of its rows).
+    let arr = |a: CUarray| -> Result<(u64, u64, u64), CUresult> {
         match d.objs.lock().get(a as usize) {
-            Some(Obj::Array(x)) => Ok(x.base),
+            Some(Obj::Array(x)) => Ok((
+                x.base,
+                x.base + x.row_bytes() * x.rows() * x.layers(),
+                x.row_bytes(),
+            )),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     };
+    let arr_base = |a: CUarray| arr(a).map(|x| x.0);
     // memory types: 1 host, 2 device, 3 array, 4 unified
     let base = |ty: u32, host: u64, dev: u64, arr: CUarray| -> Result<(u64, bool), CUresult> {
         match ty {
@@ -1085,9 +1085,16 @@ fn memcpy_2d(p: *const CudaMemcpy2D) -> CuRes {
         m.dst_device,
         m.dst_array,
     )?;
+    let pitch_of = |ty: u32, arr_h: CUarray, given: usize| -> Result<u64, CUresult> {
+        if ty == 3 {
+            arr(arr_h).map(|x| x.2)
+        } else {
+            Ok(given.max(m.width_in_bytes) as u64)
+        }
+    };
     let (sp, dp) = (
-        m.src_pitch.max(m.width_in_bytes) as u64,
-        m.dst_pitch.max(m.width_in_bytes) as u64,
+        pitch_of(m.src_memory_type, m.src_array, m.src_pitch)?,
+        pitch_of(m.dst_memory_type, m.dst_array, m.dst_pitch)?,
     );
     if sb == 0 || db == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -1101,6 +1108,20 @@ fn memcpy_2d(p: *const CudaMemcpy2D) -> CuRes {
     if ddev {
         check_dev_range(d, d0, span(dp))?;
     }
+    // Array sides stay inside the array.
+    let inside = |ty: u32, a: CUarray, start: u64, p: u64| -> CuRes {
+        if ty != 3 {
+            return Ok(());
+        }
+        let (lo, hi, _) = arr(a)?;
+        if start >= lo && start.checked_add(span(p)).is_some_and(|e| e <= hi) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    };
+    inside(m.src_memory_type, m.src_array, s0, sp)?;
+    inside(m.dst_memory_type, m.dst_array, d0, dp)?;
     for row in 0..h {
         copy(d0 + row * dp, s0 + row * sp, w as usize);
     }
@@ -1199,7 +1220,26 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 _ => None,
             }
         };
-        let (start, a) = a.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (start, a) = match a {
+            Some(x) => x,
+            // Graph memory: device memory of the graph's device.
+            None => {
+                let (start, size, dev) =
+                    super::graph::graph_alloc_at(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                (
+                    start,
+                    Alloc {
+                        size,
+                        charged: 0,
+                        dev,
+                        ctx: d.cur_ctx().map(|c| c.0).unwrap_or(0),
+                        kind: AllocKind::Device,
+                        map_len: 0,
+                        pool: 0,
+                    },
+                )
+            }
+        };
         let host = a.kind == AllocKind::Host;
         // SAFETY (all writes below): data points to storage of the attribute's
         // documented type, by the caller's contract.

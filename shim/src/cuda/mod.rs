@@ -5,6 +5,7 @@
 pub mod array;
 pub mod context;
 pub mod device;
+pub mod diagnostics;
 pub mod export_tables;
 pub mod graph;
 pub mod init;
@@ -23,6 +24,7 @@ pub mod vmm;
 pub use array::*;
 pub use context::*;
 pub use device::*;
+pub use diagnostics::*;
 pub use export_tables::*;
 pub use graph::*;
 pub use init::*;

@@ -6,7 +6,7 @@
 use crate::cuda::graph::{add_node_kind, KernelData, KernelNodeParams, NodeKind};
 use crate::driver::{cu, Capture, CaptureGraph, Event, KernelNode, MemOp, Obj, Stream};
 use crate::exec::EventTimes;
-use crate::{guard, put, CuRes};
+use crate::{exports, guard, put, CuRes};
 use cgpu_ffi::*;
 use parking_lot::Mutex;
 use std::ffi::c_void;
@@ -116,24 +116,12 @@ fn query(h: CUstream) -> CuRes {
     }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamSynchronize(h: CUstream) -> CUresult {
-    guard(|| synchronize(h))
+exports! {
+    cuStreamSynchronize | cuStreamSynchronize_ptsz(h: CUstream) => synchronize(h);
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamSynchronize_ptsz(h: CUstream) -> CUresult {
-    guard(|| synchronize(h))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamQuery(h: CUstream) -> CUresult {
-    guard(|| query(h))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamQuery_ptsz(h: CUstream) -> CUresult {
-    guard(|| query(h))
+exports! {
+    cuStreamQuery | cuStreamQuery_ptsz(h: CUstream) => query(h);
 }
 
 fn wait_event(h: CUstream, ev: CUevent, flags: u32) -> CuRes {
@@ -173,14 +161,8 @@ fn wait_event(h: CUstream, ev: CUevent, flags: u32) -> CuRes {
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamWaitEvent(h: CUstream, ev: CUevent, flags: u32) -> CUresult {
-    guard(|| wait_event(h, ev, flags))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamWaitEvent_ptsz(h: CUstream, ev: CUevent, flags: u32) -> CUresult {
-    guard(|| wait_event(h, ev, flags))
+exports! {
+    cuStreamWaitEvent | cuStreamWaitEvent_ptsz(h: CUstream, ev: CUevent, flags: u32) => wait_event(h, ev, flags);
 }
 
 fn get_flags(h: CUstream, flags: *mut u32) -> CuRes {
@@ -196,14 +178,8 @@ fn get_flags(h: CUstream, flags: *mut u32) -> CuRes {
     }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetFlags(h: CUstream, flags: *mut u32) -> CUresult {
-    guard(|| get_flags(h, flags))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetFlags_ptsz(h: CUstream, flags: *mut u32) -> CUresult {
-    guard(|| get_flags(h, flags))
+exports! {
+    cuStreamGetFlags | cuStreamGetFlags_ptsz(h: CUstream, flags: *mut u32) => get_flags(h, flags);
 }
 
 fn get_priority(h: CUstream, prio: *mut i32) -> CuRes {
@@ -219,14 +195,8 @@ fn get_priority(h: CUstream, prio: *mut i32) -> CuRes {
     }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetPriority(h: CUstream, prio: *mut i32) -> CUresult {
-    guard(|| get_priority(h, prio))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetPriority_ptsz(h: CUstream, prio: *mut i32) -> CUresult {
-    guard(|| get_priority(h, prio))
+exports! {
+    cuStreamGetPriority | cuStreamGetPriority_ptsz(h: CUstream, prio: *mut i32) => get_priority(h, prio);
 }
 
 fn get_ctx(h: CUstream, pctx: *mut CUcontext) -> CuRes {
@@ -239,14 +209,8 @@ fn get_ctx(h: CUstream, pctx: *mut CUcontext) -> CuRes {
     unsafe { put(pctx, ctx as CUcontext, CUDA_ERROR_INVALID_VALUE) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCtx(h: CUstream, pctx: *mut CUcontext) -> CUresult {
-    guard(|| get_ctx(h, pctx))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCtx_ptsz(h: CUstream, pctx: *mut CUcontext) -> CUresult {
-    guard(|| get_ctx(h, pctx))
+exports! {
+    cuStreamGetCtx | cuStreamGetCtx_ptsz(h: CUstream, pctx: *mut CUcontext) => get_ctx(h, pctx);
 }
 
 fn get_id(h: CUstream, id: *mut u64) -> CuRes {
@@ -256,14 +220,8 @@ fn get_id(h: CUstream, id: *mut u64) -> CuRes {
     unsafe { put(id, h as u64, CUDA_ERROR_INVALID_VALUE) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetId(h: CUstream, id: *mut u64) -> CUresult {
-    guard(|| get_id(h, id))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetId_ptsz(h: CUstream, id: *mut u64) -> CUresult {
-    guard(|| get_id(h, id))
+exports! {
+    cuStreamGetId | cuStreamGetId_ptsz(h: CUstream, id: *mut u64) => get_id(h, id);
 }
 
 /// Host callback: runs once the stream's prior work is done (on a helper thread).
@@ -288,18 +246,16 @@ pub fn host_func_after(h: usize, f: unsafe extern "C" fn(*mut c_void), data: usi
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchHostFunc(h: CUstream, f: CUhostFn, data: *mut c_void) -> CUresult {
-    guard(|| launch_host_func(h, f, data))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuLaunchHostFunc_ptsz(
-    h: CUstream,
-    f: CUhostFn,
-    data: *mut c_void,
-) -> CUresult {
-    guard(|| launch_host_func(h, f, data))
+exports! {
+    cuLaunchHostFunc | cuLaunchHostFunc_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void) => launch_host_func(h, f, data);
+    // CUDA 13.1: a sync mode (blocking 0 / non-blocking 1); the sim's host
+    // functions never block the stream's device work either way.
+    cuLaunchHostFunc_v2 | cuLaunchHostFunc_v2_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void, mode: u32) => {
+        if mode > 1 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        launch_host_func(h, f, data)
+    };
 }
 
 // ----------------------------------------------------------------------- events
@@ -375,39 +331,17 @@ fn record(h: CUevent, stream: CUstream) -> CuRes {
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventRecord(h: CUevent, stream: CUstream) -> CUresult {
-    guard(|| record(h, stream))
+exports! {
+    cuEventRecord | cuEventRecord_ptsz(h: CUevent, stream: CUstream) => record(h, stream);
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventRecord_ptsz(h: CUevent, stream: CUstream) -> CUresult {
-    guard(|| record(h, stream))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventRecordWithFlags(
-    h: CUevent,
-    stream: CUstream,
-    flags: u32,
-) -> CUresult {
-    guard(|| {
+exports! {
+    cuEventRecordWithFlags | cuEventRecordWithFlags_ptsz(h: CUevent, stream: CUstream, flags: u32) => {
         if flags & !1 != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         record(h, stream)
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuEventRecordWithFlags_ptsz(
-    h: CUevent,
-    stream: CUstream,
-    flags: u32,
-) -> CUresult {
-    std::hint::black_box(concat!(file!(), line!()));
-    // SAFETY: same contract.
-    unsafe { cuEventRecordWithFlags(h, stream, flags) }
+    };
 }
 
 fn event_done(e: &Event) -> Result<bool, CUresult> {
@@ -508,22 +442,8 @@ fn get_ctx_v2(h: CUstream, pctx: *mut CUcontext, pgreen: *mut *mut c_void) -> Cu
     get_ctx(h, pctx)
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCtx_v2(
-    h: CUstream,
-    pctx: *mut CUcontext,
-    pgreen: *mut *mut c_void,
-) -> CUresult {
-    guard(|| get_ctx_v2(h, pctx, pgreen))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCtx_v2_ptsz(
-    h: CUstream,
-    pctx: *mut CUcontext,
-    pgreen: *mut *mut c_void,
-) -> CUresult {
-    guard(|| get_ctx_v2(h, pctx, pgreen))
+exports! {
+    cuStreamGetCtx_v2 | cuStreamGetCtx_v2_ptsz(h: CUstream, pctx: *mut CUcontext, pgreen: *mut *mut c_void) => get_ctx_v2(h, pctx, pgreen);
 }
 
 fn get_device(h: CUstream, dev: *mut CUdevice) -> CuRes {
@@ -532,14 +452,8 @@ fn get_device(h: CUstream, dev: *mut CUdevice) -> CuRes {
     unsafe { put(dev, d as CUdevice, CUDA_ERROR_INVALID_VALUE) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetDevice(h: CUstream, dev: *mut CUdevice) -> CUresult {
-    guard(|| get_device(h, dev))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetDevice_ptsz(h: CUstream, dev: *mut CUdevice) -> CUresult {
-    guard(|| get_device(h, dev))
+exports! {
+    cuStreamGetDevice | cuStreamGetDevice_ptsz(h: CUstream, dev: *mut CUdevice) => get_device(h, dev);
 }
 
 /// `CUstreamCallback`.
@@ -562,24 +476,8 @@ fn add_callback(h: CUstream, cb: CUstreamCallback, data: *mut c_void, flags: u32
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamAddCallback(
-    h: CUstream,
-    cb: CUstreamCallback,
-    data: *mut c_void,
-    flags: u32,
-) -> CUresult {
-    guard(|| add_callback(h, cb, data, flags))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamAddCallback_ptsz(
-    h: CUstream,
-    cb: CUstreamCallback,
-    data: *mut c_void,
-    flags: u32,
-) -> CUresult {
-    guard(|| add_callback(h, cb, data, flags))
+exports! {
+    cuStreamAddCallback | cuStreamAddCallback_ptsz(h: CUstream, cb: CUstreamCallback, data: *mut c_void, flags: u32) => add_callback(h, cb, data, flags);
 }
 
 /// (status, id) of `h`'s capture: NONE (0), ACTIVE (1) or INVALIDATED (2).
@@ -600,14 +498,8 @@ fn is_capturing(h: CUstream, status: *mut u32) -> CuRes {
     unsafe { put(status, st, CUDA_ERROR_INVALID_VALUE) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamIsCapturing(h: CUstream, status: *mut u32) -> CUresult {
-    guard(|| is_capturing(h, status))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamIsCapturing_ptsz(h: CUstream, status: *mut u32) -> CUresult {
-    guard(|| is_capturing(h, status))
+exports! {
+    cuStreamIsCapturing | cuStreamIsCapturing_ptsz(h: CUstream, status: *mut u32) => is_capturing(h, status);
 }
 
 static CAPTURE_IDS: AtomicU64 = AtomicU64::new(0);
@@ -633,6 +525,7 @@ fn begin_capture(h: CUstream, mode: u32) -> CuRes {
             graph,
             invalidated: false,
             joined: 0,
+            user_graph: false,
         })),
         deps: Vec::new(),
         origin: true,
@@ -640,25 +533,94 @@ fn begin_capture(h: CUstream, mode: u32) -> CuRes {
     Ok(())
 }
 
-/// CUDA 10.0 signature: global mode.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamBeginCapture(h: CUstream) -> CUresult {
-    guard(|| begin_capture(h, 0))
+/// `cuStreamBeginCaptureToGraph`: captures into the caller's graph, after
+/// the given nodes of it.
+fn begin_capture_to_graph(
+    h: CUstream,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    mode: u32,
+) -> CuRes {
+    let d = cu()?;
+    if mode > 2 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, s) = d.stream(h as usize)?;
+    let s = s.ok_or(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)?;
+    let graph = crate::cuda::graph::graph_of(g as usize)?;
+    let deps = crate::cuda::graph::read_nodes(deps, n)?;
+    {
+        let gr = graph.lock();
+        if deps.iter().any(|x| gr.node(*x).is_none()) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let mut cap = s.capture.lock();
+    if cap.is_some() {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    *cap = Some(Capture {
+        shared: Arc::new(Mutex::new(CaptureGraph {
+            id: CAPTURE_IDS.fetch_add(1, Relaxed) + 1,
+            mode,
+            graph: g as usize,
+            invalidated: false,
+            joined: 0,
+            user_graph: true,
+        })),
+        deps,
+        origin: true,
+    });
+    Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamBeginCapture_ptsz(h: CUstream) -> CUresult {
-    guard(|| begin_capture(h, 0))
+/// `cuStreamUpdateCaptureDependencies`: the nodes the stream's next captured
+/// work depends on, added to (flags 0) or replacing (1) the current ones.
+fn update_capture_deps(h: CUstream, deps: *const CUgraphNode, n: usize, flags: u32) -> CuRes {
+    let d = cu()?;
+    if flags > 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, s) = d.stream(h as usize)?;
+    let s = s.ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    let new = crate::cuda::graph::read_nodes(deps, n)?;
+    let mut cap = s.capture.lock();
+    let c = cap.as_mut().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    let gh = c.shared.lock().graph;
+    let graph = crate::cuda::graph::graph_of(gh)?;
+    if new.iter().any(|x| graph.lock().node(*x).is_none()) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if flags == 1 {
+        c.deps.clear();
+    }
+    for x in new {
+        if !c.deps.contains(&x) {
+            c.deps.push(x);
+        }
+    }
+    Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2(h: CUstream, mode: u32) -> CUresult {
-    guard(|| begin_capture(h, mode))
+type NodeList = *const CUgraphNode;
+
+exports! {
+    cuStreamBeginCaptureToGraph | cuStreamBeginCaptureToGraph_ptsz(h: CUstream, g: CUgraph, deps: NodeList, _edata: *const u64, n: usize, mode: u32)
+        => begin_capture_to_graph(h, g, deps, n, mode);
+    cuStreamUpdateCaptureDependencies | cuStreamUpdateCaptureDependencies_ptsz(h: CUstream, deps: NodeList, n: usize, flags: u32)
+        => update_capture_deps(h, deps, n, flags);
+    cuStreamUpdateCaptureDependencies_v2 | cuStreamUpdateCaptureDependencies_v2_ptsz(h: CUstream, deps: NodeList, _edata: *const u64, n: usize, flags: u32)
+        => update_capture_deps(h, deps, n, flags);
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: u32) -> CUresult {
-    guard(|| begin_capture(h, mode))
+// CUDA 10.0 signature: global mode.
+exports! {
+    cuStreamBeginCapture | cuStreamBeginCapture_ptsz(h: CUstream) => begin_capture(h, 0);
+}
+
+exports! {
+    cuStreamBeginCapture_v2 | cuStreamBeginCapture_v2_ptsz(h: CUstream, mode: u32) => begin_capture(h, mode);
 }
 
 /// Ends the capture of `h` (the stream that began it): the graph built, or
@@ -707,7 +669,9 @@ fn end_capture(h: CUstream, pg: *mut CUgraph) -> CuRes {
     }
     let g = cap.shared.lock();
     if g.invalidated || unjoined {
-        let _ = crate::cuda::graph::destroy_graph_handle(g.graph);
+        if !g.user_graph {
+            let _ = crate::cuda::graph::destroy_graph_handle(g.graph);
+        }
         // SAFETY: out pointer from the caller (checked non-null).
         unsafe { put(pg, std::ptr::null_mut(), CUDA_ERROR_INVALID_VALUE) }?;
         return Err(if unjoined {
@@ -720,14 +684,8 @@ fn end_capture(h: CUstream, pg: *mut CUgraph) -> CuRes {
     unsafe { put(pg, g.graph as CUgraph, CUDA_ERROR_INVALID_VALUE) }
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamEndCapture(h: CUstream, pg: *mut CUgraph) -> CUresult {
-    guard(|| end_capture(h, pg))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamEndCapture_ptsz(h: CUstream, pg: *mut CUgraph) -> CUresult {
-    guard(|| end_capture(h, pg))
+exports! {
+    cuStreamEndCapture | cuStreamEndCapture_ptsz(h: CUstream, pg: *mut CUgraph) => end_capture(h, pg);
 }
 
 /// Records kernel `k` if `stream` is capturing (Ok(true)): it does not run.
@@ -743,8 +701,28 @@ pub fn record_if_capturing(stream: usize, k: &KernelNode) -> Result<bool, CUresu
                 kernel_params: std::ptr::null_mut(),
                 extra: std::ptr::null_mut(),
             },
+            attrs: Default::default(),
         })
     })
+}
+
+/// If `stream` is capturing, adds the node `make()` to the capture's graph
+/// after the stream's current dependencies (Ok(true)): the work does not
+/// run. Any captured operation (copies, memsets, ...) goes through here.
+pub fn record_node_if_capturing(
+    stream: usize,
+    make: impl FnOnce() -> NodeKind,
+) -> Result<bool, CUresult> {
+    let (_, s) = cu()?.stream(stream)?;
+    let Some(s) = s else { return Ok(false) };
+    let mut cap = s.capture.lock();
+    let Some(c) = cap.as_mut() else {
+        return Ok(false);
+    };
+    let graph = c.shared.lock().graph;
+    let n = add_node_kind(graph, &c.deps, make())?;
+    c.deps = vec![n];
+    Ok(true)
 }
 
 /// Runs `f` (an async copy or memset on `stream`): if the stream is
@@ -855,25 +833,6 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CU
     })
 }
 
-/// If `stream` is capturing, adds the node `make()` to the capture's graph
-/// after the stream's current dependencies (Ok(true)): the work does not
-/// run. Any captured operation (copies, memsets, ...) goes through here.
-pub fn record_node_if_capturing(
-    stream: usize,
-    make: impl FnOnce() -> NodeKind,
-) -> Result<bool, CUresult> {
-    let (_, s) = cu()?.stream(stream)?;
-    let Some(s) = s else { return Ok(false) };
-    let mut cap = s.capture.lock();
-    let Some(c) = cap.as_mut() else {
-        return Ok(false);
-    };
-    let graph = c.shared.lock().graph;
-    let n = add_node_kind(graph, &c.deps, make())?;
-    c.deps = vec![n];
-    Ok(true)
-}
-
 /// Capture info: status, id, the capture's graph, and the stream's current
 /// dependencies (a pointer valid until the stream's next captured work, as
 /// with the driver); edge data is NULL (all edges are default edges).
@@ -902,72 +861,16 @@ fn capture_info(h: CUstream, status: *mut u32, outs: &[*mut u64]) -> CuRes {
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-) -> CUresult {
-    guard(|| capture_info(h, status, &[id]))
+exports! {
+    cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz(h: CUstream, status: *mut u32, id: *mut u64) => capture_info(h, status, &[id]);
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_ptsz(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-) -> CUresult {
-    guard(|| capture_info(h, status, &[id]))
+exports! {
+    cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz(h: CUstream, status: *mut u32, id: *mut u64, g: *mut u64, deps: *mut u64, n: *mut u64) => capture_info(h, status, &[id, g, deps, std::ptr::null_mut(), n]);
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-    g: *mut u64,
-    deps: *mut u64,
-    n: *mut u64,
-) -> CUresult {
-    guard(|| capture_info(h, status, &[id, g, deps, std::ptr::null_mut(), n]))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v2_ptsz(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-    g: *mut u64,
-    deps: *mut u64,
-    n: *mut u64,
-) -> CUresult {
-    guard(|| capture_info(h, status, &[id, g, deps, std::ptr::null_mut(), n]))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-    g: *mut u64,
-    deps: *mut u64,
-    edges: *mut u64,
-    n: *mut u64,
-) -> CUresult {
-    guard(|| capture_info(h, status, &[id, g, deps, edges, n]))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetCaptureInfo_v3_ptsz(
-    h: CUstream,
-    status: *mut u32,
-    id: *mut u64,
-    g: *mut u64,
-    deps: *mut u64,
-    edges: *mut u64,
-    n: *mut u64,
-) -> CUresult {
-    guard(|| capture_info(h, status, &[id, g, deps, edges, n]))
+exports! {
+    cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz(h: CUstream, status: *mut u32, id: *mut u64, g: *mut u64, deps: *mut u64, edges: *mut u64, n: *mut u64) => capture_info(h, status, &[id, g, deps, edges, n]);
 }
 
 fn attach_mem(h: CUstream, _p: CUdeviceptr, _len: usize, flags: u32) -> CuRes {
@@ -978,24 +881,8 @@ fn attach_mem(h: CUstream, _p: CUdeviceptr, _len: usize, flags: u32) -> CuRes {
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamAttachMemAsync(
-    h: CUstream,
-    p: CUdeviceptr,
-    len: usize,
-    flags: u32,
-) -> CUresult {
-    guard(|| attach_mem(h, p, len, flags))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamAttachMemAsync_ptsz(
-    h: CUstream,
-    p: CUdeviceptr,
-    len: usize,
-    flags: u32,
-) -> CUresult {
-    guard(|| attach_mem(h, p, len, flags))
+exports! {
+    cuStreamAttachMemAsync | cuStreamAttachMemAsync_ptsz(h: CUstream, p: CUdeviceptr, len: usize, flags: u32) => attach_mem(h, p, len, flags);
 }
 
 /// Stream attributes are accepted and read back as zeroes (a 64-byte union).
@@ -1007,45 +894,15 @@ fn stream_attr(h: CUstream, value: *mut u8) -> CuRes {
     Ok(())
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetAttribute(h: CUstream, _attr: u32, value: *mut u8) -> CUresult {
-    guard(|| {
+exports! {
+    cuStreamGetAttribute | cuStreamGetAttribute_ptsz(h: CUstream, _attr: u32, value: *mut u8) => {
         stream_attr(h, value)?;
         // SAFETY: value points to a CUstreamAttrValue (64 bytes).
         unsafe { std::ptr::write_bytes(value, 0, 64) };
         Ok(())
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamGetAttribute_ptsz(
-    h: CUstream,
-    attr: u32,
-    value: *mut u8,
-) -> CUresult {
-    std::hint::black_box(concat!(file!(), line!()));
-    // SAFETY: same contract.
-    unsafe { cuStreamGetAttribute(h, attr, value) }
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamSetAttribute(
-    h: CUstream,
-    _attr: u32,
-    value: *const u8,
-) -> CUresult {
-    guard(|| stream_attr(h, value as *mut u8))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamSetAttribute_ptsz(
-    h: CUstream,
-    attr: u32,
-    value: *const u8,
-) -> CUresult {
-    std::hint::black_box(concat!(file!(), line!()));
-    // SAFETY: same contract.
-    unsafe { cuStreamSetAttribute(h, attr, value) }
+    };
+    cuStreamSetAttribute | cuStreamSetAttribute_ptsz(h: CUstream, _attr: u32, value: *const u8)
+        => stream_attr(h, value as *mut u8);
 }
 
 fn ctx_event(ctx: CUcontext, ev: CUevent, record: bool) -> CuRes {
@@ -1108,24 +965,8 @@ pub unsafe extern "C" fn cuStreamWriteValue32(
     guard(|| write_value32(h, addr, value, flags))
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamWriteValue32_v2(
-    h: CUstream,
-    addr: CUdeviceptr,
-    value: u32,
-    flags: u32,
-) -> CUresult {
-    guard(|| write_value32(h, addr, value, flags))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamWriteValue32_v2_ptsz(
-    h: CUstream,
-    addr: CUdeviceptr,
-    value: u32,
-    flags: u32,
-) -> CUresult {
-    guard(|| write_value32(h, addr, value, flags))
+exports! {
+    cuStreamWriteValue32_v2 | cuStreamWriteValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) => write_value32(h, addr, value, flags);
 }
 
 /// `cuStreamWaitValue32`: succeeds when the condition (GEQ 0, EQ 1, AND 2,
@@ -1165,22 +1006,6 @@ pub unsafe extern "C" fn cuStreamWaitValue32(
     guard(|| wait_value32(h, addr, value, flags))
 }
 
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamWaitValue32_v2(
-    h: CUstream,
-    addr: CUdeviceptr,
-    value: u32,
-    flags: u32,
-) -> CUresult {
-    guard(|| wait_value32(h, addr, value, flags))
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuStreamWaitValue32_v2_ptsz(
-    h: CUstream,
-    addr: CUdeviceptr,
-    value: u32,
-    flags: u32,
-) -> CUresult {
-    guard(|| wait_value32(h, addr, value, flags))
+exports! {
+    cuStreamWaitValue32_v2 | cuStreamWaitValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) => wait_value32(h, addr, value, flags);
 }

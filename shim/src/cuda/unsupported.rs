@@ -4,6 +4,12 @@
 //! a few deprecated or hint-only calls whose real behaviour is to accept and
 //! do nothing (those are not stubs). Every name here is listed in
 //! `shim/README.md`.
+//!
+//! Also the features the runtime and the frameworks look up without using
+//! them on the sim: green contexts and device resources, multicast objects,
+//! memory shared through OS handles, tensor maps, batched stream memory
+//! operations (PyTorch's driver table requires every name it asks for;
+//! cuBLAS looks several up).
 
 use crate::driver::cu;
 use crate::{exports, put, stub_fns, CuRes};
@@ -36,10 +42,8 @@ stub_fns! {
         cuTexRefSetBorderColor, cuTexRefSetFilterMode, cuTexRefSetFlags, cuTexRefSetFormat,
         cuTexRefSetMaxAnisotropy, cuTexRefSetMipmapFilterMode, cuTexRefSetMipmapLevelBias,
         cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
-        cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuLaunch, cuLaunchGrid,
-        cuLaunchGridAsync, cuFuncSetBlockShape, cuFuncSetSharedSize, cuParamSetSize,
-        cuParamSetTexRef, cuParamSetf, cuParamSeti, cuParamSetv, cuCtxAttach, cuCtxDetach,
-        cuProfilerInitialize, cuLaunchCooperativeKernelMultiDevice;
+        cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuCtxAttach,
+        cuCtxDetach, cuProfilerInitialize;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Interprocess and external memory and semaphores: device memory is
         // private to each process in the sim.
@@ -54,8 +58,7 @@ stub_fns! {
         // Sparse arrays, batched and attribute copies, decompression.
         cuArrayGetMemoryRequirements, cuArrayGetPlane, cuArrayGetSparseProperties,
         cuMipmappedArrayGetMemoryRequirements, cuMipmappedArrayGetSparseProperties,
-        cuMemMapArrayAsync, cuMemBatchDecompressAsync, cuMemcpyBatchAsync, cuMemcpy3DBatchAsync,
-        cuMemPrefetchBatchAsync, cuMemDiscardBatchAsync, cuMemDiscardAndPrefetchBatchAsync,
+        cuMemMapArrayAsync, cuMemBatchDecompressAsync, cuMemcpy3DBatchAsync,
         cuMemcpyWithAttributesAsync, cuMemcpy3DWithAttributesAsync, cuMemGetLocationInfo,
         cuFabricCpyBatchAsync;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
@@ -75,14 +78,9 @@ stub_fns! {
         // asynchronous notifications, CIG capture, logical endpoints.
         cuCheckpointProcessCheckpoint, cuCheckpointProcessGetRestoreThreadId,
         cuCheckpointProcessGetState, cuCheckpointProcessLock, cuCheckpointProcessRestore,
-        cuCheckpointProcessUnlock, cuCheckpointOperationComplete, cuCoredumpGetAttribute,
-        cuCoredumpGetAttributeGlobal, cuCoredumpSetAttribute, cuCoredumpSetAttributeGlobal,
-        cuCoredumpRegisterStartCallback, cuCoredumpRegisterCompleteCallback,
-        cuCoredumpDeregisterStartCallback, cuCoredumpDeregisterCompleteCallback,
-        cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
+        cuCheckpointProcessUnlock, cuCheckpointOperationComplete, cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
         cuDeviceGetHostAtomicCapabilities, cuDeviceGetP2PAtomicCapabilities,
-        cuDeviceRegisterAsyncNotification, cuDeviceUnregisterAsyncNotification,
-        cuCtxGetExecAffinity, cuStreamBeginCaptureToCig, cuStreamEndCaptureToCig,
+        cuStreamBeginCaptureToCig, cuStreamEndCaptureToCig,
         cuLogicalEndpointAddDevice, cuLogicalEndpointBindAddr, cuLogicalEndpointBindMem,
         cuLogicalEndpointCreate, cuLogicalEndpointDestroy, cuLogicalEndpointExport,
         cuLogicalEndpointGetLimits, cuLogicalEndpointIdRelease, cuLogicalEndpointIdReserve,
@@ -133,8 +131,32 @@ fn device_properties(p: *mut DevProp, dev: CUdevice) -> CuRes {
     unsafe { put(p, v, CUDA_ERROR_INVALID_VALUE) }
 }
 
-/// Parameters of a function: known for the sim's own `cgpu_sim_spin*`
-/// kernels (one `u64`); other kernels' parameter lists are not kept.
+/// Parameters of a function: from its PTX `.entry` (offsets as the driver
+/// packs them), or the one `u64` of the sim's own `cgpu_sim_spin*` kernels;
+/// a kernel from a binary image has no parameter list in the sim (a counted
+/// stub call).
+fn param_list(f: usize) -> Result<Vec<(u64, u64)>, CUresult> {
+    let d = cu()?;
+    let func = d.func(f)?;
+    let from_image = match d.objs.lock().get(func.module) {
+        Some(crate::driver::Obj::Module(m)) => m
+            .image
+            .params
+            .iter()
+            .find(|(n, _)| *n == func.name)
+            .map(|(_, p)| p.clone()),
+        _ => None,
+    };
+    match from_image {
+        Some(p) => Ok(p),
+        None if func.timing == crate::driver::Timing::Spin => Ok(vec![(0, 8)]),
+        None => {
+            crate::stub_hit!("cuFuncGetParamInfo(kernel of a binary image)");
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        }
+    }
+}
+
 fn param_info(
     f: usize,
     index: usize,
@@ -142,24 +164,17 @@ fn param_info(
     size: *mut usize,
     count: *mut usize,
 ) -> CuRes {
-    let d = cu()?;
-    let func = d.func(f)?;
-    if func.timing != crate::driver::Timing::Spin {
-        crate::stub_hit!("cuFuncGetParamInfo(kernel other than cgpu_sim_spin*)");
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
+    let list = param_list(f)?;
     if !count.is_null() {
         // SAFETY: non-null out pointer from the caller.
-        return unsafe { put(count, 1, CUDA_ERROR_INVALID_VALUE) };
+        return unsafe { put(count, list.len(), CUDA_ERROR_INVALID_VALUE) };
     }
-    if index != 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+    let (o, s) = *list.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     // SAFETY: out pointers from the caller.
     unsafe {
-        put(off, 0, CUDA_ERROR_INVALID_VALUE)?;
+        put(off, o as usize, CUDA_ERROR_INVALID_VALUE)?;
         if !size.is_null() {
-            put(size, 8, CUDA_ERROR_INVALID_VALUE)?;
+            put(size, s as usize, CUDA_ERROR_INVALID_VALUE)?;
         }
     }
     Ok(())
@@ -168,6 +183,13 @@ fn param_info(
 type PStr = *mut usize;
 
 exports! {
+    // Execution affinity is not supported (cuDeviceGetExecAffinitySupport
+    // says 0): the driver's answer.
+    cuCtxGetExecAffinity(p: *mut u64, _ty: u32) => {
+        cu()?.cur_ctx()?;
+        if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) }
+        Err(CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY)
+    };
     cuDeviceGetProperties(p: *mut DevProp, dev: CUdevice) => device_properties(p, dev);
     cuDeviceGetTexture1DLinearMaxWidth(w: *mut usize, _fmt: u32, ch: u32, dev: CUdevice) => {
         cu()?.check_dev(dev)?;

@@ -126,6 +126,38 @@ def _():
     r["held_after_trim"] = free0 - free_bytes()
     ok(d.cuDeviceSetGraphMemAttribute(dev, A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, d.cuuint64_t(0)))
     r["used_high_reset"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH)
+    # One executable at a time for a graph with memory nodes; no clones.
+    r["second_exec"] = d.cuGraphInstantiate(g2, 0)[0].name
+    r["clone_mem_graph"] = d.cuGraphClone(g2)[0].name
+    # Auto-free on launch: relaunching frees the previous allocation.
+    ok(d.cuGraphExecDestroy(ex))
+    ex3 = ok(d.cuGraphInstantiate(g, d.CUgraphInstantiate_flags.CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH))
+    ok(d.cuGraphLaunch(ex3, stream))
+    r["auto_free_relaunch"] = d.cuGraphLaunch(ex3, stream)[0].name
+    ok(d.cuStreamSynchronize(stream))
+    r["auto_free_used"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+    ok(d.cuMemFree(p.dptr))
+    ex = ex3
+    # Stream-ordered allocation inside a capture: a memory alloc node (the
+    # address now, the memory at launch) and a free node.
+    cs = ok(d.cuStreamCreate(0))
+    ok(d.cuStreamBeginCapture(cs, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    before = free_bytes()
+    cp = ok(d.cuMemAllocAsync(16 * MIB, cs), "cuMemAllocAsync(captured)")
+    r["captured_alloc_held_before_launch"] = before - free_bytes()
+    r["captured_ptr_type"] = int(ok(d.cuPointerGetAttribute(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, cp)))
+    ok(d.cuMemsetD8Async(cp, 7, 1024, cs))
+    ok(d.cuMemFreeAsync(cp, cs), "cuMemFreeAsync(captured)")
+    cg = ok(d.cuStreamEndCapture(cs))
+    kinds = [ok(d.cuGraphNodeGetType(n)).name for n in ok(d.cuGraphGetNodes(cg, 8))[0] if n is not None and int(n) != 0]
+    r["captured_kinds"] = kinds
+    cex = ok(d.cuGraphInstantiate(cg, 0))
+    ok(d.cuGraphLaunch(cex, cs))
+    ok(d.cuStreamSynchronize(cs))
+    r["captured_reserved_after_launch"] = graph_mem(A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+    r["captured_used_after_launch"] = graph_mem(A.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT)
+    ok(d.cuGraphExecDestroy(cex))
+    ok(d.cuDeviceGraphMemTrim(dev))
     for x in (ex, ex2):
         ok(d.cuGraphExecDestroy(x))
     for x in (g, g2):
@@ -316,6 +348,18 @@ def _():
     ok(d.cuStreamWaitEvent(s2, fork, 0))
     ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s2, args, 0))
     r["unjoined"] = d.cuStreamEndCapture(s1)[0].name
+    # Capture into an existing graph after one of its nodes; then make the
+    # next captured work depend on the root only (SET).
+    g2 = ok(d.cuGraphCreate(0))
+    root = ok(d.cuGraphAddEmptyNode(g2, None, 0))
+    ok(d.cuStreamBeginCaptureToGraph(s1, g2, [root], None, 1, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL), "cuStreamBeginCaptureToGraph")
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s1, args, 0))
+    ok(d.cuStreamUpdateCaptureDependencies(s1, [root], None, 1, 1), "cuStreamUpdateCaptureDependencies")
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s1, args, 0))
+    g3 = ok(d.cuStreamEndCapture(s1))
+    r["to_graph_same"] = int(g3) == int(g2)
+    r["to_graph_nodes"] = int(ok(d.cuGraphGetNodes(g2))[-1])
+    r["to_graph_root_dependents"] = int(ok(d.cuGraphNodeGetDependentNodes(root, 4))[-1])
     return r
 
 
@@ -472,8 +516,151 @@ def _():
     r["tex_destroyed_again"] = d.cuTexObjectDestroy(tex)[0].name
     ok(d.cuMipmappedArrayDestroy(mm))
     r["mipmap_returned"] = before - free_bytes()
+    # A 2D copy into an array stays inside it (17 rows into 16: refused).
+    c2 = d.CUDA_MEMCPY2D()
+    hbuf = ctypes.create_string_buffer(64 * 17)
+    c2.srcMemoryType = d.CUmemorytype.CU_MEMORYTYPE_HOST
+    c2.srcHost = ctypes.addressof(hbuf)
+    c2.srcPitch = 64
+    c2.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_ARRAY
+    c2.dstArray = a2
+    c2.WidthInBytes, c2.Height = 64, 16
+    r["copy2d_fits"] = d.cuMemcpy2D(c2)[0].name
+    c2.Height = 17
+    r["copy2d_overrun"] = d.cuMemcpy2D(c2)[0].name
     ok(d.cuArrayDestroy(a2))
     r["all_returned"] = free0 == free_bytes()
+    # A 3D copy issued into a capturing stream runs at replay, not at capture.
+    dbuf = ok(d.cuMemAlloc(256))
+    ok(d.cuMemsetD8(dbuf, 0, 256))
+    src3 = ctypes.create_string_buffer(b"\x42" * 256, 256)
+    c3 = d.CUDA_MEMCPY3D()
+    c3.srcMemoryType = d.CUmemorytype.CU_MEMORYTYPE_HOST
+    c3.srcHost = ctypes.addressof(src3)
+    c3.dstMemoryType = d.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    c3.dstDevice = dbuf
+    c3.WidthInBytes, c3.Height, c3.Depth = 256, 1, 1
+    cs = ok(d.cuStreamCreate(0))
+    ok(d.cuStreamBeginCapture(cs, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+    ok(d.cuMemcpy3DAsync(c3, cs), "cuMemcpy3DAsync(captured)")
+    g3 = ok(d.cuStreamEndCapture(cs))
+    chk = bytearray(1)
+    ok(d.cuMemcpyDtoH(chk, dbuf, 1))
+    r["copy3d_at_capture"] = chk[0]
+    ok(d.cuGraphLaunch(ok(d.cuGraphInstantiate(g3, 0)), cs))
+    ok(d.cuStreamSynchronize(cs))
+    ok(d.cuMemcpyDtoH(chk, int(dbuf) + 255, 1))
+    r["copy3d_at_replay"] = chk[0]
+    return r
+
+
+@section("more")
+def _():
+    r = {}
+    # Kernel node launch attributes are kept per node and copied.
+    g = ok(d.cuGraphCreate(0))
+    kp = d.CUDA_KERNEL_NODE_PARAMS()
+    kp.func = spin
+    kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1
+    kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1
+    ns = ctypes.c_uint64(1000)
+    kp.kernelParams = ((ns,), (ctypes.c_uint64,))
+    k1 = ok(d.cuGraphAddKernelNode(g, None, 0, kp))
+    k2 = ok(d.cuGraphAddKernelNode(g, None, 0, kp))
+    PRIO = d.CUkernelNodeAttrID.CU_LAUNCH_ATTRIBUTE_PRIORITY
+    v = d.CUkernelNodeAttrValue()
+    v.priority = 3
+    ok(d.cuGraphKernelNodeSetAttribute(k1, PRIO, v), "cuGraphKernelNodeSetAttribute")
+    r["attr_prio"] = ok(d.cuGraphKernelNodeGetAttribute(k1, PRIO), "cuGraphKernelNodeGetAttribute").priority
+    r["attr_prio_other_before"] = ok(d.cuGraphKernelNodeGetAttribute(k2, PRIO)).priority
+    ok(d.cuGraphKernelNodeCopyAttributes(k2, k1), "cuGraphKernelNodeCopyAttributes")
+    r["attr_prio_copied"] = ok(d.cuGraphKernelNodeGetAttribute(k2, PRIO)).priority
+    # The pre-4.0 launch API: block shape, parameter buffer, cuLaunchGrid.
+    ok(d.cuFuncSetBlockShape(spin, 32, 1, 1), "cuFuncSetBlockShape")
+    arg = ctypes.c_uint64(4_000_000)
+    ok(d.cuParamSetv(spin, 0, ctypes.addressof(arg), 8), "cuParamSetv")
+    ok(d.cuParamSetSize(spin, 8), "cuParamSetSize")
+    ev0, ev1 = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
+    ok(d.cuEventRecord(ev0, 0))
+    ok(d.cuLaunchGrid(spin, 1, 1), "cuLaunchGrid")
+    ok(d.cuEventRecord(ev1, 0))
+    ok(d.cuEventSynchronize(ev1))
+    r["legacy_ms"] = ok(d.cuEventElapsedTime(ev0, ev1))
+    # Batched copies.
+    a = ok(d.cuMemAlloc(4096))
+    b = ok(d.cuMemAlloc(4096))
+    ok(d.cuMemsetD8(a, 0x33, 4096))
+    attr = d.CUmemcpyAttributes()
+    attr.srcAccessOrder = d.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    ok(d.cuMemcpyBatchAsync([b], [a], [4096], 1, [attr], [0], 1, stream), "cuMemcpyBatchAsync")
+    ok(d.cuStreamSynchronize(stream))
+    buf = bytearray(4)
+    ok(d.cuMemcpyDtoH(buf, int(b) + 4092, 4))
+    r["batch_copy"] = list(buf)
+    # Batched prefetch of managed memory, read back as the last prefetch.
+    m = ok(d.cuMemAllocManaged(MIB, d.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value))
+    host = d.CUmemLocation()
+    host.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_HOST
+    ok(d.cuMemPrefetchBatchAsync([m], [MIB], 1, [host], [0], 1, 0, stream), "cuMemPrefetchBatchAsync")
+    r["batch_prefetch_host"] = int(ok(d.cuMemRangeGetAttribute(4, d.CUmem_range_attribute.CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION, m, MIB)))
+    # A cooperative launch on both devices at once (deprecated API).
+    dev1 = ok(d.cuDeviceGet(1))
+    ctx1 = ok(d.cuDevicePrimaryCtxRetain(dev1))
+    ok(d.cuCtxSetCurrent(ctx1))
+    spin1 = ok(d.cuModuleGetFunction(ok(d.cuModuleLoadData(PTX)), b"cgpu_sim_spin"))
+    s1 = ok(d.cuStreamCreate(0))
+    ok(d.cuCtxSetCurrent(ctx))
+    ns2 = ctypes.c_uint64(3_000_000)
+    argv = (ctypes.c_void_p * 1)(ctypes.addressof(ns2))
+    lps = []
+    for f, s in ((spin, stream), (spin1, s1)):
+        lp = d.CUDA_LAUNCH_PARAMS()
+        lp.function = f
+        lp.gridDimX = lp.gridDimY = lp.gridDimZ = 1
+        lp.blockDimX = lp.blockDimY = lp.blockDimZ = 1
+        lp.hStream = s
+        lp.kernelParams = ctypes.addressof(argv)
+        lps.append(lp)
+    t0 = time.time()
+    ok(d.cuLaunchCooperativeKernelMultiDevice(lps, 2, 0), "cuLaunchCooperativeKernelMultiDevice")
+    ok(d.cuStreamSynchronize(stream))
+    ok(d.cuStreamSynchronize(s1))
+    r["multi_device_wall_ms"] = (time.time() - t0) * 1000
+    r["multi_device_too_many"] = d.cuLaunchCooperativeKernelMultiDevice(lps + [lps[0]], 3, 0)[0].name
+    # Parameter layout of a PTX kernel.
+    ptx2 = b""".version 7.0
+.target sm_52
+.address_size 64
+.visible .entry k3(.param .u32 a, .param .u64 b, .param .align 16 .b8 c[24])
+{
+  ret;
+}
+"""
+    k3 = ok(d.cuModuleGetFunction(ok(d.cuModuleLoadData(ptx2)), b"k3"))
+    r["param_info"] = [list(ok(d.cuFuncGetParamInfo(k3, i), "cuFuncGetParamInfo")) for i in range(3)]
+    r["param_count"] = int(ok(d.cuFuncGetParamCount(k3), "cuFuncGetParamCount"))
+    r["param_past_end"] = d.cuFuncGetParamInfo(k3, 3)[0].name
+    lib = ok(d.cuLibraryLoadData(ptx2, None, None, 0, None, None, 0))
+    kk = ok(d.cuLibraryGetKernel(lib, b"k3"))
+    r["kernel_param_2"] = list(ok(d.cuKernelGetParamInfo(kk, 2), "cuKernelGetParamInfo"))
+    # Core dump settings: defaults, a global setting seen by the context,
+    # a context setting overriding it; callbacks register and deregister.
+    CD = d.CUcoredumpSettings
+    r["coredump_trigger_host"] = bool(ok(d.cuCoredumpGetAttribute(CD.CU_COREDUMP_TRIGGER_HOST), "cuCoredumpGetAttribute"))
+    ok(d.cuCoredumpSetAttributeGlobal(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION, True), "cuCoredumpSetAttributeGlobal")
+    r["coredump_on_exception"] = bool(ok(d.cuCoredumpGetAttribute(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION)))
+    ok(d.cuCoredumpSetAttribute(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION, False), "cuCoredumpSetAttribute")
+    r["coredump_ctx_override"] = bool(ok(d.cuCoredumpGetAttribute(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION)))
+    r["coredump_global_kept"] = bool(ok(d.cuCoredumpGetAttributeGlobal(CD.CU_COREDUMP_ENABLE_ON_EXCEPTION)))
+    cbt = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+    cdcb = cbt(lambda *a: None)
+    h = ok(d.cuCoredumpRegisterStartCallback(ctypes.cast(cdcb, ctypes.c_void_p).value, 0), "cuCoredumpRegisterStartCallback")
+    r["coredump_dereg"] = d.cuCoredumpDeregisterStartCallback(h)[0].name
+    r["coredump_dereg_again"] = d.cuCoredumpDeregisterStartCallback(h)[0].name
+    ncb = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(lambda *a: None)
+    nh = ok(d.cuDeviceRegisterAsyncNotification(dev, ctypes.cast(ncb, ctypes.c_void_p).value, 0), "cuDeviceRegisterAsyncNotification")
+    r["notify_unreg"] = d.cuDeviceUnregisterAsyncNotification(dev, nh)[0].name
+    r["exec_affinity"] = d.cuCtxGetExecAffinity(d.CUexecAffinityType.CU_EXEC_AFFINITY_TYPE_SM_COUNT)[0].name
     return r
 
 

@@ -169,9 +169,7 @@ fn not_a_driver(lib: Lib, h: *mut c_void) -> Option<&'static str> {
     let dlsym = real_dlsym()?;
     // SAFETY: h is a live dlopen handle, the names valid C strings.
     let (p, e) = unsafe { (dlsym(h, ours.as_ptr()), dlsym(h, entry.as_ptr())) };
-    if !p.is_null()
-        && crate::hooks::hook_by_name(ours.to_bytes()).is_some_and(|(hook, _)| hook == p)
-    {
+    if !p.is_null() && in_this_library(p) {
         return Some("it is libcgpu itself");
     }
     if e.is_null() {
@@ -181,6 +179,21 @@ fn not_a_driver(lib: Lib, h: *mut c_void) -> Option<&'static str> {
         });
     }
     None
+}
+
+/// Does address `p` lie in this library (libcgpu) itself?
+fn in_this_library(p: *mut c_void) -> bool {
+    // SAFETY: dladdr only reads the loader's tables; both infos are
+    // zero-initialised plain C structs it fills.
+    unsafe {
+        let mut a: libc::Dl_info = std::mem::zeroed();
+        let mut b: libc::Dl_info = std::mem::zeroed();
+        let here = in_this_library as fn(*mut c_void) -> bool as *const c_void;
+        libc::dladdr(p, &mut a) != 0
+            && libc::dladdr(here, &mut b) != 0
+            && !a.dli_fbase.is_null()
+            && a.dli_fbase == b.dli_fbase
+    }
 }
 
 /// The real driver's handle, opened on first use.
@@ -206,10 +219,10 @@ pub fn real_sym(lib: Lib, name: &CStr) -> *mut c_void {
 pub fn missing_code(lib: Lib) -> u32 {
     let open = handle(lib).is_some();
     match (lib, open) {
-        (Lib::Cuda, false) => crate::hooks::types::CUDA_ERROR_NOT_INITIALIZED,
-        (Lib::Cuda, true) => crate::hooks::types::CUDA_ERROR_NOT_FOUND,
-        (Lib::Nvml, false) => crate::hooks::types::NVML_ERROR_LIBRARY_NOT_FOUND,
-        (Lib::Nvml, true) => crate::hooks::types::NVML_ERROR_FUNCTION_NOT_FOUND,
+        (Lib::Cuda, false) => cgpu_ffi::CUDA_ERROR_NOT_INITIALIZED,
+        (Lib::Cuda, true) => cgpu_ffi::CUDA_ERROR_NOT_FOUND,
+        (Lib::Nvml, false) => cgpu_ffi::NVML_ERROR_LIBRARY_NOT_FOUND,
+        (Lib::Nvml, true) => cgpu_ffi::NVML_ERROR_FUNCTION_NOT_FOUND,
     }
 }
 
@@ -282,7 +295,13 @@ pub struct RealFn<F> {
 unsafe impl<F> Sync for RealFn<F> {}
 
 impl<F: Copy> RealFn<F> {
-    pub const fn new(name: &'static CStr) -> Self {
+    /// The driver's function `name`, typed `F`.
+    ///
+    /// # Safety
+    /// `F` is an `unsafe extern "C" fn` pointer type with exactly the C
+    /// signature of the driver's function `name` ([`get`](Self::get) turns
+    /// the symbol's address into an `F`).
+    pub const unsafe fn new(name: &'static CStr) -> Self {
         RealFn {
             sym: RealSym::new(name),
             _f: PhantomData,
@@ -297,9 +316,9 @@ impl<F: Copy> RealFn<F> {
         if p == 0 {
             None
         } else {
-            // SAFETY: p is the address of the driver's function of this name,
-            // whose C signature F declares (from the real headers); F is a
-            // pointer-sized fn-pointer type.
+            // SAFETY: p is the non-null address of the driver's function of
+            // this name, whose C signature F is (the contract of `new`); F is
+            // a pointer-sized fn-pointer type (asserted above).
             Some(unsafe { std::mem::transmute_copy::<usize, F>(&p) })
         }
     }
