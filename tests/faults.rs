@@ -391,6 +391,7 @@ fn full_tables_refuse_instead_of_running_unaccounted() {
 fn leave_while_other_threads_allocate_loses_nothing() {
     let dir = std::env::temp_dir().join(format!("cgpu-faults-leave-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    let mut completed = 0;
     for round in 0..40 {
         let l = Ledger::open_or_create(&dir, "GPU-leave-0", 0, 16 * GIB).unwrap();
         // A second process of the container keeps it alive.
@@ -405,7 +406,7 @@ fn leave_while_other_threads_allocate_loses_nothing() {
         let keep = other.join(&req).unwrap();
         let m = l.join(&req).unwrap();
         let stop = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
+        let left = std::thread::scope(|s| {
             for _ in 0..3 {
                 s.spawn(|| {
                     while !stop.load(Ordering::Relaxed) {
@@ -417,17 +418,28 @@ fn leave_while_other_threads_allocate_loses_nothing() {
                 });
             }
             std::thread::sleep(Duration::from_micros(200 + round * 50));
-            l.leave(&m);
+            let done = l.leave(&m);
             stop.store(true, Ordering::Relaxed);
+            done
         });
         let c = other.container_of(&keep);
-        assert_eq!(
-            c.used.load(Ordering::Acquire),
-            0,
-            "round {round}: bytes charged after leave stay counted forever"
-        );
+        if left {
+            completed += 1;
+            assert_eq!(
+                c.used.load(Ordering::Acquire),
+                0,
+                "round {round}: bytes charged after leave stay counted forever"
+            );
+        } else {
+            // A thread stayed inside a reservation past LEAVE_WAIT (a
+            // preempted thread on a loaded machine): the slot is kept,
+            // counted, until the process dies; never under-counted.
+            assert!(other.is_alive(m.process), "round {round}");
+        }
         other.leave(keep);
     }
+    println!("leave race: {completed} of 40 rounds left while 3 threads allocated");
+    assert!(completed > 0, "no round ever completed its leave");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -523,8 +523,11 @@ pub static TEST_SET_WEIGHT_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
 /// Longest [`Ledger::reclaim_for`] waits for the table lock.
 pub const RECLAIM_WAIT: Duration = Duration::from_millis(5);
 
-/// Longest `leave` waits for this process's reservations in flight.
-pub const LEAVE_WAIT: Duration = Duration::from_millis(100);
+/// Longest `leave` waits for this process's reservations in flight (a few
+/// atomic operations each: only a thread preempted mid-way takes long).
+pub const LEAVE_WAIT: Duration = Duration::from_secs(1);
+/// Longest `leave` waits for the table lock (then the slot is reaped later).
+pub const LEAVE_LOCK_WAIT: Duration = Duration::from_millis(100);
 
 /// Default minimum interval between two `maybe_reap` scans (all processes together).
 pub const REAP_INTERVAL: Duration = Duration::from_millis(200);
@@ -916,14 +919,15 @@ impl Ledger {
     /// through `m` to finish; later ones are refused and releases ignored.
     /// If some thread stays inside a reservation longer than that, the slot
     /// is kept (still counted, never under-counted) and freed when this
-    /// process dies. Idempotent.
-    pub fn leave(&self, m: impl std::borrow::Borrow<Membership>) {
+    /// process dies. Idempotent. Returns true when this call gave the
+    /// bytes back and dropped the liveness lock.
+    pub fn leave(&self, m: impl std::borrow::Borrow<Membership>) -> bool {
         let m = m.borrow();
         if self.stale.load(Ordering::Acquire) {
-            return; // the parent's membership: not ours to give back
+            return false; // the parent's membership: not ours to give back
         }
         if m.left.swap(true, Ordering::SeqCst) {
-            return;
+            return false;
         }
         let t0 = std::time::Instant::now();
         while m.inflight.load(Ordering::SeqCst) != 0 {
@@ -933,7 +937,7 @@ impl Ledger {
                     self.path.display(),
                     LEAVE_WAIT.as_millis()
                 );
-                return;
+                return false;
             }
             std::thread::yield_now();
         }
@@ -957,15 +961,16 @@ impl Ledger {
                 std::mem::size_of::<ProcessSlot>() as u64,
             );
         }
-        // Free the slot now if we can (waiting at most LEAVE_WAIT: an exit
+        // Free the slot now if we can (waiting at most LEAVE_LOCK_WAIT: an exit
         // never hangs on a stalled lock holder); otherwise the next reap
         // does, our liveness lock being gone.
-        match self.lock_table_within(LEAVE_WAIT) {
+        match self.lock_table_within(LEAVE_LOCK_WAIT) {
             Ok(_g) => {
                 self.reap_locked();
             }
             Err(e) => tracing::debug!("leave: {e}; the slot is reaped later"),
         }
+        true
     }
 
     /// Lock-free: reserve `bytes` against the container's quota in one atomic

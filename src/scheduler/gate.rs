@@ -16,8 +16,8 @@
 //!   answering (SIGSTOP, `docker pause`, a debugger) from one that drains.
 //!
 //! Every word read from the ledger is shared memory that any process can
-//! write: indices are range-checked where they are used ([`Token::holder_slot`],
-//! process bit positions are < 256 by construction), times and budgets are
+//! write: indices are range-checked where they are used ([`Token::holder_slot`];
+//! process bit positions are below `MAX_PROCESSES` by construction), times and budgets are
 //! clamped, so a corrupt word costs at most a wrong decision, never a panic.
 
 use super::decide::SLICE_NS;

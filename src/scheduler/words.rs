@@ -190,6 +190,7 @@ mod tests {
         let t = Token::unpack(Token::running(1, last) + (1u64 << 40));
         assert_eq!(t.holder, Some(last + 1));
         assert_eq!(t.holder_slot(), None);
+        assert_eq!(Token::unpack(Token::running(1, 254)).holder_slot(), None);
         let t = Token::unpack(Token::running(1, last));
         assert_eq!(t.holder_slot(), Some(last));
         // The holder field (8 bits, holder + 1) can name every slot.
