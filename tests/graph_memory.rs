@@ -7,6 +7,8 @@
 mod interpose_common;
 
 use interpose_common::*;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
 
 const T4: &str = "15109:Tesla T4";
 /// The sim's context reservation (charged to the quota).
@@ -122,4 +124,58 @@ fn captured_stream_allocations_are_charged_at_launch() {
         100 * MIB,
         "{out}"
     );
+}
+
+/// Two processes of one container share the quota with graph memory: what
+/// one process's graph pool holds is refused to the other, and given back
+/// when the first exits. The sim's per-process memory (NVML, without the
+/// preload) agrees with the driver's report.
+#[test]
+fn graph_memory_is_shared_by_the_containers_processes() {
+    let m = Machine::new("graph-procs", T4);
+    let exe = client();
+    // Process A: context 300 MiB + 300 MiB of graph memory, held.
+    let mut a = m.preloaded(&exe, &vars("gm-s", "1"));
+    a.args(["hold", "300"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut child = a.spawn().unwrap();
+    let stdin = child.stdin.take().unwrap();
+    let mut r = BufReader::new(child.stdout.take().unwrap());
+    let mut out = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(r.read_line(&mut line).unwrap() > 0, "A exited early: {out}");
+        if line.contains("\"ready\"") {
+            break;
+        }
+        out.push_str(&line);
+    }
+    let launch = steps(&lines(&out), "graph_launch")[0].clone();
+    assert_eq!(u(&launch, "rc"), 0, "{out}");
+    assert_eq!(u(&launch, "reserved"), 300 * MIB, "{out}");
+    let sim: u64 = m
+        .sim_process_bytes()
+        .iter()
+        .filter(|(pid, _)| *pid == child.id())
+        .map(|(_, b)| b)
+        .sum();
+    assert_eq!(sim, CTX + 300 * MIB, "the sim's view of process A");
+    // Process B: context 300 MiB; 300 MiB more would pass 1 GiB, as memory
+    // or as graph memory.
+    let out_b = run_ok(&mut m.preloaded(&exe, &vars("gm-s", "1")).args(["alloc", "300"]));
+    let all = lines(&out_b);
+    assert_eq!(u(steps(&all, "mem_alloc")[0], "rc"), 2, "{out_b}");
+    let lb = steps(&all, "graph_launch")[0];
+    assert_eq!(u(lb, "rc"), 2, "{out_b}");
+    assert_eq!(u(lb, "reserved"), 0, "{out_b}");
+    // A exits: its graph memory is given back.
+    drop(stdin);
+    let st = wait_timeout(child, std::time::Duration::from_secs(60));
+    assert!(st.status.success());
+    let out_b = run_ok(&mut m.preloaded(&exe, &vars("gm-s", "1")).args(["alloc", "300"]));
+    let all = lines(&out_b);
+    assert_eq!(u(steps(&all, "mem_alloc")[0], "rc"), 0, "{out_b}");
+    assert_eq!(u(steps(&all, "graph_launch")[0], "rc"), 0, "{out_b}");
 }

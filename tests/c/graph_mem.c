@@ -10,6 +10,9 @@
  *                                    cuMemAlloc(PROBE MiB) again
  *   graph_mem capture MIB            cuMemAllocAsync/cuMemFreeAsync of MIB
  *                                    captured into a graph, launched
+ *   graph_mem hold MIB               a graph allocating and freeing MIB,
+ *                                    launched once; prints "ready" and
+ *                                    exits at the end of stdin
  */
 #include <cuda.h>
 #include <stdio.h>
@@ -87,6 +90,19 @@ int main(int argc, char **argv) {
         rc = cuMemAlloc(&p, probe);
         report("probe_after_trim", 0, rc);
         if (rc == CUDA_SUCCESS) cuMemFree(p);
+    } else if (!strcmp(argv[1], "hold")) {
+        CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
+        if (cuGraphCreate(&g, 0) || cuGraphAddMemAllocNode(&a, g, NULL, 0, &ap)) return 4;
+        if (cuGraphAddMemFreeNode(&f, g, &a, 1, ap.dptr)) return 4;
+        if (cuGraphInstantiate(&e, g, 0)) return 5;
+        CUresult rc = cuGraphLaunch(e, 0);
+        cuStreamSynchronize(0);
+        report("graph_launch", 0, rc);
+        printf("{\"op\":\"ready\"}\n");
+        fflush(stdout);
+        char buf[64];
+        while (fgets(buf, sizeof buf, stdin)) {
+        }
     } else if (!strcmp(argv[1], "capture")) {
         CUstream s;
         CUdeviceptr p = 0;
