@@ -164,7 +164,7 @@ fn graph_memory_is_shared_by_the_containers_processes() {
     assert_eq!(sim, CTX + 300 * MIB, "the sim's view of process A");
     // Process B: context 300 MiB; 300 MiB more would pass 1 GiB, as memory
     // or as graph memory.
-    let out_b = run_ok(&mut m.preloaded(&exe, &vars("gm-s", "1")).args(["alloc", "300"]));
+    let out_b = run_ok(m.preloaded(&exe, &vars("gm-s", "1")).args(["alloc", "300"]));
     let all = lines(&out_b);
     assert_eq!(u(steps(&all, "mem_alloc")[0], "rc"), 2, "{out_b}");
     let lb = steps(&all, "graph_launch")[0];
@@ -174,7 +174,7 @@ fn graph_memory_is_shared_by_the_containers_processes() {
     drop(stdin);
     let st = wait_timeout(child, std::time::Duration::from_secs(60));
     assert!(st.status.success());
-    let out_b = run_ok(&mut m.preloaded(&exe, &vars("gm-s", "1")).args(["alloc", "300"]));
+    let out_b = run_ok(m.preloaded(&exe, &vars("gm-s", "1")).args(["alloc", "300"]));
     let all = lines(&out_b);
     assert_eq!(u(steps(&all, "mem_alloc")[0], "rc"), 0, "{out_b}");
     assert_eq!(u(steps(&all, "graph_launch")[0], "rc"), 0, "{out_b}");
