@@ -179,3 +179,38 @@ fn graph_memory_is_shared_by_the_containers_processes() {
     assert_eq!(u(steps(&all, "mem_alloc")[0], "rc"), 0, "{out_b}");
     assert_eq!(u(steps(&all, "graph_launch")[0], "rc"), 0, "{out_b}");
 }
+
+/// Instantiation with the upload flag and `cuGraphUpload` are charged like
+/// a launch and settled on what the driver reserves (the simulated driver
+/// reserves at the launch only): nothing is left charged that the driver
+/// does not hold, and past the quota all three are refused.
+#[test]
+fn uploads_are_charged_like_launches_and_settled() {
+    let m = Machine::new("graph-upload", T4);
+    let exe = client();
+    let out = run_ok(
+        m.preloaded(&exe, &vars("gm-u", "1"))
+            .args(["upload", "200"]),
+    );
+    let all = lines(&out);
+    let start = u(steps(&all, "start")[0], "free");
+    for s in ["instantiate_upload", "upload"] {
+        let j = steps(&all, s)[0];
+        assert_eq!(u(j, "rc"), 0, "{out}");
+        assert_eq!(u(j, "free"), start - u(j, "reserved"), "{s}: {out}");
+    }
+    let launch = steps(&all, "graph_launch")[0];
+    assert_eq!(u(launch, "rc"), 0, "{out}");
+    assert_eq!(u(launch, "reserved"), 200 * MIB, "{out}");
+    assert_eq!(start - u(launch, "free"), 200 * MIB, "{out}");
+    let out = run_ok(
+        m.preloaded(&exe, &vars("gm-v", "1"))
+            .args(["upload", "2048"]),
+    );
+    let all = lines(&out);
+    for s in ["upload", "graph_launch"] {
+        let j = steps(&all, s)[0];
+        assert_eq!(u(j, "free"), start - u(j, "reserved"), "{s}: {out}");
+    }
+    assert_eq!(u(steps(&all, "graph_launch")[0], "rc"), 2, "{out}");
+}

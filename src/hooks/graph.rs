@@ -15,7 +15,9 @@
 //!   pool (its bytes, less what the pool holds reserved and unused) is
 //!   reserved on the container's quota; a launch that does not fit is
 //!   refused with `CUDA_ERROR_OUT_OF_MEMORY` and never reaches the driver;
-//! - `cuGraphUpload` is charged the same way (a driver may reserve there);
+//! - `cuGraphUpload` and an instantiation with
+//!   `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` are charged the same way (a driver
+//!   may reserve there);
 //! - after the launch, and after `cuDeviceGraphMemTrim` /
 //!   `cuDeviceSetGraphMemAttribute`, the charge is set to what the driver
 //!   reports reserved (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`): the excess
@@ -45,6 +47,8 @@ const NODE_MEM_ALLOC: u32 = 10;
 const ATTR_USED: u32 = 0;
 /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
 const ATTR_RESERVED: u32 = 2;
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD`.
+const INSTANTIATE_FLAG_UPLOAD: u64 = 2;
 /// Deepest nesting of child graphs walked.
 const MAX_DEPTH: u32 = 64;
 
@@ -283,10 +287,16 @@ fn launch_with_memory(exec: usize, launch: impl FnOnce() -> CUresult) -> CUresul
     let Some(needs) = NEEDS.lock().get(&exec).cloned() else {
         return launch();
     };
+    charged_around(&needs, launch)
+}
+
+/// Reserves what `launch` can add to the pools of `needs`' devices, runs
+/// it, then settles the charges on what the driver reserves.
+fn charged_around(needs: &[(CUdevice, u64)], launch: impl FnOnce() -> CUresult) -> CUresult {
     let _g = super::context::alloc_guard();
     let mut map = CHARGE.lock();
     let mut taken: Vec<(CUdevice, &'static Gpu, u64)> = Vec::with_capacity(needs.len());
-    for &(dev, bytes) in &needs {
+    for &(dev, bytes) in needs {
         let Some(gpu) = crate::process::gpus::cuda_gpu(dev) else {
             continue;
         };
@@ -369,7 +379,9 @@ pub unsafe fn instantiate_with_flags(
     unsafe { instantiated(rc, pe, g) }
 }
 
-/// `cuGraphInstantiateWithParams` and `_ptsz`.
+/// `cuGraphInstantiateWithParams` and `_ptsz`. With
+/// `CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD` the driver may reserve the graph's
+/// memory while instantiating: charged like a launch.
 ///
 /// # Safety
 /// The driver's contract.
@@ -379,6 +391,22 @@ pub unsafe fn instantiate_with_params(
     g: CUgraph,
     p: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
 ) -> CUresult {
+    // SAFETY: a non-null p is the caller's CUDA_GRAPH_INSTANTIATE_PARAMS,
+    // whose first field is the 64-bit `flags`.
+    let flags = if p.is_null() {
+        0
+    } else {
+        unsafe { p.cast::<u64>().read_unaligned() }
+    };
+    if flags & INSTANTIATE_FLAG_UPLOAD != 0 && crate::memory::tracking() {
+        let mut per_dev = BTreeMap::new();
+        if walk(g, &mut per_dev, 0) && !per_dev.is_empty() {
+            let needs: Vec<(CUdevice, u64)> = per_dev.into_iter().collect();
+            let rc = charged_around(&needs, || super::call_real!(real, pe, g, p));
+            // SAFETY: pe is the caller's out-pointer.
+            return unsafe { instantiated(rc, pe, g) };
+        }
+    }
     let rc = super::call_real!(real, pe, g, p);
     // SAFETY: pe is the caller's out-pointer.
     unsafe { instantiated(rc, pe, g) }

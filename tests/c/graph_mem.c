@@ -10,6 +10,10 @@
  *                                    cuMemAlloc(PROBE MiB) again
  *   graph_mem capture MIB            cuMemAllocAsync/cuMemFreeAsync of MIB
  *                                    captured into a graph, launched
+ *   graph_mem upload MIB             a graph allocating and freeing MIB,
+ *                                    instantiated with the upload flag,
+ *                                    (without it if that is refused),
+ *                                    uploaded, launched
  *   graph_mem hold MIB               a graph allocating and freeing MIB,
  *                                    launched once; prints "ready" and
  *                                    exits at the end of stdin
@@ -90,6 +94,20 @@ int main(int argc, char **argv) {
         rc = cuMemAlloc(&p, probe);
         report("probe_after_trim", 0, rc);
         if (rc == CUDA_SUCCESS) cuMemFree(p);
+    } else if (!strcmp(argv[1], "upload")) {
+        CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
+        if (cuGraphCreate(&g, 0) || cuGraphAddMemAllocNode(&a, g, NULL, 0, &ap)) return 4;
+        if (cuGraphAddMemFreeNode(&f, g, &a, 1, ap.dptr)) return 4;
+        CUDA_GRAPH_INSTANTIATE_PARAMS ip;
+        memset(&ip, 0, sizeof ip);
+        ip.flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
+        CUresult rc = cuGraphInstantiateWithParams(&e, g, &ip);
+        report("instantiate_upload", 0, rc);
+        if (rc && cuGraphInstantiate(&e, g, 0)) return 5; /* refused: without the flag */
+        report("upload", 0, cuGraphUpload(e, 0));
+        rc = cuGraphLaunch(e, 0);
+        cuStreamSynchronize(0);
+        report("graph_launch", 0, rc);
     } else if (!strcmp(argv[1], "hold")) {
         CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
         if (cuGraphCreate(&g, 0) || cuGraphAddMemAllocNode(&a, g, NULL, 0, &ap)) return 4;
