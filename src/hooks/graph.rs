@@ -28,7 +28,7 @@
 //! exec, else a lock-free probe of a fixed table (no allocation, no lock).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -59,16 +59,49 @@ const TOMB: usize = usize::MAX;
 static KEYS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 /// Execs with alloc nodes alive (0: every launch takes the fast path).
 static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// Some exec did not fit in `KEYS`: launches also look in `NEEDS`.
+/// Some exec did not fit in `KEYS`: launches also look in `State::needs`.
 static OVERFLOW: AtomicBool = AtomicBool::new(false);
 
-/// Bytes per device (driver ordinal) of each remembered exec.
-static NEEDS: Mutex<BTreeMap<usize, Vec<(CUdevice, u64)>>> = Mutex::new(BTreeMap::new());
+/// This process's graph memory state, one per fork generation: a child
+/// never waits on a lock a parent thread held, nor keeps the parent's
+/// charges (its ledger account is new) or execs (unusable after a fork).
+struct State {
+    generation: u64,
+    /// Bytes per device (driver ordinal) of each remembered exec.
+    needs: Mutex<BTreeMap<usize, Vec<(CUdevice, u64)>>>,
+    /// The graph memory charge per device: `(gpu, bytes)`. Also serialises
+    /// launches of execs with alloc nodes and trims, so that what the pool
+    /// holds spare cannot shrink between the estimate and the launch.
+    charge: Mutex<BTreeMap<CUdevice, (usize, u64)>>,
+}
 
-/// The graph memory charge per device: `(gpu, bytes)`. Also serialises
-/// launches of execs with alloc nodes and trims, so that what the pool holds
-/// spare cannot shrink between the estimate and the launch.
-static CHARGE: Mutex<BTreeMap<CUdevice, (usize, u64)>> = Mutex::new(BTreeMap::new());
+static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The state of this fork generation (a previous one is leaked, never
+/// touched again).
+fn state() -> &'static State {
+    let generation = crate::process::fork::generation();
+    loop {
+        let cur = STATE.load(Ordering::Acquire);
+        // SAFETY: a non-null STATE points to a leaked Box, never freed.
+        if let Some(s) = unsafe { cur.as_ref() } {
+            if s.generation == generation {
+                return s;
+            }
+        }
+        let new = Box::into_raw(Box::new(State {
+            generation,
+            needs: Mutex::new(BTreeMap::new()),
+            charge: Mutex::new(BTreeMap::new()),
+        }));
+        match STATE.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: just published; leaked from here on.
+            Ok(_) => return unsafe { &*new },
+            // SAFETY: `new` was never published: ours to free.
+            Err(_) => drop(unsafe { Box::from_raw(new) }),
+        }
+    }
+}
 
 static WALK_WARNED: AtomicBool = AtomicBool::new(false);
 
@@ -98,14 +131,14 @@ fn has_memory_slow(exec: usize) -> bool {
             break;
         }
     }
-    OVERFLOW.load(Ordering::Acquire) && NEEDS.lock().contains_key(&exec)
+    OVERFLOW.load(Ordering::Acquire) && state().needs.lock().contains_key(&exec)
 }
 
 fn remember(exec: usize, needs: Vec<(CUdevice, u64)>) {
     if exec == 0 || exec == TOMB {
         return;
     }
-    let fresh = NEEDS.lock().insert(exec, needs).is_none();
+    let fresh = state().needs.lock().insert(exec, needs).is_none();
     if !fresh {
         return;
     }
@@ -129,7 +162,7 @@ fn remember(exec: usize, needs: Vec<(CUdevice, u64)>) {
 }
 
 fn forget(exec: usize) {
-    if NEEDS.lock().remove(&exec).is_none() {
+    if state().needs.lock().remove(&exec).is_none() {
         return;
     }
     for s in KEYS.iter() {
@@ -244,7 +277,7 @@ fn held(map: &BTreeMap<CUdevice, (usize, u64)>, dev: CUdevice, gpu: &'static Gpu
 }
 
 /// Sets the charge of `dev` to what the driver reserves; `extra` bytes were
-/// reserved on top of the charge before a launch. Called with `CHARGE` held.
+/// reserved on top of the charge before a launch. Called with `State::charge` held.
 fn settle(
     map: &mut BTreeMap<CUdevice, (usize, u64)>,
     dev: CUdevice,
@@ -284,7 +317,7 @@ pub fn launch(exec: CUgraphExec, launch: impl FnOnce() -> CUresult) -> CUresult 
 #[cold]
 #[inline(never)]
 fn launch_with_memory(exec: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(needs) = NEEDS.lock().get(&exec).cloned() else {
+    let Some(needs) = state().needs.lock().get(&exec).cloned() else {
         return launch();
     };
     charged_around(&needs, launch)
@@ -294,7 +327,7 @@ fn launch_with_memory(exec: usize, launch: impl FnOnce() -> CUresult) -> CUresul
 /// it, then settles the charges on what the driver reserves.
 fn charged_around(needs: &[(CUdevice, u64)], launch: impl FnOnce() -> CUresult) -> CUresult {
     let _g = super::context::alloc_guard();
-    let mut map = CHARGE.lock();
+    let mut map = state().charge.lock();
     let mut taken: Vec<(CUdevice, &'static Gpu, u64)> = Vec::with_capacity(needs.len());
     for &(dev, bytes) in needs {
         let Some(gpu) = crate::process::gpus::cuda_gpu(dev) else {
@@ -337,7 +370,7 @@ fn charged_around(needs: &[(CUdevice, u64)], launch: impl FnOnce() -> CUresult) 
 /// memory runs meanwhile.
 fn resettled(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
     let _g = super::context::alloc_guard();
-    let mut map = CHARGE.lock();
+    let mut map = state().charge.lock();
     let rc = call();
     if rc == CUDA_SUCCESS && map.contains_key(&dev) {
         if let Some(gpu) = crate::process::gpus::cuda_gpu(dev) {
