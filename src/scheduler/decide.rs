@@ -145,7 +145,10 @@ pub fn allowance(budget_ns: u64, ns_per_launch: u64) -> u64 {
     if ns_per_launch == 0 {
         return 8;
     }
-    (3 * budget_ns / (2 * ns_per_launch) + 1).clamp(1, 1 << 20)
+    // Both come from ledger words any process may write: computed in u128,
+    // never an overflow (a panic here would cross the C boundary).
+    let n = 3 * u128::from(budget_ns) / (2 * u128::from(ns_per_launch)) + 1;
+    n.clamp(1, 1 << 20) as u64
 }
 
 /// New ns-per-launch estimate after a slice that held the GPU `held_ns`
@@ -166,6 +169,14 @@ pub fn update_estimate(old: u64, held_ns: u64, launches: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allowance_never_overflows_on_ledger_garbage() {
+        assert_eq!(allowance(u64::MAX, 1), 1 << 20);
+        assert_eq!(allowance(u64::MAX, u64::MAX), 2);
+        assert_eq!(allowance(1, u64::MAX), 1);
+        assert_eq!(allowance(40_000_000, 1_000_000), 61);
+    }
     use crate::scheduler::policy::{FAIR_SHARE, FIXED, PREEMPTIVE, WEIGHTED};
 
     fn busy(weight: u32) -> Entry {
