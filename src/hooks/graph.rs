@@ -59,8 +59,12 @@ const TOMB: usize = usize::MAX;
 static KEYS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 /// Execs with alloc nodes alive (0: every launch takes the fast path).
 static LIVE: AtomicUsize = AtomicUsize::new(0);
-/// Some exec did not fit in `KEYS`: launches also look in `State::needs`.
-static OVERFLOW: AtomicBool = AtomicBool::new(false);
+/// Slots probed from an exec's home slot (bounded: tombstones never make a
+/// launch scan the whole table).
+const PROBE: usize = 16;
+/// Live execs that found no slot within `PROBE`: while there are any,
+/// launches that miss the table also look in `State::needs`.
+static OVERFLOWED: AtomicUsize = AtomicUsize::new(0);
 
 /// This process's graph memory state, one per fork generation: a child
 /// never waits on a lock a parent thread held, nor keeps the parent's
@@ -122,16 +126,17 @@ fn has_memory(exec: CUgraphExec) -> bool {
 #[inline(never)]
 fn has_memory_slow(exec: usize) -> bool {
     let start = slot_of(exec);
-    for i in 0..SLOTS {
+    for i in 0..PROBE {
         let k = KEYS[(start + i) % SLOTS].load(Ordering::Acquire);
         if k == exec {
             return true;
         }
         if k == 0 {
+            // Slots are filled in probe order and never emptied again.
             break;
         }
     }
-    OVERFLOW.load(Ordering::Acquire) && state().needs.lock().contains_key(&exec)
+    OVERFLOWED.load(Ordering::Acquire) > 0 && state().needs.lock().contains_key(&exec)
 }
 
 fn remember(exec: usize, needs: Vec<(CUdevice, u64)>) {
@@ -144,7 +149,7 @@ fn remember(exec: usize, needs: Vec<(CUdevice, u64)>) {
     }
     let start = slot_of(exec);
     let mut placed = false;
-    for i in 0..SLOTS {
+    for i in 0..PROBE {
         let s = &KEYS[(start + i) % SLOTS];
         let k = s.load(Ordering::Acquire);
         if (k == 0 || k == TOMB)
@@ -156,7 +161,7 @@ fn remember(exec: usize, needs: Vec<(CUdevice, u64)>) {
         }
     }
     if !placed {
-        OVERFLOW.store(true, Ordering::Release);
+        OVERFLOWED.fetch_add(1, Ordering::AcqRel);
     }
     LIVE.fetch_add(1, Ordering::AcqRel);
 }
@@ -165,12 +170,14 @@ fn forget(exec: usize) {
     if state().needs.lock().remove(&exec).is_none() {
         return;
     }
-    for s in KEYS.iter() {
-        if s.compare_exchange(exec, TOMB, Ordering::AcqRel, Ordering::Acquire)
+    let start = slot_of(exec);
+    let found = (0..PROBE).any(|i| {
+        KEYS[(start + i) % SLOTS]
+            .compare_exchange(exec, TOMB, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
-        {
-            break;
-        }
+    });
+    if !found {
+        OVERFLOWED.fetch_sub(1, Ordering::AcqRel);
     }
     LIVE.fetch_sub(1, Ordering::AcqRel);
 }
@@ -491,4 +498,42 @@ pub unsafe fn device_set_graph_mem_attribute(
     value: *mut c_void,
 ) -> CUresult {
     resettled(dev, || super::call_real!(real, dev, attr, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The exec table: every remembered exec is found (in its slots or, past
+    /// them, in the map), forgotten execs are not, and the counters return
+    /// to zero, so that launches take the one-load fast path again.
+    #[test]
+    fn the_exec_table_finds_exactly_the_remembered_execs() {
+        let execs: Vec<usize> = (1..=3 * SLOTS).map(|i| 0x7000_0000 + i * 0x40).collect();
+        for &e in &execs {
+            remember(e, vec![(0, GRANULE)]);
+        }
+        assert_eq!(LIVE.load(Ordering::Acquire), execs.len());
+        assert!(OVERFLOWED.load(Ordering::Acquire) > 0);
+        for &e in &execs {
+            assert!(has_memory(e as CUgraphExec), "{e:#x}");
+            assert!(!has_memory((e + 0x20) as CUgraphExec));
+        }
+        for &e in &execs[..execs.len() / 2] {
+            forget(e);
+            assert!(!has_memory(e as CUgraphExec));
+        }
+        for &e in &execs[execs.len() / 2..] {
+            assert!(has_memory(e as CUgraphExec), "{e:#x}");
+            forget(e);
+        }
+        assert_eq!(LIVE.load(Ordering::Acquire), 0);
+        assert_eq!(OVERFLOWED.load(Ordering::Acquire), 0);
+        assert!(!has_memory(execs[0] as CUgraphExec));
+        // Tombstones are reused: the table takes execs again.
+        remember(execs[0], vec![(0, GRANULE)]);
+        assert!(has_memory(execs[0] as CUgraphExec));
+        forget(execs[0]);
+        assert_eq!(LIVE.load(Ordering::Acquire), 0);
+    }
 }
