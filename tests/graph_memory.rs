@@ -214,3 +214,33 @@ fn uploads_are_charged_like_launches_and_settled() {
     }
     assert_eq!(u(steps(&all, "graph_launch")[0], "rc"), 2, "{out}");
 }
+
+/// NVIDIA's own cuda-bindings, unmodified (it reaches every function through
+/// `cuGetProcAddress_v2`): its graph launch is refused past the quota,
+/// charged within it, and given back by the trim.
+#[test]
+fn unmodified_cuda_bindings_graph_memory_is_counted() {
+    let m = Machine::new("graph-bindings", T4);
+    let script = repo().join("tests/py/bindings_graph_mem.py");
+    let run_script = |id: &str, mib: &str| -> serde_json::Value {
+        let out = run_ok(m.preloaded(python(), &vars(id, "1")).arg(&script).arg(mib));
+        serde_json::from_str(out.lines().last().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{e}: {out}"))
+    };
+    let j = run_script("gm-py-a", "2048");
+    for step in ["launch0", "launch1"] {
+        assert_eq!(j[step]["rc"], 2, "{j}");
+        assert_eq!(j[step]["reserved"], 0, "{j}");
+        assert_eq!(j[step]["free"], j["start"]["free"], "{j}");
+    }
+    let j = run_script("gm-py-b", "400");
+    let start = j["start"]["free"].as_u64().unwrap();
+    for step in ["launch0", "launch1"] {
+        assert_eq!(j[step]["rc"], 0, "{j}");
+        assert_eq!(j[step]["reserved"], 400 * MIB, "{j}");
+        assert_eq!(start - j[step]["free"].as_u64().unwrap(), 400 * MIB, "{j}");
+    }
+    assert_eq!(j["trim"]["rc"], 0, "{j}");
+    assert_eq!(j["trim"]["reserved"], 0, "{j}");
+    assert_eq!(j["trim"]["free"].as_u64().unwrap(), start, "{j}");
+}
