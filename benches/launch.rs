@@ -34,8 +34,8 @@ const BATCH: u64 = 256;
 type LaunchFn =
     unsafe extern "C" fn(Ptr, u32, u32, u32, u32, u32, u32, u32, Ptr, *mut Ptr, *mut Ptr) -> u32;
 
+/// The sim stays loaded for the whole run (its handle is never closed).
 struct Sim {
-    _lib: libloading::Library,
     launch: LaunchFn,
     sync: unsafe extern "C" fn() -> u32,
     f: Ptr,
@@ -54,20 +54,30 @@ fn setup() -> Sim {
     std::env::set_var("CGPU_SIM_STATE", dir.join("sim"));
     // SAFETY: loading the simulated driver, a plain C library.
     let lib = unsafe { libloading::Library::new(&a.libsim) }.expect("load the sim");
+    let handle = libloading::os::unix::Library::from(lib).into_raw();
+    // The sim's functions through glibc's own `dlsym`: this binary links
+    // the interposer, whose `dlsym` export would otherwise answer (and, for
+    // a hooked name, look for the real driver this machine does not have).
+    let real_dlsym = cgpu::driver::real_dlsym().expect("glibc's dlsym");
+    let sym = |name: &std::ffi::CStr| -> Ptr {
+        // SAFETY: a live handle from dlopen and a NUL-terminated name.
+        let p = unsafe { real_dlsym(handle, name.as_ptr()) };
+        assert!(!p.is_null(), "the sim exports {name:?}");
+        p
+    };
     let ptx =
         c".version 7.0\n.target sm_52\n.visible .entry cgpu_sim_spin(.param .u64 a)\n{ ret; }\n";
-    // SAFETY: the sim's driver API with valid arguments and C signatures.
+    // SAFETY: each pointer is the sim's export of that name, transmuted to
+    // its C signature; the calls pass valid arguments.
     unsafe {
-        let init: libloading::Symbol<unsafe extern "C" fn(u32) -> u32> =
-            lib.get(b"cuInit").unwrap();
-        let retain: libloading::Symbol<unsafe extern "C" fn(*mut Ptr, i32) -> u32> =
-            lib.get(b"cuDevicePrimaryCtxRetain").unwrap();
-        let set: libloading::Symbol<unsafe extern "C" fn(Ptr) -> u32> =
-            lib.get(b"cuCtxSetCurrent").unwrap();
-        let load: libloading::Symbol<unsafe extern "C" fn(*mut Ptr, *const c_void) -> u32> =
-            lib.get(b"cuModuleLoadData").unwrap();
-        let getf: libloading::Symbol<unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> u32> =
-            lib.get(b"cuModuleGetFunction").unwrap();
+        let init: unsafe extern "C" fn(u32) -> u32 = std::mem::transmute(sym(c"cuInit"));
+        let retain: unsafe extern "C" fn(*mut Ptr, i32) -> u32 =
+            std::mem::transmute(sym(c"cuDevicePrimaryCtxRetain"));
+        let set: unsafe extern "C" fn(Ptr) -> u32 = std::mem::transmute(sym(c"cuCtxSetCurrent"));
+        let load: unsafe extern "C" fn(*mut Ptr, *const c_void) -> u32 =
+            std::mem::transmute(sym(c"cuModuleLoadData"));
+        let getf: unsafe extern "C" fn(*mut Ptr, Ptr, *const c_char) -> u32 =
+            std::mem::transmute(sym(c"cuModuleGetFunction"));
         assert_eq!(init(0), 0);
         let mut ctx = std::ptr::null_mut();
         assert_eq!(retain(&mut ctx, 0), 0);
@@ -76,15 +86,19 @@ fn setup() -> Sim {
         assert_eq!(load(&mut m, ptx.as_ptr() as *const c_void), 0);
         let mut f = std::ptr::null_mut();
         assert_eq!(getf(&mut f, m, c"cgpu_sim_spin".as_ptr()), 0);
-        let launch = *lib.get::<LaunchFn>(b"cuLaunchKernel").unwrap();
-        let sync = *lib
-            .get::<unsafe extern "C" fn() -> u32>(b"cuCtxSynchronize")
-            .unwrap();
+        let launch: LaunchFn = std::mem::transmute(sym(c"cuLaunchKernel"));
+        let sync: unsafe extern "C" fn() -> u32 = std::mem::transmute(sym(c"cuCtxSynchronize"));
         let drv = DriverOps {
-            ctx_get_current: *lib.get(b"cuCtxGetCurrent").unwrap(),
-            ctx_set_current: *lib.get(b"cuCtxSetCurrent").unwrap(),
+            ctx_get_current: std::mem::transmute::<Ptr, unsafe extern "C" fn(*mut Ptr) -> u32>(
+                sym(c"cuCtxGetCurrent"),
+            ),
+            ctx_set_current: std::mem::transmute::<Ptr, unsafe extern "C" fn(Ptr) -> u32>(sym(
+                c"cuCtxSetCurrent",
+            )),
             ctx_synchronize: sync,
-            ctx_get_device: *lib.get(b"cuCtxGetDevice").unwrap(),
+            ctx_get_device: std::mem::transmute::<Ptr, unsafe extern "C" fn(*mut i32) -> u32>(sym(
+                c"cuCtxGetDevice",
+            )),
         };
         // Join a ledger as a container of weight 1 and attach the scheduler.
         let ledger: &'static Ledger = Box::leak(Box::new(
@@ -114,12 +128,7 @@ fn setup() -> Sim {
         );
         MEMBER.store(m.container, Ordering::Relaxed);
         LEDGER.store(ledger as *const Ledger as *mut Ledger, Ordering::Relaxed);
-        Sim {
-            _lib: lib,
-            launch,
-            sync,
-            f,
-        }
+        Sim { launch, sync, f }
     }
 }
 

@@ -1,8 +1,13 @@
 //! `cgpuctl inspect`: the `kubectl inspect cgpu` view for this host.
 //!
-//! Allocated = the quotas of live containers, total = the GPU's physical
-//! memory, both in whole GiB (rounded to nearest, as the operator counts a
-//! 15109 MiB T4 as 15). Containers without a quota allocate nothing.
+//! Allocated = the quotas of live containers in whole GiB (rounded to
+//! nearest: a quota of `ALIYUN_COM_GPU_MEM_CONTAINER=6` on a T4 counted as
+//! 15 GiB is 6043 MiB, shown as 6). Total = the GPU's size as the cluster
+//! view counts it: `floor(MiB / 1024)` (16130 MiB → 15, 15109 MiB → 14),
+//! unless the operator states it (`--gpu-mem-dev 15`, the node's
+//! `ALIYUN_COM_GPU_MEM_DEV`), so that this view and `kubectl inspect cgpu`
+//! show the same number for the same node. Containers without a quota
+//! allocate nothing.
 
 use super::{GpuInfo, Report, GIB};
 use std::fmt::Write;
@@ -10,6 +15,12 @@ use std::fmt::Write;
 /// Bytes to whole GiB, rounded to nearest.
 pub fn gib_round(bytes: u64) -> u64 {
     (bytes + GIB / 2) / GIB
+}
+
+/// A GPU's total in whole GiB: what the operator stated, else
+/// `floor(bytes / GiB)`.
+pub fn gpu_gib(bytes: u64, stated: Option<u64>) -> u64 {
+    stated.unwrap_or(bytes / GIB)
 }
 
 /// This host's name.
@@ -86,22 +97,20 @@ fn widths(rows: &[Vec<String>]) -> Vec<usize> {
         .collect()
 }
 
-/// Render the summary (or per-container detail with `detail`).
-pub fn render(r: &Report, detail: bool, host: &str, ip: &str) -> String {
+/// Render the summary (or per-container detail with `detail`); `gpu_gib`
+/// is the GPUs' size in GiB when the operator states it.
+pub fn render(r: &Report, detail: bool, host: &str, ip: &str, gpu_gib: Option<u64>) -> String {
     let gpus: Vec<&GpuInfo> = r.gpus_ok().collect();
+    let size = |g: &GpuInfo| self::gpu_gib(g.physical_total_bytes, gpu_gib);
     let alloc_total: u64 = gpus.iter().map(|g| allocated(g)).sum();
-    let total: u64 = gpus.iter().map(|g| gib_round(g.physical_total_bytes)).sum();
+    let total: u64 = gpus.iter().map(|g| size(g)).sum();
     let mut out = String::new();
     if !detail {
         let mut head = vec!["NAME".to_owned(), "IPADDRESS".to_owned()];
         let mut vals = vec![host.to_owned(), ip.to_owned()];
         for g in &gpus {
             head.push(format!("GPU{}(Allocated/Total)", g.index));
-            vals.push(format!(
-                "{}/{}",
-                allocated(g),
-                gib_round(g.physical_total_bytes)
-            ));
+            vals.push(format!("{}/{}", allocated(g), size(g)));
         }
         head.push("GPU Memory(GiB)".into());
         vals.push(format!("{alloc_total}/{total}"));
@@ -149,7 +158,7 @@ pub fn render(r: &Report, detail: bool, host: &str, ip: &str) -> String {
         let mut t = vec!["Total :".to_owned()];
         for g in &gpus {
             let al = allocated(g);
-            let tt = gib_round(g.physical_total_bytes);
+            let tt = size(g);
             a.push(format!("{al} ({}%)", percent(al, tt)));
             t.push(tt.to_string());
         }
@@ -195,7 +204,7 @@ mod tests {
 
     #[test]
     fn seed_numbers() {
-        // T4 15109 MiB; one container of 3 GiB: 3/15 (20%)
+        // T4 15109 MiB counted as 15 (stated); one container of 3 GiB: 3/15 (20%)
         let mut f = fake_file(0, "GPU-a", 15109 * MIB);
         add_container(&mut f, 0, "disable-cgpu", 3 * GIB, 0, 1);
         let g = read_file(&f, &|_| true).unwrap();
@@ -217,14 +226,25 @@ mod tests {
             util_window_ms: None,
             gpus: vec![ok(g), ok(g2)],
         };
-        let s = render(&r, false, "node1", "10.0.0.1");
+        let s = render(&r, false, "node1", "10.0.0.1", Some(15));
         assert!(s.contains("GPU0(Allocated/Total)"), "{s}");
         assert!(s.contains("3/15"), "{s}");
         assert!(s.contains("6/15"), "{s}");
         assert!(s.ends_with("9/30 (30%)\n"), "{s}");
-        let d = render(&r, true, "node1", "10.0.0.1");
+        let d = render(&r, true, "node1", "10.0.0.1", Some(15));
         assert!(d.contains("disable-cgpu"), "{d}");
         assert!(d.contains("3 (20%)"), "{d}");
         assert!(d.contains("In Cluster:  9/30 (30%)"), "{d}");
+        // Not stated: floor(15109 / 1024) = 14, as the cluster view counts it.
+        let s = render(&r, false, "node1", "10.0.0.1", None);
+        assert!(s.contains("3/14"), "{s}");
+        assert!(s.ends_with("9/28 (32%)\n"), "{s}");
+    }
+
+    #[test]
+    fn gpu_size_is_floored_unless_stated() {
+        assert_eq!(gpu_gib(16130 * MIB, None), 15);
+        assert_eq!(gpu_gib(15109 * MIB, None), 14);
+        assert_eq!(gpu_gib(15109 * MIB, Some(15)), 15);
     }
 }

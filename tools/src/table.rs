@@ -209,7 +209,7 @@ mod tests {
             assert_eq!(l.len(), SEP.len(), "{l}");
         }
         assert!(render(&r, true).contains("waiting for its turn"));
-        let i = crate::inspect::render(&r, false, "h", "1.2.3.4");
+        let i = crate::inspect::render(&r, false, "h", "1.2.3.4", None);
         assert!(i.contains("GPU0 noweight: waiting: weight 0"), "{i}");
         assert!(!i.contains("turn"), "{i}");
     }

@@ -86,12 +86,15 @@ PID: <pid> Mem: <bytes> per process), memsize (bytes), weight.
 ";
 
 const HELP_INSPECT: &str = "\
-cgpuctl inspect [-d]
+cgpuctl inspect [-d] [--gpu-mem-dev GIB]
 
 GPU memory allocated (containers' quotas) over total, in GiB, per GPU of this
-host and in total with a percentage, like `kubectl inspect cgpu`.
+host and in total with a percentage, like `kubectl inspect cgpu`. A GPU's
+total is floor(MiB / 1024), as the cluster view counts it, unless stated.
 
-    -d, --detail      per-container allocation on each GPU
+    -d, --detail          per-container allocation on each GPU
+    --gpu-mem-dev GIB     the GPUs' size as the operator counts it (default:
+                          $ALIYUN_COM_GPU_MEM_DEV when set)
 ";
 
 const HELP_GC: &str = "\
@@ -377,11 +380,26 @@ fn cmd_inspect(mut a: Args, dir: &Path) {
         return;
     }
     let d = a.flag(&["-d", "--detail"]);
+    let stated = a.value(&["--gpu-mem-dev"]).unwrap_or_else(|e| usage(e));
     a.finish().unwrap_or_else(|e| usage(e));
+    let stated = stated
+        .or_else(|| std::env::var("ALIYUN_COM_GPU_MEM_DEV").ok())
+        .map(|v| match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => n,
+            _ => usage(format!(
+                "--gpu-mem-dev / ALIYUN_COM_GPU_MEM_DEV: '{v}' is not a whole number of GiB"
+            )),
+        });
     let s = cgpu_tools::sample_dir(dir);
     print!(
         "{}",
-        inspect::render(&s.report, d, &inspect::hostname(), &inspect::ip_address())
+        inspect::render(
+            &s.report,
+            d,
+            &inspect::hostname(),
+            &inspect::ip_address(),
+            stated
+        )
     );
     if s.report.gpus.iter().any(|g| g.gpu.is_none()) {
         exit(1);
