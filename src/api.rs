@@ -95,6 +95,7 @@ macro_rules! for_each_api {
                 fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult => launch::graph_launch;
 
                 // --- graph memory (alloc nodes: charged at launch) ------------------
+                fn cuGraphAddMemAllocNode(pn: *mut CUgraphNode, g: CUgraph, deps: *const CUgraphNode, n: usize, p: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult => graph::add_mem_alloc_node;
                 fn cuGraphInstantiate(pe: *mut CUgraphExec, g: CUgraph, err: *mut CUgraphNode, log: *mut c_char, n: usize) -> CUresult => graph::instantiate_legacy;
                 fn cuGraphInstantiate_v2(pe: *mut CUgraphExec, g: CUgraph, err: *mut CUgraphNode, log: *mut c_char, n: usize) -> CUresult => graph::instantiate_legacy;
                 fn cuGraphInstantiateWithFlags(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CUresult => graph::instantiate_with_flags;

@@ -244,3 +244,28 @@ fn unmodified_cuda_bindings_graph_memory_is_counted() {
     assert_eq!(j["trim"]["reserved"], 0, "{j}");
     assert_eq!(j["trim"]["free"].as_u64().unwrap(), start, "{j}");
 }
+
+/// With `ALIYUN_COM_GPU_VISIBLE_DEVICES=1`, an alloc node whose pool is on
+/// the container's device 0 (host GPU 1) takes its memory there, charged on
+/// that GPU's quota, never on the hidden host GPU 0.
+#[test]
+fn alloc_nodes_use_the_containers_device_numbering() {
+    let m = Machine::new("graph-visible", "23028:NVIDIA A10,15109:Tesla T4");
+    let exe = client();
+    let v = [
+        ("CGPU_CONTAINER_ID", "gm-vis"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "1"),
+        ("ALIYUN_COM_GPU_VISIBLE_DEVICES", "1"),
+        ("GRAPH_MEM_LOCATION", "0"),
+    ];
+    let out = run_ok(m.preloaded(&exe, &v).args(["alloc", "512"]));
+    let all = lines(&out);
+    let launch = steps(&all, "graph_launch")[0];
+    assert_eq!(u(launch, "rc"), 0, "{out}");
+    assert_eq!(u(launch, "reserved"), 512 * MIB, "{out}");
+    let start = u(steps(&all, "start")[0], "free");
+    assert_eq!(start - u(launch, "free"), 512 * MIB, "{out}");
+    let out = run_ok(m.preloaded(&exe, &v).args(["alloc", "2048"]));
+    let launch = steps(&lines(&out), "graph_launch")[0].clone();
+    assert_eq!(u(&launch, "rc"), 2, "{out}");
+}

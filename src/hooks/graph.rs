@@ -387,6 +387,44 @@ fn resettled(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
     rc
 }
 
+/// `cuGraphAddMemAllocNode`: the pool's device as the container numbers it
+/// (`ALIYUN_COM_GPU_VISIBLE_DEVICES`) becomes the host's, as for
+/// `cuMemCreate`, so that the memory lands (and is charged) on the GPU the
+/// application chose; the address the driver picked is written back.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn add_mem_alloc_node(
+    real: &RealFn<sig::cuGraphAddMemAllocNode>,
+    pn: *mut CUgraphNode,
+    g: CUgraph,
+    deps: *const CUgraphNode,
+    n: usize,
+    p: *mut CUDA_MEM_ALLOC_NODE_PARAMS,
+) -> CUresult {
+    if p.is_null() {
+        return super::call_real!(real, pn, g, deps, n, p);
+    }
+    // SAFETY: p is the caller's non-null params struct (the header's
+    // layout); read unaligned, as a copy.
+    let mut q = unsafe { p.read_unaligned() };
+    let id = q.poolProps.location.id;
+    if q.poolProps.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        return super::call_real!(real, pn, g, deps, n, p);
+    }
+    let host = crate::process::gpus::host_device_for_location(id);
+    if host == id {
+        return super::call_real!(real, pn, g, deps, n, p);
+    }
+    q.poolProps.location.id = host;
+    let rc = super::call_real!(real, pn, g, deps, n, &mut q);
+    if rc == CUDA_SUCCESS {
+        // SAFETY: as above; `dptr` is the params' output field.
+        unsafe { std::ptr::addr_of_mut!((*p).dptr).write_unaligned(q.dptr) };
+    }
+    rc
+}
+
 /// `cuGraphInstantiate` / `_v2` (legacy signature).
 ///
 /// # Safety

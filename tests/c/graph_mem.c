@@ -48,7 +48,9 @@ static CUDA_MEM_ALLOC_NODE_PARAMS alloc_params(size_t bytes) {
     memset(&p, 0, sizeof p);
     p.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.poolProps.location.id = dev;
+    /* GRAPH_MEM_LOCATION: the pool's device as given (else the CUdevice). */
+    const char *loc = getenv("GRAPH_MEM_LOCATION");
+    p.poolProps.location.id = loc ? atoi(loc) : dev;
     p.bytesize = bytes;
     return p;
 }
