@@ -71,6 +71,22 @@ impl Rig {
             .map(|p| p.mem_bytes)
             .sum()
     }
+    /// A newcomer of container `id` (1 GiB quota) allocates 128 MiB blocks
+    /// until refused and holds them: together with `pid1` the device holds
+    /// no more than the quota (the driver's books). The newcomer is returned
+    /// for the caller to end.
+    fn newcomer_fills_quota(&self, id: &str, pid1: u32, what: &str) -> Child {
+        let mut p2 = self.client(id, 1, &[], &["pid", "alloc_until_oom", "134217728", "hold"]);
+        let mut out2 = BufReader::new(p2.stdout.take().unwrap());
+        let lines = read_until(&mut out2, "holding");
+        let pid2 = field(&lines, "pid", "pid").unwrap() as u32;
+        let held = self.device_bytes(&[pid1, pid2]);
+        assert!(
+            held <= GIB,
+            "{what}: {held} bytes on the device with a 1 GiB quota: {lines:?}"
+        );
+        p2
+    }
 }
 
 /// Read stdout lines until one starts with `prefix` (or EOF / 60 s).
@@ -711,20 +727,7 @@ fn truncated_ledger_never_kills_and_is_rebuilt() {
         "the truncated file is kept aside for a post-mortem"
     );
 
-    let mut p2 = rig.client(
-        "trunc",
-        1,
-        &[],
-        &["pid", "alloc_until_oom", "134217728", "hold"],
-    );
-    let mut out2 = BufReader::new(p2.stdout.take().unwrap());
-    let lines = read_until(&mut out2, "holding");
-    let pid2 = field(&lines, "pid", "pid").unwrap() as u32;
-    let held = rig.device_bytes(&[pid1, pid2]);
-    assert!(
-        held <= GIB,
-        "{held} bytes on the device with a 1 GiB quota: {lines:?}"
-    );
+    let p2 = rig.newcomer_fills_quota("trunc", pid1, "truncated");
     let err = kill_and_check(p1, "the process whose ledger was truncated");
     assert!(
         err.contains("truncated") && err.contains("joined ledger"),
@@ -789,20 +792,7 @@ fn deleted_or_wiped_ledger_is_re_registered_by_idle_jobs() {
             "{fault}: re-registered within 2 s: {t:?} {:?}",
             ledger_used(&rig.dir, "idle")
         );
-        let mut p2 = rig.client(
-            "idle",
-            1,
-            &[],
-            &["pid", "alloc_until_oom", "134217728", "hold"],
-        );
-        let mut out2 = BufReader::new(p2.stdout.take().unwrap());
-        let lines = read_until(&mut out2, "holding");
-        let pid2 = field(&lines, "pid", "pid").unwrap() as u32;
-        let dev = rig.device_bytes(&[pid1, pid2]);
-        assert!(
-            dev <= GIB,
-            "{fault}: {dev} bytes on the device, quota 1 GiB: {lines:?}"
-        );
+        let p2 = rig.newcomer_fills_quota("idle", pid1, fault);
         // The idle job's kernel launches go on afterwards (never hang).
         let lines = read_until(&mut out1, "ready");
         assert_eq!(
