@@ -30,6 +30,8 @@ pub struct Ctx {
     pub primary: bool,
     pub flags: AtomicU32,
     pub destroyed: AtomicBool,
+    /// `cuCtxSetLimit` values and the memory they reserve.
+    pub limits: Mutex<crate::cuda::limits::Limits>,
 }
 
 pub struct Stream {

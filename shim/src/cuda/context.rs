@@ -1,5 +1,6 @@
 //! Primary and created contexts, the per-thread context stack.
-//! Each context reserves `CGPU_SIM_CTX_MIB` of device memory while it lives.
+//! Each context reserves `CGPU_SIM_CTX_MIB` of device memory while it lives,
+//! plus what its limits reserve (`limits.rs`).
 
 use crate::driver::{cu, Ctx, Driver, Obj, CTX_STACK};
 use crate::{guard, put, CuRes};
@@ -17,6 +18,7 @@ fn new_ctx(d: &Driver, dev: usize, primary: bool, flags: u32) -> Result<usize, C
         primary,
         flags: AtomicU32::new(flags),
         destroyed: AtomicBool::new(false),
+        limits: Default::default(),
     };
     Ok(d.objs.lock().insert(Obj::Ctx(Arc::new(c))))
 }
@@ -31,6 +33,7 @@ fn destroy_ctx(d: &Driver, h: usize, c: &Ctx) {
     }
     super::memory::free_ctx_allocs(d, h);
     d.uncharge(c.dev, d.cfg.ctx_bytes);
+    super::limits::release(d, c);
     d.ctx_alive(c.dev, false);
     // Streams, events, modules of the context go with it.
     let mut objs = d.objs.lock();
@@ -204,6 +207,7 @@ pub fn primary_handle(d: &Driver, dev: usize) -> usize {
             primary: true,
             flags: AtomicU32::new(p.flags),
             destroyed: AtomicBool::new(true),
+            limits: Default::default(),
         };
         p.handle = d.objs.lock().insert(Obj::Ctx(Arc::new(c)));
     }
@@ -365,41 +369,6 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
                 CUDA_ERROR_INVALID_VALUE,
             )
         }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: u32) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        d.cur_ctx()?;
-        let v = match limit {
-            0 => 1024,    // STACK_SIZE
-            1 => 1 << 20, // PRINTF_FIFO_SIZE
-            2 => 8 << 20, // MALLOC_HEAP_SIZE
-            3 => 2,       // DEV_RUNTIME_SYNC_DEPTH
-            4 => 2048,    // DEV_RUNTIME_PENDING_LAUNCH_COUNT
-            5 => 32,      // MAX_L2_FETCH_GRANULARITY
-            6 => 0,       // PERSISTING_L2_CACHE_SIZE
-            7 => 0,       // SHMEM_SIZE
-            8 => 0,       // CIG_ENABLED (cuBLAS requires an answer)
-            9 => 0,       // CIG_SHMEM_FALLBACK_ENABLED (same)
-            _ => return Err(CUDA_ERROR_UNSUPPORTED_LIMIT),
-        };
-        // SAFETY: out pointer from the caller.
-        unsafe { put(value, v, CUDA_ERROR_INVALID_VALUE) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxSetLimit(limit: u32, _value: usize) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        d.cur_ctx()?;
-        if limit > 9 {
-            return Err(CUDA_ERROR_UNSUPPORTED_LIMIT);
-        }
-        Ok(())
     })
 }
 

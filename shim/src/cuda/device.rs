@@ -84,6 +84,9 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut u32, dev: CUdevice) -> CUr
     })
 }
 
+/// Not in `cgpu-ffi`: the largest `CU_LIMIT_PERSISTING_L2_CACHE_SIZE`.
+pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute = 108;
+
 pub fn attribute(
     dev: &crate::driver::DevInfo,
     index: usize,
@@ -124,13 +127,11 @@ pub fn attribute(
         CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE => 5_001_000,
         CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH => 256,
         CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE => 4 << 20,
-        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR => {
-            if maj >= 8 && min != 0 {
-                1536
-            } else {
-                2048
-            }
-        }
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR => match (maj, min) {
+            (7, 5) => 1024, // Turing
+            _ if maj >= 8 && min != 0 => 1536,
+            _ => 2048,
+        },
         CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT => 2,
         CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING => 1,
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR => maj,
@@ -152,6 +153,14 @@ pub fn attribute(
             }
         }
         CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED => 1,
+        // Three quarters of the L2 may persist (Ampere and later).
+        CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE => {
+            if maj >= 8 {
+                3 << 20
+            } else {
+                0
+            }
+        }
         84 => 0,            // MULTI_GPU_BOARD
         85 => index as i32, // MULTI_GPU_BOARD_GROUP_ID
         a if a > 0 && a < CU_DEVICE_ATTRIBUTE_MAX => 0,
