@@ -201,6 +201,8 @@ pub enum Obj {
     Pool(Arc<Pool>),
     Array(Arc<Array>),
     Link(Arc<Mutex<crate::cuda::link::LinkState>>),
+    GreenCtx(Arc<crate::cuda::green::GreenCtx>),
+    ResourceDesc(Arc<crate::cuda::green::DevResourceDesc>),
 }
 
 pub struct Objects {

@@ -48,8 +48,11 @@ pub fn guard(f: impl FnOnce() -> CuRes) -> CUresult {
         Ok(Err(e)) => e,
         Err(_) => CUDA_ERROR_UNKNOWN,
     };
-    if r != CUDA_SUCCESS && trace_failures() {
-        eprintln!("cgpu-sim: call at {}:{} failed: {r}", at.file(), at.line());
+    if r != CUDA_SUCCESS {
+        cuda::logs::failed(r);
+        if trace_failures() {
+            eprintln!("cgpu-sim: call at {}:{} failed: {r}", at.file(), at.line());
+        }
     }
     r
 }

@@ -128,8 +128,9 @@ fn destroy(ctx: CUcontext) -> CuRes {
         Some(Obj::Ctx(c)) => Arc::clone(c),
         _ => return Err(CUDA_ERROR_INVALID_CONTEXT),
     };
-    if c.primary {
-        // The primary context is released, not destroyed.
+    if c.primary || super::green::green_handle_of_ctx(d, h).is_some() {
+        // The primary context is released, not destroyed; a green
+        // context's with cuGreenCtxDestroy.
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
     if c.destroyed.load(Acquire) {
@@ -440,7 +441,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
     })
 }
 
-fn primary_release(dev: CUdevice) -> CuRes {
+/// Releases one reference to `dev`'s primary context (destroyed with the last).
+pub(crate) fn primary_release(dev: CUdevice) -> CuRes {
     let d = cu()?;
     let i = d.check_dev(dev)?;
     let last = {

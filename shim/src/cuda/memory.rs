@@ -116,6 +116,16 @@ pub fn free_dev(d: &Driver, p: u64, allow: &[AllocKind]) -> CuRes {
 }
 
 /// Frees every allocation of a context (at its destruction).
+/// What context `from` allocated now belongs to context `to` (a green
+/// context's memory is its primary context's).
+pub fn reparent_ctx_allocs(d: &Driver, from: usize, to: usize) {
+    for a in d.allocs.lock().values_mut() {
+        if a.ctx == from {
+            a.ctx = to;
+        }
+    }
+}
+
 pub fn free_ctx_allocs(d: &Driver, ctx: usize) {
     let victims: Vec<(u64, Alloc)> = {
         let mut allocs = d.allocs.lock();

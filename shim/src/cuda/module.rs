@@ -239,6 +239,48 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     guard(|| get_global(dptr, bytes, m as usize, name, false))
 }
 
+/// `cuLibraryGetManaged`: a `__managed__` variable of the library (its
+/// address is the global's, which the host can read and write in the sim).
+fn get_managed(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    lib: usize,
+    name: *const c_char,
+) -> CuRes {
+    let d = cu()?;
+    // SAFETY: NUL-terminated name from the caller.
+    let n = unsafe { read_cstr(name) }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    match d.objs.lock().get(lib) {
+        Some(Obj::Module(md)) if md.library => {
+            if !md.image.is_managed(&n) {
+                return Err(CUDA_ERROR_NOT_FOUND);
+            }
+        }
+        _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+    }
+    get_global(dptr, bytes, lib, name, true)
+}
+
+/// `cuLibraryGetUnifiedFunction`: unified functions are host code compiled
+/// into the library; the images the sim reads never hold one.
+fn get_unified(fptr: *mut *mut std::ffi::c_void, lib: usize, name: *const c_char) -> CuRes {
+    let d = cu()?;
+    if fptr.is_null() || name.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match d.objs.lock().get(lib) {
+        Some(Obj::Module(md)) if md.library => Err(CUDA_ERROR_NOT_FOUND),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+crate::exports! {
+    cuLibraryGetManaged(dptr: *mut CUdeviceptr, bytes: *mut usize, lib: CUlibrary, name: *const c_char)
+        => get_managed(dptr, bytes, lib as usize, name);
+    cuLibraryGetUnifiedFunction(fptr: *mut *mut std::ffi::c_void, lib: CUlibrary, name: *const c_char)
+        => get_unified(fptr, lib as usize, name);
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetGlobal(
     dptr: *mut CUdeviceptr,

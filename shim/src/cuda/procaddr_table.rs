@@ -48,7 +48,6 @@ legacy_stubs! {
     cuMemsetD32,
     cuMemsetD8,
     cuModuleGetGlobal,
-    cuMulticastBindMem_v2,
     cuTexRefGetAddress_v2,
     cuTexRefSetAddress2D_v2,
     cuTexRefSetAddress2D_v3,
@@ -90,6 +89,7 @@ proc_table! {
     cuCtxGetApiVersion: 3020 => cuCtxGetApiVersion;
     cuCtxGetCacheConfig: 3020 => cuCtxGetCacheConfig;
     cuCtxGetCurrent: 4000 => cuCtxGetCurrent;
+    cuCtxGetDevResource: 12040 => cuCtxGetDevResource;
     cuCtxGetDevice: 2000 => cuCtxGetDevice, 13000 => cuCtxGetDevice_v2;
     cuCtxGetExecAffinity: 11040 => cuCtxGetExecAffinity;
     cuCtxGetFlags: 7000 => cuCtxGetFlags;
@@ -111,6 +111,7 @@ proc_table! {
     cuDestroyExternalMemory: 10000 => cuDestroyExternalMemory;
     cuDestroyExternalSemaphore: 10000 => cuDestroyExternalSemaphore;
     cuDevResourceGenerateDesc: 12040 => cuDevResourceGenerateDesc;
+    cuDevSmResourceSplit: 13010 => cuDevSmResourceSplit;
     cuDevSmResourceSplitByCount: 12040 => cuDevSmResourceSplitByCount;
     cuDeviceCanAccessPeer: 4000 => cuDeviceCanAccessPeer;
     cuDeviceComputeCapability: 2000 => cuDeviceComputeCapability;
@@ -293,7 +294,11 @@ proc_table! {
     cuGraphicsVDPAURegisterVideoSurface: 3010 => cuGraphicsVDPAURegisterVideoSurface;
     cuGreenCtxCreate: 12040 => cuGreenCtxCreate;
     cuGreenCtxDestroy: 12040 => cuGreenCtxDestroy;
+    cuGreenCtxGetDevResource: 12040 => cuGreenCtxGetDevResource;
+    cuGreenCtxGetId: 12090 => cuGreenCtxGetId;
+    cuGreenCtxRecordEvent: 12040 => cuGreenCtxRecordEvent;
     cuGreenCtxStreamCreate: 12050 => cuGreenCtxStreamCreate;
+    cuGreenCtxWaitEvent: 12040 => cuGreenCtxWaitEvent;
     cuImportExternalMemory: 10000 => cuImportExternalMemory;
     cuImportExternalSemaphore: 10000 => cuImportExternalSemaphore;
     cuInit: 2000 => cuInit;
@@ -322,7 +327,9 @@ proc_table! {
     cuLibraryGetGlobal: 12000 => cuLibraryGetGlobal;
     cuLibraryGetKernel: 12000 => cuLibraryGetKernel;
     cuLibraryGetKernelCount: 12040 => cuLibraryGetKernelCount;
+    cuLibraryGetManaged: 12000 => cuLibraryGetManaged;
     cuLibraryGetModule: 12000 => cuLibraryGetModule;
+    cuLibraryGetUnifiedFunction: 12000 => cuLibraryGetUnifiedFunction;
     cuLibraryLoadData: 12000 => cuLibraryLoadData;
     cuLibraryLoadFromFile: 12000 => cuLibraryLoadFromFile;
     cuLibraryUnload: 12000 => cuLibraryUnload;
@@ -343,6 +350,9 @@ proc_table! {
     cuLogicalEndpointImport: 13030 => cuLogicalEndpointImport;
     cuLogicalEndpointQuery: 13030 => cuLogicalEndpointQuery;
     cuLogicalEndpointUnbind: 13030 => cuLogicalEndpointUnbind;
+    cuLogsCurrent: 12090 => cuLogsCurrent;
+    cuLogsDumpToFile: 12090 => cuLogsDumpToFile;
+    cuLogsDumpToMemory: 12090 => cuLogsDumpToMemory;
     cuLogsRegisterCallback: 12090 => cuLogsRegisterCallback;
     cuLogsUnregisterCallback: 12090 => cuLogsUnregisterCallback;
     cuMemAddressFree: 10020 => cuMemAddressFree;
@@ -457,6 +467,7 @@ proc_table! {
     cuModuleLoadFatBinary: 2000 => cuModuleLoadFatBinary;
     cuModuleUnload: 2000 => cuModuleUnload;
     cuMulticastAddDevice: 12010 => cuMulticastAddDevice;
+    cuMulticastBindAddr: 12010 => cuMulticastBindAddr, 13010 => cuMulticastBindAddr_v2;
     cuMulticastBindMem: 12010 => cuMulticastBindMem, 13010 => cuMulticastBindMem_v2;
     cuMulticastCreate: 12010 => cuMulticastCreate;
     cuMulticastGetGranularity: 12010 => cuMulticastGetGranularity;
@@ -495,8 +506,10 @@ proc_table! {
     cuStreamGetAttribute: 11000 => cuStreamGetAttribute, 11000 ptds => cuStreamGetAttribute_ptsz;
     cuStreamGetCaptureInfo: 10010 => cuStreamGetCaptureInfo, 10010 ptds => cuStreamGetCaptureInfo_ptsz, 11030 => cuStreamGetCaptureInfo_v2, 11030 ptds => cuStreamGetCaptureInfo_v2_ptsz, 12030 => cuStreamGetCaptureInfo_v3, 12030 ptds => cuStreamGetCaptureInfo_v3_ptsz;
     cuStreamGetCtx: 9020 => cuStreamGetCtx, 9020 ptds => cuStreamGetCtx_ptsz, 12050 => cuStreamGetCtx_v2, 12050 ptds => cuStreamGetCtx_v2_ptsz;
+    cuStreamGetDevResource: 13010 => cuStreamGetDevResource, 13010 ptds => cuStreamGetDevResource_ptsz;
     cuStreamGetDevice: 12080 => cuStreamGetDevice, 12080 ptds => cuStreamGetDevice_ptsz;
     cuStreamGetFlags: 5050 => cuStreamGetFlags, 7000 ptds => cuStreamGetFlags_ptsz;
+    cuStreamGetGreenCtx: 12040 => cuStreamGetGreenCtx;
     cuStreamGetId: 12000 => cuStreamGetId, 12000 ptds => cuStreamGetId_ptsz;
     cuStreamGetPriority: 5050 => cuStreamGetPriority, 7000 ptds => cuStreamGetPriority_ptsz;
     cuStreamIsCapturing: 10000 => cuStreamIsCapturing, 10000 ptds => cuStreamIsCapturing_ptsz;
@@ -506,13 +519,19 @@ proc_table! {
     cuStreamUpdateCaptureDependencies: 11030 => cuStreamUpdateCaptureDependencies, 11030 ptds => cuStreamUpdateCaptureDependencies_ptsz, 12030 => cuStreamUpdateCaptureDependencies_v2, 12030 ptds => cuStreamUpdateCaptureDependencies_v2_ptsz;
     cuStreamWaitEvent: 3020 => cuStreamWaitEvent, 7000 ptds => cuStreamWaitEvent_ptsz;
     cuStreamWaitValue32: 8000 => cuStreamWaitValue32, 11070 => cuStreamWaitValue32_v2, 11070 ptds => cuStreamWaitValue32_v2_ptsz;
+    cuStreamWaitValue64: 9000 => cuStreamWaitValue64, 11070 => cuStreamWaitValue64_v2, 11070 ptds => cuStreamWaitValue64_v2_ptsz;
     cuStreamWriteValue32: 8000 => cuStreamWriteValue32, 11070 => cuStreamWriteValue32_v2, 11070 ptds => cuStreamWriteValue32_v2_ptsz;
+    cuStreamWriteValue64: 9000 => cuStreamWriteValue64, 11070 => cuStreamWriteValue64_v2, 11070 ptds => cuStreamWriteValue64_v2_ptsz;
     cuSurfObjectCreate: 5000 => cuSurfObjectCreate;
     cuSurfObjectDestroy: 5000 => cuSurfObjectDestroy;
     cuSurfObjectGetResourceDesc: 5000 => cuSurfObjectGetResourceDesc;
     cuSurfRefGetArray: 3000 => cuSurfRefGetArray;
     cuSurfRefSetArray: 3000 => cuSurfRefSetArray;
+    cuTensorMapEncodeIm2col: 12000 => cuTensorMapEncodeIm2col;
+    cuTensorMapEncodeIm2colWide: 12080 => cuTensorMapEncodeIm2colWide;
     cuTensorMapEncodeTiled: 12000 => cuTensorMapEncodeTiled;
+    cuTensorMapReplaceAddress: 12000 => cuTensorMapReplaceAddress;
+    cuTensorMapSetAllocationClass: 13050 => cuTensorMapSetAllocationClass;
     cuTexObjectCreate: 5000 => cuTexObjectCreate;
     cuTexObjectDestroy: 5000 => cuTexObjectDestroy;
     cuTexObjectGetResourceDesc: 5000 => cuTexObjectGetResourceDesc;
@@ -575,14 +594,10 @@ pub const STUBS: &[&str] = &[
     "cuCheckpointProcessUnlock",
     "cuCtxAttach",
     "cuCtxDetach",
-    "cuCtxFromGreenCtx",
     "cuDestroyExternalMemory",
     "cuDestroyExternalSemaphore",
-    "cuDevResourceGenerateDesc",
-    "cuDevSmResourceSplitByCount",
     "cuDeviceGetCliqueCount",
     "cuDeviceGetCliqueInfo",
-    "cuDeviceGetDevResource",
     "cuDeviceGetFabricClusterUuid",
     "cuDeviceGetHostAtomicCapabilities",
     "cuDeviceGetNvSciSyncAttributes",
@@ -641,9 +656,6 @@ pub const STUBS: &[&str] = &[
     "cuGraphicsUnregisterResource",
     "cuGraphicsVDPAURegisterOutputSurface",
     "cuGraphicsVDPAURegisterVideoSurface",
-    "cuGreenCtxCreate",
-    "cuGreenCtxDestroy",
-    "cuGreenCtxStreamCreate",
     "cuImportExternalMemory",
     "cuImportExternalSemaphore",
     "cuIpcCloseMemHandle",
@@ -714,12 +726,6 @@ pub const STUBS: &[&str] = &[
     "cuModuleGetGlobal",
     "cuModuleGetSurfRef",
     "cuModuleGetTexRef",
-    "cuMulticastAddDevice",
-    "cuMulticastBindMem",
-    "cuMulticastBindMem_v2",
-    "cuMulticastCreate",
-    "cuMulticastGetGranularity",
-    "cuMulticastUnbind",
     "cuParamSetTexRef",
     "cuProfilerInitialize",
     "cuSignalExternalSemaphoresAsync",
@@ -730,7 +736,6 @@ pub const STUBS: &[&str] = &[
     "cuStreamEndCaptureToCig",
     "cuSurfRefGetArray",
     "cuSurfRefSetArray",
-    "cuTensorMapEncodeTiled",
     "cuTexRefCreate",
     "cuTexRefDestroy",
     "cuTexRefGetAddress",

@@ -4,7 +4,7 @@
 //! number of its last operation, an event the one of its last record.
 
 use crate::cuda::graph::{add_node_kind, KernelData, KernelNodeParams, NodeKind};
-use crate::driver::{cu, Capture, CaptureGraph, Event, KernelNode, MemOp, Obj, Stream};
+use crate::driver::{cu, Capture, CaptureGraph, Driver, Event, KernelNode, MemOp, Obj, Stream};
 use crate::exec::EventTimes;
 use crate::{exports, guard, put, CuRes};
 use cgpu_ffi::*;
@@ -19,16 +19,28 @@ fn create(ph: *mut CUstream, flags: u32, prio: i32) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (ctx, c) = d.cur_ctx()?;
+    create_in(d, ph, ctx, c.dev, flags, prio)
+}
+
+/// A new stream of context `ctx` on `dev`, its handle written to `ph`.
+pub(crate) fn create_in(
+    d: &Driver,
+    ph: *mut CUstream,
+    ctx: usize,
+    dev: usize,
+    flags: u32,
+    prio: i32,
+) -> CuRes {
     let s = Stream {
         ctx,
-        dev: c.dev,
+        dev,
         flags,
         prio: prio.clamp(-5, 0),
         last_seq: AtomicU64::new(0),
         capture: Mutex::new(None),
     };
     let h = d.objs.lock().insert(Obj::Stream(Arc::new(s)));
-    // SAFETY: out pointer from the caller (checked non-null).
+    // SAFETY: out pointer from the caller.
     unsafe { put(ph, h as CUstream, CUDA_ERROR_INVALID_VALUE) }
 }
 
@@ -428,18 +440,31 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 
 // ------------------------------------------------ more stream queries, capture
 
+/// CUDA 12.5: a stream of a green context gives the green context (and a
+/// NULL context), any other its context (and a NULL green context).
 fn get_ctx_v2(h: CUstream, pctx: *mut CUcontext, pgreen: *mut *mut c_void) -> CuRes {
     if pctx.is_null() && pgreen.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if !pgreen.is_null() {
-        // SAFETY: non-null out pointer from the caller.
-        unsafe { *pgreen = std::ptr::null_mut() };
+    let d = cu()?;
+    let ctx = match d.stream(h as usize)? {
+        (_, Some(s)) => s.ctx,
+        (_, None) => d.cur_ctx()?.0,
+    };
+    let (c, g) = match super::green::green_handle_of_ctx(d, ctx) {
+        Some(g) => (0, g),
+        None => (ctx, 0),
+    };
+    // SAFETY: out pointers from the caller, written when non-null.
+    unsafe {
+        if !pctx.is_null() {
+            put(pctx, c as CUcontext, CUDA_ERROR_INVALID_VALUE)?;
+        }
+        if !pgreen.is_null() {
+            put(pgreen, g as *mut c_void, CUDA_ERROR_INVALID_VALUE)?;
+        }
     }
-    if pctx.is_null() {
-        return cu()?.stream(h as usize).map(|_| ());
-    }
-    get_ctx(h, pctx)
+    Ok(())
 }
 
 exports! {
@@ -928,23 +953,20 @@ pub unsafe extern "C" fn cuCtxWaitEvent(ctx: CUcontext, ev: CUevent) -> CUresult
 
 // -------------------------------------------------- stream memory operations
 
-/// `cuStreamWriteValue32`: writes `value` at device address `addr` in stream
-/// order (at once: the sim's copies need no ordering with kernels; recorded
-/// when the stream captures).
-fn write_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) -> CuRes {
+/// `cuStreamWriteValue32`/`64`: writes `value` (its 4 or 8 bytes) at device
+/// address `addr` in stream order (at once: the sim's copies need no
+/// ordering with kernels; recorded when the stream captures).
+fn write_value(h: CUstream, addr: CUdeviceptr, value: &[u8], flags: u32) -> CuRes {
     if flags & !1 != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let v = value;
-    // SAFETY: viewing a u32 as its bytes.
-    let bytes = unsafe { std::slice::from_raw_parts(&v as *const u32 as *const u8, 4) };
     let op = MemOp::Set {
         dst: addr,
-        value: bytes.to_vec(),
+        value: value.to_vec(),
         count: 1,
     };
     capture_mem_ops(h as usize, || {
-        if addr % 4 != 0 {
+        if addr % value.len() as u64 != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         if record_mem_op(|| op.clone()) {
@@ -962,33 +984,52 @@ pub unsafe extern "C" fn cuStreamWriteValue32(
     value: u32,
     flags: u32,
 ) -> CUresult {
-    guard(|| write_value32(h, addr, value, flags))
+    guard(|| write_value(h, addr, &value.to_ne_bytes(), flags))
 }
 
 exports! {
-    cuStreamWriteValue32_v2 | cuStreamWriteValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) => write_value32(h, addr, value, flags);
+    cuStreamWriteValue32_v2 | cuStreamWriteValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32)
+        => write_value(h, addr, &value.to_ne_bytes(), flags);
+    cuStreamWriteValue64 | cuStreamWriteValue64_v2 | cuStreamWriteValue64_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u64, flags: u32)
+        => write_value(h, addr, &value.to_ne_bytes(), flags);
 }
 
-/// `cuStreamWaitValue32`: succeeds when the condition (GEQ 0, EQ 1, AND 2,
-/// NOR 3) already holds. The sim cannot make a stream wait for a later write:
-/// otherwise `CUDA_ERROR_NOT_SUPPORTED`, counted as a stub.
-fn wait_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) -> CuRes {
+/// `cuStreamWaitValue32`/`64`: succeeds when the condition (GEQ 0, EQ 1,
+/// AND 2, NOR 3) already holds. The sim cannot make a stream wait for a
+/// later write: otherwise `CUDA_ERROR_NOT_SUPPORTED`, counted as a stub.
+fn wait_value(h: CUstream, addr: CUdeviceptr, value: u64, wide: bool, flags: u32) -> CuRes {
     let d = cu()?;
     d.stream(h as usize)?;
-    if addr % 4 != 0 || flags & !(3 | 1 << 30) != 0 {
+    let len = if wide { 8 } else { 4 };
+    if addr % len != 0 || flags & !(3 | 1 << 30) != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    super::memory::check_dev_range(d, addr, 4)?;
-    // SAFETY: a live device mapping of ours, 4 bytes, aligned.
-    let cur = unsafe { (addr as *const u32).read_volatile() };
-    let holds = match flags & 3 {
-        0 => (cur as i32).wrapping_sub(value as i32) >= 0,
-        1 => cur == value,
-        2 => cur & value != 0,
-        _ => !(cur | value) != 0,
+    super::memory::check_dev_range(d, addr, len)?;
+    let holds = if wide {
+        // SAFETY: a live device mapping of ours, 8 bytes, aligned.
+        let cur = unsafe { (addr as *const u64).read_volatile() };
+        match flags & 3 {
+            0 => (cur as i64).wrapping_sub(value as i64) >= 0,
+            1 => cur == value,
+            2 => cur & value != 0,
+            _ => !(cur | value) != 0,
+        }
+    } else {
+        // SAFETY: a live device mapping of ours, 4 bytes, aligned.
+        let cur = unsafe { (addr as *const u32).read_volatile() };
+        let value = value as u32;
+        match flags & 3 {
+            0 => (cur as i32).wrapping_sub(value as i32) >= 0,
+            1 => cur == value,
+            2 => cur & value != 0,
+            _ => !(cur | value) != 0,
+        }
     };
     if holds {
         Ok(())
+    } else if wide {
+        crate::stub_hit!("cuStreamWaitValue64 (not yet satisfied)");
+        Err(CUDA_ERROR_NOT_SUPPORTED)
     } else {
         crate::stub_hit!("cuStreamWaitValue32 (not yet satisfied)");
         Err(CUDA_ERROR_NOT_SUPPORTED)
@@ -1003,9 +1044,12 @@ pub unsafe extern "C" fn cuStreamWaitValue32(
     value: u32,
     flags: u32,
 ) -> CUresult {
-    guard(|| wait_value32(h, addr, value, flags))
+    guard(|| wait_value(h, addr, value as u64, false, flags))
 }
 
 exports! {
-    cuStreamWaitValue32_v2 | cuStreamWaitValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) => wait_value32(h, addr, value, flags);
+    cuStreamWaitValue32_v2 | cuStreamWaitValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32)
+        => wait_value(h, addr, value as u64, false, flags);
+    cuStreamWaitValue64 | cuStreamWaitValue64_v2 | cuStreamWaitValue64_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u64, flags: u32)
+        => wait_value(h, addr, value, true, flags);
 }

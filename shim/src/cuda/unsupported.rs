@@ -6,8 +6,7 @@
 //! `shim/README.md`.
 //!
 //! Also the features the runtime and the frameworks look up without using
-//! them on the sim: green contexts and device resources, multicast objects,
-//! memory shared through OS handles, tensor maps, batched stream memory
+//! them on the sim: memory shared through OS handles, batched stream memory
 //! operations (PyTorch's driver table requires every name it asks for;
 //! cuBLAS looks several up).
 
@@ -65,13 +64,9 @@ stub_fns! {
         // Features the simulated GPU does not have, which clients resolve up
         // front and refuse to load without (PyTorch's driver table requires
         // every name it asks for, cuBLAS looks several up): memory shared
-        // through OS handles, multicast objects, green contexts and device
-        // resources, tensor maps (TMA), batched stream memory operations.
-        cuMemExportToShareableHandle, cuMemImportFromShareableHandle, cuMulticastCreate,
-        cuMulticastAddDevice, cuMulticastBindMem, cuMulticastUnbind, cuMulticastGetGranularity,
-        cuGreenCtxCreate, cuGreenCtxDestroy, cuGreenCtxStreamCreate, cuCtxFromGreenCtx,
-        cuDeviceGetDevResource, cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc,
-        cuTensorMapEncodeTiled, cuStreamBatchMemOp, cuStreamBatchMemOp_v2,
+        // through OS handles, batched stream memory operations.
+        cuMemExportToShareableHandle, cuMemImportFromShareableHandle,
+        cuStreamBatchMemOp, cuStreamBatchMemOp_v2,
         cuStreamBatchMemOp_v2_ptsz;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Checkpointing, core dumps, fabric, cliques, atomics queries,
