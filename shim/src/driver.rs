@@ -80,6 +80,9 @@ pub struct CaptureGraph {
     /// The graph is the caller's (`cuStreamBeginCaptureToGraph`): a failed
     /// capture leaves it alone.
     pub user_graph: bool,
+    /// `cuStreamBeginRecaptureToGraph`: the graph the capture is checked
+    /// against and copied into at its end, the mismatch callback, its data.
+    pub recapture: Option<(usize, usize, usize)>,
 }
 
 pub struct Event {

@@ -115,6 +115,7 @@ pub struct MemcpyNodeParams {
 /// `CUgraphNodeParams`: a type, then a union of the per-type parameters
 /// (256 bytes in all).
 #[repr(C)]
+#[derive(Default)]
 pub struct GraphNodeParams {
     pub type_: u32,
     pub reserved0: [i32; 3],
@@ -702,6 +703,135 @@ fn destroy_graph(d: &Driver, g: usize) -> CuRes {
         release_user_obj(d, u, c);
     }
     Ok(())
+}
+
+/// Releases every user object reference graph `g` holds.
+pub fn release_graph_user_objs(d: &Driver, g: usize) -> CuRes {
+    let uobjs = std::mem::take(&mut graph_of(g)?.lock().user_objs);
+    for (u, c) in uobjs {
+        release_user_obj(d, u, c);
+    }
+    Ok(())
+}
+
+/// `CUDA_ERROR_GRAPH_RECAPTURE_FAILURE`.
+pub const CUDA_ERROR_GRAPH_RECAPTURE_FAILURE: CUresult = 918;
+/// `CU_GRAPH_RECAPTURE_ELIGIBLE_FOR_UPDATE`.
+const RECAPTURE_ELIGIBLE: u32 = 0;
+
+type RecaptureCallback = unsafe extern "C" fn(
+    *mut std::ffi::c_void,
+    CUgraphNode,
+    *const GraphNodeParams,
+    *const GraphNodeParams,
+    u32,
+) -> CUresult;
+
+/// The end of a recapture: graph `built` (what the stream captured) must
+/// have `target`'s topology — as many nodes, of the same kinds, in the same
+/// creation order, with the same edges — and the same memory nodes (sizes,
+/// devices); then each node whose parameters differ is reported to the
+/// callback (if any; a result other than success fails the recapture), and
+/// `target`'s nodes take the recaptured parameters (their handles stay).
+/// Failures are `CUDA_ERROR_GRAPH_RECAPTURE_FAILURE`, found at the end of
+/// the capture rather than at the call that diverged.
+pub fn apply_recapture(built: usize, target: usize, callback: usize, user: usize) -> CuRes {
+    let fail = Err(CUDA_ERROR_GRAPH_RECAPTURE_FAILURE);
+    let (bg, tg) = (graph_of(built)?, graph_of(target)?);
+    // (handle, kind, edges, a kernel's device time: part of its arguments
+    // the parameter struct does not show).
+    let shape = |g: &Graph| -> Vec<(usize, u32, Vec<usize>, u64)> {
+        let index: HashMap<usize, usize> =
+            g.nodes.iter().enumerate().map(|(i, n)| (n.h, i)).collect();
+        g.nodes
+            .iter()
+            .map(|n| {
+                let mut deps: Vec<usize> = n
+                    .deps
+                    .iter()
+                    .filter_map(|x| index.get(x).copied())
+                    .collect();
+                deps.sort_unstable();
+                let ns = match &n.kind {
+                    NodeKind::Kernel(k) => k.run.ns,
+                    _ => 0,
+                };
+                (n.h, n.kind.type_code(), deps, ns)
+            })
+            .collect()
+    };
+    let (new, old) = (shape(&bg.lock()), shape(&tg.lock()));
+    if new.len() != old.len() || new.iter().zip(&old).any(|(a, b)| a.1 != b.1 || a.2 != b.2) {
+        return fail;
+    }
+    for ((nh, ty, _, new_ns), (oh, _, _, old_ns)) in new.iter().zip(&old) {
+        let mut p = [GraphNodeParams::default(), GraphNodeParams::default()];
+        node_get_params(*nh as CUgraphNode, &mut p[0])?;
+        node_get_params(*oh as CUgraphNode, &mut p[1])?;
+        let same = {
+            let bytes = |x: &GraphNodeParams| {
+                // SAFETY: viewing a plain repr(C) struct as its bytes.
+                unsafe {
+                    std::slice::from_raw_parts(
+                        x as *const GraphNodeParams as *const u8,
+                        std::mem::size_of::<GraphNodeParams>(),
+                    )
+                    .to_vec()
+                }
+            };
+            bytes(&p[0]) == bytes(&p[1]) && new_ns == old_ns
+        };
+        if same {
+            continue;
+        }
+        if *ty == NODE_MEM_ALLOC || *ty == NODE_MEM_FREE {
+            let (a, b) = (mem_node_shape(*nh), mem_node_shape(*oh));
+            if a.is_none() || a != b {
+                return fail;
+            }
+            continue;
+        }
+        if callback != 0 {
+            // SAFETY: the caller's CUgraphRecaptureCallback, with parameter
+            // structs that live across the call.
+            let r = unsafe {
+                let f: RecaptureCallback =
+                    std::mem::transmute::<usize, RecaptureCallback>(callback);
+                f(
+                    user as *mut std::ffi::c_void,
+                    *oh as CUgraphNode,
+                    &p[1],
+                    &p[0],
+                    RECAPTURE_ELIGIBLE,
+                )
+            };
+            if r != CUDA_SUCCESS {
+                return fail;
+            }
+        }
+    }
+    // Target's nodes take the new kinds; the old ones go with `built`.
+    let (mut b, mut t) = (bg.lock(), tg.lock());
+    for (x, y) in b.nodes.iter_mut().zip(t.nodes.iter_mut()) {
+        std::mem::swap(&mut x.kind, &mut y.kind);
+    }
+    Ok(())
+}
+
+/// What must match between a memory node and its recapture: an
+/// allocation's size and device; a free's allocation size (the freed
+/// address differs from one capture to the next).
+fn mem_node_shape(n: usize) -> Option<(u64, usize)> {
+    let (_, graph) = owner_of(n as CUgraphNode).ok()?;
+    let gr = graph.lock();
+    match &gr.node(n)?.kind {
+        NodeKind::MemAlloc(a) => Some((a.size, a.dev)),
+        NodeKind::MemFree(p) => gr.nodes.iter().find_map(|x| match &x.kind {
+            NodeKind::MemAlloc(a) if a.ptr == *p => Some((a.size, a.dev)),
+            _ => None,
+        }),
+        _ => None,
+    }
 }
 
 fn forget_node(d: &Driver, n: Node) {

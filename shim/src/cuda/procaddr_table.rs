@@ -497,6 +497,7 @@ proc_table! {
     cuStreamBeginCapture: 10000 => cuStreamBeginCapture, 10000 ptds => cuStreamBeginCapture_ptsz, 10010 => cuStreamBeginCapture_v2, 10010 ptds => cuStreamBeginCapture_v2_ptsz;
     cuStreamBeginCaptureToCig: 13010 => cuStreamBeginCaptureToCig;
     cuStreamBeginCaptureToGraph: 12030 => cuStreamBeginCaptureToGraph, 12030 ptds => cuStreamBeginCaptureToGraph_ptsz;
+    cuStreamBeginRecaptureToGraph: 13030 => cuStreamBeginRecaptureToGraph, 13030 ptds => cuStreamBeginRecaptureToGraph_ptsz;
     cuStreamCopyAttributes: 11000 => cuStreamCopyAttributes, 11000 ptds => cuStreamCopyAttributes_ptsz;
     cuStreamCreate: 2000 => cuStreamCreate;
     cuStreamCreateWithPriority: 5050 => cuStreamCreateWithPriority;

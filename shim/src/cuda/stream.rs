@@ -551,6 +551,7 @@ fn begin_capture(h: CUstream, mode: u32) -> CuRes {
             invalidated: false,
             joined: 0,
             user_graph: false,
+            recapture: None,
         })),
         deps: Vec::new(),
         origin: true,
@@ -593,8 +594,44 @@ fn begin_capture_to_graph(
             invalidated: false,
             joined: 0,
             user_graph: true,
+            recapture: None,
         })),
         deps,
+        origin: true,
+    });
+    Ok(())
+}
+
+/// `cuStreamBeginRecaptureToGraph` (CUDA 13.3): captures into a new graph;
+/// at `cuStreamEndCapture` it must have the existing graph's topology (same
+/// node kinds in creation order, same edges) and memory nodes, every other
+/// parameter difference goes to the callback, and the existing graph takes
+/// the recaptured parameters (`graph::apply_recapture`). The user objects
+/// the graph held are released first.
+fn begin_recapture(h: CUstream, mode: u32, g: CUgraph, callback: usize, user: usize) -> CuRes {
+    let d = cu()?;
+    if mode > 2 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, s) = d.stream(h as usize)?;
+    let s = s.ok_or(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)?;
+    crate::cuda::graph::graph_of(g as usize)?;
+    let mut cap = s.capture.lock();
+    if cap.is_some() {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    crate::cuda::graph::release_graph_user_objs(d, g as usize)?;
+    *cap = Some(Capture {
+        shared: Arc::new(Mutex::new(CaptureGraph {
+            id: CAPTURE_IDS.fetch_add(1, Relaxed) + 1,
+            mode,
+            graph: crate::cuda::graph::new_graph_handle(d),
+            invalidated: false,
+            joined: 0,
+            user_graph: false,
+            recapture: Some((g as usize, callback, user)),
+        })),
+        deps: Vec::new(),
         origin: true,
     });
     Ok(())
@@ -633,6 +670,8 @@ type NodeList = *const CUgraphNode;
 exports! {
     cuStreamBeginCaptureToGraph | cuStreamBeginCaptureToGraph_ptsz(h: CUstream, g: CUgraph, deps: NodeList, _edata: *const u64, n: usize, mode: u32)
         => begin_capture_to_graph(h, g, deps, n, mode);
+    cuStreamBeginRecaptureToGraph | cuStreamBeginRecaptureToGraph_ptsz(h: CUstream, mode: u32, g: CUgraph, callback: usize, user: usize)
+        => begin_recapture(h, mode, g, callback, user);
     cuStreamUpdateCaptureDependencies | cuStreamUpdateCaptureDependencies_ptsz(h: CUstream, deps: NodeList, n: usize, flags: u32)
         => update_capture_deps(h, deps, n, flags);
     cuStreamUpdateCaptureDependencies_v2 | cuStreamUpdateCaptureDependencies_v2_ptsz(h: CUstream, deps: NodeList, _edata: *const u64, n: usize, flags: u32)
@@ -705,8 +744,23 @@ fn end_capture(h: CUstream, pg: *mut CUgraph) -> CuRes {
             CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
         });
     }
+    let (built, recapture) = (g.graph, g.recapture);
+    drop(g);
+    let result = match recapture {
+        None => built,
+        Some((target, callback, user)) => {
+            let r = crate::cuda::graph::apply_recapture(built, target, callback, user);
+            let _ = crate::cuda::graph::destroy_graph_handle(built);
+            if let Err(e) = r {
+                // SAFETY: out pointer from the caller (checked non-null).
+                unsafe { put(pg, std::ptr::null_mut(), CUDA_ERROR_INVALID_VALUE) }?;
+                return Err(e);
+            }
+            target
+        }
+    };
     // SAFETY: out pointer from the caller (checked non-null).
-    unsafe { put(pg, g.graph as CUgraph, CUDA_ERROR_INVALID_VALUE) }
+    unsafe { put(pg, result as CUgraph, CUDA_ERROR_INVALID_VALUE) }
 }
 
 exports! {

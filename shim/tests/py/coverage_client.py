@@ -8,6 +8,7 @@ Usage: python coverage_client.py
 """
 import ctypes
 import json
+import os
 import sys
 import time
 
@@ -661,6 +662,227 @@ def _():
     nh = ok(d.cuDeviceRegisterAsyncNotification(dev, ctypes.cast(ncb, ctypes.c_void_p).value, 0), "cuDeviceRegisterAsyncNotification")
     r["notify_unreg"] = d.cuDeviceUnregisterAsyncNotification(dev, nh)[0].name
     r["exec_affinity"] = d.cuCtxGetExecAffinity(d.CUexecAffinityType.CU_EXEC_AFFINITY_TYPE_SM_COUNT)[0].name
+    return r
+
+
+@section("green")
+def _():
+    r = {}
+    T = d.CUdevResourceType
+    res = ok(d.cuDeviceGetDevResource(dev, T.CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource")
+    r["device_sms"] = [res.sm.smCount, res.sm.minSmPartitionSize, res.sm.smCoscheduledAlignment]
+    wq = ok(d.cuDeviceGetDevResource(dev, T.CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG))
+    r["wq_config"] = [int(wq.wqConfig.device), wq.wqConfig.wqConcurrencyLimit]
+    r["groups_possible"] = ok(d.cuDevSmResourceSplitByCount(0, res, 0, 16), "split query")[1]
+    groups, n, rem = ok(d.cuDevSmResourceSplitByCount(2, res, 0, 15), "cuDevSmResourceSplitByCount")
+    r["split"] = [n, [g.sm.smCount for g in groups[:n]], rem.sm.smCount]
+    r["split_too_big"] = d.cuDevSmResourceSplitByCount(1, res, 0, 1000)[0].name
+    # Structured split: 8 SMs in pairs, then discover the rest in a group.
+    P = d.CU_DEV_SM_RESOURCE_GROUP_PARAMS
+    p0, p1 = P(), P()
+    p0.smCount, p0.coscheduledSmCount = 8, 2
+    p1.smCount, p1.coscheduledSmCount = 0, 2
+    sg, srem = ok(d.cuDevSmResourceSplit(2, res, 0, [p0, p1]), "cuDevSmResourceSplit")
+    r["structured"] = [sg[0].sm.smCount, sg[1].sm.smCount, int(srem.type)]
+    desc = ok(d.cuDevResourceGenerateDesc([groups[0]], 1), "cuDevResourceGenerateDesc")
+    r["mixed_splits"] = d.cuDevResourceGenerateDesc([groups[0], sg[0]], 2)[0].name
+    before = free_bytes()
+    g = ok(d.cuGreenCtxCreate(desc, dev, d.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate")
+    r["green_charged"] = before - free_bytes()
+    gres = ok(d.cuGreenCtxGetDevResource(g, T.CU_DEV_RESOURCE_TYPE_SM))
+    r["green_sms"] = gres.sm.smCount
+    gctx = ok(d.cuCtxFromGreenCtx(g), "cuCtxFromGreenCtx")
+    r["ctx_sms"] = ok(d.cuCtxGetDevResource(gctx, T.CU_DEV_RESOURCE_TYPE_SM)).sm.smCount
+    r["primary_ctx_sms"] = ok(d.cuCtxGetDevResource(ctx, T.CU_DEV_RESOURCE_TYPE_SM)).sm.smCount
+    gs = ok(d.cuGreenCtxStreamCreate(g, d.CUstream_flags.CU_STREAM_NON_BLOCKING, 0), "cuGreenCtxStreamCreate")
+    r["stream_sms"] = ok(d.cuStreamGetDevResource(gs, T.CU_DEV_RESOURCE_TYPE_SM)).sm.smCount
+    r["stream_green_same"] = int(ok(d.cuStreamGetGreenCtx(gs))) == int(g)
+    r["plain_stream_green"] = int(ok(d.cuStreamGetGreenCtx(stream)))
+    c2, g2 = ok(d.cuStreamGetCtx_v2(gs))
+    r["ctx_v2"] = [int(c2), int(g2) == int(g)]
+    r["green_id_nonzero"] = int(ok(d.cuGreenCtxGetId(g))) > 0
+    r["destroy_as_ctx"] = d.cuCtxDestroy(gctx)[0].name
+    # Work in the green context: a kernel on its stream, events on it.
+    ok(d.cuCtxPushCurrent(gctx))
+    m = ok(d.cuMemAlloc(MIB))
+    ns = ctypes.c_uint64(1_000_000)
+    argv = (ctypes.c_void_p * 1)(ctypes.addressof(ns))
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, gs, ctypes.addressof(argv), 0), "launch in green stream")
+    ev = ok(d.cuEventCreate(0))
+    ok(d.cuGreenCtxRecordEvent(g, ev), "cuGreenCtxRecordEvent")
+    ok(d.cuEventSynchronize(ev))
+    ok(d.cuGreenCtxWaitEvent(g, ev), "cuGreenCtxWaitEvent")
+    ok(d.cuCtxPopCurrent())
+    ok(d.cuGreenCtxDestroy(g), "cuGreenCtxDestroy")
+    r["destroy_again"] = d.cuGreenCtxDestroy(g)[0].name
+    r["stream_after"] = d.cuStreamSynchronize(gs)[0].name
+    r["memory_kept"] = d.cuMemsetD8(m, 1, MIB)[0].name
+    ok(d.cuMemFree(m))
+    r["after_destroy_charged"] = before - free_bytes()
+    return r
+
+
+@section("logs")
+def _():
+    r = {}
+    got = []
+    cbt = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+    cb = cbt(lambda data, level, msg, n: got.append((level, msg[:n].decode())))
+    h = ok(d.cuLogsRegisterCallback(ctypes.cast(cb, ctypes.c_void_p).value, 0), "cuLogsRegisterCallback")
+    it = ok(d.cuLogsCurrent(0), "cuLogsCurrent")
+    r["oom"] = d.cuMemAlloc(1 << 50)[0].name
+    r["callback"] = got[:]
+    buf = bytearray(4096)
+    err, it2, size = d.cuLogsDumpToMemory(it, buf, 4096, 0)
+    r["dump"] = [err.name, bytes(buf[:int(size)]).decode(errors="replace"), int(size), buf[int(size)]]
+    err, _, size = d.cuLogsDumpToMemory(it2, buf, 4096, 0)
+    r["dump_again"] = [err.name, int(size)]
+    small = bytearray(8)
+    r["dump_small"] = d.cuLogsDumpToMemory(None, small, 8, 0)[0].name
+    path = f"/tmp/cgpu-sim-logs-{os.getpid()}.txt"
+    ok(d.cuLogsDumpToFile(None, path.encode(), 0), "cuLogsDumpToFile")
+    with open(path) as f:
+        r["file_has_oom"] = "CUDA_ERROR_OUT_OF_MEMORY: out of memory" in f.read()
+    os.unlink(path)
+    r["before_unregister"] = len(got)
+    ok(d.cuLogsUnregisterCallback(h))
+    d.cuMemAlloc(1 << 50)
+    r["after_unregister"] = len(got)
+    return r
+
+
+@section("tensor_map")
+def _():
+    r = {}
+    DT = d.CUtensorMapDataType
+    ptr = ok(d.cuMemAlloc(4 * MIB))
+    u64 = lambda xs: [d.cuuint64_t(x) for x in xs]  # noqa: E731
+    u32 = lambda xs: [d.cuuint32_t(x) for x in xs]  # noqa: E731
+    args = dict(
+        interleave=d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        swizzle=d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        l2Promotion=d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        oobFill=d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+    def tiled(dtype=DT.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, addr=None, box=(64, 64), strides=(2048,), **kw):
+        a = dict(args, **kw)
+        return d.cuTensorMapEncodeTiled(dtype, 2, addr if addr is not None else ptr, u64([1024, 1024]), u64(strides),
+                                        u32(box), u32([1, 1]), a["interleave"], a["swizzle"], a["l2Promotion"], a["oobFill"])
+    err, tm = tiled()
+    r["tiled"] = err.name
+    r["tiled_addr"] = int(tm.opaque[0]) == int(ptr)
+    r["misaligned_addr"] = tiled(addr=int(ptr) + 8)[0].name
+    r["stride_not_16"] = tiled(strides=(2056,))[0].name
+    r["box_too_wide_for_swizzle"] = tiled(box=(128, 64))[0].name
+    r["box_257"] = tiled(box=(64, 257), swizzle=d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE)[0].name
+    r["nan_fill_int"] = tiled(dtype=DT.CU_TENSOR_MAP_DATA_TYPE_INT32, box=(32, 8),
+                              oobFill=d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA)[0].name
+    r["replace"] = d.cuTensorMapReplaceAddress(tm, int(ptr) + 4096)[0].name
+    r["replaced_addr"] = int(tm.opaque[0]) == int(ptr) + 4096
+    r["replace_misaligned"] = d.cuTensorMapReplaceAddress(tm, int(ptr) + 4)[0].name
+    res = d.cuTensorMapSetAllocationClass(tm, d.CUtensorMapAllocClass.CU_TENSOR_MAP_ALLOC_CLASS_LARGE)
+    r["alloc_class"] = [res[0].name, int(res[1])]
+    r["foreign_map"] = d.cuTensorMapReplaceAddress(d.CUtensorMap(), int(ptr))[0].name
+    # NHWC activations: im2col with a 3x3 window (corners -1 .. -1).
+    err, _ = d.cuTensorMapEncodeIm2col(DT.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr, u64([64, 32, 32, 4]),
+                                        u64([128, 128 * 32, 128 * 32 * 32]), [-1, -1], [-1, -1], 64, 128, u32([1, 1, 1, 1]),
+                                        args["interleave"], args["swizzle"], args["l2Promotion"], args["oobFill"])
+    r["im2col"] = err.name
+    err, _ = d.cuTensorMapEncodeIm2col(DT.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr, u64([64, 32, 32, 4]),
+                                        u64([128, 128 * 32, 128 * 32 * 32]), [-200, -1], [-1, -1], 64, 128, u32([1, 1, 1, 1]),
+                                        args["interleave"], args["swizzle"], args["l2Promotion"], args["oobFill"])
+    r["im2col_corner_range"] = err.name
+    err, _ = d.cuTensorMapEncodeIm2colWide(DT.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, ptr, u64([64, 32, 4]), u64([128, 128 * 32]),
+                                            -1, 1, 64, 128, u32([1, 1, 1]), args["interleave"],
+                                            d.CUtensorMapIm2ColWideMode.CU_TENSOR_MAP_IM2COL_WIDE_MODE_W, args["swizzle"],
+                                            args["l2Promotion"], args["oobFill"])
+    r["im2col_wide"] = err.name
+    ok(d.cuMemFree(ptr))
+    return r
+
+
+@section("memops64")
+def _():
+    r = {}
+    m = ok(d.cuMemAlloc(64))
+    ok(d.cuStreamWriteValue64(stream, m, 0x1122334455667788, 0), "cuStreamWriteValue64")
+    ok(d.cuStreamSynchronize(stream))
+    buf = (ctypes.c_uint64 * 1)()
+    ok(d.cuMemcpyDtoH(buf, m, 8))
+    r["written"] = buf[0] == 0x1122334455667788
+    r["wait_geq"] = d.cuStreamWaitValue64(stream, m, 0x1122334455667788, 0)[0].name
+    r["misaligned"] = d.cuStreamWriteValue64(stream, int(m) + 4, 1, 0)[0].name
+    ok(d.cuMemFree(m))
+    return r
+
+
+@section("library_managed")
+def _():
+    r = {}
+    ptx = b""".version 7.0
+.target sm_52
+.address_size 64
+.visible .global .attribute(.managed) .align 8 .u64 counter[4];
+.visible .global .align 4 .u32 plain;
+.visible .entry k() { ret; }
+"""
+    lib = ok(d.cuLibraryLoadData(ptx, None, None, 0, None, None, 0))
+    p, n = ok(d.cuLibraryGetManaged(lib, b"counter"), "cuLibraryGetManaged")
+    r["managed_bytes"] = int(n)
+    r["managed_same_as_global"] = int(ok(d.cuLibraryGetGlobal(lib, b"counter"))[0]) == int(p)
+    r["plain_not_managed"] = d.cuLibraryGetManaged(lib, b"plain")[0].name
+    r["unified"] = d.cuLibraryGetUnifiedFunction(lib, b"k")[0].name
+    r["multicast_create"] = d.cuMulticastCreate(d.CUmulticastObjectProp())[0].name
+    r["multicast_bind"] = d.cuMulticastBindAddr(1, 0, p, 32, 0)[0].name
+    return r
+
+
+@section("recapture")
+def _():
+    r = {}
+    M = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+    s = ok(d.cuStreamCreate(0))
+
+    def launches(*ns_list):
+        keep = []
+        for ns in ns_list:
+            v = ctypes.c_uint64(ns)
+            argv = (ctypes.c_void_p * 1)(ctypes.addressof(v))
+            keep.append((v, argv))
+            ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, ctypes.addressof(argv), 0), "launch")
+        return keep
+
+    def device_ms(graph):
+        ge = ok(d.cuGraphInstantiate(graph, 0))
+        e0, e1 = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
+        ok(d.cuEventRecord(e0, s))
+        ok(d.cuGraphLaunch(ge, s))
+        ok(d.cuEventRecord(e1, s))
+        ok(d.cuEventSynchronize(e1))
+        ok(d.cuGraphExecDestroy(ge))
+        return ok(d.cuEventElapsedTime(e0, e1))
+
+    ok(d.cuStreamBeginCapture(s, M))
+    keep = launches(2_000_000, 3_000_000)
+    g = ok(d.cuStreamEndCapture(s))
+    nodes_before = [int(n) for n in ok(d.cuGraphGetNodes(g, 8))[0][:2]]
+    r["first_ms"] = device_ms(g)
+    seen = []
+    cbt = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+    cb = cbt(lambda data, node, orig, new, status: seen.append([node in nodes_before, status]) or 0)
+    cbp = d.CUgraphRecaptureCallback(ctypes.cast(cb, ctypes.c_void_p).value)
+    ok(d.cuStreamBeginRecaptureToGraph(s, M, g, cbp, 0), "cuStreamBeginRecaptureToGraph")
+    keep += launches(2_000_000, 7_000_000)
+    g2 = ok(d.cuStreamEndCapture(s), "end recapture")
+    r["same_graph"] = int(g2) == int(g)
+    r["callbacks"] = seen
+    r["same_nodes"] = [int(n) for n in ok(d.cuGraphGetNodes(g, 8))[0][:2]] == nodes_before
+    r["recaptured_ms"] = device_ms(g)
+    # A different topology (three kernels for two) fails the recapture.
+    ok(d.cuStreamBeginRecaptureToGraph(s, M, g, 0, 0))
+    keep += launches(1, 1, 1)
+    err, g3 = d.cuStreamEndCapture(s)
+    r["topology"] = [err.name, g3 is None or int(g3) == 0]
     return r
 
 
