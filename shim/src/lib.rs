@@ -159,7 +159,7 @@ macro_rules! exports {
     (@one $name:ident ($($a:ident : $t:ty),* $(,)?) $body:expr) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> cgpu_ffi::CUresult {
-            std::hint::black_box(stringify!($name));
+            $crate::version_gate!(stringify!($name));
             $crate::guard(|| $body)
         }
     };

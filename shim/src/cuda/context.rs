@@ -107,6 +107,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    crate::version_gate!("cuCtxCreate_v4");
     guard(|| {
         if !params.is_null() {
             // SAFETY: non-null pointer to a CUctxCreateParams from the caller.
@@ -265,6 +266,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 /// CUDA 13: the device of `ctx` (NULL = current).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) -> CUresult {
+    crate::version_gate!("cuCtxGetDevice_v2");
     guard(|| {
         let d = cu()?;
         if device.is_null() {
@@ -304,6 +306,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
 /// CUDA 13: synchronise `ctx` (NULL = current).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    crate::version_gate!("cuCtxSynchronize_v2");
     guard(|| {
         let d = cu()?;
         let (h, c) = if ctx.is_null() {
@@ -345,6 +348,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSetFlags(flags: u32) -> CUresult {
+    crate::version_gate!("cuCtxSetFlags");
     guard(|| {
         let d = cu()?;
         let (_, c) = d.cur_ctx()?;

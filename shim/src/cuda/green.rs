@@ -615,16 +615,7 @@ fn green_event(h: CUgreenCtx, ev: CUevent, record: bool) -> CuRes {
     if record && d.invalidate_captures(g.ctx) {
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    let f = if record {
-        super::stream::cuCtxRecordEvent
-    } else {
-        super::stream::cuCtxWaitEvent
-    };
-    // SAFETY: our own function.
-    match unsafe { f(g.ctx as CUcontext, ev) } {
-        CUDA_SUCCESS => Ok(()),
-        e => Err(e),
-    }
+    super::stream::ctx_event(g.ctx as CUcontext, ev, record)
 }
 
 /// `cuStreamGetGreenCtx`: the green context of the stream's context, or NULL.

@@ -169,6 +169,7 @@ pub unsafe extern "C" fn cuLogsRegisterCallback(
     user: *mut c_void,
     handle: *mut *mut c_void,
 ) -> CUresult {
+    crate::version_gate!("cuLogsRegisterCallback");
     guard(|| {
         let f = callback.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let h = NEXT_HANDLE.fetch_add(1, Relaxed);
@@ -183,6 +184,7 @@ pub unsafe extern "C" fn cuLogsRegisterCallback(
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLogsUnregisterCallback(handle: *mut c_void) -> CUresult {
+    crate::version_gate!("cuLogsUnregisterCallback");
     guard(|| {
         let mut l = LOGS.lock();
         let n = l.callbacks.len();
@@ -196,6 +198,7 @@ pub unsafe extern "C" fn cuLogsUnregisterCallback(handle: *mut c_void) -> CUresu
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLogsCurrent(iter: *mut u32, flags: u32) -> CUresult {
+    crate::version_gate!("cuLogsCurrent");
     guard(|| {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -213,6 +216,7 @@ pub unsafe extern "C" fn cuLogsDumpToMemory(
     size: *mut usize,
     flags: u32,
 ) -> CUresult {
+    crate::version_gate!("cuLogsDumpToMemory");
     guard(|| dump_to_memory(iter, buf, size, flags))
 }
 
@@ -222,5 +226,6 @@ pub unsafe extern "C" fn cuLogsDumpToFile(
     path: *const c_char,
     flags: u32,
 ) -> CUresult {
+    crate::version_gate!("cuLogsDumpToFile");
     guard(|| dump_to_file(iter, path, flags))
 }

@@ -457,6 +457,7 @@ pub unsafe extern "C" fn cuFuncSetCacheConfig(f: CUfunction, _cfg: u32) -> CUres
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: CUfunction) -> CUresult {
+    crate::version_gate!("cuFuncGetName");
     guard(|| {
         let func = cu()?.func(f as usize)?;
         // Names live as long as the process (leaked once per function handle).
@@ -498,6 +499,7 @@ fn module_funcs(m: usize, library: bool, count: *mut u32, out: *mut CUfunction, 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut u32, m: CUmodule) -> CUresult {
+    crate::version_gate!("cuModuleGetFunctionCount");
     guard(|| {
         if count.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -512,11 +514,13 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
     n: u32,
     m: CUmodule,
 ) -> CUresult {
+    crate::version_gate!("cuModuleEnumerateFunctions");
     guard(|| module_funcs(m as usize, false, std::ptr::null_mut(), out, n))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut u32, lib: CUlibrary) -> CUresult {
+    crate::version_gate!("cuLibraryGetKernelCount");
     guard(|| {
         if count.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -531,11 +535,13 @@ pub unsafe extern "C" fn cuLibraryEnumerateKernels(
     n: u32,
     lib: CUlibrary,
 ) -> CUresult {
+    crate::version_gate!("cuLibraryEnumerateKernels");
     guard(|| module_funcs(lib as usize, true, std::ptr::null_mut(), out, n))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, k: CUkernel) -> CUresult {
+    crate::version_gate!("cuKernelGetName");
     std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuFuncGetName(name, k as CUfunction) }
@@ -552,6 +558,7 @@ pub unsafe extern "C" fn cuFuncGetModule(pm: *mut CUmodule, f: CUfunction) -> CU
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetLibrary(pl: *mut CUlibrary, k: CUkernel) -> CUresult {
+    crate::version_gate!("cuKernelGetLibrary");
     std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuFuncGetModule(pl as *mut CUmodule, k as CUfunction) }
@@ -569,6 +576,7 @@ pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut u32) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: CUfunction) -> CUresult {
+    crate::version_gate!("cuFuncIsLoaded");
     guard(|| {
         cu()?.func(f as usize)?;
         // SAFETY: out pointer from the caller (CU_FUNCTION_LOADING_STATE_LOADED).
@@ -578,5 +586,6 @@ pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: CUfunction) -> CUres
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncLoad(f: CUfunction) -> CUresult {
+    crate::version_gate!("cuFuncLoad");
     guard(|| cu()?.func(f as usize).map(|_| ()))
 }

@@ -433,6 +433,7 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     start: CUevent,
     end: CUevent,
 ) -> CUresult {
+    crate::version_gate!("cuEventElapsedTime_v2");
     std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuEventElapsedTime(ms, start, end) }
@@ -984,7 +985,7 @@ exports! {
         => stream_attr(h, value as *mut u8);
 }
 
-fn ctx_event(ctx: CUcontext, ev: CUevent, record: bool) -> CuRes {
+pub(crate) fn ctx_event(ctx: CUcontext, ev: CUevent, record: bool) -> CuRes {
     let d = cu()?;
     let c = d.ctx(ctx as usize)?;
     let e = d.event(ev as usize)?;
@@ -997,11 +998,13 @@ fn ctx_event(ctx: CUcontext, ev: CUevent, record: bool) -> CuRes {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxRecordEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
+    crate::version_gate!("cuCtxRecordEvent");
     guard(|| ctx_event(ctx, ev, true))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxWaitEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
+    crate::version_gate!("cuCtxWaitEvent");
     guard(|| ctx_event(ctx, ev, false))
 }
 
