@@ -151,6 +151,11 @@ pub struct Pool {
 pub struct PhysMem {
     pub dev: usize,
     pub size: u64,
+    /// Bytes charged to this process's device memory: the size when it was
+    /// created here, 0 when imported from another process (which holds it).
+    pub charged: u64,
+    /// `requestedHandleTypes` of `cuMemCreate` (what it may be exported as).
+    pub handle_types: i32,
     pub fd: i32,
     /// Every handle reference released by cuMemRelease (memory returns
     /// when unmapped too).

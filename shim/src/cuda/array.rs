@@ -642,3 +642,20 @@ exports! {
     cuMemcpyBatchAsync_v2 | cuMemcpyBatchAsync_v2_ptsz(dsts: DPtrs, srcs: DPtrs, sizes: Sizes, count: usize, attrs: *const c_void, idxs: Sizes, nattrs: usize, stream: CUstream)
         => memcpy_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, std::ptr::null_mut(), stream);
 }
+
+/// `cuArrayGetPlane`: only multi-planar (NV12) arrays have planes, and the
+/// sim creates none.
+fn array_plane(out: *mut CUarray, h: CUarray) -> CuRes {
+    let d = cu()?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match d.objs.lock().get(h as usize) {
+        Some(Obj::Array(_)) => Err(CUDA_ERROR_INVALID_VALUE),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+exports! {
+    cuArrayGetPlane(out: *mut CUarray, h: CUarray, _plane: u32) => array_plane(out, h);
+}

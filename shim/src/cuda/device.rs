@@ -310,3 +310,45 @@ pub unsafe extern "C" fn cuDeviceGetLuid(
         Err(CUDA_ERROR_NOT_SUPPORTED)
     })
 }
+
+/// `cuDeviceGetHostAtomicCapabilities` / `cuDeviceGetP2PAtomicCapabilities`
+/// (CUDA 13.0): what each atomic operation can do natively over the link.
+/// The simulated GPUs sit on PCIe without native host or peer atomics
+/// (`HOST_NATIVE_ATOMIC_SUPPORTED` and the P2P `NATIVE_ATOMIC_SUPPORTED` are
+/// 0): no capability for any operation.
+fn atomic_capabilities(
+    caps: *mut u32,
+    ops: *const u32,
+    count: u32,
+    devs: &[CUdevice],
+) -> crate::CuRes {
+    let d = cu()?;
+    for &x in devs {
+        d.check_dev(x)?;
+    }
+    if devs.len() == 2 && devs[0] == devs[1] {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    if caps.is_null() || ops.is_null() || count == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for i in 0..count as usize {
+        // SAFETY: the caller's arrays of `count` elements.
+        let op = unsafe { ops.add(i).read_unaligned() };
+        if op > 12 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    for i in 0..count as usize {
+        // SAFETY: as above.
+        unsafe { caps.add(i).write_unaligned(0) };
+    }
+    Ok(())
+}
+
+crate::exports! {
+    cuDeviceGetHostAtomicCapabilities(caps: *mut u32, ops: *const u32, count: u32, dev: CUdevice)
+        => atomic_capabilities(caps, ops, count, &[dev]);
+    cuDeviceGetP2PAtomicCapabilities(caps: *mut u32, ops: *const u32, count: u32, src: CUdevice, dst: CUdevice)
+        => atomic_capabilities(caps, ops, count, &[src, dst]);
+}

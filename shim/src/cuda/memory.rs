@@ -1351,3 +1351,29 @@ pub fn array_create_pub(
 pub fn array_destroy_pub(d: &Driver, h: usize) -> CuRes {
     array_destroy(d, h)
 }
+
+/// `cuMemcpyWithAttributesAsync` (CUDA 12.8): one copy in stream order; the
+/// attributes (source access order, location hints) change nothing in the
+/// sim, whose copies are plain memory copies.
+fn memcpy_with_attributes(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    attr: *const c_void,
+    s: CUstream,
+) -> CuRes {
+    cu()?;
+    if attr.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: our own function, with the caller's arguments.
+    match unsafe { cuMemcpyAsync(dst, src, n, s) } {
+        CUDA_SUCCESS => Ok(()),
+        e => Err(e),
+    }
+}
+
+exports! {
+    cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, attr: *const c_void, s: CUstream)
+        => memcpy_with_attributes(dst, src, n, attr, s);
+}

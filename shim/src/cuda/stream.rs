@@ -1110,3 +1110,55 @@ exports! {
     cuStreamWaitValue64 | cuStreamWaitValue64_v2 | cuStreamWaitValue64_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u64, flags: u32)
         => wait_value(h, addr, value, true, flags);
 }
+
+/// `CUstreamBatchMemOpParams`: an operation tag and its parameters (48
+/// bytes; the wait/write ones: address at 8, value at 16, flags at 24).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BatchMemOp {
+    pub op: u32,
+    pub flags32: u32,
+    pub address: u64,
+    pub value: u64,
+    pub flags: u32,
+    pub pad: [u32; 5],
+}
+
+const _: () = assert!(std::mem::size_of::<BatchMemOp>() == 48);
+
+/// `cuStreamBatchMemOp`: the operations in order, each as its own call
+/// would do it (waits: the condition must already hold); flushes and
+/// barriers have nothing to wait for in the sim. Atomic reductions are not
+/// simulated (a counted stub).
+fn batch_mem_op(h: CUstream, count: u32, ops: *const BatchMemOp, flags: u32) -> CuRes {
+    cu()?.stream(h as usize)?;
+    if flags != 0 || (count > 0 && ops.is_null()) || count > 256 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's array of `count` CUstreamBatchMemOpParams.
+    let list: Vec<BatchMemOp> = (0..count as usize)
+        .map(|i| unsafe { ops.add(i).read_unaligned() })
+        .collect();
+    if list.iter().any(|o| !matches!(o.op, 1..=6 | 8)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for o in list {
+        match o.op {
+            1 => wait_value(h, o.address, o.value as u32 as u64, false, o.flags)?,
+            4 => wait_value(h, o.address, o.value, true, o.flags)?,
+            2 => write_value(h, o.address, &(o.value as u32).to_ne_bytes(), o.flags)?,
+            5 => write_value(h, o.address, &o.value.to_ne_bytes(), o.flags)?,
+            8 => {
+                crate::stub_hit!("cuStreamBatchMemOp (atomic reduction)");
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            _ => {} // flush remote writes, memory barrier
+        }
+    }
+    Ok(())
+}
+
+exports! {
+    cuStreamBatchMemOp | cuStreamBatchMemOp_v2 | cuStreamBatchMemOp_v2_ptsz(h: CUstream, count: u32, ops: *const BatchMemOp, flags: u32)
+        => batch_mem_op(h, count, ops, flags);
+}

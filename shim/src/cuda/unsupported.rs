@@ -4,11 +4,6 @@
 //! a few deprecated or hint-only calls whose real behaviour is to accept and
 //! do nothing (those are not stubs). Every name here is listed in
 //! `shim/README.md`.
-//!
-//! Also the features the runtime and the frameworks look up without using
-//! them on the sim: memory shared through OS handles, batched stream memory
-//! operations (PyTorch's driver table requires every name it asks for;
-//! cuBLAS looks several up).
 
 use crate::driver::cu;
 use crate::{exports, put, stub_fns, CuRes};
@@ -55,26 +50,16 @@ stub_fns! {
         cuMemGetHandleForAddressRange, cuDeviceGetNvSciSyncAttributes;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Sparse arrays, batched and attribute copies, decompression.
-        cuArrayGetMemoryRequirements, cuArrayGetPlane, cuArrayGetSparseProperties,
+        cuArrayGetMemoryRequirements, cuArrayGetSparseProperties,
         cuMipmappedArrayGetMemoryRequirements, cuMipmappedArrayGetSparseProperties,
         cuMemMapArrayAsync, cuMemBatchDecompressAsync, cuMemcpy3DBatchAsync,
-        cuMemcpyWithAttributesAsync, cuMemcpy3DWithAttributesAsync, cuMemGetLocationInfo,
+        cuMemcpy3DWithAttributesAsync, cuMemGetLocationInfo,
         cuFabricCpyBatchAsync;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Features the simulated GPU does not have, which clients resolve up
-        // front and refuse to load without (PyTorch's driver table requires
-        // every name it asks for, cuBLAS looks several up): memory shared
-        // through OS handles, batched stream memory operations.
-        cuMemExportToShareableHandle, cuMemImportFromShareableHandle,
-        cuStreamBatchMemOp, cuStreamBatchMemOp_v2,
-        cuStreamBatchMemOp_v2_ptsz;
-    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Checkpointing, core dumps, fabric, cliques, atomics queries,
-        // asynchronous notifications, CIG capture, logical endpoints.
+        // Checkpointing, fabric, cliques, CIG capture, logical endpoints.
         cuCheckpointProcessCheckpoint, cuCheckpointProcessGetRestoreThreadId,
         cuCheckpointProcessGetState, cuCheckpointProcessLock, cuCheckpointProcessRestore,
         cuCheckpointProcessUnlock, cuCheckpointOperationComplete, cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
-        cuDeviceGetHostAtomicCapabilities, cuDeviceGetP2PAtomicCapabilities,
         cuStreamBeginCaptureToCig, cuStreamEndCaptureToCig,
         cuLogicalEndpointAddDevice, cuLogicalEndpointBindAddr, cuLogicalEndpointBindMem,
         cuLogicalEndpointCreate, cuLogicalEndpointDestroy, cuLogicalEndpointExport,

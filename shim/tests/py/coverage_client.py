@@ -886,6 +886,133 @@ def _():
     return r
 
 
+CHILD_IMPORT = r"""
+import ctypes, json, sys
+from cuda.bindings import driver as d
+fd, size = int(sys.argv[1]), int(sys.argv[2])
+assert d.cuInit(0)[0] == 0
+dev = d.cuDeviceGet(0)[1]
+ctx = d.cuDevicePrimaryCtxRetain(dev)[1]
+d.cuCtxSetCurrent(ctx)
+free0 = int(d.cuMemGetInfo()[1])
+err, h = d.cuMemImportFromShareableHandle(fd, d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+assert err == 0, err
+va = d.cuMemAddressReserve(size, 0, 0, 0)[1]
+assert d.cuMemMap(va, size, 0, h, 0)[0] == 0
+acc = d.CUmemAccessDesc()
+acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+acc.location.id = 0
+acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+assert d.cuMemSetAccess(va, size, [acc], 1)[0] == 0
+buf = (ctypes.c_uint8 * 4)()
+assert d.cuMemcpyDtoH(buf, va, 4)[0] == 0
+assert d.cuMemsetD8(int(va) + 4, 0x77, 4)[0] == 0
+print(json.dumps({"bytes": list(buf), "charged": free0 - int(d.cuMemGetInfo()[1])}))
+"""
+
+
+@section("shareable")
+def _():
+    import subprocess
+    r = {}
+    H = d.CUmemAllocationHandleType
+    prop = d.CUmemAllocationProp()
+    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    size = 2 * MIB
+    plain = ok(d.cuMemCreate(size, prop, 0))
+    r["not_requested"] = d.cuMemExportToShareableHandle(plain, H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)[0].name
+    r["fabric"] = d.cuMemExportToShareableHandle(plain, H.CU_MEM_HANDLE_TYPE_FABRIC, 0)[0].name
+    ok(d.cuMemRelease(plain))
+    prop.requestedHandleTypes = H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    before = free_bytes()
+    h = ok(d.cuMemCreate(size, prop, 0), "cuMemCreate exportable")
+    r["props_types"] = int(ok(d.cuMemGetAllocationPropertiesFromHandle(h)).requestedHandleTypes)
+    va = ok(d.cuMemAddressReserve(size, 0, 0, 0))
+    ok(d.cuMemMap(va, size, 0, h, 0))
+    acc = d.CUmemAccessDesc()
+    acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    acc.location.id = 0
+    acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    ok(d.cuMemSetAccess(va, size, [acc], 1))
+    ok(d.cuMemsetD8(va, 0x42, 4))
+    fd = int(ok(d.cuMemExportToShareableHandle(h, H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "export"))
+    # Another process imports it, reads what this one wrote, writes back.
+    out = subprocess.run([sys.executable, "-c", CHILD_IMPORT, str(fd), str(size)], pass_fds=[fd],
+                         capture_output=True, text=True, timeout=60)
+    child = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-400:]}
+    r["child"] = child
+    back = (ctypes.c_uint8 * 4)()
+    ok(d.cuMemcpyDtoH(back, int(va) + 4, 4))
+    r["written_by_child"] = list(back)
+    # This process imports it too: a second handle on the same bytes.
+    h2 = ok(d.cuMemImportFromShareableHandle(fd, H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "import here")
+    os.close(fd)
+    va2 = ok(d.cuMemAddressReserve(size, 0, 0, 0))
+    ok(d.cuMemMap(va2, size, 0, h2, 0))
+    ok(d.cuMemSetAccess(va2, size, [acc], 1))
+    same = (ctypes.c_uint8 * 4)()
+    ok(d.cuMemcpyDtoH(same, va2, 4))
+    r["import_here_bytes"] = list(same)
+    r["charged_once"] = before - free_bytes()
+    r["bad_fd"] = d.cuMemImportFromShareableHandle(0, H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)[0].name
+    for v, hh in ((va, h), (va2, h2)):
+        ok(d.cuMemUnmap(v, size))
+        ok(d.cuMemAddressFree(v, size))
+        ok(d.cuMemRelease(hh))
+    r["charged_after"] = before - free_bytes()
+    return r
+
+
+@section("more_ops")
+def _():
+    r = {}
+    m = ok(d.cuMemAlloc(64))
+    ops = []
+    for op, off, val in ((d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32, 0, 7),
+                         (d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_64, 8, 1 << 40),
+                         (d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_BARRIER, 0, 0),
+                         (d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32, 0, 7)):
+        p = d.CUstreamBatchMemOpParams()
+        p.operation = op
+        if op in (d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32, d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_64):
+            p.writeValue.address = int(m) + off
+            p.writeValue.value64 = val
+        elif op == d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32:
+            p.waitValue.address = int(m) + off
+            p.waitValue.value = val
+            p.waitValue.flags = 1  # EQ
+        ops.append(p)
+    ok(d.cuStreamBatchMemOp(stream, len(ops), ops, 0), "cuStreamBatchMemOp")
+    ok(d.cuStreamSynchronize(stream))
+    buf = (ctypes.c_uint64 * 2)()
+    ok(d.cuMemcpyDtoH(buf, m, 16))
+    r["batch"] = [buf[0] & 0xffffffff, buf[1]]
+    attr = d.CUmemcpyAttributes()
+    attr.srcAccessOrder = d.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    m2 = ok(d.cuMemAlloc(64))
+    ok(d.cuMemcpyWithAttributesAsync(m2, m, 16, attr, stream), "cuMemcpyWithAttributesAsync")
+    ok(d.cuStreamSynchronize(stream))
+    ok(d.cuMemcpyDtoH(buf, m2, 16))
+    r["copied"] = [buf[0] & 0xffffffff, buf[1]]
+    A = d.CUatomicOperation
+    caps = ok(d.cuDeviceGetHostAtomicCapabilities([A.CU_ATOMIC_OPERATION_INTEGER_ADD, A.CU_ATOMIC_OPERATION_CAS], 2, dev), "host atomics")
+    r["host_atomics"] = [int(c) for c in caps]
+    dev1 = ok(d.cuDeviceGet(1))
+    caps = ok(d.cuDeviceGetP2PAtomicCapabilities([A.CU_ATOMIC_OPERATION_INTEGER_ADD], 1, dev, dev1), "p2p atomics")
+    r["p2p_atomics"] = [int(c) for c in caps]
+    r["p2p_same_device"] = d.cuDeviceGetP2PAtomicCapabilities([A.CU_ATOMIC_OPERATION_INTEGER_ADD], 1, dev, dev)[0].name
+    desc = d.CUDA_ARRAY_DESCRIPTOR()
+    desc.Width, desc.Height = 64, 64
+    desc.Format = d.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+    desc.NumChannels = 1
+    arr = ok(d.cuArrayCreate(desc))
+    r["array_plane"] = d.cuArrayGetPlane(arr, 0)[0].name
+    ok(d.cuArrayDestroy(arr))
+    return r
+
+
 @section("errors")
 def _():
     r = {}
