@@ -920,6 +920,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         }
         // SAFETY: non-null descriptor from the caller.
         let ds = unsafe { desc.read_unaligned() };
+        super::array::no_sparse_or_deferred(ds.Flags)?;
         array_create(
             parr,
             ds.Width,

@@ -27,7 +27,6 @@ legacy_stubs! {
     cuMemcpy2DUnaligned,
     cuMemcpy3D,
     cuMemcpy3DAsync,
-    cuMemcpy3DBatchAsync_v2,
     cuMemcpyAtoA,
     cuMemcpyAtoD,
     cuMemcpyAtoH,
@@ -388,7 +387,7 @@ proc_table! {
     cuMemHostUnregister: 4000 => cuMemHostUnregister;
     cuMemImportFromShareableHandle: 10020 => cuMemImportFromShareableHandle;
     cuMemMap: 10020 => cuMemMap;
-    cuMemMapArrayAsync: 11010 => cuMemMapArrayAsync;
+    cuMemMapArrayAsync: 11010 => cuMemMapArrayAsync, 11010 ptds => cuMemMapArrayAsync_ptsz;
     cuMemPoolCreate: 11020 => cuMemPoolCreate;
     cuMemPoolDestroy: 11020 => cuMemPoolDestroy;
     cuMemPoolExportPointer: 11020 => cuMemPoolExportPointer;
@@ -415,7 +414,7 @@ proc_table! {
     cuMemcpy2DUnaligned: 2000 => cuMemcpy2DUnaligned, 3020 => cuMemcpy2DUnaligned_v2, 7000 ptds => cuMemcpy2DUnaligned_v2_ptds;
     cuMemcpy3D: 2000 => cuMemcpy3D, 3020 => cuMemcpy3D_v2, 7000 ptds => cuMemcpy3D_v2_ptds;
     cuMemcpy3DAsync: 2000 => cuMemcpy3DAsync, 3020 => cuMemcpy3DAsync_v2, 7000 ptds => cuMemcpy3DAsync_v2_ptsz;
-    cuMemcpy3DBatchAsync: 12080 => cuMemcpy3DBatchAsync, 13000 => cuMemcpy3DBatchAsync_v2;
+    cuMemcpy3DBatchAsync: 12080 => cuMemcpy3DBatchAsync, 12080 ptds => cuMemcpy3DBatchAsync_ptsz, 13000 => cuMemcpy3DBatchAsync_v2, 13000 ptds => cuMemcpy3DBatchAsync_v2_ptsz;
     cuMemcpy3DPeer: 4000 => cuMemcpy3DPeer, 7000 ptds => cuMemcpy3DPeer_ptds;
     cuMemcpy3DPeerAsync: 4000 => cuMemcpy3DPeerAsync, 7000 ptds => cuMemcpy3DPeerAsync_ptsz;
     cuMemcpy3DWithAttributesAsync: 13020 => cuMemcpy3DWithAttributesAsync;
@@ -583,8 +582,6 @@ pub const STUBS: &[&str] = &[
     "cuArray3DGetDescriptor",
     "cuArrayCreate",
     "cuArrayGetDescriptor",
-    "cuArrayGetMemoryRequirements",
-    "cuArrayGetSparseProperties",
     "cuCheckpointOperationComplete",
     "cuCheckpointProcessCheckpoint",
     "cuCheckpointProcessGetRestoreThreadId",
@@ -684,7 +681,6 @@ pub const STUBS: &[&str] = &[
     "cuMemGetLocationInfo",
     "cuMemHostGetDevicePointer",
     "cuMemHostRegister",
-    "cuMemMapArrayAsync",
     "cuMemPoolExportPointer",
     "cuMemPoolExportToShareableHandle",
     "cuMemPoolImportFromShareableHandle",
@@ -694,9 +690,6 @@ pub const STUBS: &[&str] = &[
     "cuMemcpy2DUnaligned",
     "cuMemcpy3D",
     "cuMemcpy3DAsync",
-    "cuMemcpy3DBatchAsync",
-    "cuMemcpy3DBatchAsync_v2",
-    "cuMemcpy3DWithAttributesAsync",
     "cuMemcpyAtoA",
     "cuMemcpyAtoD",
     "cuMemcpyAtoH",
@@ -716,8 +709,6 @@ pub const STUBS: &[&str] = &[
     "cuMemsetD2D8",
     "cuMemsetD32",
     "cuMemsetD8",
-    "cuMipmappedArrayGetMemoryRequirements",
-    "cuMipmappedArrayGetSparseProperties",
     "cuModuleGetGlobal",
     "cuModuleGetSurfRef",
     "cuModuleGetTexRef",

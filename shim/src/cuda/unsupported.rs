@@ -49,11 +49,8 @@ stub_fns! {
         cuDestroyExternalSemaphore, cuSignalExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync,
         cuMemGetHandleForAddressRange, cuDeviceGetNvSciSyncAttributes;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Sparse arrays, batched and attribute copies, decompression.
-        cuArrayGetMemoryRequirements, cuArrayGetSparseProperties,
-        cuMipmappedArrayGetMemoryRequirements, cuMipmappedArrayGetSparseProperties,
-        cuMemMapArrayAsync, cuMemBatchDecompressAsync, cuMemcpy3DBatchAsync,
-        cuMemcpy3DWithAttributesAsync, cuMemGetLocationInfo,
+        // Decompression, location queries.
+        cuMemBatchDecompressAsync, cuMemGetLocationInfo,
         cuFabricCpyBatchAsync;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Checkpointing, fabric, cliques, CIG capture, logical endpoints.

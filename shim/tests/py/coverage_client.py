@@ -1013,6 +1013,53 @@ def _():
     return r
 
 
+@section("arrays_more")
+def _():
+    r = {}
+    desc = d.CUDA_ARRAY3D_DESCRIPTOR()
+    desc.Width, desc.Height, desc.Depth = 16, 8, 0
+    desc.Format = d.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT32
+    desc.NumChannels = 1
+    arr = ok(d.cuArray3DCreate(desc))
+    r["sparse_props"] = d.cuArrayGetSparseProperties(arr)[0].name
+    r["mem_requirements"] = d.cuArrayGetMemoryRequirements(arr, dev)[0].name
+    desc.Flags = 0x40  # CUDA_ARRAY3D_SPARSE
+    r["create_sparse"] = d.cuArray3DCreate(desc)[0].name
+    r["map_array"] = d.cuMemMapArrayAsync([d.CUarrayMapInfo()], 1, stream)[0].name
+    # A 4x3 block of u32 from a 10-wide host-visible buffer into the array
+    # at (2, 1), and back out into a tight buffer.
+    O = d.CUmemcpy3DOperandType
+    src = ok(d.cuMemAlloc(10 * 8 * 4))
+    host = (ctypes.c_uint32 * 80)(*range(80))
+    ok(d.cuMemcpyHtoD(src, host, 320))
+    out = ok(d.cuMemAlloc(12 * 4))
+    ops = [d.CUDA_MEMCPY3D_BATCH_OP(), d.CUDA_MEMCPY3D_BATCH_OP()]
+    a, b = ops
+    a.src.type = O.CU_MEMCPY_OPERAND_TYPE_POINTER
+    a.src.op.ptr.ptr = src
+    a.src.op.ptr.rowLength = 10
+    a.dst.type = O.CU_MEMCPY_OPERAND_TYPE_ARRAY
+    a.dst.op.array.array = arr
+    a.dst.op.array.offset.x, a.dst.op.array.offset.y = 2, 1
+    b.src.type = O.CU_MEMCPY_OPERAND_TYPE_ARRAY
+    b.src.op.array.array = arr
+    b.src.op.array.offset.x, b.src.op.array.offset.y = 2, 1
+    b.dst.type = O.CU_MEMCPY_OPERAND_TYPE_POINTER
+    b.dst.op.ptr.ptr = out
+    for o in ops:
+        o.extent.width, o.extent.height, o.extent.depth = 4, 3, 1
+        o.srcAccessOrder = d.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    ok(d.cuMemcpy3DBatchAsync(2, ops, 0, stream), "cuMemcpy3DBatchAsync")
+    ok(d.cuStreamSynchronize(stream))
+    back = (ctypes.c_uint32 * 12)()
+    ok(d.cuMemcpyDtoH(back, out, 48))
+    r["batch3d"] = list(back)
+    b.extent.width = 20  # past the array's width
+    r["batch3d_out_of_bounds"] = d.cuMemcpy3DWithAttributesAsync(b, 0, stream)[0].name
+    ok(d.cuArrayDestroy(arr))
+    return r
+
+
 @section("errors")
 def _():
     r = {}
