@@ -32,6 +32,8 @@ pub struct Ctx {
     pub destroyed: AtomicBool,
     /// `cuCtxSetLimit` values and the memory they reserve.
     pub limits: Mutex<crate::cuda::limits::Limits>,
+    /// Usage count (deprecated `cuCtxAttach`/`cuCtxDetach`): 1 at creation.
+    pub usage: AtomicU32,
 }
 
 pub struct Stream {

@@ -19,6 +19,7 @@ fn new_ctx(d: &Driver, dev: usize, primary: bool, flags: u32) -> Result<usize, C
         flags: AtomicU32::new(flags),
         destroyed: AtomicBool::new(false),
         limits: Default::default(),
+        usage: AtomicU32::new(1),
     };
     Ok(d.objs.lock().insert(Obj::Ctx(Arc::new(c))))
 }
@@ -210,6 +211,7 @@ pub fn primary_handle(d: &Driver, dev: usize) -> usize {
             flags: AtomicU32::new(p.flags),
             destroyed: AtomicBool::new(true),
             limits: Default::default(),
+            usage: AtomicU32::new(1),
         };
         p.handle = d.objs.lock().insert(Obj::Ctx(Arc::new(c)));
     }
@@ -588,4 +590,39 @@ pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer_ctx: CUcontext) -> CUresult
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
     guard(|| cu()?.cur_ctx().map(|_| ()))
+}
+
+/// Deprecated `cuCtxAttach`: the current context, its usage count one more.
+fn attach(pctx: *mut CUcontext, flags: u32) -> CuRes {
+    let d = cu()?;
+    if pctx.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (h, c) = d.cur_ctx()?;
+    c.usage.fetch_add(1, AcqRel);
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(pctx, h as CUcontext, CUDA_ERROR_INVALID_VALUE) }
+}
+
+/// Deprecated `cuCtxDetach`: the usage count of `ctx` (current to the
+/// thread) one less; a created context is destroyed when it reaches 0.
+fn detach(ctx: CUcontext) -> CuRes {
+    let d = cu()?;
+    let (h, c) = d.cur_ctx()?;
+    if h != ctx as usize {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    let before = c
+        .usage
+        .fetch_update(AcqRel, Acquire, |u| u.checked_sub(1))
+        .map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+    if before == 1 && !c.primary && super::green::green_handle_of_ctx(d, h).is_none() {
+        return destroy(ctx);
+    }
+    Ok(())
+}
+
+crate::exports! {
+    cuCtxAttach(pctx: *mut CUcontext, flags: u32) => attach(pctx, flags);
+    cuCtxDetach(ctx: CUcontext) => detach(ctx);
 }

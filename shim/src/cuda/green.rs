@@ -541,6 +541,7 @@ fn green_create(out: *mut CUgreenCtx, desc: usize, dev: CUdevice, flags: u32) ->
         flags: AtomicU32::new(flags_now),
         destroyed: AtomicBool::new(false),
         limits: Default::default(),
+        usage: AtomicU32::new(1),
     };
     d.touch_dev(i);
     let mut objs = d.objs.lock();

@@ -589,8 +589,6 @@ pub const STUBS: &[&str] = &[
     "cuCheckpointProcessLock",
     "cuCheckpointProcessRestore",
     "cuCheckpointProcessUnlock",
-    "cuCtxAttach",
-    "cuCtxDetach",
     "cuDestroyExternalMemory",
     "cuDestroyExternalSemaphore",
     "cuDeviceGetCliqueCount",

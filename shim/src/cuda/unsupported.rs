@@ -36,8 +36,7 @@ stub_fns! {
         cuTexRefSetBorderColor, cuTexRefSetFilterMode, cuTexRefSetFlags, cuTexRefSetFormat,
         cuTexRefSetMaxAnisotropy, cuTexRefSetMipmapFilterMode, cuTexRefSetMipmapLevelBias,
         cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
-        cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuCtxAttach,
-        cuCtxDetach, cuProfilerInitialize;
+        cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuProfilerInitialize;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Interprocess and external memory and semaphores: device memory is
         // private to each process in the sim.

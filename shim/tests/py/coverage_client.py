@@ -1060,6 +1060,23 @@ def _():
     return r
 
 
+@section("ctx_attach")
+def _():
+    r = {}
+    before = free_bytes()
+    c = ok(d.cuCtxCreate(None, 0, dev), "cuCtxCreate")
+    r["created"] = before - free_bytes()
+    r["attached_same"] = int(ok(d.cuCtxAttach(0), "cuCtxAttach")) == int(c)
+    r["attach_flags"] = d.cuCtxAttach(1)[0].name
+    ok(d.cuCtxDetach(c), "cuCtxDetach")
+    r["after_one_detach"] = before - free_bytes()
+    ok(d.cuCtxDetach(c), "cuCtxDetach last")
+    r["gone"] = d.cuCtxGetApiVersion(c)[0].name
+    ok(d.cuCtxSetCurrent(ctx))
+    r["after_last_detach"] = before - free_bytes()
+    return r
+
+
 @section("errors")
 def _():
     r = {}
