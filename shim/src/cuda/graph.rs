@@ -143,6 +143,7 @@ pub const NODE_WAIT_EVENT: u32 = 6;
 pub const NODE_EVENT_RECORD: u32 = 7;
 pub const NODE_MEM_ALLOC: u32 = 10;
 pub const NODE_MEM_FREE: u32 = 11;
+pub const NODE_BATCH_MEM_OP: u32 = 12;
 pub const NODE_CONDITIONAL: u32 = 13;
 
 /// A kernel node: what runs, the parameters as given, and its launch
@@ -195,6 +196,64 @@ pub enum NodeKind {
     /// A copy or memset recorded by stream capture (reported as a memcpy or
     /// memset node).
     MemOp(crate::driver::MemOp),
+    /// Stream memory operations (`cuGraphAddBatchMemOpNode`).
+    BatchMemOp(Arc<BatchNode>),
+}
+
+/// A batch memory operation node: its operations (the array handed back by
+/// `cuGraphBatchMemOpNodeGetParams`), context and flags.
+pub struct BatchNode {
+    pub ctx: usize,
+    pub ops: Vec<super::stream::BatchMemOp>,
+    pub flags: u32,
+}
+
+/// `CUDA_BATCH_MEM_OP_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BatchNodeParams {
+    pub ctx: CUcontext,
+    pub count: u32,
+    pub ops: *mut super::stream::BatchMemOp,
+    pub flags: u32,
+}
+
+fn batch_data(p: *const BatchNodeParams) -> Result<NodeKind, CUresult> {
+    let d = cu()?;
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null params from the caller.
+    let bp = unsafe { p.read_unaligned() };
+    if !bp.ctx.is_null() {
+        d.ctx(bp.ctx as usize)?;
+    }
+    let ops = super::stream::read_batch(bp.count, bp.ops, bp.flags)?;
+    if ops.is_empty() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(NodeKind::BatchMemOp(Arc::new(BatchNode {
+        ctx: bp.ctx as usize,
+        ops,
+        flags: bp.flags,
+    })))
+}
+
+fn batch_params(n: CUgraphNode, out: *mut BatchNodeParams) -> CuRes {
+    match node_kind(n)? {
+        NodeKind::BatchMemOp(b) => {
+            let p = BatchNodeParams {
+                ctx: b.ctx as CUcontext,
+                count: b.ops.len() as u32,
+                // The node's own array: valid while the node lives.
+                ops: b.ops.as_ptr() as *mut _,
+                flags: b.flags,
+            };
+            // SAFETY: out pointer from the caller.
+            unsafe { put(out, p, CUDA_ERROR_INVALID_VALUE) }
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
 }
 
 impl NodeKind {
@@ -210,6 +269,7 @@ impl NodeKind {
             NodeKind::EventWait(_) => NODE_WAIT_EVENT,
             NodeKind::MemAlloc(_) => NODE_MEM_ALLOC,
             NodeKind::MemFree(_) => NODE_MEM_FREE,
+            NodeKind::BatchMemOp(_) => NODE_BATCH_MEM_OP,
             NodeKind::Cond(..) => NODE_CONDITIONAL,
             NodeKind::MemOp(crate::driver::MemOp::Copy { .. }) => NODE_MEMCPY,
             NodeKind::MemOp(crate::driver::MemOp::Set { .. }) => NODE_MEMSET,
@@ -259,6 +319,7 @@ pub enum Op {
     Free(u64),
     Cond(Arc<CondHandle>, u32, Vec<Vec<Step>>),
     MemOp(crate::driver::MemOp),
+    BatchMemOp(Arc<BatchNode>),
 }
 
 /// An op, the node it came from (for the exec's per-node setters), and
@@ -1073,6 +1134,7 @@ fn flatten(g: usize, out: &mut Vec<Step>) -> CuRes {
             NodeKind::MemAlloc(a) => Op::Alloc(Arc::clone(a)),
             NodeKind::MemFree(p) => Op::Free(*p),
             NodeKind::MemOp(m) => Op::MemOp(m.clone()),
+            NodeKind::BatchMemOp(b) => Op::BatchMemOp(Arc::clone(b)),
             NodeKind::Child(c) => {
                 flatten(*c, out)?;
                 continue;
@@ -1194,6 +1256,13 @@ fn run_steps(d: &Driver, steps: &[Step], stream: usize) -> CuRes {
                     super::memory::run_mem_op(d, m)?
                 }
             }
+            Op::BatchMemOp(b) => {
+                if !super::stream::record_node_if_capturing(stream, || {
+                    NodeKind::BatchMemOp(Arc::clone(b))
+                })? {
+                    super::stream::run_batch(stream as CUstream, &b.ops)?
+                }
+            }
             Op::Host(f, u) => {
                 // SAFETY: f was a non-null CUhostFn given by the caller.
                 let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(*f) };
@@ -1286,6 +1355,7 @@ fn exec_set(e: CUgraphExec, node: CUgraphNode, kind: NodeKind) -> CuRes {
         (NodeKind::Host(f, u), Op::Host(..)) => Op::Host(f, u),
         (NodeKind::EventRecord(x), Op::EventRecord(_)) => Op::EventRecord(x),
         (NodeKind::EventWait(_), Op::EventWait) => Op::EventWait,
+        (NodeKind::BatchMemOp(b), Op::BatchMemOp(_)) => Op::BatchMemOp(b),
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     };
     Ok(())
@@ -1428,8 +1498,9 @@ fn generic_kind(p: *mut GraphNodeParams) -> Result<NodeKind, CUresult> {
         // SAFETY: the union holds a CUdeviceptr first.
         NODE_MEM_FREE => Ok(NodeKind::MemFree(unsafe { *(u as *const u64) })),
         NODE_CONDITIONAL => cond_data(u as *mut ConditionalNodeParams),
+        NODE_BATCH_MEM_OP => batch_data(u as *const BatchNodeParams),
         _ => {
-            crate::stub_hit!("cuGraphAddNode(external semaphore or batch memop node)");
+            crate::stub_hit!("cuGraphAddNode(external semaphore node)");
             Err(CUDA_ERROR_NOT_SUPPORTED)
         }
     }
@@ -1624,6 +1695,12 @@ exports! {
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     };
     cuGraphMemsetNodeSetParams(n: CUgraphNode, p: *const MemsetNodeParams) => set_node_kind(n, memset_data(p)?);
+    cuGraphAddBatchMemOpNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const BatchNodeParams)
+        => add_node(pn, g, deps, ndeps, || batch_data(p));
+    cuGraphBatchMemOpNodeGetParams(n: CUgraphNode, p: *mut BatchNodeParams) => batch_params(n, p);
+    cuGraphBatchMemOpNodeSetParams(n: CUgraphNode, p: *const BatchNodeParams) => set_node_kind(n, batch_data(p)?);
+    cuGraphExecBatchMemOpNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *const BatchNodeParams)
+        => exec_set(e, n, batch_data(p)?);
     cuGraphExecMemsetNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *const MemsetNodeParams, _ctx: CUcontext)
         => exec_set(e, n, memset_data(p)?);
     cuGraphMemcpyNodeGetParams(n: CUgraphNode, p: *mut super::array::Memcpy3D) => match node_kind(n)? {
@@ -1819,8 +1896,7 @@ exports! {
 
 stub_fns! {
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        cuGraphAddBatchMemOpNode, cuGraphBatchMemOpNodeGetParams, cuGraphBatchMemOpNodeSetParams,
-        cuGraphExecBatchMemOpNodeSetParams, cuGraphAddExternalSemaphoresSignalNode,
+        cuGraphAddExternalSemaphoresSignalNode,
         cuGraphAddExternalSemaphoresWaitNode, cuGraphExternalSemaphoresSignalNodeGetParams,
         cuGraphExternalSemaphoresSignalNodeSetParams, cuGraphExternalSemaphoresWaitNodeGetParams,
         cuGraphExternalSemaphoresWaitNodeSetParams, cuGraphExecExternalSemaphoresSignalNodeSetParams,
@@ -1865,6 +1941,15 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
                 std::ptr::addr_of_mut!((*c).handle).write_unaligned(h);
                 std::ptr::addr_of_mut!((*c).type_).write_unaligned(t);
                 std::ptr::addr_of_mut!((*c).size).write_unaligned(bodies.len() as u32);
+            }
+            NodeKind::BatchMemOp(b) => {
+                let q = BatchNodeParams {
+                    ctx: b.ctx as CUcontext,
+                    count: b.ops.len() as u32,
+                    ops: b.ops.as_ptr() as *mut _,
+                    flags: b.flags,
+                };
+                (u as *mut BatchNodeParams).write_unaligned(q);
             }
             NodeKind::Empty | NodeKind::MemOp(_) => {}
         }

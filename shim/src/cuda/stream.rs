@@ -1132,6 +1132,16 @@ const _: () = assert!(std::mem::size_of::<BatchMemOp>() == 48);
 /// simulated (a counted stub).
 fn batch_mem_op(h: CUstream, count: u32, ops: *const BatchMemOp, flags: u32) -> CuRes {
     cu()?.stream(h as usize)?;
+    let list = read_batch(count, ops, flags)?;
+    run_batch(h, &list)
+}
+
+/// Reads and checks a caller's array of `count` memory operations.
+pub(crate) fn read_batch(
+    count: u32,
+    ops: *const BatchMemOp,
+    flags: u32,
+) -> Result<Vec<BatchMemOp>, CUresult> {
     if flags != 0 || (count > 0 && ops.is_null()) || count > 256 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -1142,7 +1152,12 @@ fn batch_mem_op(h: CUstream, count: u32, ops: *const BatchMemOp, flags: u32) -> 
     if list.iter().any(|o| !matches!(o.op, 1..=6 | 8)) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    for o in list {
+    Ok(list)
+}
+
+/// Runs checked memory operations in order on stream `h`.
+pub(crate) fn run_batch(h: CUstream, list: &[BatchMemOp]) -> CuRes {
+    for &o in list {
         match o.op {
             1 => wait_value(h, o.address, o.value as u32 as u64, false, o.flags)?,
             4 => wait_value(h, o.address, o.value, true, o.flags)?,

@@ -1077,6 +1077,50 @@ def _():
     return r
 
 
+@section("batch_node")
+def _():
+    r = {}
+    T = d.CUstreamBatchMemOpType
+    m = ok(d.cuMemAlloc(64))
+    ok(d.cuMemsetD8(m, 0, 64))
+
+    def params(v32, v64):
+        ops = []
+        for op, off, val in ((T.CU_STREAM_MEM_OP_WRITE_VALUE_32, 0, v32), (T.CU_STREAM_MEM_OP_WRITE_VALUE_64, 8, v64)):
+            p = d.CUstreamBatchMemOpParams()
+            p.operation = op
+            p.writeValue.address = int(m) + off
+            p.writeValue.value64 = val
+            ops.append(p)
+        bp = d.CUDA_BATCH_MEM_OP_NODE_PARAMS()
+        bp.ctx = ctx
+        bp.count = 2
+        bp.paramArray = ops
+        bp.flags = 0
+        return bp, ops
+
+    bp, keep = params(5, 6)
+    g = ok(d.cuGraphCreate(0))
+    n = ok(d.cuGraphAddBatchMemOpNode(g, None, 0, bp), "cuGraphAddBatchMemOpNode")
+    r["type"] = int(ok(d.cuGraphNodeGetType(n)))
+    got = ok(d.cuGraphBatchMemOpNodeGetParams(n), "cuGraphBatchMemOpNodeGetParams")
+    r["get_count"] = int(got.count)
+    ge = ok(d.cuGraphInstantiate(g, 0))
+    buf = (ctypes.c_uint64 * 2)()
+
+    def launch():
+        ok(d.cuGraphLaunch(ge, stream))
+        ok(d.cuStreamSynchronize(stream))
+        ok(d.cuMemcpyDtoH(buf, m, 16))
+        return [buf[0] & 0xffffffff, buf[1]]
+
+    r["launched"] = launch()
+    bp2, keep2 = params(7, 8)
+    ok(d.cuGraphExecBatchMemOpNodeSetParams(ge, n, bp2), "cuGraphExecBatchMemOpNodeSetParams")
+    r["exec_updated"] = launch()
+    return r
+
+
 @section("errors")
 def _():
     r = {}
