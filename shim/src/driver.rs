@@ -253,6 +253,9 @@ pub enum AllocKind {
     Host,
     /// A module's global variable (freed with its module).
     Global,
+    /// Another process's memory, mapped by `cuIpcOpenMemHandle` (charged to
+    /// that process).
+    Ipc,
 }
 
 #[derive(Clone, Debug)]

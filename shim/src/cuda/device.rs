@@ -86,6 +86,8 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut u32, dev: CUdevice) -> CUr
 
 /// Not in `cgpu-ffi`: the largest `CU_LIMIT_PERSISTING_L2_CACHE_SIZE`.
 pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute = 108;
+/// Not in `cgpu-ffi`: exports to POSIX file descriptors are supported.
+pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: CUdevice_attribute = 103;
 
 pub fn attribute(
     dev: &crate::driver::DevInfo,
@@ -153,6 +155,8 @@ pub fn attribute(
             }
         }
         CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED => 1,
+        // cuMemCreate memory exports as a POSIX file descriptor.
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => 1,
         // Three quarters of the L2 may persist (Ampere and later).
         CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE => {
             if maj >= 8 {

@@ -108,6 +108,7 @@ pub fn free_dev(d: &Driver, p: u64, allow: &[AllocKind]) -> CuRes {
     let a = allocs.remove(&p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     drop(allocs);
     super::managed::forget(p);
+    super::ipc::forget_export(p);
     unmap(p, a.map_len);
     if a.charged > 0 {
         d.uncharge(a.dev, a.charged);
@@ -139,6 +140,7 @@ pub fn free_ctx_allocs(d: &Driver, ctx: usize) {
             .collect()
     };
     for (p, a) in victims {
+        super::ipc::forget_export(p);
         unmap(p, a.map_len);
         if a.charged > 0 {
             d.uncharge(a.dev, a.charged);

@@ -38,10 +38,9 @@ stub_fns! {
         cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
         cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuProfilerInitialize;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Interprocess and external memory and semaphores: device memory is
-        // private to each process in the sim.
-        cuIpcGetEventHandle, cuIpcOpenEventHandle, cuIpcGetMemHandle, cuIpcOpenMemHandle,
-        cuIpcCloseMemHandle, cuMemPoolExportPointer, cuMemPoolImportPointer,
+        // Interprocess events, pool exports, external memory and
+        // semaphores (Vulkan/DirectX/NvSci objects), dma-buf handles.
+        cuIpcGetEventHandle, cuIpcOpenEventHandle, cuMemPoolExportPointer, cuMemPoolImportPointer,
         cuMemPoolExportToShareableHandle, cuMemPoolImportFromShareableHandle,
         cuImportExternalMemory, cuDestroyExternalMemory, cuExternalMemoryGetMappedBuffer,
         cuExternalMemoryGetMappedMipmappedArray, cuImportExternalSemaphore,

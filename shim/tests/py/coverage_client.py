@@ -1121,6 +1121,56 @@ def _():
     return r
 
 
+CHILD_IPC = r"""
+import ctypes, json, sys
+from cuda.bindings import driver as d
+raw = bytes.fromhex(sys.argv[1])
+assert d.cuInit(0)[0] == 0
+dev = d.cuDeviceGet(0)[1]
+ctx = d.cuDevicePrimaryCtxRetain(dev)[1]
+d.cuCtxSetCurrent(ctx)
+h = d.CUipcMemHandle()
+ctypes.memmove(h.getPtr(), raw, 64)
+free0 = int(d.cuMemGetInfo()[1])
+F = d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+err, p = d.cuIpcOpenMemHandle(h, F)
+assert err == 0, err
+err2, p2 = d.cuIpcOpenMemHandle(h, F)
+buf = (ctypes.c_uint8 * 4)()
+assert d.cuMemcpyDtoH(buf, p, 4)[0] == 0
+assert d.cuMemsetD8(int(p) + 4, 0x99, 4)[0] == 0
+out = {"bytes": list(buf), "same_ptr": int(p2) == int(p), "charged": free0 - int(d.cuMemGetInfo()[1]),
+       "free_it": d.cuMemFree(p)[0].name}
+out["close1"] = d.cuIpcCloseMemHandle(p)[0].name
+out["close2"] = d.cuIpcCloseMemHandle(p)[0].name
+out["close3"] = d.cuIpcCloseMemHandle(p)[0].name
+print(json.dumps(out))
+"""
+
+
+@section("ipc")
+def _():
+    import subprocess
+    r = {}
+    before = free_bytes()
+    m = ok(d.cuMemAlloc(8 * MIB))
+    ok(d.cuMemsetD8(m, 0x31, 8))
+    h = ok(d.cuIpcGetMemHandle(m), "cuIpcGetMemHandle")
+    raw = ctypes.string_at(h.getPtr(), 64)
+    r["again_same"] = ctypes.string_at(ok(d.cuIpcGetMemHandle(m)).getPtr(), 64) == raw
+    r["interior"] = d.cuIpcGetMemHandle(int(m) + 512)[0].name
+    r["own_open"] = d.cuIpcOpenMemHandle(h, d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)[0].name
+    out = subprocess.run([sys.executable, "-c", CHILD_IPC, raw.hex()], capture_output=True, text=True, timeout=60)
+    r["child"] = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-400:]}
+    back = (ctypes.c_uint8 * 4)()
+    ok(d.cuMemcpyDtoH(back, int(m) + 4, 4))
+    r["written_by_child"] = list(back)
+    r["still_mine"] = [free_bytes() == before - 8 * MIB]
+    ok(d.cuMemFree(m))
+    r["freed"] = before - free_bytes()
+    return r
+
+
 @section("errors")
 def _():
     r = {}
