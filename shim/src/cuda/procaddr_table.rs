@@ -667,7 +667,6 @@ pub const STUBS: &[&str] = &[
     "cuMemFree",
     "cuMemGetAddressRange",
     "cuMemGetHandleForAddressRange",
-    "cuMemGetLocationInfo",
     "cuMemHostGetDevicePointer",
     "cuMemHostRegister",
     "cuMemPoolExportPointer",

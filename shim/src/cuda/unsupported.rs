@@ -47,8 +47,8 @@ stub_fns! {
         cuDestroyExternalSemaphore, cuSignalExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync,
         cuMemGetHandleForAddressRange, cuDeviceGetNvSciSyncAttributes;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Decompression, location queries.
-        cuMemBatchDecompressAsync, cuMemGetLocationInfo,
+        // Decompression.
+        cuMemBatchDecompressAsync,
         cuFabricCpyBatchAsync;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
         // Checkpointing, fabric, cliques, CIG capture, logical endpoints.

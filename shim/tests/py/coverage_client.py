@@ -1171,6 +1171,31 @@ def _():
     return r
 
 
+@section("location_info")
+def _():
+    r = {}
+
+    def where(ptr, n):
+        loc = d.CUmemLocation()
+        err = d.cuMemGetLocationInfo(ptr, n, n, 0, loc)[0]
+        return [err.name, int(loc.type), int(loc.id)] if err == d.CUresult.CUDA_SUCCESS else err.name
+
+    m = ok(d.cuMemAllocManaged(8 * MIB, d.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value))
+    r["untouched"] = where(m, 2 * MIB)
+    ok(d.cuMemsetD8(m, 1, 2 * MIB))
+    r["touched"] = where(m, 2 * MIB)
+    ok(d.cuMemPrefetchAsync(m, 8 * MIB, loc_dev0(), 0, stream))
+    r["prefetched"] = where(int(m) + 4 * MIB, 2 * MIB)
+    host = (ctypes.c_uint8 * (1 << 16))()
+    host[0] = 1
+    r["pageable"] = where(ctypes.addressof(host), 4096)
+    dm = ok(d.cuMemAlloc(MIB))
+    r["device_memory"] = where(dm, MIB)
+    loc = d.CUmemLocation()
+    r["sampling_too_big"] = d.cuMemGetLocationInfo(m, MIB, MIB, 2 * MIB, loc)[0].name
+    return r
+
+
 @section("errors")
 def _():
     r = {}
