@@ -296,7 +296,54 @@ fn pool_gpu(pool: usize, stream: CUstream) -> Option<&'static Gpu> {
     }
 }
 
-/// `cuMemAllocAsync` and `_ptsz`: charged when returned, released when freed.
+/// Is `stream` being captured into a graph? (`ptsz`: the caller's stream 0
+/// is its per-thread default stream.) A stream the driver cannot answer for
+/// is taken as not captured (then charged: never under-counted).
+fn capturing(stream: CUstream, ptsz: bool) -> bool {
+    let s = if ptsz && stream.is_null() {
+        CU_STREAM_PER_THREAD as CUstream
+    } else {
+        stream
+    };
+    let mut status: CUstreamCaptureStatus = 0;
+    super::call_real!(super::real::cuStreamIsCapturing, s, &mut status) == CUDA_SUCCESS
+        && status == CU_STREAM_CAPTURE_STATUS_ACTIVE
+}
+
+/// A stream-ordered allocation from `pool` (0: the stream's device's
+/// current pool) on `stream`: charged when returned, released when freed.
+/// Into a stream being captured it is no allocation but a graph's alloc
+/// node: the driver reserves its memory when the graph is launched, and
+/// graph memory is charged then (`hooks::graph`); charging it here too
+/// would count it twice for as long as the address is not freed.
+fn alloc_async(
+    pool: usize,
+    stream: CUstream,
+    ptsz: bool,
+    size: usize,
+    alloc: impl FnOnce() -> CUresult,
+    dptr: *mut CUdeviceptr,
+) -> CUresult {
+    let gpu = pool_gpu(pool, stream);
+    if gpu.is_some() && capturing(stream, ptsz) {
+        return alloc();
+    }
+    charged(
+        gpu,
+        Kind::Ptr,
+        || Owner::Pool {
+            pool,
+            ctx: current_ctx(),
+        },
+        size as u64,
+        alloc,
+        // SAFETY: called only on success, when the driver wrote *dptr (the
+        // caller's out-pointer).
+        || unsafe { out(dptr) },
+    )
+}
+
+/// `cuMemAllocAsync`.
 ///
 /// # Safety
 /// The driver's contract.
@@ -306,21 +353,37 @@ pub unsafe fn mem_alloc_async(
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    charged(
-        pool_gpu(0, stream),
-        Kind::Ptr,
-        || Owner::Pool {
-            pool: 0,
-            ctx: current_ctx(),
-        },
-        size as u64,
+    alloc_async(
+        0,
+        stream,
+        false,
+        size,
         || super::call_real!(real, dptr, size, stream),
-        // SAFETY: called only on success, when the driver wrote *dptr.
-        || unsafe { out(dptr) },
+        dptr,
     )
 }
 
-/// `cuMemAllocFromPoolAsync` and `_ptsz`: charged to the pool's device.
+/// `cuMemAllocAsync_ptsz`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_async_ptsz(
+    real: &RealFn<sig::cuMemAllocAsync>,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: CUstream,
+) -> CUresult {
+    alloc_async(
+        0,
+        stream,
+        true,
+        size,
+        || super::call_real!(real, dptr, size, stream),
+        dptr,
+    )
+}
+
+/// `cuMemAllocFromPoolAsync`: charged to the pool's device.
 ///
 /// # Safety
 /// The driver's contract.
@@ -331,17 +394,34 @@ pub unsafe fn mem_alloc_from_pool_async(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CUresult {
-    charged(
-        pool_gpu(pool as usize, stream),
-        Kind::Ptr,
-        || Owner::Pool {
-            pool: pool as usize,
-            ctx: current_ctx(),
-        },
-        size as u64,
+    alloc_async(
+        pool as usize,
+        stream,
+        false,
+        size,
         || super::call_real!(real, dptr, size, pool, stream),
-        // SAFETY: called only on success, when the driver wrote *dptr.
-        || unsafe { out(dptr) },
+        dptr,
+    )
+}
+
+/// `cuMemAllocFromPoolAsync_ptsz`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_from_pool_async_ptsz(
+    real: &RealFn<sig::cuMemAllocFromPoolAsync>,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    alloc_async(
+        pool as usize,
+        stream,
+        true,
+        size,
+        || super::call_real!(real, dptr, size, pool, stream),
+        dptr,
     )
 }
 
