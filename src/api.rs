@@ -77,6 +77,7 @@ macro_rules! for_each_api {
                 fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => context::primary_release;
                 fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => context::primary_reset;
                 fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => context::primary_reset;
+                fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult => context::ctx_set_limit;
 
                 // --- devices (ALIYUN_COM_GPU_VISIBLE_DEVICES) ----------------------
                 fn cuDeviceGetCount(count: *mut i32) -> CUresult => device::device_get_count;
@@ -147,6 +148,8 @@ macro_rules! for_each_api {
                     fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
                 fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
                 fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -> CUresult;
+                fn cuCtxGetLimit(value: *mut usize, limit: CUlimit) -> CUresult;
+                fn cuDeviceGetAttribute(value: *mut i32, attrib: CUdevice_attribute, dev: CUdevice) -> CUresult;
                 fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
                 fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
                 fn cuDeviceGetPCIBusId(bus: *mut c_char, len: i32, dev: CUdevice) -> CUresult;

@@ -42,6 +42,9 @@ pub enum Kind {
     Mipmap,
     /// A created context.
     Context,
+    /// What a context limit (`cuCtxSetLimit`, the `CUlimit` here) reserves,
+    /// keyed by the context.
+    Limit(u32),
 }
 
 /// One GPU this process uses.

@@ -1185,3 +1185,90 @@ impl Drop for Reap {
         }
     }
 }
+
+/// `cuCtxSetLimit` reserves device memory (the malloc heap and the printf
+/// FIFO their size, the stack its size for every resident thread): it is
+/// charged to the context, a raise past the quota is refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY` (the limit keeps its value), a lower value
+/// gives the difference back, and destroying the context (or the primary
+/// context's last release) gives it all back. The sim's per-process bytes
+/// (NVML) are the ground truth.
+#[test]
+fn context_limits_are_charged_to_the_context() {
+    const STACK: &str = "0";
+    const FIFO: &str = "1";
+    const HEAP: &str = "2";
+    let m = Machine::new("limits", T4);
+    let v = vars("limits", "1");
+    let s = |b: u64| b.to_string();
+    let (heap200, fifo9, heap800, heap8) = (s(200 * MIB), s(9 * MIB), s(800 * MIB), s(8 * MIB));
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx", "resident", "info", "setlimit", HEAP, &heap200, "info", "nvml", "setlimit",
+            FIFO, &fifo9, "info", "setlimit", STACK, "4096", "info", "nvml", "setlimit", HEAP,
+            &heap800, "getlimit", HEAP, "info", "nvml", "setlimit", HEAP, &heap8, "info", "nvml",
+            "destroy", "ctx", "info", "nvml",
+        ],
+    ));
+    let threads = op(&out, "resident")["threads"].as_u64().unwrap();
+    assert!(threads > 0, "{out}");
+    let stack = (4096 - 1024) * threads;
+    let sets = ops(&out, "setlimit");
+    let infos = ops(&out, "info");
+    let nvmls = ops(&out, "nvml");
+    let free = |i: usize| infos[i]["free"].as_u64().unwrap();
+    let sim = |i: usize| nvmls[i]["procs"][0][1].as_u64().unwrap();
+    assert_eq!(free(0), GIB - CTX, "{out}");
+    // The heap beyond its default (8 MiB, inside the context's reservation).
+    assert_eq!(sets[0]["rc"], 0, "{out}");
+    assert_eq!(free(1), GIB - CTX - 192 * MIB, "{out}");
+    assert_eq!(sim(0), CTX + 192 * MIB, "{out}");
+    // The FIFO beyond its default (1 MiB), then the stack.
+    assert_eq!(
+        (&sets[1]["rc"], &sets[2]["rc"]),
+        (&0.into(), &0.into()),
+        "{out}"
+    );
+    assert_eq!(free(2), GIB - CTX - 200 * MIB, "{out}");
+    assert_eq!(free(3), GIB - CTX - 200 * MIB - stack, "{out}");
+    assert_eq!(sim(1), CTX + 200 * MIB + stack, "{out}");
+    // 600 MiB more of heap does not fit what is left: refused, nothing
+    // reserved, the heap as it was.
+    assert!(free(3) < 600 * MIB, "{out}");
+    assert_eq!(sets[3]["rc"], 2, "a raise past the quota: {out}");
+    assert_eq!(
+        op(&out, "getlimit")["value"].as_u64(),
+        Some(200 * MIB),
+        "{out}"
+    );
+    assert_eq!(free(4), free(3), "{out}");
+    assert_eq!(sim(2), sim(1), "{out}");
+    // Lowered back to the default: the 192 MiB come back.
+    assert_eq!(sets[4]["rc"], 0, "{out}");
+    assert_eq!(free(5), GIB - CTX - 8 * MIB - stack, "{out}");
+    assert_eq!(sim(3), CTX + 8 * MIB + stack, "{out}");
+    // A destroyed context gives back what its limits held.
+    assert_eq!(op(&out, "destroy")["rc"], 0, "{out}");
+    assert_eq!(free(6), GIB - CTX, "{out}");
+    assert_eq!(sim(4), CTX, "{out}");
+
+    // The primary context: its last release gives its limits back.
+    let heap300 = s(300 * MIB);
+    let out = run_ok(&mut m.client(
+        Some(&vars("limits-primary", "1")),
+        &[
+            "pctx", "setlimit", HEAP, &heap300, "info", "prelease", "pctx", "info", "nvml",
+        ],
+    ));
+    let infos = ops(&out, "info");
+    assert_eq!(op(&out, "setlimit")["rc"], 0, "{out}");
+    assert_eq!(
+        infos[0]["free"].as_u64(),
+        Some(GIB - CTX - 292 * MIB),
+        "{out}"
+    );
+    assert_eq!(op(&out, "prelease")["rc"], 0, "{out}");
+    assert_eq!(infos[1]["free"].as_u64(), Some(GIB - CTX), "{out}");
+    assert_eq!(op(&out, "nvml")["procs"][0][1].as_u64(), Some(CTX), "{out}");
+}

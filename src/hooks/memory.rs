@@ -11,7 +11,7 @@ use crate::driver::RealFn;
 use crate::memory::{proc_state, Gpu, Kind, Owner, PoolPlace};
 
 /// The current context handle (0 if none): allocations die with it.
-fn current_ctx() -> usize {
+pub(super) fn current_ctx() -> usize {
     let mut c: CUcontext = std::ptr::null_mut();
     if super::call_real!(super::real::cuCtxGetCurrent, &mut c) == CUDA_SUCCESS {
         c as usize

@@ -35,6 +35,10 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   stream             cuStreamCreate in the current context (used by poolalloc)
   setctx N           make the N-th context made by `ctx` current (0-based)
   freeall            free everything this client holds (by its own family)
+  setlimit L VALUE   cuCtxSetLimit(L, VALUE), print {"op":"setlimit", limit, value, rc}
+  getlimit L         cuCtxGetLimit, print {"op":"getlimit", limit, rc, value}
+  resident           print {"op":"resident", threads}: MAX_THREADS_PER_MULTIPROCESSOR
+                     x MULTIPROCESSOR_COUNT of the current context's device
   race SEED N MAX    N random allocs/frees of 1..MAX bytes; frees all at the end
   sleep SECS         sleep
   ready              print {"op":"ready"} and flush
@@ -256,6 +260,21 @@ def main(argv):
             if rc == 0:
                 held.append(("async", p.value, n))
             out({"op": "async", "rc": rc})
+        elif cmd == "setlimit":
+            lim, v = int(arg()), int(arg())
+            rc = cu.cuCtxSetLimit(C.c_int(lim), C.c_size_t(v))
+            out({"op": "setlimit", "limit": lim, "value": v, "rc": rc})
+        elif cmd == "getlimit":
+            lim = int(arg())
+            v = C.c_size_t()
+            rc = cu.cuCtxGetLimit(C.byref(v), C.c_int(lim))
+            out({"op": "getlimit", "limit": lim, "rc": rc, "value": v.value})
+        elif cmd == "resident":
+            d, a, b = C.c_int(), C.c_int(), C.c_int()
+            cu.cuCtxGetDevice(C.byref(d))
+            check(cu.cuDeviceGetAttribute(C.byref(a), 39, d), "cuDeviceGetAttribute")
+            check(cu.cuDeviceGetAttribute(C.byref(b), 16, d), "cuDeviceGetAttribute")
+            out({"op": "resident", "threads": a.value * b.value})
         elif cmd == "vmm":
             n = int(arg())
             # CUmemAllocationProp: type=1 (pinned), handle types 0, location {type 1 (device), id 0}
