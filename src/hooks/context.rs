@@ -185,11 +185,8 @@ fn sample(gpu: &Gpu, nvml: &NvmlRef) -> Sample {
 /// used memory. Runs once per process (the answer is kept).
 fn find_own_pid(gpu: &Gpu, ctx: CUcontext) -> Option<u32> {
     let h = nvml_handle(gpu)?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let probe = (2 << 20) + 512 * (1 + u64::from(nanos % 4093));
+    let nanos = crate::process::clock::realtime_ns() % 1_000_000_000;
+    let probe = (2 << 20) + 512 * (1 + nanos % 4093);
     if super::call_real!(real::cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS {
         return None;
     }

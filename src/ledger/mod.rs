@@ -29,6 +29,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
+use crate::process::clock::realtime_ns;
+
 /// `b"CGPULEDG"` read as a little-endian u64.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"CGPULEDG");
 /// Bumped on any layout change (2: 128 container and 1024 process slots,
@@ -531,18 +533,6 @@ pub const LEAVE_LOCK_WAIT: Duration = Duration::from_millis(100);
 
 /// Default minimum interval between two `maybe_reap` scans (all processes together).
 pub const REAP_INTERVAL: Duration = Duration::from_millis(200);
-
-fn now_ns(clock: libc::clockid_t) -> u64 {
-    // SAFETY: `ts` is a valid out-pointer for clock_gettime.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; the clock ids used are always available on Linux.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-pub(crate) fn realtime_ns() -> u64 {
-    now_ns(libc::CLOCK_REALTIME)
-}
 
 /// Bytes for people: `1.50 GiB`, `300.0 MiB`, `12 KiB`, `17 bytes`.
 pub fn human_bytes(b: u64) -> String {
@@ -1080,7 +1070,7 @@ impl Ledger {
     /// right now. Cheap enough for allocation and meminfo paths.
     pub fn maybe_reap(&self, min_interval: Duration) -> usize {
         let h = &self.file().header;
-        let now = now_ns(libc::CLOCK_MONOTONIC);
+        let now = crate::process::clock::monotonic_ns();
         let last = h.last_reap_ns.load(Ordering::Relaxed);
         let due = now < last || now - last >= min_interval.as_nanos() as u64;
         if !due
