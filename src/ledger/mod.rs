@@ -372,16 +372,10 @@ fn store_bytes<const N: usize>(field: &[AtomicU8; N], value: &[u8]) {
     }
 }
 
-/// The text up to the first NUL (lossy: bad UTF-8 shows as `�`).
-fn nul_string(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
 impl LedgerHeader {
     /// A copy of the GPU UUID.
     pub fn uuid_str(&self) -> String {
-        nul_string(&load_bytes(&self.uuid))
+        crate::process::cstr::text_lossy(&load_bytes(&self.uuid))
     }
     /// A copy of the raw UUID bytes.
     pub fn uuid_bytes(&self) -> [u8; UUID_LEN] {
@@ -397,7 +391,7 @@ impl ContainerSlot {
     /// A copy of the container id (lossy UTF-8). Stable while the slot is
     /// `SLOT_LIVE`: ids are only written while a slot is being claimed.
     pub fn id_str(&self) -> String {
-        nul_string(&load_bytes(&self.id))
+        crate::process::cstr::text_lossy(&load_bytes(&self.id))
     }
     /// A copy of the raw id bytes.
     pub fn id_bytes(&self) -> [u8; ID_LEN] {

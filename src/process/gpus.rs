@@ -11,7 +11,7 @@
 //!   for calls that use the GPU (allocate, create a context, launch);
 //!   [`cuda_view_quota`] and [`nvml_peek`] answer views without joining.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 use std::sync::OnceLock;
 
 use super::real;
@@ -181,13 +181,8 @@ fn nvml_uuid(h: nvmlDevice_t) -> Option<String> {
     {
         return None;
     }
-    // SAFETY: NVML NUL-terminates within the buffer; we set the last byte anyway.
-    buf[95] = 0;
-    Some(
-        unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned(),
-    )
+    let bytes = buf.map(|c| c as u8);
+    Some(super::cstr::text_lossy(&bytes))
 }
 
 fn nvml_handle(index: u32) -> Option<nvmlDevice_t> {

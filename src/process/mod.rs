@@ -9,7 +9,8 @@
 //!   UUID, host CUDA ordinal, NVML index, for the CUDA and the NVML hooks)
 //!   and lazy joining (a GPU is joined when the process allocates, creates
 //!   a context or launches there; asking about it never joins);
-//! - [`clock`]: the one clock (monotonic and wall time);
+//! - [`clock`]: the one clock (monotonic and wall time); [`cstr`]: text
+//!   in fixed C buffers;
 //! - [`fork`]: the fork generation (bumped in a forked child; caches made
 //!   before a fork check it);
 //! - [`types`]: the C types of the declaration list.
@@ -35,6 +36,7 @@ macro_rules! call_real {
 pub(crate) use call_real;
 
 pub mod clock;
+pub mod cstr;
 pub mod driver;
 pub mod fork;
 pub mod gpus;

@@ -203,10 +203,7 @@ pub struct Sample {
 }
 
 /// NUL-padded bytes to a string; `None` if not UTF-8.
-pub fn cstr(bytes: &[u8]) -> Option<String> {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    std::str::from_utf8(&bytes[..end]).ok().map(str::to_owned)
-}
+pub use cgpu::process::cstr::text as cstr;
 
 /// Is container slot `c` in use?
 pub fn container_live(s: &ContainerSlot) -> bool {
