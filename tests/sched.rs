@@ -48,7 +48,7 @@ fn check(what: &str, got: f64, want: f64) {
 fn run(ctrs: &[Ctr], policy: u32) -> (Scenario, Measure) {
     let o = Opts::test();
     let s = scenarios::start(&o, ctrs, policy, None, None);
-    let m = s.measure(o.window);
+    let m = s.measure_rounds(o.window);
     (s, m)
 }
 

@@ -187,7 +187,7 @@ fn busy_pair(o: &Opts, w: (u32, u32), ns: u64) -> Vec<Ctr> {
 fn weighted_one_to_two(o: &Opts, r: &mut Rows, ns: u64) {
     let ctrs = busy_pair(o, (1, 2), ns);
     let b = bare(o, &ctrs);
-    let m = start(o, &ctrs, 2, None, None).measure(o.window);
+    let m = start(o, &ctrs, 2, None, None).measure_rounds(o.window);
     r.share(&m, "w1", 1.0 / 3.0);
     r.share(&m, "w2", 2.0 / 3.0);
     r.util_vs_bare(&m, &b);
@@ -201,7 +201,7 @@ fn sync_heavy(id: &str, w: u32, o: &Opts) -> Ctr {
 
 fn sync_heavy_rows(o: &Opts, r: &mut Rows, policy: u32, ctrs: Vec<Ctr>, targets: &[(&str, f64)]) {
     let b = bare(o, &ctrs);
-    let m = start(o, &ctrs, policy, None, None).measure(o.window);
+    let m = start(o, &ctrs, policy, None, None).measure_rounds(o.window);
     for (id, t) in targets {
         r.share(&m, id, *t);
     }
@@ -361,7 +361,7 @@ pub fn table() -> Vec<Spec> {
                     Ctr::new("d", 4).busy(o.run_ms(), MS),
                 ];
                 let b = bare(o, &ctrs);
-                let m = start(o, &ctrs, 2, None, None).measure(o.window);
+                let m = start(o, &ctrs, 2, None, None).measure_rounds(o.window);
                 for (id, t) in [("a", 0.125), ("b", 0.125), ("c", 0.25), ("d", 0.5)] {
                     r.share(&m, id, t);
                 }
@@ -376,7 +376,7 @@ pub fn table() -> Vec<Spec> {
                     .map(|id| Ctr::new(id, 1).busy(o.run_ms(), MS))
                     .collect();
                 let b = bare(o, &ctrs);
-                let m = start(o, &ctrs, 1, None, None).measure(o.window);
+                let m = start(o, &ctrs, 1, None, None).measure_rounds(o.window);
                 for id in ["a", "b", "c"] {
                     r.share(&m, id, 1.0 / 3.0);
                 }
@@ -391,7 +391,7 @@ pub fn table() -> Vec<Spec> {
                     Ctr::new("idle", 1).idle(),
                 ];
                 let b = bare(o, &ctrs);
-                let m = start(o, &ctrs, 1, None, None).measure(o.window);
+                let m = start(o, &ctrs, 1, None, None).measure_rounds(o.window);
                 let (g, bg) = (m.of_wall("busy"), b.of_wall("busy"));
                 r.push(
                     &format!("busy's GPU ÷ bare ({g:.3} / {bg:.3})"),
@@ -408,7 +408,7 @@ pub fn table() -> Vec<Spec> {
                     Ctr::new("w1", 1).busy(o.run_ms(), MS),
                     Ctr::new("w2", 2).idle(),
                 ];
-                let m = start(o, &ctrs, 2, None, None).measure(o.window);
+                let m = start(o, &ctrs, 2, None, None).measure_rounds(o.window);
                 r.push("w1 of GPU", 1.0 / 3.0, m.of_wall("w1"), Kind::Share);
             },
         },
@@ -416,7 +416,7 @@ pub fn table() -> Vec<Spec> {
             name: "policy 0, max_inst 4, alone",
             run: |o, r| {
                 let ctrs = vec![Ctr::new("solo", 1).busy(o.run_ms(), MS)];
-                let m = start(o, &ctrs, 0, Some(4), None).measure(o.window);
+                let m = start(o, &ctrs, 0, Some(4), None).measure_rounds(o.window);
                 r.push("solo of GPU", 0.25, m.of_wall("solo"), Kind::Share);
             },
         },
@@ -424,17 +424,25 @@ pub fn table() -> Vec<Spec> {
             name: "policy 3, weight 3, max_inst 10",
             run: |o, r| {
                 let ctrs = vec![Ctr::new("fixed", 3).busy(o.run_ms(), MS)];
-                let m = start(o, &ctrs, 3, Some(10), None).measure(o.window);
+                let m = start(o, &ctrs, 3, Some(10), None).measure_rounds(o.window);
                 r.push("fixed of GPU", 0.30, m.of_wall("fixed"), Kind::Share);
             },
         },
         Spec {
             name: "policy 4 (soft), two busy",
             run: |o, r| {
-                let ctrs = busy_pair(o, (1, 1), MS);
+                // Its slices are 160 ms and a container may take two in a
+                // row on credit, so a share over a few rounds swings by a
+                // whole slice: measure over at least 36 of them (6 s).
+                let soft_window = o.window.max(Duration::from_secs(6));
+                let run_ms = (o.warm * 2 + soft_window + o.window).as_millis() as u64 + 6000;
+                let ctrs = vec![
+                    Ctr::new("w1", 1).busy(run_ms, MS),
+                    Ctr::new("w2", 1).busy(run_ms, MS),
+                ];
                 let b = bare(o, &ctrs);
                 let s = start(o, &ctrs, 4, None, None);
-                let (m, soft) = s.measure_slices(o.window);
+                let (m, soft) = s.measure_slices(soft_window);
                 r.share(&m, "w1", 0.5);
                 r.share(&m, "w2", 0.5);
                 r.util_vs_bare(&m, &b);
@@ -475,7 +483,7 @@ pub fn table() -> Vec<Spec> {
                 ];
                 let b = bare(o, &ctrs);
                 let s = start(o, &ctrs, 1, None, Some(80));
-                let m = s.measure(o.window);
+                let m = s.measure_rounds(o.window);
                 r.share(&m, "hp", 0.8);
                 r.share(&m, "normal", 0.2);
                 r.util_vs_bare(&m, &b);
@@ -501,7 +509,7 @@ pub fn table() -> Vec<Spec> {
                 r.push("w1 share, native", 0.5, m.of_busy("w1"), Kind::Share);
                 s.ledger().set_policy(2).unwrap();
                 std::thread::sleep(Duration::from_secs(1));
-                let m = s.measure(o.window);
+                let m = s.measure_rounds(o.window);
                 r.push(
                     "w1 share, from +1 s",
                     1.0 / 3.0,
