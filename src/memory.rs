@@ -201,10 +201,16 @@ pub enum PoolPlace {
 /// One `cuMemCreate` allocation: the device's, not any context's. Its charge
 /// lasts while a handle to it is held (`cuMemCreate`, each
 /// `cuMemRetainAllocationHandle`) or a mapping of it exists (`cuMemMap`), as
-/// the driver keeps the memory until the last of both is gone.
+/// the driver keeps the memory until the last of both is gone. An
+/// allocation another process exported and this one imported
+/// (`cuMemImportFromShareableHandle`) is one too: this process keeps it
+/// alive on the device while it holds it, so it is charged here as well,
+/// for as much of it as is mapped (the driver tells no handle's size).
 struct Phys {
     gpu: &'static Gpu,
     bytes: u64,
+    /// Imported: `bytes` grows with the largest extent mapped.
+    imported: bool,
     /// Handle references not yet released.
     refs: u32,
     /// Live mappings.
@@ -497,6 +503,7 @@ impl Proc {
             Phys {
                 gpu,
                 bytes,
+                imported: false,
                 refs: 1,
                 maps: 0,
             },
@@ -504,6 +511,54 @@ impl Proc {
         if let Some(old) = old {
             // A handle value we still had: the driver freed it behind our back.
             old.gpu.release(old.bytes);
+        }
+    }
+
+    /// `cuMemImportFromShareableHandle` returned `h`, memory on `gpu`: one
+    /// more reference to an allocation this process holds already (the
+    /// same handle again), else a new imported allocation, charged nothing
+    /// until it is mapped ([`Proc::vmm_import_growth`]).
+    pub fn vmm_imported(&self, h: u64, gpu: &'static Gpu) {
+        let mut v = self.vmm.lock();
+        match v.phys.get_mut(&h) {
+            Some(p) => p.refs = p.refs.saturating_add(1),
+            None => {
+                v.phys.insert(
+                    h,
+                    Phys {
+                        gpu,
+                        bytes: 0,
+                        imported: true,
+                        refs: 1,
+                        maps: 0,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Before mapping `[offset, offset + len)` of handle `h`: if it is an
+    /// imported allocation whose charge does not cover that extent yet, the
+    /// GPU and the bytes to reserve first (then [`Proc::vmm_import_grown`]).
+    pub fn vmm_import_growth(&self, h: u64, offset: u64, len: u64) -> Option<(&'static Gpu, u64)> {
+        let v = self.vmm.lock();
+        let p = v.phys.get(&h).filter(|p| p.imported)?;
+        let extent = offset.saturating_add(len);
+        (extent > p.bytes).then(|| (p.gpu, extent - p.bytes))
+    }
+
+    /// A mapping up to `extent` of imported handle `h`, for which `reserved`
+    /// bytes were reserved, succeeded: the charge covers `extent` now.
+    /// Returns what was reserved beyond that (another thread grew it
+    /// meanwhile, or the handle is gone), for the caller to give back.
+    pub fn vmm_import_grown(&self, h: u64, extent: u64, reserved: u64) -> u64 {
+        match self.vmm.lock().phys.get_mut(&h) {
+            Some(p) if p.imported => {
+                let grow = extent.saturating_sub(p.bytes).min(reserved);
+                p.bytes = p.bytes.saturating_add(grow);
+                reserved - grow
+            }
+            _ => reserved,
         }
     }
 

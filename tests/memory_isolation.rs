@@ -1272,3 +1272,130 @@ fn context_limits_are_charged_to_the_context() {
     assert_eq!(infos[1]["free"].as_u64(), Some(GIB - CTX), "{out}");
     assert_eq!(op(&out, "nvml")["procs"][0][1].as_u64(), Some(CTX), "{out}");
 }
+
+/// Lets a client blocked in `waitline` go on, and returns what it prints
+/// up to its next `ready` (or its end).
+fn go_on(
+    stdin: &mut std::process::ChildStdin,
+    r: &mut BufReader<std::process::ChildStdout>,
+) -> String {
+    stdin.write_all(b"go\n").unwrap();
+    let mut out = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 || line.contains("\"ready\"") {
+            return out;
+        }
+        out.push_str(&line);
+    }
+}
+
+/// Memory one container exports (`cuMemExportToShareableHandle`, a POSIX
+/// descriptor) and another imports is held once on the device, but the
+/// driver keeps it while any process holds a handle or a mapping: the
+/// importer is charged what it maps, so that it cannot keep memory alive
+/// past the exporter's release without its own quota holding it. Past its
+/// quota the mapping is refused; the exporter's release leaves the
+/// importer's charge; the importer's own release gives it back.
+#[test]
+fn imported_vmm_memory_is_charged_to_the_importer_while_it_holds_it() {
+    let m = Machine::new("vmmshare", T4);
+    let mib800 = (800 * MIB).to_string();
+    let mut ec = m.client(
+        Some(&vars("exporter", "2")),
+        &[
+            "ctx",
+            "vmmmap",
+            &mib800,
+            "vmmexport",
+            "ready",
+            "waitline",
+            "vmmrelease",
+            "vmmunmap",
+            "info",
+            "ready",
+            "waitline",
+        ],
+    );
+    ec.stdin(Stdio::piped());
+    let (mut exporter, mut er, before) = spawn_ready_out(ec);
+    let mut exp_in = exporter.stdin.take().unwrap();
+    let x = op(&before, "vmmexport");
+    assert_eq!(x["rc"], 0, "{before}");
+    let path = format!("/proc/{}/fd/{}", x["pid"], x["fd"]);
+    let used = |id: &str| container(&ledger(&m), id).map(|c| c.0);
+
+    // 1 GiB less the context cannot hold 800 MiB: the mapping is refused.
+    let out = run_ok(&mut m.client(
+        Some(&vars("importer-small", "1")),
+        &["ctx", "vmmimport", &path, &mib800, "info"],
+    ));
+    let imp = op(&out, "vmmimport");
+    assert_eq!(
+        (&imp["rc"], &imp["rc_map"]),
+        (&0.into(), &2.into()),
+        "{out}"
+    );
+    assert_eq!(op(&out, "info")["free"].as_u64(), Some(GIB - CTX), "{out}");
+
+    // 2 GiB hold it: charged to the importer as well as to the exporter.
+    let mut ic = m.client(
+        Some(&vars("importer", "2")),
+        &[
+            "ctx",
+            "vmmimport",
+            &path,
+            &mib800,
+            "info",
+            "ready",
+            "waitline",
+            "vmmrelease",
+            "vmmunmap",
+            "info",
+            "ready",
+            "waitline",
+        ],
+    );
+    ic.stdin(Stdio::piped());
+    let (mut importer, mut ir, out) = spawn_ready_out(ic);
+    let mut imp_in = importer.stdin.take().unwrap();
+    let imp = op(&out, "vmmimport");
+    assert_eq!(
+        (&imp["rc"], &imp["rc_map"]),
+        (&0.into(), &0.into()),
+        "{out}"
+    );
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(2 * GIB - CTX - 800 * MIB),
+        "{out}"
+    );
+    assert_eq!(used("importer"), Some(CTX + 800 * MIB));
+    assert_eq!(used("exporter"), Some(CTX + 800 * MIB));
+
+    // The exporter lets go: the importer still holds it, and pays for it.
+    let out = go_on(&mut exp_in, &mut er);
+    assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(2 * GIB - CTX),
+        "{out}"
+    );
+    assert_eq!(used("exporter"), Some(CTX));
+    assert_eq!(used("importer"), Some(CTX + 800 * MIB));
+
+    // The importer lets go: given back, once.
+    let out = go_on(&mut imp_in, &mut ir);
+    assert_eq!(op(&out, "vmmrelease")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(2 * GIB - CTX),
+        "{out}"
+    );
+    assert_eq!(used("importer"), Some(CTX));
+    drop((exp_in, imp_in));
+    for k in [exporter, importer] {
+        assert!(wait_timeout(k, Duration::from_secs(30)).status.success());
+    }
+}

@@ -482,7 +482,9 @@ pub unsafe fn mem_release(
     rc
 }
 
-/// `cuMemMap`: a mapping keeps the allocation (and its charge) alive.
+/// `cuMemMap`: a mapping keeps the allocation (and its charge) alive. A
+/// mapping of an imported allocation beyond what its charge covers is
+/// charged first (refused with `CUDA_ERROR_OUT_OF_MEMORY` past the quota).
 ///
 /// # Safety
 /// The driver's contract.
@@ -498,9 +500,72 @@ pub unsafe fn mem_map(
         return super::call_real!(real, ptr, size, offset, handle, flags);
     }
     let _g = super::context::alloc_guard();
+    let st = proc_state();
+    let growth = st.vmm_import_growth(handle, offset as u64, size as u64);
+    if let Some((gpu, bytes)) = growth {
+        if !gpu.reserve(bytes) {
+            tracing::debug!(
+                "cgpu: mapping {bytes} more bytes of an imported allocation refused: container would pass its quota on GPU {}",
+                gpu.visible_index
+            );
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
     let rc = super::call_real!(real, ptr, size, offset, handle, flags);
+    if let Some((gpu, bytes)) = growth {
+        let back = if rc == CUDA_SUCCESS {
+            st.vmm_import_grown(handle, (offset as u64).saturating_add(size as u64), bytes)
+        } else {
+            bytes
+        };
+        gpu.release(back);
+    }
     if rc == CUDA_SUCCESS {
-        proc_state().vmm_mapped(ptr, size as u64, handle);
+        st.vmm_mapped(ptr, size as u64, handle);
+    }
+    rc
+}
+
+/// `cuMemImportFromShareableHandle`: memory another process exported. This
+/// process keeps it alive on the device while it holds a handle or a
+/// mapping of it, so it is charged here too (the exporter's charge lasts
+/// while the exporter holds it): an importer cannot keep memory past the
+/// exporter's free without its own quota holding it. The charge is taken
+/// when it is mapped, for the extent mapped (the driver reports no
+/// handle's size).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_import_from_shareable_handle(
+    real: &RealFn<sig::cuMemImportFromShareableHandle>,
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    handle_type: CUmemAllocationHandleType,
+) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, handle, os_handle, handle_type);
+    }
+    let _g = super::context::alloc_guard();
+    let rc = super::call_real!(real, handle, os_handle, handle_type);
+    if rc != CUDA_SUCCESS || handle.is_null() {
+        return rc;
+    }
+    // SAFETY: the driver succeeded and wrote the handle.
+    let h = unsafe { out(handle) };
+    // SAFETY: all-zero is a valid value of this plain C struct.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    let dev = (super::call_real!(
+        super::real::cuMemGetAllocationPropertiesFromHandle,
+        &mut prop,
+        h
+    ) == CUDA_SUCCESS
+        && prop.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
+        .then_some(prop.location.id);
+    match dev.and_then(cuda_gpu) {
+        Some(gpu) => proc_state().vmm_imported(h, gpu),
+        None => tracing::debug!(
+            "cgpu: an imported allocation on no tracked GPU ({dev:?}) is not charged"
+        ),
     }
     rc
 }

@@ -36,5 +36,7 @@ pub type CUgraphMem_attribute = u32;
 pub type CUstreamCaptureStatus = u32;
 /// `CU_STREAM_CAPTURE_STATUS_ACTIVE`: the stream is being captured.
 pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus = 1;
+/// `CUmemAllocationHandleType` (a C enum).
+pub type CUmemAllocationHandleType = u32;
 /// `CUlimit` (a C enum).
 pub type CUlimit = u32;

@@ -27,6 +27,12 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   vmmretain          cuMemRetainAllocationHandle on the top mapping: print rc and
                      whether it is the mapping's handle; the new reference is kept
   vmmrelretained     cuMemRelease of the last retained reference
+  vmmexport          cuMemExportToShareableHandle (POSIX fd) of the top mapping's
+                     handle: print {"op":"vmmexport", rc, fd, pid}
+  vmmimport PATH N   open PATH (another process's exported fd, as
+                     /proc/PID/fd/FD), cuMemImportFromShareableHandle, then
+                     AddressReserve + Map + SetAccess of N bytes (pushed on the
+                     mapping stack): print {"op":"vmmimport", rc, rc_map}
   pool [DEV|host]    cuMemPoolCreate on device DEV (default 0) or in host memory
   defpool DEV        cuDeviceGetDefaultMemPool of device DEV (used by poolalloc)
   poolalloc BYTES    cuMemAllocFromPoolAsync from the last pool on the current
@@ -313,6 +319,29 @@ def main(argv):
             out({"op": "vmmretain", "rc": rc, "same": h.value == maps[-1][0]})
         elif cmd == "vmmrelretained":
             out({"op": "vmmrelretained", "rc": cu.cuMemRelease(C.c_uint64(retained.pop()))})
+        elif cmd == "vmmexport":
+            fd = C.c_int(-1)
+            rc = cu.cuMemExportToShareableHandle(C.byref(fd), C.c_uint64(maps[-1][0]), 1, C.c_uint64(0))
+            out({"op": "vmmexport", "rc": rc, "fd": fd.value, "pid": os.getpid()})
+        elif cmd == "vmmimport":
+            path, n = arg(), int(arg())
+            fd = os.open(path, os.O_RDWR)
+            h = C.c_uint64()
+            rc = cu.cuMemImportFromShareableHandle(C.byref(h), C.c_void_p(fd), 1)
+            os.close(fd)
+            rc_map = None
+            if rc == 0:
+                va = C.c_uint64()
+                check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(n), C.c_size_t(0), C.c_uint64(0), C.c_uint64(0)), "cuMemAddressReserve")
+                rc_map = cu.cuMemMap(C.c_uint64(va.value), C.c_size_t(n), C.c_size_t(0), h, C.c_uint64(0))
+                if rc_map == 0:
+                    acc = (C.c_int * 4)(1, 0, 3, 0)
+                    check(cu.cuMemSetAccess(C.c_uint64(va.value), C.c_size_t(n), acc, C.c_size_t(1)), "cuMemSetAccess")
+                    maps.append([h.value, va.value, n])
+                else:
+                    cu.cuMemAddressFree(C.c_uint64(va.value), C.c_size_t(n))
+                    cu.cuMemRelease(h)
+            out({"op": "vmmimport", "rc": rc, "rc_map": rc_map})
         elif cmd == "pool":
             where = arg() if i < len(argv) and (argv[i].isdigit() or argv[i] == "host") else "0"
             # CUmemPoolProps: allocType 1 (pinned), handleTypes 0, location {type, id}, ... (88 bytes)
