@@ -296,7 +296,7 @@ fn charge_new_ctx(
         tracing::debug!("cgpu: context reservation of {bytes} bytes would pass the quota");
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    proc_state().track(
+    proc_state().charges.track(
         Kind::Context,
         c as u64,
         gpu,
@@ -385,8 +385,8 @@ pub unsafe fn ctx_destroy(real: &RealFn<sig::cuCtxDestroy_v2>, ctx: CUcontext) -
     if rc == CUDA_SUCCESS {
         let st = proc_state();
         let _g = alloc_guard();
-        st.release_context(ctx as usize);
-        if let Some(e) = st.untrack(Kind::Context, ctx as u64) {
+        st.charges.release_context(ctx as usize);
+        if let Some(e) = st.charges.untrack(Kind::Context, ctx as u64) {
             e.gpu.release(e.bytes);
         }
     }
@@ -433,7 +433,8 @@ pub unsafe fn primary_retain(
 fn primary_gone(gpu: &Gpu) {
     let st = proc_state();
     let _g = alloc_guard();
-    st.release_context(gpu.primary_ctx.swap(0, Ordering::AcqRel));
+    st.charges
+        .release_context(gpu.primary_ctx.swap(0, Ordering::AcqRel));
     gpu.release(gpu.primary_bytes.swap(0, Ordering::AcqRel));
 }
 
@@ -578,10 +579,11 @@ pub unsafe fn ctx_set_limit(
     }
     let st = proc_state();
     let key = Kind::Limit(limit);
-    let held = st.untrack(key, ctx as u64).map_or(0, |e| e.bytes);
+    let held = st.charges.untrack(key, ctx as u64).map_or(0, |e| e.bytes);
     let keep = |bytes: u64| {
         if bytes > 0 {
-            st.track(key, ctx as u64, gpu, bytes, Owner::Context(ctx));
+            st.charges
+                .track(key, ctx as u64, gpu, bytes, Owner::Context(ctx));
         }
     };
     let nvml = NvmlRef::acquire();

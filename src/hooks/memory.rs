@@ -62,8 +62,8 @@ fn charged(
     }
     let st = proc_state();
     match kind {
-        Kind::Handle => st.vmm_created(key(), gpu, bytes),
-        _ => st.track(kind, key(), gpu, bytes, owner()),
+        Kind::Handle => st.charges.vmm_created(key(), gpu, bytes),
+        _ => st.charges.track(kind, key(), gpu, bytes, owner()),
     }
     rc
 }
@@ -76,13 +76,13 @@ fn uncharged(kind: Kind, key: u64, free: impl FnOnce() -> CUresult) -> CUresult 
     }
     let st = proc_state();
     let _g = super::context::alloc_guard();
-    let entry = st.untrack(kind, key);
+    let entry = st.charges.untrack(kind, key);
     let rc = free();
     if let Some(e) = entry {
         if rc == CUDA_SUCCESS {
             e.gpu.release(e.bytes);
         } else {
-            st.track(kind, key, e.gpu, e.bytes, e.owner);
+            st.charges.track(kind, key, e.gpu, e.bytes, e.owner);
         }
     }
     rc
@@ -181,7 +181,9 @@ fn pitched(
         free(ptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    proc_state().track(Kind::Ptr, ptr, gpu, actual, in_current_ctx());
+    proc_state()
+        .charges
+        .track(Kind::Ptr, ptr, gpu, actual, in_current_ctx());
     rc
 }
 
@@ -289,7 +291,10 @@ fn pool_gpu(pool: usize, stream: CUstream) -> Option<&'static Gpu> {
     if !crate::memory::tracking() {
         return None;
     }
-    match (pool != 0).then(|| proc_state().pool_place(pool)).flatten() {
+    match (pool != 0)
+        .then(|| proc_state().charges.pool_place(pool))
+        .flatten()
+    {
         Some(PoolPlace::Host) => None,
         Some(PoolPlace::Device(d)) => cuda_gpu(d),
         None => cuda_gpu(stream_device(stream)?),
@@ -477,7 +482,7 @@ pub unsafe fn mem_release(
     let _g = super::context::alloc_guard();
     let rc = super::call_real!(real, handle);
     if rc == CUDA_SUCCESS {
-        proc_state().vmm_released(handle);
+        proc_state().charges.vmm_released(handle);
     }
     rc
 }
@@ -501,7 +506,9 @@ pub unsafe fn mem_map(
     }
     let _g = super::context::alloc_guard();
     let st = proc_state();
-    let growth = st.vmm_import_growth(handle, offset as u64, size as u64);
+    let growth = st
+        .charges
+        .vmm_import_growth(handle, offset as u64, size as u64);
     if let Some((gpu, bytes)) = growth {
         if !gpu.reserve(bytes) {
             tracing::debug!(
@@ -514,14 +521,15 @@ pub unsafe fn mem_map(
     let rc = super::call_real!(real, ptr, size, offset, handle, flags);
     if let Some((gpu, bytes)) = growth {
         let back = if rc == CUDA_SUCCESS {
-            st.vmm_import_grown(handle, (offset as u64).saturating_add(size as u64), bytes)
+            st.charges
+                .vmm_import_grown(handle, (offset as u64).saturating_add(size as u64), bytes)
         } else {
             bytes
         };
         gpu.release(back);
     }
     if rc == CUDA_SUCCESS {
-        st.vmm_mapped(ptr, size as u64, handle);
+        st.charges.vmm_mapped(ptr, size as u64, handle);
     }
     rc
 }
@@ -562,7 +570,7 @@ pub unsafe fn mem_import_from_shareable_handle(
         && prop.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
         .then_some(prop.location.id);
     match dev.and_then(cuda_gpu) {
-        Some(gpu) => proc_state().vmm_imported(h, gpu),
+        Some(gpu) => proc_state().charges.vmm_imported(h, gpu),
         None => tracing::debug!(
             "cgpu: an imported allocation on no tracked GPU ({dev:?}) is not charged"
         ),
@@ -582,7 +590,7 @@ pub unsafe fn mem_unmap(real: &RealFn<sig::cuMemUnmap>, ptr: CUdeviceptr, size: 
     let _g = super::context::alloc_guard();
     let rc = super::call_real!(real, ptr, size);
     if rc == CUDA_SUCCESS {
-        proc_state().vmm_unmapped(ptr, size as u64);
+        proc_state().charges.vmm_unmapped(ptr, size as u64);
     }
     rc
 }
@@ -603,7 +611,7 @@ pub unsafe fn mem_retain_allocation_handle(
     let rc = super::call_real!(real, handle, addr);
     if rc == CUDA_SUCCESS && !handle.is_null() {
         // SAFETY: the driver succeeded and wrote the handle.
-        proc_state().vmm_retained(unsafe { out(handle) });
+        proc_state().charges.vmm_retained(unsafe { out(handle) });
     }
     rc
 }
@@ -694,7 +702,7 @@ pub unsafe fn mem_pool_create(
         };
         // SAFETY: the driver succeeded and wrote the pool handle.
         let h = unsafe { pool.read_unaligned() } as usize;
-        proc_state().pool_created(h, place);
+        proc_state().charges.pool_created(h, place);
     }
     rc
 }
@@ -707,7 +715,7 @@ unsafe fn device_pool(rc: CUresult, pool: *mut CUmemoryPool, dev: CUdevice) -> C
     if rc == CUDA_SUCCESS && !pool.is_null() && crate::memory::tracking() {
         // SAFETY: the driver succeeded and wrote the pool handle.
         let h = unsafe { pool.read_unaligned() } as usize;
-        proc_state().pool_created(h, PoolPlace::Device(dev));
+        proc_state().charges.pool_created(h, PoolPlace::Device(dev));
     }
     rc
 }
@@ -755,7 +763,7 @@ pub unsafe fn mem_pool_destroy(
     let _g = super::context::alloc_guard();
     let rc = super::call_real!(real, pool);
     if rc == CUDA_SUCCESS {
-        proc_state().pool_destroyed(pool as usize);
+        proc_state().charges.pool_destroyed(pool as usize);
     }
     rc
 }

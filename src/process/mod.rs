@@ -15,12 +15,13 @@
 //!   before a fork check it);
 //! - [`types`]: the C types of the declaration list.
 //!
-//! Which object owns each memory charge (context, pool, device, handle,
-//! mapping) is kept by `crate::memory` (`Owner`, the VMM table).
+//! - [`charges`]: which object owns each memory charge (context, pool,
+//!   device, handle, mapping) and what gives it back; the accounting
+//!   against the ledger (`crate::memory::Gpu`) is done by `crate::memory`.
 //!
-//! Lock order: `memory`'s measurement lock (context creation) before its
-//! bookkeeping locks (allocations, VMM, pools); none is held while calling a
-//! hook; the ledger's locks are taken last.
+//! Lock order: the measurement lock (`hooks::context`: context creation and
+//! limits) before the charges' locks (allocations, VMM, pools); none is
+//! held while calling a hook; the ledger's locks are taken last.
 
 /// Call the real function or return the loader's code for a missing one.
 macro_rules! call_real {
@@ -35,6 +36,7 @@ macro_rules! call_real {
 }
 pub(crate) use call_real;
 
+pub mod charges;
 pub mod clock;
 pub mod cstr;
 pub mod driver;
