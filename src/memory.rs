@@ -625,6 +625,38 @@ mod tests {
         assert_eq!(p.charges.vmm_charged(), 0);
     }
 
+    /// An imported allocation is charged for the largest extent mapped, once
+    /// however many mappings or racing growths, and given back when its
+    /// last reference and mapping are gone.
+    #[test]
+    fn imported_charge_follows_the_extent_mapped() {
+        let g: &'static Gpu = Box::leak(Box::new(local_gpu(Some(1000), true)));
+        let p = test_proc();
+        let growth = |h, off, len| {
+            p.charges
+                .vmm_import_growth(h, off, len)
+                .map(|(g, b)| (g as *const Gpu, b))
+        };
+        let gp = g as *const Gpu;
+        p.charges.vmm_imported(9, g);
+        assert_eq!(growth(9, 0, 100), Some((gp, 100)));
+        // Two threads both saw the 100 missing and reserved it.
+        assert!(g.reserve(100) && g.reserve(100));
+        assert_eq!(p.charges.vmm_import_grown(9, 100, 100), 0);
+        assert_eq!(p.charges.vmm_import_grown(9, 100, 100), 100, "the surplus");
+        g.release(100);
+        p.charges.vmm_mapped(0x1000, 100, 9);
+        assert_eq!(growth(9, 0, 100), None, "covered");
+        assert_eq!(growth(9, 50, 100), Some((gp, 50)));
+        // A handle this process created is no import: never grown.
+        p.charges.vmm_created(10, g, 0);
+        assert_eq!(growth(10, 0, 100), None);
+        p.charges.vmm_released(9);
+        assert_eq!(g.container_used(), 100, "still mapped");
+        p.charges.vmm_unmapped(0x1000, 100);
+        assert_eq!(g.container_used(), 0);
+    }
+
     #[test]
     fn local_fallback_enforces() {
         let g = local_gpu(Some(10), true);
