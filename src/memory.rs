@@ -657,6 +657,31 @@ mod tests {
         assert_eq!(g.container_used(), 0);
     }
 
+    /// An exported allocation stays charged after its last reference and
+    /// mapping here are gone (a descriptor may keep it), even when the
+    /// driver hands its handle value out again.
+    #[test]
+    fn exported_charge_is_kept_until_exit() {
+        let g: &'static Gpu = Box::leak(Box::new(local_gpu(Some(1000), true)));
+        let p = test_proc();
+        assert!(g.reserve(200));
+        p.charges.vmm_created(11, g, 200);
+        p.charges.vmm_mapped(0x1000, 200, 11);
+        p.charges.vmm_exported(11);
+        p.charges.vmm_released(11);
+        p.charges.vmm_unmapped(0x1000, 200);
+        assert_eq!(g.container_used(), 200);
+        assert!(g.reserve(100));
+        p.charges.vmm_created(11, g, 100);
+        p.charges.vmm_released(11);
+        assert_eq!(
+            g.container_used(),
+            200,
+            "the reused handle's own charge only"
+        );
+        assert_eq!(p.charges.vmm_charged(), 200);
+    }
+
     #[test]
     fn local_fallback_enforces() {
         let g = local_gpu(Some(10), true);

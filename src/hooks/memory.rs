@@ -534,11 +534,36 @@ pub unsafe fn mem_map(
     rc
 }
 
+/// `cuMemExportToShareableHandle`: the driver now keeps the allocation while
+/// the exported descriptor, or any handle imported from it in any process,
+/// exists; cgpu sees neither, so the exporter's charge is kept until it
+/// exits, whatever it releases and unmaps here.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_export_to_shareable_handle(
+    real: &RealFn<sig::cuMemExportToShareableHandle>,
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handle_type: CUmemAllocationHandleType,
+    flags: u64,
+) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, shareable, handle, handle_type, flags);
+    }
+    let _g = super::context::alloc_guard();
+    let rc = super::call_real!(real, shareable, handle, handle_type, flags);
+    if rc == CUDA_SUCCESS {
+        proc_state().charges.vmm_exported(handle);
+    }
+    rc
+}
+
 /// `cuMemImportFromShareableHandle`: memory another process exported. This
 /// process keeps it alive on the device while it holds a handle or a
 /// mapping of it, so it is charged here too (the exporter's charge lasts
-/// while the exporter holds it): an importer cannot keep memory past the
-/// exporter's free without its own quota holding it. The charge is taken
+/// until the exporter exits): an importer cannot keep memory past the
+/// exporter's life without its own quota holding it. The charge is taken
 /// when it is mapped, for the extent mapped (the driver reports no
 /// handle's size).
 ///

@@ -14,7 +14,9 @@
 //! - the **device** owns `cuMemCreate` allocations: no context frees them; a
 //!   **handle** reference (created, retained or imported) keeps its
 //!   allocation's charge, and so does each **mapping** of it, until the last
-//!   of both is gone (`Vmm`).
+//!   of both is gone (`Vmm`); an allocation **exported** as a shareable
+//!   handle stays charged until the process exits (other processes and
+//!   descriptors cgpu cannot see keep it alive).
 //!
 //! Graph memory is charged per device by `hooks::graph` (the driver keeps it
 //! in the device's graph pool), the primary context's reservation on its
@@ -89,11 +91,19 @@ pub struct Entry {
 /// (`cuMemImportFromShareableHandle`) is one too: this process keeps it
 /// alive on the device while it holds it, so it is charged here as well,
 /// for as much of it as is mapped (the driver tells no handle's size).
+///
+/// An allocation this process exported (`cuMemExportToShareableHandle`)
+/// lives on in the driver while any exported descriptor or any other
+/// process's imported handle exists, none of which cgpu can see: its charge
+/// is kept, after its last reference and mapping here are gone, until this
+/// process exits (`Vmm::kept`).
 struct Phys {
     gpu: &'static Gpu,
     bytes: u64,
     /// Imported: `bytes` grows with the largest extent mapped.
     imported: bool,
+    /// Exported as a shareable handle: charged until the process exits.
+    exported: bool,
     /// Handle references not yet released.
     refs: u32,
     /// Live mappings.
@@ -106,14 +116,22 @@ struct Phys {
 struct Vmm {
     phys: HashMap<u64, Phys>,
     maps: BTreeMap<u64, (u64, u64)>,
+    /// Exported allocations this process no longer holds: still charged,
+    /// until it exits (their handle values may be reused).
+    kept: Vec<(&'static Gpu, u64)>,
 }
 
 impl Vmm {
-    /// Drop `h` if nothing holds it any more; what it was charged.
+    /// Drop `h` if nothing holds it any more; what it was charged (an
+    /// exported allocation's charge is kept instead).
     fn settle(&mut self, h: u64) -> Option<(&'static Gpu, u64)> {
         let p = self.phys.get(&h)?;
         if p.refs == 0 && p.maps == 0 {
             let p = self.phys.remove(&h)?;
+            if p.exported {
+                self.kept.push((p.gpu, p.bytes));
+                return None;
+            }
             return Some((p.gpu, p.bytes));
         }
         None
@@ -193,6 +211,7 @@ impl Charges {
                 gpu,
                 bytes,
                 imported: false,
+                exported: false,
                 refs: 1,
                 maps: 0,
             },
@@ -218,6 +237,7 @@ impl Charges {
                         gpu,
                         bytes: 0,
                         imported: true,
+                        exported: false,
                         refs: 1,
                         maps: 0,
                     },
@@ -314,7 +334,16 @@ impl Charges {
 
     /// Bytes charged for `cuMemCreate` allocations still held (tests).
     pub fn vmm_charged(&self) -> u64 {
-        self.vmm.lock().phys.values().map(|p| p.bytes).sum()
+        let v = self.vmm.lock();
+        v.phys.values().map(|p| p.bytes).sum::<u64>() + v.kept.iter().map(|k| k.1).sum::<u64>()
+    }
+
+    /// `cuMemExportToShareableHandle` exported handle `h`: its charge is kept
+    /// until the process exits (see [`Phys`]).
+    pub fn vmm_exported(&self, h: u64) {
+        if let Some(p) = self.vmm.lock().phys.get_mut(&h) {
+            p.exported = true;
+        }
     }
 
     /// `cuMemPoolCreate` made `pool` at `place`.
