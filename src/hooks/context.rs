@@ -528,10 +528,21 @@ fn change(before: Sample, after: Sample) -> Option<i128> {
     }
 }
 
-/// The charge a limit holds after a change: what it held plus what the
-/// call reserved (measured, else `predicted`), never below nothing.
-fn limit_charge(held: u64, measured: Option<i128>, predicted: i128) -> u64 {
-    (i128::from(held) + measured.unwrap_or(predicted)).clamp(0, i128::from(u64::MAX)) as u64
+/// The charge a limit holds after a change: what it held plus what the call
+/// reserved, never below nothing. For a limit whose reservation is
+/// `predicted` (`known`), the larger of that and the `measured` change: a
+/// driver may reserve the heap only at the next module load (so a raise
+/// measures nothing yet) and keep it once loaded (so a lower value may give
+/// nothing back); charging the prediction there, and giving back only what
+/// was measured given back, never counts less than the driver holds. For
+/// other limits, what was measured (nothing if it cannot be).
+fn limit_charge(held: u64, measured: Option<i128>, predicted: i128, known: bool) -> u64 {
+    let change = match (measured, known) {
+        (Some(m), true) => m.max(predicted),
+        (None, true) => predicted,
+        (m, false) => m.unwrap_or(0),
+    };
+    (i128::from(held) + change).clamp(0, i128::from(u64::MAX)) as u64
 }
 
 /// `cuCtxSetLimit`: what the new value reserves on the device is charged to
@@ -541,10 +552,11 @@ fn limit_charge(held: u64, measured: Option<i128>, predicted: i128) -> u64 {
 ///   current one, times [`bytes_per_unit`]) is reserved on the quota: a raise
 ///   that cannot fit is refused with `CUDA_ERROR_OUT_OF_MEMORY` and never
 ///   reaches the driver.
-/// - After it, the charge is set to what the driver reserved, measured as
-///   for a context's creation (this process's allocations held off
-///   meanwhile); if that is more than the quota holds, the limit is set back
-///   to its old value and `CUDA_ERROR_OUT_OF_MEMORY` returned.
+/// - After it, the charge is settled on what the driver reserved, measured
+///   as for a context's creation (this process's allocations held off
+///   meanwhile), and never below the prediction (see [`limit_charge`]); if
+///   that is more than the quota holds, the limit is set back to its old
+///   value and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 /// - The charge belongs to the context: destroying it (or the primary
 ///   context's last release, or its reset) gives it back.
 ///
@@ -566,9 +578,8 @@ pub unsafe fn ctx_set_limit(
     let mut cur: usize = 0;
     let old =
         (super::call_real!(real::cuCtxGetLimit, &mut cur, limit) == CUDA_SUCCESS).then_some(cur);
-    let predicted = old.map_or(0, |o| {
-        (value as i128 - o as i128) * i128::from(bytes_per_unit(limit, dev))
-    });
+    let unit = bytes_per_unit(limit, dev);
+    let predicted = old.map_or(0, |o| (value as i128 - o as i128) * i128::from(unit));
     let upfront = predicted.clamp(0, i128::from(u64::MAX)) as u64;
     if !gpu.reserve(upfront) {
         tracing::debug!(
@@ -595,7 +606,12 @@ pub unsafe fn ctx_set_limit(
         return rc;
     }
     let after = sample(gpu, &nvml);
-    let want = limit_charge(held, change(before, after), predicted);
+    let want = limit_charge(
+        held,
+        change(before, after),
+        predicted,
+        unit > 0 && old.is_some(),
+    );
     let have = held.saturating_add(upfront);
     if want > have && !gpu.reserve(want - have) {
         match old {
@@ -684,9 +700,18 @@ mod tests {
         assert_eq!(change(s(None, Some(900)), s(None, Some(800))), Some(-100));
         assert_eq!(change(s(None, None), s(None, None)), None);
         // The charge follows the measure, else the prediction; never below 0.
-        assert_eq!(limit_charge(100, Some(-30), 999), 70);
-        assert_eq!(limit_charge(100, Some(-300), 0), 0);
-        assert_eq!(limit_charge(100, None, 50), 150);
-        assert_eq!(limit_charge(100, None, -500), 0);
+        // Known limits: the measure when it is at least the prediction
+        // (an eager driver), else the prediction (a heap reserved at the next
+        // module load: a raise measures nothing, a lower value frees nothing).
+        assert_eq!(limit_charge(100, Some(50), 50, true), 150);
+        assert_eq!(limit_charge(100, Some(0), 50, true), 150);
+        assert_eq!(limit_charge(100, Some(-30), -30, true), 70);
+        assert_eq!(limit_charge(100, Some(0), -30, true), 100);
+        assert_eq!(limit_charge(100, None, 50, true), 150);
+        assert_eq!(limit_charge(100, None, -500, true), 0);
+        // Other limits: what was measured; nothing when it cannot be.
+        assert_eq!(limit_charge(100, Some(-30), 0, false), 70);
+        assert_eq!(limit_charge(100, Some(-300), 0, false), 0);
+        assert_eq!(limit_charge(100, None, 0, false), 100);
     }
 }
