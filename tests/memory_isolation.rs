@@ -1298,7 +1298,9 @@ fn go_on(
 /// and the importer is charged what it maps, so that neither can keep
 /// memory alive unseen. Past the importer's quota the mapping is refused;
 /// the exporter's exit leaves the importer's charge; the importer's own
-/// release gives it back.
+/// release gives it back. An importer of the exporter's own container
+/// (the descriptor itself passed on, as PyTorch and NCCL do) is not charged
+/// again: the container holds it once.
 #[test]
 fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
     let m = Machine::new("vmmshare", T4);
@@ -1325,7 +1327,31 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
     let x = op(&before, "vmmexport");
     assert_eq!(x["rc"], 0, "{before}");
     let path = format!("/proc/{}/fd/{}", x["pid"], x["fd"]);
+    let (pid, fd) = (x["pid"].to_string(), x["fd"].to_string());
     let used = |id: &str| container(&ledger(&m), id).map(|c| c.0);
+
+    // The exporter's own container, 2 GiB: its context, the exporter's and
+    // the 800 MiB once (twice would not fit: the mapping would be refused).
+    let out = run_ok(&mut m.client(
+        Some(&vars("exporter", "2")),
+        &["ctx", "vmmimportfd", &pid, &fd, &mib800, "info"],
+    ));
+    let imp = op(&out, "vmmimport");
+    assert_eq!(
+        (&imp["rc"], &imp["rc_map"]),
+        (&0.into(), &0.into()),
+        "{out}"
+    );
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(2 * GIB - 2 * CTX - 800 * MIB),
+        "{out}"
+    );
+    assert_eq!(
+        used("exporter"),
+        Some(CTX + 800 * MIB),
+        "the importer exited"
+    );
 
     // 1 GiB less the context cannot hold 800 MiB: the mapping is refused.
     let out = run_ok(&mut m.client(
@@ -1340,13 +1366,15 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
     );
     assert_eq!(op(&out, "info")["free"].as_u64(), Some(GIB - CTX), "{out}");
 
-    // 2 GiB hold it: charged to the importer as well as to the exporter.
+    // Another container, 2 GiB, with the descriptor itself: charged to the
+    // importer as well as to the exporter.
     let mut ic = m.client(
         Some(&vars("importer", "2")),
         &[
             "ctx",
-            "vmmimport",
-            &path,
+            "vmmimportfd",
+            &pid,
+            &fd,
             &mib800,
             "info",
             "ready",

@@ -534,10 +534,25 @@ pub unsafe fn mem_map(
     rc
 }
 
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const HANDLE_TYPE_POSIX_FD: CUmemAllocationHandleType = 1;
+
+/// The process a POSIX descriptor was exported by, as tagged at export
+/// (`F_SETOWN`, which travels with the open file description through
+/// `SCM_RIGHTS` and `pidfd_getfd`, as NCCL and PyTorch pass them); `None`
+/// when untagged (another open of the file, an exporter without cgpu).
+fn exporter_of(fd: i32) -> Option<u32> {
+    // SAFETY: F_GETOWN reads the owner of any descriptor; a bad one fails.
+    let owner = unsafe { libc::fcntl(fd, libc::F_GETOWN) };
+    u32::try_from(owner).ok().filter(|&p| p > 0)
+}
+
 /// `cuMemExportToShareableHandle`: the driver now keeps the allocation while
 /// the exported descriptor, or any handle imported from it in any process,
 /// exists; cgpu sees neither, so the exporter's charge is kept until it
-/// exits, whatever it releases and unmaps here.
+/// exits, whatever it releases and unmaps here. A POSIX descriptor is
+/// tagged with this process as its owner (`F_SETOWN`, unless it has one), so
+/// that an importer of the same container can tell it is charged already.
 ///
 /// # Safety
 /// The driver's contract.
@@ -555,6 +570,16 @@ pub unsafe fn mem_export_to_shareable_handle(
     let rc = super::call_real!(real, shareable, handle, handle_type, flags);
     if rc == CUDA_SUCCESS {
         proc_state().charges.vmm_exported(handle);
+        if handle_type == HANDLE_TYPE_POSIX_FD && !shareable.is_null() {
+            // SAFETY: for a POSIX descriptor the out-parameter is an int,
+            // written by the driver on success.
+            let fd = unsafe { shareable.cast::<i32>().read_unaligned() };
+            if exporter_of(fd).is_none() {
+                // SAFETY: F_SETOWN on the descriptor the driver just made
+                // (no O_ASYNC is set on it, so no signal is ever sent).
+                unsafe { libc::fcntl(fd, libc::F_SETOWN, libc::getpid()) };
+            }
+        }
     }
     rc
 }
@@ -563,7 +588,10 @@ pub unsafe fn mem_export_to_shareable_handle(
 /// process keeps it alive on the device while it holds a handle or a
 /// mapping of it, so it is charged here too (the exporter's charge lasts
 /// until the exporter exits): an importer cannot keep memory past the
-/// exporter's life without its own quota holding it. The charge is taken
+/// exporter's life without its own quota holding it. Unless the descriptor
+/// was exported by a live process of this container (its `F_SETOWN` tag, a
+/// pid the GPU's ledger lists in this container): the container is charged
+/// once, by the exporter. The charge is taken
 /// when it is mapped, for the extent mapped (the driver reports no
 /// handle's size).
 ///
@@ -579,6 +607,9 @@ pub unsafe fn mem_import_from_shareable_handle(
         return super::call_real!(real, handle, os_handle, handle_type);
     }
     let _g = super::context::alloc_guard();
+    let exporter = (handle_type == HANDLE_TYPE_POSIX_FD)
+        .then(|| exporter_of(os_handle as usize as i32))
+        .flatten();
     let rc = super::call_real!(real, handle, os_handle, handle_type);
     if rc != CUDA_SUCCESS || handle.is_null() {
         return rc;
@@ -595,6 +626,11 @@ pub unsafe fn mem_import_from_shareable_handle(
         && prop.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
         .then_some(prop.location.id);
     match dev.and_then(cuda_gpu) {
+        Some(gpu) if exporter.is_some_and(|pid| gpu.is_container_process(pid)) => {
+            tracing::debug!(
+                "cgpu: an allocation exported by pid {exporter:?} of this container: charged to it"
+            );
+        }
         Some(gpu) => proc_state().charges.vmm_imported(h, gpu),
         None => tracing::debug!(
             "cgpu: an imported allocation on no tracked GPU ({dev:?}) is not charged"

@@ -30,9 +30,12 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   vmmexport          cuMemExportToShareableHandle (POSIX fd) of the top mapping's
                      handle: print {"op":"vmmexport", rc, fd, pid}
   vmmimport PATH N   open PATH (another process's exported fd, as
-                     /proc/PID/fd/FD), cuMemImportFromShareableHandle, then
-                     AddressReserve + Map + SetAccess of N bytes (pushed on the
-                     mapping stack): print {"op":"vmmimport", rc, rc_map}
+                     /proc/PID/fd/FD: a new open of the file), then
+                     cuMemImportFromShareableHandle, AddressReserve + Map +
+                     SetAccess of N bytes (pushed on the mapping stack): print
+                     {"op":"vmmimport", rc, rc_map}
+  vmmimportfd PID FD N  the same with process PID's descriptor FD itself
+                     (pidfd_getfd, as PyTorch passes them)
   pool [DEV|host]    cuMemPoolCreate on device DEV (default 0) or in host memory
   defpool DEV        cuDeviceGetDefaultMemPool of device DEV (used by poolalloc)
   poolalloc BYTES    cuMemAllocFromPoolAsync from the last pool on the current
@@ -323,9 +326,18 @@ def main(argv):
             fd = C.c_int(-1)
             rc = cu.cuMemExportToShareableHandle(C.byref(fd), C.c_uint64(maps[-1][0]), 1, C.c_uint64(0))
             out({"op": "vmmexport", "rc": rc, "fd": fd.value, "pid": os.getpid()})
-        elif cmd == "vmmimport":
-            path, n = arg(), int(arg())
-            fd = os.open(path, os.O_RDWR)
+        elif cmd in ("vmmimport", "vmmimportfd"):
+            if cmd == "vmmimport":
+                fd = os.open(arg(), os.O_RDWR)
+            else:
+                pid, their = int(arg()), int(arg())
+                pidfd = os.pidfd_open(pid)
+                libc = C.CDLL(None, use_errno=True)
+                fd = libc.syscall(438, pidfd, their, 0)  # pidfd_getfd
+                os.close(pidfd)
+                if fd < 0:
+                    raise OSError(C.get_errno(), "pidfd_getfd")
+            n = int(arg())
             h = C.c_uint64()
             rc = cu.cuMemImportFromShareableHandle(C.byref(h), C.c_void_p(fd), 1)
             os.close(fd)
