@@ -154,9 +154,6 @@ pub struct PhysMem {
     /// cuMemRetainAllocationHandle; each cuMemRelease drops one.
     pub refs: AtomicU32,
     pub maps: AtomicU32,
-    /// Imported from another process's export (`cuMemImportFromShareableHandle`):
-    /// charged to the process that created it, not to this one.
-    pub imported: bool,
 }
 
 pub struct Array {

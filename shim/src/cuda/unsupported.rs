@@ -67,7 +67,7 @@ stub_fns! {
         // every name it asks for, cuBLAS looks several up): memory shared
         // through OS handles, multicast objects, green contexts and device
         // resources, tensor maps (TMA), batched stream memory operations.
-        cuMulticastCreate,
+        cuMemExportToShareableHandle, cuMemImportFromShareableHandle, cuMulticastCreate,
         cuMulticastAddDevice, cuMulticastBindMem, cuMulticastUnbind, cuMulticastGetGranularity,
         cuGreenCtxCreate, cuGreenCtxDestroy, cuGreenCtxStreamCreate, cuCtxFromGreenCtx,
         cuDeviceGetDevResource, cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc,

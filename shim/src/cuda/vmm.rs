@@ -6,16 +6,6 @@
 //! memfd over the reservation (shared, so two mappings of one handle see the
 //! same bytes) and `cuMemSetAccess` makes it read-write. The memory returns
 //! to the device when the handle is released and no mapping is left.
-//!
-//! Sharing between processes (`cuMemExportToShareableHandle`,
-//! `cuMemImportFromShareableHandle`, POSIX file descriptors only): the
-//! exported descriptor is a duplicate of the memfd; an import wraps a
-//! duplicate of the descriptor it is given (the device from the memfd's
-//! name, the size from the file) as a handle of its own, mapped like any
-//! other. The memory stays charged to the process that created it, once
-//! (an importer is charged nothing), until that process releases and
-//! unmaps it, or exits; the pages themselves live while any process holds
-//! the memfd.
 
 use crate::driver::{cu, Driver, PhysMem};
 use crate::{guard, put, CuRes};
@@ -55,11 +45,6 @@ pub unsafe extern "C" fn cuMemGetAllocationGranularity(
 
 static NEXT_HANDLE: AtomicU64 = AtomicU64::new(0x7e00_0000);
 
-/// The name of a physical allocation's memfd, before its device ordinal.
-const MEMFD_PREFIX: &str = "cgpu-sim-vmm-dev";
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
-const HANDLE_TYPE_POSIX_FD: u32 = 1;
-
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuMemCreate(
     h: *mut CUmemGenericAllocationHandle,
@@ -75,10 +60,8 @@ pub unsafe extern "C" fn cuMemCreate(
         let dev = read_prop(d, prop)?;
         d.charge(dev, size as u64)?;
         d.touch_dev(dev);
-        // The device in the name, for a process that imports it.
-        let name = std::ffi::CString::new(format!("{MEMFD_PREFIX}{dev}")).unwrap_or_default();
-        // SAFETY: memfd_create with a NUL-terminated name.
-        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: memfd_create with a static NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(c"cgpu-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
         // SAFETY: fd is our fresh memfd.
         if fd < 0 || unsafe { libc::ftruncate(fd, size as i64) } != 0 {
             if fd >= 0 {
@@ -98,7 +81,6 @@ pub unsafe extern "C" fn cuMemCreate(
                 released: AtomicBool::new(false),
                 refs: AtomicU32::new(1),
                 maps: AtomicU32::new(0),
-                imported: false,
             }),
         );
         // SAFETY: out pointer from the caller (checked non-null).
@@ -111,9 +93,7 @@ fn maybe_free(d: &Driver, id: u64, p: &PhysMem) {
     {
         // SAFETY: closing the memfd we own; no mapping uses the fd itself.
         unsafe { libc::close(p.fd) };
-        if !p.imported {
-            d.uncharge(p.dev, p.size);
-        }
+        d.uncharge(p.dev, p.size);
     }
 }
 
@@ -438,101 +418,5 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
         };
         // SAFETY: out pointer from the caller.
         unsafe { put(prop, p, CUDA_ERROR_INVALID_VALUE) }
-    })
-}
-
-/// `cuMemExportToShareableHandle`: a POSIX file descriptor (a duplicate of
-/// the allocation's memfd, owned by the caller) for `h`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemExportToShareableHandle(
-    out: *mut c_void,
-    h: CUmemGenericAllocationHandle,
-    handle_type: u32,
-    flags: u64,
-) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        if out.is_null() || flags != 0 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        if handle_type != HANDLE_TYPE_POSIX_FD {
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
-        let p = d
-            .phys
-            .lock()
-            .get(&h)
-            .cloned()
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if p.released.load(Acquire) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: duplicating the memfd we hold open.
-        let fd = unsafe { libc::fcntl(p.fd, libc::F_DUPFD_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        // SAFETY: a POSIX handle's out-pointer is an int, from the caller (non-null).
-        unsafe { put(out.cast::<i32>(), fd, CUDA_ERROR_INVALID_VALUE) }
-    })
-}
-
-/// The device a sim memfd holds memory of, from its name.
-fn memfd_device(fd: i32) -> Option<usize> {
-    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
-    let name = link.to_str()?.strip_prefix("/memfd:")?;
-    let rest = name.strip_prefix(MEMFD_PREFIX)?;
-    rest.split(' ').next()?.parse().ok()
-}
-
-/// `cuMemImportFromShareableHandle`: a POSIX file descriptor another
-/// process exported (the caller keeps its descriptor) becomes a handle of
-/// this process, to be mapped and released like one `cuMemCreate` made.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuMemImportFromShareableHandle(
-    h: *mut CUmemGenericAllocationHandle,
-    os_handle: *mut c_void,
-    handle_type: u32,
-) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        if h.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        if handle_type != HANDLE_TYPE_POSIX_FD {
-            return Err(CUDA_ERROR_NOT_SUPPORTED);
-        }
-        // A POSIX descriptor is passed as the pointer's value.
-        let src = os_handle as usize as i32;
-        let dev = memfd_device(src).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        d.check_dev(dev as i32)
-            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: fstat on a descriptor of the caller's, into a local.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::fstat(src, &mut st) } != 0 || st.st_size <= 0 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // SAFETY: duplicating the caller's descriptor (it keeps its own).
-        let fd = unsafe { libc::fcntl(src, libc::F_DUPFD_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(CUDA_ERROR_OUT_OF_MEMORY);
-        }
-        d.touch_dev(dev);
-        let id = NEXT_HANDLE.fetch_add(1, Relaxed);
-        d.phys.lock().insert(
-            id,
-            Arc::new(PhysMem {
-                dev,
-                size: st.st_size as u64,
-                fd,
-                released: AtomicBool::new(false),
-                refs: AtomicU32::new(1),
-                maps: AtomicU32::new(0),
-                imported: true,
-            }),
-        );
-        // SAFETY: out pointer from the caller (checked non-null).
-        unsafe { put(h, id, CUDA_ERROR_INVALID_VALUE) }
     })
 }
