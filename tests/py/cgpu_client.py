@@ -177,8 +177,9 @@ pools = []
 STREAM = C.c_void_p()
 
 def vmm_prop(dev):
-    # CUmemAllocationProp: type=1 (pinned), handle types 0, location {type 1 (device), id dev}
-    return (C.c_int * 8)(1, 0, 1, dev, 0, 0, 0, 0)
+    # CUmemAllocationProp: type=1 (pinned), requested handle types 1 (POSIX
+    # file descriptor: exportable), location {type 1 (device), id dev}
+    return (C.c_int * 8)(1, 1, 1, dev, 0, 0, 0, 0)
 
 def vmm_map(n, dev):
     prop = vmm_prop(dev)
