@@ -13,11 +13,10 @@
 //!   in fixed C buffers;
 //! - [`fork`]: the fork generation (bumped in a forked child; caches made
 //!   before a fork check it);
-//! - [`types`]: the C types of the declaration list.
-//!
 //! - [`charges`]: which object owns each memory charge (context, pool,
 //!   device, handle, mapping) and what gives it back; the accounting
-//!   against the ledger (`crate::memory::Gpu`) is done by `crate::memory`.
+//!   against the ledger (`crate::memory::Gpu`) is done by `crate::memory`;
+//! - [`types`]: the C types of the declaration list.
 //!
 //! Lock order: the measurement lock (`hooks::context`: context creation and
 //! limits) before the charges' locks (allocations, VMM, pools); none is
