@@ -16,6 +16,8 @@ Backends (what touches the GPU):
 Commands ({"op": ...}):
   info                      device name, totals, versions
   meminfo                   {"free", "total"} as the framework reports them
+  devices                   every visible device's index, name, mem_get_info
+                            total/free and device total (one context each)
   fill   chunk, limit       allocate `chunk`-byte blocks until out of memory or
                             `limit` bytes; keeps them. Reports bytes, the error
                             type that stopped it, and whether it was an OOM.
@@ -132,6 +134,16 @@ class TorchBackend:
     def meminfo(self):
         free, total = self.torch.cuda.mem_get_info()
         return free, total
+
+    def devices(self):
+        t = self.torch
+        out = []
+        for i in range(t.cuda.device_count()):
+            free, total = t.cuda.mem_get_info(i)
+            p = t.cuda.get_device_properties(i)
+            out.append({"index": i, "name": p.name, "total": total, "free": free,
+                        "props_total": p.total_memory})
+        return out
 
     def alloc(self, nbytes):
         t = self.torch
@@ -315,6 +327,21 @@ class CudaBackend:
     def meminfo(self):
         free, total = self.check(self.cu.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
+
+    def devices(self):
+        cu = self.cu
+        out = []
+        for i in range(int(self.check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))):
+            d = self.check(cu.cuDeviceGet(i), "cuDeviceGet")
+            ctx = self.check(cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")
+            self.check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            free, total = self.meminfo()
+            name = self.check(cu.cuDeviceGetName(256, d), "cuDeviceGetName")
+            out.append({"index": i, "name": name.split(b"\x00", 1)[0].decode(errors="replace"),
+                        "total": total, "free": free,
+                        "props_total": int(self.check(cu.cuDeviceTotalMem(d), "cuDeviceTotalMem"))})
+        self.check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        return out
 
     def alloc(self, nbytes):
         cu = self.cu
@@ -662,6 +689,8 @@ def main():
             elif op == "meminfo":
                 f, t = b.meminfo()
                 r = {"free": f, "total": t}
+            elif op == "devices":
+                r = {"devices": b.devices()}
             elif op == "fill":
                 r = op_fill(b, cmd)
             elif op == "alloc":
