@@ -117,23 +117,10 @@ def report(what, times, scale, unit, rounds):
              rounds), flush=True)
 
 
-def quartiles(xs):
-    """(25th percentile, median, 75th percentile), linear interpolation."""
-    xs = sorted(xs)
-
-    def q(f):
-        k = (len(xs) - 1) * f
-        lo = int(k)
-        hi = min(lo + 1, len(xs) - 1)
-        return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-    return q(0.25), q(0.5), q(0.75)
-
-
 def report_pairs(variant, metric, base, other, scale, unit):
     """Per-round ratios other/base: median, quartiles, extremes."""
     ratios = [o / b for o, b in zip(other, base)]
-    q1, med, q3 = quartiles(ratios)
+    q1, med, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
     print("ratio step %s/bare (%s): %.3fx median of %d per-round ratios "
           "(quartiles %.3f-%.3f, range %.3f-%.3f); medians %.3f vs %.3f %s"
           % (variant, metric, med, len(ratios), q1, q3, min(ratios), max(ratios),
