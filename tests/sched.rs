@@ -617,6 +617,9 @@ fn corrupt_scheduler_words_never_break_launches() {
                     c.sched[cw::NS_PER_LAUNCH].store(u64::MAX, SeqCst);
                     c.sched[cw::TOKENS].store(i64::MIN as u64, SeqCst);
                     c.sched[cw::OWED_NS].store(u64::MAX, SeqCst);
+                    c.sched[cw::EMPTY_SINCE].store(u64::MAX, SeqCst);
+                    c.sched[cw::IDLE_NS].store(u64::MAX, SeqCst);
+                    c.sched[cw::SYNC_AT].store(u64::MAX, SeqCst);
                 }
             }
         }
