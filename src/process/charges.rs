@@ -5,9 +5,10 @@
 //! The owners and their edges, as the driver frees memory:
 //!
 //! - a **context** owns what was allocated in it (`cuMemAlloc*`, arrays, its
-//!   own reservation and what its limits reserve): destroying it (or the
-//!   primary context's last release or reset) gives all of that back
-//!   ([`Charges::release_context`]);
+//!   own reservation, the primary context's too, and what its limits
+//!   reserve): destroying it (or the primary context's last release or
+//!   reset) gives all of that back ([`Charges::release_context`], and its
+//!   own `Kind::Context` entry);
 //! - a **pool** owns its stream-ordered allocations, which also die with
 //!   the context current when they were made ([`Owner::Pool`],
 //!   [`Charges::release_pool`]);
@@ -19,8 +20,8 @@
 //!   descriptors cgpu cannot see keep it alive).
 //!
 //! Graph memory is charged per device by `hooks::graph` (the driver keeps it
-//! in the device's graph pool), the primary context's reservation on its
-//! [`Gpu`].
+//! in the device's graph pool, and a launch settles it under that module's
+//! lock).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -159,6 +160,15 @@ impl Charges {
             // our back; give its bytes back.
             old.gpu.release(old.bytes);
         }
+    }
+
+    /// Add `bytes` on `gpu` to what `key` holds (a new entry if none).
+    pub fn add(&self, kind: Kind, key: u64, gpu: &'static Gpu, bytes: u64, owner: Owner) {
+        self.allocs
+            .lock()
+            .entry((kind, key))
+            .and_modify(|e| e.bytes = e.bytes.saturating_add(bytes))
+            .or_insert(Entry { gpu, bytes, owner });
     }
 
     /// Forget `key`; what it held (once).
