@@ -17,11 +17,10 @@
 //!   allocation's charge, and so does each **mapping** of it, until the last
 //!   of both is gone (`Vmm`); an allocation **exported** as a shareable
 //!   handle stays charged until the process exits (other processes and
-//!   descriptors cgpu cannot see keep it alive).
-//!
-//! Graph memory is charged per device by `hooks::graph` (the driver keeps it
-//! in the device's graph pool, and a launch settles it under that module's
-//! lock).
+//!   descriptors cgpu cannot see keep it alive);
+//! - a device's **graph pool** owns graph memory: the driver reserves it at
+//!   a launch and keeps it until trimmed, whatever frees the allocations
+//!   (`Charges::graph_pools`, settled by `hooks::graph`).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -146,6 +145,12 @@ pub struct Charges {
     allocs: Mutex<HashMap<(Kind, u64), Entry>>,
     vmm: Mutex<Vmm>,
     pools: Mutex<HashMap<usize, PoolPlace>>,
+    /// Graph memory per device (driver ordinal): `(gpu, bytes)` the
+    /// device's graph pool holds for this process (`hooks::graph` settles
+    /// it on the driver's report). Its lock also serialises launches of
+    /// execs with alloc nodes and trims, so that what a pool holds spare
+    /// cannot shrink between the estimate and the launch.
+    graph: Mutex<BTreeMap<i32, (usize, u64)>>,
 }
 
 impl Charges {
@@ -169,6 +174,11 @@ impl Charges {
             .entry((kind, key))
             .and_modify(|e| e.bytes = e.bytes.saturating_add(bytes))
             .or_insert(Entry { gpu, bytes, owner });
+    }
+
+    /// The graph pools' charges (see the field).
+    pub fn graph_pools(&self) -> &Mutex<BTreeMap<i32, (usize, u64)>> {
+        &self.graph
     }
 
     /// Forget `key`; what it held (once).
