@@ -616,12 +616,16 @@ pub unsafe fn ctx_set_limit(
         return rc;
     }
     let after = sample(gpu, &nvml);
-    let want = limit_charge(
-        held,
-        change(before, after),
-        predicted,
-        unit > 0 && old.is_some(),
-    );
+    let known = unit > 0 && old.is_some();
+    // The device's used bytes move with other processes' allocations too:
+    // for a limit whose reservation is known, only this process's own
+    // bytes are a measure worth more than the prediction.
+    let measured = if known && (before.mine.is_none() || after.mine.is_none()) {
+        None
+    } else {
+        change(before, after)
+    };
+    let want = limit_charge(held, measured, predicted, known);
     let have = held.saturating_add(upfront);
     if want > have && !gpu.reserve(want - have) {
         match old {
