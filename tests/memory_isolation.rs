@@ -1436,3 +1436,42 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
         .status
         .success());
 }
+
+/// Legacy IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`): the memory is
+/// the exporter's `cuMemAlloc` allocation, charged to it, once; an importer
+/// of another container (here with too little quota left to hold it) or of
+/// the same one is charged nothing (freeing it while an importer has it open
+/// is undefined behaviour by CUDA's documentation).
+#[test]
+fn legacy_ipc_memory_is_charged_to_the_exporter_only() {
+    let m = Machine::new("ipc", T4);
+    let mib800 = (800 * MIB).to_string();
+    let mut ec = m.client(
+        Some(&vars("ipc-exp", "2")),
+        &["ctx", "alloc", &mib800, "ipcget", "ready", "waitline"],
+    );
+    ec.stdin(Stdio::piped());
+    let (mut exporter, _er, before) = spawn_ready_out(ec);
+    let exp_in = exporter.stdin.take().unwrap();
+    let g = op(&before, "ipcget");
+    assert_eq!(g["rc"], 0, "{before}");
+    let handle = g["handle"].as_str().unwrap().to_string();
+    let used = |id: &str| container(&ledger(&m), id).map(|c| c.0);
+    for (id, gib, quota) in [("ipc-imp", "1", GIB), ("ipc-exp", "2", 2 * GIB)] {
+        let out = run_ok(&mut m.client(
+            Some(&vars(id, gib)),
+            &["ctx", "ipcopen", &handle, "info", "ipcclose", "info"],
+        ));
+        assert_eq!(op(&out, "ipcopen")["rc"], 0, "{out}");
+        assert_eq!(op(&out, "ipcclose")["rc"], 0, "{out}");
+        let held = if id == "ipc-exp" { CTX + 800 * MIB } else { 0 };
+        for i in ops(&out, "info") {
+            assert_eq!(i["free"].as_u64(), Some(quota - CTX - held), "{id}: {out}");
+        }
+    }
+    assert_eq!(used("ipc-exp"), Some(CTX + 800 * MIB));
+    drop(exp_in);
+    assert!(wait_timeout(exporter, Duration::from_secs(30))
+        .status
+        .success());
+}
