@@ -30,6 +30,10 @@ pub struct Ctx {
     pub primary: bool,
     pub flags: AtomicU32,
     pub destroyed: AtomicBool,
+    /// `cuCtxSetLimit` values and the memory they reserve.
+    pub limits: Mutex<crate::cuda::limits::Limits>,
+    /// Usage count (deprecated `cuCtxAttach`/`cuCtxDetach`): 1 at creation.
+    pub usage: AtomicU32,
 }
 
 pub struct Stream {
@@ -78,6 +82,9 @@ pub struct CaptureGraph {
     /// The graph is the caller's (`cuStreamBeginCaptureToGraph`): a failed
     /// capture leaves it alone.
     pub user_graph: bool,
+    /// `cuStreamBeginRecaptureToGraph`: the graph the capture is checked
+    /// against and copied into at its end, the mismatch callback, its data.
+    pub recapture: Option<(usize, usize, usize)>,
 }
 
 pub struct Event {
@@ -146,6 +153,11 @@ pub struct Pool {
 pub struct PhysMem {
     pub dev: usize,
     pub size: u64,
+    /// Bytes charged to this process's device memory: the size when it was
+    /// created here, 0 when imported from another process (which holds it).
+    pub charged: u64,
+    /// `requestedHandleTypes` of `cuMemCreate` (what it may be exported as).
+    pub handle_types: i32,
     pub fd: i32,
     /// Every handle reference released by cuMemRelease (memory returns
     /// when unmapped too).
@@ -199,6 +211,8 @@ pub enum Obj {
     Pool(Arc<Pool>),
     Array(Arc<Array>),
     Link(Arc<Mutex<crate::cuda::link::LinkState>>),
+    GreenCtx(Arc<crate::cuda::green::GreenCtx>),
+    ResourceDesc(Arc<crate::cuda::green::DevResourceDesc>),
 }
 
 pub struct Objects {
@@ -239,6 +253,9 @@ pub enum AllocKind {
     Host,
     /// A module's global variable (freed with its module).
     Global,
+    /// Another process's memory, mapped by `cuIpcOpenMemHandle` (charged to
+    /// that process).
+    Ipc,
 }
 
 #[derive(Clone, Debug)]

@@ -45,6 +45,9 @@ pub struct Image {
     pub kernels: Vec<String>,
     /// Global variables: (name, size in bytes).
     pub globals: Vec<(String, u64)>,
+    /// The globals that are managed (`__managed__`: PTX
+    /// `.attribute(.managed)`).
+    pub managed: Vec<String>,
     /// Kernel parameters from PTX: (kernel, [(offset, size)]).
     pub params: Vec<(String, Vec<(u64, u64)>)>,
     /// Some part could not be read: any name resolves.
@@ -72,6 +75,11 @@ impl Image {
                 self.globals.push(g);
             }
         }
+        for m in other.managed {
+            if !self.managed.contains(&m) {
+                self.managed.push(m);
+            }
+        }
         for p in other.params {
             if !self.params.iter().any(|(n, _)| *n == p.0) {
                 self.params.push(p);
@@ -83,6 +91,12 @@ impl Image {
     /// Whether kernel `name` exists.
     pub fn has_kernel(&self, name: &str) -> bool {
         self.opaque || self.kernels.iter().any(|k| k == name)
+    }
+
+    /// Whether global `name` is managed memory.
+    pub fn is_managed(&self, name: &str) -> bool {
+        self.managed.iter().any(|m| m == name)
+            || (self.opaque && !self.globals.iter().any(|(n, _)| n == name))
     }
 
     /// The size of global `name`, if it exists.
@@ -340,6 +354,9 @@ pub fn parse_ptx(text: &str) -> Option<Image> {
             }
             ';' if depth == 0 => {
                 if let Some(g) = ptx_global(&stmt) {
+                    if stmt.contains(".managed") {
+                        img.managed.push(g.0.clone());
+                    }
                     img.globals.push(g);
                 }
                 stmt.clear();

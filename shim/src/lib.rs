@@ -48,8 +48,11 @@ pub fn guard(f: impl FnOnce() -> CuRes) -> CUresult {
         Ok(Err(e)) => e,
         Err(_) => CUDA_ERROR_UNKNOWN,
     };
-    if r != CUDA_SUCCESS && trace_failures() {
-        eprintln!("cgpu-sim: call at {}:{} failed: {r}", at.file(), at.line());
+    if r != CUDA_SUCCESS {
+        cuda::logs::failed(r);
+        if trace_failures() {
+            eprintln!("cgpu-sim: call at {}:{} failed: {r}", at.file(), at.line());
+        }
     }
     r
 }
@@ -156,7 +159,7 @@ macro_rules! exports {
     (@one $name:ident ($($a:ident : $t:ty),* $(,)?) $body:expr) => {
         #[unsafe(no_mangle)]
         pub unsafe extern "C" fn $name($($a: $t),*) -> cgpu_ffi::CUresult {
-            std::hint::black_box(stringify!($name));
+            $crate::version_gate!(stringify!($name));
             $crate::guard(|| $body)
         }
     };

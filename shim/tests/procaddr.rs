@@ -186,3 +186,65 @@ fn every_variant_has_its_own_address() {
         }
     }
 }
+
+/// A function newer than the simulated driver is still exported (a shared
+/// library cannot hide a symbol at run time), but a client that finds it
+/// with dlsym and calls it gets `CUDA_ERROR_NOT_SUPPORTED`, as from a
+/// driver that lacks it, and nothing happens; cuGetProcAddress does not
+/// find it. With a driver as new as the function, the call runs.
+#[test]
+fn functions_newer_than_the_driver_answer_not_supported_through_dlsym() {
+    let script = r#"
+import ctypes, json
+cu = ctypes.CDLL("libcuda.so.1")  # dlopen + dlsym, as old clients do
+assert cu.cuInit(0) == 0
+dev = ctypes.c_int()
+ctx = ctypes.c_void_p()
+assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+assert cu.cuCtxSetCurrent(ctx) == 0
+out = {}
+# 13.1: a device resource of a stream (the NULL stream); 12.1: context flags.
+res = ctypes.create_string_buffer(144)
+out["stream_resource"] = cu.cuStreamGetDevResource(None, res, 1)
+out["sms"] = int.from_bytes(res.raw[96:100], "little")
+out["set_flags"] = cu.cuCtxSetFlags(0)
+# 13.0: the context's device.
+d = ctypes.c_int(-1)
+out["get_device_v2"] = cu.cuCtxGetDevice_v2(ctypes.byref(d), None)
+out["device"] = d.value
+fn = ctypes.c_void_p()
+st = ctypes.c_int(-1)
+out["procaddr"] = [cu.cuGetProcAddress_v2(b"cuStreamGetDevResource", ctypes.byref(fn), 13050, 0, ctypes.byref(st)), st.value]
+print(json.dumps(out))
+"#;
+    let run = |ver: &str| -> serde_json::Value {
+        let env = cgpu_testkit::SimEnv::new()
+            .gpus("23028:NVIDIA A10")
+            .env("CGPU_SIM_DRIVER_VERSION", ver);
+        let o = env.run(&cgpu_testkit::test_deps().python, &["-c", script]);
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_str(stdout.trim()).unwrap()
+    };
+    const NOT_SUPPORTED: u32 = 801;
+    const NOT_FOUND: u32 = 500;
+    let old = run("12000");
+    assert_eq!(old["stream_resource"], NOT_SUPPORTED, "{old}");
+    assert_eq!(old["sms"], 0); // nothing written
+    assert_eq!(old["set_flags"], NOT_SUPPORTED);
+    assert_eq!(old["get_device_v2"], NOT_SUPPORTED);
+    assert_eq!(old["device"], -1);
+    assert_eq!(old["procaddr"], serde_json::json!([NOT_FOUND, 1])); // SYMBOL_NOT_FOUND
+    let new = run("13050");
+    assert_eq!(new["stream_resource"], 0, "{new}");
+    assert_eq!(new["sms"], 72);
+    assert_eq!(new["set_flags"], 0);
+    assert_eq!(new["get_device_v2"], 0);
+    assert_eq!(new["device"], 0);
+    assert_eq!(new["procaddr"], serde_json::json!([0, 0]));
+}

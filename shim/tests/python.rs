@@ -148,3 +148,59 @@ fn pynvml_reads_devices_memory_and_processes() {
     assert_eq!(devs[1]["procs"], serde_json::json!([]));
     assert_eq!(devs[0]["cc"], serde_json::json!([8, 6]));
 }
+
+/// `cuCtxSetLimit` reserves device memory as the driver does: the stack for
+/// every resident thread, the malloc heap and the printf FIFO, beyond their
+/// defaults (which the context's own reservation covers). cuMemGetInfo, NVML
+/// and cgpu-sim-stat agree; a reservation that does not fit is refused.
+#[test]
+fn context_limits_reserve_device_memory() {
+    let env = SimEnv::new().gpus("8000:NVIDIA A10").ctx_mib(300);
+    let stat = cgpu_testkit::artifacts().sim_stat.clone();
+    let (v, _) = run_py(&env, "limits_client.py", &[stat.to_str().unwrap()]);
+    // A10: 1536 resident threads on each of 72 SMs.
+    let threads = 1536 * 72;
+    assert_eq!(v["threads"], threads);
+    assert_eq!(v["defaults"], serde_json::json!([1024, MIB, 8 * MIB]));
+    let all_agree = |key: &str, want: u64| {
+        let u = &v[key];
+        for k in ["cu", "nvml", "nvml_process", "stat", "stat_process"] {
+            assert_eq!(u[k], want, "{key}.{k}: {v:#}");
+        }
+    };
+    all_agree("base", 300 * MIB);
+    let stack = (4096 - 1024) * threads;
+    all_agree("stack_4k", 300 * MIB + stack);
+    assert_eq!(v["stack_read"], 4096);
+    let three = 300 * MIB + stack + (64 - 8) * MIB + (4 - 1) * MIB;
+    all_agree("all_three", three);
+    assert_eq!(v["heap_read"], 64 * MIB);
+    assert_eq!(v["printf_read"], 4 * MIB);
+    assert_eq!(v["stack_huge"], "CUDA_ERROR_OUT_OF_MEMORY");
+    assert_eq!(v["heap_huge"], "CUDA_ERROR_OUT_OF_MEMORY");
+    all_agree("after_refusals", three);
+    assert_eq!(v["stack_after_refusal"], 4096);
+    assert_eq!(v["heap_after_refusal"], 64 * MIB);
+    all_agree("stack_low", three - stack);
+    assert_eq!(v["stack_low_read"], 512);
+    assert_eq!(v["pending_read"], 4096);
+    assert_eq!(v["l2_fetch_read"], 128);
+    assert_eq!(v["persisting_max"], 3 * MIB);
+    assert_eq!(v["persisting_read"], 3 * MIB);
+    assert_eq!(v["cig_set"], "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(v["sync_depth_25"], "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(v["bad_limit"], "CUDA_ERROR_UNSUPPORTED_LIMIT");
+    for k in ["nvml", "stat"] {
+        assert_eq!(v["destroyed"][k], 0, "{v:#}");
+    }
+    assert_eq!(v["new_ctx_stack"], 1024);
+    all_agree("primary_heap", 300 * MIB + 8 * MIB);
+    for k in ["nvml", "stat"] {
+        assert_eq!(v["primary_released"][k], 0, "{v:#}");
+    }
+    assert_eq!(v["primary_heap_again"], 8 * MIB);
+    assert!(cgpu_sim::stat::snapshot(&env.state_dir)
+        .unwrap()
+        .stubs
+        .is_empty());
+}

@@ -250,6 +250,9 @@ impl Gate {
     #[inline(never)]
     fn admit_slow(&self) -> bool {
         let mut waited_since: Option<u64> = None;
+        // A process that drives several GPUs and waits for its turn on this
+        // one is not idle on the others it holds (see `mark_busy`).
+        let mut others_marked: Option<super::GateMask> = None;
         let mut watch = Watch::default();
         let admitted = loop {
             let k = self.knobs();
@@ -277,6 +280,9 @@ impl Gate {
             let now = now_ns();
             if waited_since.is_none() {
                 waited_since = Some(now);
+                if super::MULTI.load(Acquire) {
+                    others_marked = Some(super::mark_busy(self, true));
+                }
                 self.want(true);
                 // Tell the holder's helpers someone waits (idle hand-over).
                 futex_wake(self.token());
@@ -297,6 +303,9 @@ impl Gate {
                 futex_wait(self.token(), w as u32, timeout);
             }
         };
+        if let Some(m) = others_marked {
+            super::unmark_busy(m);
+        }
         if let Some(s) = waited_since {
             self.want(false);
             self.c(cw::THROTTLED_NS)

@@ -7,7 +7,7 @@
 pub mod scenarios;
 
 use cgpu::ledger::Ledger;
-use cgpu_testkit::{self as tk, LinkMode, SimEnv};
+use cgpu_testkit::{self as tk, LinkMode, SimEnv, SimStats};
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -331,8 +331,8 @@ impl Scenario {
             .id() as i32
     }
 
-    /// [`Scenario::measure`], and the mean slice length (ns) the ledger
-    /// granted over the window.
+    /// [`Scenario::measure_rounds`], and the mean slice length (ns) the
+    /// ledger granted over the window.
     pub fn measure_slices(&self, window: Duration) -> (Measure, f64) {
         use cgpu::scheduler::words::gpu as gw;
         use std::sync::atomic::Ordering::Relaxed;
@@ -342,7 +342,7 @@ impl Scenario {
             h.sched[gw::BUSY_NS].load(Relaxed),
             h.sched[gw::SLICES].load(Relaxed),
         );
-        let m = self.measure(window);
+        let m = self.measure_rounds(window);
         let (b1, n1) = (
             h.sched[gw::BUSY_NS].load(Relaxed),
             h.sched[gw::SLICES].load(Relaxed),
@@ -362,11 +362,68 @@ impl Scenario {
         self.measure_on(0, window)
     }
 
+    /// [`Scenario::measure`] over whole rounds of the scheduler: the window
+    /// opens when a slice is granted to some container and closes, once
+    /// `window` has passed, when a slice is granted to that container again.
+    /// A share measured over a fixed window is off by up to one slice in
+    /// the window (8% of a 2 s window for 160 ms slices); over whole rounds
+    /// it is not. Without a ledger, or when no slice is granted within a
+    /// second (a stopped or idle GPU), it measures the plain window.
+    pub fn measure_rounds(&self, window: Duration) -> Measure {
+        let Some(l) = Ledger::list(&self.ledger_dir)
+            .first()
+            .and_then(|p| Ledger::open(p).ok())
+        else {
+            return self.measure(window);
+        };
+        self.measure_rounds_on(0, &l, window)
+    }
+
+    /// [`Scenario::measure_rounds`] on GPU `dev`, whose ledger is `l`.
+    pub fn measure_rounds_on(&self, dev: usize, l: &Ledger, window: Duration) -> Measure {
+        let limit = Duration::from_secs(1);
+        let Some(first) = await_grant(l, None, limit) else {
+            return self.measure_on(dev, window);
+        };
+        let s0 = self.env.stats();
+        let t0 = Instant::now();
+        std::thread::sleep(window);
+        // A second window's worth of slices at most: the same holder comes
+        // back within one round unless it stopped asking.
+        let _ = await_grant(l, Some(first), limit.max(window / 2));
+        self.measure_between(dev, s0, t0)
+    }
+
+    /// [`Scenario::measure_rounds`] of this scenario and, over the same
+    /// time, [`Scenario::measure`] of `bare` (the same processes without
+    /// cgpu on a simulated GPU of their own, started alongside): whatever
+    /// load the machine is under weighs on both alike.
+    pub fn measure_rounds_beside(&self, bare: &Scenario, window: Duration) -> (Measure, Measure) {
+        let s0 = bare.env.stats();
+        let t0 = Instant::now();
+        let m = self.measure_rounds(window);
+        (m, bare.measure_between(0, s0, t0))
+    }
+
+    /// [`Scenario::measure`] of this scenario and of `bare` over the same
+    /// time (see [`Scenario::measure_rounds_beside`]).
+    pub fn measure_beside(&self, bare: &Scenario, window: Duration) -> (Measure, Measure) {
+        let s0 = bare.env.stats();
+        let t0 = Instant::now();
+        let m = self.measure(window);
+        (m, bare.measure_between(0, s0, t0))
+    }
+
     /// [`Scenario::measure`] on GPU `dev`.
     pub fn measure_on(&self, dev: usize, window: Duration) -> Measure {
         let s0 = self.env.stats();
         let t0 = Instant::now();
         std::thread::sleep(window);
+        self.measure_between(dev, s0, t0)
+    }
+
+    /// Device time per container on GPU `dev` from `s0` (taken at `t0`) to now.
+    pub fn measure_between(&self, dev: usize, s0: SimStats, t0: Instant) -> Measure {
         let s1 = self.env.stats();
         let wall = t0.elapsed().as_nanos() as u64;
         let mut per: HashMap<String, u64> = HashMap::new();
@@ -395,6 +452,28 @@ impl Drop for Scenario {
         self.kill_all();
         let _ = std::fs::remove_dir_all(&self.ledger_dir);
     }
+}
+
+/// Waits at most `limit` for the ledger to grant a new slice (to `want`
+/// when given) and returns the container it went to.
+fn await_grant(l: &Ledger, want: Option<usize>, limit: Duration) -> Option<usize> {
+    use cgpu::scheduler::words::{gpu as gw, Token};
+    use std::sync::atomic::Ordering::Relaxed;
+    let h = &l.file().header;
+    let end = Instant::now() + limit;
+    let mut seen = h.sched[gw::SLICES].load(Relaxed);
+    while Instant::now() < end {
+        let n = h.sched[gw::SLICES].load(Relaxed);
+        if n != seen {
+            seen = n;
+            let holder = Token::unpack(h.sched[gw::TOKEN].load(Relaxed)).holder_slot();
+            if holder.is_some() && (want.is_none() || holder == want) {
+                return holder;
+            }
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    None
 }
 
 #[derive(Debug, Clone)]

@@ -87,6 +87,19 @@ impl Opts {
             warm: Duration::from_millis(1000),
         }
     }
+    /// These windows, long enough that the smallest share `min_share`
+    /// spans at least 20 slices of 40 ms: a window's edges cut a slice of
+    /// any container, so a share over N of its slices is off by up to 1/N
+    /// (over a 2 s window a weight-1 container of 1:1:2:4 has about 6
+    /// slices: one more or less is 17%).
+    pub fn for_share(&self, min_share: f64) -> Opts {
+        let slice = cgpu::scheduler::SLICE_NS as f64 / 1e9;
+        let need = Duration::from_secs_f64(20.0 * slice / min_share);
+        Opts {
+            window: self.window.max(need),
+            warm: self.warm,
+        }
+    }
     /// How long the workload processes run: warm-up, window, and slack.
     pub fn run_ms(&self) -> u64 {
         (self.warm + self.window).as_millis() as u64 + 6000
@@ -177,6 +190,34 @@ pub fn bare(o: &Opts, ctrs: &[Ctr]) -> Measure {
     s.measure(o.window)
 }
 
+/// `ctrs` under cgpu with the knobs and, at the same time on a simulated
+/// GPU of their own, the same processes without cgpu; warmed up. Measure
+/// them with [`Scenario::measure_rounds_beside`]: a baseline taken at
+/// another moment would see another load on the machine.
+pub fn side_by_side(
+    o: &Opts,
+    ctrs: &[Ctr],
+    policy: u32,
+    max_inst: Option<u32>,
+    prio: Option<u32>,
+) -> (Scenario, Scenario) {
+    let bare = Scenario::start_bare(ctrs);
+    let s = start(o, ctrs, policy, max_inst, prio);
+    (s, bare)
+}
+
+/// [`side_by_side`], measured over the window: (cgpu, bare).
+pub fn measure_side_by_side(
+    o: &Opts,
+    ctrs: &[Ctr],
+    policy: u32,
+    max_inst: Option<u32>,
+    prio: Option<u32>,
+) -> (Measure, Measure) {
+    let (s, bare) = side_by_side(o, ctrs, policy, max_inst, prio);
+    s.measure_rounds_beside(&bare, o.window)
+}
+
 fn busy_pair(o: &Opts, w: (u32, u32), ns: u64) -> Vec<Ctr> {
     vec![
         Ctr::new("w1", w.0).busy(o.run_ms(), ns),
@@ -185,9 +226,9 @@ fn busy_pair(o: &Opts, w: (u32, u32), ns: u64) -> Vec<Ctr> {
 }
 
 fn weighted_one_to_two(o: &Opts, r: &mut Rows, ns: u64) {
+    let o = &o.for_share(1.0 / 3.0);
     let ctrs = busy_pair(o, (1, 2), ns);
-    let b = bare(o, &ctrs);
-    let m = start(o, &ctrs, 2, None, None).measure(o.window);
+    let (m, b) = measure_side_by_side(o, &ctrs, 2, None, None);
     r.share(&m, "w1", 1.0 / 3.0);
     r.share(&m, "w2", 2.0 / 3.0);
     r.util_vs_bare(&m, &b);
@@ -200,8 +241,7 @@ fn sync_heavy(id: &str, w: u32, o: &Opts) -> Ctr {
 }
 
 fn sync_heavy_rows(o: &Opts, r: &mut Rows, policy: u32, ctrs: Vec<Ctr>, targets: &[(&str, f64)]) {
-    let b = bare(o, &ctrs);
-    let m = start(o, &ctrs, policy, None, None).measure(o.window);
+    let (m, b) = measure_side_by_side(o, &ctrs, policy, None, None);
     for (id, t) in targets {
         r.share(&m, id, *t);
     }
@@ -354,14 +394,14 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "policy 2, weights 1:1:2:4",
             run: |o, r| {
+                let o = &o.for_share(0.125);
                 let ctrs = vec![
                     Ctr::new("a", 1).busy(o.run_ms(), MS),
                     Ctr::new("b", 1).busy(o.run_ms(), MS),
                     Ctr::new("c", 2).busy(o.run_ms(), MS),
                     Ctr::new("d", 4).busy(o.run_ms(), MS),
                 ];
-                let b = bare(o, &ctrs);
-                let m = start(o, &ctrs, 2, None, None).measure(o.window);
+                let (m, b) = measure_side_by_side(o, &ctrs, 2, None, None);
                 for (id, t) in [("a", 0.125), ("b", 0.125), ("c", 0.25), ("d", 0.5)] {
                     r.share(&m, id, t);
                 }
@@ -371,12 +411,12 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "policy 1, three busy",
             run: |o, r| {
+                let o = &o.for_share(1.0 / 3.0);
                 let ctrs: Vec<Ctr> = ["a", "b", "c"]
                     .iter()
                     .map(|id| Ctr::new(id, 1).busy(o.run_ms(), MS))
                     .collect();
-                let b = bare(o, &ctrs);
-                let m = start(o, &ctrs, 1, None, None).measure(o.window);
+                let (m, b) = measure_side_by_side(o, &ctrs, 1, None, None);
                 for id in ["a", "b", "c"] {
                     r.share(&m, id, 1.0 / 3.0);
                 }
@@ -390,8 +430,7 @@ pub fn table() -> Vec<Spec> {
                     Ctr::new("busy", 1).busy(o.run_ms(), MS),
                     Ctr::new("idle", 1).idle(),
                 ];
-                let b = bare(o, &ctrs);
-                let m = start(o, &ctrs, 1, None, None).measure(o.window);
+                let (m, b) = measure_side_by_side(o, &ctrs, 1, None, None);
                 let (g, bg) = (m.of_wall("busy"), b.of_wall("busy"));
                 r.push(
                     &format!("busy's GPU ÷ bare ({g:.3} / {bg:.3})"),
@@ -408,7 +447,7 @@ pub fn table() -> Vec<Spec> {
                     Ctr::new("w1", 1).busy(o.run_ms(), MS),
                     Ctr::new("w2", 2).idle(),
                 ];
-                let m = start(o, &ctrs, 2, None, None).measure(o.window);
+                let m = start(o, &ctrs, 2, None, None).measure_rounds(o.window);
                 r.push("w1 of GPU", 1.0 / 3.0, m.of_wall("w1"), Kind::Share);
             },
         },
@@ -416,7 +455,7 @@ pub fn table() -> Vec<Spec> {
             name: "policy 0, max_inst 4, alone",
             run: |o, r| {
                 let ctrs = vec![Ctr::new("solo", 1).busy(o.run_ms(), MS)];
-                let m = start(o, &ctrs, 0, Some(4), None).measure(o.window);
+                let m = start(o, &ctrs, 0, Some(4), None).measure_rounds(o.window);
                 r.push("solo of GPU", 0.25, m.of_wall("solo"), Kind::Share);
             },
         },
@@ -424,17 +463,27 @@ pub fn table() -> Vec<Spec> {
             name: "policy 3, weight 3, max_inst 10",
             run: |o, r| {
                 let ctrs = vec![Ctr::new("fixed", 3).busy(o.run_ms(), MS)];
-                let m = start(o, &ctrs, 3, Some(10), None).measure(o.window);
+                let m = start(o, &ctrs, 3, Some(10), None).measure_rounds(o.window);
                 r.push("fixed of GPU", 0.30, m.of_wall("fixed"), Kind::Share);
             },
         },
         Spec {
             name: "policy 4 (soft), two busy",
             run: |o, r| {
-                let ctrs = busy_pair(o, (1, 1), MS);
-                let b = bare(o, &ctrs);
-                let s = start(o, &ctrs, 4, None, None);
-                let (m, soft) = s.measure_slices(o.window);
+                // Its slices are 160 ms and a container may take two in a
+                // row on credit, so a share over a few rounds swings by a
+                // whole slice: measure over at least 36 of them (6 s).
+                let soft_window = o.window.max(Duration::from_secs(6));
+                let run_ms = (o.warm * 2 + soft_window + o.window).as_millis() as u64 + 6000;
+                let ctrs = vec![
+                    Ctr::new("w1", 1).busy(run_ms, MS),
+                    Ctr::new("w2", 1).busy(run_ms, MS),
+                ];
+                let (s, bare_s) = side_by_side(o, &ctrs, 4, None, None);
+                let (s0, t0) = (bare_s.env.stats(), Instant::now());
+                let (m, soft) = s.measure_slices(soft_window);
+                let b = bare_s.measure_between(0, s0, t0);
+                drop(bare_s);
                 r.share(&m, "w1", 0.5);
                 r.share(&m, "w2", 0.5);
                 r.util_vs_bare(&m, &b);
@@ -461,6 +510,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "high priority, prio_ratio 80, policy 1",
             run: |o, r| {
+                let o = &o.for_share(0.2);
                 let hp_ms = (o.warm + o.window).as_millis() as u64 + 500;
                 let ctrs = vec![
                     Ctr::new("hp", 1).highprio().cmd(&[
@@ -473,16 +523,17 @@ pub fn table() -> Vec<Spec> {
                     ]),
                     Ctr::new("normal", 1).busy(o.run_ms() + hp_ms, MS),
                 ];
-                let b = bare(o, &ctrs);
-                let s = start(o, &ctrs, 1, None, Some(80));
-                let m = s.measure(o.window);
+                let (s, bare_s) = side_by_side(o, &ctrs, 1, None, Some(80));
+                let (m, b) = s.measure_rounds_beside(&bare_s, o.window);
                 r.share(&m, "hp", 0.8);
                 r.share(&m, "normal", 0.2);
                 r.util_vs_bare(&m, &b);
                 while s.started.elapsed() < Duration::from_millis(hp_ms + 1200) {
                     std::thread::sleep(Duration::from_millis(50));
                 }
+                let (s0, t0) = (bare_s.env.stats(), Instant::now());
                 let m = s.measure(o.window);
+                let b = bare_s.measure_between(0, s0, t0);
                 let (g, bu) = (m.of_wall("normal"), b.utilisation());
                 r.push(
                     &format!("normal's GPU, hp idle ÷ bare ({g:.3} / {bu:.3})"),
@@ -495,13 +546,14 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "policy 5 -> 2 while running, 1:2",
             run: |o, r| {
+                let o = &o.for_share(1.0 / 3.0);
                 let ctrs = busy_pair(o, (1, 2), MS);
                 let s = start(o, &ctrs, 5, None, None);
                 let m = s.measure(o.window.min(Duration::from_secs(2)));
                 r.push("w1 share, native", 0.5, m.of_busy("w1"), Kind::Share);
                 s.ledger().set_policy(2).unwrap();
                 std::thread::sleep(Duration::from_secs(1));
-                let m = s.measure(o.window);
+                let m = s.measure_rounds(o.window);
                 r.push(
                     "w1 share, from +1 s",
                     1.0 / 3.0,
@@ -589,6 +641,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy 1:2 (policy 2)",
             run: |o, r| {
+                let o = &o.for_share(1.0 / 3.0);
                 let ctrs = vec![sync_heavy("a", 1, o), sync_heavy("b", 2, o)];
                 sync_heavy_rows(o, r, 2, ctrs, &[("a", 1.0 / 3.0), ("b", 2.0 / 3.0)]);
             },
@@ -596,6 +649,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy 1:1:2:4 (policy 2)",
             run: |o, r| {
+                let o = &o.for_share(0.125);
                 let ctrs = vec![
                     sync_heavy("a", 1, o),
                     sync_heavy("b", 1, o),
@@ -614,6 +668,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy, ten containers (policy 1)",
             run: |o, r| {
+                let o = &o.for_share(0.1);
                 let ids = ["c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"];
                 let ctrs: Vec<Ctr> = ids.iter().map(|id| sync_heavy(id, 1, o)).collect();
                 let t: Vec<(&str, f64)> = ids.iter().map(|id| (*id, 0.1)).collect();

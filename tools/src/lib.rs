@@ -203,18 +203,7 @@ pub struct Sample {
 }
 
 /// NUL-padded bytes to a string; `None` if not UTF-8.
-pub fn cstr(bytes: &[u8]) -> Option<String> {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    std::str::from_utf8(&bytes[..end]).ok().map(str::to_owned)
-}
-
-/// CLOCK_REALTIME in ns.
-pub fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
+pub use cgpu::process::cstr::text as cstr;
 
 /// Is container slot `c` in use?
 pub fn container_live(s: &ContainerSlot) -> bool {
@@ -405,7 +394,7 @@ pub fn sample_dir(dir: &Path) -> Sample {
             cgpu_version: CGPU_VERSION.into(),
             ledger_format: ledger::FORMAT_VERSION,
             ledger_dir: dir.display().to_string(),
-            timestamp_ns: now_ns(),
+            timestamp_ns: cgpu::process::clock::realtime_ns(),
             util_window_ms: None,
             gpus,
         },

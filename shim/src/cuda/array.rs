@@ -315,6 +315,7 @@ fn mipmapped_create(
     }
     // SAFETY: non-null descriptor from the caller.
     let ds = unsafe { desc.read_unaligned() };
+    no_sparse_or_deferred(ds.Flags)?;
     // The count is checked before anything is allocated.
     if levels == 0 || levels > max_levels(ds.Width, ds.Height, ds.Depth) {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -641,4 +642,227 @@ exports! {
         => memcpy_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, fail, stream);
     cuMemcpyBatchAsync_v2 | cuMemcpyBatchAsync_v2_ptsz(dsts: DPtrs, srcs: DPtrs, sizes: Sizes, count: usize, attrs: *const c_void, idxs: Sizes, nattrs: usize, stream: CUstream)
         => memcpy_batch(dsts, srcs, sizes, count, attrs, idxs, nattrs, std::ptr::null_mut(), stream);
+}
+
+/// `cuArrayGetPlane`: only multi-planar (NV12) arrays have planes, and the
+/// sim creates none.
+fn array_plane(out: *mut CUarray, h: CUarray) -> CuRes {
+    let d = cu()?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match d.objs.lock().get(h as usize) {
+        Some(Obj::Array(_)) => Err(CUDA_ERROR_INVALID_VALUE),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+exports! {
+    cuArrayGetPlane(out: *mut CUarray, h: CUarray, _plane: u32) => array_plane(out, h);
+}
+
+/// `CUDA_ARRAY3D_SPARSE`, `CUDA_ARRAY3D_DEFERRED_MAPPING`.
+const SPARSE_OR_DEFERRED: u32 = 0x40 | 0x80;
+
+/// The simulated GPUs have neither sparse nor deferred-mapping CUDA arrays
+/// (`SPARSE_CUDA_ARRAY_SUPPORTED`, `DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED`
+/// are 0): asking for one is `CUDA_ERROR_NOT_SUPPORTED`.
+pub fn no_sparse_or_deferred(flags: u32) -> CuRes {
+    if flags & SPARSE_OR_DEFERRED != 0 {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    Ok(())
+}
+
+/// The sparse properties and memory requirements exist only for sparse and
+/// deferred-mapping arrays, which the sim never makes: for any array the
+/// driver's documented answer, `CUDA_ERROR_INVALID_VALUE`.
+fn not_sparse(out: *mut c_void, h: usize, mipmapped_array: bool) -> CuRes {
+    let d = cu()?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let known = if mipmapped_array {
+        mipmapped().lock().contains_key(&h)
+    } else {
+        array_of(d, h).is_ok()
+    };
+    if !known {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    Err(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// `cuMemMapArrayAsync`: every entry names a sparse or deferred-mapping
+/// array or mipmapped array, and there are none.
+fn map_array(list: *const c_void, count: u32, s: CUstream) -> CuRes {
+    let d = cu()?;
+    d.stream(s as usize)?;
+    if count == 0 {
+        return Ok(());
+    }
+    if list.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Err(CUDA_ERROR_INVALID_VALUE)
+}
+
+exports! {
+    cuArrayGetSparseProperties(out: *mut c_void, h: CUarray) => not_sparse(out, h as usize, false);
+    cuArrayGetMemoryRequirements(out: *mut c_void, h: CUarray, dev: CUdevice) => {
+        cu()?.check_dev(dev)?;
+        not_sparse(out, h as usize, false)
+    };
+    cuMipmappedArrayGetSparseProperties(out: *mut c_void, h: CUmipmappedArray) => not_sparse(out, h as usize, true);
+    cuMipmappedArrayGetMemoryRequirements(out: *mut c_void, h: CUmipmappedArray, dev: CUdevice) => {
+        cu()?.check_dev(dev)?;
+        not_sparse(out, h as usize, true)
+    };
+    cuMemMapArrayAsync | cuMemMapArrayAsync_ptsz(list: *const c_void, count: u32, s: CUstream) => map_array(list, count, s);
+}
+
+/// `CUmemcpy3DOperand`: a type, then a pointer (address, row length and
+/// layer height in elements, a location hint) or an array (handle, offset in
+/// elements).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy3DOperand {
+    pub ty: u32,
+    pub pad: u32,
+    pub ptr_or_array: u64,
+    pub a: usize,
+    pub b: usize,
+    pub c: usize,
+}
+
+/// `CUDA_MEMCPY3D_BATCH_OP` (112 bytes).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy3DBatchOp {
+    pub src: Memcpy3DOperand,
+    pub dst: Memcpy3DOperand,
+    pub extent: [usize; 3],
+    pub src_access_order: u32,
+    pub flags: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<Memcpy3DBatchOp>() == 112);
+
+/// One batch operation as the sim's 3D copy: elements are the array's (an
+/// array on either side; both must agree) or bytes between two pointers.
+fn batch_op_as_3d(d: &Driver, op: &Memcpy3DBatchOp) -> Result<Memcpy3D, CUresult> {
+    let [w, h, depth] = op.extent;
+    if w == 0
+        || h == 0
+        || depth == 0
+        || !(1..=3).contains(&op.src_access_order)
+        || op.flags & !1 != 0
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let elem_of = |o: &Memcpy3DOperand| -> Result<Option<u64>, CUresult> {
+        match o.ty {
+            1 => Ok(None),
+            2 => Ok(Some(array_of(d, o.ptr_or_array as usize)?.elem_bytes())),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    };
+    let elem = match (elem_of(&op.src)?, elem_of(&op.dst)?) {
+        (Some(a), Some(b)) if a != b => return Err(CUDA_ERROR_INVALID_VALUE),
+        (Some(a), _) | (None, Some(a)) => a as usize,
+        (None, None) => 1,
+    };
+    let mut m = Memcpy3D {
+        width_in_bytes: w * elem,
+        height: h,
+        depth,
+        ..zeroed()
+    };
+    // Pointer: unified addressing; rows of `rowLength` elements (0: the
+    // extent's width), layers of `layerHeight` rows (0: the extent's height).
+    let side = |o: &Memcpy3DOperand| -> (u32, u64, usize, usize, [usize; 3]) {
+        if o.ty == 1 {
+            let row = if o.a == 0 { w } else { o.a };
+            let layer = if o.b == 0 { h } else { o.b };
+            (4, o.ptr_or_array, row * elem, layer, [0; 3])
+        } else {
+            (3, o.ptr_or_array, 0, 0, [o.a * elem, o.b, o.c])
+        }
+    };
+    let (ty, p, pitch, height, off) = side(&op.src);
+    m.src_memory_type = ty;
+    m.src_x_in_bytes = off[0];
+    m.src_y = off[1];
+    m.src_z = off[2];
+    if ty == 3 {
+        m.src_array = p as CUarray;
+    } else {
+        m.src_device = p;
+        m.src_host = p as *const c_void;
+        m.src_pitch = pitch;
+        m.src_height = height;
+    }
+    let (ty, p, pitch, height, off) = side(&op.dst);
+    m.dst_memory_type = ty;
+    m.dst_x_in_bytes = off[0];
+    m.dst_y = off[1];
+    m.dst_z = off[2];
+    if ty == 3 {
+        m.dst_array = p as CUarray;
+    } else {
+        m.dst_device = p;
+        m.dst_host = p as *mut c_void;
+        m.dst_pitch = pitch;
+        m.dst_height = height;
+    }
+    check_memcpy3d(&m)?;
+    Ok(m)
+}
+
+/// `cuMemcpy3DBatchAsync` (v1 with the failing index, `_v2` without) and
+/// `cuMemcpy3DWithAttributesAsync` (one operation): every operation is
+/// validated before any is performed, then they run in order on the stream.
+fn memcpy3d_batch(
+    n: usize,
+    ops: *const Memcpy3DBatchOp,
+    fail: *mut usize,
+    flags: u64,
+    stream: CUstream,
+) -> CuRes {
+    let d = cu()?;
+    d.stream(stream as usize)?;
+    if !fail.is_null() {
+        // SAFETY: non-null out pointer from the caller.
+        unsafe { *fail = usize::MAX };
+    }
+    if n == 0 || ops.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut copies = Vec::with_capacity(n);
+    for i in 0..n {
+        // SAFETY: the caller's array of `n` operations.
+        let op = unsafe { ops.add(i).read_unaligned() };
+        match batch_op_as_3d(d, &op) {
+            Ok(m) => copies.push(m),
+            Err(e) => {
+                if !fail.is_null() {
+                    // SAFETY: non-null out pointer from the caller.
+                    unsafe { *fail = i };
+                }
+                return Err(e);
+            }
+        }
+    }
+    with_stream(stream, || copies.iter().try_for_each(memcpy3d))
+}
+
+type Ops3 = *const Memcpy3DBatchOp;
+
+exports! {
+    cuMemcpy3DBatchAsync | cuMemcpy3DBatchAsync_ptsz(n: usize, ops: Ops3, fail: *mut usize, flags: u64, s: CUstream)
+        => memcpy3d_batch(n, ops, fail, flags, s);
+    cuMemcpy3DBatchAsync_v2 | cuMemcpy3DBatchAsync_v2_ptsz(n: usize, ops: Ops3, flags: u64, s: CUstream)
+        => memcpy3d_batch(n, ops, std::ptr::null_mut(), flags, s);
+    cuMemcpy3DWithAttributesAsync(op: Ops3, flags: u64, s: CUstream)
+        => memcpy3d_batch(1, op, std::ptr::null_mut(), flags, s);
 }

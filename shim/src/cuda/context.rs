@@ -1,5 +1,6 @@
 //! Primary and created contexts, the per-thread context stack.
-//! Each context reserves `CGPU_SIM_CTX_MIB` of device memory while it lives.
+//! Each context reserves `CGPU_SIM_CTX_MIB` of device memory while it lives,
+//! plus what its limits reserve (`limits.rs`).
 
 use crate::driver::{cu, Ctx, Driver, Obj, CTX_STACK};
 use crate::{guard, put, CuRes};
@@ -17,6 +18,8 @@ fn new_ctx(d: &Driver, dev: usize, primary: bool, flags: u32) -> Result<usize, C
         primary,
         flags: AtomicU32::new(flags),
         destroyed: AtomicBool::new(false),
+        limits: Default::default(),
+        usage: AtomicU32::new(1),
     };
     Ok(d.objs.lock().insert(Obj::Ctx(Arc::new(c))))
 }
@@ -31,6 +34,7 @@ fn destroy_ctx(d: &Driver, h: usize, c: &Ctx) {
     }
     super::memory::free_ctx_allocs(d, h);
     d.uncharge(c.dev, d.cfg.ctx_bytes);
+    super::limits::release(d, c);
     d.ctx_alive(c.dev, false);
     // Streams, events, modules of the context go with it.
     let mut objs = d.objs.lock();
@@ -104,6 +108,7 @@ pub unsafe extern "C" fn cuCtxCreate_v4(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    crate::version_gate!("cuCtxCreate_v4");
     guard(|| {
         if !params.is_null() {
             // SAFETY: non-null pointer to a CUctxCreateParams from the caller.
@@ -125,8 +130,9 @@ fn destroy(ctx: CUcontext) -> CuRes {
         Some(Obj::Ctx(c)) => Arc::clone(c),
         _ => return Err(CUDA_ERROR_INVALID_CONTEXT),
     };
-    if c.primary {
-        // The primary context is released, not destroyed.
+    if c.primary || super::green::green_handle_of_ctx(d, h).is_some() {
+        // The primary context is released, not destroyed; a green
+        // context's with cuGreenCtxDestroy.
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
     if c.destroyed.load(Acquire) {
@@ -204,6 +210,8 @@ pub fn primary_handle(d: &Driver, dev: usize) -> usize {
             primary: true,
             flags: AtomicU32::new(p.flags),
             destroyed: AtomicBool::new(true),
+            limits: Default::default(),
+            usage: AtomicU32::new(1),
         };
         p.handle = d.objs.lock().insert(Obj::Ctx(Arc::new(c)));
     }
@@ -260,6 +268,7 @@ pub unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 /// CUDA 13: the device of `ctx` (NULL = current).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext) -> CUresult {
+    crate::version_gate!("cuCtxGetDevice_v2");
     guard(|| {
         let d = cu()?;
         if device.is_null() {
@@ -299,6 +308,7 @@ pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
 /// CUDA 13: synchronise `ctx` (NULL = current).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSynchronize_v2(ctx: CUcontext) -> CUresult {
+    crate::version_gate!("cuCtxSynchronize_v2");
     guard(|| {
         let d = cu()?;
         let (h, c) = if ctx.is_null() {
@@ -340,6 +350,7 @@ pub unsafe extern "C" fn cuCtxGetFlags(flags: *mut u32) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxSetFlags(flags: u32) -> CUresult {
+    crate::version_gate!("cuCtxSetFlags");
     guard(|| {
         let d = cu()?;
         let (_, c) = d.cur_ctx()?;
@@ -365,41 +376,6 @@ pub unsafe extern "C" fn cuCtxGetId(ctx: CUcontext, id: *mut u64) -> CUresult {
                 CUDA_ERROR_INVALID_VALUE,
             )
         }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxGetLimit(value: *mut usize, limit: u32) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        d.cur_ctx()?;
-        let v = match limit {
-            0 => 1024,    // STACK_SIZE
-            1 => 1 << 20, // PRINTF_FIFO_SIZE
-            2 => 8 << 20, // MALLOC_HEAP_SIZE
-            3 => 2,       // DEV_RUNTIME_SYNC_DEPTH
-            4 => 2048,    // DEV_RUNTIME_PENDING_LAUNCH_COUNT
-            5 => 32,      // MAX_L2_FETCH_GRANULARITY
-            6 => 0,       // PERSISTING_L2_CACHE_SIZE
-            7 => 0,       // SHMEM_SIZE
-            8 => 0,       // CIG_ENABLED (cuBLAS requires an answer)
-            9 => 0,       // CIG_SHMEM_FALLBACK_ENABLED (same)
-            _ => return Err(CUDA_ERROR_UNSUPPORTED_LIMIT),
-        };
-        // SAFETY: out pointer from the caller.
-        unsafe { put(value, v, CUDA_ERROR_INVALID_VALUE) }
-    })
-}
-
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn cuCtxSetLimit(limit: u32, _value: usize) -> CUresult {
-    guard(|| {
-        let d = cu()?;
-        d.cur_ctx()?;
-        if limit > 9 {
-            return Err(CUDA_ERROR_UNSUPPORTED_LIMIT);
-        }
-        Ok(())
     })
 }
 
@@ -471,7 +447,8 @@ pub unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUd
     })
 }
 
-fn primary_release(dev: CUdevice) -> CuRes {
+/// Releases one reference to `dev`'s primary context (destroyed with the last).
+pub(crate) fn primary_release(dev: CUdevice) -> CuRes {
     let d = cu()?;
     let i = d.check_dev(dev)?;
     let last = {
@@ -613,4 +590,39 @@ pub unsafe extern "C" fn cuCtxDisablePeerAccess(peer_ctx: CUcontext) -> CUresult
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxResetPersistingL2Cache() -> CUresult {
     guard(|| cu()?.cur_ctx().map(|_| ()))
+}
+
+/// Deprecated `cuCtxAttach`: the current context, its usage count one more.
+fn attach(pctx: *mut CUcontext, flags: u32) -> CuRes {
+    let d = cu()?;
+    if pctx.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (h, c) = d.cur_ctx()?;
+    c.usage.fetch_add(1, AcqRel);
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(pctx, h as CUcontext, CUDA_ERROR_INVALID_VALUE) }
+}
+
+/// Deprecated `cuCtxDetach`: the usage count of `ctx` (current to the
+/// thread) one less; a created context is destroyed when it reaches 0.
+fn detach(ctx: CUcontext) -> CuRes {
+    let d = cu()?;
+    let (h, c) = d.cur_ctx()?;
+    if h != ctx as usize {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    let before = c
+        .usage
+        .fetch_update(AcqRel, Acquire, |u| u.checked_sub(1))
+        .map_err(|_| CUDA_ERROR_INVALID_CONTEXT)?;
+    if before == 1 && !c.primary && super::green::green_handle_of_ctx(d, h).is_none() {
+        return destroy(ctx);
+    }
+    Ok(())
+}
+
+crate::exports! {
+    cuCtxAttach(pctx: *mut CUcontext, flags: u32) => attach(pctx, flags);
+    cuCtxDetach(ctx: CUcontext) => detach(ctx);
 }

@@ -84,6 +84,11 @@ pub unsafe extern "C" fn cuDeviceTotalMem(bytes: *mut u32, dev: CUdevice) -> CUr
     })
 }
 
+/// Not in `cgpu-ffi`: the largest `CU_LIMIT_PERSISTING_L2_CACHE_SIZE`.
+pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute = 108;
+/// Not in `cgpu-ffi`: exports to POSIX file descriptors are supported.
+pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: CUdevice_attribute = 103;
+
 pub fn attribute(
     dev: &crate::driver::DevInfo,
     index: usize,
@@ -124,13 +129,11 @@ pub fn attribute(
         CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE => 5_001_000,
         CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH => 256,
         CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE => 4 << 20,
-        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR => {
-            if maj >= 8 && min != 0 {
-                1536
-            } else {
-                2048
-            }
-        }
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR => match (maj, min) {
+            (7, 5) => 1024, // Turing
+            _ if maj >= 8 && min != 0 => 1536,
+            _ => 2048,
+        },
         CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT => 2,
         CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING => 1,
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR => maj,
@@ -152,6 +155,16 @@ pub fn attribute(
             }
         }
         CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED => 1,
+        // cuMemCreate memory exports as a POSIX file descriptor.
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED => 1,
+        // Three quarters of the L2 may persist (Ampere and later).
+        CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE => {
+            if maj >= 8 {
+                3 << 20
+            } else {
+                0
+            }
+        }
         84 => 0,            // MULTI_GPU_BOARD
         85 => index as i32, // MULTI_GPU_BOARD_GROUP_ID
         a if a > 0 && a < CU_DEVICE_ATTRIBUTE_MAX => 0,
@@ -300,4 +313,46 @@ pub unsafe extern "C" fn cuDeviceGetLuid(
         cu()?.check_dev(dev)?;
         Err(CUDA_ERROR_NOT_SUPPORTED)
     })
+}
+
+/// `cuDeviceGetHostAtomicCapabilities` / `cuDeviceGetP2PAtomicCapabilities`
+/// (CUDA 13.0): what each atomic operation can do natively over the link.
+/// The simulated GPUs sit on PCIe without native host or peer atomics
+/// (`HOST_NATIVE_ATOMIC_SUPPORTED` and the P2P `NATIVE_ATOMIC_SUPPORTED` are
+/// 0): no capability for any operation.
+fn atomic_capabilities(
+    caps: *mut u32,
+    ops: *const u32,
+    count: u32,
+    devs: &[CUdevice],
+) -> crate::CuRes {
+    let d = cu()?;
+    for &x in devs {
+        d.check_dev(x)?;
+    }
+    if devs.len() == 2 && devs[0] == devs[1] {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    if caps.is_null() || ops.is_null() || count == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for i in 0..count as usize {
+        // SAFETY: the caller's arrays of `count` elements.
+        let op = unsafe { ops.add(i).read_unaligned() };
+        if op > 12 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    for i in 0..count as usize {
+        // SAFETY: as above.
+        unsafe { caps.add(i).write_unaligned(0) };
+    }
+    Ok(())
+}
+
+crate::exports! {
+    cuDeviceGetHostAtomicCapabilities(caps: *mut u32, ops: *const u32, count: u32, dev: CUdevice)
+        => atomic_capabilities(caps, ops, count, &[dev]);
+    cuDeviceGetP2PAtomicCapabilities(caps: *mut u32, ops: *const u32, count: u32, src: CUdevice, dst: CUdevice)
+        => atomic_capabilities(caps, ops, count, &[src, dst]);
 }

@@ -115,6 +115,7 @@ pub struct MemcpyNodeParams {
 /// `CUgraphNodeParams`: a type, then a union of the per-type parameters
 /// (256 bytes in all).
 #[repr(C)]
+#[derive(Default)]
 pub struct GraphNodeParams {
     pub type_: u32,
     pub reserved0: [i32; 3],
@@ -142,6 +143,7 @@ pub const NODE_WAIT_EVENT: u32 = 6;
 pub const NODE_EVENT_RECORD: u32 = 7;
 pub const NODE_MEM_ALLOC: u32 = 10;
 pub const NODE_MEM_FREE: u32 = 11;
+pub const NODE_BATCH_MEM_OP: u32 = 12;
 pub const NODE_CONDITIONAL: u32 = 13;
 
 /// A kernel node: what runs, the parameters as given, and its launch
@@ -194,6 +196,64 @@ pub enum NodeKind {
     /// A copy or memset recorded by stream capture (reported as a memcpy or
     /// memset node).
     MemOp(crate::driver::MemOp),
+    /// Stream memory operations (`cuGraphAddBatchMemOpNode`).
+    BatchMemOp(Arc<BatchNode>),
+}
+
+/// A batch memory operation node: its operations (the array handed back by
+/// `cuGraphBatchMemOpNodeGetParams`), context and flags.
+pub struct BatchNode {
+    pub ctx: usize,
+    pub ops: Vec<super::stream::BatchMemOp>,
+    pub flags: u32,
+}
+
+/// `CUDA_BATCH_MEM_OP_NODE_PARAMS`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BatchNodeParams {
+    pub ctx: CUcontext,
+    pub count: u32,
+    pub ops: *mut super::stream::BatchMemOp,
+    pub flags: u32,
+}
+
+fn batch_data(p: *const BatchNodeParams) -> Result<NodeKind, CUresult> {
+    let d = cu()?;
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null params from the caller.
+    let bp = unsafe { p.read_unaligned() };
+    if !bp.ctx.is_null() {
+        d.ctx(bp.ctx as usize)?;
+    }
+    let ops = super::stream::read_batch(bp.count, bp.ops, bp.flags)?;
+    if ops.is_empty() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(NodeKind::BatchMemOp(Arc::new(BatchNode {
+        ctx: bp.ctx as usize,
+        ops,
+        flags: bp.flags,
+    })))
+}
+
+fn batch_params(n: CUgraphNode, out: *mut BatchNodeParams) -> CuRes {
+    match node_kind(n)? {
+        NodeKind::BatchMemOp(b) => {
+            let p = BatchNodeParams {
+                ctx: b.ctx as CUcontext,
+                count: b.ops.len() as u32,
+                // The node's own array: valid while the node lives.
+                ops: b.ops.as_ptr() as *mut _,
+                flags: b.flags,
+            };
+            // SAFETY: out pointer from the caller.
+            unsafe { put(out, p, CUDA_ERROR_INVALID_VALUE) }
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
 }
 
 impl NodeKind {
@@ -209,6 +269,7 @@ impl NodeKind {
             NodeKind::EventWait(_) => NODE_WAIT_EVENT,
             NodeKind::MemAlloc(_) => NODE_MEM_ALLOC,
             NodeKind::MemFree(_) => NODE_MEM_FREE,
+            NodeKind::BatchMemOp(_) => NODE_BATCH_MEM_OP,
             NodeKind::Cond(..) => NODE_CONDITIONAL,
             NodeKind::MemOp(crate::driver::MemOp::Copy { .. }) => NODE_MEMCPY,
             NodeKind::MemOp(crate::driver::MemOp::Set { .. }) => NODE_MEMSET,
@@ -258,6 +319,7 @@ pub enum Op {
     Free(u64),
     Cond(Arc<CondHandle>, u32, Vec<Vec<Step>>),
     MemOp(crate::driver::MemOp),
+    BatchMemOp(Arc<BatchNode>),
 }
 
 /// An op, the node it came from (for the exec's per-node setters), and
@@ -704,6 +766,135 @@ fn destroy_graph(d: &Driver, g: usize) -> CuRes {
     Ok(())
 }
 
+/// Releases every user object reference graph `g` holds.
+pub fn release_graph_user_objs(d: &Driver, g: usize) -> CuRes {
+    let uobjs = std::mem::take(&mut graph_of(g)?.lock().user_objs);
+    for (u, c) in uobjs {
+        release_user_obj(d, u, c);
+    }
+    Ok(())
+}
+
+/// `CUDA_ERROR_GRAPH_RECAPTURE_FAILURE`.
+pub const CUDA_ERROR_GRAPH_RECAPTURE_FAILURE: CUresult = 918;
+/// `CU_GRAPH_RECAPTURE_ELIGIBLE_FOR_UPDATE`.
+const RECAPTURE_ELIGIBLE: u32 = 0;
+
+type RecaptureCallback = unsafe extern "C" fn(
+    *mut std::ffi::c_void,
+    CUgraphNode,
+    *const GraphNodeParams,
+    *const GraphNodeParams,
+    u32,
+) -> CUresult;
+
+/// The end of a recapture: graph `built` (what the stream captured) must
+/// have `target`'s topology — as many nodes, of the same kinds, in the same
+/// creation order, with the same edges — and the same memory nodes (sizes,
+/// devices); then each node whose parameters differ is reported to the
+/// callback (if any; a result other than success fails the recapture), and
+/// `target`'s nodes take the recaptured parameters (their handles stay).
+/// Failures are `CUDA_ERROR_GRAPH_RECAPTURE_FAILURE`, found at the end of
+/// the capture rather than at the call that diverged.
+pub fn apply_recapture(built: usize, target: usize, callback: usize, user: usize) -> CuRes {
+    let fail = Err(CUDA_ERROR_GRAPH_RECAPTURE_FAILURE);
+    let (bg, tg) = (graph_of(built)?, graph_of(target)?);
+    // (handle, kind, edges, a kernel's device time: part of its arguments
+    // the parameter struct does not show).
+    let shape = |g: &Graph| -> Vec<(usize, u32, Vec<usize>, u64)> {
+        let index: HashMap<usize, usize> =
+            g.nodes.iter().enumerate().map(|(i, n)| (n.h, i)).collect();
+        g.nodes
+            .iter()
+            .map(|n| {
+                let mut deps: Vec<usize> = n
+                    .deps
+                    .iter()
+                    .filter_map(|x| index.get(x).copied())
+                    .collect();
+                deps.sort_unstable();
+                let ns = match &n.kind {
+                    NodeKind::Kernel(k) => k.run.ns,
+                    _ => 0,
+                };
+                (n.h, n.kind.type_code(), deps, ns)
+            })
+            .collect()
+    };
+    let (new, old) = (shape(&bg.lock()), shape(&tg.lock()));
+    if new.len() != old.len() || new.iter().zip(&old).any(|(a, b)| a.1 != b.1 || a.2 != b.2) {
+        return fail;
+    }
+    for ((nh, ty, _, new_ns), (oh, _, _, old_ns)) in new.iter().zip(&old) {
+        let mut p = [GraphNodeParams::default(), GraphNodeParams::default()];
+        node_get_params(*nh as CUgraphNode, &mut p[0])?;
+        node_get_params(*oh as CUgraphNode, &mut p[1])?;
+        let same = {
+            let bytes = |x: &GraphNodeParams| {
+                // SAFETY: viewing a plain repr(C) struct as its bytes.
+                unsafe {
+                    std::slice::from_raw_parts(
+                        x as *const GraphNodeParams as *const u8,
+                        std::mem::size_of::<GraphNodeParams>(),
+                    )
+                    .to_vec()
+                }
+            };
+            bytes(&p[0]) == bytes(&p[1]) && new_ns == old_ns
+        };
+        if same {
+            continue;
+        }
+        if *ty == NODE_MEM_ALLOC || *ty == NODE_MEM_FREE {
+            let (a, b) = (mem_node_shape(*nh), mem_node_shape(*oh));
+            if a.is_none() || a != b {
+                return fail;
+            }
+            continue;
+        }
+        if callback != 0 {
+            // SAFETY: the caller's CUgraphRecaptureCallback, with parameter
+            // structs that live across the call.
+            let r = unsafe {
+                let f: RecaptureCallback =
+                    std::mem::transmute::<usize, RecaptureCallback>(callback);
+                f(
+                    user as *mut std::ffi::c_void,
+                    *oh as CUgraphNode,
+                    &p[1],
+                    &p[0],
+                    RECAPTURE_ELIGIBLE,
+                )
+            };
+            if r != CUDA_SUCCESS {
+                return fail;
+            }
+        }
+    }
+    // Target's nodes take the new kinds; the old ones go with `built`.
+    let (mut b, mut t) = (bg.lock(), tg.lock());
+    for (x, y) in b.nodes.iter_mut().zip(t.nodes.iter_mut()) {
+        std::mem::swap(&mut x.kind, &mut y.kind);
+    }
+    Ok(())
+}
+
+/// What must match between a memory node and its recapture: an
+/// allocation's size and device; a free's allocation size (the freed
+/// address differs from one capture to the next).
+fn mem_node_shape(n: usize) -> Option<(u64, usize)> {
+    let (_, graph) = owner_of(n as CUgraphNode).ok()?;
+    let gr = graph.lock();
+    match &gr.node(n)?.kind {
+        NodeKind::MemAlloc(a) => Some((a.size, a.dev)),
+        NodeKind::MemFree(p) => gr.nodes.iter().find_map(|x| match &x.kind {
+            NodeKind::MemAlloc(a) if a.ptr == *p => Some((a.size, a.dev)),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
 fn forget_node(d: &Driver, n: Node) {
     d.objs.lock().remove(n.h);
     match n.kind {
@@ -943,6 +1134,7 @@ fn flatten(g: usize, out: &mut Vec<Step>) -> CuRes {
             NodeKind::MemAlloc(a) => Op::Alloc(Arc::clone(a)),
             NodeKind::MemFree(p) => Op::Free(*p),
             NodeKind::MemOp(m) => Op::MemOp(m.clone()),
+            NodeKind::BatchMemOp(b) => Op::BatchMemOp(Arc::clone(b)),
             NodeKind::Child(c) => {
                 flatten(*c, out)?;
                 continue;
@@ -1064,6 +1256,13 @@ fn run_steps(d: &Driver, steps: &[Step], stream: usize) -> CuRes {
                     super::memory::run_mem_op(d, m)?
                 }
             }
+            Op::BatchMemOp(b) => {
+                if !super::stream::record_node_if_capturing(stream, || {
+                    NodeKind::BatchMemOp(Arc::clone(b))
+                })? {
+                    super::stream::run_batch(stream as CUstream, &b.ops)?
+                }
+            }
             Op::Host(f, u) => {
                 // SAFETY: f was a non-null CUhostFn given by the caller.
                 let f: unsafe extern "C" fn(*mut c_void) = unsafe { std::mem::transmute(*f) };
@@ -1156,6 +1355,7 @@ fn exec_set(e: CUgraphExec, node: CUgraphNode, kind: NodeKind) -> CuRes {
         (NodeKind::Host(f, u), Op::Host(..)) => Op::Host(f, u),
         (NodeKind::EventRecord(x), Op::EventRecord(_)) => Op::EventRecord(x),
         (NodeKind::EventWait(_), Op::EventWait) => Op::EventWait,
+        (NodeKind::BatchMemOp(b), Op::BatchMemOp(_)) => Op::BatchMemOp(b),
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     };
     Ok(())
@@ -1298,8 +1498,9 @@ fn generic_kind(p: *mut GraphNodeParams) -> Result<NodeKind, CUresult> {
         // SAFETY: the union holds a CUdeviceptr first.
         NODE_MEM_FREE => Ok(NodeKind::MemFree(unsafe { *(u as *const u64) })),
         NODE_CONDITIONAL => cond_data(u as *mut ConditionalNodeParams),
+        NODE_BATCH_MEM_OP => batch_data(u as *const BatchNodeParams),
         _ => {
-            crate::stub_hit!("cuGraphAddNode(external semaphore or batch memop node)");
+            crate::stub_hit!("cuGraphAddNode(external semaphore node)");
             Err(CUDA_ERROR_NOT_SUPPORTED)
         }
     }
@@ -1494,6 +1695,12 @@ exports! {
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     };
     cuGraphMemsetNodeSetParams(n: CUgraphNode, p: *const MemsetNodeParams) => set_node_kind(n, memset_data(p)?);
+    cuGraphAddBatchMemOpNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const BatchNodeParams)
+        => add_node(pn, g, deps, ndeps, || batch_data(p));
+    cuGraphBatchMemOpNodeGetParams(n: CUgraphNode, p: *mut BatchNodeParams) => batch_params(n, p);
+    cuGraphBatchMemOpNodeSetParams(n: CUgraphNode, p: *const BatchNodeParams) => set_node_kind(n, batch_data(p)?);
+    cuGraphExecBatchMemOpNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *const BatchNodeParams)
+        => exec_set(e, n, batch_data(p)?);
     cuGraphExecMemsetNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *const MemsetNodeParams, _ctx: CUcontext)
         => exec_set(e, n, memset_data(p)?);
     cuGraphMemcpyNodeGetParams(n: CUgraphNode, p: *mut super::array::Memcpy3D) => match node_kind(n)? {
@@ -1689,8 +1896,7 @@ exports! {
 
 stub_fns! {
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        cuGraphAddBatchMemOpNode, cuGraphBatchMemOpNodeGetParams, cuGraphBatchMemOpNodeSetParams,
-        cuGraphExecBatchMemOpNodeSetParams, cuGraphAddExternalSemaphoresSignalNode,
+        cuGraphAddExternalSemaphoresSignalNode,
         cuGraphAddExternalSemaphoresWaitNode, cuGraphExternalSemaphoresSignalNodeGetParams,
         cuGraphExternalSemaphoresSignalNodeSetParams, cuGraphExternalSemaphoresWaitNodeGetParams,
         cuGraphExternalSemaphoresWaitNodeSetParams, cuGraphExecExternalSemaphoresSignalNodeSetParams,
@@ -1735,6 +1941,15 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
                 std::ptr::addr_of_mut!((*c).handle).write_unaligned(h);
                 std::ptr::addr_of_mut!((*c).type_).write_unaligned(t);
                 std::ptr::addr_of_mut!((*c).size).write_unaligned(bodies.len() as u32);
+            }
+            NodeKind::BatchMemOp(b) => {
+                let q = BatchNodeParams {
+                    ctx: b.ctx as CUcontext,
+                    count: b.ops.len() as u32,
+                    ops: b.ops.as_ptr() as *mut _,
+                    flags: b.flags,
+                };
+                (u as *mut BatchNodeParams).write_unaligned(q);
             }
             NodeKind::Empty | NodeKind::MemOp(_) => {}
         }

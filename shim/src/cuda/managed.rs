@@ -418,3 +418,83 @@ exports! {
     cuMemDiscardBatchAsync | cuMemDiscardBatchAsync_ptsz(ptrs: Ptrs, sizes: Sizes, count: usize, flags: u64, stream: CUstream)
         => batch_hint(ptrs, sizes, count, std::ptr::null(), std::ptr::null(), 0, flags, stream, false);
 }
+
+/// Whether the page holding `addr` is backed (touched) in this process;
+/// `None` when `addr` is not mapped at all.
+fn page_resident(addr: u64) -> Option<bool> {
+    let page = 4096u64;
+    let start = addr & !(page - 1);
+    let mut v = 0u8;
+    // SAFETY: mincore writes one byte for the one page asked about.
+    let r = unsafe { libc::mincore(start as *mut c_void, page as usize, &mut v) };
+    (r == 0).then_some(v & 1 != 0)
+}
+
+/// `cuMemGetLocationInfo` (CUDA 13.4): where each `summary`-sized region of
+/// `[p, p + n)` mostly lives, sampled every `sampling` bytes (0: 2 MiB).
+/// Managed memory is where it was last prefetched; without a prefetch, and
+/// for pageable host memory, the host where a sampled page was touched and
+/// nowhere (`CU_MEM_LOCATION_TYPE_NONE`) where none was (the sim's kernels
+/// touch nothing). Device and registered host memory are
+/// `CUDA_ERROR_INVALID_VALUE`, as for the driver.
+fn location_info(
+    p: CUdeviceptr,
+    n: usize,
+    summary: usize,
+    sampling: usize,
+    out: *mut CUmemLocation,
+) -> CuRes {
+    let d = cu()?;
+    if out.is_null() || n == 0 || summary == 0 || summary > n || sampling > summary || p == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let prefetched = match alloc_at(d, p, n as u64) {
+        Ok((start, AllocKind::Managed)) => hints().lock().get(&start).and_then(|h| h.last_prefetch),
+        Ok(_) => return Err(CUDA_ERROR_INVALID_VALUE),
+        Err(_)
+            if d.allocs
+                .lock()
+                .range(..=p)
+                .next_back()
+                .is_some_and(|(s, a)| p < s + a.map_len.max(a.size as usize) as u64) =>
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE)
+        }
+        Err(_) => None,
+    };
+    let step = if sampling == 0 { 2 << 20 } else { sampling } as u64;
+    let regions = n.div_ceil(summary);
+    for r in 0..regions {
+        let loc = match prefetched {
+            Some(DEVICE_CPU) => CUmemLocation { type_: 2, id: 0 },
+            Some(dev) => CUmemLocation { type_: 1, id: dev },
+            None => {
+                let lo = p + (r * summary) as u64;
+                let hi = (p + n as u64).min(lo + summary as u64);
+                let (mut touched, mut untouched) = (0, 0);
+                let mut a = lo;
+                while a < hi {
+                    match page_resident(a) {
+                        Some(true) => touched += 1,
+                        Some(false) => untouched += 1,
+                        None => return Err(CUDA_ERROR_INVALID_VALUE),
+                    }
+                    a += step;
+                }
+                if touched >= untouched && touched > 0 {
+                    CUmemLocation { type_: 2, id: 0 }
+                } else {
+                    CUmemLocation { type_: 0, id: 0 }
+                }
+            }
+        };
+        // SAFETY: the caller's array of ceil(size / summaryGranularity) entries.
+        unsafe { out.add(r).write_unaligned(loc) };
+    }
+    Ok(())
+}
+
+crate::exports! {
+    cuMemGetLocationInfo(p: CUdeviceptr, n: usize, summary: usize, sampling: usize, out: *mut CUmemLocation)
+        => location_info(p, n, summary, sampling, out);
+}

@@ -108,6 +108,7 @@ pub fn free_dev(d: &Driver, p: u64, allow: &[AllocKind]) -> CuRes {
     let a = allocs.remove(&p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     drop(allocs);
     super::managed::forget(p);
+    super::ipc::forget_export(p);
     unmap(p, a.map_len);
     if a.charged > 0 {
         d.uncharge(a.dev, a.charged);
@@ -116,6 +117,16 @@ pub fn free_dev(d: &Driver, p: u64, allow: &[AllocKind]) -> CuRes {
 }
 
 /// Frees every allocation of a context (at its destruction).
+/// What context `from` allocated now belongs to context `to` (a green
+/// context's memory is its primary context's).
+pub fn reparent_ctx_allocs(d: &Driver, from: usize, to: usize) {
+    for a in d.allocs.lock().values_mut() {
+        if a.ctx == from {
+            a.ctx = to;
+        }
+    }
+}
+
 pub fn free_ctx_allocs(d: &Driver, ctx: usize) {
     let victims: Vec<(u64, Alloc)> = {
         let mut allocs = d.allocs.lock();
@@ -129,6 +140,7 @@ pub fn free_ctx_allocs(d: &Driver, ctx: usize) {
             .collect()
     };
     for (p, a) in victims {
+        super::ipc::forget_export(p);
         unmap(p, a.map_len);
         if a.charged > 0 {
             d.uncharge(a.dev, a.charged);
@@ -910,6 +922,7 @@ pub unsafe extern "C" fn cuArray3DCreate_v2(
         }
         // SAFETY: non-null descriptor from the caller.
         let ds = unsafe { desc.read_unaligned() };
+        super::array::no_sparse_or_deferred(ds.Flags)?;
         array_create(
             parr,
             ds.Width,
@@ -1340,4 +1353,30 @@ pub fn array_create_pub(
 /// Destroys an array by handle (mipmap levels use it).
 pub fn array_destroy_pub(d: &Driver, h: usize) -> CuRes {
     array_destroy(d, h)
+}
+
+/// `cuMemcpyWithAttributesAsync` (CUDA 12.8): one copy in stream order; the
+/// attributes (source access order, location hints) change nothing in the
+/// sim, whose copies are plain memory copies.
+fn memcpy_with_attributes(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    attr: *const c_void,
+    s: CUstream,
+) -> CuRes {
+    cu()?;
+    if attr.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: our own function, with the caller's arguments.
+    match unsafe { cuMemcpyAsync(dst, src, n, s) } {
+        CUDA_SUCCESS => Ok(()),
+        e => Err(e),
+    }
+}
+
+exports! {
+    cuMemcpyWithAttributesAsync(dst: CUdeviceptr, src: CUdeviceptr, n: usize, attr: *const c_void, s: CUstream)
+        => memcpy_with_attributes(dst, src, n, attr, s);
 }

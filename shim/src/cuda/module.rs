@@ -239,6 +239,48 @@ pub unsafe extern "C" fn cuModuleGetGlobal_v2(
     guard(|| get_global(dptr, bytes, m as usize, name, false))
 }
 
+/// `cuLibraryGetManaged`: a `__managed__` variable of the library (its
+/// address is the global's, which the host can read and write in the sim).
+fn get_managed(
+    dptr: *mut CUdeviceptr,
+    bytes: *mut usize,
+    lib: usize,
+    name: *const c_char,
+) -> CuRes {
+    let d = cu()?;
+    // SAFETY: NUL-terminated name from the caller.
+    let n = unsafe { read_cstr(name) }.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    match d.objs.lock().get(lib) {
+        Some(Obj::Module(md)) if md.library => {
+            if !md.image.is_managed(&n) {
+                return Err(CUDA_ERROR_NOT_FOUND);
+            }
+        }
+        _ => return Err(CUDA_ERROR_INVALID_HANDLE),
+    }
+    get_global(dptr, bytes, lib, name, true)
+}
+
+/// `cuLibraryGetUnifiedFunction`: unified functions are host code compiled
+/// into the library; the images the sim reads never hold one.
+fn get_unified(fptr: *mut *mut std::ffi::c_void, lib: usize, name: *const c_char) -> CuRes {
+    let d = cu()?;
+    if fptr.is_null() || name.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    match d.objs.lock().get(lib) {
+        Some(Obj::Module(md)) if md.library => Err(CUDA_ERROR_NOT_FOUND),
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+crate::exports! {
+    cuLibraryGetManaged(dptr: *mut CUdeviceptr, bytes: *mut usize, lib: CUlibrary, name: *const c_char)
+        => get_managed(dptr, bytes, lib as usize, name);
+    cuLibraryGetUnifiedFunction(fptr: *mut *mut std::ffi::c_void, lib: CUlibrary, name: *const c_char)
+        => get_unified(fptr, lib as usize, name);
+}
+
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetGlobal(
     dptr: *mut CUdeviceptr,
@@ -415,6 +457,7 @@ pub unsafe extern "C" fn cuFuncSetCacheConfig(f: CUfunction, _cfg: u32) -> CUres
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncGetName(name: *mut *const c_char, f: CUfunction) -> CUresult {
+    crate::version_gate!("cuFuncGetName");
     guard(|| {
         let func = cu()?.func(f as usize)?;
         // Names live as long as the process (leaked once per function handle).
@@ -456,6 +499,7 @@ fn module_funcs(m: usize, library: bool, count: *mut u32, out: *mut CUfunction, 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuModuleGetFunctionCount(count: *mut u32, m: CUmodule) -> CUresult {
+    crate::version_gate!("cuModuleGetFunctionCount");
     guard(|| {
         if count.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -470,11 +514,13 @@ pub unsafe extern "C" fn cuModuleEnumerateFunctions(
     n: u32,
     m: CUmodule,
 ) -> CUresult {
+    crate::version_gate!("cuModuleEnumerateFunctions");
     guard(|| module_funcs(m as usize, false, std::ptr::null_mut(), out, n))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuLibraryGetKernelCount(count: *mut u32, lib: CUlibrary) -> CUresult {
+    crate::version_gate!("cuLibraryGetKernelCount");
     guard(|| {
         if count.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -489,11 +535,13 @@ pub unsafe extern "C" fn cuLibraryEnumerateKernels(
     n: u32,
     lib: CUlibrary,
 ) -> CUresult {
+    crate::version_gate!("cuLibraryEnumerateKernels");
     guard(|| module_funcs(lib as usize, true, std::ptr::null_mut(), out, n))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetName(name: *mut *const c_char, k: CUkernel) -> CUresult {
+    crate::version_gate!("cuKernelGetName");
     std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuFuncGetName(name, k as CUfunction) }
@@ -510,6 +558,7 @@ pub unsafe extern "C" fn cuFuncGetModule(pm: *mut CUmodule, f: CUfunction) -> CU
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuKernelGetLibrary(pl: *mut CUlibrary, k: CUkernel) -> CUresult {
+    crate::version_gate!("cuKernelGetLibrary");
     std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuFuncGetModule(pl as *mut CUmodule, k as CUfunction) }
@@ -527,6 +576,7 @@ pub unsafe extern "C" fn cuModuleGetLoadingMode(mode: *mut u32) -> CUresult {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: CUfunction) -> CUresult {
+    crate::version_gate!("cuFuncIsLoaded");
     guard(|| {
         cu()?.func(f as usize)?;
         // SAFETY: out pointer from the caller (CU_FUNCTION_LOADING_STATE_LOADED).
@@ -536,5 +586,6 @@ pub unsafe extern "C" fn cuFuncIsLoaded(state: *mut u32, f: CUfunction) -> CUres
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuFuncLoad(f: CUfunction) -> CUresult {
+    crate::version_gate!("cuFuncLoad");
     guard(|| cu()?.func(f as usize).map(|_| ()))
 }

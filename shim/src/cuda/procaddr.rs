@@ -20,6 +20,7 @@ use crate::{guard, put, read_cstr};
 use cgpu_ffi::*;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::OnceLock;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +91,57 @@ pub fn table() -> &'static Table {
         }
         t
     })
+}
+
+/// The CUDA version that introduced `symbol` (its oldest entry in the
+/// table); `None` for a symbol not in it.
+pub fn introduced(symbol: &str) -> Option<u32> {
+    static T: OnceLock<HashMap<&'static str, u32>> = OnceLock::new();
+    T.get_or_init(|| {
+        let mut m: HashMap<&'static str, u32> = HashMap::new();
+        for e in table().values().flatten() {
+            let v = m.entry(e.symbol).or_insert(e.version);
+            *v = (*v).min(e.version);
+        }
+        m
+    })
+    .get(symbol)
+    .copied()
+}
+
+/// Whether exported function `symbol` is newer than the simulated driver
+/// (`CGPU_SIM_DRIVER_VERSION`): a real driver of that version would not
+/// export it, so when a client finds it anyway (`dlsym`) and calls it, it
+/// answers `CUDA_ERROR_NOT_SUPPORTED` and does nothing. `gate` caches the
+/// answer per call site (one relaxed load after the first call).
+pub fn too_new(gate: &AtomicU8, symbol: &str) -> bool {
+    match gate.load(Relaxed) {
+        1 => false,
+        2 => true,
+        _ => {
+            let driver = crate::driver::driver_version().max(0) as u32;
+            let newer = introduced(symbol).is_some_and(|v| v > driver);
+            gate.store(if newer { 2 } else { 1 }, Relaxed);
+            if newer {
+                trace(format_args!(
+                    "{symbol} is newer than driver version {driver}: CUDA_ERROR_NOT_SUPPORTED"
+                ));
+            }
+            newer
+        }
+    }
+}
+
+/// Returns `CUDA_ERROR_NOT_SUPPORTED` from the exported function `$name`
+/// when it is newer than the simulated driver (see [`too_new`]).
+#[macro_export]
+macro_rules! version_gate {
+    ($name:expr) => {{
+        static GATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+        if $crate::cuda::procaddr::too_new(&GATE, $name) {
+            return cgpu_ffi::CUDA_ERROR_NOT_SUPPORTED;
+        }
+    }};
 }
 
 /// Variants newer than the typedef headers the table is generated from.

@@ -15,7 +15,6 @@ legacy_stubs! {
     cuGLMapBufferObject_v2,
     cuGraphicsResourceGetMappedPointer_v2,
     cuGraphicsResourceSetMapFlags_v2,
-    cuIpcOpenMemHandle_v2,
     cuMemAllocHost,
     cuMemAllocPitch,
     cuMemFree,
@@ -27,7 +26,6 @@ legacy_stubs! {
     cuMemcpy2DUnaligned,
     cuMemcpy3D,
     cuMemcpy3DAsync,
-    cuMemcpy3DBatchAsync_v2,
     cuMemcpyAtoA,
     cuMemcpyAtoD,
     cuMemcpyAtoH,
@@ -48,7 +46,6 @@ legacy_stubs! {
     cuMemsetD32,
     cuMemsetD8,
     cuModuleGetGlobal,
-    cuMulticastBindMem_v2,
     cuTexRefGetAddress_v2,
     cuTexRefSetAddress2D_v2,
     cuTexRefSetAddress2D_v3,
@@ -90,6 +87,7 @@ proc_table! {
     cuCtxGetApiVersion: 3020 => cuCtxGetApiVersion;
     cuCtxGetCacheConfig: 3020 => cuCtxGetCacheConfig;
     cuCtxGetCurrent: 4000 => cuCtxGetCurrent;
+    cuCtxGetDevResource: 12040 => cuCtxGetDevResource;
     cuCtxGetDevice: 2000 => cuCtxGetDevice, 13000 => cuCtxGetDevice_v2;
     cuCtxGetExecAffinity: 11040 => cuCtxGetExecAffinity;
     cuCtxGetFlags: 7000 => cuCtxGetFlags;
@@ -111,6 +109,7 @@ proc_table! {
     cuDestroyExternalMemory: 10000 => cuDestroyExternalMemory;
     cuDestroyExternalSemaphore: 10000 => cuDestroyExternalSemaphore;
     cuDevResourceGenerateDesc: 12040 => cuDevResourceGenerateDesc;
+    cuDevSmResourceSplit: 13010 => cuDevSmResourceSplit;
     cuDevSmResourceSplitByCount: 12040 => cuDevSmResourceSplitByCount;
     cuDeviceCanAccessPeer: 4000 => cuDeviceCanAccessPeer;
     cuDeviceComputeCapability: 2000 => cuDeviceComputeCapability;
@@ -293,7 +292,11 @@ proc_table! {
     cuGraphicsVDPAURegisterVideoSurface: 3010 => cuGraphicsVDPAURegisterVideoSurface;
     cuGreenCtxCreate: 12040 => cuGreenCtxCreate;
     cuGreenCtxDestroy: 12040 => cuGreenCtxDestroy;
+    cuGreenCtxGetDevResource: 12040 => cuGreenCtxGetDevResource;
+    cuGreenCtxGetId: 12090 => cuGreenCtxGetId;
+    cuGreenCtxRecordEvent: 12040 => cuGreenCtxRecordEvent;
     cuGreenCtxStreamCreate: 12050 => cuGreenCtxStreamCreate;
+    cuGreenCtxWaitEvent: 12040 => cuGreenCtxWaitEvent;
     cuImportExternalMemory: 10000 => cuImportExternalMemory;
     cuImportExternalSemaphore: 10000 => cuImportExternalSemaphore;
     cuInit: 2000 => cuInit;
@@ -322,7 +325,9 @@ proc_table! {
     cuLibraryGetGlobal: 12000 => cuLibraryGetGlobal;
     cuLibraryGetKernel: 12000 => cuLibraryGetKernel;
     cuLibraryGetKernelCount: 12040 => cuLibraryGetKernelCount;
+    cuLibraryGetManaged: 12000 => cuLibraryGetManaged;
     cuLibraryGetModule: 12000 => cuLibraryGetModule;
+    cuLibraryGetUnifiedFunction: 12000 => cuLibraryGetUnifiedFunction;
     cuLibraryLoadData: 12000 => cuLibraryLoadData;
     cuLibraryLoadFromFile: 12000 => cuLibraryLoadFromFile;
     cuLibraryUnload: 12000 => cuLibraryUnload;
@@ -343,6 +348,9 @@ proc_table! {
     cuLogicalEndpointImport: 13030 => cuLogicalEndpointImport;
     cuLogicalEndpointQuery: 13030 => cuLogicalEndpointQuery;
     cuLogicalEndpointUnbind: 13030 => cuLogicalEndpointUnbind;
+    cuLogsCurrent: 12090 => cuLogsCurrent;
+    cuLogsDumpToFile: 12090 => cuLogsDumpToFile;
+    cuLogsDumpToMemory: 12090 => cuLogsDumpToMemory;
     cuLogsRegisterCallback: 12090 => cuLogsRegisterCallback;
     cuLogsUnregisterCallback: 12090 => cuLogsUnregisterCallback;
     cuMemAddressFree: 10020 => cuMemAddressFree;
@@ -378,7 +386,7 @@ proc_table! {
     cuMemHostUnregister: 4000 => cuMemHostUnregister;
     cuMemImportFromShareableHandle: 10020 => cuMemImportFromShareableHandle;
     cuMemMap: 10020 => cuMemMap;
-    cuMemMapArrayAsync: 11010 => cuMemMapArrayAsync;
+    cuMemMapArrayAsync: 11010 => cuMemMapArrayAsync, 11010 ptds => cuMemMapArrayAsync_ptsz;
     cuMemPoolCreate: 11020 => cuMemPoolCreate;
     cuMemPoolDestroy: 11020 => cuMemPoolDestroy;
     cuMemPoolExportPointer: 11020 => cuMemPoolExportPointer;
@@ -405,7 +413,7 @@ proc_table! {
     cuMemcpy2DUnaligned: 2000 => cuMemcpy2DUnaligned, 3020 => cuMemcpy2DUnaligned_v2, 7000 ptds => cuMemcpy2DUnaligned_v2_ptds;
     cuMemcpy3D: 2000 => cuMemcpy3D, 3020 => cuMemcpy3D_v2, 7000 ptds => cuMemcpy3D_v2_ptds;
     cuMemcpy3DAsync: 2000 => cuMemcpy3DAsync, 3020 => cuMemcpy3DAsync_v2, 7000 ptds => cuMemcpy3DAsync_v2_ptsz;
-    cuMemcpy3DBatchAsync: 12080 => cuMemcpy3DBatchAsync, 13000 => cuMemcpy3DBatchAsync_v2;
+    cuMemcpy3DBatchAsync: 12080 => cuMemcpy3DBatchAsync, 12080 ptds => cuMemcpy3DBatchAsync_ptsz, 13000 => cuMemcpy3DBatchAsync_v2, 13000 ptds => cuMemcpy3DBatchAsync_v2_ptsz;
     cuMemcpy3DPeer: 4000 => cuMemcpy3DPeer, 7000 ptds => cuMemcpy3DPeer_ptds;
     cuMemcpy3DPeerAsync: 4000 => cuMemcpy3DPeerAsync, 7000 ptds => cuMemcpy3DPeerAsync_ptsz;
     cuMemcpy3DWithAttributesAsync: 13020 => cuMemcpy3DWithAttributesAsync;
@@ -457,6 +465,7 @@ proc_table! {
     cuModuleLoadFatBinary: 2000 => cuModuleLoadFatBinary;
     cuModuleUnload: 2000 => cuModuleUnload;
     cuMulticastAddDevice: 12010 => cuMulticastAddDevice;
+    cuMulticastBindAddr: 12010 => cuMulticastBindAddr, 13010 => cuMulticastBindAddr_v2;
     cuMulticastBindMem: 12010 => cuMulticastBindMem, 13010 => cuMulticastBindMem_v2;
     cuMulticastCreate: 12010 => cuMulticastCreate;
     cuMulticastGetGranularity: 12010 => cuMulticastGetGranularity;
@@ -486,6 +495,7 @@ proc_table! {
     cuStreamBeginCapture: 10000 => cuStreamBeginCapture, 10000 ptds => cuStreamBeginCapture_ptsz, 10010 => cuStreamBeginCapture_v2, 10010 ptds => cuStreamBeginCapture_v2_ptsz;
     cuStreamBeginCaptureToCig: 13010 => cuStreamBeginCaptureToCig;
     cuStreamBeginCaptureToGraph: 12030 => cuStreamBeginCaptureToGraph, 12030 ptds => cuStreamBeginCaptureToGraph_ptsz;
+    cuStreamBeginRecaptureToGraph: 13030 => cuStreamBeginRecaptureToGraph, 13030 ptds => cuStreamBeginRecaptureToGraph_ptsz;
     cuStreamCopyAttributes: 11000 => cuStreamCopyAttributes, 11000 ptds => cuStreamCopyAttributes_ptsz;
     cuStreamCreate: 2000 => cuStreamCreate;
     cuStreamCreateWithPriority: 5050 => cuStreamCreateWithPriority;
@@ -495,8 +505,10 @@ proc_table! {
     cuStreamGetAttribute: 11000 => cuStreamGetAttribute, 11000 ptds => cuStreamGetAttribute_ptsz;
     cuStreamGetCaptureInfo: 10010 => cuStreamGetCaptureInfo, 10010 ptds => cuStreamGetCaptureInfo_ptsz, 11030 => cuStreamGetCaptureInfo_v2, 11030 ptds => cuStreamGetCaptureInfo_v2_ptsz, 12030 => cuStreamGetCaptureInfo_v3, 12030 ptds => cuStreamGetCaptureInfo_v3_ptsz;
     cuStreamGetCtx: 9020 => cuStreamGetCtx, 9020 ptds => cuStreamGetCtx_ptsz, 12050 => cuStreamGetCtx_v2, 12050 ptds => cuStreamGetCtx_v2_ptsz;
+    cuStreamGetDevResource: 13010 => cuStreamGetDevResource, 13010 ptds => cuStreamGetDevResource_ptsz;
     cuStreamGetDevice: 12080 => cuStreamGetDevice, 12080 ptds => cuStreamGetDevice_ptsz;
     cuStreamGetFlags: 5050 => cuStreamGetFlags, 7000 ptds => cuStreamGetFlags_ptsz;
+    cuStreamGetGreenCtx: 12040 => cuStreamGetGreenCtx;
     cuStreamGetId: 12000 => cuStreamGetId, 12000 ptds => cuStreamGetId_ptsz;
     cuStreamGetPriority: 5050 => cuStreamGetPriority, 7000 ptds => cuStreamGetPriority_ptsz;
     cuStreamIsCapturing: 10000 => cuStreamIsCapturing, 10000 ptds => cuStreamIsCapturing_ptsz;
@@ -506,13 +518,19 @@ proc_table! {
     cuStreamUpdateCaptureDependencies: 11030 => cuStreamUpdateCaptureDependencies, 11030 ptds => cuStreamUpdateCaptureDependencies_ptsz, 12030 => cuStreamUpdateCaptureDependencies_v2, 12030 ptds => cuStreamUpdateCaptureDependencies_v2_ptsz;
     cuStreamWaitEvent: 3020 => cuStreamWaitEvent, 7000 ptds => cuStreamWaitEvent_ptsz;
     cuStreamWaitValue32: 8000 => cuStreamWaitValue32, 11070 => cuStreamWaitValue32_v2, 11070 ptds => cuStreamWaitValue32_v2_ptsz;
+    cuStreamWaitValue64: 9000 => cuStreamWaitValue64, 11070 => cuStreamWaitValue64_v2, 11070 ptds => cuStreamWaitValue64_v2_ptsz;
     cuStreamWriteValue32: 8000 => cuStreamWriteValue32, 11070 => cuStreamWriteValue32_v2, 11070 ptds => cuStreamWriteValue32_v2_ptsz;
+    cuStreamWriteValue64: 9000 => cuStreamWriteValue64, 11070 => cuStreamWriteValue64_v2, 11070 ptds => cuStreamWriteValue64_v2_ptsz;
     cuSurfObjectCreate: 5000 => cuSurfObjectCreate;
     cuSurfObjectDestroy: 5000 => cuSurfObjectDestroy;
     cuSurfObjectGetResourceDesc: 5000 => cuSurfObjectGetResourceDesc;
     cuSurfRefGetArray: 3000 => cuSurfRefGetArray;
     cuSurfRefSetArray: 3000 => cuSurfRefSetArray;
+    cuTensorMapEncodeIm2col: 12000 => cuTensorMapEncodeIm2col;
+    cuTensorMapEncodeIm2colWide: 12080 => cuTensorMapEncodeIm2colWide;
     cuTensorMapEncodeTiled: 12000 => cuTensorMapEncodeTiled;
+    cuTensorMapReplaceAddress: 12000 => cuTensorMapReplaceAddress;
+    cuTensorMapSetAllocationClass: 13050 => cuTensorMapSetAllocationClass;
     cuTexObjectCreate: 5000 => cuTexObjectCreate;
     cuTexObjectDestroy: 5000 => cuTexObjectDestroy;
     cuTexObjectGetResourceDesc: 5000 => cuTexObjectGetResourceDesc;
@@ -563,9 +581,6 @@ pub const STUBS: &[&str] = &[
     "cuArray3DGetDescriptor",
     "cuArrayCreate",
     "cuArrayGetDescriptor",
-    "cuArrayGetMemoryRequirements",
-    "cuArrayGetPlane",
-    "cuArrayGetSparseProperties",
     "cuCheckpointOperationComplete",
     "cuCheckpointProcessCheckpoint",
     "cuCheckpointProcessGetRestoreThreadId",
@@ -573,20 +588,12 @@ pub const STUBS: &[&str] = &[
     "cuCheckpointProcessLock",
     "cuCheckpointProcessRestore",
     "cuCheckpointProcessUnlock",
-    "cuCtxAttach",
-    "cuCtxDetach",
-    "cuCtxFromGreenCtx",
     "cuDestroyExternalMemory",
     "cuDestroyExternalSemaphore",
-    "cuDevResourceGenerateDesc",
-    "cuDevSmResourceSplitByCount",
     "cuDeviceGetCliqueCount",
     "cuDeviceGetCliqueInfo",
-    "cuDeviceGetDevResource",
     "cuDeviceGetFabricClusterUuid",
-    "cuDeviceGetHostAtomicCapabilities",
     "cuDeviceGetNvSciSyncAttributes",
-    "cuDeviceGetP2PAtomicCapabilities",
     "cuEGLStreamConsumerAcquireFrame",
     "cuEGLStreamConsumerConnect",
     "cuEGLStreamConsumerConnectWithFlags",
@@ -614,12 +621,8 @@ pub const STUBS: &[&str] = &[
     "cuGLUnmapBufferObject",
     "cuGLUnmapBufferObjectAsync",
     "cuGLUnregisterBufferObject",
-    "cuGraphAddBatchMemOpNode",
     "cuGraphAddExternalSemaphoresSignalNode",
     "cuGraphAddExternalSemaphoresWaitNode",
-    "cuGraphBatchMemOpNodeGetParams",
-    "cuGraphBatchMemOpNodeSetParams",
-    "cuGraphExecBatchMemOpNodeSetParams",
     "cuGraphExecExternalSemaphoresSignalNodeSetParams",
     "cuGraphExecExternalSemaphoresWaitNodeSetParams",
     "cuGraphExternalSemaphoresSignalNodeGetParams",
@@ -641,17 +644,10 @@ pub const STUBS: &[&str] = &[
     "cuGraphicsUnregisterResource",
     "cuGraphicsVDPAURegisterOutputSurface",
     "cuGraphicsVDPAURegisterVideoSurface",
-    "cuGreenCtxCreate",
-    "cuGreenCtxDestroy",
-    "cuGreenCtxStreamCreate",
     "cuImportExternalMemory",
     "cuImportExternalSemaphore",
-    "cuIpcCloseMemHandle",
     "cuIpcGetEventHandle",
-    "cuIpcGetMemHandle",
     "cuIpcOpenEventHandle",
-    "cuIpcOpenMemHandle",
-    "cuIpcOpenMemHandle_v2",
     "cuLogicalEndpointAddDevice",
     "cuLogicalEndpointBindAddr",
     "cuLogicalEndpointBindMem",
@@ -668,15 +664,11 @@ pub const STUBS: &[&str] = &[
     "cuMemAllocHost",
     "cuMemAllocPitch",
     "cuMemBatchDecompressAsync",
-    "cuMemExportToShareableHandle",
     "cuMemFree",
     "cuMemGetAddressRange",
     "cuMemGetHandleForAddressRange",
-    "cuMemGetLocationInfo",
     "cuMemHostGetDevicePointer",
     "cuMemHostRegister",
-    "cuMemImportFromShareableHandle",
-    "cuMemMapArrayAsync",
     "cuMemPoolExportPointer",
     "cuMemPoolExportToShareableHandle",
     "cuMemPoolImportFromShareableHandle",
@@ -686,9 +678,6 @@ pub const STUBS: &[&str] = &[
     "cuMemcpy2DUnaligned",
     "cuMemcpy3D",
     "cuMemcpy3DAsync",
-    "cuMemcpy3DBatchAsync",
-    "cuMemcpy3DBatchAsync_v2",
-    "cuMemcpy3DWithAttributesAsync",
     "cuMemcpyAtoA",
     "cuMemcpyAtoD",
     "cuMemcpyAtoH",
@@ -702,35 +691,22 @@ pub const STUBS: &[&str] = &[
     "cuMemcpyHtoAAsync",
     "cuMemcpyHtoD",
     "cuMemcpyHtoDAsync",
-    "cuMemcpyWithAttributesAsync",
     "cuMemsetD16",
     "cuMemsetD2D16",
     "cuMemsetD2D32",
     "cuMemsetD2D8",
     "cuMemsetD32",
     "cuMemsetD8",
-    "cuMipmappedArrayGetMemoryRequirements",
-    "cuMipmappedArrayGetSparseProperties",
     "cuModuleGetGlobal",
     "cuModuleGetSurfRef",
     "cuModuleGetTexRef",
-    "cuMulticastAddDevice",
-    "cuMulticastBindMem",
-    "cuMulticastBindMem_v2",
-    "cuMulticastCreate",
-    "cuMulticastGetGranularity",
-    "cuMulticastUnbind",
     "cuParamSetTexRef",
     "cuProfilerInitialize",
     "cuSignalExternalSemaphoresAsync",
-    "cuStreamBatchMemOp",
-    "cuStreamBatchMemOp_v2",
-    "cuStreamBatchMemOp_v2_ptsz",
     "cuStreamBeginCaptureToCig",
     "cuStreamEndCaptureToCig",
     "cuSurfRefGetArray",
     "cuSurfRefSetArray",
-    "cuTensorMapEncodeTiled",
     "cuTexRefCreate",
     "cuTexRefDestroy",
     "cuTexRefGetAddress",

@@ -4,7 +4,7 @@
 //! number of its last operation, an event the one of its last record.
 
 use crate::cuda::graph::{add_node_kind, KernelData, KernelNodeParams, NodeKind};
-use crate::driver::{cu, Capture, CaptureGraph, Event, KernelNode, MemOp, Obj, Stream};
+use crate::driver::{cu, Capture, CaptureGraph, Driver, Event, KernelNode, MemOp, Obj, Stream};
 use crate::exec::EventTimes;
 use crate::{exports, guard, put, CuRes};
 use cgpu_ffi::*;
@@ -19,16 +19,28 @@ fn create(ph: *mut CUstream, flags: u32, prio: i32) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (ctx, c) = d.cur_ctx()?;
+    create_in(d, ph, ctx, c.dev, flags, prio)
+}
+
+/// A new stream of context `ctx` on `dev`, its handle written to `ph`.
+pub(crate) fn create_in(
+    d: &Driver,
+    ph: *mut CUstream,
+    ctx: usize,
+    dev: usize,
+    flags: u32,
+    prio: i32,
+) -> CuRes {
     let s = Stream {
         ctx,
-        dev: c.dev,
+        dev,
         flags,
         prio: prio.clamp(-5, 0),
         last_seq: AtomicU64::new(0),
         capture: Mutex::new(None),
     };
     let h = d.objs.lock().insert(Obj::Stream(Arc::new(s)));
-    // SAFETY: out pointer from the caller (checked non-null).
+    // SAFETY: out pointer from the caller.
     unsafe { put(ph, h as CUstream, CUDA_ERROR_INVALID_VALUE) }
 }
 
@@ -421,6 +433,7 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
     start: CUevent,
     end: CUevent,
 ) -> CUresult {
+    crate::version_gate!("cuEventElapsedTime_v2");
     std::hint::black_box(concat!(file!(), line!()));
     // SAFETY: same contract.
     unsafe { cuEventElapsedTime(ms, start, end) }
@@ -428,18 +441,31 @@ pub unsafe extern "C" fn cuEventElapsedTime_v2(
 
 // ------------------------------------------------ more stream queries, capture
 
+/// CUDA 12.5: a stream of a green context gives the green context (and a
+/// NULL context), any other its context (and a NULL green context).
 fn get_ctx_v2(h: CUstream, pctx: *mut CUcontext, pgreen: *mut *mut c_void) -> CuRes {
     if pctx.is_null() && pgreen.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if !pgreen.is_null() {
-        // SAFETY: non-null out pointer from the caller.
-        unsafe { *pgreen = std::ptr::null_mut() };
+    let d = cu()?;
+    let ctx = match d.stream(h as usize)? {
+        (_, Some(s)) => s.ctx,
+        (_, None) => d.cur_ctx()?.0,
+    };
+    let (c, g) = match super::green::green_handle_of_ctx(d, ctx) {
+        Some(g) => (0, g),
+        None => (ctx, 0),
+    };
+    // SAFETY: out pointers from the caller, written when non-null.
+    unsafe {
+        if !pctx.is_null() {
+            put(pctx, c as CUcontext, CUDA_ERROR_INVALID_VALUE)?;
+        }
+        if !pgreen.is_null() {
+            put(pgreen, g as *mut c_void, CUDA_ERROR_INVALID_VALUE)?;
+        }
     }
-    if pctx.is_null() {
-        return cu()?.stream(h as usize).map(|_| ());
-    }
-    get_ctx(h, pctx)
+    Ok(())
 }
 
 exports! {
@@ -526,6 +552,7 @@ fn begin_capture(h: CUstream, mode: u32) -> CuRes {
             invalidated: false,
             joined: 0,
             user_graph: false,
+            recapture: None,
         })),
         deps: Vec::new(),
         origin: true,
@@ -568,8 +595,44 @@ fn begin_capture_to_graph(
             invalidated: false,
             joined: 0,
             user_graph: true,
+            recapture: None,
         })),
         deps,
+        origin: true,
+    });
+    Ok(())
+}
+
+/// `cuStreamBeginRecaptureToGraph` (CUDA 13.3): captures into a new graph;
+/// at `cuStreamEndCapture` it must have the existing graph's topology (same
+/// node kinds in creation order, same edges) and memory nodes, every other
+/// parameter difference goes to the callback, and the existing graph takes
+/// the recaptured parameters (`graph::apply_recapture`). The user objects
+/// the graph held are released first.
+fn begin_recapture(h: CUstream, mode: u32, g: CUgraph, callback: usize, user: usize) -> CuRes {
+    let d = cu()?;
+    if mode > 2 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, s) = d.stream(h as usize)?;
+    let s = s.ok_or(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED)?;
+    crate::cuda::graph::graph_of(g as usize)?;
+    let mut cap = s.capture.lock();
+    if cap.is_some() {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    crate::cuda::graph::release_graph_user_objs(d, g as usize)?;
+    *cap = Some(Capture {
+        shared: Arc::new(Mutex::new(CaptureGraph {
+            id: CAPTURE_IDS.fetch_add(1, Relaxed) + 1,
+            mode,
+            graph: crate::cuda::graph::new_graph_handle(d),
+            invalidated: false,
+            joined: 0,
+            user_graph: false,
+            recapture: Some((g as usize, callback, user)),
+        })),
+        deps: Vec::new(),
         origin: true,
     });
     Ok(())
@@ -608,6 +671,8 @@ type NodeList = *const CUgraphNode;
 exports! {
     cuStreamBeginCaptureToGraph | cuStreamBeginCaptureToGraph_ptsz(h: CUstream, g: CUgraph, deps: NodeList, _edata: *const u64, n: usize, mode: u32)
         => begin_capture_to_graph(h, g, deps, n, mode);
+    cuStreamBeginRecaptureToGraph | cuStreamBeginRecaptureToGraph_ptsz(h: CUstream, mode: u32, g: CUgraph, callback: usize, user: usize)
+        => begin_recapture(h, mode, g, callback, user);
     cuStreamUpdateCaptureDependencies | cuStreamUpdateCaptureDependencies_ptsz(h: CUstream, deps: NodeList, n: usize, flags: u32)
         => update_capture_deps(h, deps, n, flags);
     cuStreamUpdateCaptureDependencies_v2 | cuStreamUpdateCaptureDependencies_v2_ptsz(h: CUstream, deps: NodeList, _edata: *const u64, n: usize, flags: u32)
@@ -680,8 +745,23 @@ fn end_capture(h: CUstream, pg: *mut CUgraph) -> CuRes {
             CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
         });
     }
+    let (built, recapture) = (g.graph, g.recapture);
+    drop(g);
+    let result = match recapture {
+        None => built,
+        Some((target, callback, user)) => {
+            let r = crate::cuda::graph::apply_recapture(built, target, callback, user);
+            let _ = crate::cuda::graph::destroy_graph_handle(built);
+            if let Err(e) = r {
+                // SAFETY: out pointer from the caller (checked non-null).
+                unsafe { put(pg, std::ptr::null_mut(), CUDA_ERROR_INVALID_VALUE) }?;
+                return Err(e);
+            }
+            target
+        }
+    };
     // SAFETY: out pointer from the caller (checked non-null).
-    unsafe { put(pg, g.graph as CUgraph, CUDA_ERROR_INVALID_VALUE) }
+    unsafe { put(pg, result as CUgraph, CUDA_ERROR_INVALID_VALUE) }
 }
 
 exports! {
@@ -905,7 +985,7 @@ exports! {
         => stream_attr(h, value as *mut u8);
 }
 
-fn ctx_event(ctx: CUcontext, ev: CUevent, record: bool) -> CuRes {
+pub(crate) fn ctx_event(ctx: CUcontext, ev: CUevent, record: bool) -> CuRes {
     let d = cu()?;
     let c = d.ctx(ctx as usize)?;
     let e = d.event(ev as usize)?;
@@ -918,33 +998,32 @@ fn ctx_event(ctx: CUcontext, ev: CUevent, record: bool) -> CuRes {
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxRecordEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
+    crate::version_gate!("cuCtxRecordEvent");
     guard(|| ctx_event(ctx, ev, true))
 }
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn cuCtxWaitEvent(ctx: CUcontext, ev: CUevent) -> CUresult {
+    crate::version_gate!("cuCtxWaitEvent");
     guard(|| ctx_event(ctx, ev, false))
 }
 
 // -------------------------------------------------- stream memory operations
 
-/// `cuStreamWriteValue32`: writes `value` at device address `addr` in stream
-/// order (at once: the sim's copies need no ordering with kernels; recorded
-/// when the stream captures).
-fn write_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) -> CuRes {
+/// `cuStreamWriteValue32`/`64`: writes `value` (its 4 or 8 bytes) at device
+/// address `addr` in stream order (at once: the sim's copies need no
+/// ordering with kernels; recorded when the stream captures).
+fn write_value(h: CUstream, addr: CUdeviceptr, value: &[u8], flags: u32) -> CuRes {
     if flags & !1 != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let v = value;
-    // SAFETY: viewing a u32 as its bytes.
-    let bytes = unsafe { std::slice::from_raw_parts(&v as *const u32 as *const u8, 4) };
     let op = MemOp::Set {
         dst: addr,
-        value: bytes.to_vec(),
+        value: value.to_vec(),
         count: 1,
     };
     capture_mem_ops(h as usize, || {
-        if addr % 4 != 0 {
+        if addr % value.len() as u64 != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         if record_mem_op(|| op.clone()) {
@@ -962,33 +1041,52 @@ pub unsafe extern "C" fn cuStreamWriteValue32(
     value: u32,
     flags: u32,
 ) -> CUresult {
-    guard(|| write_value32(h, addr, value, flags))
+    guard(|| write_value(h, addr, &value.to_ne_bytes(), flags))
 }
 
 exports! {
-    cuStreamWriteValue32_v2 | cuStreamWriteValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) => write_value32(h, addr, value, flags);
+    cuStreamWriteValue32_v2 | cuStreamWriteValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32)
+        => write_value(h, addr, &value.to_ne_bytes(), flags);
+    cuStreamWriteValue64 | cuStreamWriteValue64_v2 | cuStreamWriteValue64_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u64, flags: u32)
+        => write_value(h, addr, &value.to_ne_bytes(), flags);
 }
 
-/// `cuStreamWaitValue32`: succeeds when the condition (GEQ 0, EQ 1, AND 2,
-/// NOR 3) already holds. The sim cannot make a stream wait for a later write:
-/// otherwise `CUDA_ERROR_NOT_SUPPORTED`, counted as a stub.
-fn wait_value32(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) -> CuRes {
+/// `cuStreamWaitValue32`/`64`: succeeds when the condition (GEQ 0, EQ 1,
+/// AND 2, NOR 3) already holds. The sim cannot make a stream wait for a
+/// later write: otherwise `CUDA_ERROR_NOT_SUPPORTED`, counted as a stub.
+fn wait_value(h: CUstream, addr: CUdeviceptr, value: u64, wide: bool, flags: u32) -> CuRes {
     let d = cu()?;
     d.stream(h as usize)?;
-    if addr % 4 != 0 || flags & !(3 | 1 << 30) != 0 {
+    let len = if wide { 8 } else { 4 };
+    if addr % len != 0 || flags & !(3 | 1 << 30) != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    super::memory::check_dev_range(d, addr, 4)?;
-    // SAFETY: a live device mapping of ours, 4 bytes, aligned.
-    let cur = unsafe { (addr as *const u32).read_volatile() };
-    let holds = match flags & 3 {
-        0 => (cur as i32).wrapping_sub(value as i32) >= 0,
-        1 => cur == value,
-        2 => cur & value != 0,
-        _ => !(cur | value) != 0,
+    super::memory::check_dev_range(d, addr, len)?;
+    let holds = if wide {
+        // SAFETY: a live device mapping of ours, 8 bytes, aligned.
+        let cur = unsafe { (addr as *const u64).read_volatile() };
+        match flags & 3 {
+            0 => (cur as i64).wrapping_sub(value as i64) >= 0,
+            1 => cur == value,
+            2 => cur & value != 0,
+            _ => !(cur | value) != 0,
+        }
+    } else {
+        // SAFETY: a live device mapping of ours, 4 bytes, aligned.
+        let cur = unsafe { (addr as *const u32).read_volatile() };
+        let value = value as u32;
+        match flags & 3 {
+            0 => (cur as i32).wrapping_sub(value as i32) >= 0,
+            1 => cur == value,
+            2 => cur & value != 0,
+            _ => !(cur | value) != 0,
+        }
     };
     if holds {
         Ok(())
+    } else if wide {
+        crate::stub_hit!("cuStreamWaitValue64 (not yet satisfied)");
+        Err(CUDA_ERROR_NOT_SUPPORTED)
     } else {
         crate::stub_hit!("cuStreamWaitValue32 (not yet satisfied)");
         Err(CUDA_ERROR_NOT_SUPPORTED)
@@ -1003,9 +1101,79 @@ pub unsafe extern "C" fn cuStreamWaitValue32(
     value: u32,
     flags: u32,
 ) -> CUresult {
-    guard(|| wait_value32(h, addr, value, flags))
+    guard(|| wait_value(h, addr, value as u64, false, flags))
 }
 
 exports! {
-    cuStreamWaitValue32_v2 | cuStreamWaitValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32) => wait_value32(h, addr, value, flags);
+    cuStreamWaitValue32_v2 | cuStreamWaitValue32_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u32, flags: u32)
+        => wait_value(h, addr, value as u64, false, flags);
+    cuStreamWaitValue64 | cuStreamWaitValue64_v2 | cuStreamWaitValue64_v2_ptsz(h: CUstream, addr: CUdeviceptr, value: u64, flags: u32)
+        => wait_value(h, addr, value, true, flags);
+}
+
+/// `CUstreamBatchMemOpParams`: an operation tag and its parameters (48
+/// bytes; the wait/write ones: address at 8, value at 16, flags at 24).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BatchMemOp {
+    pub op: u32,
+    pub flags32: u32,
+    pub address: u64,
+    pub value: u64,
+    pub flags: u32,
+    pub pad: [u32; 5],
+}
+
+const _: () = assert!(std::mem::size_of::<BatchMemOp>() == 48);
+
+/// `cuStreamBatchMemOp`: the operations in order, each as its own call
+/// would do it (waits: the condition must already hold); flushes and
+/// barriers have nothing to wait for in the sim. Atomic reductions are not
+/// simulated (a counted stub).
+fn batch_mem_op(h: CUstream, count: u32, ops: *const BatchMemOp, flags: u32) -> CuRes {
+    cu()?.stream(h as usize)?;
+    let list = read_batch(count, ops, flags)?;
+    run_batch(h, &list)
+}
+
+/// Reads and checks a caller's array of `count` memory operations.
+pub(crate) fn read_batch(
+    count: u32,
+    ops: *const BatchMemOp,
+    flags: u32,
+) -> Result<Vec<BatchMemOp>, CUresult> {
+    if flags != 0 || (count > 0 && ops.is_null()) || count > 256 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's array of `count` CUstreamBatchMemOpParams.
+    let list: Vec<BatchMemOp> = (0..count as usize)
+        .map(|i| unsafe { ops.add(i).read_unaligned() })
+        .collect();
+    if list.iter().any(|o| !matches!(o.op, 1..=6 | 8)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(list)
+}
+
+/// Runs checked memory operations in order on stream `h`.
+pub(crate) fn run_batch(h: CUstream, list: &[BatchMemOp]) -> CuRes {
+    for &o in list {
+        match o.op {
+            1 => wait_value(h, o.address, o.value as u32 as u64, false, o.flags)?,
+            4 => wait_value(h, o.address, o.value, true, o.flags)?,
+            2 => write_value(h, o.address, &(o.value as u32).to_ne_bytes(), o.flags)?,
+            5 => write_value(h, o.address, &o.value.to_ne_bytes(), o.flags)?,
+            8 => {
+                crate::stub_hit!("cuStreamBatchMemOp (atomic reduction)");
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            _ => {} // flush remote writes, memory barrier
+        }
+    }
+    Ok(())
+}
+
+exports! {
+    cuStreamBatchMemOp | cuStreamBatchMemOp_v2 | cuStreamBatchMemOp_v2_ptsz(h: CUstream, count: u32, ops: *const BatchMemOp, flags: u32)
+        => batch_mem_op(h, count, ops, flags);
 }

@@ -4,12 +4,6 @@
 //! a few deprecated or hint-only calls whose real behaviour is to accept and
 //! do nothing (those are not stubs). Every name here is listed in
 //! `shim/README.md`.
-//!
-//! Also the features the runtime and the frameworks look up without using
-//! them on the sim: green contexts and device resources, multicast objects,
-//! memory shared through OS handles, tensor maps, batched stream memory
-//! operations (PyTorch's driver table requires every name it asks for;
-//! cuBLAS looks several up).
 
 use crate::driver::cu;
 use crate::{exports, put, stub_fns, CuRes};
@@ -42,44 +36,25 @@ stub_fns! {
         cuTexRefSetBorderColor, cuTexRefSetFilterMode, cuTexRefSetFlags, cuTexRefSetFormat,
         cuTexRefSetMaxAnisotropy, cuTexRefSetMipmapFilterMode, cuTexRefSetMipmapLevelBias,
         cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
-        cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuCtxAttach,
-        cuCtxDetach, cuProfilerInitialize;
+        cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuProfilerInitialize;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Interprocess and external memory and semaphores: device memory is
-        // private to each process in the sim.
-        cuIpcGetEventHandle, cuIpcOpenEventHandle, cuIpcGetMemHandle, cuIpcOpenMemHandle,
-        cuIpcCloseMemHandle, cuMemPoolExportPointer, cuMemPoolImportPointer,
+        // Interprocess events, pool exports, external memory and
+        // semaphores (Vulkan/DirectX/NvSci objects), dma-buf handles.
+        cuIpcGetEventHandle, cuIpcOpenEventHandle, cuMemPoolExportPointer, cuMemPoolImportPointer,
         cuMemPoolExportToShareableHandle, cuMemPoolImportFromShareableHandle,
         cuImportExternalMemory, cuDestroyExternalMemory, cuExternalMemoryGetMappedBuffer,
         cuExternalMemoryGetMappedMipmappedArray, cuImportExternalSemaphore,
         cuDestroyExternalSemaphore, cuSignalExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync,
         cuMemGetHandleForAddressRange, cuDeviceGetNvSciSyncAttributes;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Sparse arrays, batched and attribute copies, decompression.
-        cuArrayGetMemoryRequirements, cuArrayGetPlane, cuArrayGetSparseProperties,
-        cuMipmappedArrayGetMemoryRequirements, cuMipmappedArrayGetSparseProperties,
-        cuMemMapArrayAsync, cuMemBatchDecompressAsync, cuMemcpy3DBatchAsync,
-        cuMemcpyWithAttributesAsync, cuMemcpy3DWithAttributesAsync, cuMemGetLocationInfo,
+        // Decompression.
+        cuMemBatchDecompressAsync,
         cuFabricCpyBatchAsync;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Features the simulated GPU does not have, which clients resolve up
-        // front and refuse to load without (PyTorch's driver table requires
-        // every name it asks for, cuBLAS looks several up): memory shared
-        // through OS handles, multicast objects, green contexts and device
-        // resources, tensor maps (TMA), batched stream memory operations.
-        cuMemExportToShareableHandle, cuMemImportFromShareableHandle, cuMulticastCreate,
-        cuMulticastAddDevice, cuMulticastBindMem, cuMulticastUnbind, cuMulticastGetGranularity,
-        cuGreenCtxCreate, cuGreenCtxDestroy, cuGreenCtxStreamCreate, cuCtxFromGreenCtx,
-        cuDeviceGetDevResource, cuDevSmResourceSplitByCount, cuDevResourceGenerateDesc,
-        cuTensorMapEncodeTiled, cuStreamBatchMemOp, cuStreamBatchMemOp_v2,
-        cuStreamBatchMemOp_v2_ptsz;
-    CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Checkpointing, core dumps, fabric, cliques, atomics queries,
-        // asynchronous notifications, CIG capture, logical endpoints.
+        // Checkpointing, fabric, cliques, CIG capture, logical endpoints.
         cuCheckpointProcessCheckpoint, cuCheckpointProcessGetRestoreThreadId,
         cuCheckpointProcessGetState, cuCheckpointProcessLock, cuCheckpointProcessRestore,
         cuCheckpointProcessUnlock, cuCheckpointOperationComplete, cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
-        cuDeviceGetHostAtomicCapabilities, cuDeviceGetP2PAtomicCapabilities,
         cuStreamBeginCaptureToCig, cuStreamEndCaptureToCig,
         cuLogicalEndpointAddDevice, cuLogicalEndpointBindAddr, cuLogicalEndpointBindMem,
         cuLogicalEndpointCreate, cuLogicalEndpointDestroy, cuLogicalEndpointExport,

@@ -6,6 +6,15 @@
 //! memfd over the reservation (shared, so two mappings of one handle see the
 //! same bytes) and `cuMemSetAccess` makes it read-write. The memory returns
 //! to the device when the handle is released and no mapping is left.
+//!
+//! Shareable handles are real for `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`
+//! (requested at `cuMemCreate`): `cuMemExportToShareableHandle` hands out a
+//! duplicate of the memfd, which another process (or this one) imports with
+//! `cuMemImportFromShareableHandle` and maps; both see the same bytes. The
+//! memfd's name carries the device (`cgpu-sim-vmm-d<N>`). Imported memory is
+//! charged to the process that created it (as the driver counts it), not to
+//! the importer; the bytes live while any process holds them. Fabric and
+//! Windows handles are `CUDA_ERROR_NOT_SUPPORTED` (no fabric, not Windows).
 
 use crate::driver::{cu, Driver, PhysMem};
 use crate::{guard, put, CuRes};
@@ -58,10 +67,13 @@ pub unsafe extern "C" fn cuMemCreate(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let dev = read_prop(d, prop)?;
+        // SAFETY: non-null CUmemAllocationProp from the caller (read_prop).
+        let handle_types = unsafe { prop.read_unaligned() }.requestedHandleTypes;
         d.charge(dev, size as u64)?;
         d.touch_dev(dev);
-        // SAFETY: memfd_create with a static NUL-terminated name.
-        let fd = unsafe { libc::memfd_create(c"cgpu-sim-vmm".as_ptr(), libc::MFD_CLOEXEC) };
+        let name = std::ffi::CString::new(format!("{MEMFD_PREFIX}{dev}")).unwrap_or_default();
+        // SAFETY: memfd_create with a NUL-terminated name.
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         // SAFETY: fd is our fresh memfd.
         if fd < 0 || unsafe { libc::ftruncate(fd, size as i64) } != 0 {
             if fd >= 0 {
@@ -77,6 +89,8 @@ pub unsafe extern "C" fn cuMemCreate(
             Arc::new(PhysMem {
                 dev,
                 size: size as u64,
+                charged: size as u64,
+                handle_types,
                 fd,
                 released: AtomicBool::new(false),
                 refs: AtomicU32::new(1),
@@ -93,7 +107,7 @@ fn maybe_free(d: &Driver, id: u64, p: &PhysMem) {
     {
         // SAFETY: closing the memfd we own; no mapping uses the fd itself.
         unsafe { libc::close(p.fd) };
-        d.uncharge(p.dev, p.size);
+        d.uncharge(p.dev, p.charged);
     }
 }
 
@@ -400,15 +414,15 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
 ) -> CUresult {
     guard(|| {
         let d = cu()?;
-        let dev = d
+        let (dev, handle_types) = d
             .phys
             .lock()
             .get(&h)
-            .map(|p| p.dev)
+            .map(|p| (p.dev, p.handle_types))
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let p = CUmemAllocationProp {
             type_: 1,
-            requestedHandleTypes: 0,
+            requestedHandleTypes: handle_types,
             location: CUmemLocation {
                 type_: 1,
                 id: dev as i32,
@@ -419,4 +433,105 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
         // SAFETY: out pointer from the caller.
         unsafe { put(prop, p, CUDA_ERROR_INVALID_VALUE) }
     })
+}
+
+/// The memfd name of a physical allocation on device N: `cgpu-sim-vmm-dN`.
+const MEMFD_PREFIX: &str = "cgpu-sim-vmm-d";
+const HANDLE_TYPE_POSIX_FD: i32 = 1;
+
+/// `cuMemExportToShareableHandle`: a POSIX file descriptor (a duplicate of
+/// the allocation's memfd, for the caller to close) when the allocation was
+/// created exportable as one.
+fn export_handle(out: *mut c_void, h: CUmemGenericAllocationHandle, ty: i32, flags: u64) -> CuRes {
+    let d = cu()?;
+    if out.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let p = d
+        .phys
+        .lock()
+        .get(&h)
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if ty != HANDLE_TYPE_POSIX_FD {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if p.handle_types & HANDLE_TYPE_POSIX_FD == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: duplicating our own open memfd.
+    let fd = unsafe { libc::dup(p.fd) };
+    if fd < 0 {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    // SAFETY: non-null out pointer to an int (the POSIX FD handle type).
+    unsafe { (out as *mut i32).write_unaligned(fd) };
+    Ok(())
+}
+
+/// The device of a memfd the sim made (from its name), and its size.
+fn memfd_shape(fd: i32) -> Option<(usize, u64)> {
+    let link = std::fs::read_link(format!("/proc/self/fd/{fd}")).ok()?;
+    let name = link.to_str()?.strip_prefix("/memfd:")?;
+    let dev = name
+        .strip_prefix(MEMFD_PREFIX)?
+        .split(' ')
+        .next()?
+        .parse()
+        .ok()?;
+    // SAFETY: fstat on a descriptor the caller owns, into a local struct.
+    let size = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstat(fd, &mut st) != 0 {
+            return None;
+        }
+        st.st_size as u64
+    };
+    Some((dev, size))
+}
+
+/// `cuMemImportFromShareableHandle`: a new handle on memory another process
+/// (or this one) exported; the caller keeps its descriptor.
+fn import_handle(h: *mut CUmemGenericAllocationHandle, os: *mut c_void, ty: i32) -> CuRes {
+    let d = cu()?;
+    if h.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if ty != HANDLE_TYPE_POSIX_FD {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let fd = os as usize as i32;
+    let (dev, size) = memfd_shape(fd).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if dev >= d.devs.len() || size == 0 || size % GRANULARITY != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: duplicating the caller's descriptor (checked to be a memfd).
+    let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if own < 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    d.touch_dev(dev);
+    let id = NEXT_HANDLE.fetch_add(1, Relaxed);
+    d.phys.lock().insert(
+        id,
+        Arc::new(PhysMem {
+            dev,
+            size,
+            charged: 0,
+            handle_types: HANDLE_TYPE_POSIX_FD,
+            fd: own,
+            released: AtomicBool::new(false),
+            refs: AtomicU32::new(1),
+            maps: AtomicU32::new(0),
+        }),
+    );
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(h, id, CUDA_ERROR_INVALID_VALUE) }
+}
+
+crate::exports! {
+    cuMemExportToShareableHandle(out: *mut c_void, h: CUmemGenericAllocationHandle, ty: i32, flags: u64)
+        => export_handle(out, h, ty, flags);
+    cuMemImportFromShareableHandle(h: *mut CUmemGenericAllocationHandle, os: *mut c_void, ty: i32)
+        => import_handle(h, os, ty);
 }

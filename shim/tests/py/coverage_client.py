@@ -8,6 +8,7 @@ Usage: python coverage_client.py
 """
 import ctypes
 import json
+import os
 import sys
 import time
 
@@ -661,6 +662,537 @@ def _():
     nh = ok(d.cuDeviceRegisterAsyncNotification(dev, ctypes.cast(ncb, ctypes.c_void_p).value, 0), "cuDeviceRegisterAsyncNotification")
     r["notify_unreg"] = d.cuDeviceUnregisterAsyncNotification(dev, nh)[0].name
     r["exec_affinity"] = d.cuCtxGetExecAffinity(d.CUexecAffinityType.CU_EXEC_AFFINITY_TYPE_SM_COUNT)[0].name
+    return r
+
+
+@section("green")
+def _():
+    r = {}
+    T = d.CUdevResourceType
+    res = ok(d.cuDeviceGetDevResource(dev, T.CU_DEV_RESOURCE_TYPE_SM), "cuDeviceGetDevResource")
+    r["device_sms"] = [res.sm.smCount, res.sm.minSmPartitionSize, res.sm.smCoscheduledAlignment]
+    wq = ok(d.cuDeviceGetDevResource(dev, T.CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG))
+    r["wq_config"] = [int(wq.wqConfig.device), wq.wqConfig.wqConcurrencyLimit]
+    r["groups_possible"] = ok(d.cuDevSmResourceSplitByCount(0, res, 0, 16), "split query")[1]
+    groups, n, rem = ok(d.cuDevSmResourceSplitByCount(2, res, 0, 15), "cuDevSmResourceSplitByCount")
+    r["split"] = [n, [g.sm.smCount for g in groups[:n]], rem.sm.smCount]
+    r["split_too_big"] = d.cuDevSmResourceSplitByCount(1, res, 0, 1000)[0].name
+    # Structured split: 8 SMs in pairs, then discover the rest in a group.
+    P = d.CU_DEV_SM_RESOURCE_GROUP_PARAMS
+    p0, p1 = P(), P()
+    p0.smCount, p0.coscheduledSmCount = 8, 2
+    p1.smCount, p1.coscheduledSmCount = 0, 2
+    sg, srem = ok(d.cuDevSmResourceSplit(2, res, 0, [p0, p1]), "cuDevSmResourceSplit")
+    r["structured"] = [sg[0].sm.smCount, sg[1].sm.smCount, int(srem.type)]
+    desc = ok(d.cuDevResourceGenerateDesc([groups[0]], 1), "cuDevResourceGenerateDesc")
+    r["mixed_splits"] = d.cuDevResourceGenerateDesc([groups[0], sg[0]], 2)[0].name
+    before = free_bytes()
+    g = ok(d.cuGreenCtxCreate(desc, dev, d.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM), "cuGreenCtxCreate")
+    r["green_charged"] = before - free_bytes()
+    gres = ok(d.cuGreenCtxGetDevResource(g, T.CU_DEV_RESOURCE_TYPE_SM))
+    r["green_sms"] = gres.sm.smCount
+    gctx = ok(d.cuCtxFromGreenCtx(g), "cuCtxFromGreenCtx")
+    r["ctx_sms"] = ok(d.cuCtxGetDevResource(gctx, T.CU_DEV_RESOURCE_TYPE_SM)).sm.smCount
+    r["primary_ctx_sms"] = ok(d.cuCtxGetDevResource(ctx, T.CU_DEV_RESOURCE_TYPE_SM)).sm.smCount
+    gs = ok(d.cuGreenCtxStreamCreate(g, d.CUstream_flags.CU_STREAM_NON_BLOCKING, 0), "cuGreenCtxStreamCreate")
+    r["stream_sms"] = ok(d.cuStreamGetDevResource(gs, T.CU_DEV_RESOURCE_TYPE_SM)).sm.smCount
+    r["stream_green_same"] = int(ok(d.cuStreamGetGreenCtx(gs))) == int(g)
+    r["plain_stream_green"] = int(ok(d.cuStreamGetGreenCtx(stream)))
+    c2, g2 = ok(d.cuStreamGetCtx_v2(gs))
+    r["ctx_v2"] = [int(c2), int(g2) == int(g)]
+    r["green_id_nonzero"] = int(ok(d.cuGreenCtxGetId(g))) > 0
+    r["destroy_as_ctx"] = d.cuCtxDestroy(gctx)[0].name
+    # Work in the green context: a kernel on its stream, events on it.
+    ok(d.cuCtxPushCurrent(gctx))
+    m = ok(d.cuMemAlloc(MIB))
+    ns = ctypes.c_uint64(1_000_000)
+    argv = (ctypes.c_void_p * 1)(ctypes.addressof(ns))
+    ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, gs, ctypes.addressof(argv), 0), "launch in green stream")
+    ev = ok(d.cuEventCreate(0))
+    ok(d.cuGreenCtxRecordEvent(g, ev), "cuGreenCtxRecordEvent")
+    ok(d.cuEventSynchronize(ev))
+    ok(d.cuGreenCtxWaitEvent(g, ev), "cuGreenCtxWaitEvent")
+    ok(d.cuCtxPopCurrent())
+    ok(d.cuGreenCtxDestroy(g), "cuGreenCtxDestroy")
+    r["destroy_again"] = d.cuGreenCtxDestroy(g)[0].name
+    r["stream_after"] = d.cuStreamSynchronize(gs)[0].name
+    r["memory_kept"] = d.cuMemsetD8(m, 1, MIB)[0].name
+    ok(d.cuMemFree(m))
+    r["after_destroy_charged"] = before - free_bytes()
+    return r
+
+
+@section("logs")
+def _():
+    r = {}
+    got = []
+    cbt = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t)
+    cb = cbt(lambda data, level, msg, n: got.append((level, msg[:n].decode())))
+    h = ok(d.cuLogsRegisterCallback(ctypes.cast(cb, ctypes.c_void_p).value, 0), "cuLogsRegisterCallback")
+    it = ok(d.cuLogsCurrent(0), "cuLogsCurrent")
+    r["oom"] = d.cuMemAlloc(1 << 50)[0].name
+    r["callback"] = got[:]
+    buf = bytearray(4096)
+    err, it2, size = d.cuLogsDumpToMemory(it, buf, 4096, 0)
+    r["dump"] = [err.name, bytes(buf[:int(size)]).decode(errors="replace"), int(size), buf[int(size)]]
+    err, _, size = d.cuLogsDumpToMemory(it2, buf, 4096, 0)
+    r["dump_again"] = [err.name, int(size)]
+    small = bytearray(8)
+    r["dump_small"] = d.cuLogsDumpToMemory(None, small, 8, 0)[0].name
+    path = f"/tmp/cgpu-sim-logs-{os.getpid()}.txt"
+    ok(d.cuLogsDumpToFile(None, path.encode(), 0), "cuLogsDumpToFile")
+    with open(path) as f:
+        r["file_has_oom"] = "CUDA_ERROR_OUT_OF_MEMORY: out of memory" in f.read()
+    os.unlink(path)
+    r["before_unregister"] = len(got)
+    ok(d.cuLogsUnregisterCallback(h))
+    d.cuMemAlloc(1 << 50)
+    r["after_unregister"] = len(got)
+    return r
+
+
+@section("tensor_map")
+def _():
+    r = {}
+    DT = d.CUtensorMapDataType
+    ptr = ok(d.cuMemAlloc(4 * MIB))
+    u64 = lambda xs: [d.cuuint64_t(x) for x in xs]  # noqa: E731
+    u32 = lambda xs: [d.cuuint32_t(x) for x in xs]  # noqa: E731
+    args = dict(
+        interleave=d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        swizzle=d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        l2Promotion=d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        oobFill=d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+
+    def tiled(dtype=DT.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, addr=None, box=(64, 64), strides=(2048,), **kw):
+        a = dict(args, **kw)
+        return d.cuTensorMapEncodeTiled(dtype, 2, addr if addr is not None else ptr, u64([1024, 1024]), u64(strides),
+                                        u32(box), u32([1, 1]), a["interleave"], a["swizzle"], a["l2Promotion"], a["oobFill"])
+    err, tm = tiled()
+    r["tiled"] = err.name
+    r["tiled_addr"] = int(tm.opaque[0]) == int(ptr)
+    r["misaligned_addr"] = tiled(addr=int(ptr) + 8)[0].name
+    r["stride_not_16"] = tiled(strides=(2056,))[0].name
+    r["box_too_wide_for_swizzle"] = tiled(box=(128, 64))[0].name
+    r["box_257"] = tiled(box=(64, 257), swizzle=d.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE)[0].name
+    r["nan_fill_int"] = tiled(dtype=DT.CU_TENSOR_MAP_DATA_TYPE_INT32, box=(32, 8),
+                              oobFill=d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA)[0].name
+    r["replace"] = d.cuTensorMapReplaceAddress(tm, int(ptr) + 4096)[0].name
+    r["replaced_addr"] = int(tm.opaque[0]) == int(ptr) + 4096
+    r["replace_misaligned"] = d.cuTensorMapReplaceAddress(tm, int(ptr) + 4)[0].name
+    res = d.cuTensorMapSetAllocationClass(tm, d.CUtensorMapAllocClass.CU_TENSOR_MAP_ALLOC_CLASS_LARGE)
+    r["alloc_class"] = [res[0].name, int(res[1])]
+    r["foreign_map"] = d.cuTensorMapReplaceAddress(d.CUtensorMap(), int(ptr))[0].name
+    # NHWC activations: im2col with a 3x3 window (corners -1 .. -1).
+    err, _ = d.cuTensorMapEncodeIm2col(DT.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr, u64([64, 32, 32, 4]),
+                                        u64([128, 128 * 32, 128 * 32 * 32]), [-1, -1], [-1, -1], 64, 128, u32([1, 1, 1, 1]),
+                                        args["interleave"], args["swizzle"], args["l2Promotion"], args["oobFill"])
+    r["im2col"] = err.name
+    err, _ = d.cuTensorMapEncodeIm2col(DT.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, ptr, u64([64, 32, 32, 4]),
+                                        u64([128, 128 * 32, 128 * 32 * 32]), [-200, -1], [-1, -1], 64, 128, u32([1, 1, 1, 1]),
+                                        args["interleave"], args["swizzle"], args["l2Promotion"], args["oobFill"])
+    r["im2col_corner_range"] = err.name
+    err, _ = d.cuTensorMapEncodeIm2colWide(DT.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, ptr, u64([64, 32, 4]), u64([128, 128 * 32]),
+                                            -1, 1, 64, 128, u32([1, 1, 1]), args["interleave"],
+                                            d.CUtensorMapIm2ColWideMode.CU_TENSOR_MAP_IM2COL_WIDE_MODE_W, args["swizzle"],
+                                            args["l2Promotion"], args["oobFill"])
+    r["im2col_wide"] = err.name
+    ok(d.cuMemFree(ptr))
+    return r
+
+
+@section("memops64")
+def _():
+    r = {}
+    m = ok(d.cuMemAlloc(64))
+    ok(d.cuStreamWriteValue64(stream, m, 0x1122334455667788, 0), "cuStreamWriteValue64")
+    ok(d.cuStreamSynchronize(stream))
+    buf = (ctypes.c_uint64 * 1)()
+    ok(d.cuMemcpyDtoH(buf, m, 8))
+    r["written"] = buf[0] == 0x1122334455667788
+    r["wait_geq"] = d.cuStreamWaitValue64(stream, m, 0x1122334455667788, 0)[0].name
+    r["misaligned"] = d.cuStreamWriteValue64(stream, int(m) + 4, 1, 0)[0].name
+    ok(d.cuMemFree(m))
+    return r
+
+
+@section("library_managed")
+def _():
+    r = {}
+    ptx = b""".version 7.0
+.target sm_52
+.address_size 64
+.visible .global .attribute(.managed) .align 8 .u64 counter[4];
+.visible .global .align 4 .u32 plain;
+.visible .entry k() { ret; }
+"""
+    lib = ok(d.cuLibraryLoadData(ptx, None, None, 0, None, None, 0))
+    p, n = ok(d.cuLibraryGetManaged(lib, b"counter"), "cuLibraryGetManaged")
+    r["managed_bytes"] = int(n)
+    r["managed_same_as_global"] = int(ok(d.cuLibraryGetGlobal(lib, b"counter"))[0]) == int(p)
+    r["plain_not_managed"] = d.cuLibraryGetManaged(lib, b"plain")[0].name
+    r["unified"] = d.cuLibraryGetUnifiedFunction(lib, b"k")[0].name
+    r["multicast_create"] = d.cuMulticastCreate(d.CUmulticastObjectProp())[0].name
+    r["multicast_bind"] = d.cuMulticastBindAddr(1, 0, p, 32, 0)[0].name
+    return r
+
+
+@section("recapture")
+def _():
+    r = {}
+    M = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+    s = ok(d.cuStreamCreate(0))
+
+    def launches(*ns_list):
+        keep = []
+        for ns in ns_list:
+            v = ctypes.c_uint64(ns)
+            argv = (ctypes.c_void_p * 1)(ctypes.addressof(v))
+            keep.append((v, argv))
+            ok(d.cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, s, ctypes.addressof(argv), 0), "launch")
+        return keep
+
+    def device_ms(graph):
+        ge = ok(d.cuGraphInstantiate(graph, 0))
+        e0, e1 = ok(d.cuEventCreate(0)), ok(d.cuEventCreate(0))
+        ok(d.cuEventRecord(e0, s))
+        ok(d.cuGraphLaunch(ge, s))
+        ok(d.cuEventRecord(e1, s))
+        ok(d.cuEventSynchronize(e1))
+        ok(d.cuGraphExecDestroy(ge))
+        return ok(d.cuEventElapsedTime(e0, e1))
+
+    ok(d.cuStreamBeginCapture(s, M))
+    keep = launches(2_000_000, 3_000_000)
+    g = ok(d.cuStreamEndCapture(s))
+    nodes_before = [int(n) for n in ok(d.cuGraphGetNodes(g, 8))[0][:2]]
+    r["first_ms"] = device_ms(g)
+    seen = []
+    cbt = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+    cb = cbt(lambda data, node, orig, new, status: seen.append([node in nodes_before, status]) or 0)
+    cbp = d.CUgraphRecaptureCallback(ctypes.cast(cb, ctypes.c_void_p).value)
+    ok(d.cuStreamBeginRecaptureToGraph(s, M, g, cbp, 0), "cuStreamBeginRecaptureToGraph")
+    keep += launches(2_000_000, 7_000_000)
+    g2 = ok(d.cuStreamEndCapture(s), "end recapture")
+    r["same_graph"] = int(g2) == int(g)
+    r["callbacks"] = seen
+    r["same_nodes"] = [int(n) for n in ok(d.cuGraphGetNodes(g, 8))[0][:2]] == nodes_before
+    r["recaptured_ms"] = device_ms(g)
+    # A different topology (three kernels for two) fails the recapture.
+    ok(d.cuStreamBeginRecaptureToGraph(s, M, g, 0, 0))
+    keep += launches(1, 1, 1)
+    err, g3 = d.cuStreamEndCapture(s)
+    r["topology"] = [err.name, g3 is None or int(g3) == 0]
+    return r
+
+
+CHILD_IMPORT = r"""
+import ctypes, json, sys
+from cuda.bindings import driver as d
+fd, size = int(sys.argv[1]), int(sys.argv[2])
+assert d.cuInit(0)[0] == 0
+dev = d.cuDeviceGet(0)[1]
+ctx = d.cuDevicePrimaryCtxRetain(dev)[1]
+d.cuCtxSetCurrent(ctx)
+free0 = int(d.cuMemGetInfo()[1])
+err, h = d.cuMemImportFromShareableHandle(fd, d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+assert err == 0, err
+va = d.cuMemAddressReserve(size, 0, 0, 0)[1]
+assert d.cuMemMap(va, size, 0, h, 0)[0] == 0
+acc = d.CUmemAccessDesc()
+acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+acc.location.id = 0
+acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+assert d.cuMemSetAccess(va, size, [acc], 1)[0] == 0
+buf = (ctypes.c_uint8 * 4)()
+assert d.cuMemcpyDtoH(buf, va, 4)[0] == 0
+assert d.cuMemsetD8(int(va) + 4, 0x77, 4)[0] == 0
+print(json.dumps({"bytes": list(buf), "charged": free0 - int(d.cuMemGetInfo()[1])}))
+"""
+
+
+@section("shareable")
+def _():
+    import subprocess
+    r = {}
+    H = d.CUmemAllocationHandleType
+    prop = d.CUmemAllocationProp()
+    prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    size = 2 * MIB
+    plain = ok(d.cuMemCreate(size, prop, 0))
+    r["not_requested"] = d.cuMemExportToShareableHandle(plain, H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)[0].name
+    r["fabric"] = d.cuMemExportToShareableHandle(plain, H.CU_MEM_HANDLE_TYPE_FABRIC, 0)[0].name
+    ok(d.cuMemRelease(plain))
+    prop.requestedHandleTypes = H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    before = free_bytes()
+    h = ok(d.cuMemCreate(size, prop, 0), "cuMemCreate exportable")
+    r["props_types"] = int(ok(d.cuMemGetAllocationPropertiesFromHandle(h)).requestedHandleTypes)
+    va = ok(d.cuMemAddressReserve(size, 0, 0, 0))
+    ok(d.cuMemMap(va, size, 0, h, 0))
+    acc = d.CUmemAccessDesc()
+    acc.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    acc.location.id = 0
+    acc.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    ok(d.cuMemSetAccess(va, size, [acc], 1))
+    ok(d.cuMemsetD8(va, 0x42, 4))
+    fd = int(ok(d.cuMemExportToShareableHandle(h, H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "export"))
+    # Another process imports it, reads what this one wrote, writes back.
+    out = subprocess.run([sys.executable, "-c", CHILD_IMPORT, str(fd), str(size)], pass_fds=[fd],
+                         capture_output=True, text=True, timeout=60)
+    child = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-400:]}
+    r["child"] = child
+    back = (ctypes.c_uint8 * 4)()
+    ok(d.cuMemcpyDtoH(back, int(va) + 4, 4))
+    r["written_by_child"] = list(back)
+    # This process imports it too: a second handle on the same bytes.
+    h2 = ok(d.cuMemImportFromShareableHandle(fd, H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "import here")
+    os.close(fd)
+    va2 = ok(d.cuMemAddressReserve(size, 0, 0, 0))
+    ok(d.cuMemMap(va2, size, 0, h2, 0))
+    ok(d.cuMemSetAccess(va2, size, [acc], 1))
+    same = (ctypes.c_uint8 * 4)()
+    ok(d.cuMemcpyDtoH(same, va2, 4))
+    r["import_here_bytes"] = list(same)
+    r["charged_once"] = before - free_bytes()
+    r["bad_fd"] = d.cuMemImportFromShareableHandle(0, H.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)[0].name
+    for v, hh in ((va, h), (va2, h2)):
+        ok(d.cuMemUnmap(v, size))
+        ok(d.cuMemAddressFree(v, size))
+        ok(d.cuMemRelease(hh))
+    r["charged_after"] = before - free_bytes()
+    return r
+
+
+@section("more_ops")
+def _():
+    r = {}
+    m = ok(d.cuMemAlloc(64))
+    ops = []
+    for op, off, val in ((d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32, 0, 7),
+                         (d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_64, 8, 1 << 40),
+                         (d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_BARRIER, 0, 0),
+                         (d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32, 0, 7)):
+        p = d.CUstreamBatchMemOpParams()
+        p.operation = op
+        if op in (d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_32, d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WRITE_VALUE_64):
+            p.writeValue.address = int(m) + off
+            p.writeValue.value64 = val
+        elif op == d.CUstreamBatchMemOpType.CU_STREAM_MEM_OP_WAIT_VALUE_32:
+            p.waitValue.address = int(m) + off
+            p.waitValue.value = val
+            p.waitValue.flags = 1  # EQ
+        ops.append(p)
+    ok(d.cuStreamBatchMemOp(stream, len(ops), ops, 0), "cuStreamBatchMemOp")
+    ok(d.cuStreamSynchronize(stream))
+    buf = (ctypes.c_uint64 * 2)()
+    ok(d.cuMemcpyDtoH(buf, m, 16))
+    r["batch"] = [buf[0] & 0xffffffff, buf[1]]
+    attr = d.CUmemcpyAttributes()
+    attr.srcAccessOrder = d.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    m2 = ok(d.cuMemAlloc(64))
+    ok(d.cuMemcpyWithAttributesAsync(m2, m, 16, attr, stream), "cuMemcpyWithAttributesAsync")
+    ok(d.cuStreamSynchronize(stream))
+    ok(d.cuMemcpyDtoH(buf, m2, 16))
+    r["copied"] = [buf[0] & 0xffffffff, buf[1]]
+    A = d.CUatomicOperation
+    caps = ok(d.cuDeviceGetHostAtomicCapabilities([A.CU_ATOMIC_OPERATION_INTEGER_ADD, A.CU_ATOMIC_OPERATION_CAS], 2, dev), "host atomics")
+    r["host_atomics"] = [int(c) for c in caps]
+    dev1 = ok(d.cuDeviceGet(1))
+    caps = ok(d.cuDeviceGetP2PAtomicCapabilities([A.CU_ATOMIC_OPERATION_INTEGER_ADD], 1, dev, dev1), "p2p atomics")
+    r["p2p_atomics"] = [int(c) for c in caps]
+    r["p2p_same_device"] = d.cuDeviceGetP2PAtomicCapabilities([A.CU_ATOMIC_OPERATION_INTEGER_ADD], 1, dev, dev)[0].name
+    desc = d.CUDA_ARRAY_DESCRIPTOR()
+    desc.Width, desc.Height = 64, 64
+    desc.Format = d.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+    desc.NumChannels = 1
+    arr = ok(d.cuArrayCreate(desc))
+    r["array_plane"] = d.cuArrayGetPlane(arr, 0)[0].name
+    ok(d.cuArrayDestroy(arr))
+    return r
+
+
+@section("arrays_more")
+def _():
+    r = {}
+    desc = d.CUDA_ARRAY3D_DESCRIPTOR()
+    desc.Width, desc.Height, desc.Depth = 16, 8, 0
+    desc.Format = d.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT32
+    desc.NumChannels = 1
+    arr = ok(d.cuArray3DCreate(desc))
+    r["sparse_props"] = d.cuArrayGetSparseProperties(arr)[0].name
+    r["mem_requirements"] = d.cuArrayGetMemoryRequirements(arr, dev)[0].name
+    desc.Flags = 0x40  # CUDA_ARRAY3D_SPARSE
+    r["create_sparse"] = d.cuArray3DCreate(desc)[0].name
+    r["map_array"] = d.cuMemMapArrayAsync([d.CUarrayMapInfo()], 1, stream)[0].name
+    # A 4x3 block of u32 from a 10-wide host-visible buffer into the array
+    # at (2, 1), and back out into a tight buffer.
+    O = d.CUmemcpy3DOperandType
+    src = ok(d.cuMemAlloc(10 * 8 * 4))
+    host = (ctypes.c_uint32 * 80)(*range(80))
+    ok(d.cuMemcpyHtoD(src, host, 320))
+    out = ok(d.cuMemAlloc(12 * 4))
+    ops = [d.CUDA_MEMCPY3D_BATCH_OP(), d.CUDA_MEMCPY3D_BATCH_OP()]
+    a, b = ops
+    a.src.type = O.CU_MEMCPY_OPERAND_TYPE_POINTER
+    a.src.op.ptr.ptr = src
+    a.src.op.ptr.rowLength = 10
+    a.dst.type = O.CU_MEMCPY_OPERAND_TYPE_ARRAY
+    a.dst.op.array.array = arr
+    a.dst.op.array.offset.x, a.dst.op.array.offset.y = 2, 1
+    b.src.type = O.CU_MEMCPY_OPERAND_TYPE_ARRAY
+    b.src.op.array.array = arr
+    b.src.op.array.offset.x, b.src.op.array.offset.y = 2, 1
+    b.dst.type = O.CU_MEMCPY_OPERAND_TYPE_POINTER
+    b.dst.op.ptr.ptr = out
+    for o in ops:
+        o.extent.width, o.extent.height, o.extent.depth = 4, 3, 1
+        o.srcAccessOrder = d.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    ok(d.cuMemcpy3DBatchAsync(2, ops, 0, stream), "cuMemcpy3DBatchAsync")
+    ok(d.cuStreamSynchronize(stream))
+    back = (ctypes.c_uint32 * 12)()
+    ok(d.cuMemcpyDtoH(back, out, 48))
+    r["batch3d"] = list(back)
+    b.extent.width = 20  # past the array's width
+    r["batch3d_out_of_bounds"] = d.cuMemcpy3DWithAttributesAsync(b, 0, stream)[0].name
+    ok(d.cuArrayDestroy(arr))
+    return r
+
+
+@section("ctx_attach")
+def _():
+    r = {}
+    before = free_bytes()
+    c = ok(d.cuCtxCreate(None, 0, dev), "cuCtxCreate")
+    r["created"] = before - free_bytes()
+    r["attached_same"] = int(ok(d.cuCtxAttach(0), "cuCtxAttach")) == int(c)
+    r["attach_flags"] = d.cuCtxAttach(1)[0].name
+    ok(d.cuCtxDetach(c), "cuCtxDetach")
+    r["after_one_detach"] = before - free_bytes()
+    ok(d.cuCtxDetach(c), "cuCtxDetach last")
+    r["gone"] = d.cuCtxGetApiVersion(c)[0].name
+    ok(d.cuCtxSetCurrent(ctx))
+    r["after_last_detach"] = before - free_bytes()
+    return r
+
+
+@section("batch_node")
+def _():
+    r = {}
+    T = d.CUstreamBatchMemOpType
+    m = ok(d.cuMemAlloc(64))
+    ok(d.cuMemsetD8(m, 0, 64))
+
+    def params(v32, v64):
+        ops = []
+        for op, off, val in ((T.CU_STREAM_MEM_OP_WRITE_VALUE_32, 0, v32), (T.CU_STREAM_MEM_OP_WRITE_VALUE_64, 8, v64)):
+            p = d.CUstreamBatchMemOpParams()
+            p.operation = op
+            p.writeValue.address = int(m) + off
+            p.writeValue.value64 = val
+            ops.append(p)
+        bp = d.CUDA_BATCH_MEM_OP_NODE_PARAMS()
+        bp.ctx = ctx
+        bp.count = 2
+        bp.paramArray = ops
+        bp.flags = 0
+        return bp, ops
+
+    bp, keep = params(5, 6)
+    g = ok(d.cuGraphCreate(0))
+    n = ok(d.cuGraphAddBatchMemOpNode(g, None, 0, bp), "cuGraphAddBatchMemOpNode")
+    r["type"] = int(ok(d.cuGraphNodeGetType(n)))
+    got = ok(d.cuGraphBatchMemOpNodeGetParams(n), "cuGraphBatchMemOpNodeGetParams")
+    r["get_count"] = int(got.count)
+    ge = ok(d.cuGraphInstantiate(g, 0))
+    buf = (ctypes.c_uint64 * 2)()
+
+    def launch():
+        ok(d.cuGraphLaunch(ge, stream))
+        ok(d.cuStreamSynchronize(stream))
+        ok(d.cuMemcpyDtoH(buf, m, 16))
+        return [buf[0] & 0xffffffff, buf[1]]
+
+    r["launched"] = launch()
+    bp2, keep2 = params(7, 8)
+    ok(d.cuGraphExecBatchMemOpNodeSetParams(ge, n, bp2), "cuGraphExecBatchMemOpNodeSetParams")
+    r["exec_updated"] = launch()
+    return r
+
+
+CHILD_IPC = r"""
+import ctypes, json, sys
+from cuda.bindings import driver as d
+raw = bytes.fromhex(sys.argv[1])
+assert d.cuInit(0)[0] == 0
+dev = d.cuDeviceGet(0)[1]
+ctx = d.cuDevicePrimaryCtxRetain(dev)[1]
+d.cuCtxSetCurrent(ctx)
+h = d.CUipcMemHandle()
+ctypes.memmove(h.getPtr(), raw, 64)
+free0 = int(d.cuMemGetInfo()[1])
+F = d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+err, p = d.cuIpcOpenMemHandle(h, F)
+assert err == 0, err
+err2, p2 = d.cuIpcOpenMemHandle(h, F)
+buf = (ctypes.c_uint8 * 4)()
+assert d.cuMemcpyDtoH(buf, p, 4)[0] == 0
+assert d.cuMemsetD8(int(p) + 4, 0x99, 4)[0] == 0
+out = {"bytes": list(buf), "same_ptr": int(p2) == int(p), "charged": free0 - int(d.cuMemGetInfo()[1]),
+       "free_it": d.cuMemFree(p)[0].name}
+out["close1"] = d.cuIpcCloseMemHandle(p)[0].name
+out["close2"] = d.cuIpcCloseMemHandle(p)[0].name
+out["close3"] = d.cuIpcCloseMemHandle(p)[0].name
+print(json.dumps(out))
+"""
+
+
+@section("ipc")
+def _():
+    import subprocess
+    r = {}
+    before = free_bytes()
+    m = ok(d.cuMemAlloc(8 * MIB))
+    ok(d.cuMemsetD8(m, 0x31, 8))
+    h = ok(d.cuIpcGetMemHandle(m), "cuIpcGetMemHandle")
+    raw = ctypes.string_at(h.getPtr(), 64)
+    r["again_same"] = ctypes.string_at(ok(d.cuIpcGetMemHandle(m)).getPtr(), 64) == raw
+    r["interior"] = d.cuIpcGetMemHandle(int(m) + 512)[0].name
+    r["own_open"] = d.cuIpcOpenMemHandle(h, d.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)[0].name
+    out = subprocess.run([sys.executable, "-c", CHILD_IPC, raw.hex()], capture_output=True, text=True, timeout=60)
+    r["child"] = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-400:]}
+    back = (ctypes.c_uint8 * 4)()
+    ok(d.cuMemcpyDtoH(back, int(m) + 4, 4))
+    r["written_by_child"] = list(back)
+    r["still_mine"] = [free_bytes() == before - 8 * MIB]
+    ok(d.cuMemFree(m))
+    r["freed"] = before - free_bytes()
+    return r
+
+
+@section("location_info")
+def _():
+    r = {}
+
+    def where(ptr, n):
+        loc = d.CUmemLocation()
+        err = d.cuMemGetLocationInfo(ptr, n, n, 0, loc)[0]
+        return [err.name, int(loc.type), int(loc.id)] if err == d.CUresult.CUDA_SUCCESS else err.name
+
+    m = ok(d.cuMemAllocManaged(8 * MIB, d.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value))
+    r["untouched"] = where(m, 2 * MIB)
+    ok(d.cuMemsetD8(m, 1, 2 * MIB))
+    r["touched"] = where(m, 2 * MIB)
+    ok(d.cuMemPrefetchAsync(m, 8 * MIB, loc_dev0(), 0, stream))
+    r["prefetched"] = where(int(m) + 4 * MIB, 2 * MIB)
+    host = (ctypes.c_uint8 * (1 << 16))()
+    host[0] = 1
+    r["pageable"] = where(ctypes.addressof(host), 4096)
+    dm = ok(d.cuMemAlloc(MIB))
+    r["device_memory"] = where(dm, MIB)
+    loc = d.CUmemLocation()
+    r["sampling_too_big"] = d.cuMemGetLocationInfo(m, MIB, MIB, 2 * MIB, loc)[0].name
     return r
 
 
