@@ -1475,3 +1475,45 @@ fn legacy_ipc_memory_is_charged_to_the_exporter_only() {
         .status
         .success());
 }
+
+/// `cuCtxSetLimit` inside a PID namespace, while other containers allocate
+/// and free at random: every raise and lower is charged exactly (this
+/// process's own bytes, never the device's noise).
+#[test]
+fn context_limits_in_a_pid_namespace_are_charged_without_other_containers_noise() {
+    let m = Machine::new("pidns-limits", "81920:NVIDIA A100");
+    let noisy = Reap(
+        (0..3)
+            .map(|i| {
+                let id = format!("noisy{i}");
+                spawn_ready(m.client(Some(&vars(&id, "8")), &["ctx", "loop", "300000000"])).0
+            })
+            .collect(),
+    );
+    let sizes: Vec<String> = (1..=30u64)
+        .map(|i| ((8 + (i * 37) % 200) * MIB).to_string())
+        .chain([(100 * MIB).to_string()])
+        .collect();
+    let mut args = vec!["ctx"];
+    for s in &sizes {
+        args.extend(["setlimit", "2", s.as_str()]);
+    }
+    args.extend(["info", "ready", "hold"]);
+    let (ns, _r, out) = spawn_ready_out(in_pid_namespace(
+        &m.client(Some(&vars("inns-limits", "20")), &args),
+    ));
+    let _ns = Reap(vec![ns]);
+    assert!(ops(&out, "setlimit").iter().all(|s| s["rc"] == 0), "{out}");
+    let (used, ..) = container(&ledger(&m), "inns-limits").unwrap();
+    assert_eq!(
+        used,
+        CTX + 92 * MIB,
+        "a 100 MiB heap, 8 MiB of it the context's: {out}"
+    );
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(20 * GIB - CTX - 92 * MIB),
+        "{out}"
+    );
+    drop(noisy);
+}
