@@ -25,7 +25,7 @@ def main():
     if c.SIM:
         rounds, secs, limit = (4, 0.5, 1.30) if c.QUICK else (8, 1.0, 1.30)
     else:
-        rounds, secs, limit = (4, 2.0, 1.01) if c.QUICK else (10, 3.0, 1.01)
+        rounds, secs, limit = (4, 2.0, 1.01) if c.QUICK else (10, 2.5, 1.01)
     name = "5a overhead, training-like loop: with/without LD_PRELOAD"
     name2 = "5b CUDA graph capture + replay, other container busy"
     ledger = c.new_ledger_dir("ovh")
