@@ -492,11 +492,10 @@ pub fn table() -> Vec<Spec> {
                 r.share(&m, "w1", 0.5);
                 r.share(&m, "w2", 0.5);
                 r.util_vs_bare(&m, &b);
-                // Its slices are 4× policy 1's (160 ms against 40 ms). A
-                // measured slice is the configured one plus the hand-over's
-                // drain tail, the same under both policies, so the
-                // difference of the means is the difference of the
-                // configured slices: 160 − 40 = 120 ms.
+                // Its slices are 4× policy 1's (160 ms against 40 ms): the
+                // difference of the mean times from grant to slice end is
+                // 160 − 40 = 120 ms (a difference, so that what both share,
+                // the watcher's lag and a grant's wake-up, cancels).
                 s.ledger().set_policy(1).unwrap();
                 std::thread::sleep(o.warm);
                 let (_, p1) = s.measure_slices(o.window);
