@@ -23,7 +23,7 @@ use std::sync::Once;
 use parking_lot::Mutex;
 
 use crate::config::{self, Mode};
-use crate::ledger::{Account, JoinSpec, Ledger, Membership, QUOTA_UNLIMITED};
+use crate::ledger::{Account, JoinSpec, Ledger, Membership, ShareLink, QUOTA_UNLIMITED};
 pub use crate::process::charges::{Charges, Entry, Kind, Owner, PoolPlace};
 
 /// Most GPUs per host we track (CUDA ordinals above are passed through).
@@ -127,6 +127,30 @@ impl Gpu {
             used: self.container_used(),
             pids: self.container_pids(),
         }
+    }
+
+    /// Record an import of memory exported by `pid` (as this process's PID
+    /// namespace numbers it) in the ledger's table of shared allocations,
+    /// if `pid` is a live process of this container on this GPU: its
+    /// exporter then pays for it while it lives, this process after (see
+    /// `ledger::Account::share_register`). `None`: charge it here.
+    pub fn share_register(&'static self, pid: u32) -> Option<ShareLink> {
+        let pid = i32::try_from(pid).ok()?;
+        match self.acct.share_register(pid) {
+            Ok(link) => link,
+            Err(e) => {
+                tracing::warn!(
+                    "cgpu: GPU {}: {e}; memory imported from pid {pid} of this container is charged to the importer too",
+                    self.visible_index
+                );
+                None
+            }
+        }
+    }
+
+    /// See `ledger::Account::share_adopt`.
+    pub fn share_adopt(&self, link: &ShareLink, bytes: u64) -> u64 {
+        self.acct.share_adopt(link, bytes)
     }
 
     /// Is `pid` (as this process's PID namespace numbers it) this process or

@@ -19,9 +19,13 @@ mod account;
 mod file;
 mod guard;
 mod lock;
+mod shared;
 mod snapshot;
 
-pub use account::{Account, JoinSpec, JOIN_WAIT, RETRY_INTERVAL};
+pub use account::{Account, JoinSpec, ShareLink, JOIN_WAIT, RETRY_INTERVAL};
+pub use shared::{
+    SharePayer, SharedSlot, MAX_SHARED, SHARED_BORNE, SHARED_BYTES, SHARED_RELEASED,
+};
 pub use snapshot::{ContainerSnapshot, ProcessSnapshot, Snapshot};
 
 use std::path::{Path, PathBuf};
@@ -35,7 +39,7 @@ use crate::process::clock::realtime_ns;
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"CGPULEDG");
 /// Bumped on any layout change (2: 128 container and 1024 process slots,
 /// 48 scheduler words per container).
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// Container slots per GPU. cGPU's `max_inst` allows at most 25 containers
 /// with compute weight; containers that arrive with weight 0, run with
 /// `CGPU_DISABLE` or only hold memory need slots too: 128 is five times
@@ -190,6 +194,9 @@ pub struct LedgerFile {
     pub header: LedgerHeader,
     pub containers: [ContainerSlot; MAX_CONTAINERS],
     pub processes: [ProcessSlot; MAX_PROCESSES],
+    /// Memory a process exported and another of its container imported
+    /// (`shared.rs`).
+    pub shared: [SharedSlot; MAX_SHARED],
 }
 
 /// Why a ledger could not be used.
@@ -880,6 +887,9 @@ impl Ledger {
         let p = &f.processes[i];
         let c = p.container.load(Ordering::Acquire) as usize;
         if p.state.load(Ordering::Acquire) == SLOT_LIVE && c < MAX_CONTAINERS {
+            // What importers of its container hold of its exports is
+            // theirs to pay for from now on (counted on them first).
+            self.share_pass_on(i);
             let held = p.used.swap(0, Ordering::AcqRel);
             sat_sub(&f.containers[c].used, held);
             let pending = p.pending.swap(0, Ordering::AcqRel);
@@ -928,16 +938,22 @@ impl Ledger {
         let f = self.file();
         let p = &f.processes[m.process];
         let c = &f.containers[m.container];
+        // Memory it exported that an importer of its container holds is
+        // passed on by the reap below, under the table lock, before its
+        // bytes go: give nothing back here.
+        let pass_on = self.exports_shared(m.process);
         // Move the bytes under the same `pending` marker as a release (a
         // concurrent recount then cannot subtract them a second time), then
         // drop the liveness lock: a reaper that sees us dead finds nothing
         // left to subtract twice.
-        let held = p.used.load(Ordering::Acquire);
-        p.pending.fetch_add(held, Ordering::AcqRel);
-        c.ops.fetch_add(1, Ordering::AcqRel);
-        let took = sat_sub(&p.used, held);
-        sat_sub(&c.used, took);
-        p.pending.fetch_sub(held, Ordering::AcqRel);
+        if !pass_on {
+            let held = p.used.load(Ordering::Acquire);
+            p.pending.fetch_add(held, Ordering::AcqRel);
+            c.ops.fetch_add(1, Ordering::AcqRel);
+            let took = sat_sub(&p.used, held);
+            sat_sub(&c.used, took);
+            p.pending.fetch_sub(held, Ordering::AcqRel);
+        }
         if let Ok(fd) = self.fd() {
             let _ = lock::unlock(
                 fd,
