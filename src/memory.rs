@@ -148,6 +148,11 @@ impl Gpu {
         }
     }
 
+    /// See `ledger::Account::share_current`.
+    pub fn share_current(&self, link: &ShareLink) -> bool {
+        self.acct.share_current(link)
+    }
+
     /// See `ledger::Account::share_adopt`.
     pub fn share_adopt(&self, link: &ShareLink, bytes: u64) -> u64 {
         self.acct.share_adopt(link, bytes)

@@ -647,3 +647,62 @@ fn full_tables_and_missing_file() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The table of shared allocations: an import of a live exporter of the
+/// container is paid by the exporter; when the exporter leaves or dies
+/// (its handle dropped: the kernel drops its locks), the extent passes on
+/// to the importer, whose release gives it back; an import released first
+/// passes nothing on. Two handles of one process stand for two processes
+/// (each has its own open file descriptions, hence its own locks).
+#[test]
+fn shared_allocations_pass_on_to_the_importer() {
+    let d = tmpdir("shared");
+    let pid = std::process::id() as i32;
+    const MIB: u64 = 1 << 20;
+    let used = |l: &Ledger, m: &Membership| {
+        (
+            l.container_of(m).used.load(Ordering::Acquire),
+            l.process_of(m).used.load(Ordering::Acquire),
+        )
+    };
+    for (how, released_first) in [("leave", false), ("death", false), ("death", true)] {
+        let exp = open(&d);
+        let me = exp.join(&req("c", 2 * GIB)).unwrap();
+        exp.try_reserve(&me, 800 * MIB).unwrap();
+        let imp = open(&d);
+        let mi = imp.join(&req("c", 2 * GIB)).unwrap();
+        assert_eq!(imp.share_register(&mi, pid + 1_000_000).unwrap(), None, "no such process");
+        let e = imp.share_register(&mi, pid).unwrap().expect("the exporter is live");
+        assert_eq!(imp.share_grow(&mi, e, 500 * MIB), SharePayer::Exporter);
+        assert_eq!(imp.share_grow(&mi, e, 800 * MIB), SharePayer::Exporter);
+        assert_eq!(imp.share_grow(&mi, e, 600 * MIB), SharePayer::Exporter);
+        assert_eq!(used(&imp, &mi), (800 * MIB, 0), "once, the exporter's");
+        assert_eq!(imp.shared_allocations(), vec![(pid, pid, 800 * MIB, false)]);
+        if released_first {
+            assert_eq!(imp.share_release(&mi, e), 0);
+        }
+        match how {
+            "leave" => assert!(exp.leave(&me)),
+            _ => {
+                drop(exp);
+                assert_eq!(imp.reap(), 1);
+            }
+        }
+        if released_first {
+            assert_eq!(used(&imp, &mi), (0, 0));
+            assert!(imp.shared_allocations().is_empty());
+        } else {
+            assert_eq!(used(&imp, &mi), (800 * MIB, 800 * MIB), "{how}: passed on");
+            assert_eq!(imp.shared_allocations(), vec![(pid, pid, 800 * MIB, true)]);
+            assert_eq!(imp.share_grow(&mi, e, 900 * MIB), SharePayer::Importer(800 * MIB));
+            assert_eq!(imp.share_release(&mi, e), 800 * MIB);
+            assert_eq!(imp.share_release(&mi, e), 0, "once");
+            assert_eq!(used(&imp, &mi), (0, 0));
+        }
+        assert!(imp.leave(&mi));
+        let l = open(&d);
+        assert_eq!(l.find_container("c"), None, "{how}: nothing left behind");
+        assert!(l.file().shared.iter().all(|s| s.state.load(Ordering::Acquire) == SLOT_FREE));
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -551,15 +551,21 @@ impl Account {
             .map(|entry| ShareLink { j, entry }))
     }
 
+    /// Is `link` on the ledger this process is joined to now? (Not after
+    /// the file was deleted or replaced and joined again: its entries are
+    /// nobody's to pass on any more.)
+    pub fn share_current(&self, link: &ShareLink) -> bool {
+        self.state.load(Ordering::Acquire) == JOINED
+            && self.joined().is_some_and(|j| std::ptr::eq(j, link.j))
+    }
+
     /// The exporter of `link`'s import went and this process's slot was
     /// charged `bytes` for it: count them as this process's own from now
     /// on. Returns what is counted (0 when `link` is on a ledger this
     /// process has since left: its bytes are given back there, and the
     /// caller charges itself afresh).
     pub fn share_adopt(&self, link: &ShareLink, bytes: u64) -> u64 {
-        if self.state.load(Ordering::Acquire) == JOINED
-            && self.joined().is_some_and(|j| std::ptr::eq(j, link.j))
-        {
+        if self.share_current(link) {
             self.mine.fetch_add(bytes, Ordering::AcqRel);
             return bytes;
         }

@@ -125,6 +125,9 @@ struct Vmm {
     /// Exported allocations this process no longer holds: still charged,
     /// until it exits (their handle values may be reused).
     kept: Vec<(&'static Gpu, u64)>,
+    /// Imports of this container's memory this process exported on and no
+    /// longer holds: their ledger entries are kept until it exits.
+    kept_shares: Vec<ShareLink>,
 }
 
 impl Vmm {
@@ -135,8 +138,15 @@ impl Vmm {
         if p.refs == 0 && p.maps == 0 {
             let p = self.phys.remove(&h)?;
             if let Some(link) = p.share {
-                // Gives back what this process bore for it, if anything.
-                link.release();
+                if p.exported {
+                    // Exported on by this process: what its descriptor
+                    // keeps stays recorded until this process exits (its
+                    // slot's reap frees the entry).
+                    self.kept_shares.push(link);
+                } else {
+                    // Gives back what this process bore for it, if anything.
+                    link.release();
+                }
                 return None;
             }
             if p.exported {
@@ -323,7 +333,14 @@ impl Charges {
         let p = v.phys.get_mut(&h).filter(|p| p.imported)?;
         let extent = offset.saturating_add(len);
         if let Some(link) = p.share {
-            match link.grow(extent) {
+            // A link into a ledger this process has left (deleted or
+            // replaced) is nobody's to pass on: charge here from now on.
+            let payer = if p.gpu.share_current(&link) {
+                link.grow(extent)
+            } else {
+                SharePayer::Importer(0)
+            };
+            match payer {
                 SharePayer::Exporter => return None,
                 SharePayer::Importer(b) => {
                     p.share = None;
