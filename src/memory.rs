@@ -158,21 +158,6 @@ impl Gpu {
         self.acct.share_adopt(link, bytes)
     }
 
-    /// Is `pid` (as this process's PID namespace numbers it) this process or
-    /// a live process of its container on this GPU, by the ledger?
-    pub fn is_container_process(&self, pid: u32) -> bool {
-        if pid == std::process::id() {
-            return true;
-        }
-        let Some((ledger, m)) = self.acct.ledger() else {
-            return false;
-        };
-        let ns = ledger.process_of(m).pidns.load(Ordering::Acquire);
-        ledger.processes_of(m.container).any(|(_, p)| {
-            p.pid.load(Ordering::Acquire) as u32 == pid && p.pidns.load(Ordering::Acquire) == ns
-        })
-    }
-
     /// Pids of the container's live processes on this GPU (NVML process lists).
     pub fn container_pids(&self) -> Vec<u32> {
         let me = std::process::id();

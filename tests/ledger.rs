@@ -671,8 +671,15 @@ fn shared_allocations_pass_on_to_the_importer() {
         exp.try_reserve(&me, 800 * MIB).unwrap();
         let imp = open(&d);
         let mi = imp.join(&req("c", 2 * GIB)).unwrap();
-        assert_eq!(imp.share_register(&mi, pid + 1_000_000).unwrap(), None, "no such process");
-        let e = imp.share_register(&mi, pid).unwrap().expect("the exporter is live");
+        assert_eq!(
+            imp.share_register(&mi, pid + 1_000_000).unwrap(),
+            None,
+            "no such process"
+        );
+        let e = imp
+            .share_register(&mi, pid)
+            .unwrap()
+            .expect("the exporter is live");
         assert_eq!(imp.share_grow(&mi, e, 500 * MIB), SharePayer::Exporter);
         assert_eq!(imp.share_grow(&mi, e, 800 * MIB), SharePayer::Exporter);
         assert_eq!(imp.share_grow(&mi, e, 600 * MIB), SharePayer::Exporter);
@@ -694,7 +701,10 @@ fn shared_allocations_pass_on_to_the_importer() {
         } else {
             assert_eq!(used(&imp, &mi), (800 * MIB, 800 * MIB), "{how}: passed on");
             assert_eq!(imp.shared_allocations(), vec![(pid, pid, 800 * MIB, true)]);
-            assert_eq!(imp.share_grow(&mi, e, 900 * MIB), SharePayer::Importer(800 * MIB));
+            assert_eq!(
+                imp.share_grow(&mi, e, 900 * MIB),
+                SharePayer::Importer(800 * MIB)
+            );
             assert_eq!(imp.share_release(&mi, e), 800 * MIB);
             assert_eq!(imp.share_release(&mi, e), 0, "once");
             assert_eq!(used(&imp, &mi), (0, 0));
@@ -702,7 +712,11 @@ fn shared_allocations_pass_on_to_the_importer() {
         assert!(imp.leave(&mi));
         let l = open(&d);
         assert_eq!(l.find_container("c"), None, "{how}: nothing left behind");
-        assert!(l.file().shared.iter().all(|s| s.state.load(Ordering::Acquire) == SLOT_FREE));
+        assert!(l
+            .file()
+            .shared
+            .iter()
+            .all(|s| s.state.load(Ordering::Acquire) == SLOT_FREE));
     }
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -1526,7 +1526,12 @@ fn vmm_mapped_bytes(pid: u32) -> u64 {
     maps.lines()
         .filter(|l| l.contains("memfd:cgpu-sim-vmm"))
         .map(|l| {
-            let (a, b) = l.split_whitespace().next().unwrap().split_once('-').unwrap();
+            let (a, b) = l
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
             u64::from_str_radix(b, 16).unwrap() - u64::from_str_radix(a, 16).unwrap()
         })
         .sum()
@@ -1592,7 +1597,11 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         let (mut importer, mut ir, out) = spawn_ready_out(ic);
         let mut imp_in = importer.stdin.take().unwrap();
         let imp = op(&out, "vmmimport");
-        assert_eq!((&imp["rc"], &imp["rc_map"]), (&0.into(), &0.into()), "{out}");
+        assert_eq!(
+            (&imp["rc"], &imp["rc_map"]),
+            (&0.into(), &0.into()),
+            "{out}"
+        );
         let ipid = importer.id();
         assert_eq!(vmm_mapped_bytes(ipid), 800 * MIB, "the importer maps it");
         let l = ledger(&m);
@@ -1629,7 +1638,11 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         assert_eq!(st.success(), !kill, "{st:?}");
         l.reap();
         let v = used();
-        assert_eq!(v.0, CTX + 800 * MIB, "the importer's context and what it holds");
+        assert_eq!(
+            v.0,
+            CTX + 800 * MIB,
+            "the importer's context and what it holds"
+        );
         assert_eq!(procs(&v), vec![(ipid, CTX + 800 * MIB)]);
         assert_eq!(vmm_mapped_bytes(ipid), 800 * MIB, "still alive");
         assert_eq!(
@@ -1646,11 +1659,22 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         let rest = 2 * GIB - 2 * CTX - 800 * MIB;
         let out = run_ok(&mut m.client(
             Some(&vars("share", "2")),
-            &["ctx", "info", "alloc", &(rest + 2 * MIB).to_string(), "alloc", &rest.to_string()],
+            &[
+                "ctx",
+                "info",
+                "alloc",
+                &(rest + 2 * MIB).to_string(),
+                "alloc",
+                &rest.to_string(),
+            ],
         ));
         assert_eq!(op(&out, "info")["free"].as_u64(), Some(rest), "{out}");
         let allocs = ops(&out, "alloc");
-        assert_eq!((&allocs[0]["rc"], &allocs[1]["rc"]), (&2.into(), &0.into()), "{out}");
+        assert_eq!(
+            (&allocs[0]["rc"], &allocs[1]["rc"]),
+            (&2.into(), &0.into()),
+            "{out}"
+        );
 
         // The importer lets go: given back, once.
         let o = go_on(&mut imp_in, &mut ir);
@@ -1661,7 +1685,9 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         assert_eq!(procs(&used()), vec![(ipid, CTX)]);
         assert!(l.shared_allocations().is_empty());
         drop(imp_in);
-        assert!(wait_timeout(importer, Duration::from_secs(30)).status.success());
+        assert!(wait_timeout(importer, Duration::from_secs(30))
+            .status
+            .success());
         l.reap();
         assert_eq!(container(&l, "share"), None, "nothing left behind");
     }

@@ -538,15 +538,17 @@ impl Account {
     /// table of shared allocations and the link returned (the exporter
     /// pays while it lives, this process after). `Ok(None)`: not joined, or
     /// not a live process of the container.
-    pub fn share_register(&'static self, exporter_pid: i32) -> Result<Option<ShareLink>, LedgerError> {
+    pub fn share_register(
+        &'static self,
+        exporter_pid: i32,
+    ) -> Result<Option<ShareLink>, LedgerError> {
         if self.state.load(Ordering::Acquire) != JOINED {
             return Ok(None);
         }
         let Some(j) = self.joined() else {
             return Ok(None);
         };
-        Ok(j
-            .ledger
+        Ok(j.ledger
             .share_register(&j.m, exporter_pid)?
             .map(|entry| ShareLink { j, entry }))
     }

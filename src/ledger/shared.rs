@@ -23,8 +23,7 @@
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use super::{
-    sat_sub, Ledger, LedgerError, Membership, LEAVE_LOCK_WAIT, MAX_PROCESSES, SLOT_FREE,
-    SLOT_LIVE,
+    sat_sub, Ledger, LedgerError, Membership, LEAVE_LOCK_WAIT, MAX_PROCESSES, SLOT_FREE, SLOT_LIVE,
 };
 
 /// Entries in the table of shared allocations.

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use parking_lot::Mutex;
 
-use crate::ledger::{SharePayer, ShareLink};
+use crate::ledger::{ShareLink, SharePayer};
 use crate::memory::Gpu;
 
 /// What a bookkeeping entry is keyed by.
