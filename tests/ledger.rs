@@ -720,3 +720,47 @@ fn shared_allocations_pass_on_to_the_importer() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The importer lets go while its exporter dies and is reaped, at every
+/// moment relative to the pass-on: whichever comes first, the bytes are
+/// counted once and given back once (container and importer end at 0).
+#[test]
+fn shared_release_racing_the_pass_on_counts_once() {
+    let d = tmpdir("shared-race");
+    let pid = std::process::id() as i32;
+    const B: u64 = 64 << 20;
+    let imp = open(&d);
+    let mi = imp.join(&req("r", 0)).unwrap();
+    let (mut passed, mut first) = (0, 0);
+    for round in 0..300u32 {
+        let exp = open(&d);
+        let me = exp.join(&req("r", 0)).unwrap();
+        exp.try_reserve(&me, B).unwrap();
+        let e = imp.share_register(&mi, pid).unwrap().unwrap();
+        assert_eq!(imp.share_grow(&mi, e, B), SharePayer::Exporter);
+        let spin = (round * 7919) % 20_000;
+        let gave = std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                for _ in 0..spin {
+                    std::hint::spin_loop();
+                }
+                imp.share_release(&mi, e)
+            });
+            drop(exp);
+            imp.reap();
+            t.join().unwrap()
+        });
+        if gave == B {
+            passed += 1;
+        } else {
+            assert_eq!(gave, 0);
+            first += 1;
+        }
+        let c = imp.container_of(&mi).used.load(Ordering::Acquire);
+        let p = imp.process_of(&mi).used.load(Ordering::Acquire);
+        assert_eq!((c, p), (0, 0), "round {round}");
+    }
+    eprintln!("released after the pass-on {passed}, before {first}");
+    assert!(imp.leave(&mi));
+    let _ = std::fs::remove_dir_all(&d);
+}
