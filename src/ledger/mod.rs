@@ -936,15 +936,19 @@ impl Ledger {
         let f = self.file();
         let p = &f.processes[m.process];
         let c = &f.containers[m.container];
-        // Memory it exported that an importer of its container holds is
-        // passed on by the reap below, under the table lock, before its
-        // bytes go: give nothing back here.
-        let pass_on = self.exports_shared(m.process);
-        // Move the bytes under the same `pending` marker as a release (a
-        // concurrent recount then cannot subtract them a second time), then
-        // drop the liveness lock: a reaper that sees us dead finds nothing
-        // left to subtract twice.
-        if !pass_on {
+        // Under the table lock (waiting at most LEAVE_LOCK_WAIT: an exit
+        // never hangs on a stalled lock holder), so that no import of what
+        // this process exported can be recorded between the look and the
+        // give-back. Memory it exported that an importer of its container
+        // holds is passed on by the reap below, before its bytes go; then
+        // nothing is given back here. Without the lock nothing is given
+        // back either: the next reap does it all (counted meanwhile).
+        let table = self.lock_table_within(LEAVE_LOCK_WAIT);
+        if table.is_ok() && !self.exports_shared(m.process) {
+            // Move the bytes under the same `pending` marker as a release (a
+            // concurrent recount then cannot subtract them a second time),
+            // then drop the liveness lock: a reaper that sees us dead finds
+            // nothing left to subtract twice.
             let held = p.used.load(Ordering::Acquire);
             p.pending.fetch_add(held, Ordering::AcqRel);
             c.ops.fetch_add(1, Ordering::AcqRel);
@@ -959,14 +963,13 @@ impl Ledger {
                 std::mem::size_of::<ProcessSlot>() as u64,
             );
         }
-        // Free the slot now if we can (waiting at most LEAVE_LOCK_WAIT: an exit
-        // never hangs on a stalled lock holder); otherwise the next reap
+        // Free the slot now if we hold the lock; otherwise the next reap
         // does, our liveness lock being gone.
-        match self.lock_table_within(LEAVE_LOCK_WAIT) {
+        match table {
             Ok(_g) => {
                 self.reap_locked();
             }
-            Err(e) => tracing::debug!("leave: {e}; the slot is reaped later"),
+            Err(e) => tracing::debug!("leave: {e}; the slot and its bytes are reaped later"),
         }
         true
     }
