@@ -884,10 +884,12 @@ impl Ledger {
         let f = self.file();
         let p = &f.processes[i];
         let c = p.container.load(Ordering::Acquire) as usize;
-        if p.state.load(Ordering::Acquire) == SLOT_LIVE && c < MAX_CONTAINERS {
-            // What importers of its container hold of its exports is
-            // theirs to pay for from now on (counted on them first).
-            self.share_pass_on(i);
+        let live = p.state.load(Ordering::Acquire) == SLOT_LIVE && c < MAX_CONTAINERS;
+        // What importers of its container hold of its exports is theirs to
+        // pay for from now on (counted on them first); its own imports'
+        // entries go with the slot, whatever state it was in.
+        self.share_pass_on(i, live);
+        if live {
             let held = p.used.swap(0, Ordering::AcqRel);
             sat_sub(&f.containers[c].used, held);
             let pending = p.pending.swap(0, Ordering::AcqRel);

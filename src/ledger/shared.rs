@@ -178,11 +178,12 @@ impl Ledger {
         })
     }
 
-    /// Under the table lock, before live process slot `i` (dead or leaving)
-    /// is freed: imports of what it exported pass their bytes on to their
-    /// importers (importer and container counted up first); entries it
-    /// held, and released ones, are freed.
-    pub(super) fn share_pass_on(&self, i: usize) {
+    /// Under the table lock, before process slot `i` (dead or leaving) is
+    /// freed: if it was `live` (a valid live slot), imports of what it
+    /// exported pass their bytes on to their importers (importer and
+    /// container counted up first); entries it held, and released ones,
+    /// are freed.
+    pub(super) fn share_pass_on(&self, i: usize, live: bool) {
         let f = self.file();
         for s in f.shared.iter() {
             if s.state.load(Ordering::Acquire) != SLOT_LIVE {
@@ -195,7 +196,7 @@ impl Ledger {
                 s.state.store(SLOT_FREE, Ordering::Release);
                 continue;
             }
-            if s.exporter.load(Ordering::Acquire) as usize != i {
+            if !live || s.exporter.load(Ordering::Acquire) as usize != i {
                 continue;
             }
             let c = s.container.load(Ordering::Acquire) as usize;
