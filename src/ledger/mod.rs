@@ -36,7 +36,7 @@ use crate::process::clock::realtime_ns;
 /// `b"CGPULEDG"` read as a little-endian u64.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"CGPULEDG");
 /// Bumped on any layout change (2: 128 container and 1024 process slots,
-/// 48 scheduler words per container).
+/// 48 scheduler words per container; 3: the table of shared allocations).
 pub const FORMAT_VERSION: u32 = 3;
 /// Container slots per GPU. cGPU's `max_inst` allows at most 25 containers
 /// with compute weight; containers that arrive with weight 0, run with
