@@ -17,7 +17,7 @@
 //! - `fork`: the child handler only resets atomics (and lets the ledger
 //!   forget the parent's slot); the child re-joins lazily.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use parking_lot::Mutex;
@@ -45,9 +45,9 @@ pub struct Gpu {
     /// join: allocations refused, or alone: see `ledger::Account`).
     acct: Account,
     left: AtomicBool,
-    /// Primary-context retains by this process, and what the primary context reserved.
+    /// Primary-context retains by this process (what the primary context
+    /// reserved is charged to it in `process::charges`).
     pub primary_refs: AtomicU32,
-    pub primary_bytes: AtomicU64,
     /// The primary context's handle (0 = none yet).
     pub primary_ctx: AtomicUsize,
 }
@@ -540,7 +540,6 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         acct,
         left: AtomicBool::new(false),
         primary_refs: AtomicU32::new(0),
-        primary_bytes: AtomicU64::new(0),
         primary_ctx: AtomicUsize::new(0),
     })
 }
@@ -589,7 +588,6 @@ mod tests {
             acct: Account::alone("GPU test".into(), if enforce { quota } else { None }),
             left: AtomicBool::new(false),
             primary_refs: AtomicU32::new(0),
-            primary_bytes: AtomicU64::new(0),
             primary_ctx: AtomicUsize::new(0),
         }
     }

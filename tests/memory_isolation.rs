@@ -1436,3 +1436,84 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
         .status
         .success());
 }
+
+/// Legacy IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`): the memory is
+/// the exporter's `cuMemAlloc` allocation, charged to it, once; an importer
+/// of another container (here with too little quota left to hold it) or of
+/// the same one is charged nothing (freeing it while an importer has it open
+/// is undefined behaviour by CUDA's documentation).
+#[test]
+fn legacy_ipc_memory_is_charged_to_the_exporter_only() {
+    let m = Machine::new("ipc", T4);
+    let mib800 = (800 * MIB).to_string();
+    let mut ec = m.client(
+        Some(&vars("ipc-exp", "2")),
+        &["ctx", "alloc", &mib800, "ipcget", "ready", "waitline"],
+    );
+    ec.stdin(Stdio::piped());
+    let (mut exporter, _er, before) = spawn_ready_out(ec);
+    let exp_in = exporter.stdin.take().unwrap();
+    let g = op(&before, "ipcget");
+    assert_eq!(g["rc"], 0, "{before}");
+    let handle = g["handle"].as_str().unwrap().to_string();
+    let used = |id: &str| container(&ledger(&m), id).map(|c| c.0);
+    for (id, gib, quota) in [("ipc-imp", "1", GIB), ("ipc-exp", "2", 2 * GIB)] {
+        let out = run_ok(&mut m.client(
+            Some(&vars(id, gib)),
+            &["ctx", "ipcopen", &handle, "info", "ipcclose", "info"],
+        ));
+        assert_eq!(op(&out, "ipcopen")["rc"], 0, "{out}");
+        assert_eq!(op(&out, "ipcclose")["rc"], 0, "{out}");
+        let held = if id == "ipc-exp" { CTX + 800 * MIB } else { 0 };
+        for i in ops(&out, "info") {
+            assert_eq!(i["free"].as_u64(), Some(quota - CTX - held), "{id}: {out}");
+        }
+    }
+    assert_eq!(used("ipc-exp"), Some(CTX + 800 * MIB));
+    drop(exp_in);
+    assert!(wait_timeout(exporter, Duration::from_secs(30))
+        .status
+        .success());
+}
+
+/// `cuCtxSetLimit` inside a PID namespace, while other containers allocate
+/// and free at random: every raise and lower is charged exactly (this
+/// process's own bytes, never the device's noise).
+#[test]
+fn context_limits_in_a_pid_namespace_are_charged_without_other_containers_noise() {
+    let m = Machine::new("pidns-limits", "81920:NVIDIA A100");
+    let noisy = Reap(
+        (0..3)
+            .map(|i| {
+                let id = format!("noisy{i}");
+                spawn_ready(m.client(Some(&vars(&id, "8")), &["ctx", "loop", "300000000"])).0
+            })
+            .collect(),
+    );
+    let sizes: Vec<String> = (1..=30u64)
+        .map(|i| ((8 + (i * 37) % 200) * MIB).to_string())
+        .chain([(100 * MIB).to_string()])
+        .collect();
+    let mut args = vec!["ctx"];
+    for s in &sizes {
+        args.extend(["setlimit", "2", s.as_str()]);
+    }
+    args.extend(["info", "ready", "hold"]);
+    let (ns, _r, out) = spawn_ready_out(in_pid_namespace(
+        &m.client(Some(&vars("inns-limits", "20")), &args),
+    ));
+    let _ns = Reap(vec![ns]);
+    assert!(ops(&out, "setlimit").iter().all(|s| s["rc"] == 0), "{out}");
+    let (used, ..) = container(&ledger(&m), "inns-limits").unwrap();
+    assert_eq!(
+        used,
+        CTX + 92 * MIB,
+        "a 100 MiB heap, 8 MiB of it the context's: {out}"
+    );
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(20 * GIB - CTX - 92 * MIB),
+        "{out}"
+    );
+    drop(noisy);
+}

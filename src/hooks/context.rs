@@ -418,24 +418,34 @@ pub unsafe fn primary_retain(
             super::call_real!(real::cuDevicePrimaryCtxRelease_v2, dev);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        gpu.primary_bytes.fetch_add(bytes, Ordering::AcqRel);
-        gpu.primary_ctx.store(c, Ordering::Release);
+        primary_charged(gpu, c, bytes);
     } else if delta.unwrap_or(0) > 0 {
         // Re-created after a reset by another retain path: charge the new reservation.
         let bytes = delta.unwrap_or(0);
         if gpu.reserve(bytes) {
-            gpu.primary_bytes.fetch_add(bytes, Ordering::AcqRel);
+            primary_charged(gpu, c, bytes);
         }
     }
     rc
 }
 
+/// The primary context `c` of `gpu` reserved `bytes` more (already
+/// reserved): charged to it, like a created context's.
+fn primary_charged(gpu: &'static Gpu, c: usize, bytes: u64) {
+    gpu.primary_ctx.store(c, Ordering::Release);
+    proc_state()
+        .charges
+        .add(Kind::Context, c as u64, gpu, bytes, Owner::Context(c));
+}
+
 fn primary_gone(gpu: &Gpu) {
     let st = proc_state();
     let _g = alloc_guard();
-    st.charges
-        .release_context(gpu.primary_ctx.swap(0, Ordering::AcqRel));
-    gpu.release(gpu.primary_bytes.swap(0, Ordering::AcqRel));
+    let c = gpu.primary_ctx.swap(0, Ordering::AcqRel);
+    st.charges.release_context(c);
+    if let Some(e) = st.charges.untrack(Kind::Context, c as u64) {
+        e.gpu.release(e.bytes);
+    }
 }
 
 /// `cuDevicePrimaryCtxRelease` / `_v2`: at zero the context is destroyed.
@@ -606,12 +616,16 @@ pub unsafe fn ctx_set_limit(
         return rc;
     }
     let after = sample(gpu, &nvml);
-    let want = limit_charge(
-        held,
-        change(before, after),
-        predicted,
-        unit > 0 && old.is_some(),
-    );
+    let known = unit > 0 && old.is_some();
+    // The device's used bytes move with other processes' allocations too:
+    // for a limit whose reservation is known, only this process's own
+    // bytes are a measure worth more than the prediction.
+    let measured = if known && (before.mine.is_none() || after.mine.is_none()) {
+        None
+    } else {
+        change(before, after)
+    };
+    let want = limit_charge(held, measured, predicted, known);
     let have = held.saturating_add(upfront);
     if want > have && !gpu.reserve(want - have) {
         match old {

@@ -5,9 +5,10 @@
 //! The owners and their edges, as the driver frees memory:
 //!
 //! - a **context** owns what was allocated in it (`cuMemAlloc*`, arrays, its
-//!   own reservation and what its limits reserve): destroying it (or the
-//!   primary context's last release or reset) gives all of that back
-//!   ([`Charges::release_context`]);
+//!   own reservation, the primary context's too, and what its limits
+//!   reserve): destroying it (or the primary context's last release or
+//!   reset) gives all of that back ([`Charges::release_context`], and its
+//!   own `Kind::Context` entry);
 //! - a **pool** owns its stream-ordered allocations, which also die with
 //!   the context current when they were made ([`Owner::Pool`],
 //!   [`Charges::release_pool`]);
@@ -16,11 +17,10 @@
 //!   allocation's charge, and so does each **mapping** of it, until the last
 //!   of both is gone (`Vmm`); an allocation **exported** as a shareable
 //!   handle stays charged until the process exits (other processes and
-//!   descriptors cgpu cannot see keep it alive).
-//!
-//! Graph memory is charged per device by `hooks::graph` (the driver keeps it
-//! in the device's graph pool), the primary context's reservation on its
-//! [`Gpu`].
+//!   descriptors cgpu cannot see keep it alive);
+//! - a device's **graph pool** owns graph memory: the driver reserves it at
+//!   a launch and keeps it until trimmed, whatever frees the allocations
+//!   (`Charges::graph_pools`, settled by `hooks::graph`).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -145,6 +145,12 @@ pub struct Charges {
     allocs: Mutex<HashMap<(Kind, u64), Entry>>,
     vmm: Mutex<Vmm>,
     pools: Mutex<HashMap<usize, PoolPlace>>,
+    /// Graph memory per device (driver ordinal): `(gpu, bytes)` the
+    /// device's graph pool holds for this process (`hooks::graph` settles
+    /// it on the driver's report). Its lock also serialises launches of
+    /// execs with alloc nodes and trims, so that what a pool holds spare
+    /// cannot shrink between the estimate and the launch.
+    graph: Mutex<BTreeMap<i32, (usize, u64)>>,
 }
 
 impl Charges {
@@ -159,6 +165,20 @@ impl Charges {
             // our back; give its bytes back.
             old.gpu.release(old.bytes);
         }
+    }
+
+    /// Add `bytes` on `gpu` to what `key` holds (a new entry if none).
+    pub fn add(&self, kind: Kind, key: u64, gpu: &'static Gpu, bytes: u64, owner: Owner) {
+        self.allocs
+            .lock()
+            .entry((kind, key))
+            .and_modify(|e| e.bytes = e.bytes.saturating_add(bytes))
+            .or_insert(Entry { gpu, bytes, owner });
+    }
+
+    /// The graph pools' charges (see the field).
+    pub fn graph_pools(&self) -> &Mutex<BTreeMap<i32, (usize, u64)>> {
+        &self.graph
     }
 
     /// Forget `key`; what it held (once).

@@ -14,8 +14,9 @@
 //! - [`fork`]: the fork generation (bumped in a forked child; caches made
 //!   before a fork check it);
 //! - [`charges`]: which object owns each memory charge (context, pool,
-//!   device, handle, mapping) and what gives it back; the accounting
-//!   against the ledger (`crate::memory::Gpu`) is done by `crate::memory`;
+//!   device, handle, mapping, graph pool) and what gives it back; the
+//!   accounting against the ledger (`crate::memory::Gpu`) is done by
+//!   `crate::memory`;
 //! - [`types`]: the C types of the declaration list.
 //!
 //! Lock order: the measurement lock (`hooks::context`: context creation and

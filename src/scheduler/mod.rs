@@ -22,7 +22,7 @@ mod sys;
 pub mod words;
 
 pub use decide::{allowance, Params, SLICE_NS};
-pub use gate::{CUcontext, DriverOps, Gate};
+pub use gate::{CUcontext, DriverOps, Gate, Synced};
 
 use crate::ledger::{ContainerSlot, Ledger, LedgerFile, Membership, MAX_CONTAINERS, SLOT_LIVE};
 use cgpu_ffi::CUresult;
@@ -65,7 +65,7 @@ thread_local! {
 /// (a few atomics, no lock, no allocation); otherwise blocks the calling
 /// thread until it may launch.
 #[inline]
-pub fn admit_launch(_stream: Stream) {
+pub fn admit_launch(stream: Stream) {
     let mut g = GATE.load(Acquire) as *const Gate;
     if g.is_null() {
         g = gate_slow();
@@ -74,7 +74,7 @@ pub fn admit_launch(_stream: Stream) {
         }
     }
     // SAFETY: a gate, once published, is never freed (leaked on attach).
-    if unsafe { &*g }.admit() {
+    if unsafe { &*g }.admit(stream as usize) {
         ADMITTED.with(|a| {
             let (old, n) = a.get();
             if n > 0 && old != g {
@@ -301,20 +301,39 @@ fn each_gate(mut f: impl FnMut(&Gate)) {
 /// again (it queued work there too), so its slice on GPU 1 must not be
 /// handed over as idle meanwhile. Atomics only; a no-op when not
 /// scheduling.
-pub struct WaitingForGpu(GateMask);
+pub struct WaitingForGpu {
+    marked: GateMask,
+    /// The gate of the current context's device, and what it saw when the
+    /// call began (null: not scheduling).
+    own: *const Gate,
+    began: Option<gate::SyncStart>,
+}
 
 impl WaitingForGpu {
     #[inline]
     pub fn new() -> WaitingForGpu {
-        if MULTI.load(Acquire) {
-            WaitingForGpu(mark_busy(std::ptr::null(), true))
+        let (marked, own) = if MULTI.load(Acquire) {
+            (mark_busy(std::ptr::null(), true), gate_of_current_context())
         } else {
             let g = GATE.load(Acquire) as *const Gate;
             if !g.is_null() {
                 // SAFETY: a gate, once published, is never freed (leaked on attach).
                 unsafe { &*g }.in_sync(true);
             }
-            WaitingForGpu(GateMask::One(g))
+            (GateMask::One(g), g)
+        };
+        // SAFETY: as above.
+        let began = (!own.is_null()).then(|| unsafe { &*own }.sync_began());
+        WaitingForGpu { marked, own, began }
+    }
+
+    /// The synchronise call returned `rc` after waiting for `what` (its
+    /// process's work may then be known done: see `Gate::sync_returned`).
+    #[inline]
+    pub fn returned(&self, rc: CUresult, what: Synced) {
+        if let Some(b) = self.began {
+            // SAFETY: as in `new`.
+            unsafe { &*self.own }.sync_returned(b, rc, what);
         }
     }
 }
@@ -328,7 +347,7 @@ impl Default for WaitingForGpu {
 impl Drop for WaitingForGpu {
     #[inline]
     fn drop(&mut self) {
-        unmark_busy(self.0);
+        unmark_busy(self.marked);
     }
 }
 

@@ -36,6 +36,10 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
                      {"op":"vmmimport", rc, rc_map}
   vmmimportfd PID FD N  the same with process PID's descriptor FD itself
                      (pidfd_getfd, as PyTorch passes them)
+  ipcget             cuIpcGetMemHandle of the last `alloc`: print
+                     {"op":"ipcget", rc, handle (hex)}
+  ipcopen HEX        cuIpcOpenMemHandle_v2 (lazy peer access) of that handle:
+                     print {"op":"ipcopen", rc}; ipcclose closes it
   pool [DEV|host]    cuMemPoolCreate on device DEV (default 0) or in host memory
   defpool DEV        cuDeviceGetDefaultMemPool of device DEV (used by poolalloc)
   poolalloc BYTES    cuMemAllocFromPoolAsync from the last pool on the current
@@ -174,6 +178,7 @@ CTXS = []
 maps = []      # (handle, va, size, released)
 retained = []  # handles from cuMemRetainAllocationHandle
 pools = []
+IPC = []       # pointers from cuIpcOpenMemHandle
 STREAM = C.c_void_p()
 
 def vmm_prop(dev):
@@ -355,6 +360,22 @@ def main(argv):
                     cu.cuMemAddressFree(C.c_uint64(va.value), C.c_size_t(n))
                     cu.cuMemRelease(h)
             out({"op": "vmmimport", "rc": rc, "rc_map": rc_map})
+        elif cmd == "ipcget":
+            h = (C.c_ubyte * 64)()
+            ptr = [x for x in held if x[0] == "ptr"][-1][1]
+            rc = cu.cuIpcGetMemHandle(h, C.c_uint64(ptr))
+            out({"op": "ipcget", "rc": rc, "handle": bytes(h).hex()})
+        elif cmd == "ipcopen":
+            class IpcHandle(C.Structure):
+                _fields_ = [("reserved", C.c_ubyte * 64)]
+            h = IpcHandle()
+            C.memmove(h.reserved, bytes.fromhex(arg()), 64)
+            p = C.c_uint64()
+            rc = cu.cuIpcOpenMemHandle_v2(C.byref(p), h, 1)
+            IPC.append(p.value)
+            out({"op": "ipcopen", "rc": rc})
+        elif cmd == "ipcclose":
+            out({"op": "ipcclose", "rc": cu.cuIpcCloseMemHandle(C.c_uint64(IPC.pop()))})
         elif cmd == "pool":
             where = arg() if i < len(argv) and (argv[i].isdigit() or argv[i] == "host") else "0"
             # CUmemPoolProps: allocType 1 (pinned), handleTypes 0, location {type, id}, ... (88 bytes)

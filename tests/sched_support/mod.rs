@@ -376,13 +376,21 @@ impl Scenario {
         else {
             return self.measure(window);
         };
-        self.measure_rounds_on(0, &l, window)
+        self.measure_rounds_on(0, &l, None, window)
     }
 
-    /// [`Scenario::measure_rounds`] on GPU `dev`, whose ledger is `l`.
-    pub fn measure_rounds_on(&self, dev: usize, l: &Ledger, window: Duration) -> Measure {
+    /// [`Scenario::measure_rounds`] on GPU `dev`, whose ledger is `l`,
+    /// opening at a grant to container slot `first` when given (the one
+    /// with the fewest slices: its share then counts whole slices only).
+    pub fn measure_rounds_on(
+        &self,
+        dev: usize,
+        l: &Ledger,
+        first: Option<usize>,
+        window: Duration,
+    ) -> Measure {
         let limit = Duration::from_secs(1);
-        let Some(first) = await_grant(l, None, limit) else {
+        let Some(first) = await_grant(l, first, limit) else {
             return self.measure_on(dev, window);
         };
         let s0 = self.env.stats();

@@ -290,46 +290,67 @@ fn requests(id: &str, o: &Opts) -> Ctr {
     Ctr::new(id, 1).load("requests", ms, 200_000, 1, 5000)
 }
 
-/// Stop `victim`'s process when the token is in `state` (RUNNING or
-/// DRAINING) held by its container (any state when `state` is None or the
-/// run is bare), for `stop`; returns the other container's share of the
-/// GPU's wall time during the stop.
-fn stop_once(s: &Scenario, victim: &str, other: &str, state: Option<u8>, stop: Duration) -> f64 {
-    if let Some(st) = state {
-        let l = s.ledger();
-        let c = s.slot(&l, victim);
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            let t = Token::unpack(l.file().header.sched[gw::TOKEN].load(Relaxed));
-            if t.state == st && t.holder == Some(c) {
-                break;
-            }
-            assert!(
-                Instant::now() < end,
-                "the token never reached state {st} by {victim}"
-            );
-            std::hint::spin_loop();
+/// Wait until the token is in `state` held by `victim`'s container.
+fn await_state(s: &Scenario, victim: &str, st: u8) {
+    let l = s.ledger();
+    let c = s.slot(&l, victim);
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let t = Token::unpack(l.file().header.sched[gw::TOKEN].load(Relaxed));
+        if t.state == st && t.holder == Some(c) {
+            return;
         }
+        assert!(
+            Instant::now() < end,
+            "the token never reached state {st} by {victim}"
+        );
+        std::hint::spin_loop();
     }
-    let pid = s.pid_of(victim);
-    let s0 = s.env.stats();
+}
+
+/// Stop `victim`'s process in each of `runs` at the same moment (under
+/// cgpu, the first, once the token is in `state` held by its container;
+/// any state when None), for `stop`; returns, per run, the other
+/// container's share of the GPU's wall time during the stop.
+fn stop_once(
+    runs: &[&Scenario],
+    victim: &str,
+    other: &str,
+    state: Option<u8>,
+    stop: Duration,
+) -> Vec<f64> {
+    if let Some(st) = state {
+        await_state(runs[0], victim, st);
+    }
+    let pids: Vec<i32> = runs.iter().map(|s| s.pid_of(victim)).collect();
+    let s0: Vec<_> = runs.iter().map(|s| s.env.stats()).collect();
     let t0 = Instant::now();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    for &pid in &pids {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }
     std::thread::sleep(stop);
-    let s1 = s.env.stats();
+    let s1: Vec<_> = runs.iter().map(|s| s.env.stats()).collect();
     let wall = t0.elapsed().as_nanos() as f64;
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
-    let opid = s.pid_of(other) as u32;
-    let a = s0.process(opid, 0).map_or(0, |x| x.device_time_ns);
-    let b = s1.process(opid, 0).map_or(a, |x| x.device_time_ns);
-    b.saturating_sub(a) as f64 / wall
+    for &pid in &pids {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+    runs.iter()
+        .zip(s0.iter().zip(&s1))
+        .map(|(s, (s0, s1))| {
+            let opid = s.pid_of(other) as u32;
+            let a = s0.process(opid, 0).map_or(0, |x| x.device_time_ns);
+            let b = s1.process(opid, 0).map_or(a, |x| x.device_time_ns);
+            b.saturating_sub(a) as f64 / wall
+        })
+        .collect()
 }
 
 /// A process stopped for `stop`, `n` times, `gap` apart: the other
 /// container's share of the GPU during the stops, under cgpu (stopped in
-/// `state`) over the same without cgpu.
+/// `state`) over the same without cgpu, both run side by side and stopped
+/// at the same moments.
 fn stop_rows(
     o: &Opts,
     r: &mut Rows,
@@ -344,34 +365,19 @@ fn stop_rows(
         Ctr::new("stopped", 1).busy(run, kernel_ns),
         Ctr::new("other", 1).busy(run, kernel_ns),
     ];
-    let mut got = [0.0f64; 2];
-    for (i, bare) in [true, false].into_iter().enumerate() {
-        let s = if bare {
-            Scenario::start_bare(&ctrs)
-        } else {
-            start(o, &ctrs, 1, None, None)
-        };
-        std::thread::sleep(o.warm);
-        let mut sum = 0.0;
-        for _ in 0..n {
-            sum += stop_once(
-                &s,
-                "stopped",
-                "other",
-                if bare { None } else { state },
-                stop,
-            );
-            std::thread::sleep(gap);
-        }
-        got[i] = sum / n as f64;
+    let (s, bare) = side_by_side(o, &ctrs, 1, None, None);
+    let mut sum = [0.0f64; 2];
+    for _ in 0..n {
+        let got = stop_once(&[&s, &bare], "stopped", "other", state, stop);
+        sum[0] += got[0];
+        sum[1] += got[1];
+        std::thread::sleep(gap);
     }
+    let (cg, b) = (sum[0] / n as f64, sum[1] / n as f64);
     r.push(
-        &format!(
-            "other's GPU during stops ÷ bare ({:.3} / {:.3})",
-            got[1], got[0]
-        ),
+        &format!("other's GPU during stops ÷ bare ({cg:.3} / {b:.3})"),
         0.9,
-        got[1] / got[0],
+        cg / b,
         Kind::AtLeast,
     );
 }

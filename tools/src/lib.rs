@@ -19,6 +19,7 @@ pub mod exporter;
 pub mod inspect;
 pub mod installed;
 pub mod knobs;
+pub mod nvml;
 pub mod table;
 pub mod tree;
 
@@ -27,6 +28,7 @@ use cgpu::ledger::{
 };
 use cgpu::scheduler;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Acquire;
 use std::time::Instant;
@@ -403,8 +405,54 @@ pub fn sample_dir(dir: &Path) -> Sample {
 }
 
 /// Fill `cur`'s `util_percent` from the GPU time charged since `prev`.
-/// Containers are matched by GPU uuid, slot, id and creation time.
+/// Containers are matched by GPU uuid, slot, id and creation time. Under
+/// policy 5 (native) nobody is charged: the utilisation is then what NVML
+/// reports for the container's processes since `prev` (`null` without
+/// NVML).
 pub fn apply_util(prev: &Sample, cur: &mut Sample) {
+    apply_ledger_util(prev, cur);
+    let native = cur.report.gpus_ok().any(|g| g.policy == NATIVE_POLICY);
+    if native {
+        apply_native_util(prev, cur, nvml::Nvml::get());
+    }
+}
+
+/// Policy 5: no compute control, no charges.
+const NATIVE_POLICY: u32 = 5;
+
+/// `util_percent` of the containers of GPUs under policy 5 from NVML's
+/// per-process utilisation since `prev` (`null` without NVML).
+pub fn apply_native_util(prev: &Sample, cur: &mut Sample, nvml: Option<&nvml::Nvml>) {
+    let since_us = prev.report.timestamp_ns / 1000;
+    let mut ids: HashMap<u32, Option<(i32, u64)>> = HashMap::new();
+    for g in cur.report.gpus.iter_mut().filter_map(|e| e.gpu.as_mut()) {
+        if g.policy != NATIVE_POLICY {
+            continue;
+        }
+        let per = nvml.and_then(|n| n.process_util(&g.uuid, since_us));
+        // NVML's host pids as the ledger names them (pid in own namespace).
+        let by_ns: HashMap<(i32, u64), f64> = per
+            .iter()
+            .flatten()
+            .filter_map(|(&host, &u)| {
+                let id = *ids.entry(host).or_insert_with(|| nvml::ns_identity(host));
+                id.map(|i| (i, u))
+            })
+            .collect();
+        for c in &mut g.containers {
+            c.util_percent = per.as_ref().map(|_| {
+                let sum: f64 = c
+                    .processes
+                    .iter()
+                    .filter_map(|p| by_ns.get(&(p.pid, p.pidns)))
+                    .sum();
+                (sum.clamp(0.0, 100.0) * 10.0).round() / 10.0
+            });
+        }
+    }
+}
+
+fn apply_ledger_util(prev: &Sample, cur: &mut Sample) {
     let window = cur.at.saturating_duration_since(prev.at);
     let window_ns = window.as_nanos() as f64;
     if window_ns <= 0.0 {
