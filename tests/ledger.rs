@@ -721,9 +721,10 @@ fn shared_allocations_pass_on_to_the_importer() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// The importer lets go while its exporter dies and is reaped, at every
-/// moment relative to the pass-on: whichever comes first, the bytes are
-/// counted once and given back once (container and importer end at 0).
+/// The importer maps more and lets go while its exporter dies and is
+/// reaped, at every moment relative to the pass-on: whichever comes first,
+/// the extent passed on is the one recorded, counted once and given back
+/// once (container and importer end at 0).
 #[test]
 fn shared_release_racing_the_pass_on_counts_once() {
     let d = tmpdir("shared-race");
@@ -731,21 +732,39 @@ fn shared_release_racing_the_pass_on_counts_once() {
     const B: u64 = 64 << 20;
     let imp = open(&d);
     let mi = imp.join(&req("r", 0)).unwrap();
-    let (mut passed, mut first) = (0, 0);
+    // Passed on before the growth, between growth and release, after the release.
+    let mut seen = [0u32; 3];
     for round in 0..300u32 {
         let exp = open(&d);
         let me = exp.join(&req("r", 0)).unwrap();
         exp.try_reserve(&me, B).unwrap();
         let e = imp.share_register(&mi, pid).unwrap().unwrap();
         assert_eq!(imp.share_grow(&mi, e, B), SharePayer::Exporter);
-        let spin = (round * 7919) % 20_000;
+        // Both sides start together, each after a spin that varies by round.
+        let (spin, lead) = ((round * 7919) % 100_000, (round * 104_729) % 100_000);
+        let go = std::sync::Barrier::new(2);
         let gave = std::thread::scope(|s| {
             let t = s.spawn(|| {
+                go.wait();
                 for _ in 0..spin {
                     std::hint::spin_loop();
                 }
-                imp.share_release(&mi, e)
+                // Maps more while the exporter may be going, then lets go.
+                let g = imp.share_grow(&mi, e, 2 * B);
+                for _ in 0..spin / 2 {
+                    std::hint::spin_loop();
+                }
+                let r = imp.share_release(&mi, e);
+                match g {
+                    SharePayer::Importer(x) => assert_eq!((x, r), (B, B), "passed on first"),
+                    SharePayer::Exporter => assert!(r == 0 || r == 2 * B, "{r}"),
+                }
+                (g, r)
             });
+            go.wait();
+            for _ in 0..lead {
+                std::hint::spin_loop();
+            }
             drop(exp);
             imp.reap();
             t.join().unwrap()
@@ -754,21 +773,26 @@ fn shared_release_racing_the_pass_on_counts_once() {
         // descriptions (and locks) for a moment: reap until it is gone.
         let t0 = std::time::Instant::now();
         while imp.processes_of(mi.container).count() > 1 {
-            assert!(t0.elapsed().as_secs() < 10, "round {round}: exporter never reaped");
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "round {round}: exporter never reaped"
+            );
             std::thread::sleep(std::time::Duration::from_millis(1));
             imp.reap();
         }
-        if gave == B {
-            passed += 1;
-        } else {
-            assert_eq!(gave, 0);
-            first += 1;
+        match gave {
+            (SharePayer::Importer(_), _) => seen[0] += 1,
+            (_, 0) => seen[2] += 1,
+            _ => seen[1] += 1,
         }
         let c = imp.container_of(&mi).used.load(Ordering::Acquire);
         let p = imp.process_of(&mi).used.load(Ordering::Acquire);
         assert_eq!((c, p), (0, 0), "round {round}");
     }
-    eprintln!("released after the pass-on {passed}, before {first}");
+    eprintln!(
+        "passed on before the growth {}, between growth and release {}, after the release {}",
+        seen[0], seen[1], seen[2]
+    );
     assert!(imp.leave(&mi));
     let _ = std::fs::remove_dir_all(&d);
 }
