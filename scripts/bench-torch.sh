@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
     --gpu) SIM=0; shift ;;
     --lib) LIB="$2"; shift 2 ;;
     --python) PY="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) WHAT+=("$1"); shift ;;
   esac
 done
