@@ -60,6 +60,14 @@ pub const DRAIN_LIMIT_NS: u64 = 2_000_000_000;
 const MAX_BUDGET_NS: u64 = 8 * SLICE_NS;
 /// A decision older than this (its maker died or froze) is taken over.
 pub const DECIDE_LIMIT_NS: u64 = 500_000_000;
+/// Launches a guest may have queued before its work is seen done (a
+/// synchronise that returns): beyond them it waits for its turn.
+pub const GUEST_MAX: u32 = 2;
+/// A container whose last slice used more than this is busy: not a guest.
+pub const GUEST_SLICE_NS: u64 = SLICE_NS / 4;
+/// A container may run beside the holder while its recent use of the GPU
+/// is below this fraction of its share.
+pub const GUEST_BELOW: f64 = 0.75;
 /// Longest single sleep of any waiter: every wait re-checks the world.
 const MAX_SLEEP_NS: u64 = 50_000_000;
 
@@ -98,6 +106,10 @@ pub struct Gate {
     /// done ([`NO_STREAM`]: none; [`MIXED`]: several), so that a
     /// `cuStreamSynchronize` of that stream tells its queue is empty.
     last_stream: AtomicUsize,
+    /// When this process's work as a guest (beside another container's
+    /// slice) began, 0 = none queued; and how many launches it made.
+    guest_since: AtomicU64,
+    guest_launches: AtomicU32,
 }
 
 /// A stream as launched on by the calling thread: the handle mixed with the
@@ -129,6 +141,7 @@ pub enum Synced {
 pub struct SyncStart {
     token: u64,
     launches: u64,
+    guests: u32,
 }
 
 impl Gate {
@@ -151,6 +164,8 @@ impl Gate {
             stop: AtomicBool::new(false),
             warned_weight0: AtomicBool::new(false),
             last_stream: AtomicUsize::new(NO_STREAM),
+            guest_since: AtomicU64::new(0),
+            guest_launches: AtomicU32::new(0),
         }
     }
 
@@ -330,6 +345,7 @@ impl Gate {
         SyncStart {
             token: self.token().load(SeqCst),
             launches: self.c(cw::SLICE_LAUNCHES).load(SeqCst),
+            guests: self.guest_launches.load(SeqCst),
         }
     }
 
@@ -351,6 +367,13 @@ impl Gate {
             return;
         }
         self.last_stream.store(NO_STREAM, Relaxed);
+        if self.guest_since.load(Acquire) != 0
+            && self.in_launch.load(SeqCst) == 0
+            && self.guest_launches.load(SeqCst) == b.guests
+        {
+            // Its work as a guest is done: charge it.
+            self.guest_done(now_ns(), u64::MAX);
+        }
         let t = Token::unpack(b.token);
         let alone = (0..cw::SET_WORDS).all(|wi| {
             let bits = self.c(cw::DRAIN + wi).load(Acquire);
@@ -411,6 +434,8 @@ impl Gate {
                     Enter::Retry => continue,
                     Enter::Wait => {}
                 }
+            } else if t.holder != Some(self.container) && self.guest(t, &k) {
+                break true;
             }
             let now = now_ns();
             if waited_since.is_none() {
@@ -463,6 +488,17 @@ impl Gate {
             return Enter::Retry;
         }
         if SEEN.with(|s| s.get()) != key {
+            if self.guest_since.load(Acquire) != 0 {
+                // Guest work not seen done before its own slice: charge at
+                // most its launches at its measured ns per launch.
+                // (Unmeasured yet: the time since, at most a slice.)
+                let est = match self.c(cw::NS_PER_LAUNCH).load(Relaxed) {
+                    0 => SLICE_NS,
+                    e => e.min(SLICE_NS),
+                };
+                let n = u64::from(self.guest_launches.load(Acquire));
+                self.guest_done(now_ns(), est.saturating_mul(n));
+            }
             // The DRAINING state that follows this RUNNING one has seq + 1.
             self.undrained
                 .store(1 << 32 | t.seq.wrapping_add(1) as u64, SeqCst);
@@ -477,6 +513,122 @@ impl Gate {
         self.in_launch.fetch_sub(1, SeqCst);
         self.end_slice(t);
         Enter::Wait
+    }
+
+    /// Run beside the holder of slice `t` (another container, running or
+    /// draining) as a guest: when this container is high-priority and light (its last slice,
+    /// if any, used at most [`GUEST_SLICE_NS`], and its recent use of the
+    /// GPU is under [`GUEST_BELOW`] of its share) and
+    /// this process has fewer than [`GUEST_MAX`] guest launches whose work
+    /// is not seen done. The GPU's
+    /// own time-slicing then serves it beside the holder (a request waits
+    /// about a GPU timeslice, not a slice and a drain); it is charged the
+    /// time from its first guest launch until a synchronise sees its work
+    /// done (its work and the wait for the GPU: more than it used). True =
+    /// admitted (the caller launches and calls [`Gate::done`]).
+    fn guest(&self, t: Token, k: &Knobs) -> bool {
+        let Some(h) = t.holder_slot() else {
+            return false;
+        };
+        if !matches!(t.state, RUNNING | DRAINING)
+            || k.native()
+            || self.slot(self.container).highprio.load(Relaxed) == 0
+            || h == self.container
+            || self.slot(self.container).weight.load(Relaxed) == 0
+            || self.guest_launches.load(Acquire) >= GUEST_MAX
+        {
+            return false;
+        }
+        let now = now_ns();
+        if self.c(cw::LAST_SLICE_NS).load(Acquire) > GUEST_SLICE_NS {
+            return false;
+        }
+        let share = self.share(self.container, k);
+        if !(share > 0.0 && self.recent_rate(now, share) < GUEST_BELOW * share) {
+            return false;
+        }
+        self.in_launch.fetch_add(1, SeqCst);
+        if self.token().load(SeqCst) != t.pack() {
+            self.in_launch.fetch_sub(1, SeqCst);
+            return false;
+        }
+        let _ = self.guest_since.compare_exchange(0, now, AcqRel, Acquire);
+        self.guest_launches.fetch_add(1, AcqRel);
+        true
+    }
+
+    /// This process's guest work is done (or its own slice began): charge
+    /// its container the time since its first guest launch, at most `cap`.
+    fn guest_done(&self, now: u64, cap: u64) {
+        let since = self.guest_since.swap(0, AcqRel);
+        self.guest_launches.store(0, Release);
+        if since == 0 || since > now {
+            return;
+        }
+        let ns = (now - since).min(cap).min(SLICE_NS);
+        self.c(cw::GPU_NS).fetch_add(ns, Relaxed);
+        self.c(cw::GUEST_NS).fetch_add(ns, AcqRel);
+        self.g(gw::BUSY_NS).fetch_add(ns, Relaxed);
+        self.file().processes[self.process]
+            .gpu_time_ns
+            .fetch_add(ns, Relaxed);
+    }
+
+    /// Container `c`'s share with every live container counted as busy
+    /// (what the tools show as its limit), 0..=1.
+    fn share(&self, c: usize, k: &Knobs) -> f64 {
+        let mut ms = [super::policy::Member::default(); MAX_CONTAINERS];
+        for (m, s) in ms.iter_mut().zip(self.file().containers.iter()) {
+            let live = s.state.load(Acquire) == SLOT_LIVE && s.nprocs.load(Acquire) > 0;
+            *m = super::policy::Member {
+                live,
+                weight: s.weight.load(Acquire),
+                highprio: s.highprio.load(Acquire) != 0,
+                active: live,
+            };
+        }
+        let mut rate = [0.0f64; MAX_CONTAINERS];
+        super::policy::shares(k, &ms, &mut rate);
+        rate[c]
+    }
+
+    /// My container's recent use of the GPU (charged ns per ns, averaged
+    /// over about a second, updated every 100 ms; `share` stands in for a
+    /// corrupt word).
+    fn recent_rate(&self, now: u64, share: f64) -> f64 {
+        let cs = &self.slot(self.container).sched;
+        let at = cs[cw::RATE_AT].load(Acquire);
+        let used = cs[cw::GPU_NS].load(Acquire);
+        if at == 0 || at > now {
+            // Not measured yet (or a corrupt time): start now, from nothing
+            // (a newcomer has used nothing; a busy one is held to
+            // `GUEST_MAX` launches and soon measured).
+            if cs[cw::RATE_AT]
+                .compare_exchange(at, now, AcqRel, Acquire)
+                .is_ok()
+            {
+                cs[cw::RATE_NS].store(used, Release);
+                cs[cw::RATE].store(0f64.to_bits(), Release);
+            }
+            return 0.0;
+        }
+        let mut rate = f64::from_bits(cs[cw::RATE].load(Acquire));
+        if !(rate.is_finite() && rate >= 0.0) {
+            rate = share;
+        }
+        let dt = now - at;
+        if dt >= 100_000_000
+            && cs[cw::RATE_AT]
+                .compare_exchange(at, now, AcqRel, Acquire)
+                .is_ok()
+        {
+            let base = cs[cw::RATE_NS].swap(used, AcqRel);
+            let inst = used.saturating_sub(base) as f64 / dt as f64;
+            let a = (dt as f64 / 1e9).min(1.0);
+            rate = rate * (1.0 - a) + inst.min(1.0) * a;
+            cs[cw::RATE].store(rate.to_bits(), Release);
+        }
+        rate
     }
 
     fn register_ctx(&self) {
@@ -725,6 +877,7 @@ impl Gate {
                 let allow = self.g(gw::SLICE_ALLOW).load(Acquire);
                 let launches = cs[cw::SLICE_LAUNCHES].load(Acquire).min(allow);
                 cs[cw::GPU_NS].fetch_add(held, Relaxed);
+                cs[cw::LAST_SLICE_NS].store(held.max(1), Relaxed);
                 cs[cw::LAUNCHES].fetch_add(launches, Relaxed);
                 let est = update_estimate(cs[cw::NS_PER_LAUNCH].load(Relaxed), held, launches);
                 cs[cw::NS_PER_LAUNCH].store(est, Relaxed);
@@ -737,6 +890,9 @@ impl Gate {
             let live = s.state.load(Acquire) == SLOT_LIVE && s.nprocs.load(Acquire) > 0;
             // Work seen to have run after its drain was given up on.
             let owed = s.sched[cw::OWED_NS].swap(0, AcqRel).min(1_000_000_000);
+            // Work it ran as a guest beside the slices (already counted in
+            // its GPU time).
+            let guest = s.sched[cw::GUEST_NS].swap(0, AcqRel).min(1_000_000_000);
             if owed > 0 {
                 s.sched[cw::GPU_NS].fetch_add(owed, Relaxed);
                 self.g(gw::BUSY_NS).fetch_add(owed, Relaxed);
@@ -746,7 +902,10 @@ impl Gate {
                 weight: s.weight.load(Acquire),
                 highprio: s.highprio.load(Acquire) != 0,
                 wants: live && !self.prune(cw::WANT, i),
-                tokens: (s.sched[cw::TOKENS].load(Acquire) as i64).saturating_sub(owed as i64),
+                guest: live && guest > 0,
+                tokens: (s.sched[cw::TOKENS].load(Acquire) as i64)
+                    .saturating_sub(owed as i64)
+                    .saturating_sub(guest as i64),
                 ns_per_launch: s.sched[cw::NS_PER_LAUNCH].load(Relaxed),
             };
         }

@@ -255,16 +255,15 @@ fn sync_heavy_rows(o: &Opts, r: &mut Rows, policy: u32, ctrs: Vec<Ctr>, targets:
 }
 
 /// Request latency of a light container beside `neighbour`: p50/p99 under
-/// cgpu against the same pair without cgpu.
+/// cgpu against the same pair without cgpu, run side by side (the same
+/// load on the machine weighs on both).
 fn latency_rows(o: &Opts, r: &mut Rows, policy: u32, light: Ctr, neighbour: Ctr) {
     let ctrs = vec![light, neighbour];
-    let mut s = Scenario::start_bare(&ctrs);
-    let bare = s.procs[0]
+    let (mut s, mut bare_s) = side_by_side(o, &ctrs, policy, None, Some(80));
+    let bare = bare_s.procs[0]
         .wait_line("done", o.window + Duration::from_secs(60))
         .map(|l| Latency::parse(&l.text))
         .expect("bare requests never finished");
-    s.kill_all();
-    let mut s = start(o, &ctrs, policy, None, Some(80));
     let got = s.procs[0]
         .wait_line("done", o.window + Duration::from_secs(60))
         .map(|l| Latency::parse(&l.text))
