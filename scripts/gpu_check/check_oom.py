@@ -13,7 +13,19 @@ without cgpu on the driver. 2f: the quota filled to 128 MiB free, a matmul
 on another fresh stream needs a workspace that does not fit: PyTorch raises
 torch.cuda.OutOfMemoryError (as on a full GPU), the container's memory does
 not move, and after the filler is freed the same stream's matmul runs.
+
+2g: what the driver holds for a process (NVML's per-process used memory,
+read by a process without LD_PRELOAD) against what cgpu charges for it,
+after the training-like loop of check 5 (cuBLAS, cuDNN and the framework's
+own kernels loaded, their workspaces allocated). The difference is what the
+quota does not see: the memory a driver takes for loaded modules (code and
+`__device__` variables), which cgpu does not count; it must be smaller than
+the context's own reservation (what the README says of it), and cgpu must
+not charge more than the driver holds.
 """
+
+import json
+import os
 
 import common as c
 
@@ -101,6 +113,40 @@ def blas_workspace(b):
                  ok)
 
 
+def nvml_procmem():
+    rc, out, err = c.run_cmd([c.PYTHON, os.path.join(c.HERE, "nvml_procmem.py"), c.GPU],
+                             c.base_env(), 30)
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": "nvml_procmem.py: rc=%s %s" % (rc, (out + err).strip()[-300:])}
+
+
+def driver_view(b):
+    name = "2g driver's memory for a process vs its charge, after training"
+    with c.section(name):
+        w = c.Worker("drv", b, c.container_env("oom-drv", c.new_ledger_dir("oom"),
+                                               ALIYUN_COM_GPU_MEM_CONTAINER=QUOTA_GIB))
+        p0 = w.call("procmem")  # the context (and the framework's first block)
+        w.call("train", seconds=1.0 if c.SIM else 3.0, timeout=180)
+        p1 = w.call("procmem")
+        drv = nvml_procmem()
+        w.close()
+        charged = p1["total"] - p1["free"]
+        held = drv.get(str(p1["pid"]))
+        if held is None:
+            c.result(name, "NVML lists the process", "not listed: %s" % drv, False)
+            return
+        ctx = (p0["total"] - p0["free"]) - p0["framework_reserved"]
+        missing = held - charged
+        mib = lambda x: "%.2f MiB" % (x / c.MiB)  # noqa: E731
+        c.result(name, "0 <= driver - charged < context (%s)" % mib(ctx),
+                 "driver %s, charged %s: %d B not counted (%.2f%% of the quota)"
+                 % (mib(held), mib(charged), missing,
+                    100.0 * missing / (QUOTA_GIB * c.GiB)),
+                 0 <= missing < ctx)
+
+
 def main():
     b = c.probe()["backend"]
     if b == "torch":
@@ -117,6 +163,7 @@ def main():
                        "%s freed memory usable again (%s)" % (ids[1], label)):
             variant(b, ws[i], label, ids)
     blas_workspace(b)
+    driver_view(b)
 
 
 if __name__ == "__main__":

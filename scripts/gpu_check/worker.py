@@ -16,6 +16,8 @@ Backends (what touches the GPU):
 Commands ({"op": ...}):
   info                      device name, totals, versions
   meminfo                   {"free", "total"} as the framework reports them
+  procmem                   this process's pid, meminfo and what its framework
+                            holds from the driver (PyTorch: memory_reserved)
   devices                   every visible device's index, name, mem_get_info
                             total/free and device total (one context each)
   fill   chunk, limit       allocate `chunk`-byte blocks until out of memory or
@@ -142,6 +144,9 @@ class TorchBackend:
     def meminfo(self):
         free, total = self.torch.cuda.mem_get_info()
         return free, total
+
+    def framework_reserved(self):
+        return self.torch.cuda.memory_reserved()
 
     def devices(self):
         t = self.torch
@@ -388,6 +393,9 @@ class CudaBackend:
         free, total = self.check(self.cu.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
+    def framework_reserved(self):
+        return sum(size for _kind, _h, size in self.held)
+
     def devices(self):
         cu = self.cu
         out = []
@@ -486,6 +494,9 @@ class CudaBackend:
             self.spin(self.kernel_ns)
 
     def sync(self):
+        if self._mod is None:  # no stream of ours yet
+            self.check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+            return
         self.check(self.cu.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
 
     def mark(self):
@@ -751,6 +762,11 @@ def main():
                 r = {"free": f, "total": t}
             elif op == "devices":
                 r = {"devices": b.devices()}
+            elif op == "procmem":
+                b.sync()
+                f, t = b.meminfo()
+                r = {"pid": os.getpid(), "free": f, "total": t,
+                     "framework_reserved": b.framework_reserved()}
             elif op == "blas_ws":
                 r = b.blas_ws(int(cmd["leave"]))
             elif op == "fill":
