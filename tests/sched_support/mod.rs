@@ -331,11 +331,14 @@ impl Scenario {
             .id() as i32
     }
 
-    /// [`Scenario::measure_rounds`], and the mean length (ns) of the slices
-    /// held over the window: from the token's grant (RUNNING) to the end of
-    /// that slice (DRAINING), as a thread watching the token every 100 µs
-    /// sees them (what the policy's slice length governs; the drain after
-    /// it is the holder's queue, the same whatever the policy).
+    /// [`Scenario::measure_rounds`], and the median length (ns) of the
+    /// slices held over the window: from the token's grant (RUNNING) to the
+    /// end of that slice (DRAINING), as a thread watching the token every
+    /// 100 µs sees them (what the policy's slice length governs; the drain
+    /// after it is the holder's queue, the same whatever the policy). The
+    /// median, not the mean: a slice cut short because the holder's thread
+    /// got no CPU for the idle grace on a loaded machine is not the
+    /// policy's slice length.
     pub fn measure_slices(&self, window: Duration) -> (Measure, f64) {
         use cgpu::scheduler::words::{gpu as gw, Token, DRAINING, RUNNING};
         use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -345,22 +348,28 @@ impl Scenario {
         std::thread::scope(|sc| {
             let watcher = sc.spawn(|| {
                 let mut running: Option<(u32, Instant)> = None;
-                let (mut sum, mut n) = (Duration::ZERO, 0u32);
+                // A slice already running when the watch begins is seen
+                // from its middle: not counted.
+                let first = Token::unpack(h.sched[gw::TOKEN].load(Relaxed)).seq;
+                let mut slices: Vec<Duration> = Vec::new();
                 while !stop.load(Relaxed) {
                     let t = Token::unpack(h.sched[gw::TOKEN].load(Relaxed));
                     match (t.state, running) {
+                        (RUNNING, _) if t.seq == first => {}
                         (RUNNING, Some((seq, _))) if seq == t.seq => {}
                         (RUNNING, _) => running = Some((t.seq, Instant::now())),
                         (DRAINING, Some((seq, at))) if t.seq == seq.wrapping_add(1) => {
-                            sum += at.elapsed();
-                            n += 1;
+                            slices.push(at.elapsed());
                             running = None;
                         }
                         _ => running = None,
                     }
                     std::thread::sleep(Duration::from_micros(100));
                 }
-                sum.as_nanos() as f64 / n.max(1) as f64
+                slices.sort();
+                slices
+                    .get(slices.len() / 2)
+                    .map_or(0.0, |d| d.as_nanos() as f64)
             });
             let m = self.measure_rounds(window);
             stop.store(true, Relaxed);

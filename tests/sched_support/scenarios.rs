@@ -498,15 +498,15 @@ pub fn table() -> Vec<Spec> {
                 r.share(&m, "w2", 0.5);
                 r.util_vs_bare(&m, &b);
                 // Its slices are 4× policy 1's (160 ms against 40 ms): the
-                // difference of the mean times from grant to slice end is
+                // difference of the median times from grant to slice end is
                 // 160 − 40 = 120 ms (a difference, so that what both share,
-                // the watcher's lag and a grant's wake-up, cancels).
+                // the watcher's lag, cancels).
                 s.ledger().set_policy(1).unwrap();
                 std::thread::sleep(o.warm);
                 let (_, p1) = s.measure_slices(o.window);
                 r.push(
                     &format!(
-                        "mean slice − policy 1's ({:.1} − {:.1} ms), ms",
+                        "median slice − policy 1's ({:.1} − {:.1} ms), ms",
                         soft / 1e6,
                         p1 / 1e6
                     ),
