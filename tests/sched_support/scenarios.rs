@@ -353,8 +353,7 @@ fn stop_once(
 
 /// A process stopped for `stop`, `n` times, `gap` apart: the other
 /// container's share of the GPU during the stops, under cgpu (stopped in
-/// `state`) over the same without cgpu, both run side by side and stopped
-/// at the same moments.
+/// `state`) over the same without cgpu.
 fn stop_rows(
     o: &Opts,
     r: &mut Rows,
@@ -369,13 +368,34 @@ fn stop_rows(
         Ctr::new("stopped", 1).busy(run, kernel_ns),
         Ctr::new("other", 1).busy(run, kernel_ns),
     ];
-    let (s, bare) = side_by_side(o, &ctrs, 1, None, None);
     let mut sum = [0.0f64; 2];
-    for _ in 0..n {
-        let got = stop_once(&[&s, &bare], "stopped", "other", state, stop);
-        sum[0] += got[0];
-        sum[1] += got[1];
-        std::thread::sleep(gap);
+    if state.is_some() {
+        // Stopped in a given state: the bare pair beside, stopped at the
+        // same moments.
+        let (s, bare) = side_by_side(o, &ctrs, 1, None, None);
+        for _ in 0..n {
+            let got = stop_once(&[&s, &bare], "stopped", "other", state, stop);
+            sum[0] += got[0];
+            sum[1] += got[1];
+            std::thread::sleep(gap);
+        }
+    } else {
+        // Stopped at arbitrary moments: each run on its own (stopped at
+        // the same moments, the two runs' phases stay tied cycle after
+        // cycle: 1 s cycles against 80 ms rounds; the result then hangs on
+        // one draw, 0.8 or 2.4 of the bare run).
+        let bare = Scenario::start_bare(&ctrs);
+        std::thread::sleep(o.warm);
+        for _ in 0..n {
+            sum[1] += stop_once(&[&bare], "stopped", "other", None, stop)[0];
+            std::thread::sleep(gap);
+        }
+        drop(bare);
+        let s = start(o, &ctrs, 1, None, None);
+        for _ in 0..n {
+            sum[0] += stop_once(&[&s], "stopped", "other", None, stop)[0];
+            std::thread::sleep(gap);
+        }
     }
     let (cg, b) = (sum[0] / n as f64, sum[1] / n as f64);
     r.push(
