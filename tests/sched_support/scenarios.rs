@@ -363,7 +363,7 @@ fn stop_rows(
     n: u32,
     gap: Duration,
 ) {
-    let run = o.run_ms() + n as u64 * (stop + gap).as_millis() as u64;
+    let run = o.run_ms() + n as u64 * (stop + gap).as_millis() as u64 + 80 * n as u64;
     let ctrs = vec![
         Ctr::new("stopped", 1).busy(run, kernel_ns),
         Ctr::new("other", 1).busy(run, kernel_ns),
@@ -384,17 +384,22 @@ fn stop_rows(
         // the same moments, the two runs' phases stay tied cycle after
         // cycle: 1 s cycles against 80 ms rounds; the result then hangs on
         // one draw, 0.8 or 2.4 of the bare run).
+        // The gaps are spread over a scheduler round (80 ms for two
+        // containers), the same in both runs: fixed gaps keep every stop
+        // at the same phase of the rounds, so all of them found the
+        // stopped process holding the GPU, or none did.
+        let gap_of = |i: u32| gap + Duration::from_millis(u64::from(i) * 37 % 80);
         let bare = Scenario::start_bare(&ctrs);
         std::thread::sleep(o.warm);
-        for _ in 0..n {
+        for i in 0..n {
             sum[1] += stop_once(&[&bare], "stopped", "other", None, stop)[0];
-            std::thread::sleep(gap);
+            std::thread::sleep(gap_of(i));
         }
         drop(bare);
         let s = start(o, &ctrs, 1, None, None);
-        for _ in 0..n {
+        for i in 0..n {
             sum[0] += stop_once(&[&s], "stopped", "other", None, stop)[0];
-            std::thread::sleep(gap);
+            std::thread::sleep(gap_of(i));
         }
     }
     let (cg, b) = (sum[0] / n as f64, sum[1] / n as f64);
@@ -647,7 +652,7 @@ pub fn table() -> Vec<Spec> {
             },
         },
         Spec {
-            name: "stop/continue cycles (6 × 300 ms stopped, 700 ms running)",
+            name: "stop/continue cycles (8 × 300 ms stopped, 700–780 ms running)",
             run: |o, r| {
                 stop_rows(
                     o,
@@ -655,7 +660,7 @@ pub fn table() -> Vec<Spec> {
                     None,
                     MS,
                     Duration::from_millis(300),
-                    6,
+                    8,
                     Duration::from_millis(700),
                 )
             },
