@@ -429,6 +429,22 @@ pub fn core() -> Result<&'static Driver, &'static str> {
     }
 }
 
+/// Waits while a checkpoint tool holds this process locked or checkpointed
+/// (`cuCheckpointProcessLock`): every CUDA call but the checkpoint ones
+/// passes here first. One load of our slot's state when running.
+#[inline]
+pub fn checkpoint_gate() {
+    let Some(Ok(d)) = DRIVER.get() else { return };
+    let w = &d.shared.slot(d.slot).ckpt;
+    loop {
+        let v = w.load(Acquire);
+        if v == 0 || FORKED.load(Relaxed) {
+            return;
+        }
+        state::futex_wait(w, v, 100_000_000);
+    }
+}
+
 /// `cuInit`.
 pub fn cuda_init() -> Result<&'static Driver, CUresult> {
     let d = core().map_err(|_| CUDA_ERROR_NO_DEVICE)?;

@@ -42,6 +42,15 @@ pub type CuRes = Result<(), CUresult>;
 #[inline]
 #[track_caller]
 pub fn guard(f: impl FnOnce() -> CuRes) -> CUresult {
+    driver::checkpoint_gate();
+    guard_ungated(f)
+}
+
+/// [`guard`] without waiting for a checkpoint lock (the checkpoint calls
+/// themselves).
+#[inline]
+#[track_caller]
+pub fn guard_ungated(f: impl FnOnce() -> CuRes) -> CUresult {
     let at = std::hint::black_box(std::panic::Location::caller());
     let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUDA_SUCCESS,

@@ -51,10 +51,8 @@ stub_fns! {
         cuMemBatchDecompressAsync,
         cuFabricCpyBatchAsync;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Checkpointing, fabric, cliques, CIG capture, logical endpoints.
-        cuCheckpointProcessCheckpoint, cuCheckpointProcessGetRestoreThreadId,
-        cuCheckpointProcessGetState, cuCheckpointProcessLock, cuCheckpointProcessRestore,
-        cuCheckpointProcessUnlock, cuCheckpointOperationComplete, cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
+        // Fabric, cliques, CIG capture, logical endpoints.
+        cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
         cuStreamBeginCaptureToCig, cuStreamEndCaptureToCig,
         cuLogicalEndpointAddDevice, cuLogicalEndpointBindAddr, cuLogicalEndpointBindMem,
         cuLogicalEndpointCreate, cuLogicalEndpointDestroy, cuLogicalEndpointExport,
