@@ -31,12 +31,14 @@ macro_rules! for_each_api {
                 fn cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pitch: *mut usize, width: usize, height: usize, elem: u32) -> CUresult => memory::mem_alloc_pitch;
                 fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: u32) -> CUresult => memory::mem_alloc_managed;
                 fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult => memory::mem_alloc_async;
-                fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult => memory::mem_alloc_async;
+                fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult => memory::mem_alloc_async_ptsz;
                 fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
-                fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async;
+                fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) -> CUresult => memory::mem_alloc_from_pool_async_ptsz;
                 fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> CUresult => memory::mem_create;
                 fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) -> CUresult => memory::mem_map;
                 fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult => memory::mem_retain_allocation_handle;
+                fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: CUmemGenericAllocationHandle, handle_type: CUmemAllocationHandleType, flags: u64) -> CUresult => memory::mem_export_to_shareable_handle;
+                fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, handle_type: CUmemAllocationHandleType) -> CUresult => memory::mem_import_from_shareable_handle;
                 fn cuArrayCreate(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR_v1) -> CUresult => memory::array_create_v1;
                 fn cuArrayCreate_v2(arr: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult => memory::array_create;
                 fn cuArray3DCreate(arr: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1) -> CUresult => memory::array3d_create_v1;
@@ -77,6 +79,7 @@ macro_rules! for_each_api {
                 fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult => context::primary_release;
                 fn cuDevicePrimaryCtxReset(dev: CUdevice) -> CUresult => context::primary_reset;
                 fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) -> CUresult => context::primary_reset;
+                fn cuCtxSetLimit(limit: CUlimit, value: usize) -> CUresult => context::ctx_set_limit;
 
                 // --- devices (ALIYUN_COM_GPU_VISIBLE_DEVICES) ----------------------
                 fn cuDeviceGetCount(count: *mut i32) -> CUresult => device::device_get_count;
@@ -147,12 +150,16 @@ macro_rules! for_each_api {
                     fn cuCtxPushCurrent_v2(ctx: CUcontext) -> CUresult;
                 fn cuCtxPopCurrent_v2(ctx: *mut CUcontext) -> CUresult;
                 fn cuCtxGetDevice_v2(dev: *mut CUdevice, ctx: CUcontext) -> CUresult;
+                fn cuCtxGetLimit(value: *mut usize, limit: CUlimit) -> CUresult;
+                fn cuDeviceGetAttribute(value: *mut i32, attrib: CUdevice_attribute, dev: CUdevice) -> CUresult;
                 fn cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
                 fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
                 fn cuDeviceGetPCIBusId(bus: *mut c_char, len: i32, dev: CUdevice) -> CUresult;
                 fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) -> CUresult;
+                fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) -> CUresult;
                 fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
                 fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CUresult;
+                fn cuStreamIsCapturing(stream: CUstream, status: *mut CUstreamCaptureStatus) -> CUresult;
                 fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) -> CUresult;
                 fn cuGraphNodeGetType(node: CUgraphNode, t: *mut CUgraphNodeType) -> CUresult;
                 fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, p: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;

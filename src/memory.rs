@@ -1,6 +1,6 @@
-//! The memory quota: per-GPU accounting against the ledger, the
-//! per-allocation bookkeeping that makes every free path give back exactly
-//! what was taken (once), and the quota view of memory info.
+//! The memory quota: per-GPU accounting against the ledger and the quota
+//! view of memory info. Which object owns each charge (so that every free
+//! path gives back exactly what was taken, once) is `process::charges`.
 //!
 //! - A GPU is joined lazily, at the first call that needs it: its UUID and
 //!   physical total come from the real driver (CUDA or NVML, whichever the
@@ -17,32 +17,17 @@
 //! - `fork`: the child handler only resets atomics (and lets the ledger
 //!   forget the parent's slot); the child re-joins lazily.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Once;
 
 use parking_lot::Mutex;
 
 use crate::config::{self, Mode};
 use crate::ledger::{Account, JoinSpec, Ledger, Membership, QUOTA_UNLIMITED};
+pub use crate::process::charges::{Charges, Entry, Kind, Owner, PoolPlace};
 
 /// Most GPUs per host we track (CUDA ordinals above are passed through).
 pub const MAX_GPUS: usize = 64;
-
-/// What a bookkeeping entry is keyed by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    /// A device pointer (`cuMemAlloc*`).
-    Ptr,
-    /// A `cuMemCreate` handle.
-    Handle,
-    /// A CUDA array.
-    Array,
-    /// A mipmapped array.
-    Mipmap,
-    /// A created context.
-    Context,
-}
 
 /// One GPU this process uses.
 pub struct Gpu {
@@ -60,9 +45,9 @@ pub struct Gpu {
     /// join: allocations refused, or alone: see `ledger::Account`).
     acct: Account,
     left: AtomicBool,
-    /// Primary-context retains by this process, and what the primary context reserved.
+    /// Primary-context retains by this process (what the primary context
+    /// reserved is charged to it in `process::charges`).
     pub primary_refs: AtomicU32,
-    pub primary_bytes: AtomicU64,
     /// The primary context's handle (0 = none yet).
     pub primary_ctx: AtomicUsize,
 }
@@ -144,6 +129,21 @@ impl Gpu {
         }
     }
 
+    /// Is `pid` (as this process's PID namespace numbers it) this process or
+    /// a live process of its container on this GPU, by the ledger?
+    pub fn is_container_process(&self, pid: u32) -> bool {
+        if pid == std::process::id() {
+            return true;
+        }
+        let Some((ledger, m)) = self.acct.ledger() else {
+            return false;
+        };
+        let ns = ledger.process_of(m).pidns.load(Ordering::Acquire);
+        ledger.processes_of(m.container).any(|(_, p)| {
+            p.pid.load(Ordering::Acquire) as u32 == pid && p.pidns.load(Ordering::Acquire) == ns
+        })
+    }
+
     /// Pids of the container's live processes on this GPU (NVML process lists).
     pub fn container_pids(&self) -> Vec<u32> {
         let me = std::process::id();
@@ -181,51 +181,8 @@ pub struct Proc {
     pid: u32,
     gpus: Mutex<Vec<&'static Gpu>>,
     by_cuda: [AtomicPtr<Gpu>; MAX_GPUS],
-    allocs: Mutex<HashMap<(Kind, u64), Entry>>,
-    vmm: Mutex<Vmm>,
-    pools: Mutex<HashMap<usize, PoolPlace>>,
-}
-
-/// Where a stream-ordered memory pool keeps its memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PoolPlace {
-    /// On this CUDA device (host ordinal): its allocations are charged there.
-    Device(i32),
-    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST*`): not device memory, not charged.
-    Host,
-}
-
-/// One `cuMemCreate` allocation: the device's, not any context's. Its charge
-/// lasts while a handle to it is held (`cuMemCreate`, each
-/// `cuMemRetainAllocationHandle`) or a mapping of it exists (`cuMemMap`), as
-/// the driver keeps the memory until the last of both is gone.
-struct Phys {
-    gpu: &'static Gpu,
-    bytes: u64,
-    /// Handle references not yet released.
-    refs: u32,
-    /// Live mappings.
-    maps: u32,
-}
-
-/// The virtual-memory objects of this process: physical allocations by
-/// handle, and mappings by start address (start -> (length, handle)).
-#[derive(Default)]
-struct Vmm {
-    phys: HashMap<u64, Phys>,
-    maps: BTreeMap<u64, (u64, u64)>,
-}
-
-impl Vmm {
-    /// Drop `h` if nothing holds it any more; what it was charged.
-    fn settle(&mut self, h: u64) -> Option<(&'static Gpu, u64)> {
-        let p = self.phys.get(&h)?;
-        if p.refs == 0 && p.maps == 0 {
-            let p = self.phys.remove(&h)?;
-            return Some((p.gpu, p.bytes));
-        }
-        None
-    }
+    /// Which object owns each of this process's charges.
+    pub charges: Charges,
 }
 
 static PROC: AtomicPtr<Proc> = AtomicPtr::new(std::ptr::null_mut());
@@ -291,9 +248,7 @@ pub fn proc_state() -> &'static Proc {
         pid: std::process::id(),
         gpus: Mutex::new(Vec::new()),
         by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
-        allocs: Mutex::new(HashMap::new()),
-        vmm: Mutex::new(Vmm::default()),
-        pools: Mutex::new(HashMap::new()),
+        charges: Charges::default(),
     }));
     match PROC.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
         // SAFETY: we just published our leaked box.
@@ -318,34 +273,6 @@ pub fn proc_state() -> &'static Proc {
 /// Sentinel in `by_cuda`: this device is decided not to be tracked.
 fn not_tracked() -> *mut Gpu {
     std::ptr::dangling_mut::<Gpu>()
-}
-
-/// What the driver frees an allocation with: the owner of its charge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner {
-    /// A context (0 = none known): destroying it frees the allocation.
-    Context(usize),
-    /// A stream-ordered allocation: freed with its pool (`cuMemPoolDestroy`;
-    /// 0 = the device's current pool) or with the context current when it
-    /// was made, whichever goes first.
-    Pool { pool: usize, ctx: usize },
-}
-
-impl Owner {
-    fn dies_with_context(self, c: usize) -> bool {
-        match self {
-            Owner::Context(x) | Owner::Pool { ctx: x, .. } => x == c,
-        }
-    }
-}
-
-/// One bookkeeping entry.
-#[derive(Clone, Copy)]
-pub struct Entry {
-    pub gpu: &'static Gpu,
-    pub bytes: u64,
-    /// What frees it besides an explicit free.
-    pub owner: Owner,
 }
 
 /// Identity of a GPU as the driver reports it.
@@ -430,165 +357,6 @@ impl Proc {
     /// All GPUs joined so far.
     pub fn gpus(&self) -> Vec<&'static Gpu> {
         self.gpus.lock().clone()
-    }
-
-    /// Remember that `key` holds `bytes` on `gpu`, owned by `owner`.
-    pub fn track(&self, kind: Kind, key: u64, gpu: &'static Gpu, bytes: u64, owner: Owner) {
-        if let Some(old) = self
-            .allocs
-            .lock()
-            .insert((kind, key), Entry { gpu, bytes, owner })
-        {
-            // The driver handed out a key we still had: it was freed behind
-            // our back; give its bytes back.
-            old.gpu.release(old.bytes);
-        }
-    }
-
-    /// Forget `key`; what it held (once).
-    pub fn untrack(&self, kind: Kind, key: u64) -> Option<Entry> {
-        self.allocs.lock().remove(&(kind, key))
-    }
-
-    /// A context was destroyed: the driver freed everything made in it.
-    /// Give back what its allocations held (the context's own reservation
-    /// is released by the caller; `cuMemCreate` allocations are the
-    /// device's and stay). Returns the bytes released.
-    pub fn release_context(&self, ctx: usize) -> u64 {
-        if ctx == 0 {
-            return 0;
-        }
-        self.release_where(|k, e| k.0 != Kind::Context && e.owner.dies_with_context(ctx))
-    }
-
-    /// A pool was destroyed: the driver freed the allocations still out in it.
-    pub fn release_pool(&self, pool: usize) -> u64 {
-        if pool == 0 {
-            return 0;
-        }
-        self.release_where(|_, e| matches!(e.owner, Owner::Pool { pool: p, .. } if p == pool))
-    }
-
-    fn release_where(&self, dead: impl Fn(&(Kind, u64), &Entry) -> bool) -> u64 {
-        let mut freed = Vec::new();
-        self.allocs.lock().retain(|k, e| {
-            if dead(k, e) {
-                freed.push(*e);
-                false
-            } else {
-                true
-            }
-        });
-        let mut total = 0;
-        for e in freed {
-            e.gpu.release(e.bytes);
-            total += e.bytes;
-        }
-        total
-    }
-
-    /// `cuMemCreate` made handle `h` of `bytes` on `gpu` (already reserved).
-    pub fn vmm_created(&self, h: u64, gpu: &'static Gpu, bytes: u64) {
-        let old = self.vmm.lock().phys.insert(
-            h,
-            Phys {
-                gpu,
-                bytes,
-                refs: 1,
-                maps: 0,
-            },
-        );
-        if let Some(old) = old {
-            // A handle value we still had: the driver freed it behind our back.
-            old.gpu.release(old.bytes);
-        }
-    }
-
-    /// `cuMemRetainAllocationHandle` returned `h`: one more reference.
-    pub fn vmm_retained(&self, h: u64) {
-        if let Some(p) = self.vmm.lock().phys.get_mut(&h) {
-            p.refs = p.refs.saturating_add(1);
-        }
-    }
-
-    /// `cuMemRelease(h)` succeeded: one reference less; the charge goes when
-    /// no reference and no mapping is left.
-    pub fn vmm_released(&self, h: u64) {
-        let freed = {
-            let mut v = self.vmm.lock();
-            match v.phys.get_mut(&h) {
-                Some(p) => {
-                    p.refs = p.refs.saturating_sub(1);
-                    v.settle(h)
-                }
-                None => None,
-            }
-        };
-        if let Some((gpu, bytes)) = freed {
-            gpu.release(bytes);
-        }
-    }
-
-    /// `cuMemMap` mapped `[va, va + len)` to handle `h`.
-    pub fn vmm_mapped(&self, va: u64, len: u64, h: u64) {
-        let mut v = self.vmm.lock();
-        if let Some(p) = v.phys.get_mut(&h) {
-            p.maps = p.maps.saturating_add(1);
-            v.maps.insert(va, (len, h));
-        }
-    }
-
-    /// `cuMemUnmap` unmapped `[va, va + len)`: every mapping inside it is gone.
-    pub fn vmm_unmapped(&self, va: u64, len: u64) {
-        let end = va.saturating_add(len);
-        let mut freed = Vec::new();
-        {
-            let mut v = self.vmm.lock();
-            let gone: Vec<u64> = v
-                .maps
-                .range(va..end)
-                .filter(|(s, (l, _))| s.saturating_add(*l) <= end)
-                .map(|(s, _)| *s)
-                .collect();
-            for s in gone {
-                let Some((_, h)) = v.maps.remove(&s) else {
-                    continue;
-                };
-                if let Some(p) = v.phys.get_mut(&h) {
-                    p.maps = p.maps.saturating_sub(1);
-                }
-                freed.extend(v.settle(h));
-            }
-        }
-        for (gpu, bytes) in freed {
-            gpu.release(bytes);
-        }
-    }
-
-    /// Bytes charged for `cuMemCreate` allocations still held (tests).
-    pub fn vmm_charged(&self) -> u64 {
-        self.vmm.lock().phys.values().map(|p| p.bytes).sum()
-    }
-
-    /// `cuMemPoolCreate` made `pool` at `place`.
-    pub fn pool_created(&self, pool: usize, place: PoolPlace) {
-        self.pools.lock().insert(pool, place);
-    }
-
-    /// Where `pool` keeps its memory, if this process made it.
-    pub fn pool_place(&self, pool: usize) -> Option<PoolPlace> {
-        self.pools.lock().get(&pool).copied()
-    }
-
-    /// `cuMemPoolDestroy(pool)` succeeded.
-    pub fn pool_destroyed(&self, pool: usize) {
-        self.pools.lock().remove(&pool);
-        self.release_pool(pool);
-    }
-
-    /// Number of tracked entries (tests).
-    pub fn tracked(&self) -> usize {
-        self.allocs.lock().len()
     }
 }
 
@@ -772,7 +540,6 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         acct,
         left: AtomicBool::new(false),
         primary_refs: AtomicU32::new(0),
-        primary_bytes: AtomicU64::new(0),
         primary_ctx: AtomicUsize::new(0),
     })
 }
@@ -821,7 +588,6 @@ mod tests {
             acct: Account::alone("GPU test".into(), if enforce { quota } else { None }),
             left: AtomicBool::new(false),
             primary_refs: AtomicU32::new(0),
-            primary_bytes: AtomicU64::new(0),
             primary_ctx: AtomicUsize::new(0),
         }
     }
@@ -833,9 +599,7 @@ mod tests {
             pid: 1,
             gpus: Mutex::new(Vec::new()),
             by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
-            allocs: Mutex::new(HashMap::new()),
-            vmm: Mutex::new(Vmm::default()),
-            pools: Mutex::new(HashMap::new()),
+            charges: Charges::default(),
         }
     }
 
@@ -847,31 +611,88 @@ mod tests {
         let g: &'static Gpu = Box::leak(Box::new(local_gpu(Some(1000), true)));
         let p = test_proc();
         assert!(g.reserve(100));
-        p.vmm_created(7, g, 100);
-        p.vmm_mapped(0x1000, 0x200, 7);
-        p.vmm_mapped(0x2000, 0x200, 7);
-        p.vmm_retained(7);
-        p.vmm_released(7);
-        p.vmm_released(7);
+        p.charges.vmm_created(7, g, 100);
+        p.charges.vmm_mapped(0x1000, 0x200, 7);
+        p.charges.vmm_mapped(0x2000, 0x200, 7);
+        p.charges.vmm_retained(7);
+        p.charges.vmm_released(7);
+        p.charges.vmm_released(7);
         assert_eq!(g.container_used(), 100, "still mapped twice");
-        p.vmm_unmapped(0x1000, 0x100);
+        p.charges.vmm_unmapped(0x1000, 0x100);
         assert_eq!(g.container_used(), 100, "a partial range unmaps nothing");
-        p.vmm_unmapped(0x1000, 0x200);
+        p.charges.vmm_unmapped(0x1000, 0x200);
         assert_eq!(g.container_used(), 100, "one mapping left");
-        p.vmm_unmapped(0x2000, 0x200);
+        p.charges.vmm_unmapped(0x2000, 0x200);
         assert_eq!(g.container_used(), 0, "given back with the last mapping");
-        p.vmm_released(7);
-        p.vmm_unmapped(0x0, u64::MAX);
+        p.charges.vmm_released(7);
+        p.charges.vmm_unmapped(0x0, u64::MAX);
         assert_eq!(g.container_used(), 0, "once");
         // Released first, mappings gone in one wide unmap.
         assert!(g.reserve(50));
-        p.vmm_created(8, g, 50);
-        p.vmm_mapped(0x4000, 0x100, 8);
-        p.vmm_mapped(0x5000, 0x100, 8);
-        p.vmm_released(8);
-        p.vmm_unmapped(0x4000, 0x2000);
+        p.charges.vmm_created(8, g, 50);
+        p.charges.vmm_mapped(0x4000, 0x100, 8);
+        p.charges.vmm_mapped(0x5000, 0x100, 8);
+        p.charges.vmm_released(8);
+        p.charges.vmm_unmapped(0x4000, 0x2000);
         assert_eq!(g.container_used(), 0);
-        assert_eq!(p.vmm_charged(), 0);
+        assert_eq!(p.charges.vmm_charged(), 0);
+    }
+
+    /// An imported allocation is charged for the largest extent mapped, once
+    /// however many mappings or racing growths, and given back when its
+    /// last reference and mapping are gone.
+    #[test]
+    fn imported_charge_follows_the_extent_mapped() {
+        let g: &'static Gpu = Box::leak(Box::new(local_gpu(Some(1000), true)));
+        let p = test_proc();
+        let growth = |h, off, len| {
+            p.charges
+                .vmm_import_growth(h, off, len)
+                .map(|(g, b)| (g as *const Gpu, b))
+        };
+        let gp = g as *const Gpu;
+        p.charges.vmm_imported(9, g);
+        assert_eq!(growth(9, 0, 100), Some((gp, 100)));
+        // Two threads both saw the 100 missing and reserved it.
+        assert!(g.reserve(100) && g.reserve(100));
+        assert_eq!(p.charges.vmm_import_grown(9, 100, 100), 0);
+        assert_eq!(p.charges.vmm_import_grown(9, 100, 100), 100, "the surplus");
+        g.release(100);
+        p.charges.vmm_mapped(0x1000, 100, 9);
+        assert_eq!(growth(9, 0, 100), None, "covered");
+        assert_eq!(growth(9, 50, 100), Some((gp, 50)));
+        // A handle this process created is no import: never grown.
+        p.charges.vmm_created(10, g, 0);
+        assert_eq!(growth(10, 0, 100), None);
+        p.charges.vmm_released(9);
+        assert_eq!(g.container_used(), 100, "still mapped");
+        p.charges.vmm_unmapped(0x1000, 100);
+        assert_eq!(g.container_used(), 0);
+    }
+
+    /// An exported allocation stays charged after its last reference and
+    /// mapping here are gone (a descriptor may keep it), even when the
+    /// driver hands its handle value out again.
+    #[test]
+    fn exported_charge_is_kept_until_exit() {
+        let g: &'static Gpu = Box::leak(Box::new(local_gpu(Some(1000), true)));
+        let p = test_proc();
+        assert!(g.reserve(200));
+        p.charges.vmm_created(11, g, 200);
+        p.charges.vmm_mapped(0x1000, 200, 11);
+        p.charges.vmm_exported(11);
+        p.charges.vmm_released(11);
+        p.charges.vmm_unmapped(0x1000, 200);
+        assert_eq!(g.container_used(), 200);
+        assert!(g.reserve(100));
+        p.charges.vmm_created(11, g, 100);
+        p.charges.vmm_released(11);
+        assert_eq!(
+            g.container_used(),
+            200,
+            "the reused handle's own charge only"
+        );
+        assert_eq!(p.charges.vmm_charged(), 200);
     }
 
     #[test]

@@ -15,18 +15,19 @@ use std::process::{Command, Output};
 use std::time::Instant;
 
 /// Every row the script reports in `--sim` mode (driver-API backend, no
-/// CuPy/JAX in the test venv: 6a and 6c are SKIP rows; 8a: no stub of the
-/// simulated driver was relied on).
+/// CuPy/JAX in the test venv: 6a and 6c are SKIP rows; no cuBLAS without
+/// PyTorch: 2e and 2f are SKIP rows; 8a: no stub of the simulated driver was
+/// relied on).
 const ALL_ROWS: &[&str] = &[
-    "1a", "1b", "1c", "1d", "1e", "1f", "1g", "2a", "2b", "2c", "2d", "3a", "3b", "3c", "4a", "4b",
-    "5a", "5b", "6a", "6c", "8a",
+    "1a", "1b", "1c", "1d", "1e", "1f", "1g", "1h", "1i", "2a", "2b", "2c", "2d", "2e", "2f", "2g",
+    "3a", "3b", "3c", "4a", "4b", "5a", "5b", "6a", "6c", "8a",
 ];
 
 /// Rows that must PASS with what is on main now: all of them (memory hooks
 /// and scheduler landed) but the SKIP rows of frameworks the venv lacks.
 const MUST_PASS: &[&str] = &[
-    "1a", "1b", "1c", "1d", "1e", "1f", "1g", "2a", "2b", "2c", "2d", "3a", "3b", "3c", "4a", "4b",
-    "5a", "5b", "8a",
+    "1a", "1b", "1c", "1d", "1e", "1f", "1g", "1h", "1i", "2a", "2b", "2c", "2d", "2g", "3a", "3b",
+    "3c", "4a", "4b", "5a", "5b", "8a",
 ];
 
 /// The simulated GPU's physical total (`15109:Tesla T4`, the script's default).
@@ -158,6 +159,17 @@ fn gpu_check_script_runs_on_the_sim() {
         "CuPy is not in the test venv"
     );
     assert_eq!(run.rows["6c"].status, "SKIP", "JAX is not in the test venv");
+    for id in ["2e", "2f"] {
+        assert_eq!(run.rows[id].status, "SKIP", "no cuBLAS without PyTorch");
+    }
+    // The seed's four-A10 vector: 3,4,5,6 of DEV 23 on 23028 MiB GPUs.
+    assert!(
+        run.rows["1h"]
+            .measured
+            .starts_with("3003/4004/5006/6007 MiB (exact bytes)"),
+        "{:?}",
+        run.rows["1h"]
+    );
     // The README's vector: T4 15109 MiB, DEV 15, CONTAINER 6 -> 6043 MiB.
     assert!(
         run.rows["1c"].measured.contains("total 6043 MiB"),
@@ -189,11 +201,11 @@ fn gpu_check_script_fails_without_isolation() {
     };
     let run = run_script("noop", &libm, &["--only", "1"]);
     let ctx = &run.context;
-    for id in ["1a", "1b", "1c", "1d", "1e", "1f", "1g"] {
+    for id in ["1a", "1b", "1c", "1d", "1e", "1f", "1g", "1h", "1i"] {
         assert!(run.rows.contains_key(id), "row {id} missing\n{ctx}");
     }
-    assert_eq!(run.rows.len(), 7, "--only 1 runs check 1 alone\n{ctx}");
-    for id in ["1a", "1b", "1c", "1d", "1e"] {
+    assert_eq!(run.rows.len(), 9, "--only 1 runs check 1 alone\n{ctx}");
+    for id in ["1a", "1b", "1c", "1d", "1e", "1h", "1i"] {
         assert_eq!(run.rows[id].status, "FAIL", "{id}\n{ctx}");
     }
     assert!(

@@ -126,6 +126,38 @@ fn captured_stream_allocations_are_charged_at_launch() {
     );
 }
 
+/// A captured `cuMemAllocAsync` that its graph never frees: the address is
+/// handed out at capture, the memory reserved by the launch. It is charged
+/// once (as graph memory, at the launch), not also as a stream-ordered
+/// allocation until the address is freed; freeing it outside the graph
+/// leaves it in the graph pool (still charged, as the driver still holds
+/// it) until the trim gives it back.
+#[test]
+fn a_captured_allocation_the_graph_keeps_is_charged_once() {
+    let m = Machine::new("graph-keep", T4);
+    let exe = client();
+    let out = run_ok(
+        m.preloaded(&exe, &vars("gm-k", "1"))
+            .args(["capture_keep", "300"]),
+    );
+    let all = lines(&out);
+    let start = u(steps(&all, "start")[0], "free");
+    assert_eq!(start, (1 << 30) - CTX, "{out}");
+    assert_eq!(u(steps(&all, "capture_alloc")[0], "rc"), 0, "{out}");
+    assert_eq!(u(steps(&all, "capture_alloc")[0], "free"), start, "{out}");
+    let launch = steps(&all, "graph_launch")[0];
+    assert_eq!(u(launch, "rc"), 0, "{out}");
+    assert_eq!(u(launch, "reserved"), 300 * MIB, "{out}");
+    assert_eq!(start - u(launch, "free"), 300 * MIB, "charged once: {out}");
+    let freed = steps(&all, "free_outside")[0];
+    assert_eq!(u(freed, "rc"), 0, "{out}");
+    assert_eq!(u(freed, "reserved"), 300 * MIB, "the pool keeps it: {out}");
+    assert_eq!(start - u(freed, "free"), 300 * MIB, "{out}");
+    let trim = steps(&all, "trim")[0];
+    assert_eq!((u(trim, "rc"), u(trim, "reserved")), (0, 0), "{out}");
+    assert_eq!(u(trim, "free"), start, "{out}");
+}
+
 /// Two processes of one container share the quota with graph memory: what
 /// one process's graph pool holds is refused to the other, and given back
 /// when the first exits. The sim's per-process memory (NVML, without the

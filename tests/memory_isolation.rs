@@ -1185,3 +1185,335 @@ impl Drop for Reap {
         }
     }
 }
+
+/// `cuCtxSetLimit` reserves device memory (the malloc heap and the printf
+/// FIFO their size, the stack its size for every resident thread): it is
+/// charged to the context, a raise past the quota is refused with
+/// `CUDA_ERROR_OUT_OF_MEMORY` (the limit keeps its value), a lower value
+/// gives the difference back, and destroying the context (or the primary
+/// context's last release) gives it all back. The sim's per-process bytes
+/// (NVML) are the ground truth.
+#[test]
+fn context_limits_are_charged_to_the_context() {
+    const STACK: &str = "0";
+    const FIFO: &str = "1";
+    const HEAP: &str = "2";
+    let m = Machine::new("limits", T4);
+    let v = vars("limits", "1");
+    let s = |b: u64| b.to_string();
+    let (heap200, fifo9, heap800, heap8) = (s(200 * MIB), s(9 * MIB), s(800 * MIB), s(8 * MIB));
+    let out = run_ok(&mut m.client(
+        Some(&v),
+        &[
+            "ctx", "resident", "info", "setlimit", HEAP, &heap200, "info", "nvml", "setlimit",
+            FIFO, &fifo9, "info", "setlimit", STACK, "4096", "info", "nvml", "setlimit", HEAP,
+            &heap800, "getlimit", HEAP, "info", "nvml", "setlimit", HEAP, &heap8, "info", "nvml",
+            "destroy", "ctx", "info", "nvml",
+        ],
+    ));
+    let threads = op(&out, "resident")["threads"].as_u64().unwrap();
+    assert!(threads > 0, "{out}");
+    let stack = (4096 - 1024) * threads;
+    let sets = ops(&out, "setlimit");
+    let infos = ops(&out, "info");
+    let nvmls = ops(&out, "nvml");
+    let free = |i: usize| infos[i]["free"].as_u64().unwrap();
+    let sim = |i: usize| nvmls[i]["procs"][0][1].as_u64().unwrap();
+    assert_eq!(free(0), GIB - CTX, "{out}");
+    // The heap beyond its default (8 MiB, inside the context's reservation).
+    assert_eq!(sets[0]["rc"], 0, "{out}");
+    assert_eq!(free(1), GIB - CTX - 192 * MIB, "{out}");
+    assert_eq!(sim(0), CTX + 192 * MIB, "{out}");
+    // The FIFO beyond its default (1 MiB), then the stack.
+    assert_eq!(
+        (&sets[1]["rc"], &sets[2]["rc"]),
+        (&0.into(), &0.into()),
+        "{out}"
+    );
+    assert_eq!(free(2), GIB - CTX - 200 * MIB, "{out}");
+    assert_eq!(free(3), GIB - CTX - 200 * MIB - stack, "{out}");
+    assert_eq!(sim(1), CTX + 200 * MIB + stack, "{out}");
+    // 600 MiB more of heap does not fit what is left: refused, nothing
+    // reserved, the heap as it was.
+    assert!(free(3) < 600 * MIB, "{out}");
+    assert_eq!(sets[3]["rc"], 2, "a raise past the quota: {out}");
+    assert_eq!(
+        op(&out, "getlimit")["value"].as_u64(),
+        Some(200 * MIB),
+        "{out}"
+    );
+    assert_eq!(free(4), free(3), "{out}");
+    assert_eq!(sim(2), sim(1), "{out}");
+    // Lowered back to the default: the 192 MiB come back.
+    assert_eq!(sets[4]["rc"], 0, "{out}");
+    assert_eq!(free(5), GIB - CTX - 8 * MIB - stack, "{out}");
+    assert_eq!(sim(3), CTX + 8 * MIB + stack, "{out}");
+    // A destroyed context gives back what its limits held.
+    assert_eq!(op(&out, "destroy")["rc"], 0, "{out}");
+    assert_eq!(free(6), GIB - CTX, "{out}");
+    assert_eq!(sim(4), CTX, "{out}");
+
+    // The primary context: its last release gives its limits back.
+    let heap300 = s(300 * MIB);
+    let out = run_ok(&mut m.client(
+        Some(&vars("limits-primary", "1")),
+        &[
+            "pctx", "setlimit", HEAP, &heap300, "info", "prelease", "pctx", "info", "nvml",
+        ],
+    ));
+    let infos = ops(&out, "info");
+    assert_eq!(op(&out, "setlimit")["rc"], 0, "{out}");
+    assert_eq!(
+        infos[0]["free"].as_u64(),
+        Some(GIB - CTX - 292 * MIB),
+        "{out}"
+    );
+    assert_eq!(op(&out, "prelease")["rc"], 0, "{out}");
+    assert_eq!(infos[1]["free"].as_u64(), Some(GIB - CTX), "{out}");
+    assert_eq!(op(&out, "nvml")["procs"][0][1].as_u64(), Some(CTX), "{out}");
+}
+
+/// Lets a client blocked in `waitline` go on, and returns what it prints
+/// up to its next `ready` (or its end).
+fn go_on(
+    stdin: &mut std::process::ChildStdin,
+    r: &mut BufReader<std::process::ChildStdout>,
+) -> String {
+    stdin.write_all(b"go\n").unwrap();
+    let mut out = String::new();
+    loop {
+        let mut line = String::new();
+        if r.read_line(&mut line).unwrap() == 0 || line.contains("\"ready\"") {
+            return out;
+        }
+        out.push_str(&line);
+    }
+}
+
+/// Memory one container exports (`cuMemExportToShareableHandle`, a POSIX
+/// descriptor) and another imports is held once on the device, but the
+/// driver keeps it while any exported descriptor or imported handle exists,
+/// in any process. The exporter stays charged until it exits (releasing
+/// and unmapping its own handle does not free memory a descriptor keeps),
+/// and the importer is charged what it maps, so that neither can keep
+/// memory alive unseen. Past the importer's quota the mapping is refused;
+/// the exporter's exit leaves the importer's charge; the importer's own
+/// release gives it back. An importer of the exporter's own container
+/// (the descriptor itself passed on, as PyTorch and NCCL do) is not charged
+/// again: the container holds it once.
+#[test]
+fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
+    let m = Machine::new("vmmshare", T4);
+    let mib800 = (800 * MIB).to_string();
+    let mut ec = m.client(
+        Some(&vars("exporter", "2")),
+        &[
+            "ctx",
+            "vmmmap",
+            &mib800,
+            "vmmexport",
+            "ready",
+            "waitline",
+            "vmmrelease",
+            "vmmunmap",
+            "info",
+            "ready",
+            "waitline",
+        ],
+    );
+    ec.stdin(Stdio::piped());
+    let (mut exporter, mut er, before) = spawn_ready_out(ec);
+    let mut exp_in = exporter.stdin.take().unwrap();
+    let x = op(&before, "vmmexport");
+    assert_eq!(x["rc"], 0, "{before}");
+    let path = format!("/proc/{}/fd/{}", x["pid"], x["fd"]);
+    let (pid, fd) = (x["pid"].to_string(), x["fd"].to_string());
+    let used = |id: &str| container(&ledger(&m), id).map(|c| c.0);
+
+    // The exporter's own container, 2 GiB: its context, the exporter's and
+    // the 800 MiB once (twice would not fit: the mapping would be refused).
+    let out = run_ok(&mut m.client(
+        Some(&vars("exporter", "2")),
+        &["ctx", "vmmimportfd", &pid, &fd, &mib800, "info"],
+    ));
+    let imp = op(&out, "vmmimport");
+    assert_eq!(
+        (&imp["rc"], &imp["rc_map"]),
+        (&0.into(), &0.into()),
+        "{out}"
+    );
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(2 * GIB - 2 * CTX - 800 * MIB),
+        "{out}"
+    );
+    assert_eq!(
+        used("exporter"),
+        Some(CTX + 800 * MIB),
+        "the importer exited"
+    );
+
+    // 1 GiB less the context cannot hold 800 MiB: the mapping is refused.
+    let out = run_ok(&mut m.client(
+        Some(&vars("importer-small", "1")),
+        &["ctx", "vmmimport", &path, &mib800, "info"],
+    ));
+    let imp = op(&out, "vmmimport");
+    assert_eq!(
+        (&imp["rc"], &imp["rc_map"]),
+        (&0.into(), &2.into()),
+        "{out}"
+    );
+    assert_eq!(op(&out, "info")["free"].as_u64(), Some(GIB - CTX), "{out}");
+
+    // Another container, 2 GiB, with the descriptor itself: charged to the
+    // importer as well as to the exporter.
+    let mut ic = m.client(
+        Some(&vars("importer", "2")),
+        &[
+            "ctx",
+            "vmmimportfd",
+            &pid,
+            &fd,
+            &mib800,
+            "info",
+            "ready",
+            "waitline",
+            "vmmrelease",
+            "vmmunmap",
+            "info",
+            "ready",
+            "waitline",
+        ],
+    );
+    ic.stdin(Stdio::piped());
+    let (mut importer, mut ir, out) = spawn_ready_out(ic);
+    let mut imp_in = importer.stdin.take().unwrap();
+    let imp = op(&out, "vmmimport");
+    assert_eq!(
+        (&imp["rc"], &imp["rc_map"]),
+        (&0.into(), &0.into()),
+        "{out}"
+    );
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(2 * GIB - CTX - 800 * MIB),
+        "{out}"
+    );
+    assert_eq!(used("importer"), Some(CTX + 800 * MIB));
+    assert_eq!(used("exporter"), Some(CTX + 800 * MIB));
+
+    // The exporter lets go of its handle and mapping: the memory lives on
+    // (the descriptor, the importer), and it stays charged.
+    let out = go_on(&mut exp_in, &mut er);
+    assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(2 * GIB - CTX - 800 * MIB),
+        "{out}"
+    );
+    assert_eq!(used("exporter"), Some(CTX + 800 * MIB));
+    // The exporter exits: the importer still holds it, and pays for it.
+    drop(exp_in);
+    assert!(wait_timeout(exporter, Duration::from_secs(30))
+        .status
+        .success());
+    assert_eq!(used("exporter").unwrap_or(0), 0);
+    assert_eq!(used("importer"), Some(CTX + 800 * MIB));
+
+    // The importer lets go: given back, once.
+    let out = go_on(&mut imp_in, &mut ir);
+    assert_eq!(op(&out, "vmmrelease")["rc"], 0, "{out}");
+    assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(2 * GIB - CTX),
+        "{out}"
+    );
+    assert_eq!(used("importer"), Some(CTX));
+    drop(imp_in);
+    assert!(wait_timeout(importer, Duration::from_secs(30))
+        .status
+        .success());
+}
+
+/// Legacy IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`): the memory is
+/// the exporter's `cuMemAlloc` allocation, charged to it, once; an importer
+/// of another container (here with too little quota left to hold it) or of
+/// the same one is charged nothing (freeing it while an importer has it open
+/// is undefined behaviour by CUDA's documentation).
+#[test]
+fn legacy_ipc_memory_is_charged_to_the_exporter_only() {
+    let m = Machine::new("ipc", T4);
+    let mib800 = (800 * MIB).to_string();
+    let mut ec = m.client(
+        Some(&vars("ipc-exp", "2")),
+        &["ctx", "alloc", &mib800, "ipcget", "ready", "waitline"],
+    );
+    ec.stdin(Stdio::piped());
+    let (mut exporter, _er, before) = spawn_ready_out(ec);
+    let exp_in = exporter.stdin.take().unwrap();
+    let g = op(&before, "ipcget");
+    assert_eq!(g["rc"], 0, "{before}");
+    let handle = g["handle"].as_str().unwrap().to_string();
+    let used = |id: &str| container(&ledger(&m), id).map(|c| c.0);
+    for (id, gib, quota) in [("ipc-imp", "1", GIB), ("ipc-exp", "2", 2 * GIB)] {
+        let out = run_ok(&mut m.client(
+            Some(&vars(id, gib)),
+            &["ctx", "ipcopen", &handle, "info", "ipcclose", "info"],
+        ));
+        assert_eq!(op(&out, "ipcopen")["rc"], 0, "{out}");
+        assert_eq!(op(&out, "ipcclose")["rc"], 0, "{out}");
+        let held = if id == "ipc-exp" { CTX + 800 * MIB } else { 0 };
+        for i in ops(&out, "info") {
+            assert_eq!(i["free"].as_u64(), Some(quota - CTX - held), "{id}: {out}");
+        }
+    }
+    assert_eq!(used("ipc-exp"), Some(CTX + 800 * MIB));
+    drop(exp_in);
+    assert!(wait_timeout(exporter, Duration::from_secs(30))
+        .status
+        .success());
+}
+
+/// `cuCtxSetLimit` inside a PID namespace, while other containers allocate
+/// and free at random: every raise and lower is charged exactly (this
+/// process's own bytes, never the device's noise).
+#[test]
+fn context_limits_in_a_pid_namespace_are_charged_without_other_containers_noise() {
+    let m = Machine::new("pidns-limits", "81920:NVIDIA A100");
+    let noisy = Reap(
+        (0..3)
+            .map(|i| {
+                let id = format!("noisy{i}");
+                spawn_ready(m.client(Some(&vars(&id, "8")), &["ctx", "loop", "300000000"])).0
+            })
+            .collect(),
+    );
+    let sizes: Vec<String> = (1..=30u64)
+        .map(|i| ((8 + (i * 37) % 200) * MIB).to_string())
+        .chain([(100 * MIB).to_string()])
+        .collect();
+    let mut args = vec!["ctx"];
+    for s in &sizes {
+        args.extend(["setlimit", "2", s.as_str()]);
+    }
+    args.extend(["info", "ready", "hold"]);
+    let (ns, _r, out) = spawn_ready_out(in_pid_namespace(
+        &m.client(Some(&vars("inns-limits", "20")), &args),
+    ));
+    let _ns = Reap(vec![ns]);
+    assert!(ops(&out, "setlimit").iter().all(|s| s["rc"] == 0), "{out}");
+    let (used, ..) = container(&ledger(&m), "inns-limits").unwrap();
+    assert_eq!(
+        used,
+        CTX + 92 * MIB,
+        "a 100 MiB heap, 8 MiB of it the context's: {out}"
+    );
+    assert_eq!(
+        op(&out, "info")["free"].as_u64(),
+        Some(20 * GIB - CTX - 92 * MIB),
+        "{out}"
+    );
+    drop(noisy);
+}

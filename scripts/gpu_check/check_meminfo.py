@@ -6,8 +6,17 @@ the framework's mem_get_info/cuMemGetInfo total and device total, and NVML
 (nvidia-smi, or pynvml where there is no nvidia-smi) under LD_PRELOAD show
 floor(physical_bytes * 6 / DEV); without DEV exactly 6 GiB; with
 CGPU_DISABLE=true the physical total. NVML's used shows the container's use.
+
+1h/1i a multi-GPU container with one quota per GPU,
+ALIYUN_COM_GPU_MEM_CONTAINER=3,4,5,6: on the simulated driver four A10s of
+23028 MiB with ALIYUN_COM_GPU_MEM_DEV=23 (the seed's vector: 3003, 4004,
+5006 and 6007 MiB); on a real machine every GPU it has (the list cut to
+their number) with the operator DEV of GPU 0. Each GPU's total through the
+framework (mem_get_info(i), device total) and through NVML is
+floor(physical_i * C_i / DEV), physical_i read without cgpu.
 """
 
+import json
 import os
 
 import common as c
@@ -78,6 +87,74 @@ def main():
         disabled(ws["disabled"], envs["disabled"], fw, phys, nvml_phys, have_nvml, tag)
     if not have_nvml:
         c.result("1c-1g NVML view", "nvidia-smi or pynvml", "neither found", None)
+    with c.section("1h %s per GPU, C=3,4,5,6" % fw,
+                   *(["1i NVML memory.total per GPU, C=3,4,5,6"] if have_nvml else [])):
+        per_gpu(b, fw, dev, have_nvml)
+
+
+A10_MIB = 23028
+LIST = (3, 4, 5, 6)
+
+
+def nvml_totals(env, n):
+    """NVML memory.total in MiB of GPUs 0..n-1 under `env` (nvidia-smi, else pynvml)."""
+    out = []
+    for i in range(n):
+        if c.NVIDIA_SMI:
+            rc, o, e = c.run_cmd([c.NVIDIA_SMI, "-i", str(i), "--query-gpu=memory.total",
+                                  "--format=csv,noheader,nounits"], env, 30)
+            out.append(int(float(o.strip().splitlines()[0])) if rc == 0 and o.strip() else None)
+        else:
+            rc, o, e = c.run_cmd([c.PYTHON, os.path.join(c.HERE, "nvml_query.py"), str(i)], env, 30)
+            try:
+                out.append(int(json.loads(o.strip().splitlines()[-1])["total"]) // c.MiB)
+            except (ValueError, IndexError, KeyError):
+                c.say("  nvml_query.py %d: rc=%s %s %s" % (i, rc, o.strip(), e.strip()[-300:]))
+                out.append(None)
+    return out
+
+
+def per_gpu(b, fw, dev, have_nvml):
+    extra = {}
+    if c.SIM:
+        # a simulated machine of its own: four A10s, the seed's operator DEV
+        extra = {"CGPU_SIM_STATE": os.path.join(c.WORKDIR, "simstate-4xa10"),
+                 "CGPU_SIM_GPUS": ",".join(["%d:NVIDIA A10" % A10_MIB] * 4)}
+        dev = 23
+    bare = c.base_env()
+    bare.pop("CUDA_VISIBLE_DEVICES", None)  # every GPU of the machine
+    bare.update(extra)
+    w = c.Worker("gpus-bare", b, bare)
+    phys = w.call("devices")["devices"]
+    w.close()
+    n = min(len(phys), len(LIST))
+    quota = ",".join(str(x) for x in LIST[:n])
+    env = c.container_env("mem-list", c.new_ledger_dir("mem"),
+                          ALIYUN_COM_GPU_MEM_CONTAINER=quota, ALIYUN_COM_GPU_MEM_DEV=dev, **extra)
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    w = c.Worker("gpus-list", b, env)
+    got = w.call("devices")["devices"]
+    exp = [phys[i]["total"] * LIST[i] // dev for i in range(n)]
+    what = "%d x %s, DEV=%d" % (n, phys[0]["name"], dev)
+    seed = ""
+    if c.SIM:
+        seed = " (the seed's A10 vector)"
+    c.result("1h %s per GPU, C=%s" % (fw, quota),
+             "%s MiB on %s%s" % ("/".join(str(x // c.MiB) for x in exp), what, seed),
+             "%s MiB (%s); device totals %s" % (
+                 "/".join(str(g["total"] // c.MiB) for g in got),
+                 "exact bytes" if [g["total"] for g in got[:n]] == exp else "bytes differ",
+                 "equal" if [g["props_total"] for g in got[:n]] == exp else
+                 "/".join(str(g["props_total"]) for g in got)),
+             len(got) == n and [g["total"] for g in got] == exp
+             and [g["props_total"] for g in got] == exp)
+    if have_nvml:
+        nv = nvml_totals(env, n)
+        c.result("1i NVML memory.total per GPU, C=%s" % quota,
+                 "%s MiB" % "/".join(str(x // c.MiB) for x in exp),
+                 "/".join(str(x) for x in nv) + " MiB",
+                 all(x is not None and abs(x - e // c.MiB) <= 1 for x, e in zip(nv, exp)))
+    w.close()
 
 
 def with_dev(w, env, fw, devfw, phys, nvml_phys, dev, have_nvml, tag):

@@ -2,14 +2,19 @@
 """Check 5a: overhead of the library on a training-like loop (matmuls, many
 small kernels, a CUDA graph replay; spin kernels and cuGraphLaunch on the
 driver-API fallback), with and without LD_PRELOAD, as a ratio of time per
-step. The two processes take turns, several rounds; the best round of each
-counts (the least disturbed one).
+step. The two processes take turns, several rounds, the order alternating;
+each round's time per step with cgpu is divided by the bare one's in the
+same round (neighbours in time), and the median of these ratios counts,
+with the quartiles as its spread. On a real GPU it must meet the goal,
+1.01x; on the simulated GPU (a step is host work only, on a shared machine)
+1.30x. scripts/bench-torch.sh measures the same at length.
 
 Check 5b: a CUDA graph captured and replayed while another container keeps
 the GPU busy, so the scheduler is handing the GPU back and forth meanwhile
 (a drain or an event on a capturing stream would invalidate the capture).
 """
 
+import statistics
 import time
 
 import common as c
@@ -18,9 +23,9 @@ import common as c
 def main():
     b = c.probe()["backend"]
     if c.SIM:
-        rounds, secs, limit = (2, 1.0, 1.30) if c.QUICK else (3, 1.5, 1.30)
+        rounds, secs, limit = (4, 0.5, 1.30) if c.QUICK else (8, 1.0, 1.30)
     else:
-        rounds, secs, limit = (2, 2.0, 1.05) if c.QUICK else (3, 4.0, 1.05)
+        rounds, secs, limit = (4, 2.0, 1.01) if c.QUICK else (10, 2.5, 1.01)
     name = "5a overhead, training-like loop: with/without LD_PRELOAD"
     name2 = "5b CUDA graph capture + replay, other container busy"
     ledger = c.new_ledger_dir("ovh")
@@ -37,11 +42,12 @@ def main():
             for w in order:
                 r = w.call("train", seconds=secs, timeout=secs * 10 + 120)
                 (tb if w is base else tp).append(r["per_iter"])
-        best_b, best_p = min(tb), min(tp)
-        ratio = best_p / best_b
-        c.result(name, "<= %.2fx" % limit,
-                 "%.3fx (%.3f vs %.3f ms/step, best of %d)"
-                 % (ratio, best_p * 1e3, best_b * 1e3, rounds),
+        ratios = [p / b for p, b in zip(tp, tb)]
+        q1, ratio, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+        c.result(name, "<= %.2fx (median of per-round ratios)" % limit,
+                 "%.3fx (quartiles %.3f-%.3f, %d rounds; medians %.3f vs %.3f ms/step)"
+                 % (ratio, q1, q3, rounds, statistics.median(tp) * 1e3,
+                    statistics.median(tb) * 1e3),
                  ratio <= limit)
         base.close()
     with c.section(name2):

@@ -294,6 +294,54 @@ class section:
         return True
 
 
+def sim_device_time():
+    """{pid: device time in ns} of every process the simulated GPU has seen
+    (its own counters, through `cgpu-sim-stat --json`); None off the sim or
+    without cgpu-sim-stat."""
+    stat = setting("SIM_STAT")
+    state = os.environ.get("CGPU_SIM_STATE", "")
+    if not SIM or not stat or not state:
+        return None
+    rc, out, err = run_cmd([stat, "--state", state, "--json"], os.environ.copy(), 15)
+    if rc != 0:
+        raise WorkerError("cgpu-sim-stat --json: exit %s: %s" % (rc, err.strip()[:200]))
+    t = {}
+    for p in json.loads(out).get("processes", []):
+        t[int(p["pid"])] = t.get(int(p["pid"]), 0) + int(p["device_time_ns"])
+    return t
+
+
+class NvmlProcUtil:
+    """NVML's per-process SM utilisation summed over a window
+    (nvml_procutil.py, run without LD_PRELOAD so NVML sees every process):
+    start() at the window's start, result() after it."""
+
+    def __init__(self, seconds):
+        self.seconds = seconds
+        self.p = None
+
+    def start(self):
+        self.p = subprocess.Popen(
+            [PYTHON, os.path.join(HERE, "nvml_procutil.py"), GPU, str(self.seconds)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base_env())
+        return self
+
+    def result(self):
+        """{"samples": n, "sm": {pid: summed smUtil}} or {"error": ...}."""
+        try:
+            out, err = self.p.communicate(timeout=self.seconds + 60)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            return {"error": "nvml_procutil.py did not finish"}
+        try:
+            d = json.loads(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return {"error": "nvml_procutil.py: %s" % (out + err).strip()[-300:]}
+        if "sm" in d:
+            d["sm"] = {int(k): v for k, v in d["sm"].items()}
+        return d
+
+
 def log_ledger(ledger, what):
     """Put the operator's view of `ledger` (cgpu-smi, cgpuctl tree) in the log."""
     env = base_env()

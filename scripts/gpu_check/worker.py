@@ -16,6 +16,10 @@ Backends (what touches the GPU):
 Commands ({"op": ...}):
   info                      device name, totals, versions
   meminfo                   {"free", "total"} as the framework reports them
+  procmem                   this process's pid, meminfo and what its framework
+                            holds from the driver (PyTorch: memory_reserved)
+  devices                   every visible device's index, name, mem_get_info
+                            total/free and device total (one context each)
   fill   chunk, limit       allocate `chunk`-byte blocks until out of memory or
                             `limit` bytes; keeps them. Reports bytes, the error
                             type that stopped it, and whether it was an OOM.
@@ -24,6 +28,14 @@ Commands ({"op": ...}):
   loop   start_at, end_at   the compute loop (bf16 matmuls / spin kernels);
                             counts iterations completed in [start_at, end_at]
   train  seconds            the training-like loop, timed; returns s/iteration
+  blas_ws leave             (torch) cuBLAS workspaces: a matmul warms cuBLAS up,
+                            one on a fresh stream gets a workspace of its own
+                            (memory deltas reported); after empty_cache() the
+                            quota is filled to `leave` bytes free and a matmul
+                            on another fresh stream needs a workspace again
+                            (outcome reported); then everything is freed and
+                            that stream's matmul is tried once more
+                            (leave < 0: the first part only)
   capture steps             capture a fresh CUDA graph now and replay it
   exit
 """
@@ -133,6 +145,19 @@ class TorchBackend:
         free, total = self.torch.cuda.mem_get_info()
         return free, total
 
+    def framework_reserved(self):
+        return self.torch.cuda.memory_reserved()
+
+    def devices(self):
+        t = self.torch
+        out = []
+        for i in range(t.cuda.device_count()):
+            free, total = t.cuda.mem_get_info(i)
+            p = t.cuda.get_device_properties(i)
+            out.append({"index": i, "name": p.name, "total": total, "free": free,
+                        "props_total": p.total_memory})
+        return out
+
     def alloc(self, nbytes):
         t = self.torch
         try:
@@ -209,6 +234,58 @@ class TorchBackend:
             for _ in range(32):
                 y = (y * 1.0001 + 0.5).relu_()
         self._train = (model, opt, x, g, small)
+
+    def blas_ws(self, leave):
+        t = self.torch
+        MiBf = float(MiB)
+
+        def used():
+            f, tot = t.cuda.mem_get_info()
+            return tot - f
+
+        def snap():
+            t.cuda.synchronize()
+            return {"used": used(), "reserved": t.cuda.memory_reserved(),
+                    "total": t.cuda.mem_get_info()[1]}
+
+        a = t.randn(512, 512, device=self.dev)
+        b = t.randn(512, 512, device=self.dev)
+        c = t.empty(512, 512, device=self.dev)
+        t.matmul(a, b, out=c)  # loads cuBLAS, its handle, the default stream's workspace
+        s0 = snap()
+        with t.cuda.stream(t.cuda.Stream()):
+            t.matmul(a, b, out=c)
+        s1 = snap()
+        r = {"fresh_used": s1["used"] - s0["used"], "fresh_reserved": s1["reserved"] - s0["reserved"]}
+        if leave < 0:  # the first part only
+            return r
+        t.cuda.empty_cache()
+        free = t.cuda.mem_get_info()[0]
+        filler = t.empty(max(free - int(leave), 0), dtype=t.uint8, device=self.dev)
+        s2 = snap()
+        r["filled_free"] = s2["total"] - s2["used"]
+        st = t.cuda.Stream()
+        try:
+            with t.cuda.stream(st):
+                t.matmul(a, b, out=c)
+            t.cuda.synchronize()
+            r["full_error"] = None
+        except Exception as e:  # what a job would see
+            r["full_error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:160])
+            r["full_oom"] = isinstance(e, t.cuda.OutOfMemoryError)
+        s3 = snap()
+        r["after_used"], r["total"] = s3["used"], s3["total"]
+        r["after_delta"] = s3["used"] - s2["used"]
+        del filler
+        t.cuda.empty_cache()
+        with t.cuda.stream(st):
+            t.matmul(a, b, out=c)
+        t.cuda.synchronize()
+        r["recovered"] = True
+        log("blas_ws: " + ", ".join("%s=%s" % (k, ("%.2f MiB" % (v / MiBf)) if isinstance(v, int)
+                                            and not isinstance(v, bool) else v)
+                                    for k, v in r.items()))
+        return r
 
     def capture(self, steps):
         """Capture a fresh CUDA graph (forward pass + elementwise chain) now,
@@ -316,6 +393,24 @@ class CudaBackend:
         free, total = self.check(self.cu.cuMemGetInfo(), "cuMemGetInfo")
         return int(free), int(total)
 
+    def framework_reserved(self):
+        return sum(size for _kind, _h, size in self.held)
+
+    def devices(self):
+        cu = self.cu
+        out = []
+        for i in range(int(self.check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))):
+            d = self.check(cu.cuDeviceGet(i), "cuDeviceGet")
+            ctx = self.check(cu.cuDevicePrimaryCtxRetain(d), "cuDevicePrimaryCtxRetain")
+            self.check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+            free, total = self.meminfo()
+            name = self.check(cu.cuDeviceGetName(256, d), "cuDeviceGetName")
+            out.append({"index": i, "name": name.split(b"\x00", 1)[0].decode(errors="replace"),
+                        "total": total, "free": free,
+                        "props_total": int(self.check(cu.cuDeviceTotalMem(d), "cuDeviceTotalMem"))})
+        self.check(cu.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        return out
+
     def alloc(self, nbytes):
         cu = self.cu
         nbytes = int(nbytes)
@@ -399,6 +494,9 @@ class CudaBackend:
             self.spin(self.kernel_ns)
 
     def sync(self):
+        if self._mod is None:  # no stream of ours yet
+            self.check(self.cu.cuCtxSynchronize(), "cuCtxSynchronize")
+            return
         self.check(self.cu.cuStreamSynchronize(self._stream), "cuStreamSynchronize")
 
     def mark(self):
@@ -662,6 +760,15 @@ def main():
             elif op == "meminfo":
                 f, t = b.meminfo()
                 r = {"free": f, "total": t}
+            elif op == "devices":
+                r = {"devices": b.devices()}
+            elif op == "procmem":
+                b.sync()
+                f, t = b.meminfo()
+                r = {"pid": os.getpid(), "free": f, "total": t,
+                     "framework_reserved": b.framework_reserved()}
+            elif op == "blas_ws":
+                r = b.blas_ws(int(cmd["leave"]))
             elif op == "fill":
                 r = op_fill(b, cmd)
             elif op == "alloc":

@@ -7,6 +7,11 @@
 //! again and `CUDA_ERROR_OUT_OF_MEMORY` returned. Destroying a context (or
 //! releasing the primary context to zero, or resetting it) gives back its
 //! reservation and everything allocated in it.
+//!
+//! Context limits that reserve device memory (`cuCtxSetLimit`: the malloc
+//! heap, the printf FIFO, the per-thread stack for every thread the device
+//! holds resident, and whatever else a driver reserves for a limit) are
+//! charged to the context too: see [`ctx_set_limit`].
 
 use std::cell::Cell;
 use std::ffi::CString;
@@ -14,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::device::cuda_gpu;
+use super::device::{cuda_gpu, current_device, current_gpu};
 use super::real;
 use super::sig;
 use super::types::*;
@@ -180,11 +185,8 @@ fn sample(gpu: &Gpu, nvml: &NvmlRef) -> Sample {
 /// used memory. Runs once per process (the answer is kept).
 fn find_own_pid(gpu: &Gpu, ctx: CUcontext) -> Option<u32> {
     let h = nvml_handle(gpu)?;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let probe = (2 << 20) + 512 * (1 + u64::from(nanos % 4093));
+    let nanos = crate::process::clock::realtime_ns() % 1_000_000_000;
+    let probe = (2 << 20) + 512 * (1 + nanos % 4093);
     if super::call_real!(real::cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS {
         return None;
     }
@@ -294,7 +296,7 @@ fn charge_new_ctx(
         tracing::debug!("cgpu: context reservation of {bytes} bytes would pass the quota");
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    proc_state().track(
+    proc_state().charges.track(
         Kind::Context,
         c as u64,
         gpu,
@@ -383,8 +385,8 @@ pub unsafe fn ctx_destroy(real: &RealFn<sig::cuCtxDestroy_v2>, ctx: CUcontext) -
     if rc == CUDA_SUCCESS {
         let st = proc_state();
         let _g = alloc_guard();
-        st.release_context(ctx as usize);
-        if let Some(e) = st.untrack(Kind::Context, ctx as u64) {
+        st.charges.release_context(ctx as usize);
+        if let Some(e) = st.charges.untrack(Kind::Context, ctx as u64) {
             e.gpu.release(e.bytes);
         }
     }
@@ -416,23 +418,34 @@ pub unsafe fn primary_retain(
             super::call_real!(real::cuDevicePrimaryCtxRelease_v2, dev);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
-        gpu.primary_bytes.fetch_add(bytes, Ordering::AcqRel);
-        gpu.primary_ctx.store(c, Ordering::Release);
+        primary_charged(gpu, c, bytes);
     } else if delta.unwrap_or(0) > 0 {
         // Re-created after a reset by another retain path: charge the new reservation.
         let bytes = delta.unwrap_or(0);
         if gpu.reserve(bytes) {
-            gpu.primary_bytes.fetch_add(bytes, Ordering::AcqRel);
+            primary_charged(gpu, c, bytes);
         }
     }
     rc
 }
 
+/// The primary context `c` of `gpu` reserved `bytes` more (already
+/// reserved): charged to it, like a created context's.
+fn primary_charged(gpu: &'static Gpu, c: usize, bytes: u64) {
+    gpu.primary_ctx.store(c, Ordering::Release);
+    proc_state()
+        .charges
+        .add(Kind::Context, c as u64, gpu, bytes, Owner::Context(c));
+}
+
 fn primary_gone(gpu: &Gpu) {
     let st = proc_state();
     let _g = alloc_guard();
-    st.release_context(gpu.primary_ctx.swap(0, Ordering::AcqRel));
-    gpu.release(gpu.primary_bytes.swap(0, Ordering::AcqRel));
+    let c = gpu.primary_ctx.swap(0, Ordering::AcqRel);
+    st.charges.release_context(c);
+    if let Some(e) = st.charges.untrack(Kind::Context, c as u64) {
+        e.gpu.release(e.bytes);
+    }
 }
 
 /// `cuDevicePrimaryCtxRelease` / `_v2`: at zero the context is destroyed.
@@ -480,6 +493,171 @@ pub unsafe fn primary_reset(
     rc
 }
 
+/// `CU_LIMIT_STACK_SIZE`: bytes per thread, for every resident thread.
+const LIMIT_STACK_SIZE: CUlimit = 0;
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`: bytes.
+const LIMIT_PRINTF_FIFO_SIZE: CUlimit = 1;
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`: bytes.
+const LIMIT_MALLOC_HEAP_SIZE: CUlimit = 2;
+
+fn device_attribute(dev: CUdevice, attr: CUdevice_attribute) -> u64 {
+    let mut v: i32 = 0;
+    if super::call_real!(real::cuDeviceGetAttribute, &mut v, attr, dev) == CUDA_SUCCESS {
+        v.max(0) as u64
+    } else {
+        0
+    }
+}
+
+/// Device bytes one unit of `limit` reserves on `dev`, as drivers reserve
+/// them (0: a limit not known to reserve memory, or a device that does not
+/// say): the heap and the printf FIFO take their size, the stack its size
+/// for every thread the device holds resident.
+fn bytes_per_unit(limit: CUlimit, dev: CUdevice) -> u64 {
+    match limit {
+        LIMIT_PRINTF_FIFO_SIZE | LIMIT_MALLOC_HEAP_SIZE => 1,
+        LIMIT_STACK_SIZE => {
+            device_attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)
+                .saturating_mul(device_attribute(
+                    dev,
+                    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                ))
+        }
+        _ => 0,
+    }
+}
+
+/// What a call changed of this process's device memory, from samples taken
+/// around it (this process's bytes when NVML lists it both times, else the
+/// device's used bytes); `None` when not measurable.
+fn change(before: Sample, after: Sample) -> Option<i128> {
+    match (before.mine, after.mine, before.device, after.device) {
+        (Some(b), Some(a), _, _) => Some(i128::from(a) - i128::from(b)),
+        (_, _, Some(b), Some(a)) => Some(i128::from(a) - i128::from(b)),
+        _ => None,
+    }
+}
+
+/// The charge a limit holds after a change: what it held plus what the call
+/// reserved, never below nothing. For a limit whose reservation is
+/// `predicted` (`known`), the larger of that and the `measured` change: a
+/// driver may reserve the heap only at the next module load (so a raise
+/// measures nothing yet) and keep it once loaded (so a lower value may give
+/// nothing back); charging the prediction there, and giving back only what
+/// was measured given back, never counts less than the driver holds. For
+/// other limits, what was measured (nothing if it cannot be).
+fn limit_charge(held: u64, measured: Option<i128>, predicted: i128, known: bool) -> u64 {
+    let change = match (measured, known) {
+        (Some(m), true) => m.max(predicted),
+        (None, true) => predicted,
+        (m, false) => m.unwrap_or(0),
+    };
+    (i128::from(held) + change).clamp(0, i128::from(u64::MAX)) as u64
+}
+
+/// `cuCtxSetLimit`: what the new value reserves on the device is charged to
+/// the current context, and what a lower value gives back is released.
+///
+/// - Before the call, the growth the value predicts (the new value less the
+///   current one, times [`bytes_per_unit`]) is reserved on the quota: a raise
+///   that cannot fit is refused with `CUDA_ERROR_OUT_OF_MEMORY` and never
+///   reaches the driver.
+/// - After it, the charge is settled on what the driver reserved, measured
+///   as for a context's creation (this process's allocations held off
+///   meanwhile), and never below the prediction (see [`limit_charge`]); if
+///   that is more than the quota holds, the limit is set back to its old
+///   value and `CUDA_ERROR_OUT_OF_MEMORY` returned.
+/// - The charge belongs to the context: destroying it (or the primary
+///   context's last release, or its reset) gives it back.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn ctx_set_limit(
+    real: &RealFn<sig::cuCtxSetLimit>,
+    limit: CUlimit,
+    value: usize,
+) -> CUresult {
+    let (Some(gpu), Some(dev)) = (current_gpu(), current_device()) else {
+        return super::call_real!(real, limit, value);
+    };
+    let ctx = super::memory::current_ctx();
+    if ctx == 0 {
+        return super::call_real!(real, limit, value);
+    }
+    let _m = Measuring::start();
+    let mut cur: usize = 0;
+    let old =
+        (super::call_real!(real::cuCtxGetLimit, &mut cur, limit) == CUDA_SUCCESS).then_some(cur);
+    let unit = bytes_per_unit(limit, dev);
+    let predicted = old.map_or(0, |o| (value as i128 - o as i128) * i128::from(unit));
+    let upfront = predicted.clamp(0, i128::from(u64::MAX)) as u64;
+    if !gpu.reserve(upfront) {
+        tracing::debug!(
+            "cgpu: cuCtxSetLimit({limit}, {value}) reserving {upfront} bytes refused: container would pass its quota on GPU {}",
+            gpu.visible_index
+        );
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    let st = proc_state();
+    let key = Kind::Limit(limit);
+    let held = st.charges.untrack(key, ctx as u64).map_or(0, |e| e.bytes);
+    let keep = |bytes: u64| {
+        if bytes > 0 {
+            st.charges
+                .track(key, ctx as u64, gpu, bytes, Owner::Context(ctx));
+        }
+    };
+    let nvml = NvmlRef::acquire();
+    let before = sample(gpu, &nvml);
+    let rc = super::call_real!(real, limit, value);
+    if rc != CUDA_SUCCESS {
+        gpu.release(upfront);
+        keep(held);
+        return rc;
+    }
+    let after = sample(gpu, &nvml);
+    let known = unit > 0 && old.is_some();
+    // The device's used bytes move with other processes' allocations too:
+    // for a limit whose reservation is known, only this process's own
+    // bytes are a measure worth more than the prediction.
+    let measured = if known && (before.mine.is_none() || after.mine.is_none()) {
+        None
+    } else {
+        change(before, after)
+    };
+    let want = limit_charge(held, measured, predicted, known);
+    let have = held.saturating_add(upfront);
+    if want > have && !gpu.reserve(want - have) {
+        match old {
+            Some(o) if super::call_real!(real, limit, o) == CUDA_SUCCESS => {
+                tracing::debug!(
+                    "cgpu: cuCtxSetLimit({limit}, {value}) reserved {} bytes, past the container's quota on GPU {}: set back",
+                    want - held,
+                    gpu.visible_index
+                );
+                gpu.release(upfront);
+                keep(held);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            _ => {
+                tracing::error!(
+                    "cgpu: cuCtxSetLimit({limit}, {value}) reserved {} bytes beyond the container's quota on GPU {} and could not be set back; {} bytes are not counted",
+                    want - held,
+                    gpu.visible_index,
+                    want - have
+                );
+                keep(have);
+                return rc;
+            }
+        }
+    }
+    if want < have {
+        gpu.release(have - want);
+    }
+    keep(want);
+    rc
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,5 +692,40 @@ mod tests {
         assert_eq!(reserved(before, s(Some(500), Some(1200))), Some(300));
         // Never negative.
         assert_eq!(reserved(s(None, Some(500)), s(None, Some(400))), Some(0));
+    }
+
+    #[test]
+    fn limit_changes_measure_signed() {
+        let s = |mine, device| Sample {
+            mine,
+            device,
+            charged: 0,
+        };
+        // This process's bytes, whatever the device did meanwhile.
+        assert_eq!(
+            change(s(Some(300), Some(900)), s(Some(350), Some(5000))),
+            Some(50)
+        );
+        assert_eq!(
+            change(s(Some(300), Some(900)), s(Some(250), Some(5000))),
+            Some(-50)
+        );
+        // A PID namespace: the device's bytes.
+        assert_eq!(change(s(None, Some(900)), s(None, Some(800))), Some(-100));
+        assert_eq!(change(s(None, None), s(None, None)), None);
+        // The charge follows the measure, else the prediction; never below 0.
+        // Known limits: the measure when it is at least the prediction
+        // (an eager driver), else the prediction (a heap reserved at the next
+        // module load: a raise measures nothing, a lower value frees nothing).
+        assert_eq!(limit_charge(100, Some(50), 50, true), 150);
+        assert_eq!(limit_charge(100, Some(0), 50, true), 150);
+        assert_eq!(limit_charge(100, Some(-30), -30, true), 70);
+        assert_eq!(limit_charge(100, Some(0), -30, true), 100);
+        assert_eq!(limit_charge(100, None, 50, true), 150);
+        assert_eq!(limit_charge(100, None, -500, true), 0);
+        // Other limits: what was measured; nothing when it cannot be.
+        assert_eq!(limit_charge(100, Some(-30), 0, false), 70);
+        assert_eq!(limit_charge(100, Some(-300), 0, false), 0);
+        assert_eq!(limit_charge(100, None, 0, false), 100);
     }
 }

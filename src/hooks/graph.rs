@@ -66,17 +66,15 @@ const PROBE: usize = 16;
 /// launches that miss the table also look in `State::needs`.
 static OVERFLOWED: AtomicUsize = AtomicUsize::new(0);
 
-/// This process's graph memory state, one per fork generation: a child
-/// never waits on a lock a parent thread held, nor keeps the parent's
-/// charges (its ledger account is new) or execs (unusable after a fork).
+/// This process's execs with alloc nodes, one table per fork generation: a
+/// child never waits on a lock a parent thread held, nor keeps the parent's
+/// execs (unusable after a fork). The charge itself is the device's graph
+/// pool's, in `process::charges` (`Charges::graph_pools`, also per
+/// generation).
 struct State {
     generation: u64,
     /// Bytes per device (driver ordinal) of each remembered exec.
     needs: Mutex<BTreeMap<usize, Vec<(CUdevice, u64)>>>,
-    /// The graph memory charge per device: `(gpu, bytes)`. Also serialises
-    /// launches of execs with alloc nodes and trims, so that what the pool
-    /// holds spare cannot shrink between the estimate and the launch.
-    charge: Mutex<BTreeMap<CUdevice, (usize, u64)>>,
 }
 
 static STATE: AtomicPtr<State> = AtomicPtr::new(std::ptr::null_mut());
@@ -96,7 +94,6 @@ fn state() -> &'static State {
         let new = Box::into_raw(Box::new(State {
             generation,
             needs: Mutex::new(BTreeMap::new()),
-            charge: Mutex::new(BTreeMap::new()),
         }));
         match STATE.compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire) {
             // SAFETY: just published; leaked from here on.
@@ -284,7 +281,8 @@ fn held(map: &BTreeMap<CUdevice, (usize, u64)>, dev: CUdevice, gpu: &'static Gpu
 }
 
 /// Sets the charge of `dev` to what the driver reserves; `extra` bytes were
-/// reserved on top of the charge before a launch. Called with `State::charge` held.
+/// reserved on top of the charge before a launch. Called with the graph
+/// pools' lock held.
 fn settle(
     map: &mut BTreeMap<CUdevice, (usize, u64)>,
     dev: CUdevice,
@@ -334,7 +332,7 @@ fn launch_with_memory(exec: usize, launch: impl FnOnce() -> CUresult) -> CUresul
 /// it, then settles the charges on what the driver reserves.
 fn charged_around(needs: &[(CUdevice, u64)], launch: impl FnOnce() -> CUresult) -> CUresult {
     let _g = super::context::alloc_guard();
-    let mut map = state().charge.lock();
+    let mut map = crate::memory::proc_state().charges.graph_pools().lock();
     let mut taken: Vec<(CUdevice, &'static Gpu, u64)> = Vec::with_capacity(needs.len());
     for &(dev, bytes) in needs {
         let Some(gpu) = crate::process::gpus::cuda_gpu(dev) else {
@@ -377,7 +375,7 @@ fn charged_around(needs: &[(CUdevice, u64)], launch: impl FnOnce() -> CUresult) 
 /// memory runs meanwhile.
 fn resettled(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
     let _g = super::context::alloc_guard();
-    let mut map = state().charge.lock();
+    let mut map = crate::memory::proc_state().charges.graph_pools().lock();
     let rc = call();
     if rc == CUDA_SUCCESS && map.contains_key(&dev) {
         if let Some(gpu) = crate::process::gpus::cuda_gpu(dev) {

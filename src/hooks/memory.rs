@@ -11,7 +11,7 @@ use crate::driver::RealFn;
 use crate::memory::{proc_state, Gpu, Kind, Owner, PoolPlace};
 
 /// The current context handle (0 if none): allocations die with it.
-fn current_ctx() -> usize {
+pub(super) fn current_ctx() -> usize {
     let mut c: CUcontext = std::ptr::null_mut();
     if super::call_real!(super::real::cuCtxGetCurrent, &mut c) == CUDA_SUCCESS {
         c as usize
@@ -62,8 +62,8 @@ fn charged(
     }
     let st = proc_state();
     match kind {
-        Kind::Handle => st.vmm_created(key(), gpu, bytes),
-        _ => st.track(kind, key(), gpu, bytes, owner()),
+        Kind::Handle => st.charges.vmm_created(key(), gpu, bytes),
+        _ => st.charges.track(kind, key(), gpu, bytes, owner()),
     }
     rc
 }
@@ -76,13 +76,13 @@ fn uncharged(kind: Kind, key: u64, free: impl FnOnce() -> CUresult) -> CUresult 
     }
     let st = proc_state();
     let _g = super::context::alloc_guard();
-    let entry = st.untrack(kind, key);
+    let entry = st.charges.untrack(kind, key);
     let rc = free();
     if let Some(e) = entry {
         if rc == CUDA_SUCCESS {
             e.gpu.release(e.bytes);
         } else {
-            st.track(kind, key, e.gpu, e.bytes, e.owner);
+            st.charges.track(kind, key, e.gpu, e.bytes, e.owner);
         }
     }
     rc
@@ -181,7 +181,9 @@ fn pitched(
         free(ptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    proc_state().track(Kind::Ptr, ptr, gpu, actual, in_current_ctx());
+    proc_state()
+        .charges
+        .track(Kind::Ptr, ptr, gpu, actual, in_current_ctx());
     rc
 }
 
@@ -289,14 +291,64 @@ fn pool_gpu(pool: usize, stream: CUstream) -> Option<&'static Gpu> {
     if !crate::memory::tracking() {
         return None;
     }
-    match (pool != 0).then(|| proc_state().pool_place(pool)).flatten() {
+    match (pool != 0)
+        .then(|| proc_state().charges.pool_place(pool))
+        .flatten()
+    {
         Some(PoolPlace::Host) => None,
         Some(PoolPlace::Device(d)) => cuda_gpu(d),
         None => cuda_gpu(stream_device(stream)?),
     }
 }
 
-/// `cuMemAllocAsync` and `_ptsz`: charged when returned, released when freed.
+/// Is `stream` being captured into a graph? (`ptsz`: the caller's stream 0
+/// is its per-thread default stream.) A stream the driver cannot answer for
+/// is taken as not captured (then charged: never under-counted).
+fn capturing(stream: CUstream, ptsz: bool) -> bool {
+    let s = if ptsz && stream.is_null() {
+        CU_STREAM_PER_THREAD as CUstream
+    } else {
+        stream
+    };
+    let mut status: CUstreamCaptureStatus = 0;
+    super::call_real!(super::real::cuStreamIsCapturing, s, &mut status) == CUDA_SUCCESS
+        && status == CU_STREAM_CAPTURE_STATUS_ACTIVE
+}
+
+/// A stream-ordered allocation from `pool` (0: the stream's device's
+/// current pool) on `stream`: charged when returned, released when freed.
+/// Into a stream being captured it is no allocation but a graph's alloc
+/// node: the driver reserves its memory when the graph is launched, and
+/// graph memory is charged then (`hooks::graph`); charging it here too
+/// would count it twice for as long as the address is not freed.
+fn alloc_async(
+    pool: usize,
+    stream: CUstream,
+    ptsz: bool,
+    size: usize,
+    alloc: impl FnOnce() -> CUresult,
+    dptr: *mut CUdeviceptr,
+) -> CUresult {
+    let gpu = pool_gpu(pool, stream);
+    if gpu.is_some() && capturing(stream, ptsz) {
+        return alloc();
+    }
+    charged(
+        gpu,
+        Kind::Ptr,
+        || Owner::Pool {
+            pool,
+            ctx: current_ctx(),
+        },
+        size as u64,
+        alloc,
+        // SAFETY: called only on success, when the driver wrote *dptr (the
+        // caller's out-pointer).
+        || unsafe { out(dptr) },
+    )
+}
+
+/// `cuMemAllocAsync`.
 ///
 /// # Safety
 /// The driver's contract.
@@ -306,21 +358,37 @@ pub unsafe fn mem_alloc_async(
     size: usize,
     stream: CUstream,
 ) -> CUresult {
-    charged(
-        pool_gpu(0, stream),
-        Kind::Ptr,
-        || Owner::Pool {
-            pool: 0,
-            ctx: current_ctx(),
-        },
-        size as u64,
+    alloc_async(
+        0,
+        stream,
+        false,
+        size,
         || super::call_real!(real, dptr, size, stream),
-        // SAFETY: called only on success, when the driver wrote *dptr.
-        || unsafe { out(dptr) },
+        dptr,
     )
 }
 
-/// `cuMemAllocFromPoolAsync` and `_ptsz`: charged to the pool's device.
+/// `cuMemAllocAsync_ptsz`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_async_ptsz(
+    real: &RealFn<sig::cuMemAllocAsync>,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    stream: CUstream,
+) -> CUresult {
+    alloc_async(
+        0,
+        stream,
+        true,
+        size,
+        || super::call_real!(real, dptr, size, stream),
+        dptr,
+    )
+}
+
+/// `cuMemAllocFromPoolAsync`: charged to the pool's device.
 ///
 /// # Safety
 /// The driver's contract.
@@ -331,17 +399,34 @@ pub unsafe fn mem_alloc_from_pool_async(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> CUresult {
-    charged(
-        pool_gpu(pool as usize, stream),
-        Kind::Ptr,
-        || Owner::Pool {
-            pool: pool as usize,
-            ctx: current_ctx(),
-        },
-        size as u64,
+    alloc_async(
+        pool as usize,
+        stream,
+        false,
+        size,
         || super::call_real!(real, dptr, size, pool, stream),
-        // SAFETY: called only on success, when the driver wrote *dptr.
-        || unsafe { out(dptr) },
+        dptr,
+    )
+}
+
+/// `cuMemAllocFromPoolAsync_ptsz`.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_alloc_from_pool_async_ptsz(
+    real: &RealFn<sig::cuMemAllocFromPoolAsync>,
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> CUresult {
+    alloc_async(
+        pool as usize,
+        stream,
+        true,
+        size,
+        || super::call_real!(real, dptr, size, pool, stream),
+        dptr,
     )
 }
 
@@ -397,12 +482,14 @@ pub unsafe fn mem_release(
     let _g = super::context::alloc_guard();
     let rc = super::call_real!(real, handle);
     if rc == CUDA_SUCCESS {
-        proc_state().vmm_released(handle);
+        proc_state().charges.vmm_released(handle);
     }
     rc
 }
 
-/// `cuMemMap`: a mapping keeps the allocation (and its charge) alive.
+/// `cuMemMap`: a mapping keeps the allocation (and its charge) alive. A
+/// mapping of an imported allocation beyond what its charge covers is
+/// charged first (refused with `CUDA_ERROR_OUT_OF_MEMORY` past the quota).
 ///
 /// # Safety
 /// The driver's contract.
@@ -418,9 +505,136 @@ pub unsafe fn mem_map(
         return super::call_real!(real, ptr, size, offset, handle, flags);
     }
     let _g = super::context::alloc_guard();
+    let st = proc_state();
+    let growth = st
+        .charges
+        .vmm_import_growth(handle, offset as u64, size as u64);
+    if let Some((gpu, bytes)) = growth {
+        if !gpu.reserve(bytes) {
+            tracing::debug!(
+                "cgpu: mapping {bytes} more bytes of an imported allocation refused: container would pass its quota on GPU {}",
+                gpu.visible_index
+            );
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
     let rc = super::call_real!(real, ptr, size, offset, handle, flags);
+    if let Some((gpu, bytes)) = growth {
+        let back = if rc == CUDA_SUCCESS {
+            st.charges
+                .vmm_import_grown(handle, (offset as u64).saturating_add(size as u64), bytes)
+        } else {
+            bytes
+        };
+        gpu.release(back);
+    }
     if rc == CUDA_SUCCESS {
-        proc_state().vmm_mapped(ptr, size as u64, handle);
+        st.charges.vmm_mapped(ptr, size as u64, handle);
+    }
+    rc
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const HANDLE_TYPE_POSIX_FD: CUmemAllocationHandleType = 1;
+
+/// The process a POSIX descriptor was exported by, as tagged at export
+/// (`F_SETOWN`, which travels with the open file description through
+/// `SCM_RIGHTS` and `pidfd_getfd`, as NCCL and PyTorch pass them); `None`
+/// when untagged (another open of the file, an exporter without cgpu).
+fn exporter_of(fd: i32) -> Option<u32> {
+    // SAFETY: F_GETOWN reads the owner of any descriptor; a bad one fails.
+    let owner = unsafe { libc::fcntl(fd, libc::F_GETOWN) };
+    u32::try_from(owner).ok().filter(|&p| p > 0)
+}
+
+/// `cuMemExportToShareableHandle`: the driver now keeps the allocation while
+/// the exported descriptor, or any handle imported from it in any process,
+/// exists; cgpu sees neither, so the exporter's charge is kept until it
+/// exits, whatever it releases and unmaps here. A POSIX descriptor is
+/// tagged with this process as its owner (`F_SETOWN`, unless it has one), so
+/// that an importer of the same container can tell it is charged already.
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_export_to_shareable_handle(
+    real: &RealFn<sig::cuMemExportToShareableHandle>,
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handle_type: CUmemAllocationHandleType,
+    flags: u64,
+) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, shareable, handle, handle_type, flags);
+    }
+    let _g = super::context::alloc_guard();
+    let rc = super::call_real!(real, shareable, handle, handle_type, flags);
+    if rc == CUDA_SUCCESS {
+        proc_state().charges.vmm_exported(handle);
+        if handle_type == HANDLE_TYPE_POSIX_FD && !shareable.is_null() {
+            // SAFETY: for a POSIX descriptor the out-parameter is an int,
+            // written by the driver on success.
+            let fd = unsafe { shareable.cast::<i32>().read_unaligned() };
+            if exporter_of(fd).is_none() {
+                // SAFETY: F_SETOWN on the descriptor the driver just made
+                // (no O_ASYNC is set on it, so no signal is ever sent).
+                unsafe { libc::fcntl(fd, libc::F_SETOWN, libc::getpid()) };
+            }
+        }
+    }
+    rc
+}
+
+/// `cuMemImportFromShareableHandle`: memory another process exported. This
+/// process keeps it alive on the device while it holds a handle or a
+/// mapping of it, so it is charged here too (the exporter's charge lasts
+/// until the exporter exits): an importer cannot keep memory past the
+/// exporter's life without its own quota holding it. Unless the descriptor
+/// was exported by a live process of this container (its `F_SETOWN` tag, a
+/// pid the GPU's ledger lists in this container): the container is charged
+/// once, by the exporter. The charge is taken
+/// when it is mapped, for the extent mapped (the driver reports no
+/// handle's size).
+///
+/// # Safety
+/// The driver's contract.
+pub unsafe fn mem_import_from_shareable_handle(
+    real: &RealFn<sig::cuMemImportFromShareableHandle>,
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    handle_type: CUmemAllocationHandleType,
+) -> CUresult {
+    if !crate::memory::tracking() {
+        return super::call_real!(real, handle, os_handle, handle_type);
+    }
+    let _g = super::context::alloc_guard();
+    let exporter = (handle_type == HANDLE_TYPE_POSIX_FD)
+        .then(|| exporter_of(os_handle as usize as i32))
+        .flatten();
+    let rc = super::call_real!(real, handle, os_handle, handle_type);
+    if rc != CUDA_SUCCESS || handle.is_null() {
+        return rc;
+    }
+    // SAFETY: the driver succeeded and wrote the handle.
+    let h = unsafe { out(handle) };
+    // SAFETY: all-zero is a valid value of this plain C struct.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    let dev = (super::call_real!(
+        super::real::cuMemGetAllocationPropertiesFromHandle,
+        &mut prop,
+        h
+    ) == CUDA_SUCCESS
+        && prop.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
+        .then_some(prop.location.id);
+    match dev.and_then(cuda_gpu) {
+        Some(gpu) if exporter.is_some_and(|pid| gpu.is_container_process(pid)) => {
+            tracing::debug!(
+                "cgpu: an allocation exported by pid {exporter:?} of this container: charged to it"
+            );
+        }
+        Some(gpu) => proc_state().charges.vmm_imported(h, gpu),
+        None => tracing::debug!(
+            "cgpu: an imported allocation on no tracked GPU ({dev:?}) is not charged"
+        ),
     }
     rc
 }
@@ -437,7 +651,7 @@ pub unsafe fn mem_unmap(real: &RealFn<sig::cuMemUnmap>, ptr: CUdeviceptr, size: 
     let _g = super::context::alloc_guard();
     let rc = super::call_real!(real, ptr, size);
     if rc == CUDA_SUCCESS {
-        proc_state().vmm_unmapped(ptr, size as u64);
+        proc_state().charges.vmm_unmapped(ptr, size as u64);
     }
     rc
 }
@@ -458,7 +672,7 @@ pub unsafe fn mem_retain_allocation_handle(
     let rc = super::call_real!(real, handle, addr);
     if rc == CUDA_SUCCESS && !handle.is_null() {
         // SAFETY: the driver succeeded and wrote the handle.
-        proc_state().vmm_retained(unsafe { out(handle) });
+        proc_state().charges.vmm_retained(unsafe { out(handle) });
     }
     rc
 }
@@ -549,7 +763,7 @@ pub unsafe fn mem_pool_create(
         };
         // SAFETY: the driver succeeded and wrote the pool handle.
         let h = unsafe { pool.read_unaligned() } as usize;
-        proc_state().pool_created(h, place);
+        proc_state().charges.pool_created(h, place);
     }
     rc
 }
@@ -562,7 +776,7 @@ unsafe fn device_pool(rc: CUresult, pool: *mut CUmemoryPool, dev: CUdevice) -> C
     if rc == CUDA_SUCCESS && !pool.is_null() && crate::memory::tracking() {
         // SAFETY: the driver succeeded and wrote the pool handle.
         let h = unsafe { pool.read_unaligned() } as usize;
-        proc_state().pool_created(h, PoolPlace::Device(dev));
+        proc_state().charges.pool_created(h, PoolPlace::Device(dev));
     }
     rc
 }
@@ -610,7 +824,7 @@ pub unsafe fn mem_pool_destroy(
     let _g = super::context::alloc_guard();
     let rc = super::call_real!(real, pool);
     if rc == CUDA_SUCCESS {
-        proc_state().pool_destroyed(pool as usize);
+        proc_state().charges.pool_destroyed(pool as usize);
     }
     rc
 }

@@ -9,7 +9,9 @@ use super::types::*;
 use crate::config;
 use crate::driver::RealFn;
 
-use crate::process::gpus::{nvml_handle_host_index as host_index, nvml_peek, nvml_visible};
+use crate::process::gpus::{
+    nvml_handle_host_index as host_index, nvml_peek, nvml_visible, nvml_visible_index,
+};
 
 fn filtering() -> bool {
     config::get().visible.is_some()
@@ -81,7 +83,7 @@ fn hide(rc: nvmlReturn_t, dev: *mut nvmlDevice_t) -> nvmlReturn_t {
     }
     // SAFETY: written by NVML on success.
     let h = unsafe { *dev };
-    let visible = host_index(h).is_some_and(|i| nvml_visible().is_ok_and(|v| v.contains(&i)));
+    let visible = host_index(h).is_some_and(|i| nvml_visible_index(i).is_some());
     if visible {
         rc
     } else {
@@ -128,10 +130,7 @@ pub unsafe fn device_get_index(
     }
     // SAFETY: written by NVML on success.
     let host = unsafe { *index };
-    match nvml_visible()
-        .ok()
-        .and_then(|v| v.iter().position(|&i| i == host))
-    {
+    match nvml_visible_index(host) {
         Some(p) => {
             // SAFETY: non-null out-parameter.
             unsafe { *index = p as u32 };

@@ -5,12 +5,15 @@
 //! Synchronise calls (`cuCtxSynchronize`, `cuStreamSynchronize`,
 //! `cuEventSynchronize`): passed through, counted so that the scheduler
 //! tells a holder that waits for its GPU work (busy) from one that does
-//! nothing (idle, handed over after a grace).
+//! nothing (idle, handed over after a grace), and when a context's or a
+//! stream's synchronise returns, knows the process's queue is empty (the
+//! GPU time until its next launch is not charged to it).
 
 use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
 use crate::scheduler::capture::CAPTURES;
+use crate::scheduler::Synced;
 
 /// `cuStreamBeginCapture` and `_ptsz` (CUDA 10.0: global mode).
 ///
@@ -80,8 +83,10 @@ pub unsafe fn end_capture(
 /// # Safety
 /// The driver's contract for `cuCtxSynchronize`.
 pub unsafe fn ctx_synchronize(real: &RealFn<sig::cuCtxSynchronize>) -> CUresult {
-    let _w = crate::scheduler::WaitingForGpu::new();
-    super::call_real!(real,)
+    let w = crate::scheduler::WaitingForGpu::new();
+    let rc = super::call_real!(real,);
+    w.returned(rc, Synced::Context);
+    rc
 }
 
 /// `cuStreamSynchronize` and `_ptsz`: counted as waiting for the GPU.
@@ -92,8 +97,10 @@ pub unsafe fn stream_synchronize(
     real: &RealFn<sig::cuStreamSynchronize>,
     stream: CUstream,
 ) -> CUresult {
-    let _w = crate::scheduler::WaitingForGpu::new();
-    super::call_real!(real, stream)
+    let w = crate::scheduler::WaitingForGpu::new();
+    let rc = super::call_real!(real, stream);
+    w.returned(rc, Synced::Stream(stream as usize));
+    rc
 }
 
 /// `cuEventSynchronize`: counted as waiting for the GPU.

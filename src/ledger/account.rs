@@ -15,6 +15,7 @@
 //! [`JOIN_WAIT`], then they are refused), never make the container pass its
 //! quota.
 use super::*;
+use crate::process::clock::monotonic_ns;
 use std::sync::atomic::{AtomicPtr, AtomicU8};
 
 /// Longest the first join on a GPU waits for the slot-table lock. A live
@@ -111,10 +112,6 @@ impl std::fmt::Debug for Account {
             .field("state", &self.state.load(Ordering::Relaxed))
             .finish()
     }
-}
-
-fn mono_ns() -> u64 {
-    now_ns(libc::CLOCK_MONOTONIC)
 }
 
 impl Account {
@@ -249,7 +246,7 @@ impl Account {
         let l: &Ledger = unsafe { &*p };
         let first = self.next_try_ns.load(Ordering::Relaxed) == 0;
         self.next_try_ns.store(
-            mono_ns() + RETRY_INTERVAL.as_nanos() as u64,
+            monotonic_ns() + RETRY_INTERVAL.as_nanos() as u64,
             Ordering::Relaxed,
         );
         let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -347,7 +344,7 @@ impl Account {
     /// In `Rejoin`: open the GPU's ledger again (a corrupt file is set
     /// aside and rebuilt), join it, re-register what this process holds.
     fn try_rejoin(&self) -> bool {
-        let now = mono_ns();
+        let now = monotonic_ns();
         if now < self.next_try_ns.load(Ordering::Relaxed) {
             return false;
         }
@@ -379,7 +376,7 @@ impl Account {
 
     /// While waiting: try again if the retry interval has passed.
     fn retry(&self) -> bool {
-        if mono_ns() < self.next_try_ns.load(Ordering::Relaxed) {
+        if monotonic_ns() < self.next_try_ns.load(Ordering::Relaxed) {
             return false;
         }
         self.try_join(Duration::ZERO)

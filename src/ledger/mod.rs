@@ -29,6 +29,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
+use crate::process::clock::realtime_ns;
+
 /// `b"CGPULEDG"` read as a little-endian u64.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"CGPULEDG");
 /// Bumped on any layout change (2: 128 container and 1024 process slots,
@@ -370,16 +372,10 @@ fn store_bytes<const N: usize>(field: &[AtomicU8; N], value: &[u8]) {
     }
 }
 
-/// The text up to the first NUL (lossy: bad UTF-8 shows as `�`).
-fn nul_string(bytes: &[u8]) -> String {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    String::from_utf8_lossy(&bytes[..end]).into_owned()
-}
-
 impl LedgerHeader {
     /// A copy of the GPU UUID.
     pub fn uuid_str(&self) -> String {
-        nul_string(&load_bytes(&self.uuid))
+        crate::process::cstr::text_lossy(&load_bytes(&self.uuid))
     }
     /// A copy of the raw UUID bytes.
     pub fn uuid_bytes(&self) -> [u8; UUID_LEN] {
@@ -395,7 +391,7 @@ impl ContainerSlot {
     /// A copy of the container id (lossy UTF-8). Stable while the slot is
     /// `SLOT_LIVE`: ids are only written while a slot is being claimed.
     pub fn id_str(&self) -> String {
-        nul_string(&load_bytes(&self.id))
+        crate::process::cstr::text_lossy(&load_bytes(&self.id))
     }
     /// A copy of the raw id bytes.
     pub fn id_bytes(&self) -> [u8; ID_LEN] {
@@ -531,18 +527,6 @@ pub const LEAVE_LOCK_WAIT: Duration = Duration::from_millis(100);
 
 /// Default minimum interval between two `maybe_reap` scans (all processes together).
 pub const REAP_INTERVAL: Duration = Duration::from_millis(200);
-
-fn now_ns(clock: libc::clockid_t) -> u64 {
-    // SAFETY: `ts` is a valid out-pointer for clock_gettime.
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; the clock ids used are always available on Linux.
-    unsafe { libc::clock_gettime(clock, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-pub(crate) fn realtime_ns() -> u64 {
-    now_ns(libc::CLOCK_REALTIME)
-}
 
 /// Bytes for people: `1.50 GiB`, `300.0 MiB`, `12 KiB`, `17 bytes`.
 pub fn human_bytes(b: u64) -> String {
@@ -1080,7 +1064,7 @@ impl Ledger {
     /// right now. Cheap enough for allocation and meminfo paths.
     pub fn maybe_reap(&self, min_interval: Duration) -> usize {
         let h = &self.file().header;
-        let now = now_ns(libc::CLOCK_MONOTONIC);
+        let now = crate::process::clock::monotonic_ns();
         let last = h.last_reap_ns.load(Ordering::Relaxed);
         let due = now < last || now - last >= min_interval.as_nanos() as u64;
         if !due

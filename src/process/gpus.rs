@@ -2,16 +2,18 @@
 //!
 //! - Visibility: `ALIYUN_COM_GPU_VISIBLE_DEVICES` lists the GPUs the
 //!   container sees, by host index or UUID; [`visible_list`] turns it into
-//!   host indices in container order, once for the CUDA driver
-//!   ([`cuda_visible`]) and once for NVML ([`nvml_visible`]), the same rule
-//!   for both. Container index i is the i-th listed GPU.
-//! - Identity: a GPU is its UUID (`GPU-…`); [`cuda_info`] and the NVML side
-//!   give UUID, host index, container index and physical total.
+//!   host indices in container order. Container index i is the i-th listed
+//!   GPU.
+//! - Identity: one table of the visible GPUs, container index ↔ UUID
+//!   (`GPU-…`) ↔ CUDA ordinal ↔ NVML index, whose CUDA and NVML columns are
+//!   filled by the same rule when each API is first asked
+//!   ([`cuda_visible`], [`nvml_visible`]); [`cuda_info`] and [`nvml_peek`]
+//!   read UUIDs from it.
 //! - Joining: [`cuda_gpu`] joins the GPU's ledger on first use and is only
 //!   for calls that use the GPU (allocate, create a context, launch);
 //!   [`cuda_view_quota`] and [`nvml_peek`] answer views without joining.
 
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 use std::sync::OnceLock;
 
 use super::real;
@@ -48,7 +50,79 @@ pub fn visible_list(
     (out, errors)
 }
 
-static CUDA_VISIBLE: OnceLock<Vec<u32>> = OnceLock::new();
+/// One API's column of the identity table: the visible GPUs in container
+/// order, as that API numbers them (CUDA ordinal, NVML index), with the
+/// UUID it reports for each.
+struct Column {
+    ordinals: Vec<u32>,
+    uuids: Vec<Option<String>>,
+}
+
+/// The GPU identity table: container index i ↔ UUID ↔ CUDA ordinal ↔ NVML
+/// index. Each API's column is filled the first time that API is asked
+/// (a process may use only one of them), by the one rule of
+/// [`visible_list`]; once both are there, a container index whose two
+/// UUIDs differ (CUDA and NVML number the GPUs differently and the list
+/// selects by index) is reported once.
+struct Table {
+    cuda: OnceLock<Column>,
+    nvml: OnceLock<Column>,
+}
+
+static TABLE: Table = Table {
+    cuda: OnceLock::new(),
+    nvml: OnceLock::new(),
+};
+
+impl Table {
+    /// The column of one API, built from its device count and UUIDs.
+    fn fill(
+        slot: &'static OnceLock<Column>,
+        count: u32,
+        uuid_of: &dyn Fn(u32) -> Option<String>,
+    ) -> &'static Column {
+        let cfg = config::get();
+        let (ordinals, errors) = visible_list(cfg.visible.as_deref(), count, uuid_of);
+        for e in errors {
+            tracing::error!("cgpu: ALIYUN_COM_GPU_VISIBLE_DEVICES names {e}, which is not a GPU of this host; ignored");
+        }
+        let uuids = ordinals.iter().map(|&o| uuid_of(o)).collect();
+        let col = slot.get_or_init(|| Column { ordinals, uuids });
+        TABLE.check_agreement();
+        col
+    }
+
+    fn check_agreement(&self) {
+        static REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let (Some(c), Some(n)) = (self.cuda.get(), self.nvml.get()) else {
+            return;
+        };
+        if !columns_agree(&c.uuids, &n.uuids)
+            && !REPORTED.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!(
+                "cgpu: CUDA and NVML disagree on the visible GPUs (CUDA {:?}, NVML {:?}): they number the GPUs differently; list them by UUID in ALIYUN_COM_GPU_VISIBLE_DEVICES",
+                c.uuids,
+                n.uuids
+            );
+        }
+    }
+
+    /// The UUID at container index `i` as `col` reports it.
+    fn uuid(col: &Column, i: usize) -> Option<String> {
+        col.uuids.get(i).cloned().flatten()
+    }
+}
+
+/// Do two columns name the same GPUs in the same container order? (A UUID
+/// an API could not report is not held against it.)
+fn columns_agree(a: &[Option<String>], b: &[Option<String>]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(a, b)| match (a, b) {
+            (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+            _ => true,
+        })
+}
 
 fn cuda_uuid(dev: CUdevice) -> Option<String> {
     let mut u = CUuuid::default();
@@ -60,18 +134,17 @@ fn cuda_uuid(dev: CUdevice) -> Option<String> {
     (rc == CUDA_SUCCESS).then(|| memory::format_uuid(&u.bytes))
 }
 
-/// The container-visible host ordinals (CUDA), or `Err` with the driver's
-/// code (e.g. `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`; not cached).
-pub fn cuda_visible() -> Result<&'static [u32], CUresult> {
-    if let Some(v) = CUDA_VISIBLE.get() {
-        return Ok(v);
+/// The CUDA column of the identity table, or `Err` with the driver's code
+/// (e.g. `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`; not cached).
+fn cuda_column() -> Result<&'static Column, CUresult> {
+    if let Some(c) = TABLE.cuda.get() {
+        return Ok(c);
     }
     let mut n: i32 = 0;
     let rc = crate::process::call_real!(real::cuDeviceGetCount, &mut n);
     if rc != CUDA_SUCCESS {
         return Err(rc);
     }
-    let cfg = config::get();
     let uuid_of = |i: u32| {
         let mut d: CUdevice = 0;
         if crate::process::call_real!(real::cuDeviceGet, &mut d, i as i32) != CUDA_SUCCESS {
@@ -79,11 +152,13 @@ pub fn cuda_visible() -> Result<&'static [u32], CUresult> {
         }
         cuda_uuid(d)
     };
-    let (list, errors) = visible_list(cfg.visible.as_deref(), n.max(0) as u32, &uuid_of);
-    for e in errors {
-        tracing::error!("cgpu: ALIYUN_COM_GPU_VISIBLE_DEVICES names {e}, which is not a GPU of this host; ignored");
-    }
-    Ok(CUDA_VISIBLE.get_or_init(|| list))
+    Ok(Table::fill(&TABLE.cuda, n.max(0) as u32, &uuid_of))
+}
+
+/// The container-visible host ordinals (CUDA), or `Err` with the driver's
+/// code (e.g. `CUDA_ERROR_NOT_INITIALIZED` before `cuInit`; not cached).
+pub fn cuda_visible() -> Result<&'static [u32], CUresult> {
+    cuda_column().map(|c| c.ordinals.as_slice())
 }
 
 /// The container-visible index of host device `dev` (CUDA), `None` if hidden.
@@ -96,7 +171,7 @@ pub fn cuda_visible_index(dev: CUdevice) -> Option<usize> {
 /// or unknown).
 pub fn cuda_info(dev: CUdevice) -> Option<GpuInfo> {
     let visible_index = cuda_visible_index(dev)?;
-    let uuid = cuda_uuid(dev)?;
+    let uuid = Table::uuid(cuda_column().ok()?, visible_index)?;
     let mut total: usize = 0;
     if crate::process::call_real!(real::cuDeviceTotalMem_v2, &mut total, dev) != CUDA_SUCCESS {
         return None;
@@ -168,8 +243,6 @@ fn filtering() -> bool {
     config::get().visible.is_some()
 }
 
-static NVML_VISIBLE: OnceLock<Vec<u32>> = OnceLock::new();
-
 fn nvml_uuid(h: nvmlDevice_t) -> Option<String> {
     let mut buf = [0 as c_char; 96];
     if crate::process::call_real!(
@@ -181,13 +254,8 @@ fn nvml_uuid(h: nvmlDevice_t) -> Option<String> {
     {
         return None;
     }
-    // SAFETY: NVML NUL-terminates within the buffer; we set the last byte anyway.
-    buf[95] = 0;
-    Some(
-        unsafe { CStr::from_ptr(buf.as_ptr()) }
-            .to_string_lossy()
-            .into_owned(),
-    )
+    let bytes = buf.map(|c| c as u8);
+    Some(super::cstr::text_lossy(&bytes))
 }
 
 fn nvml_handle(index: u32) -> Option<nvmlDevice_t> {
@@ -196,23 +264,28 @@ fn nvml_handle(index: u32) -> Option<nvmlDevice_t> {
         .then_some(h)
 }
 
-/// The container-visible host indices (NVML); `Err` = NVML's code (not cached).
-pub fn nvml_visible() -> Result<&'static [u32], nvmlReturn_t> {
-    if let Some(v) = NVML_VISIBLE.get() {
-        return Ok(v);
+/// The NVML column of the identity table; `Err` = NVML's code (not cached).
+fn nvml_column() -> Result<&'static Column, nvmlReturn_t> {
+    if let Some(c) = TABLE.nvml.get() {
+        return Ok(c);
     }
     let mut n = 0u32;
     let rc = crate::process::call_real!(real::nvmlDeviceGetCount_v2, &mut n);
     if rc != NVML_SUCCESS {
         return Err(rc);
     }
-    let cfg = config::get();
     let uuid_of = |i: u32| nvml_handle(i).and_then(nvml_uuid);
-    let (list, errors) = visible_list(cfg.visible.as_deref(), n, &uuid_of);
-    for e in errors {
-        tracing::error!("cgpu: ALIYUN_COM_GPU_VISIBLE_DEVICES names {e}, which is not a GPU of this host; ignored");
-    }
-    Ok(NVML_VISIBLE.get_or_init(|| list))
+    Ok(Table::fill(&TABLE.nvml, n, &uuid_of))
+}
+
+/// The container-visible host indices (NVML); `Err` = NVML's code (not cached).
+pub fn nvml_visible() -> Result<&'static [u32], nvmlReturn_t> {
+    nvml_column().map(|c| c.ordinals.as_slice())
+}
+
+/// The container index of the GPU NVML numbers `host`, `None` if hidden.
+pub fn nvml_visible_index(host: u32) -> Option<usize> {
+    nvml_visible().ok()?.iter().position(|&i| i == host)
 }
 
 /// The host index of the GPU behind NVML handle `h`.
@@ -229,12 +302,12 @@ pub(crate) fn nvml_peek(h: nvmlDevice_t) -> Option<Peek> {
     if !crate::memory::tracking() {
         return None;
     }
-    let uuid = nvml_uuid(h)?;
+    let host = nvml_handle_host_index(h)?;
+    let visible_index = nvml_visible_index(host)?;
+    let uuid = Table::uuid(nvml_column().ok()?, visible_index)?;
     if let Some(g) = memory::proc_state().gpu_by_uuid(&uuid) {
         return Some(g.peek());
     }
-    let host = nvml_handle_host_index(h)?;
-    let visible_index = nvml_visible().ok()?.iter().position(|&i| i == host)?;
     let mut m = nvmlMemory_t::default();
     if crate::process::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) != NVML_SUCCESS {
         return None;
@@ -261,5 +334,24 @@ mod tests {
         let (l, e) = visible_list(Some(&sels), 3, &uuid);
         assert_eq!(l, vec![1]);
         assert_eq!(e.len(), 1);
+    }
+
+    #[test]
+    fn columns_agree_on_uuids_in_order() {
+        let c = |v: &[&str]| -> Vec<Option<String>> {
+            v.iter()
+                .map(|s| (!s.is_empty()).then(|| s.to_string()))
+                .collect()
+        };
+        assert!(columns_agree(
+            &c(&["GPU-a", "GPU-b"]),
+            &c(&["gpu-A", "GPU-b"])
+        ));
+        assert!(columns_agree(&c(&["GPU-a", ""]), &c(&["GPU-a", "GPU-b"])));
+        assert!(!columns_agree(
+            &c(&["GPU-a", "GPU-b"]),
+            &c(&["GPU-b", "GPU-a"])
+        ));
+        assert!(!columns_agree(&c(&["GPU-a"]), &c(&["GPU-a", "GPU-b"])));
     }
 }

@@ -9,16 +9,19 @@
 //!   UUID, host CUDA ordinal, NVML index, for the CUDA and the NVML hooks)
 //!   and lazy joining (a GPU is joined when the process allocates, creates
 //!   a context or launches there; asking about it never joins);
+//! - [`clock`]: the one clock (monotonic and wall time); [`cstr`]: text
+//!   in fixed C buffers;
 //! - [`fork`]: the fork generation (bumped in a forked child; caches made
 //!   before a fork check it);
+//! - [`charges`]: which object owns each memory charge (context, pool,
+//!   device, handle, mapping, graph pool) and what gives it back; the
+//!   accounting against the ledger (`crate::memory::Gpu`) is done by
+//!   `crate::memory`;
 //! - [`types`]: the C types of the declaration list.
 //!
-//! Which object owns each memory charge (context, pool, device, handle,
-//! mapping) is kept by `crate::memory` (`Owner`, the VMM table).
-//!
-//! Lock order: `memory`'s measurement lock (context creation) before its
-//! bookkeeping locks (allocations, VMM, pools); none is held while calling a
-//! hook; the ledger's locks are taken last.
+//! Lock order: the measurement lock (`hooks::context`: context creation and
+//! limits) before the charges' locks (allocations, VMM, pools); none is
+//! held while calling a hook; the ledger's locks are taken last.
 
 /// Call the real function or return the loader's code for a missing one.
 macro_rules! call_real {
@@ -33,6 +36,9 @@ macro_rules! call_real {
 }
 pub(crate) use call_real;
 
+pub mod charges;
+pub mod clock;
+pub mod cstr;
 pub mod driver;
 pub mod fork;
 pub mod gpus;

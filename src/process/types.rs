@@ -32,3 +32,11 @@ pub type CUDA_GRAPH_INSTANTIATE_PARAMS = c_void;
 pub type CUgraphNodeType = u32;
 /// `CUgraphMem_attribute` (a C enum).
 pub type CUgraphMem_attribute = u32;
+/// `CUstreamCaptureStatus` (a C enum).
+pub type CUstreamCaptureStatus = u32;
+/// `CU_STREAM_CAPTURE_STATUS_ACTIVE`: the stream is being captured.
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus = 1;
+/// `CUmemAllocationHandleType` (a C enum).
+pub type CUmemAllocationHandleType = u32;
+/// `CUlimit` (a C enum).
+pub type CUlimit = u32;

@@ -46,6 +46,9 @@ pub struct Entry {
     pub highprio: bool,
     /// A thread of it waits to launch.
     pub wants: bool,
+    /// It ran work beside the holder since the last decision (it has GPU
+    /// work now, though no thread of it waits).
+    pub guest: bool,
     /// Its bucket, ns.
     pub tokens: i64,
     /// Estimated GPU ns per launch (0 = unknown).
@@ -82,7 +85,7 @@ pub fn decide(
             live: e.live,
             weight: e.weight,
             highprio: e.highprio,
-            active: e.wants || holder == Some(i),
+            active: e.wants || e.guest || holder == Some(i),
         };
     }
     let ms = &ms[..es.len()];
@@ -185,6 +188,7 @@ mod tests {
             weight,
             highprio: false,
             wants: true,
+            guest: false,
             tokens: 0,
             ns_per_launch: 0,
         }

@@ -60,6 +60,14 @@ pub const DRAIN_LIMIT_NS: u64 = 2_000_000_000;
 const MAX_BUDGET_NS: u64 = 8 * SLICE_NS;
 /// A decision older than this (its maker died or froze) is taken over.
 pub const DECIDE_LIMIT_NS: u64 = 500_000_000;
+/// Launches a guest may have queued before its work is seen done (a
+/// synchronise that returns): beyond them it waits for its turn.
+pub const GUEST_MAX: u32 = 2;
+/// A container whose last slice used more than this is busy: not a guest.
+pub const GUEST_SLICE_NS: u64 = SLICE_NS / 4;
+/// A container may run beside the holder while its recent use of the GPU
+/// is below this fraction of its share.
+pub const GUEST_BELOW: f64 = 0.75;
 /// Longest single sleep of any waiter: every wait re-checks the world.
 const MAX_SLEEP_NS: u64 = 50_000_000;
 
@@ -94,6 +102,46 @@ pub struct Gate {
     undrained: AtomicU64,
     pub(crate) stop: AtomicBool,
     warned_weight0: AtomicBool,
+    /// The stream this process launched on since its work was last seen
+    /// done ([`NO_STREAM`]: none; [`MIXED`]: several), so that a
+    /// `cuStreamSynchronize` of that stream tells its queue is empty.
+    last_stream: AtomicUsize,
+    /// When this process's work as a guest (beside another container's
+    /// slice) began, 0 = none queued; and how many launches it made.
+    guest_since: AtomicU64,
+    guest_launches: AtomicU32,
+}
+
+/// A stream as launched on by the calling thread: the handle mixed with the
+/// thread (the per-thread default stream has the same handle in every
+/// thread), so that a stream's synchronise tells the queue is empty only
+/// when one thread launched on that one stream.
+#[inline]
+fn launch_key(stream: usize) -> usize {
+    let thread = SEEN.with(|c| c as *const Cell<u64> as usize);
+    stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ thread
+}
+
+/// [`Gate::last_stream`]: no launch since the work was last seen done.
+const NO_STREAM: usize = usize::MAX;
+/// [`Gate::last_stream`]: launches on several streams.
+const MIXED: usize = usize::MAX - 1;
+
+/// What a synchronise call waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synced {
+    /// `cuCtxSynchronize`: every stream of the current context.
+    Context,
+    /// `cuStreamSynchronize` of this stream.
+    Stream(usize),
+}
+
+/// What a synchronise call saw when it began (see [`Gate::sync_began`]).
+#[derive(Clone, Copy, Debug)]
+pub struct SyncStart {
+    token: u64,
+    launches: u64,
+    guests: u32,
 }
 
 impl Gate {
@@ -115,6 +163,9 @@ impl Gate {
             undrained: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             warned_weight0: AtomicBool::new(false),
+            last_stream: AtomicUsize::new(NO_STREAM),
+            guest_since: AtomicU64::new(0),
+            guest_launches: AtomicU32::new(0),
         }
     }
 
@@ -184,6 +235,7 @@ impl Gate {
         } else {
             // Saturating: a call that began before this gate existed.
             let _ = w.fetch_update(AcqRel, Acquire, |n| n.checked_sub(1));
+            self.c(cw::SYNC_AT).store(now_ns(), Release);
         }
     }
 
@@ -206,6 +258,23 @@ impl Gate {
         })
     }
 
+    /// Is container `h` busy with its GPU work: a process of it that
+    /// answers is inside a synchronise call, or one returned within the
+    /// idle grace?
+    fn holder_active(&self, h: usize, now: u64) -> bool {
+        let f = self.file();
+        let at = f.containers[h].sched[cw::SYNC_AT].load(Acquire);
+        if at <= now && now - at < IDLE_GRACE_NS {
+            return true;
+        }
+        f.processes.iter().enumerate().any(|(p, ps)| {
+            ps.state.load(Acquire) == SLOT_LIVE
+                && ps.container.load(Acquire) as usize == h
+                && ps.sched_in_sync.load(Acquire) > 0
+                && self.answers(p, now)
+        })
+    }
+
     /// Write one beat now (before the process can appear in any set).
     pub(crate) fn beat(&self) {
         self.file().processes[self.process]
@@ -223,8 +292,9 @@ impl Gate {
     }
 
     /// Fast path: true = admitted (the caller must call [`Gate::done`]).
+    /// `stream` is the launch's stream (for the holder's idle accounting).
     #[inline]
-    pub fn admit(&self) -> bool {
+    pub fn admit(&self, stream: usize) -> bool {
         self.in_launch.fetch_add(1, SeqCst);
         let w = self.token().load(SeqCst);
         if (w >> 32) as u32 == self.running_hi
@@ -232,10 +302,98 @@ impl Gate {
             && self.c(cw::SLICE_LAUNCHES).fetch_add(1, Relaxed)
                 < self.g(gw::SLICE_ALLOW).load(Relaxed)
         {
+            self.note_launch(stream);
             return true;
         }
         self.in_launch.fetch_sub(1, SeqCst);
-        self.admit_slow()
+        let admitted = self.admit_slow();
+        if admitted {
+            self.note_launch(stream);
+        }
+        admitted
+    }
+
+    /// An admitted launch on `stream`: two loads when nothing changed (the
+    /// same stream as before, work already queued).
+    #[inline]
+    fn note_launch(&self, stream: usize) {
+        let key = launch_key(stream);
+        let last = self.last_stream.load(Relaxed);
+        if last != key && last != MIXED {
+            self.last_stream
+                .store(if last == NO_STREAM { key } else { MIXED }, Relaxed);
+        }
+        if self.c(cw::EMPTY_SINCE).load(Relaxed) != 0 {
+            self.close_gap();
+        }
+    }
+
+    /// The holder launches again after its work was seen done: the GPU was
+    /// idle for it since then; count that time as not used.
+    #[cold]
+    #[inline(never)]
+    fn close_gap(&self) {
+        let since = self.c(cw::EMPTY_SINCE).swap(0, AcqRel);
+        let now = now_ns();
+        if since != 0 && since >= self.g(gw::SLICE_START).load(Acquire) && now > since {
+            self.c(cw::IDLE_NS).fetch_add(now - since, AcqRel);
+        }
+    }
+
+    /// A synchronise call of a thread of this process begins.
+    pub fn sync_began(&self) -> SyncStart {
+        SyncStart {
+            token: self.token().load(SeqCst),
+            launches: self.c(cw::SLICE_LAUNCHES).load(SeqCst),
+            guests: self.guest_launches.load(SeqCst),
+        }
+    }
+
+    /// A synchronise call that began at `b` returned `rc` after waiting for
+    /// `what`. When it succeeded, this process's queue is then empty (a
+    /// context, or the only stream it launched on), no launch of its
+    /// container was admitted meanwhile and no other process of it launched
+    /// in this slice, the GPU is idle for the holder from now until its
+    /// next launch: that time is not charged to it.
+    pub fn sync_returned(&self, b: SyncStart, rc: CUresult, what: Synced) {
+        if rc != 0 {
+            return;
+        }
+        let empty = match what {
+            Synced::Context => true,
+            Synced::Stream(s) => self.last_stream.load(Relaxed) == launch_key(s),
+        };
+        if !empty {
+            return;
+        }
+        self.last_stream.store(NO_STREAM, Relaxed);
+        if self.guest_since.load(Acquire) != 0
+            && self.in_launch.load(SeqCst) == 0
+            && self.guest_launches.load(SeqCst) == b.guests
+        {
+            // Its work as a guest is done: charge it.
+            self.guest_done(now_ns(), u64::MAX);
+        }
+        let t = Token::unpack(b.token);
+        let alone = (0..cw::SET_WORDS).all(|wi| {
+            let bits = self.c(cw::DRAIN + wi).load(Acquire);
+            if wi == self.process / 64 {
+                bits & !(1u64 << (self.process % 64)) == 0
+            } else {
+                bits == 0
+            }
+        });
+        if t.state == RUNNING
+            && t.holder == Some(self.container)
+            && alone
+            && self.in_launch.load(SeqCst) == 0
+            && self.c(cw::SLICE_LAUNCHES).load(SeqCst) == b.launches
+            && self.token().load(SeqCst) == b.token
+        {
+            let _ = self
+                .c(cw::EMPTY_SINCE)
+                .compare_exchange(0, now_ns(), AcqRel, Acquire);
+        }
     }
 
     /// After the real launch returned.
@@ -250,6 +408,9 @@ impl Gate {
     #[inline(never)]
     fn admit_slow(&self) -> bool {
         let mut waited_since: Option<u64> = None;
+        // A process that drives several GPUs and waits for its turn on this
+        // one is not idle on the others it holds (see `mark_busy`).
+        let mut others_marked: Option<super::GateMask> = None;
         let mut watch = Watch::default();
         let admitted = loop {
             let k = self.knobs();
@@ -273,10 +434,15 @@ impl Gate {
                     Enter::Retry => continue,
                     Enter::Wait => {}
                 }
+            } else if t.holder != Some(self.container) && self.guest(t, &k) {
+                break true;
             }
             let now = now_ns();
             if waited_since.is_none() {
                 waited_since = Some(now);
+                if super::MULTI.load(Acquire) {
+                    others_marked = Some(super::mark_busy(self, true));
+                }
                 self.want(true);
                 // Tell the holder's helpers someone waits (idle hand-over).
                 futex_wake(self.token());
@@ -297,6 +463,9 @@ impl Gate {
                 futex_wait(self.token(), w as u32, timeout);
             }
         };
+        if let Some(m) = others_marked {
+            super::unmark_busy(m);
+        }
         if let Some(s) = waited_since {
             self.want(false);
             self.c(cw::THROTTLED_NS)
@@ -319,6 +488,17 @@ impl Gate {
             return Enter::Retry;
         }
         if SEEN.with(|s| s.get()) != key {
+            if self.guest_since.load(Acquire) != 0 {
+                // Guest work not seen done before its own slice: charge at
+                // most its launches at its measured ns per launch.
+                // (Unmeasured yet: the time since, at most a slice.)
+                let est = match self.c(cw::NS_PER_LAUNCH).load(Relaxed) {
+                    0 => SLICE_NS,
+                    e => e.min(SLICE_NS),
+                };
+                let n = u64::from(self.guest_launches.load(Acquire));
+                self.guest_done(now_ns(), est.saturating_mul(n));
+            }
             // The DRAINING state that follows this RUNNING one has seq + 1.
             self.undrained
                 .store(1 << 32 | t.seq.wrapping_add(1) as u64, SeqCst);
@@ -333,6 +513,122 @@ impl Gate {
         self.in_launch.fetch_sub(1, SeqCst);
         self.end_slice(t);
         Enter::Wait
+    }
+
+    /// Run beside the holder of slice `t` (another container, running or
+    /// draining) as a guest: when this container is high-priority and light (its last slice,
+    /// if any, used at most [`GUEST_SLICE_NS`], and its recent use of the
+    /// GPU is under [`GUEST_BELOW`] of its share) and
+    /// this process has fewer than [`GUEST_MAX`] guest launches whose work
+    /// is not seen done. The GPU's
+    /// own time-slicing then serves it beside the holder (a request waits
+    /// about a GPU timeslice, not a slice and a drain); it is charged the
+    /// time from its first guest launch until a synchronise sees its work
+    /// done (its work and the wait for the GPU: more than it used). True =
+    /// admitted (the caller launches and calls [`Gate::done`]).
+    fn guest(&self, t: Token, k: &Knobs) -> bool {
+        let Some(h) = t.holder_slot() else {
+            return false;
+        };
+        if !matches!(t.state, RUNNING | DRAINING)
+            || k.native()
+            || self.slot(self.container).highprio.load(Relaxed) == 0
+            || h == self.container
+            || self.slot(self.container).weight.load(Relaxed) == 0
+            || self.guest_launches.load(Acquire) >= GUEST_MAX
+        {
+            return false;
+        }
+        let now = now_ns();
+        if self.c(cw::LAST_SLICE_NS).load(Acquire) > GUEST_SLICE_NS {
+            return false;
+        }
+        let share = self.share(self.container, k);
+        if !(share > 0.0 && self.recent_rate(now, share) < GUEST_BELOW * share) {
+            return false;
+        }
+        self.in_launch.fetch_add(1, SeqCst);
+        if self.token().load(SeqCst) != t.pack() {
+            self.in_launch.fetch_sub(1, SeqCst);
+            return false;
+        }
+        let _ = self.guest_since.compare_exchange(0, now, AcqRel, Acquire);
+        self.guest_launches.fetch_add(1, AcqRel);
+        true
+    }
+
+    /// This process's guest work is done (or its own slice began): charge
+    /// its container the time since its first guest launch, at most `cap`.
+    fn guest_done(&self, now: u64, cap: u64) {
+        let since = self.guest_since.swap(0, AcqRel);
+        self.guest_launches.store(0, Release);
+        if since == 0 || since > now {
+            return;
+        }
+        let ns = (now - since).min(cap).min(SLICE_NS);
+        self.c(cw::GPU_NS).fetch_add(ns, Relaxed);
+        self.c(cw::GUEST_NS).fetch_add(ns, AcqRel);
+        self.g(gw::BUSY_NS).fetch_add(ns, Relaxed);
+        self.file().processes[self.process]
+            .gpu_time_ns
+            .fetch_add(ns, Relaxed);
+    }
+
+    /// Container `c`'s share with every live container counted as busy
+    /// (what the tools show as its limit), 0..=1.
+    fn share(&self, c: usize, k: &Knobs) -> f64 {
+        let mut ms = [super::policy::Member::default(); MAX_CONTAINERS];
+        for (m, s) in ms.iter_mut().zip(self.file().containers.iter()) {
+            let live = s.state.load(Acquire) == SLOT_LIVE && s.nprocs.load(Acquire) > 0;
+            *m = super::policy::Member {
+                live,
+                weight: s.weight.load(Acquire),
+                highprio: s.highprio.load(Acquire) != 0,
+                active: live,
+            };
+        }
+        let mut rate = [0.0f64; MAX_CONTAINERS];
+        super::policy::shares(k, &ms, &mut rate);
+        rate[c]
+    }
+
+    /// My container's recent use of the GPU (charged ns per ns, averaged
+    /// over about a second, updated every 100 ms; `share` stands in for a
+    /// corrupt word).
+    fn recent_rate(&self, now: u64, share: f64) -> f64 {
+        let cs = &self.slot(self.container).sched;
+        let at = cs[cw::RATE_AT].load(Acquire);
+        let used = cs[cw::GPU_NS].load(Acquire);
+        if at == 0 || at > now {
+            // Not measured yet (or a corrupt time): start now, from nothing
+            // (a newcomer has used nothing; a busy one is held to
+            // `GUEST_MAX` launches and soon measured).
+            if cs[cw::RATE_AT]
+                .compare_exchange(at, now, AcqRel, Acquire)
+                .is_ok()
+            {
+                cs[cw::RATE_NS].store(used, Release);
+                cs[cw::RATE].store(0f64.to_bits(), Release);
+            }
+            return 0.0;
+        }
+        let mut rate = f64::from_bits(cs[cw::RATE].load(Acquire));
+        if !(rate.is_finite() && rate >= 0.0) {
+            rate = share;
+        }
+        let dt = now - at;
+        if dt >= 100_000_000
+            && cs[cw::RATE_AT]
+                .compare_exchange(at, now, AcqRel, Acquire)
+                .is_ok()
+        {
+            let base = cs[cw::RATE_NS].swap(used, AcqRel);
+            let inst = used.saturating_sub(base) as f64 / dt as f64;
+            let a = (dt as f64 / 1e9).min(1.0);
+            rate = rate * (1.0 - a) + inst.min(1.0) * a;
+            cs[cw::RATE].store(rate.to_bits(), Release);
+        }
+        rate
     }
 
     fn register_ctx(&self) {
@@ -536,6 +832,22 @@ impl Gate {
         }
     }
 
+    /// Time of the slice that began at `start` during which its holder (one
+    /// process: `drained` processes launched in it) had no work queued,
+    /// up to `now`; taken out of the words (0 for several processes: one's
+    /// idle time may be another's busy time).
+    fn unused(cs: &[AtomicU64], start: u64, now: u64, drained: u64) -> u64 {
+        let since = cs[cw::EMPTY_SINCE].swap(0, AcqRel);
+        let mut idle = cs[cw::IDLE_NS].swap(0, AcqRel);
+        if drained > 1 {
+            return 0;
+        }
+        if since != 0 && since >= start && now > since {
+            idle = idle.saturating_add(now - since);
+        }
+        idle.min(now.saturating_sub(start))
+    }
+
     /// Take the DECIDING state from exactly `t` (DRAINING, IDLE or a stale
     /// DECIDING), charge the holder, choose the next one.
     pub(crate) fn try_decide(&self, t: Token) -> Option<Token> {
@@ -551,16 +863,21 @@ impl Gate {
         self.g(gw::STATE_SINCE).store(now, Release);
         let f = self.file();
         let mut charge = None;
+        let mut unused = 0;
         if t.state == DRAINING {
             if let Some(h) = t.holder_slot() {
-                // Exclusive time: slice start to drained. (An idle holder's
-                // last grace is charged too: its queued work may have run
-                // through it, and nothing here can tell.)
-                let held = now.saturating_sub(self.g(gw::SLICE_START).load(Acquire));
+                // Exclusive time: slice start to drained, less the time a
+                // holder of one process had no work queued (between a
+                // synchronise that returned and its next launch, or from
+                // the grant to its first launch).
+                let start = self.g(gw::SLICE_START).load(Acquire);
                 let cs = &f.containers[h].sched;
+                unused = Self::unused(cs, start, now, self.g(gw::DRAIN_COUNT).load(Acquire));
+                let held = now.saturating_sub(start).saturating_sub(unused);
                 let allow = self.g(gw::SLICE_ALLOW).load(Acquire);
                 let launches = cs[cw::SLICE_LAUNCHES].load(Acquire).min(allow);
                 cs[cw::GPU_NS].fetch_add(held, Relaxed);
+                cs[cw::LAST_SLICE_NS].store(held.max(1), Relaxed);
                 cs[cw::LAUNCHES].fetch_add(launches, Relaxed);
                 let est = update_estimate(cs[cw::NS_PER_LAUNCH].load(Relaxed), held, launches);
                 cs[cw::NS_PER_LAUNCH].store(est, Relaxed);
@@ -573,6 +890,9 @@ impl Gate {
             let live = s.state.load(Acquire) == SLOT_LIVE && s.nprocs.load(Acquire) > 0;
             // Work seen to have run after its drain was given up on.
             let owed = s.sched[cw::OWED_NS].swap(0, AcqRel).min(1_000_000_000);
+            // Work it ran as a guest beside the slices (already counted in
+            // its GPU time).
+            let guest = s.sched[cw::GUEST_NS].swap(0, AcqRel).min(1_000_000_000);
             if owed > 0 {
                 s.sched[cw::GPU_NS].fetch_add(owed, Relaxed);
                 self.g(gw::BUSY_NS).fetch_add(owed, Relaxed);
@@ -582,13 +902,30 @@ impl Gate {
                 weight: s.weight.load(Acquire),
                 highprio: s.highprio.load(Acquire) != 0,
                 wants: live && !self.prune(cw::WANT, i),
-                tokens: (s.sched[cw::TOKENS].load(Acquire) as i64).saturating_sub(owed as i64),
+                guest: live && guest > 0,
+                tokens: (s.sched[cw::TOKENS].load(Acquire) as i64)
+                    .saturating_sub(owed as i64)
+                    .saturating_sub(guest as i64),
                 ns_per_launch: s.sched[cw::NS_PER_LAUNCH].load(Relaxed),
             };
+        }
+        if let Some((h, _)) = charge {
+            // A holder busy with its own results (inside a synchronise, or
+            // one that just returned) launches again in a moment: it may
+            // keep the GPU if its credit says so (else a job that is never
+            // waiting in the launch hook when its slice ends could never
+            // take two slices in a row, and its credit beyond the cap
+            // would be lost).
+            es[h].wants |= es[h].live && self.holder_active(h, now);
         }
         let k = self.knobs();
         let last = self.g(gw::LAST_REFILL).load(Acquire);
         let last = if last == 0 { now } else { last };
+        // Time the holder held the GPU and left unused is charged to nobody
+        // and earns nobody credit: buckets refill for the time used (else
+        // every bucket grows by the idle time, and the cap clips the large
+        // shares first).
+        let last = last.saturating_add(unused).min(now);
         let d = decide(&k, now, last, charge, &mut es);
         for (i, s) in f.containers.iter().enumerate() {
             s.sched[cw::TOKENS].store(es[i].tokens as u64, Release);
@@ -604,6 +941,7 @@ impl Gate {
             } => {
                 let cs = &f.containers[c].sched;
                 cs[cw::SLICE_LAUNCHES].store(0, SeqCst);
+                cs[cw::IDLE_NS].store(0, SeqCst);
                 for i in 0..cw::SET_WORDS {
                     cs[cw::DRAIN + i].store(0, SeqCst);
                 }
@@ -611,7 +949,12 @@ impl Gate {
                 self.g(gw::SLICES).fetch_add(1, Relaxed);
                 self.g(gw::SLICE_BUDGET).store(budget_ns, Release);
                 self.g(gw::SLICE_ALLOW).store(allow, Release);
-                self.g(gw::SLICE_START).store(now_ns(), Release);
+                // Its work was drained at its last hand-over and it could
+                // launch none since: the GPU is idle for it until its first
+                // launch (a thread waking up), not charged to it.
+                let start = now_ns();
+                cs[cw::EMPTY_SINCE].store(start, SeqCst);
+                self.g(gw::SLICE_START).store(start, Release);
                 mine.next(RUNNING, Some(c), None)
             }
             Decision::Idle { until } => {
@@ -675,7 +1018,7 @@ impl Gate {
                     if others {
                         // Others wait: give the GPU up as soon as my
                         // container stops launching and waits for nothing.
-                        if watch.idle(t, self.c(cw::SLICE_LAUNCHES), now)
+                        if watch.idle(t, self.slot(self.container), now)
                             && !self.holder_busy(self.container)
                         {
                             self.end_slice(t);
@@ -694,9 +1037,7 @@ impl Gate {
                 if self.waiting.load(Acquire) > 0
                     && self.slot(self.container).weight.load(Relaxed) > 0
                 {
-                    if watch.idle(t, &self.slot(h).sched[cw::SLICE_LAUNCHES], now)
-                        && !self.holder_busy(h)
-                    {
+                    if watch.idle(t, self.slot(h), now) && !self.holder_busy(h) {
                         self.end_slice(t);
                         continue;
                     }
@@ -796,7 +1137,20 @@ impl Gate {
                 .g(gw::DRAIN_COUNT)
                 .load(Acquire)
                 .clamp(1, MAX_PROCESSES as u64);
-            let held = now_ns().saturating_sub(self.g(gw::SLICE_START).load(Acquire));
+            let now = now_ns();
+            let start = self.g(gw::SLICE_START).load(Acquire);
+            let mut held = now.saturating_sub(start);
+            if n == 1 {
+                // Alone in the slice: less its unused time, as its
+                // container is charged (the words are left for the decision).
+                let since = self.c(cw::EMPTY_SINCE).load(Acquire);
+                let open = if since >= start && now > since && since != 0 {
+                    now - since
+                } else {
+                    0
+                };
+                held = held.saturating_sub(self.c(cw::IDLE_NS).load(Acquire).saturating_add(open));
+            }
             self.file().processes[self.process]
                 .gpu_time_ns
                 .fetch_add(held.min(MAX_BUDGET_NS + DRAIN_LIMIT_NS) / n, Relaxed);
@@ -882,10 +1236,15 @@ struct Watch {
 }
 
 impl Watch {
-    /// The holder of RUNNING slice `t` has made no launch (its counter
-    /// `launches` unchanged) for the idle grace.
-    fn idle(&mut self, t: Token, launches: &AtomicU64, now: u64) -> bool {
-        let cnt = launches.load(Relaxed);
+    /// The holder `h` of RUNNING slice `t` has made no launch and had no
+    /// synchronise call return (its counters unchanged) for the idle grace.
+    /// (Counting from its last launch alone, a training loop that waits
+    /// 2 ms for its kernels and then spends 0.3 ms on the host looked idle
+    /// in every host gap, and lost its slice after two kernels.)
+    fn idle(&mut self, t: Token, h: &ContainerSlot, now: u64) -> bool {
+        let cnt = h.sched[cw::SLICE_LAUNCHES]
+            .load(Relaxed)
+            .wrapping_add(h.sched[cw::SYNC_AT].load(Acquire));
         if self.seq != Some(t.seq) || self.count != cnt {
             *self = Watch {
                 seq: Some(t.seq),

@@ -22,7 +22,7 @@ mod sys;
 pub mod words;
 
 pub use decide::{allowance, Params, SLICE_NS};
-pub use gate::{CUcontext, DriverOps, Gate};
+pub use gate::{CUcontext, DriverOps, Gate, Synced};
 
 use crate::ledger::{ContainerSlot, Ledger, LedgerFile, Membership, MAX_CONTAINERS, SLOT_LIVE};
 use cgpu_ffi::CUresult;
@@ -65,7 +65,7 @@ thread_local! {
 /// (a few atomics, no lock, no allocation); otherwise blocks the calling
 /// thread until it may launch.
 #[inline]
-pub fn admit_launch(_stream: Stream) {
+pub fn admit_launch(stream: Stream) {
     let mut g = GATE.load(Acquire) as *const Gate;
     if g.is_null() {
         g = gate_slow();
@@ -74,7 +74,7 @@ pub fn admit_launch(_stream: Stream) {
         }
     }
     // SAFETY: a gate, once published, is never freed (leaked on attach).
-    if unsafe { &*g }.admit() {
+    if unsafe { &*g }.admit(stream as usize) {
         ADMITTED.with(|a| {
             let (old, n) = a.get();
             if n > 0 && old != g {
@@ -294,25 +294,47 @@ fn each_gate(mut f: impl FnMut(&Gate)) {
 }
 
 /// A thread of this process inside a synchronise call, while it lives: the
-/// scheduler counts the process as waiting for its GPU work on the gate of
-/// its current context's device (a holder that waits for its work is not
-/// idle). Atomics only (a process that sees several GPUs also asks the real
-/// driver for the current context); a no-op when not scheduling.
-pub struct WaitingForGpu(*const Gate);
+/// scheduler counts the process as waiting for its GPU work (a holder that
+/// waits for its work is not idle). A process that sees one GPU counts it on
+/// its gate. A process that drives several GPUs counts it on every one of
+/// its gates: a thread that synchronises GPU 0 is about to launch on GPU 1
+/// again (it queued work there too), so its slice on GPU 1 must not be
+/// handed over as idle meanwhile. Atomics only; a no-op when not
+/// scheduling.
+pub struct WaitingForGpu {
+    marked: GateMask,
+    /// The gate of the current context's device, and what it saw when the
+    /// call began (null: not scheduling).
+    own: *const Gate,
+    began: Option<gate::SyncStart>,
+}
 
 impl WaitingForGpu {
     #[inline]
     pub fn new() -> WaitingForGpu {
-        let g = if MULTI.load(Acquire) {
-            gate_of_current_context()
+        let (marked, own) = if MULTI.load(Acquire) {
+            (mark_busy(std::ptr::null(), true), gate_of_current_context())
         } else {
-            GATE.load(Acquire) as *const Gate
+            let g = GATE.load(Acquire) as *const Gate;
+            if !g.is_null() {
+                // SAFETY: a gate, once published, is never freed (leaked on attach).
+                unsafe { &*g }.in_sync(true);
+            }
+            (GateMask::One(g), g)
         };
-        if !g.is_null() {
-            // SAFETY: a gate, once published, is never freed (leaked on attach).
-            unsafe { &*g }.in_sync(true);
+        // SAFETY: as above.
+        let began = (!own.is_null()).then(|| unsafe { &*own }.sync_began());
+        WaitingForGpu { marked, own, began }
+    }
+
+    /// The synchronise call returned `rc` after waiting for `what` (its
+    /// process's work may then be known done: see `Gate::sync_returned`).
+    #[inline]
+    pub fn returned(&self, rc: CUresult, what: Synced) {
+        if let Some(b) = self.began {
+            // SAFETY: as in `new`.
+            unsafe { &*self.own }.sync_returned(b, rc, what);
         }
-        WaitingForGpu(g)
     }
 }
 
@@ -325,9 +347,57 @@ impl Default for WaitingForGpu {
 impl Drop for WaitingForGpu {
     #[inline]
     fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: as in `new`.
-            unsafe { &*self.0 }.in_sync(false);
+        unmark_busy(self.marked);
+    }
+}
+
+/// Gates a thread counted itself busy on (see [`WaitingForGpu`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum GateMask {
+    /// The single gate (or none: null).
+    One(*const Gate),
+    /// The per-device gates `GATES[i]` whose bit `i` is set.
+    Devices(u32),
+}
+
+/// Count the calling thread as waiting for the GPU on every per-device gate
+/// of this process but `except` (`on`), for a thread inside a synchronise
+/// call, or waiting for its turn on one device while its process holds
+/// others: a process blocked on one GPU is not idle on the rest.
+pub(crate) fn mark_busy(except: *const Gate, on: bool) -> GateMask {
+    let mut mask = 0u32;
+    if on {
+        for (i, g) in GATES.iter().enumerate() {
+            let p = g.load(Acquire) as *const Gate;
+            if !p.is_null() && p != except {
+                // SAFETY: a gate, once published, is never freed.
+                unsafe { &*p }.in_sync(true);
+                mask |= 1 << i;
+            }
+        }
+    }
+    GateMask::Devices(mask)
+}
+
+/// Undo [`mark_busy`] or [`WaitingForGpu::new`] on exactly the gates marked.
+pub(crate) fn unmark_busy(m: GateMask) {
+    match m {
+        GateMask::One(g) => {
+            if !g.is_null() {
+                // SAFETY: as in `mark_busy`.
+                unsafe { &*g }.in_sync(false);
+            }
+        }
+        GateMask::Devices(mut mask) => {
+            while mask != 0 {
+                let i = mask.trailing_zeros() as usize;
+                mask &= mask - 1;
+                let p = GATES[i].load(Acquire) as *const Gate;
+                if !p.is_null() {
+                    // SAFETY: as in `mark_busy`.
+                    unsafe { &*p }.in_sync(false);
+                }
+            }
         }
     }
 }

@@ -2,17 +2,9 @@
 
 use std::sync::atomic::AtomicU64;
 
-/// `CLOCK_MONOTONIC` ns: one clock for every process on the host.
-#[inline]
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// `CLOCK_MONOTONIC` ns: one clock for every process on the host (the
+/// library's one clock, `process::clock`).
+pub use crate::process::clock::monotonic_ns as now_ns;
 
 /// The low 32 bits of a shared `AtomicU64` (the token's sequence number).
 fn low_half(w: &AtomicU64) -> *const u32 {

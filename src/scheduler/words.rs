@@ -59,6 +59,31 @@ pub mod container {
     /// given up on (a process that stopped answering), ns: charged to the
     /// bucket at the next decision.
     pub const OWED_NS: usize = DRAIN + SET_WORDS;
+    /// While the container holds the GPU with one process launching: when
+    /// that process's queued work was last seen done (a synchronise call
+    /// returned with no launch meanwhile) and it has launched nothing since,
+    /// ns; 0 = it has work queued (or not known).
+    pub const EMPTY_SINCE: usize = OWED_NS + 1;
+    /// Closed periods of [`EMPTY_SINCE`] in the current slice, ns: GPU time
+    /// the holder held but did not use (not charged to it).
+    pub const IDLE_NS: usize = OWED_NS + 2;
+    /// When a synchronise call of one of its processes last returned, ns:
+    /// a holder that just got its results back is about to launch again,
+    /// not idle.
+    pub const SYNC_AT: usize = OWED_NS + 3;
+    /// GPU time charged for work its processes ran beside another
+    /// container's slice (as a guest: it used less than its share), ns, not
+    /// yet taken from its bucket (the next decision does).
+    pub const GUEST_NS: usize = OWED_NS + 4;
+    /// Its recent use of the GPU: charged ns per ns (`f64` bits), a moving
+    /// average over about a second, updated at [`RATE_AT`] when `GPU_NS`
+    /// was [`RATE_NS`].
+    pub const RATE: usize = OWED_NS + 5;
+    pub const RATE_AT: usize = OWED_NS + 6;
+    pub const RATE_NS: usize = OWED_NS + 7;
+    /// GPU time charged for its last slice, ns (0: none yet): a container
+    /// that fills its slices is busy, never a guest.
+    pub const LAST_SLICE_NS: usize = OWED_NS + 8;
     /// Words of a process bit set (one bit per process slot).
     pub const SET_WORDS: usize = crate::ledger::MAX_PROCESSES / 64;
 }
@@ -183,7 +208,7 @@ mod tests {
             .pack()
         );
         assert_eq!(container::DRAIN + container::SET_WORDS, container::OWED_NS);
-        const { assert!(container::OWED_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
+        const { assert!(container::LAST_SLICE_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
         const { assert!(gpu::DRAIN_COUNT < crate::ledger::SCHED_GPU_WORDS) };
         // Any process may write the token: an out-of-range holder is no slot.
         let last = crate::ledger::MAX_CONTAINERS - 1;

@@ -10,6 +10,10 @@
  *                                    cuMemAlloc(PROBE MiB) again
  *   graph_mem capture MIB            cuMemAllocAsync/cuMemFreeAsync of MIB
  *                                    captured into a graph, launched
+ *   graph_mem capture_keep MIB       cuMemAllocAsync of MIB captured into a
+ *                                    graph that never frees it, launched;
+ *                                    then freed outside the graph, and the
+ *                                    graph memory trimmed
  *   graph_mem upload MIB             a graph allocating and freeing MIB,
  *                                    instantiated with the upload flag,
  *                                    (without it if that is refused),
@@ -135,6 +139,21 @@ int main(int argc, char **argv) {
         CUresult rc = cuGraphLaunch(e, s);
         cuStreamSynchronize(s);
         report("graph_launch", 0, rc);
+    } else if (!strcmp(argv[1], "capture_keep")) {
+        CUstream s;
+        CUdeviceptr p = 0;
+        if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) return 4;
+        if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) return 4;
+        report("capture_alloc", 0, cuMemAllocAsync(&p, bytes, s));
+        if (cuStreamEndCapture(s, &g)) return 4;
+        if (cuGraphInstantiate(&e, g, 0)) return 5;
+        CUresult rc = cuGraphLaunch(e, s);
+        cuStreamSynchronize(s);
+        report("graph_launch", 0, rc);
+        rc = cuMemFreeAsync(p, s);
+        cuStreamSynchronize(s);
+        report("free_outside", 0, rc);
+        report("trim", 0, cuDeviceGraphMemTrim(dev));
     } else {
         return 2;
     }

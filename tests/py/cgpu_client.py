@@ -27,6 +27,19 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   vmmretain          cuMemRetainAllocationHandle on the top mapping: print rc and
                      whether it is the mapping's handle; the new reference is kept
   vmmrelretained     cuMemRelease of the last retained reference
+  vmmexport          cuMemExportToShareableHandle (POSIX fd) of the top mapping's
+                     handle: print {"op":"vmmexport", rc, fd, pid}
+  vmmimport PATH N   open PATH (another process's exported fd, as
+                     /proc/PID/fd/FD: a new open of the file), then
+                     cuMemImportFromShareableHandle, AddressReserve + Map +
+                     SetAccess of N bytes (pushed on the mapping stack): print
+                     {"op":"vmmimport", rc, rc_map}
+  vmmimportfd PID FD N  the same with process PID's descriptor FD itself
+                     (pidfd_getfd, as PyTorch passes them)
+  ipcget             cuIpcGetMemHandle of the last `alloc`: print
+                     {"op":"ipcget", rc, handle (hex)}
+  ipcopen HEX        cuIpcOpenMemHandle_v2 (lazy peer access) of that handle:
+                     print {"op":"ipcopen", rc}; ipcclose closes it
   pool [DEV|host]    cuMemPoolCreate on device DEV (default 0) or in host memory
   defpool DEV        cuDeviceGetDefaultMemPool of device DEV (used by poolalloc)
   poolalloc BYTES    cuMemAllocFromPoolAsync from the last pool on the current
@@ -35,6 +48,10 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   stream             cuStreamCreate in the current context (used by poolalloc)
   setctx N           make the N-th context made by `ctx` current (0-based)
   freeall            free everything this client holds (by its own family)
+  setlimit L VALUE   cuCtxSetLimit(L, VALUE), print {"op":"setlimit", limit, value, rc}
+  getlimit L         cuCtxGetLimit, print {"op":"getlimit", limit, rc, value}
+  resident           print {"op":"resident", threads}: MAX_THREADS_PER_MULTIPROCESSOR
+                     x MULTIPROCESSOR_COUNT of the current context's device
   race SEED N MAX    N random allocs/frees of 1..MAX bytes; frees all at the end
   sleep SECS         sleep
   ready              print {"op":"ready"} and flush
@@ -161,11 +178,13 @@ CTXS = []
 maps = []      # (handle, va, size, released)
 retained = []  # handles from cuMemRetainAllocationHandle
 pools = []
+IPC = []       # pointers from cuIpcOpenMemHandle
 STREAM = C.c_void_p()
 
 def vmm_prop(dev):
-    # CUmemAllocationProp: type=1 (pinned), handle types 0, location {type 1 (device), id dev}
-    return (C.c_int * 8)(1, 0, 1, dev, 0, 0, 0, 0)
+    # CUmemAllocationProp: type=1 (pinned), requested handle types 1 (POSIX
+    # file descriptor: exportable), location {type 1 (device), id dev}
+    return (C.c_int * 8)(1, 1, 1, dev, 0, 0, 0, 0)
 
 def vmm_map(n, dev):
     prop = vmm_prop(dev)
@@ -256,6 +275,21 @@ def main(argv):
             if rc == 0:
                 held.append(("async", p.value, n))
             out({"op": "async", "rc": rc})
+        elif cmd == "setlimit":
+            lim, v = int(arg()), int(arg())
+            rc = cu.cuCtxSetLimit(C.c_int(lim), C.c_size_t(v))
+            out({"op": "setlimit", "limit": lim, "value": v, "rc": rc})
+        elif cmd == "getlimit":
+            lim = int(arg())
+            v = C.c_size_t()
+            rc = cu.cuCtxGetLimit(C.byref(v), C.c_int(lim))
+            out({"op": "getlimit", "limit": lim, "rc": rc, "value": v.value})
+        elif cmd == "resident":
+            d, a, b = C.c_int(), C.c_int(), C.c_int()
+            cu.cuCtxGetDevice(C.byref(d))
+            check(cu.cuDeviceGetAttribute(C.byref(a), 39, d), "cuDeviceGetAttribute")
+            check(cu.cuDeviceGetAttribute(C.byref(b), 16, d), "cuDeviceGetAttribute")
+            out({"op": "resident", "threads": a.value * b.value})
         elif cmd == "vmm":
             n = int(arg())
             # CUmemAllocationProp: type=1 (pinned), handle types 0, location {type 1 (device), id 0}
@@ -294,6 +328,54 @@ def main(argv):
             out({"op": "vmmretain", "rc": rc, "same": h.value == maps[-1][0]})
         elif cmd == "vmmrelretained":
             out({"op": "vmmrelretained", "rc": cu.cuMemRelease(C.c_uint64(retained.pop()))})
+        elif cmd == "vmmexport":
+            fd = C.c_int(-1)
+            rc = cu.cuMemExportToShareableHandle(C.byref(fd), C.c_uint64(maps[-1][0]), 1, C.c_uint64(0))
+            out({"op": "vmmexport", "rc": rc, "fd": fd.value, "pid": os.getpid()})
+        elif cmd in ("vmmimport", "vmmimportfd"):
+            if cmd == "vmmimport":
+                fd = os.open(arg(), os.O_RDWR)
+            else:
+                pid, their = int(arg()), int(arg())
+                pidfd = os.pidfd_open(pid)
+                libc = C.CDLL(None, use_errno=True)
+                fd = libc.syscall(438, pidfd, their, 0)  # pidfd_getfd
+                os.close(pidfd)
+                if fd < 0:
+                    raise OSError(C.get_errno(), "pidfd_getfd")
+            n = int(arg())
+            h = C.c_uint64()
+            rc = cu.cuMemImportFromShareableHandle(C.byref(h), C.c_void_p(fd), 1)
+            os.close(fd)
+            rc_map = None
+            if rc == 0:
+                va = C.c_uint64()
+                check(cu.cuMemAddressReserve(C.byref(va), C.c_size_t(n), C.c_size_t(0), C.c_uint64(0), C.c_uint64(0)), "cuMemAddressReserve")
+                rc_map = cu.cuMemMap(C.c_uint64(va.value), C.c_size_t(n), C.c_size_t(0), h, C.c_uint64(0))
+                if rc_map == 0:
+                    acc = (C.c_int * 4)(1, 0, 3, 0)
+                    check(cu.cuMemSetAccess(C.c_uint64(va.value), C.c_size_t(n), acc, C.c_size_t(1)), "cuMemSetAccess")
+                    maps.append([h.value, va.value, n])
+                else:
+                    cu.cuMemAddressFree(C.c_uint64(va.value), C.c_size_t(n))
+                    cu.cuMemRelease(h)
+            out({"op": "vmmimport", "rc": rc, "rc_map": rc_map})
+        elif cmd == "ipcget":
+            h = (C.c_ubyte * 64)()
+            ptr = [x for x in held if x[0] == "ptr"][-1][1]
+            rc = cu.cuIpcGetMemHandle(h, C.c_uint64(ptr))
+            out({"op": "ipcget", "rc": rc, "handle": bytes(h).hex()})
+        elif cmd == "ipcopen":
+            class IpcHandle(C.Structure):
+                _fields_ = [("reserved", C.c_ubyte * 64)]
+            h = IpcHandle()
+            C.memmove(h.reserved, bytes.fromhex(arg()), 64)
+            p = C.c_uint64()
+            rc = cu.cuIpcOpenMemHandle_v2(C.byref(p), h, 1)
+            IPC.append(p.value)
+            out({"op": "ipcopen", "rc": rc})
+        elif cmd == "ipcclose":
+            out({"op": "ipcclose", "rc": cu.cuIpcCloseMemHandle(C.c_uint64(IPC.pop()))})
         elif cmd == "pool":
             where = arg() if i < len(argv) and (argv[i].isdigit() or argv[i] == "host") else "0"
             # CUmemPoolProps: allocType 1 (pinned), handleTypes 0, location {type, id}, ... (88 bytes)

@@ -376,17 +376,50 @@ impl Scenario {
         else {
             return self.measure(window);
         };
+        self.measure_rounds_on(0, &l, None, window)
+    }
+
+    /// [`Scenario::measure_rounds`] on GPU `dev`, whose ledger is `l`,
+    /// opening at a grant to container slot `first` when given (the one
+    /// with the fewest slices: its share then counts whole slices only).
+    pub fn measure_rounds_on(
+        &self,
+        dev: usize,
+        l: &Ledger,
+        first: Option<usize>,
+        window: Duration,
+    ) -> Measure {
         let limit = Duration::from_secs(1);
-        let Some(first) = await_grant(&l, None, limit) else {
-            return self.measure(window);
+        let Some(first) = await_grant(l, first, limit) else {
+            return self.measure_on(dev, window);
         };
         let s0 = self.env.stats();
         let t0 = Instant::now();
         std::thread::sleep(window);
         // A second window's worth of slices at most: the same holder comes
         // back within one round unless it stopped asking.
-        let _ = await_grant(&l, Some(first), limit.max(window / 2));
-        self.measure_between(0, s0, t0)
+        let _ = await_grant(l, Some(first), limit.max(window / 2));
+        self.measure_between(dev, s0, t0)
+    }
+
+    /// [`Scenario::measure_rounds`] of this scenario and, over the same
+    /// time, [`Scenario::measure`] of `bare` (the same processes without
+    /// cgpu on a simulated GPU of their own, started alongside): whatever
+    /// load the machine is under weighs on both alike.
+    pub fn measure_rounds_beside(&self, bare: &Scenario, window: Duration) -> (Measure, Measure) {
+        let s0 = bare.env.stats();
+        let t0 = Instant::now();
+        let m = self.measure_rounds(window);
+        (m, bare.measure_between(0, s0, t0))
+    }
+
+    /// [`Scenario::measure`] of this scenario and of `bare` over the same
+    /// time (see [`Scenario::measure_rounds_beside`]).
+    pub fn measure_beside(&self, bare: &Scenario, window: Duration) -> (Measure, Measure) {
+        let s0 = bare.env.stats();
+        let t0 = Instant::now();
+        let m = self.measure(window);
+        (m, bare.measure_between(0, s0, t0))
     }
 
     /// [`Scenario::measure`] on GPU `dev`.
@@ -398,7 +431,7 @@ impl Scenario {
     }
 
     /// Device time per container on GPU `dev` from `s0` (taken at `t0`) to now.
-    fn measure_between(&self, dev: usize, s0: SimStats, t0: Instant) -> Measure {
+    pub fn measure_between(&self, dev: usize, s0: SimStats, t0: Instant) -> Measure {
         let s1 = self.env.stats();
         let wall = t0.elapsed().as_nanos() as u64;
         let mut per: HashMap<String, u64> = HashMap::new();

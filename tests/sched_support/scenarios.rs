@@ -87,6 +87,19 @@ impl Opts {
             warm: Duration::from_millis(1000),
         }
     }
+    /// These windows, long enough that the smallest share `min_share`
+    /// spans at least 20 slices of 40 ms: a window's edges cut a slice of
+    /// any container, so a share over N of its slices is off by up to 1/N
+    /// (over a 2 s window a weight-1 container of 1:1:2:4 has about 6
+    /// slices: one more or less is 17%).
+    pub fn for_share(&self, min_share: f64) -> Opts {
+        let slice = cgpu::scheduler::SLICE_NS as f64 / 1e9;
+        let need = Duration::from_secs_f64(20.0 * slice / min_share);
+        Opts {
+            window: self.window.max(need),
+            warm: self.warm,
+        }
+    }
     /// How long the workload processes run: warm-up, window, and slack.
     pub fn run_ms(&self) -> u64 {
         (self.warm + self.window).as_millis() as u64 + 6000
@@ -177,6 +190,34 @@ pub fn bare(o: &Opts, ctrs: &[Ctr]) -> Measure {
     s.measure(o.window)
 }
 
+/// `ctrs` under cgpu with the knobs and, at the same time on a simulated
+/// GPU of their own, the same processes without cgpu; warmed up. Measure
+/// them with [`Scenario::measure_rounds_beside`]: a baseline taken at
+/// another moment would see another load on the machine.
+pub fn side_by_side(
+    o: &Opts,
+    ctrs: &[Ctr],
+    policy: u32,
+    max_inst: Option<u32>,
+    prio: Option<u32>,
+) -> (Scenario, Scenario) {
+    let bare = Scenario::start_bare(ctrs);
+    let s = start(o, ctrs, policy, max_inst, prio);
+    (s, bare)
+}
+
+/// [`side_by_side`], measured over the window: (cgpu, bare).
+pub fn measure_side_by_side(
+    o: &Opts,
+    ctrs: &[Ctr],
+    policy: u32,
+    max_inst: Option<u32>,
+    prio: Option<u32>,
+) -> (Measure, Measure) {
+    let (s, bare) = side_by_side(o, ctrs, policy, max_inst, prio);
+    s.measure_rounds_beside(&bare, o.window)
+}
+
 fn busy_pair(o: &Opts, w: (u32, u32), ns: u64) -> Vec<Ctr> {
     vec![
         Ctr::new("w1", w.0).busy(o.run_ms(), ns),
@@ -185,9 +226,9 @@ fn busy_pair(o: &Opts, w: (u32, u32), ns: u64) -> Vec<Ctr> {
 }
 
 fn weighted_one_to_two(o: &Opts, r: &mut Rows, ns: u64) {
+    let o = &o.for_share(1.0 / 3.0);
     let ctrs = busy_pair(o, (1, 2), ns);
-    let b = bare(o, &ctrs);
-    let m = start(o, &ctrs, 2, None, None).measure_rounds(o.window);
+    let (m, b) = measure_side_by_side(o, &ctrs, 2, None, None);
     r.share(&m, "w1", 1.0 / 3.0);
     r.share(&m, "w2", 2.0 / 3.0);
     r.util_vs_bare(&m, &b);
@@ -200,8 +241,7 @@ fn sync_heavy(id: &str, w: u32, o: &Opts) -> Ctr {
 }
 
 fn sync_heavy_rows(o: &Opts, r: &mut Rows, policy: u32, ctrs: Vec<Ctr>, targets: &[(&str, f64)]) {
-    let b = bare(o, &ctrs);
-    let m = start(o, &ctrs, policy, None, None).measure_rounds(o.window);
+    let (m, b) = measure_side_by_side(o, &ctrs, policy, None, None);
     for (id, t) in targets {
         r.share(&m, id, *t);
     }
@@ -215,16 +255,15 @@ fn sync_heavy_rows(o: &Opts, r: &mut Rows, policy: u32, ctrs: Vec<Ctr>, targets:
 }
 
 /// Request latency of a light container beside `neighbour`: p50/p99 under
-/// cgpu against the same pair without cgpu.
+/// cgpu against the same pair without cgpu, run side by side (the same
+/// load on the machine weighs on both).
 fn latency_rows(o: &Opts, r: &mut Rows, policy: u32, light: Ctr, neighbour: Ctr) {
     let ctrs = vec![light, neighbour];
-    let mut s = Scenario::start_bare(&ctrs);
-    let bare = s.procs[0]
+    let (mut s, mut bare_s) = side_by_side(o, &ctrs, policy, None, Some(80));
+    let bare = bare_s.procs[0]
         .wait_line("done", o.window + Duration::from_secs(60))
         .map(|l| Latency::parse(&l.text))
         .expect("bare requests never finished");
-    s.kill_all();
-    let mut s = start(o, &ctrs, policy, None, Some(80));
     let got = s.procs[0]
         .wait_line("done", o.window + Duration::from_secs(60))
         .map(|l| Latency::parse(&l.text))
@@ -250,46 +289,67 @@ fn requests(id: &str, o: &Opts) -> Ctr {
     Ctr::new(id, 1).load("requests", ms, 200_000, 1, 5000)
 }
 
-/// Stop `victim`'s process when the token is in `state` (RUNNING or
-/// DRAINING) held by its container (any state when `state` is None or the
-/// run is bare), for `stop`; returns the other container's share of the
-/// GPU's wall time during the stop.
-fn stop_once(s: &Scenario, victim: &str, other: &str, state: Option<u8>, stop: Duration) -> f64 {
-    if let Some(st) = state {
-        let l = s.ledger();
-        let c = s.slot(&l, victim);
-        let end = Instant::now() + Duration::from_secs(10);
-        loop {
-            let t = Token::unpack(l.file().header.sched[gw::TOKEN].load(Relaxed));
-            if t.state == st && t.holder == Some(c) {
-                break;
-            }
-            assert!(
-                Instant::now() < end,
-                "the token never reached state {st} by {victim}"
-            );
-            std::hint::spin_loop();
+/// Wait until the token is in `state` held by `victim`'s container.
+fn await_state(s: &Scenario, victim: &str, st: u8) {
+    let l = s.ledger();
+    let c = s.slot(&l, victim);
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let t = Token::unpack(l.file().header.sched[gw::TOKEN].load(Relaxed));
+        if t.state == st && t.holder == Some(c) {
+            return;
         }
+        assert!(
+            Instant::now() < end,
+            "the token never reached state {st} by {victim}"
+        );
+        std::hint::spin_loop();
     }
-    let pid = s.pid_of(victim);
-    let s0 = s.env.stats();
+}
+
+/// Stop `victim`'s process in each of `runs` at the same moment (under
+/// cgpu, the first, once the token is in `state` held by its container;
+/// any state when None), for `stop`; returns, per run, the other
+/// container's share of the GPU's wall time during the stop.
+fn stop_once(
+    runs: &[&Scenario],
+    victim: &str,
+    other: &str,
+    state: Option<u8>,
+    stop: Duration,
+) -> Vec<f64> {
+    if let Some(st) = state {
+        await_state(runs[0], victim, st);
+    }
+    let pids: Vec<i32> = runs.iter().map(|s| s.pid_of(victim)).collect();
+    let s0: Vec<_> = runs.iter().map(|s| s.env.stats()).collect();
     let t0 = Instant::now();
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    for &pid in &pids {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    }
     std::thread::sleep(stop);
-    let s1 = s.env.stats();
+    let s1: Vec<_> = runs.iter().map(|s| s.env.stats()).collect();
     let wall = t0.elapsed().as_nanos() as f64;
-    // SAFETY: as above.
-    unsafe { libc::kill(pid, libc::SIGCONT) };
-    let opid = s.pid_of(other) as u32;
-    let a = s0.process(opid, 0).map_or(0, |x| x.device_time_ns);
-    let b = s1.process(opid, 0).map_or(a, |x| x.device_time_ns);
-    b.saturating_sub(a) as f64 / wall
+    for &pid in &pids {
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    }
+    runs.iter()
+        .zip(s0.iter().zip(&s1))
+        .map(|(s, (s0, s1))| {
+            let opid = s.pid_of(other) as u32;
+            let a = s0.process(opid, 0).map_or(0, |x| x.device_time_ns);
+            let b = s1.process(opid, 0).map_or(a, |x| x.device_time_ns);
+            b.saturating_sub(a) as f64 / wall
+        })
+        .collect()
 }
 
 /// A process stopped for `stop`, `n` times, `gap` apart: the other
 /// container's share of the GPU during the stops, under cgpu (stopped in
-/// `state`) over the same without cgpu.
+/// `state`) over the same without cgpu, both run side by side and stopped
+/// at the same moments.
 fn stop_rows(
     o: &Opts,
     r: &mut Rows,
@@ -304,34 +364,19 @@ fn stop_rows(
         Ctr::new("stopped", 1).busy(run, kernel_ns),
         Ctr::new("other", 1).busy(run, kernel_ns),
     ];
-    let mut got = [0.0f64; 2];
-    for (i, bare) in [true, false].into_iter().enumerate() {
-        let s = if bare {
-            Scenario::start_bare(&ctrs)
-        } else {
-            start(o, &ctrs, 1, None, None)
-        };
-        std::thread::sleep(o.warm);
-        let mut sum = 0.0;
-        for _ in 0..n {
-            sum += stop_once(
-                &s,
-                "stopped",
-                "other",
-                if bare { None } else { state },
-                stop,
-            );
-            std::thread::sleep(gap);
-        }
-        got[i] = sum / n as f64;
+    let (s, bare) = side_by_side(o, &ctrs, 1, None, None);
+    let mut sum = [0.0f64; 2];
+    for _ in 0..n {
+        let got = stop_once(&[&s, &bare], "stopped", "other", state, stop);
+        sum[0] += got[0];
+        sum[1] += got[1];
+        std::thread::sleep(gap);
     }
+    let (cg, b) = (sum[0] / n as f64, sum[1] / n as f64);
     r.push(
-        &format!(
-            "other's GPU during stops ÷ bare ({:.3} / {:.3})",
-            got[1], got[0]
-        ),
+        &format!("other's GPU during stops ÷ bare ({cg:.3} / {b:.3})"),
         0.9,
-        got[1] / got[0],
+        cg / b,
         Kind::AtLeast,
     );
 }
@@ -354,14 +399,14 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "policy 2, weights 1:1:2:4",
             run: |o, r| {
+                let o = &o.for_share(0.125);
                 let ctrs = vec![
                     Ctr::new("a", 1).busy(o.run_ms(), MS),
                     Ctr::new("b", 1).busy(o.run_ms(), MS),
                     Ctr::new("c", 2).busy(o.run_ms(), MS),
                     Ctr::new("d", 4).busy(o.run_ms(), MS),
                 ];
-                let b = bare(o, &ctrs);
-                let m = start(o, &ctrs, 2, None, None).measure_rounds(o.window);
+                let (m, b) = measure_side_by_side(o, &ctrs, 2, None, None);
                 for (id, t) in [("a", 0.125), ("b", 0.125), ("c", 0.25), ("d", 0.5)] {
                     r.share(&m, id, t);
                 }
@@ -371,12 +416,12 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "policy 1, three busy",
             run: |o, r| {
+                let o = &o.for_share(1.0 / 3.0);
                 let ctrs: Vec<Ctr> = ["a", "b", "c"]
                     .iter()
                     .map(|id| Ctr::new(id, 1).busy(o.run_ms(), MS))
                     .collect();
-                let b = bare(o, &ctrs);
-                let m = start(o, &ctrs, 1, None, None).measure_rounds(o.window);
+                let (m, b) = measure_side_by_side(o, &ctrs, 1, None, None);
                 for id in ["a", "b", "c"] {
                     r.share(&m, id, 1.0 / 3.0);
                 }
@@ -390,8 +435,7 @@ pub fn table() -> Vec<Spec> {
                     Ctr::new("busy", 1).busy(o.run_ms(), MS),
                     Ctr::new("idle", 1).idle(),
                 ];
-                let b = bare(o, &ctrs);
-                let m = start(o, &ctrs, 1, None, None).measure_rounds(o.window);
+                let (m, b) = measure_side_by_side(o, &ctrs, 1, None, None);
                 let (g, bg) = (m.of_wall("busy"), b.of_wall("busy"));
                 r.push(
                     &format!("busy's GPU ÷ bare ({g:.3} / {bg:.3})"),
@@ -440,9 +484,11 @@ pub fn table() -> Vec<Spec> {
                     Ctr::new("w1", 1).busy(run_ms, MS),
                     Ctr::new("w2", 1).busy(run_ms, MS),
                 ];
-                let b = bare(o, &ctrs);
-                let s = start(o, &ctrs, 4, None, None);
+                let (s, bare_s) = side_by_side(o, &ctrs, 4, None, None);
+                let (s0, t0) = (bare_s.env.stats(), Instant::now());
                 let (m, soft) = s.measure_slices(soft_window);
+                let b = bare_s.measure_between(0, s0, t0);
+                drop(bare_s);
                 r.share(&m, "w1", 0.5);
                 r.share(&m, "w2", 0.5);
                 r.util_vs_bare(&m, &b);
@@ -469,6 +515,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "high priority, prio_ratio 80, policy 1",
             run: |o, r| {
+                let o = &o.for_share(0.2);
                 let hp_ms = (o.warm + o.window).as_millis() as u64 + 500;
                 let ctrs = vec![
                     Ctr::new("hp", 1).highprio().cmd(&[
@@ -481,16 +528,17 @@ pub fn table() -> Vec<Spec> {
                     ]),
                     Ctr::new("normal", 1).busy(o.run_ms() + hp_ms, MS),
                 ];
-                let b = bare(o, &ctrs);
-                let s = start(o, &ctrs, 1, None, Some(80));
-                let m = s.measure_rounds(o.window);
+                let (s, bare_s) = side_by_side(o, &ctrs, 1, None, Some(80));
+                let (m, b) = s.measure_rounds_beside(&bare_s, o.window);
                 r.share(&m, "hp", 0.8);
                 r.share(&m, "normal", 0.2);
                 r.util_vs_bare(&m, &b);
                 while s.started.elapsed() < Duration::from_millis(hp_ms + 1200) {
                     std::thread::sleep(Duration::from_millis(50));
                 }
+                let (s0, t0) = (bare_s.env.stats(), Instant::now());
                 let m = s.measure(o.window);
+                let b = bare_s.measure_between(0, s0, t0);
                 let (g, bu) = (m.of_wall("normal"), b.utilisation());
                 r.push(
                     &format!("normal's GPU, hp idle ÷ bare ({g:.3} / {bu:.3})"),
@@ -503,6 +551,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "policy 5 -> 2 while running, 1:2",
             run: |o, r| {
+                let o = &o.for_share(1.0 / 3.0);
                 let ctrs = busy_pair(o, (1, 2), MS);
                 let s = start(o, &ctrs, 5, None, None);
                 let m = s.measure(o.window.min(Duration::from_secs(2)));
@@ -597,6 +646,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy 1:2 (policy 2)",
             run: |o, r| {
+                let o = &o.for_share(1.0 / 3.0);
                 let ctrs = vec![sync_heavy("a", 1, o), sync_heavy("b", 2, o)];
                 sync_heavy_rows(o, r, 2, ctrs, &[("a", 1.0 / 3.0), ("b", 2.0 / 3.0)]);
             },
@@ -604,6 +654,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy 1:1:2:4 (policy 2)",
             run: |o, r| {
+                let o = &o.for_share(0.125);
                 let ctrs = vec![
                     sync_heavy("a", 1, o),
                     sync_heavy("b", 1, o),
@@ -622,6 +673,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy, ten containers (policy 1)",
             run: |o, r| {
+                let o = &o.for_share(0.1);
                 let ids = ["c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"];
                 let ctrs: Vec<Ctr> = ids.iter().map(|id| sync_heavy(id, 1, o)).collect();
                 let t: Vec<(&str, f64)> = ids.iter().map(|id| (*id, 0.1)).collect();

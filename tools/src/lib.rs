@@ -19,6 +19,7 @@ pub mod exporter;
 pub mod inspect;
 pub mod installed;
 pub mod knobs;
+pub mod nvml;
 pub mod table;
 pub mod tree;
 
@@ -27,6 +28,7 @@ use cgpu::ledger::{
 };
 use cgpu::scheduler;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering::Acquire;
 use std::time::Instant;
@@ -203,18 +205,7 @@ pub struct Sample {
 }
 
 /// NUL-padded bytes to a string; `None` if not UTF-8.
-pub fn cstr(bytes: &[u8]) -> Option<String> {
-    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
-    std::str::from_utf8(&bytes[..end]).ok().map(str::to_owned)
-}
-
-/// CLOCK_REALTIME in ns.
-pub fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
+pub use cgpu::process::cstr::text as cstr;
 
 /// Is container slot `c` in use?
 pub fn container_live(s: &ContainerSlot) -> bool {
@@ -405,7 +396,7 @@ pub fn sample_dir(dir: &Path) -> Sample {
             cgpu_version: CGPU_VERSION.into(),
             ledger_format: ledger::FORMAT_VERSION,
             ledger_dir: dir.display().to_string(),
-            timestamp_ns: now_ns(),
+            timestamp_ns: cgpu::process::clock::realtime_ns(),
             util_window_ms: None,
             gpus,
         },
@@ -414,8 +405,54 @@ pub fn sample_dir(dir: &Path) -> Sample {
 }
 
 /// Fill `cur`'s `util_percent` from the GPU time charged since `prev`.
-/// Containers are matched by GPU uuid, slot, id and creation time.
+/// Containers are matched by GPU uuid, slot, id and creation time. Under
+/// policy 5 (native) nobody is charged: the utilisation is then what NVML
+/// reports for the container's processes since `prev` (`null` without
+/// NVML).
 pub fn apply_util(prev: &Sample, cur: &mut Sample) {
+    apply_ledger_util(prev, cur);
+    let native = cur.report.gpus_ok().any(|g| g.policy == NATIVE_POLICY);
+    if native {
+        apply_native_util(prev, cur, nvml::Nvml::get());
+    }
+}
+
+/// Policy 5: no compute control, no charges.
+const NATIVE_POLICY: u32 = 5;
+
+/// `util_percent` of the containers of GPUs under policy 5 from NVML's
+/// per-process utilisation since `prev` (`null` without NVML).
+pub fn apply_native_util(prev: &Sample, cur: &mut Sample, nvml: Option<&nvml::Nvml>) {
+    let since_us = prev.report.timestamp_ns / 1000;
+    let mut ids: HashMap<u32, Option<(i32, u64)>> = HashMap::new();
+    for g in cur.report.gpus.iter_mut().filter_map(|e| e.gpu.as_mut()) {
+        if g.policy != NATIVE_POLICY {
+            continue;
+        }
+        let per = nvml.and_then(|n| n.process_util(&g.uuid, since_us));
+        // NVML's host pids as the ledger names them (pid in own namespace).
+        let by_ns: HashMap<(i32, u64), f64> = per
+            .iter()
+            .flatten()
+            .filter_map(|(&host, &u)| {
+                let id = *ids.entry(host).or_insert_with(|| nvml::ns_identity(host));
+                id.map(|i| (i, u))
+            })
+            .collect();
+        for c in &mut g.containers {
+            c.util_percent = per.as_ref().map(|_| {
+                let sum: f64 = c
+                    .processes
+                    .iter()
+                    .filter_map(|p| by_ns.get(&(p.pid, p.pidns)))
+                    .sum();
+                (sum.clamp(0.0, 100.0) * 10.0).round() / 10.0
+            });
+        }
+    }
+}
+
+fn apply_ledger_util(prev: &Sample, cur: &mut Sample) {
     let window = cur.at.saturating_duration_since(prev.at);
     let window_ns = window.as_nanos() as f64;
     if window_ns <= 0.0 {

@@ -256,7 +256,8 @@ fn lowered_memsize_shows_in_a_running_clients_meminfo() {
 /// plus the shift between the instants the two were read (measured here);
 /// and never above it by more than that plus the time the device sat idle
 /// in the window (measured here from the simulator): a holder is charged the
-/// whole slice it held, its own idle gaps included.
+/// slice it held, less only the idle gaps the scheduler sees (see
+/// docs/scheduling.md, "Unused time").
 #[test]
 fn utilisation_equals_the_sims_device_time() {
     use std::io::BufRead;
@@ -397,4 +398,64 @@ fn weight_set_live_reaches_running_jobs() {
     let cs = containers(&v);
     assert_eq!(by_id(&cs, "alpha")["limit_percent"], 75);
     assert_eq!(by_id(&cs, "beta")["limit_percent"], 25);
+}
+
+/// Under policy 5 (native) the scheduler charges nobody, so the ledger says
+/// nothing of GPU use: `cgpu-smi`'s GPU-Util then comes from what the GPU
+/// reports, NVML's per-process utilisation (here the simulator's, its own
+/// device time), not 0. Two busy containers without compute control: each
+/// shows what the simulator gave it over the window, within 10 points.
+#[test]
+fn native_policy_utilisation_comes_from_nvml() {
+    use std::io::BufRead;
+    let s = Sim::new("native");
+    let busy = ["pid", "ready", "spin_for", "8000", "1000000", "hold"];
+    let mut a = KillOnDrop(s.client("alpha", "1", "1", &busy));
+    let mut b = KillOnDrop(s.client("beta", "1", "1", &busy));
+    let (pa, _) = wait_for(&mut a.0, "ready");
+    let (pb, _) = wait_for(&mut b.0, "ready");
+    let o = run(ctl(), &s.dir, &["set", "policy", "5"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::thread::sleep(Duration::from_millis(300));
+    // cgpu-smi on the host: the simulated NVML, no interposer.
+    let mut smi_c = smi();
+    smi_c
+        .env("LD_LIBRARY_PATH", &artifacts().sim_lib_dir)
+        .env("CGPU_SIM_STATE", &s.env.state_dir)
+        .env_remove("LD_PRELOAD")
+        .env_remove("CGPU_LEDGER_DIR")
+        .arg("--dir")
+        .arg(&s.dir)
+        .args(["--json", "-l", "1"])
+        .stdout(Stdio::piped());
+    let mut child = KillOnDrop(smi_c.spawn().unwrap());
+    let mut lines = std::io::BufReader::new(child.0.stdout.take().unwrap()).lines();
+    let mut docs = Vec::new();
+    for _ in 0..4 {
+        let l = lines.next().unwrap().unwrap();
+        docs.push((serde_json::from_str::<Value>(&l).unwrap(), s.env.stats()));
+    }
+    drop(child);
+    // The first document has no window; the second's NVML window is NVML's
+    // first call (a short one): judge the later ones.
+    for w in docs[1..].windows(2) {
+        let ((_, s0), (d1, s1)) = (&w[0], &w[1]);
+        let window_ns = d1["util_window_ms"].as_u64().unwrap() as f64 * 1e6;
+        for (id, pid) in [("alpha", pa), ("beta", pb)] {
+            let c = by_id(&containers(d1), id);
+            let u = c["util_percent"]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{id}: {c}"));
+            let sim = (s1.process(pid, 0).unwrap().device_time_ns
+                - s0.process(pid, 0).unwrap().device_time_ns) as f64
+                / window_ns
+                * 100.0;
+            eprintln!("{id}: cgpu-smi {u}%, simulator {sim:.1}%");
+            assert!(u > 20.0, "{id}: {u}% under policy 5 (the GPU is busy)");
+            assert!(
+                (u - sim).abs() <= 10.0,
+                "{id}: cgpu-smi {u}%, simulator {sim:.1}%"
+            );
+        }
+    }
 }
