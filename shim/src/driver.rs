@@ -34,6 +34,8 @@ pub struct Ctx {
     pub limits: Mutex<crate::cuda::limits::Limits>,
     /// Usage count (deprecated `cuCtxAttach`/`cuCtxDetach`): 1 at creation.
     pub usage: AtomicU32,
+    /// The green context this is the `CUcontext` of (0: none).
+    pub green: std::sync::atomic::AtomicUsize,
 }
 
 pub struct Stream {
