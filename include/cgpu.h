@@ -1,10 +1,11 @@
 /*
- * cgpu.h: the layout of a cgpu per-GPU ledger file (format version 2).
+ * cgpu.h: the layout of a cgpu per-GPU ledger file (format version 3).
  *
  * One file per physical GPU, `<dir>/<uuid>.ledger` (dir: $CGPU_LEDGER_DIR,
  * else /run/cgpu, else /dev/shm/cgpu), exactly sizeof(struct cgpu_ledger)
  * bytes, little-endian, mapped MAP_SHARED by every process using the GPU.
- * Mirrors src/ledger/mod.rs; tests/ledger_header.rs checks every offset.
+ * Mirrors src/ledger/mod.rs and shared.rs; tests/ledger_header.rs checks
+ * every offset.
  *
  * Concurrency: fields marked [atomic] are read and written by several
  * processes at once with atomic instructions (read them with
@@ -23,13 +24,17 @@
 #include <stdint.h>
 
 #define CGPU_LEDGER_MAGIC 0x4744454c55504743ULL /* "CGPULEDG" as LE u64 */
-#define CGPU_FORMAT_VERSION 2u
+#define CGPU_FORMAT_VERSION 3u
 #define CGPU_MAX_CONTAINERS 128
 #define CGPU_MAX_PROCESSES 1024
 #define CGPU_ID_LEN 64
 #define CGPU_UUID_LEN 96
 #define CGPU_SCHED_GPU_WORDS 32
 #define CGPU_SCHED_CONTAINER_WORDS 48
+#define CGPU_MAX_SHARED 1024
+#define CGPU_SHARED_BORNE (1ULL << 62)    /* the holder's slot counts the bytes */
+#define CGPU_SHARED_RELEASED (1ULL << 63) /* the holder let go; free for the next claim */
+#define CGPU_SHARED_BYTES (CGPU_SHARED_BORNE - 1)
 
 /* Slot states (containers and processes). */
 #define CGPU_SLOT_FREE 0u
@@ -106,10 +111,29 @@ struct cgpu_process {
     uint64_t reserved[2];
 };
 
+/*
+ * Memory a process exported (cuMemExportToShareableHandle) and another
+ * process of the same container imported: one entry per import. While the
+ * exporter lives it pays; when its slot is reaped (or it leaves), bytes are
+ * added to the holder's slot and the container, then CGPU_SHARED_BORNE is
+ * set; the holder sets CGPU_SHARED_RELEASED when it lets go (giving back
+ * the bytes if borne). Entries are claimed and freed under the table lock.
+ */
+struct cgpu_shared {
+    uint32_t state;           /* [atomic] CGPU_SLOT_FREE / CGPU_SLOT_LIVE */
+    uint32_t container;       /* [atomic] container slot of both processes */
+    uint32_t exporter;        /* [atomic] process slot of the exporter */
+    uint32_t holder;          /* [atomic] process slot of the importer */
+    int32_t exporter_pid;     /* [atomic] display only */
+    int32_t holder_pid;       /* [atomic] display only */
+    uint64_t bytes;           /* [atomic] extent mapped (CGPU_SHARED_BYTES) | flags */
+};
+
 struct cgpu_ledger {
     struct cgpu_header header;
     struct cgpu_container containers[CGPU_MAX_CONTAINERS];
     struct cgpu_process processes[CGPU_MAX_PROCESSES];
+    struct cgpu_shared shared[CGPU_MAX_SHARED];
 };
 
 /* Liveness lock of process slot i: OFD write lock on this range. */

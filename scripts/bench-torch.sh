@@ -11,7 +11,9 @@
 #   BENCH_STARTUP_ROUNDS (7) startup rounds; BENCH_ROUNDS (15) step rounds of
 #   BENCH_STEP_SECONDS (1.0) each; BENCH_VARIANTS=native adds a process under
 #   policy 5 (no compute control); BENCH_PERF=1 profiles each step process
-#   with perf (share of CPU samples in libcgpu.so).
+#   with perf (share of CPU samples in libcgpu.so). On the sim every kernel
+#   takes CGPU_SIM_KERNEL_NS (5000): the step is host-bound; 50000 makes it
+#   bound by the device, as training usually is.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SIM=1

@@ -4,12 +4,16 @@
 # Runs on a machine with an NVIDIA GPU, its driver, CUDA and PyTorch installed,
 # and no network. Checks, with libcgpu.so in LD_PRELOAD:
 #   1  mem_get_info / cuDeviceTotalMem / nvidia-smi show the container's quota
-#      (with and without ALIYUN_COM_GPU_MEM_DEV); CGPU_DISABLE=true the physical total
+#      (with and without ALIYUN_COM_GPU_MEM_DEV); CGPU_DISABLE=true the physical
+#      total; a quota list (3,4,5,6) over every GPU (--sim: four A10s)
 #   2  allocating past the quota raises the framework's OOM (default allocator
-#      and expandable segments / cuMemCreate); freed memory is usable again
+#      and expandable segments / cuMemCreate); freed memory is usable again;
+#      cuBLAS workspaces are charged, one that does not fit is an OOM; what
+#      the driver holds for a process vs what it is charged
 #   3  processes of one container share one quota; containers have their own
-#   4  weights 1:2 under policy 2 give a 1:2 throughput ratio; under policy 1 an
-#      idle container costs a busy one nothing
+#   4  weights 1:2 under policy 2 give a 1:2 ratio of device time (NVML per
+#      process; --sim: the sim's counters); under policy 1 an idle container
+#      costs a busy one nothing
 #   5  overhead of the library on a training-like loop
 #   6  CuPy, JAX (and cuda-bindings) where installed
 #   7  TensorFlow (--tensorflow): devices, memory info, over-quota error, Keras fit

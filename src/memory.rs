@@ -23,7 +23,7 @@ use std::sync::Once;
 use parking_lot::Mutex;
 
 use crate::config::{self, Mode};
-use crate::ledger::{Account, JoinSpec, Ledger, Membership, QUOTA_UNLIMITED};
+use crate::ledger::{Account, JoinSpec, Ledger, Membership, ShareLink, QUOTA_UNLIMITED};
 pub use crate::process::charges::{Charges, Entry, Kind, Owner, PoolPlace};
 
 /// Most GPUs per host we track (CUDA ordinals above are passed through).
@@ -129,19 +129,33 @@ impl Gpu {
         }
     }
 
-    /// Is `pid` (as this process's PID namespace numbers it) this process or
-    /// a live process of its container on this GPU, by the ledger?
-    pub fn is_container_process(&self, pid: u32) -> bool {
-        if pid == std::process::id() {
-            return true;
+    /// Record an import of memory exported by `pid` (as this process's PID
+    /// namespace numbers it) in the ledger's table of shared allocations,
+    /// if `pid` is a live process of this container on this GPU: its
+    /// exporter then pays for it while it lives, this process after (see
+    /// `ledger::Account::share_register`). `None`: charge it here.
+    pub fn share_register(&'static self, pid: u32) -> Option<ShareLink> {
+        let pid = i32::try_from(pid).ok()?;
+        match self.acct.share_register(pid) {
+            Ok(link) => link,
+            Err(e) => {
+                tracing::warn!(
+                    "cgpu: GPU {}: {e}; memory imported from pid {pid} of this container is charged to the importer too",
+                    self.visible_index
+                );
+                None
+            }
         }
-        let Some((ledger, m)) = self.acct.ledger() else {
-            return false;
-        };
-        let ns = ledger.process_of(m).pidns.load(Ordering::Acquire);
-        ledger.processes_of(m.container).any(|(_, p)| {
-            p.pid.load(Ordering::Acquire) as u32 == pid && p.pidns.load(Ordering::Acquire) == ns
-        })
+    }
+
+    /// See `ledger::Account::share_current`.
+    pub fn share_current(&self, link: &ShareLink) -> bool {
+        self.acct.share_current(link)
+    }
+
+    /// See `ledger::Account::share_adopt`.
+    pub fn share_adopt(&self, link: &ShareLink, bytes: u64) -> u64 {
+        self.acct.share_adopt(link, bytes)
     }
 
     /// Pids of the container's live processes on this GPU (NVML process lists).

@@ -647,3 +647,152 @@ fn full_tables_and_missing_file() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The table of shared allocations: an import of a live exporter of the
+/// container is paid by the exporter; when the exporter leaves or dies
+/// (its handle dropped: the kernel drops its locks), the extent passes on
+/// to the importer, whose release gives it back; an import released first
+/// passes nothing on. Two handles of one process stand for two processes
+/// (each has its own open file descriptions, hence its own locks).
+#[test]
+fn shared_allocations_pass_on_to_the_importer() {
+    let d = tmpdir("shared");
+    let pid = std::process::id() as i32;
+    const MIB: u64 = 1 << 20;
+    let used = |l: &Ledger, m: &Membership| {
+        (
+            l.container_of(m).used.load(Ordering::Acquire),
+            l.process_of(m).used.load(Ordering::Acquire),
+        )
+    };
+    for (how, released_first) in [("leave", false), ("death", false), ("death", true)] {
+        let exp = open(&d);
+        let me = exp.join(&req("c", 2 * GIB)).unwrap();
+        exp.try_reserve(&me, 800 * MIB).unwrap();
+        let imp = open(&d);
+        let mi = imp.join(&req("c", 2 * GIB)).unwrap();
+        assert_eq!(
+            imp.share_register(&mi, pid + 1_000_000).unwrap(),
+            None,
+            "no such process"
+        );
+        let e = imp
+            .share_register(&mi, pid)
+            .unwrap()
+            .expect("the exporter is live");
+        assert_eq!(imp.share_grow(&mi, e, 500 * MIB), SharePayer::Exporter);
+        assert_eq!(imp.share_grow(&mi, e, 800 * MIB), SharePayer::Exporter);
+        assert_eq!(imp.share_grow(&mi, e, 600 * MIB), SharePayer::Exporter);
+        assert_eq!(used(&imp, &mi), (800 * MIB, 0), "once, the exporter's");
+        assert_eq!(imp.shared_allocations(), vec![(pid, pid, 800 * MIB, false)]);
+        if released_first {
+            assert_eq!(imp.share_release(&mi, e), 0);
+        }
+        match how {
+            "leave" => assert!(exp.leave(&me)),
+            _ => {
+                drop(exp);
+                assert_eq!(imp.reap(), 1);
+            }
+        }
+        if released_first {
+            assert_eq!(used(&imp, &mi), (0, 0));
+            assert!(imp.shared_allocations().is_empty());
+        } else {
+            assert_eq!(used(&imp, &mi), (800 * MIB, 800 * MIB), "{how}: passed on");
+            assert_eq!(imp.shared_allocations(), vec![(pid, pid, 800 * MIB, true)]);
+            assert_eq!(
+                imp.share_grow(&mi, e, 900 * MIB),
+                SharePayer::Importer(800 * MIB)
+            );
+            assert_eq!(imp.share_release(&mi, e), 800 * MIB);
+            assert_eq!(imp.share_release(&mi, e), 0, "once");
+            assert_eq!(used(&imp, &mi), (0, 0));
+        }
+        assert!(imp.leave(&mi));
+        let l = open(&d);
+        assert_eq!(l.find_container("c"), None, "{how}: nothing left behind");
+        assert!(l
+            .file()
+            .shared
+            .iter()
+            .all(|s| s.state.load(Ordering::Acquire) == SLOT_FREE));
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The importer maps more and lets go while its exporter dies and is
+/// reaped, at every moment relative to the pass-on: whichever comes first,
+/// the extent passed on is the one recorded, counted once and given back
+/// once (container and importer end at 0).
+#[test]
+fn shared_release_racing_the_pass_on_counts_once() {
+    let d = tmpdir("shared-race");
+    let pid = std::process::id() as i32;
+    const B: u64 = 64 << 20;
+    let imp = open(&d);
+    let mi = imp.join(&req("r", 0)).unwrap();
+    // Passed on before the growth, between growth and release, after the release.
+    let mut seen = [0u32; 3];
+    for round in 0..300u32 {
+        let exp = open(&d);
+        let me = exp.join(&req("r", 0)).unwrap();
+        exp.try_reserve(&me, B).unwrap();
+        let e = imp.share_register(&mi, pid).unwrap().unwrap();
+        assert_eq!(imp.share_grow(&mi, e, B), SharePayer::Exporter);
+        // Both sides start together, each after a spin that varies by round.
+        let (spin, lead) = ((round * 7919) % 100_000, (round * 104_729) % 100_000);
+        let go = std::sync::Barrier::new(2);
+        let gave = std::thread::scope(|s| {
+            let t = s.spawn(|| {
+                go.wait();
+                for _ in 0..spin {
+                    std::hint::spin_loop();
+                }
+                // Maps more while the exporter may be going, then lets go.
+                let g = imp.share_grow(&mi, e, 2 * B);
+                for _ in 0..spin / 2 {
+                    std::hint::spin_loop();
+                }
+                let r = imp.share_release(&mi, e);
+                match g {
+                    SharePayer::Importer(x) => assert_eq!((x, r), (B, B), "passed on first"),
+                    SharePayer::Exporter => assert!(r == 0 || r == 2 * B, "{r}"),
+                }
+                (g, r)
+            });
+            go.wait();
+            for _ in 0..lead {
+                std::hint::spin_loop();
+            }
+            drop(exp);
+            imp.reap();
+            t.join().unwrap()
+        });
+        // Another test's child between fork and exec holds the exporter's
+        // descriptions (and locks) for a moment: reap until it is gone.
+        let t0 = std::time::Instant::now();
+        while imp.processes_of(mi.container).count() > 1 {
+            assert!(
+                t0.elapsed().as_secs() < 10,
+                "round {round}: exporter never reaped"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            imp.reap();
+        }
+        match gave {
+            (SharePayer::Importer(_), _) => seen[0] += 1,
+            (_, 0) => seen[2] += 1,
+            _ => seen[1] += 1,
+        }
+        let c = imp.container_of(&mi).used.load(Ordering::Acquire);
+        let p = imp.process_of(&mi).used.load(Ordering::Acquire);
+        assert_eq!((c, p), (0, 0), "round {round}");
+    }
+    eprintln!(
+        "passed on before the growth {}, between growth and release {}, after the release {}",
+        seen[0], seen[1], seen[2]
+    );
+    assert!(imp.leave(&mi));
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -48,7 +48,10 @@ fn c_header_matches_rust_layout() {
             state, container, pid, _pad, pidns, start_time, used, pending, gpu_time_ns,
             launches, sched_beat_ns, sched_in_sync, reserved,
         }
-        "cgpu_ledger" LedgerFile { header, containers, processes }
+        "cgpu_shared" SharedSlot {
+            state, container, exporter, holder, exporter_pid, holder_pid, bytes,
+        }
+        "cgpu_ledger" LedgerFile { header, containers, processes, shared }
     };
     let consts: &[(&str, u64)] = &[
         ("CGPU_LEDGER_MAGIC", LEDGER_MAGIC),
@@ -59,6 +62,10 @@ fn c_header_matches_rust_layout() {
         ("CGPU_UUID_LEN", UUID_LEN as u64),
         ("CGPU_SCHED_GPU_WORDS", SCHED_GPU_WORDS as u64),
         ("CGPU_SCHED_CONTAINER_WORDS", SCHED_CONTAINER_WORDS as u64),
+        ("CGPU_MAX_SHARED", MAX_SHARED as u64),
+        ("CGPU_SHARED_BORNE", SHARED_BORNE),
+        ("CGPU_SHARED_RELEASED", SHARED_RELEASED),
+        ("CGPU_SHARED_BYTES", SHARED_BYTES),
         ("CGPU_SLOT_FREE", SLOT_FREE as u64),
         ("CGPU_SLOT_CLAIMING", SLOT_CLAIMING as u64),
         ("CGPU_SLOT_LIVE", SLOT_LIVE as u64),
@@ -124,5 +131,6 @@ fn c_header_matches_rust_layout() {
     assert_eq!(size_of::<LedgerHeader>(), 560);
     assert_eq!(size_of::<ContainerSlot>(), 576);
     assert_eq!(size_of::<ProcessSlot>(), 96);
-    assert_eq!(size_of::<LedgerFile>(), 172_592);
+    assert_eq!(size_of::<SharedSlot>(), 32);
+    assert_eq!(size_of::<LedgerFile>(), 205_360);
 }

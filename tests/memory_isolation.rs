@@ -1517,3 +1517,178 @@ fn context_limits_in_a_pid_namespace_are_charged_without_other_containers_noise(
     );
     drop(noisy);
 }
+
+/// Bytes of the simulated driver's VMM memory (`memfd`s) that process
+/// `pid` has mapped, from `/proc/<pid>/maps`: the memory it keeps alive,
+/// whoever created it.
+fn vmm_mapped_bytes(pid: u32) -> u64 {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    maps.lines()
+        .filter(|l| l.contains("memfd:cgpu-sim-vmm"))
+        .map(|l| {
+            let (a, b) = l
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .split_once('-')
+                .unwrap();
+            u64::from_str_radix(b, 16).unwrap() - u64::from_str_radix(a, 16).unwrap()
+        })
+        .sum()
+}
+
+/// Within one container, memory an exporter shares with another of its
+/// processes is charged once, to the exporter, while it lives; when it
+/// goes (exits, or is killed) while the importer still holds the memory,
+/// the charge passes on to the importer in the same step (the ledger's
+/// table of shared allocations), so the container never holds less than
+/// its processes keep alive; the importer's release gives it back, once.
+/// The bytes kept alive are read from the importer's own mappings.
+#[test]
+fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
+    for kill in [false, true] {
+        let m = Machine::new(if kill { "vmmpass-kill" } else { "vmmpass" }, T4);
+        let mib800 = (800 * MIB).to_string();
+        let mut ec = m.client(
+            Some(&vars("share", "2")),
+            &[
+                "ctx",
+                "vmmmap",
+                &mib800,
+                "vmmexport",
+                "ready",
+                "waitline",
+                "vmmrelease",
+                "vmmunmap",
+                "info",
+                "ready",
+                "waitline",
+            ],
+        );
+        ec.stdin(Stdio::piped());
+        let (mut exporter, mut er, before) = spawn_ready_out(ec);
+        let mut exp_in = exporter.stdin.take().unwrap();
+        let x = op(&before, "vmmexport");
+        assert_eq!(x["rc"], 0, "{before}");
+        let (pid, fd) = (x["pid"].to_string(), x["fd"].to_string());
+
+        let mut ic = m.client(
+            Some(&vars("share", "2")),
+            &[
+                "ctx",
+                "vmmimportfd",
+                &pid,
+                &fd,
+                &mib800,
+                "info",
+                "ready",
+                "waitline",
+                "info",
+                "ready",
+                "waitline",
+                "vmmrelease",
+                "vmmunmap",
+                "info",
+                "ready",
+                "waitline",
+            ],
+        );
+        ic.stdin(Stdio::piped());
+        let (mut importer, mut ir, out) = spawn_ready_out(ic);
+        let mut imp_in = importer.stdin.take().unwrap();
+        let imp = op(&out, "vmmimport");
+        assert_eq!(
+            (&imp["rc"], &imp["rc_map"]),
+            (&0.into(), &0.into()),
+            "{out}"
+        );
+        let ipid = importer.id();
+        assert_eq!(vmm_mapped_bytes(ipid), 800 * MIB, "the importer maps it");
+        let l = ledger(&m);
+        let used = || container(&l, "share").unwrap();
+        let procs = |v: &View| {
+            let mut p = v.3.clone();
+            p.sort();
+            p
+        };
+        // Both live: charged once, to the exporter; the import recorded.
+        assert_eq!(used().0, 2 * CTX + 800 * MIB);
+        assert_eq!(
+            op(&out, "info")["free"].as_u64(),
+            Some(2 * GIB - 2 * CTX - 800 * MIB)
+        );
+        let epid: u32 = pid.parse().unwrap();
+        assert_eq!(
+            l.shared_allocations(),
+            vec![(epid as i32, ipid as i32, 800 * MIB, false)]
+        );
+        // The exporter lets go of its handle and mapping: still its charge
+        // (its descriptor may keep the memory), not the importer's.
+        let o = go_on(&mut exp_in, &mut er);
+        assert_eq!(op(&o, "vmmunmap")["rc"], 0, "{o}");
+        assert_eq!(used().0, 2 * CTX + 800 * MIB);
+
+        // The exporter goes while the importer holds the memory.
+        if kill {
+            exporter.kill().unwrap();
+        } else {
+            drop(exp_in);
+        }
+        let st = wait_timeout(exporter, Duration::from_secs(30)).status;
+        assert_eq!(st.success(), !kill, "{st:?}");
+        l.reap();
+        let v = used();
+        assert_eq!(
+            v.0,
+            CTX + 800 * MIB,
+            "the importer's context and what it holds"
+        );
+        assert_eq!(procs(&v), vec![(ipid, CTX + 800 * MIB)]);
+        assert_eq!(vmm_mapped_bytes(ipid), 800 * MIB, "still alive");
+        assert_eq!(
+            l.shared_allocations(),
+            vec![(epid as i32, ipid as i32, 800 * MIB, true)]
+        );
+        let o = go_on(&mut imp_in, &mut ir);
+        assert_eq!(
+            op(&o, "info")["free"].as_u64(),
+            Some(2 * GIB - CTX - 800 * MIB),
+            "{o}"
+        );
+        // A newcomer of the container finds exactly the rest.
+        let rest = 2 * GIB - 2 * CTX - 800 * MIB;
+        let out = run_ok(&mut m.client(
+            Some(&vars("share", "2")),
+            &[
+                "ctx",
+                "info",
+                "alloc",
+                &(rest + 2 * MIB).to_string(),
+                "alloc",
+                &rest.to_string(),
+            ],
+        ));
+        assert_eq!(op(&out, "info")["free"].as_u64(), Some(rest), "{out}");
+        let allocs = ops(&out, "alloc");
+        assert_eq!(
+            (&allocs[0]["rc"], &allocs[1]["rc"]),
+            (&2.into(), &0.into()),
+            "{out}"
+        );
+
+        // The importer lets go: given back, once.
+        let o = go_on(&mut imp_in, &mut ir);
+        assert_eq!(op(&o, "vmmunmap")["rc"], 0, "{o}");
+        assert_eq!(op(&o, "info")["free"].as_u64(), Some(2 * GIB - CTX), "{o}");
+        assert_eq!(vmm_mapped_bytes(ipid), 0);
+        assert_eq!(used().0, CTX);
+        assert_eq!(procs(&used()), vec![(ipid, CTX)]);
+        assert!(l.shared_allocations().is_empty());
+        drop(imp_in);
+        assert!(wait_timeout(importer, Duration::from_secs(30))
+            .status
+            .success());
+        l.reap();
+        assert_eq!(container(&l, "share"), None, "nothing left behind");
+    }
+}

@@ -6,8 +6,12 @@ step. The two processes take turns, several rounds, the order alternating;
 each round's time per step with cgpu is divided by the bare one's in the
 same round (neighbours in time), and the median of these ratios counts,
 with the quartiles as its spread. On a real GPU it must meet the goal,
-1.01x; on the simulated GPU (a step is host work only, on a shared machine)
-1.30x. scripts/bench-torch.sh measures the same at length.
+1.01x. On the simulated GPU with PyTorch, every kernel takes 50 us
+(CGPU_SIM_KERNEL_NS), so that the step is bound by the device, as training
+on a GPU is, and the bound is 1.05x (the host is a shared machine); through
+cuda-bindings (CI) the spin kernels already make it device-bound, and the
+bound stays 1.30x there, where a failure would stop CI for a loaded machine.
+scripts/bench-torch.sh measures the same at length.
 
 Check 5b: a CUDA graph captured and replayed while another container keeps
 the GPU busy, so the scheduler is handing the GPU back and forth meanwhile
@@ -22,7 +26,11 @@ import common as c
 
 def main():
     b = c.probe()["backend"]
-    if c.SIM:
+    sim_env = {}
+    if c.SIM and b == "torch":
+        rounds, secs, limit = (4, 1.0, 1.05) if c.QUICK else (8, 2.0, 1.05)
+        sim_env = {"CGPU_SIM_KERNEL_NS": 50_000}
+    elif c.SIM:
         rounds, secs, limit = (4, 0.5, 1.30) if c.QUICK else (8, 1.0, 1.30)
     else:
         rounds, secs, limit = (4, 2.0, 1.01) if c.QUICK else (10, 2.5, 1.01)
@@ -31,9 +39,9 @@ def main():
     ledger = c.new_ledger_dir("ovh")
     pre = None
     with c.section(name):
-        base = c.Worker("bare", b, c.container_env(preload=False), wait=False)
+        base = c.Worker("bare", b, c.container_env(preload=False, **sim_env), wait=False)
         pre = c.Worker("preload", b, c.container_env(
-            "overhead", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=8), wait=False)
+            "overhead", ledger, ALIYUN_COM_GPU_MEM_CONTAINER=8, **sim_env), wait=False)
         base.ready()
         pre.ready()
         tb, tp = [], []

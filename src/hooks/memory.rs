@@ -591,9 +591,11 @@ pub unsafe fn mem_export_to_shareable_handle(
 /// exporter's life without its own quota holding it. Unless the descriptor
 /// was exported by a live process of this container (its `F_SETOWN` tag, a
 /// pid the GPU's ledger lists in this container): the container is charged
-/// once, by the exporter. The charge is taken
-/// when it is mapped, for the extent mapped (the driver reports no
-/// handle's size).
+/// once, by the exporter, and the import is recorded in the ledger's table
+/// of shared allocations, so that when the exporter goes its charge for
+/// what this process holds passes on to this process in the same step. The
+/// charge is taken (or recorded) when it is mapped, for the extent mapped
+/// (the driver reports no handle's size).
 ///
 /// # Safety
 /// The driver's contract.
@@ -625,13 +627,23 @@ pub unsafe fn mem_import_from_shareable_handle(
     ) == CUDA_SUCCESS
         && prop.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE)
         .then_some(prop.location.id);
+    let charges = &proc_state().charges;
     match dev.and_then(cuda_gpu) {
-        Some(gpu) if exporter.is_some_and(|pid| gpu.is_container_process(pid)) => {
-            tracing::debug!(
-                "cgpu: an allocation exported by pid {exporter:?} of this container: charged to it"
-            );
+        Some(_) if exporter == Some(std::process::id()) => {
+            tracing::debug!("cgpu: an allocation this process exported: charged to it already");
         }
-        Some(gpu) => proc_state().charges.vmm_imported(h, gpu),
+        Some(gpu) => match exporter
+            .filter(|_| !charges.vmm_holds(h))
+            .and_then(|pid| gpu.share_register(pid))
+        {
+            Some(link) => {
+                tracing::debug!(
+                    "cgpu: an allocation exported by pid {exporter:?} of this container: charged to it while it lives, then here"
+                );
+                charges.vmm_imported_shared(h, gpu, link);
+            }
+            None => charges.vmm_imported(h, gpu),
+        },
         None => tracing::debug!(
             "cgpu: an imported allocation on no tracked GPU ({dev:?}) is not charged"
         ),

@@ -59,6 +59,27 @@ impl JoinSpec {
     }
 }
 
+/// An import recorded in the table of shared allocations of the ledger
+/// this process was joined to when it imported (see `Account::share_register`).
+#[derive(Clone, Copy)]
+pub struct ShareLink {
+    j: &'static Joined,
+    entry: usize,
+}
+
+impl ShareLink {
+    /// Mapped up to `extent`: who pays (see [`Ledger::share_grow`]).
+    pub fn grow(&self, extent: u64) -> SharePayer {
+        self.j.ledger.share_grow(&self.j.m, self.entry, extent)
+    }
+
+    /// Let go of: what this process's slot bore is given back (see
+    /// [`Ledger::share_release`]).
+    pub fn release(&self) -> u64 {
+        self.j.ledger.share_release(&self.j.m, self.entry)
+    }
+}
+
 /// A ledger joined (never freed once published: other threads may still
 /// hold references to it after it was replaced).
 struct Joined {
@@ -509,6 +530,49 @@ impl Account {
             sat_sub(&self.mine, bytes);
             return;
         }
+    }
+
+    /// `cuMemImportFromShareableHandle` of memory exported by `exporter_pid`
+    /// (as this process's PID namespace numbers it): if that is a live
+    /// process of this container, the import is recorded in the ledger's
+    /// table of shared allocations and the link returned (the exporter
+    /// pays while it lives, this process after). `Ok(None)`: not joined, or
+    /// not a live process of the container.
+    pub fn share_register(
+        &'static self,
+        exporter_pid: i32,
+    ) -> Result<Option<ShareLink>, LedgerError> {
+        if self.state.load(Ordering::Acquire) != JOINED {
+            return Ok(None);
+        }
+        let Some(j) = self.joined() else {
+            return Ok(None);
+        };
+        Ok(j.ledger
+            .share_register(&j.m, exporter_pid)?
+            .map(|entry| ShareLink { j, entry }))
+    }
+
+    /// Is `link` on the ledger this process is joined to now? (Not after
+    /// the file was deleted or replaced and joined again: its entries are
+    /// nobody's to pass on any more.)
+    pub fn share_current(&self, link: &ShareLink) -> bool {
+        self.state.load(Ordering::Acquire) == JOINED
+            && self.joined().is_some_and(|j| std::ptr::eq(j, link.j))
+    }
+
+    /// The exporter of `link`'s import went and this process's slot was
+    /// charged `bytes` for it: count them as this process's own from now
+    /// on. Returns what is counted (0 when `link` is on a ledger this
+    /// process has since left: its bytes are given back there, and the
+    /// caller charges itself afresh).
+    pub fn share_adopt(&self, link: &ShareLink, bytes: u64) -> u64 {
+        if self.share_current(link) {
+            self.mine.fetch_add(bytes, Ordering::AcqRel);
+            return bytes;
+        }
+        link.j.ledger.release(&link.j.m, bytes);
+        0
     }
 
     /// The ledger and membership, once joined.

@@ -19,9 +19,11 @@ mod account;
 mod file;
 mod guard;
 mod lock;
+mod shared;
 mod snapshot;
 
-pub use account::{Account, JoinSpec, JOIN_WAIT, RETRY_INTERVAL};
+pub use account::{Account, JoinSpec, ShareLink, JOIN_WAIT, RETRY_INTERVAL};
+pub use shared::{SharePayer, SharedSlot, MAX_SHARED, SHARED_BORNE, SHARED_BYTES, SHARED_RELEASED};
 pub use snapshot::{ContainerSnapshot, ProcessSnapshot, Snapshot};
 
 use std::path::{Path, PathBuf};
@@ -34,8 +36,8 @@ use crate::process::clock::realtime_ns;
 /// `b"CGPULEDG"` read as a little-endian u64.
 pub const LEDGER_MAGIC: u64 = u64::from_le_bytes(*b"CGPULEDG");
 /// Bumped on any layout change (2: 128 container and 1024 process slots,
-/// 48 scheduler words per container).
-pub const FORMAT_VERSION: u32 = 2;
+/// 48 scheduler words per container; 3: the table of shared allocations).
+pub const FORMAT_VERSION: u32 = 3;
 /// Container slots per GPU. cGPU's `max_inst` allows at most 25 containers
 /// with compute weight; containers that arrive with weight 0, run with
 /// `CGPU_DISABLE` or only hold memory need slots too: 128 is five times
@@ -190,6 +192,9 @@ pub struct LedgerFile {
     pub header: LedgerHeader,
     pub containers: [ContainerSlot; MAX_CONTAINERS],
     pub processes: [ProcessSlot; MAX_PROCESSES],
+    /// Memory a process exported and another of its container imported
+    /// (`shared.rs`).
+    pub shared: [SharedSlot; MAX_SHARED],
 }
 
 /// Why a ledger could not be used.
@@ -879,7 +884,12 @@ impl Ledger {
         let f = self.file();
         let p = &f.processes[i];
         let c = p.container.load(Ordering::Acquire) as usize;
-        if p.state.load(Ordering::Acquire) == SLOT_LIVE && c < MAX_CONTAINERS {
+        let live = p.state.load(Ordering::Acquire) == SLOT_LIVE && c < MAX_CONTAINERS;
+        // What importers of its container hold of its exports is theirs to
+        // pay for from now on (counted on them first); its own imports'
+        // entries go with the slot, whatever state it was in.
+        self.share_pass_on(i, live);
+        if live {
             let held = p.used.swap(0, Ordering::AcqRel);
             sat_sub(&f.containers[c].used, held);
             let pending = p.pending.swap(0, Ordering::AcqRel);
@@ -928,16 +938,26 @@ impl Ledger {
         let f = self.file();
         let p = &f.processes[m.process];
         let c = &f.containers[m.container];
-        // Move the bytes under the same `pending` marker as a release (a
-        // concurrent recount then cannot subtract them a second time), then
-        // drop the liveness lock: a reaper that sees us dead finds nothing
-        // left to subtract twice.
-        let held = p.used.load(Ordering::Acquire);
-        p.pending.fetch_add(held, Ordering::AcqRel);
-        c.ops.fetch_add(1, Ordering::AcqRel);
-        let took = sat_sub(&p.used, held);
-        sat_sub(&c.used, took);
-        p.pending.fetch_sub(held, Ordering::AcqRel);
+        // Under the table lock (waiting at most LEAVE_LOCK_WAIT: an exit
+        // never hangs on a stalled lock holder), so that no import of what
+        // this process exported can be recorded between the look and the
+        // give-back. Memory it exported that an importer of its container
+        // holds is passed on by the reap below, before its bytes go; then
+        // nothing is given back here. Without the lock nothing is given
+        // back either: the next reap does it all (counted meanwhile).
+        let table = self.lock_table_within(LEAVE_LOCK_WAIT);
+        if table.is_ok() && !self.exports_shared(m.process) {
+            // Move the bytes under the same `pending` marker as a release (a
+            // concurrent recount then cannot subtract them a second time),
+            // then drop the liveness lock: a reaper that sees us dead finds
+            // nothing left to subtract twice.
+            let held = p.used.load(Ordering::Acquire);
+            p.pending.fetch_add(held, Ordering::AcqRel);
+            c.ops.fetch_add(1, Ordering::AcqRel);
+            let took = sat_sub(&p.used, held);
+            sat_sub(&c.used, took);
+            p.pending.fetch_sub(held, Ordering::AcqRel);
+        }
         if let Ok(fd) = self.fd() {
             let _ = lock::unlock(
                 fd,
@@ -945,14 +965,13 @@ impl Ledger {
                 std::mem::size_of::<ProcessSlot>() as u64,
             );
         }
-        // Free the slot now if we can (waiting at most LEAVE_LOCK_WAIT: an exit
-        // never hangs on a stalled lock holder); otherwise the next reap
+        // Free the slot now if we hold the lock; otherwise the next reap
         // does, our liveness lock being gone.
-        match self.lock_table_within(LEAVE_LOCK_WAIT) {
+        match table {
             Ok(_g) => {
                 self.reap_locked();
             }
-            Err(e) => tracing::debug!("leave: {e}; the slot is reaped later"),
+            Err(e) => tracing::debug!("leave: {e}; the slot and its bytes are reaped later"),
         }
         true
     }

@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use parking_lot::Mutex;
 
+use crate::ledger::{ShareLink, SharePayer};
 use crate::memory::Gpu;
 
 /// What a bookkeeping entry is keyed by.
@@ -104,6 +105,11 @@ struct Phys {
     imported: bool,
     /// Exported as a shareable handle: charged until the process exits.
     exported: bool,
+    /// Imported from a live exporter of this container: recorded in the
+    /// ledger's table of shared allocations, paid for by the exporter (and
+    /// `bytes` stays 0) until it goes; then this process's (`bytes` is what
+    /// its slot was charged, and the link is dropped).
+    share: Option<ShareLink>,
     /// Handle references not yet released.
     refs: u32,
     /// Live mappings.
@@ -119,6 +125,9 @@ struct Vmm {
     /// Exported allocations this process no longer holds: still charged,
     /// until it exits (their handle values may be reused).
     kept: Vec<(&'static Gpu, u64)>,
+    /// Imports of this container's memory this process exported on and no
+    /// longer holds: their ledger entries are kept until it exits.
+    kept_shares: Vec<ShareLink>,
 }
 
 impl Vmm {
@@ -128,6 +137,18 @@ impl Vmm {
         let p = self.phys.get(&h)?;
         if p.refs == 0 && p.maps == 0 {
             let p = self.phys.remove(&h)?;
+            if let Some(link) = p.share {
+                if p.exported {
+                    // Exported on by this process: what its descriptor
+                    // keeps stays recorded until this process exits (its
+                    // slot's reap frees the entry).
+                    self.kept_shares.push(link);
+                } else {
+                    // Gives back what this process bore for it, if anything.
+                    link.release();
+                }
+                return None;
+            }
             if p.exported {
                 self.kept.push((p.gpu, p.bytes));
                 return None;
@@ -232,6 +253,7 @@ impl Charges {
                 bytes,
                 imported: false,
                 exported: false,
+                share: None,
                 refs: 1,
                 maps: 0,
             },
@@ -258,6 +280,40 @@ impl Charges {
                         bytes: 0,
                         imported: true,
                         exported: false,
+                        share: None,
+                        refs: 1,
+                        maps: 0,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Does this process hold handle `h`?
+    pub fn vmm_holds(&self, h: u64) -> bool {
+        self.vmm.lock().phys.contains_key(&h)
+    }
+
+    /// `cuMemImportFromShareableHandle` returned `h`, memory on `gpu`
+    /// exported by a live process of this container, the import recorded
+    /// in the ledger as `link`: the exporter pays for it while it lives
+    /// (see [`Phys::share`]).
+    pub fn vmm_imported_shared(&self, h: u64, gpu: &'static Gpu, link: ShareLink) {
+        let mut v = self.vmm.lock();
+        match v.phys.get_mut(&h) {
+            Some(p) => {
+                p.refs = p.refs.saturating_add(1);
+                link.release();
+            }
+            None => {
+                v.phys.insert(
+                    h,
+                    Phys {
+                        gpu,
+                        bytes: 0,
+                        imported: true,
+                        exported: false,
+                        share: Some(link),
                         refs: 1,
                         maps: 0,
                     },
@@ -269,10 +325,29 @@ impl Charges {
     /// Before mapping `[offset, offset + len)` of handle `h`: if it is an
     /// imported allocation whose charge does not cover that extent yet, the
     /// GPU and the bytes to reserve first (then [`Proc::vmm_import_grown`]).
+    /// An import its exporter pays for records the extent in the ledger
+    /// instead (nothing to reserve); if the exporter went, this process
+    /// was charged for it meanwhile and counts that as its own.
     pub fn vmm_import_growth(&self, h: u64, offset: u64, len: u64) -> Option<(&'static Gpu, u64)> {
-        let v = self.vmm.lock();
-        let p = v.phys.get(&h).filter(|p| p.imported)?;
+        let mut v = self.vmm.lock();
+        let p = v.phys.get_mut(&h).filter(|p| p.imported)?;
         let extent = offset.saturating_add(len);
+        if let Some(link) = p.share {
+            // A link into a ledger this process has left (deleted or
+            // replaced) is nobody's to pass on: charge here from now on.
+            let payer = if p.gpu.share_current(&link) {
+                link.grow(extent)
+            } else {
+                SharePayer::Importer(0)
+            };
+            match payer {
+                SharePayer::Exporter => return None,
+                SharePayer::Importer(b) => {
+                    p.share = None;
+                    p.bytes = p.gpu.share_adopt(&link, b);
+                }
+            }
+        }
         (extent > p.bytes).then(|| (p.gpu, extent - p.bytes))
     }
 
