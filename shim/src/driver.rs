@@ -150,6 +150,11 @@ pub enum MemOp {
 pub struct Pool {
     pub dev: usize,
     pub attrs: Mutex<HashMap<i32, u64>>,
+    /// `handleTypes` the pool was created exportable as (`CUmemPoolProps`).
+    pub handle_types: i32,
+    /// Imported from another process (`cuMemPoolImportFromShareableHandle`):
+    /// its pid; 0 for a pool of this process.
+    pub imported_from: u32,
 }
 
 pub struct PhysMem {

@@ -38,10 +38,9 @@ stub_fns! {
         cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
         cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuProfilerInitialize;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Interprocess events, pool exports, external memory and
+        // Interprocess events, external memory and
         // semaphores (Vulkan/DirectX/NvSci objects), dma-buf handles.
-        cuIpcGetEventHandle, cuIpcOpenEventHandle, cuMemPoolExportPointer, cuMemPoolImportPointer,
-        cuMemPoolExportToShareableHandle, cuMemPoolImportFromShareableHandle,
+        cuIpcGetEventHandle, cuIpcOpenEventHandle,
         cuImportExternalMemory, cuDestroyExternalMemory, cuExternalMemoryGetMappedBuffer,
         cuExternalMemoryGetMappedMipmappedArray, cuImportExternalSemaphore,
         cuDestroyExternalSemaphore, cuSignalExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync,
