@@ -2,9 +2,10 @@
 //! driver API and NVML, to be exposed as `libcuda.so.1` and
 //! `libnvidia-ml.so.1`; see `shim/README.md`.
 //!
-//! Modules by API area: `cuda::{init, export_tables, device, diagnostics, context,
-//! memory, managed, vmm, array, stream, module, link, launch, occupancy,
-//! graph, unsupported, procaddr}`, `nvml`, `nvml_monitoring`; the machinery
+//! Modules by API area: `cuda::{init, logs, export_tables, device, multicast,
+//! diagnostics, context, limits, green, checkpoint, memory, managed, vmm, ipc,
+//! array, stream, module, link, launch, occupancy, graph, tensor_map,
+//! unsupported, procaddr}`, `nvml`, `nvml_monitoring`; the machinery
 //! underneath: `config` (environment), `state` (the shared mmap'd file),
 //! `exec` (device time), `driver` (per-process objects and handles), `image`
 //! (what module images define), `integrity` (the runtime's integrity check),
