@@ -5,7 +5,9 @@
 //! The first `cuIpcGetMemHandle` of an allocation moves it into a `memfd`
 //! (its bytes copied, all-zero 64 KiB runs skipped so untouched memory stays
 //! unbacked) mapped over the same addresses, so nothing changes for the
-//! owner. The 64-byte handle names the owner's pid and descriptor; another
+//! owner (but a write another thread makes to the allocation while that
+//! first export copies it may be lost). The 64-byte handle names the
+//! owner's pid and descriptor; another
 //! process opens `/proc/<pid>/fd/<fd>` (same user, same PID namespace, as
 //! the driver's handles work between processes of one machine) and maps the
 //! same bytes. The memory stays charged to the owner only; a mapping lives
