@@ -128,29 +128,23 @@ int main(int argc, char **argv) {
         char buf[64];
         while (fgets(buf, sizeof buf, stdin)) {
         }
-    } else if (!strcmp(argv[1], "capture")) {
+    } else if (!strcmp(argv[1], "capture") || !strcmp(argv[1], "capture_keep")) {
+        int keep = !strcmp(argv[1], "capture_keep");
         CUstream s;
         CUdeviceptr p = 0;
         if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) return 4;
         if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) return 4;
         report("capture_alloc", 0, cuMemAllocAsync(&p, bytes, s));
-        report("capture_free", 0, cuMemFreeAsync(p, s));
+        if (!keep) report("capture_free", 0, cuMemFreeAsync(p, s));
         if (cuStreamEndCapture(s, &g)) return 4;
         if (cuGraphInstantiate(&e, g, 0)) return 5;
         launch(e, s, 0);
-    } else if (!strcmp(argv[1], "capture_keep")) {
-        CUstream s;
-        CUdeviceptr p = 0;
-        if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) return 4;
-        if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) return 4;
-        report("capture_alloc", 0, cuMemAllocAsync(&p, bytes, s));
-        if (cuStreamEndCapture(s, &g)) return 4;
-        if (cuGraphInstantiate(&e, g, 0)) return 5;
-        launch(e, s, 0);
-        CUresult rc = cuMemFreeAsync(p, s);
-        cuStreamSynchronize(s);
-        report("free_outside", 0, rc);
-        report("trim", 0, cuDeviceGraphMemTrim(dev));
+        if (keep) {
+            CUresult rc = cuMemFreeAsync(p, s);
+            cuStreamSynchronize(s);
+            report("free_outside", 0, rc);
+            report("trim", 0, cuDeviceGraphMemTrim(dev));
+        }
     } else {
         return 2;
     }
