@@ -409,10 +409,7 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
 ) -> CUresult {
     guard(|| {
         let d = cu()?;
-        let (dev, handle_types) = d
-            .phys
-            .lock()
-            .get(&h)
+        let (dev, handle_types) = phys_mem(d, h)
             .map(|p| (p.dev, p.handle_types))
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let p = CUmemAllocationProp {
