@@ -1016,6 +1016,12 @@ impl Gate {
                         continue;
                     }
                     if others {
+                        // A thread of mine inside the real launch call (the
+                        // driver's queue is full and it waits for room) is
+                        // busy, not idle: say so where every watcher looks.
+                        if self.in_launch.load(Acquire) > 0 {
+                            self.c(cw::SYNC_AT).store(now, Release);
+                        }
                         // Others wait: give the GPU up as soon as my
                         // container stops launching and waits for nothing.
                         if watch.idle(t, self.slot(self.container), now)

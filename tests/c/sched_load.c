@@ -1,5 +1,5 @@
 /*
- * sched_load MODE MS KERNEL_NS KERNELS PAUSE_US: workloads of the scheduling
+ * sched_load MODE MS KERNEL_NS KERNELS PAUSE_US [WARM_MS]: workloads of the scheduling
  * tests and of `examples/share`, on device 0's primary context, for MS ms
  * of wall time; prints "ready" once initialised.
  *
@@ -10,7 +10,9 @@
  *   requests  an online service: every request launches KERNELS kernels,
  *             synchronises, and records its latency (launch to result);
  *             then it pauses PAUSE_US. Prints
- *             "done requests=N p50_us=.. p90_us=.. p99_us=.. max_us=..".
+ *             "done requests=N p50_us=.. p90_us=.. p99_us=.. max_us=.."
+ *             over the requests that began WARM_MS (default 0) or more
+ *             after the start (steady state, not the first launches).
  *
  * Latencies are measured on CLOCK_MONOTONIC around the launch and the
  * synchronise, as a client of the service would see them.
@@ -46,10 +48,11 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 6) {
-        fprintf(stderr, "usage: sched_load sync|requests MS KERNEL_NS KERNELS PAUSE_US\n");
+    if (argc != 6 && argc != 7) {
+        fprintf(stderr, "usage: sched_load sync|requests MS KERNEL_NS KERNELS PAUSE_US [WARM_MS]\n");
         return 2;
     }
+    uint64_t warm_ms = argc == 7 ? strtoull(argv[6], NULL, 0) : 0;
     const char *mode = argv[1];
     uint64_t ms = strtoull(argv[2], NULL, 0), ns = strtoull(argv[3], NULL, 0);
     long kernels = atol(argv[4]);
@@ -74,7 +77,8 @@ int main(int argc, char **argv) {
     size_t cap = 1 << 20, n = 0;
     uint64_t *lat = requests ? malloc(cap * sizeof *lat) : NULL;
     long done = 0;
-    uint64_t end = now_ns() + ms * 1000000ull;
+    uint64_t begin = now_ns();
+    uint64_t end = begin + ms * 1000000ull, steady = begin + warm_ms * 1000000ull;
     while (now_ns() < end) {
         uint64_t t0 = now_ns();
         for (long k = 0; k < kernels; k++) {
@@ -83,7 +87,7 @@ int main(int argc, char **argv) {
         }
         CHECK(cuStreamSynchronize(s));
         done += kernels;
-        if (requests && n < cap) lat[n++] = now_ns() - t0;
+        if (requests && n < cap && t0 >= steady) lat[n++] = now_ns() - t0;
         pause_us(pause);
     }
     if (requests) {

@@ -331,24 +331,50 @@ impl Scenario {
             .id() as i32
     }
 
-    /// [`Scenario::measure_rounds`], and the mean slice length (ns) the
-    /// ledger granted over the window.
+    /// [`Scenario::measure_rounds`], and the median length (ns) of the
+    /// slices held over the window: from the token's grant (RUNNING) to the
+    /// end of that slice (DRAINING), as a thread watching the token every
+    /// 100 µs sees them (what the policy's slice length governs; the drain
+    /// after it is the holder's queue, the same whatever the policy). The
+    /// median, not the mean: a slice cut short because the holder's thread
+    /// got no CPU for the idle grace on a loaded machine is not the
+    /// policy's slice length.
     pub fn measure_slices(&self, window: Duration) -> (Measure, f64) {
-        use cgpu::scheduler::words::gpu as gw;
-        use std::sync::atomic::Ordering::Relaxed;
+        use cgpu::scheduler::words::{gpu as gw, Token, DRAINING, RUNNING};
+        use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
         let l = self.ledger();
         let h = &l.file().header;
-        let (b0, n0) = (
-            h.sched[gw::BUSY_NS].load(Relaxed),
-            h.sched[gw::SLICES].load(Relaxed),
-        );
-        let m = self.measure_rounds(window);
-        let (b1, n1) = (
-            h.sched[gw::BUSY_NS].load(Relaxed),
-            h.sched[gw::SLICES].load(Relaxed),
-        );
-        let mean = (b1 - b0) as f64 / (n1 - n0).max(1) as f64;
-        (m, mean)
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            let watcher = sc.spawn(|| {
+                let mut running: Option<(u32, Instant)> = None;
+                // A slice already running when the watch begins is seen
+                // from its middle: not counted.
+                let first = Token::unpack(h.sched[gw::TOKEN].load(Relaxed)).seq;
+                let mut slices: Vec<Duration> = Vec::new();
+                while !stop.load(Relaxed) {
+                    let t = Token::unpack(h.sched[gw::TOKEN].load(Relaxed));
+                    match (t.state, running) {
+                        (RUNNING, _) if t.seq == first => {}
+                        (RUNNING, Some((seq, _))) if seq == t.seq => {}
+                        (RUNNING, _) => running = Some((t.seq, Instant::now())),
+                        (DRAINING, Some((seq, at))) if t.seq == seq.wrapping_add(1) => {
+                            slices.push(at.elapsed());
+                            running = None;
+                        }
+                        _ => running = None,
+                    }
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                slices.sort();
+                slices
+                    .get(slices.len() / 2)
+                    .map_or(0.0, |d| d.as_nanos() as f64)
+            });
+            let m = self.measure_rounds(window);
+            stop.store(true, Relaxed);
+            (m, watcher.join().unwrap())
+        })
     }
 
     pub fn slot(&self, l: &Ledger, id: &str) -> usize {
