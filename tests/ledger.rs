@@ -541,6 +541,32 @@ fn recount_postponed_while_busy() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// A process killed inside a reap (leaving: its own slot just freed, the
+/// container's `nprocs` not yet recounted) leaves `nprocs` one too high;
+/// the next reap by anyone corrects it.
+#[test]
+fn stale_nprocs_from_a_death_inside_a_reap_is_recounted() {
+    let d = tmpdir("stale-nprocs");
+    let a = open(&d);
+    let m = a.join(&req("pod", 0)).unwrap();
+    let b = open(&d);
+    let mb = b.join(&req("pod", 0)).unwrap();
+    let c = &a.file().containers[m.container];
+    assert_eq!(c.nprocs.load(Ordering::SeqCst), 2);
+    // b's slot freed (as `reap_locked` does), then b dies before the recount.
+    b.file().processes[mb.process]
+        .state
+        .store(SLOT_FREE, Ordering::SeqCst);
+    drop(b);
+    assert_eq!(c.nprocs.load(Ordering::SeqCst), 2, "stale");
+    assert_eq!(a.reap(), 0, "no slot to free");
+    assert_eq!(c.nprocs.load(Ordering::SeqCst), 1, "recounted");
+    assert_eq!(a.snapshot().containers[0].nprocs, 1);
+    assert!(a.leave(&m));
+    assert_eq!(a.find_container("pod"), None);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[test]
 fn set_weight_respects_free_weight() {
     let d = tmpdir("setweight");
