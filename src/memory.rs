@@ -665,7 +665,7 @@ mod tests {
                 .map(|(g, b)| (g as *const Gpu, b))
         };
         let gp = g as *const Gpu;
-        p.charges.vmm_imported(9, g);
+        p.charges.vmm_imported(9, g, None);
         assert_eq!(growth(9, 0, 100), Some((gp, 100)));
         // Two threads both saw the 100 missing and reserved it.
         assert!(g.reserve(100) && g.reserve(100));

@@ -28,6 +28,23 @@ fn open(dir: &Path) -> Ledger {
     Ledger::open_or_create(dir, "GPU-test-0", 0, 16 * GIB).unwrap()
 }
 
+/// After a handle is dropped, wait (bounded) until its process slot is seen
+/// dead. Dropping closes the handle's open file descriptions, and with them
+/// its liveness lock, unless another test of this binary is starting a child
+/// process at that moment: between fork and exec the child holds copies of
+/// every descriptor (close-on-exec ones too), so the lock lives a little
+/// longer. Without this wait a reap right after the drop finds nobody dead.
+fn wait_dead(l: &Ledger, slot: usize) {
+    let t0 = std::time::Instant::now();
+    while l.is_alive(slot) {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "slot {slot} still alive 10 s after its handle was dropped"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn create_defaults_and_reopen() {
     let d = tmpdir("create");
@@ -469,7 +486,7 @@ fn death_mid_operation_is_recounted_exactly() {
         }
         let before = c.used.load(Ordering::SeqCst);
         drop(victim); // its liveness lock goes: dead
-        assert!(!survivor.is_alive(vm.process));
+        wait_dead(&survivor, vm.process);
         assert_eq!(survivor.reap(), 1, "case {case}");
         assert_eq!(
             c.used.load(Ordering::SeqCst),
@@ -503,6 +520,7 @@ fn recount_postponed_while_busy() {
         .store(50, Ordering::SeqCst);
     c.used.fetch_add(50, Ordering::SeqCst);
     drop(victim);
+    wait_dead(&a, vm.process);
     // The survivor looks busy (in-flight op).
     a.file().processes[m.process]
         .pending
@@ -520,6 +538,32 @@ fn recount_postponed_while_busy() {
     assert_eq!(a.maybe_reap(std::time::Duration::ZERO), 0);
     assert_eq!(c.used.load(Ordering::SeqCst), 100, "recounted once quiet");
     assert_eq!(c.suspect.load(Ordering::SeqCst), 0);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A process killed inside a reap (leaving: its own slot just freed, the
+/// container's `nprocs` not yet recounted) leaves `nprocs` one too high;
+/// the next reap by anyone corrects it.
+#[test]
+fn stale_nprocs_from_a_death_inside_a_reap_is_recounted() {
+    let d = tmpdir("stale-nprocs");
+    let a = open(&d);
+    let m = a.join(&req("pod", 0)).unwrap();
+    let b = open(&d);
+    let mb = b.join(&req("pod", 0)).unwrap();
+    let c = &a.file().containers[m.container];
+    assert_eq!(c.nprocs.load(Ordering::SeqCst), 2);
+    // b's slot freed (as `reap_locked` does), then b dies before the recount.
+    b.file().processes[mb.process]
+        .state
+        .store(SLOT_FREE, Ordering::SeqCst);
+    drop(b);
+    assert_eq!(c.nprocs.load(Ordering::SeqCst), 2, "stale");
+    assert_eq!(a.reap(), 0, "no slot to free");
+    assert_eq!(c.nprocs.load(Ordering::SeqCst), 1, "recounted");
+    assert_eq!(a.snapshot().containers[0].nprocs, 1);
+    assert!(a.leave(&m));
+    assert_eq!(a.find_container("pod"), None);
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -692,6 +736,7 @@ fn shared_allocations_pass_on_to_the_importer() {
             "leave" => assert!(exp.leave(&me)),
             _ => {
                 drop(exp);
+                wait_dead(&imp, me.process);
                 assert_eq!(imp.reap(), 1);
             }
         }

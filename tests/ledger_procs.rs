@@ -132,10 +132,17 @@ impl Child {
             }
         }
     }
+    /// SIGKILL and wait. Its stdin stays open until it is gone: `wait`
+    /// alone would close it first, and EOF on stdin is a holder's cue to
+    /// leave normally, so a child that had not died yet (a namespaced
+    /// grandchild killed only once its `unshare` parent is) would leave,
+    /// or be killed half-way through leaving, instead of simply dying.
     fn kill9(&mut self) {
+        let stdin = self.proc.stdin.take();
         // SAFETY: kill(2) on our own child's pid, not yet waited for.
         unsafe { libc::kill(self.pid(), libc::SIGKILL) };
         let _ = self.proc.wait();
+        drop(stdin);
     }
     /// Close its stdin (its cue to finish) and wait, bounded.
     fn finish(mut self, timeout: Duration) -> std::process::ExitStatus {

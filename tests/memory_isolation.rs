@@ -1290,6 +1290,103 @@ fn go_on(
     }
 }
 
+/// A client that stops at each `waitline` until [`Stepped::go_on`].
+struct Stepped {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    r: BufReader<std::process::ChildStdout>,
+}
+
+impl Stepped {
+    /// Starts `c` with a stdin to drive it; also returns what it printed
+    /// before its first `ready`.
+    fn spawn(mut c: std::process::Command) -> (Self, String) {
+        c.stdin(Stdio::piped());
+        let (mut child, r, out) = spawn_ready_out(c);
+        let stdin = child.stdin.take().unwrap();
+        (Self { child, stdin, r }, out)
+    }
+
+    /// [`go_on`].
+    fn go_on(&mut self) -> String {
+        go_on(&mut self.stdin, &mut self.r)
+    }
+
+    /// Closes its stdin (its last `waitline` returns) and checks that it
+    /// exits cleanly.
+    fn finish(self) {
+        drop(self.stdin);
+        assert!(wait_timeout(self.child, Duration::from_secs(30))
+            .status
+            .success());
+    }
+}
+
+/// A client of container `id` (2 GiB) that maps 800 MiB of VMM memory and
+/// exports it as a POSIX descriptor, then waits; let go on, it releases its
+/// handle, unmaps, reports `info` and waits again. Also returns the
+/// exporter's pid and descriptor number.
+fn spawn_vmm_exporter(m: &Machine, id: &str) -> (Stepped, String, String) {
+    let mib800 = (800 * MIB).to_string();
+    let (exporter, before) = Stepped::spawn(m.client(
+        Some(&vars(id, "2")),
+        &[
+            "ctx",
+            "vmmmap",
+            &mib800,
+            "vmmexport",
+            "ready",
+            "waitline",
+            "vmmrelease",
+            "vmmunmap",
+            "info",
+            "ready",
+            "waitline",
+        ],
+    ));
+    let x = op(&before, "vmmexport");
+    assert_eq!(x["rc"], 0, "{before}");
+    (exporter, x["pid"].to_string(), x["fd"].to_string())
+}
+
+/// A client of container `id` (`gib` GiB) that imports the 800 MiB the
+/// exporter `pid` shares as descriptor `fd` (from [`spawn_vmm_exporter`]),
+/// maps it, reports `info` and waits, then goes on with `then`; asserts that
+/// the import and the mapping succeeded.
+fn spawn_vmm_importer(
+    m: &Machine,
+    (id, gib): (&str, &str),
+    (pid, fd): (&str, &str),
+    then: &[&str],
+) -> (Stepped, String) {
+    let mib800 = (800 * MIB).to_string();
+    let mut args = vec![
+        "ctx",
+        "vmmimportfd",
+        pid,
+        fd,
+        &mib800,
+        "info",
+        "ready",
+        "waitline",
+    ];
+    args.extend_from_slice(then);
+    let (importer, out) = Stepped::spawn(m.client(Some(&vars(id, gib)), &args));
+    assert_vmm_import(&out, 0);
+    (importer, out)
+}
+
+/// Asserts that the client's `vmmimport` imported (`rc` 0) and that its
+/// mapping returned `rc_map`.
+fn assert_vmm_import(out: &str, rc_map: u32) {
+    let imp = op(out, "vmmimport");
+    assert_eq!(
+        (&imp["rc"], &imp["rc_map"]),
+        (&0.into(), &rc_map.into()),
+        "{out}"
+    );
+}
+
 /// Memory one container exports (`cuMemExportToShareableHandle`, a POSIX
 /// descriptor) and another imports is held once on the device, but the
 /// driver keeps it while any exported descriptor or imported handle exists,
@@ -1305,29 +1402,8 @@ fn go_on(
 fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
     let m = Machine::new("vmmshare", T4);
     let mib800 = (800 * MIB).to_string();
-    let mut ec = m.client(
-        Some(&vars("exporter", "2")),
-        &[
-            "ctx",
-            "vmmmap",
-            &mib800,
-            "vmmexport",
-            "ready",
-            "waitline",
-            "vmmrelease",
-            "vmmunmap",
-            "info",
-            "ready",
-            "waitline",
-        ],
-    );
-    ec.stdin(Stdio::piped());
-    let (mut exporter, mut er, before) = spawn_ready_out(ec);
-    let mut exp_in = exporter.stdin.take().unwrap();
-    let x = op(&before, "vmmexport");
-    assert_eq!(x["rc"], 0, "{before}");
-    let path = format!("/proc/{}/fd/{}", x["pid"], x["fd"]);
-    let (pid, fd) = (x["pid"].to_string(), x["fd"].to_string());
+    let (mut exporter, pid, fd) = spawn_vmm_exporter(&m, "exporter");
+    let path = format!("/proc/{pid}/fd/{fd}");
     let used = |id: &str| container(&ledger(&m), id).map(|c| c.0);
 
     // The exporter's own container, 2 GiB: its context, the exporter's and
@@ -1336,12 +1412,7 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
         Some(&vars("exporter", "2")),
         &["ctx", "vmmimportfd", &pid, &fd, &mib800, "info"],
     ));
-    let imp = op(&out, "vmmimport");
-    assert_eq!(
-        (&imp["rc"], &imp["rc_map"]),
-        (&0.into(), &0.into()),
-        "{out}"
-    );
+    assert_vmm_import(&out, 0);
     assert_eq!(
         op(&out, "info")["free"].as_u64(),
         Some(2 * GIB - 2 * CTX - 800 * MIB),
@@ -1358,42 +1429,16 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
         Some(&vars("importer-small", "1")),
         &["ctx", "vmmimport", &path, &mib800, "info"],
     ));
-    let imp = op(&out, "vmmimport");
-    assert_eq!(
-        (&imp["rc"], &imp["rc_map"]),
-        (&0.into(), &2.into()),
-        "{out}"
-    );
+    assert_vmm_import(&out, 2);
     assert_eq!(op(&out, "info")["free"].as_u64(), Some(GIB - CTX), "{out}");
 
     // Another container, 2 GiB, with the descriptor itself: charged to the
     // importer as well as to the exporter.
-    let mut ic = m.client(
-        Some(&vars("importer", "2")),
-        &[
-            "ctx",
-            "vmmimportfd",
-            &pid,
-            &fd,
-            &mib800,
-            "info",
-            "ready",
-            "waitline",
-            "vmmrelease",
-            "vmmunmap",
-            "info",
-            "ready",
-            "waitline",
-        ],
-    );
-    ic.stdin(Stdio::piped());
-    let (mut importer, mut ir, out) = spawn_ready_out(ic);
-    let mut imp_in = importer.stdin.take().unwrap();
-    let imp = op(&out, "vmmimport");
-    assert_eq!(
-        (&imp["rc"], &imp["rc_map"]),
-        (&0.into(), &0.into()),
-        "{out}"
+    let (mut importer, out) = spawn_vmm_importer(
+        &m,
+        ("importer", "2"),
+        (&pid, &fd),
+        &["vmmrelease", "vmmunmap", "info", "ready", "waitline"],
     );
     assert_eq!(
         op(&out, "info")["free"].as_u64(),
@@ -1405,7 +1450,7 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
 
     // The exporter lets go of its handle and mapping: the memory lives on
     // (the descriptor, the importer), and it stays charged.
-    let out = go_on(&mut exp_in, &mut er);
+    let out = exporter.go_on();
     assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
     assert_eq!(
         op(&out, "info")["free"].as_u64(),
@@ -1414,15 +1459,12 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
     );
     assert_eq!(used("exporter"), Some(CTX + 800 * MIB));
     // The exporter exits: the importer still holds it, and pays for it.
-    drop(exp_in);
-    assert!(wait_timeout(exporter, Duration::from_secs(30))
-        .status
-        .success());
+    exporter.finish();
     assert_eq!(used("exporter").unwrap_or(0), 0);
     assert_eq!(used("importer"), Some(CTX + 800 * MIB));
 
     // The importer lets go: given back, once.
-    let out = go_on(&mut imp_in, &mut ir);
+    let out = importer.go_on();
     assert_eq!(op(&out, "vmmrelease")["rc"], 0, "{out}");
     assert_eq!(op(&out, "vmmunmap")["rc"], 0, "{out}");
     assert_eq!(
@@ -1431,10 +1473,7 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
         "{out}"
     );
     assert_eq!(used("importer"), Some(CTX));
-    drop(imp_in);
-    assert!(wait_timeout(importer, Duration::from_secs(30))
-        .status
-        .success());
+    importer.finish();
 }
 
 /// Legacy IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle`): the memory is
@@ -1446,13 +1485,10 @@ fn shared_vmm_memory_is_charged_while_the_driver_may_hold_it() {
 fn legacy_ipc_memory_is_charged_to_the_exporter_only() {
     let m = Machine::new("ipc", T4);
     let mib800 = (800 * MIB).to_string();
-    let mut ec = m.client(
+    let (exporter, before) = Stepped::spawn(m.client(
         Some(&vars("ipc-exp", "2")),
         &["ctx", "alloc", &mib800, "ipcget", "ready", "waitline"],
-    );
-    ec.stdin(Stdio::piped());
-    let (mut exporter, _er, before) = spawn_ready_out(ec);
-    let exp_in = exporter.stdin.take().unwrap();
+    ));
     let g = op(&before, "ipcget");
     assert_eq!(g["rc"], 0, "{before}");
     let handle = g["handle"].as_str().unwrap().to_string();
@@ -1470,10 +1506,7 @@ fn legacy_ipc_memory_is_charged_to_the_exporter_only() {
         }
     }
     assert_eq!(used("ipc-exp"), Some(CTX + 800 * MIB));
-    drop(exp_in);
-    assert!(wait_timeout(exporter, Duration::from_secs(30))
-        .status
-        .success());
+    exporter.finish();
 }
 
 /// `cuCtxSetLimit` inside a PID namespace, while other containers allocate
@@ -1548,41 +1581,12 @@ fn vmm_mapped_bytes(pid: u32) -> u64 {
 fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
     for kill in [false, true] {
         let m = Machine::new(if kill { "vmmpass-kill" } else { "vmmpass" }, T4);
-        let mib800 = (800 * MIB).to_string();
-        let mut ec = m.client(
-            Some(&vars("share", "2")),
+        let (mut exporter, pid, fd) = spawn_vmm_exporter(&m, "share");
+        let (mut importer, out) = spawn_vmm_importer(
+            &m,
+            ("share", "2"),
+            (&pid, &fd),
             &[
-                "ctx",
-                "vmmmap",
-                &mib800,
-                "vmmexport",
-                "ready",
-                "waitline",
-                "vmmrelease",
-                "vmmunmap",
-                "info",
-                "ready",
-                "waitline",
-            ],
-        );
-        ec.stdin(Stdio::piped());
-        let (mut exporter, mut er, before) = spawn_ready_out(ec);
-        let mut exp_in = exporter.stdin.take().unwrap();
-        let x = op(&before, "vmmexport");
-        assert_eq!(x["rc"], 0, "{before}");
-        let (pid, fd) = (x["pid"].to_string(), x["fd"].to_string());
-
-        let mut ic = m.client(
-            Some(&vars("share", "2")),
-            &[
-                "ctx",
-                "vmmimportfd",
-                &pid,
-                &fd,
-                &mib800,
-                "info",
-                "ready",
-                "waitline",
                 "info",
                 "ready",
                 "waitline",
@@ -1593,16 +1597,7 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
                 "waitline",
             ],
         );
-        ic.stdin(Stdio::piped());
-        let (mut importer, mut ir, out) = spawn_ready_out(ic);
-        let mut imp_in = importer.stdin.take().unwrap();
-        let imp = op(&out, "vmmimport");
-        assert_eq!(
-            (&imp["rc"], &imp["rc_map"]),
-            (&0.into(), &0.into()),
-            "{out}"
-        );
-        let ipid = importer.id();
+        let ipid = importer.child.id();
         assert_eq!(vmm_mapped_bytes(ipid), 800 * MIB, "the importer maps it");
         let l = ledger(&m);
         let used = || container(&l, "share").unwrap();
@@ -1624,17 +1619,17 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         );
         // The exporter lets go of its handle and mapping: still its charge
         // (its descriptor may keep the memory), not the importer's.
-        let o = go_on(&mut exp_in, &mut er);
+        let o = exporter.go_on();
         assert_eq!(op(&o, "vmmunmap")["rc"], 0, "{o}");
         assert_eq!(used().0, 2 * CTX + 800 * MIB);
 
         // The exporter goes while the importer holds the memory.
         if kill {
-            exporter.kill().unwrap();
+            exporter.child.kill().unwrap();
         } else {
-            drop(exp_in);
+            drop(exporter.stdin);
         }
-        let st = wait_timeout(exporter, Duration::from_secs(30)).status;
+        let st = wait_timeout(exporter.child, Duration::from_secs(30)).status;
         assert_eq!(st.success(), !kill, "{st:?}");
         l.reap();
         let v = used();
@@ -1649,7 +1644,7 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
             l.shared_allocations(),
             vec![(epid as i32, ipid as i32, 800 * MIB, true)]
         );
-        let o = go_on(&mut imp_in, &mut ir);
+        let o = importer.go_on();
         assert_eq!(
             op(&o, "info")["free"].as_u64(),
             Some(2 * GIB - CTX - 800 * MIB),
@@ -1677,17 +1672,14 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         );
 
         // The importer lets go: given back, once.
-        let o = go_on(&mut imp_in, &mut ir);
+        let o = importer.go_on();
         assert_eq!(op(&o, "vmmunmap")["rc"], 0, "{o}");
         assert_eq!(op(&o, "info")["free"].as_u64(), Some(2 * GIB - CTX), "{o}");
         assert_eq!(vmm_mapped_bytes(ipid), 0);
         assert_eq!(used().0, CTX);
         assert_eq!(procs(&used()), vec![(ipid, CTX)]);
         assert!(l.shared_allocations().is_empty());
-        drop(imp_in);
-        assert!(wait_timeout(importer, Duration::from_secs(30))
-            .status
-            .success());
+        importer.finish();
         l.reap();
         assert_eq!(container(&l, "share"), None, "nothing left behind");
     }

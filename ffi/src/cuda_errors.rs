@@ -100,6 +100,9 @@ pub const CUDA_ERROR_FUNCTION_NOT_LOADED: CUresult = 913;
 pub const CUDA_ERROR_INVALID_RESOURCE_TYPE: CUresult = 914;
 pub const CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION: CUresult = 915;
 pub const CUDA_ERROR_KEY_ROTATION: CUresult = 916;
+pub const CUDA_ERROR_STREAM_DETACHED: CUresult = 917;
+pub const CUDA_ERROR_GRAPH_RECAPTURE_FAILURE: CUresult = 918;
+pub const CUDA_ERROR_FABRIC_NOT_READY: CUresult = 919;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 /// Every `CUresult`: (value, name, description).
@@ -203,5 +206,8 @@ pub const CU_RESULTS: &[(CUresult, &str, &str)] = &[
     (914, "CUDA_ERROR_INVALID_RESOURCE_TYPE", "This error indicates one or more resources passed in are not valid resource types for the operation."),
     (915, "CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION", "This error indicates one or more resources are insufficient or non-applicable for the operation."),
     (916, "CUDA_ERROR_KEY_ROTATION", "This error indicates that an error happened during the key rotation sequence."),
+    (917, "CUDA_ERROR_STREAM_DETACHED", "This error indicates that the requested operation is not permitted because the stream is in a detached state."),
+    (918, "CUDA_ERROR_GRAPH_RECAPTURE_FAILURE", "This error indicates that a graph recapture failed and had to be terminated."),
+    (919, "CUDA_ERROR_FABRIC_NOT_READY", "The GPU fabric is not ready within the bounded wait while the fabric manager probe is still in progress."),
     (999, "CUDA_ERROR_UNKNOWN", "This indicates that an unknown internal error has occurred."),
 ];

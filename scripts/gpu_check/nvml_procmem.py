@@ -7,29 +7,21 @@ Prints one JSON object: {"<pid>": bytes, ...} or {"error": "..."}.
 usage: nvml_procmem.py INDEX
 """
 
-import json
 import sys
+
+from nvml_session import print_query
+
+
+def used_memory(pynvml, h):
+    out = {}
+    for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+        if p.usedGpuMemory is not None:
+            out[str(p.pid)] = int(p.usedGpuMemory)
+    return out
 
 
 def main():
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as e:  # no pynvml, no NVML
-        print(json.dumps({"error": "NVML: %s" % e}))
-        return
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(int(sys.argv[1]))
-        out = {}
-        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
-            if p.usedGpuMemory is not None:
-                out[str(p.pid)] = int(p.usedGpuMemory)
-        print(json.dumps(out))
-    except Exception as e:
-        print(json.dumps({"error": "%s: %s" % (type(e).__name__, e)}))
-    finally:
-        pynvml.nvmlShutdown()
+    print_query(sys.argv[1], used_memory)
 
 
 if __name__ == "__main__":

@@ -10,22 +10,14 @@ processes), which is what the weight check compares. Prints one JSON object:
 usage: nvml_procutil.py INDEX SECONDS
 """
 
-import json
 import sys
 import time
 
+from nvml_session import print_query
 
-def main():
-    idx, secs = int(sys.argv[1]), float(sys.argv[2])
-    try:
-        import pynvml
 
-        pynvml.nvmlInit()
-    except Exception as e:  # no pynvml, no NVML
-        print(json.dumps({"error": "NVML: %s" % e}))
-        return
-    try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+def sm_utilisation(secs):
+    def query(pynvml, h):
         sm, n = {}, 0
         last = int(time.time() * 1e6)  # NVML timestamps: CPU microseconds
         end = time.time() + secs
@@ -41,11 +33,14 @@ def main():
                 sm[str(s.pid)] = sm.get(str(s.pid), 0) + int(s.smUtil)
                 last = max(last, int(s.timeStamp))
                 n += 1
-        print(json.dumps({"samples": n, "sm": sm}))
-    except Exception as e:
-        print(json.dumps({"error": "%s: %s" % (type(e).__name__, e)}))
-    finally:
-        pynvml.nvmlShutdown()
+        return {"samples": n, "sm": sm}
+
+    return query
+
+
+def main():
+    idx, secs = int(sys.argv[1]), float(sys.argv[2])
+    print_query(idx, sm_utilisation(secs))
 
 
 if __name__ == "__main__":

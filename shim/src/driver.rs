@@ -34,6 +34,8 @@ pub struct Ctx {
     pub limits: Mutex<crate::cuda::limits::Limits>,
     /// Usage count (deprecated `cuCtxAttach`/`cuCtxDetach`): 1 at creation.
     pub usage: AtomicU32,
+    /// The green context this is the `CUcontext` of (0: none).
+    pub green: std::sync::atomic::AtomicUsize,
 }
 
 pub struct Stream {
@@ -148,6 +150,11 @@ pub enum MemOp {
 pub struct Pool {
     pub dev: usize,
     pub attrs: Mutex<HashMap<i32, u64>>,
+    /// `handleTypes` the pool was created exportable as (`CUmemPoolProps`).
+    pub handle_types: i32,
+    /// Imported from another process (`cuMemPoolImportFromShareableHandle`):
+    /// its pid; 0 for a pool of this process.
+    pub imported_from: u32,
 }
 
 pub struct PhysMem {
@@ -426,6 +433,22 @@ pub fn core() -> Result<&'static Driver, &'static str> {
     }) {
         Ok(d) => Ok(d),
         Err(_) => Err("init failed"),
+    }
+}
+
+/// Waits while a checkpoint tool holds this process locked or checkpointed
+/// (`cuCheckpointProcessLock`): every CUDA call but the checkpoint ones
+/// passes here first. One load of our slot's state when running.
+#[inline]
+pub fn checkpoint_gate() {
+    let Some(Ok(d)) = DRIVER.get() else { return };
+    let w = &d.shared.slot(d.slot).ckpt;
+    loop {
+        let v = w.load(Acquire);
+        if v == 0 || FORKED.load(Relaxed) {
+            return;
+        }
+        state::futex_wait(w, v, 100_000_000);
     }
 }
 

@@ -2,9 +2,10 @@
 //! driver API and NVML, to be exposed as `libcuda.so.1` and
 //! `libnvidia-ml.so.1`; see `shim/README.md`.
 //!
-//! Modules by API area: `cuda::{init, export_tables, device, diagnostics, context,
-//! memory, managed, vmm, array, stream, module, link, launch, occupancy,
-//! graph, unsupported, procaddr}`, `nvml`, `nvml_monitoring`; the machinery
+//! Modules by API area: `cuda::{init, logs, export_tables, device, multicast,
+//! diagnostics, context, limits, green, checkpoint, memory, managed, vmm, ipc,
+//! array, stream, module, link, launch, occupancy, graph, tensor_map,
+//! unsupported, procaddr}`, `nvml`, `nvml_monitoring`; the machinery
 //! underneath: `config` (environment), `state` (the shared mmap'd file),
 //! `exec` (device time), `driver` (per-process objects and handles), `image`
 //! (what module images define), `integrity` (the runtime's integrity check),
@@ -42,6 +43,15 @@ pub type CuRes = Result<(), CUresult>;
 #[inline]
 #[track_caller]
 pub fn guard(f: impl FnOnce() -> CuRes) -> CUresult {
+    driver::checkpoint_gate();
+    guard_ungated(f)
+}
+
+/// [`guard`] without waiting for a checkpoint lock (the checkpoint calls
+/// themselves).
+#[inline]
+#[track_caller]
+pub fn guard_ungated(f: impl FnOnce() -> CuRes) -> CUresult {
     let at = std::hint::black_box(std::panic::Location::caller());
     let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUDA_SUCCESS,

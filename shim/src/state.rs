@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 
 pub const MAGIC: [u8; 8] = *b"CGPUSIM\0";
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 pub const MAX_DEVICES: usize = 16;
 pub const MAX_SLOTS: usize = 1024;
 /// Distinct stub names counted (`stubs.rs`).
@@ -90,6 +90,11 @@ pub struct SlotRec {
     pub dev_mask: AtomicU32,
     /// Bit d: the process has a live context on device d.
     pub ctx_mask: AtomicU32,
+    /// `CUprocessState` (`cuCheckpointProcess*`): 0 running, 1 locked (its
+    /// CUDA calls wait), 2 checkpointed.
+    pub ckpt: AtomicU32,
+    /// Device memory moved out by a checkpoint, per device, until restored.
+    pub ckpt_mem: [AtomicU64; MAX_DEVICES],
 }
 
 /// Calls to one stub function, summed over every process (`stubs.rs`).
@@ -474,7 +479,9 @@ impl Shared {
                     r.time_ns[d].store(0, Relaxed);
                     r.kernels[d].store(0, Relaxed);
                     r.want[d].store(0, Relaxed);
+                    r.ckpt_mem[d].store(0, Relaxed);
                 }
+                r.ckpt.store(0, Relaxed);
                 r.dev_mask.store(0, Relaxed);
                 r.ctx_mask.store(0, Relaxed);
                 r.pid.store(pid, Relaxed);
@@ -520,8 +527,10 @@ impl Shared {
         }
         r.end_unix_ns.store(now_unix_ns(), Relaxed);
         r.ctx_mask.store(0, Release);
+        r.ckpt.store(0, Release);
         for d in 0..MAX_DEVICES {
             r.mem[d].store(0, Release);
+            r.ckpt_mem[d].store(0, Release);
             r.want[d].store(0, Release);
             let dev = self.dev(d);
             if dev
@@ -551,12 +560,13 @@ impl Shared {
         live
     }
 
-    /// Reaps dead processes; `except` is our own slot (never checked).
+    /// Reaps dead processes; `except` (and our own slot, whose lock our own
+    /// probe cannot see) are never checked.
     pub fn reap(&self, except: Option<usize>) -> usize {
         let mut live = 0;
         for s in 0..self.nslots() {
             if self.slot(s).state.load(Acquire) == SLOT_ALIVE {
-                if Some(s) == except || self.slot_lock_held(s) {
+                if Some(s) == except || Some(s) == own_slot_hint() || self.slot_lock_held(s) {
                     live += 1;
                 } else {
                     self.retire(s);

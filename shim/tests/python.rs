@@ -204,3 +204,40 @@ fn context_limits_reserve_device_memory() {
         .stubs
         .is_empty());
 }
+
+/// CUDA checkpointing driven by one process on another, through
+/// cuda-bindings: a locked process's calls wait, a checkpointed one holds no
+/// device memory (NVML), a restore that no longer fits fails and leaves it
+/// checkpointed, a restore brings the memory and its bytes back.
+#[test]
+fn checkpoint_lock_release_restore_another_process() {
+    let env = SimEnv::new()
+        .gpus("8000:NVIDIA A10")
+        .ctx_mib(300)
+        .env("CGPU_SIM_DRIVER_VERSION", "13050");
+    let (v, _) = run_py(&env, "checkpoint_client.py", &[]);
+    let held = (300 + 256) * MIB;
+    assert_eq!(v["running"], serde_json::json!([0, held]), "{v:#}");
+    assert_eq!(v["restore_thread"], true);
+    for k in ["unlock_running", "lock_again", "restore_locked"] {
+        assert_eq!(v[k], "CUDA_ERROR_ILLEGAL_STATE", "{k}: {v:#}");
+    }
+    assert_eq!(v["locked"], 1);
+    assert!(v["call_while_locked"].is_null(), "{v:#}");
+    assert_eq!(v["checkpointed"], serde_json::json!([2, 0]));
+    assert_eq!(
+        v["restore_no_room"],
+        serde_json::json!(["CUDA_ERROR_OUT_OF_MEMORY", 2])
+    );
+    assert_eq!(v["restored"], serde_json::json!([1, held]));
+    assert!(v["call_before_unlock"].is_null(), "{v:#}");
+    assert_eq!(v["unlocked"], 0);
+    assert_eq!(v["call_after_unlock"], serde_json::json!(["done", "0"]));
+    assert_eq!(v["bytes_kept"], serde_json::json!(["bytes", "1"]));
+    assert_eq!(v["not_cuda"], "CUDA_ERROR_INVALID_VALUE");
+    assert_eq!(v["complete_unknown"], "CUDA_ERROR_INVALID_VALUE");
+    assert!(cgpu_sim::stat::snapshot(&env.state_dir)
+        .unwrap()
+        .stubs
+        .is_empty());
+}

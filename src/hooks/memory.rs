@@ -632,18 +632,17 @@ pub unsafe fn mem_import_from_shareable_handle(
         Some(_) if exporter == Some(std::process::id()) => {
             tracing::debug!("cgpu: an allocation this process exported: charged to it already");
         }
-        Some(gpu) => match exporter
-            .filter(|_| !charges.vmm_holds(h))
-            .and_then(|pid| gpu.share_register(pid))
-        {
-            Some(link) => {
+        Some(gpu) => {
+            let share = exporter
+                .filter(|_| !charges.vmm_holds(h))
+                .and_then(|pid| gpu.share_register(pid));
+            if share.is_some() {
                 tracing::debug!(
                     "cgpu: an allocation exported by pid {exporter:?} of this container: charged to it while it lives, then here"
                 );
-                charges.vmm_imported_shared(h, gpu, link);
             }
-            None => charges.vmm_imported(h, gpu),
-        },
+            charges.vmm_imported(h, gpu, share);
+        }
         None => tracing::debug!(
             "cgpu: an imported allocation on no tracked GPU ({dev:?}) is not charged"
         ),

@@ -1133,18 +1133,21 @@ impl Ledger {
         }
     }
 
-    /// Lock-free pre-check: any dead or half-claimed process slot, or a live
-    /// container without live processes?
+    /// Lock-free pre-check: any dead or half-claimed process slot, a live
+    /// container without live processes, or one whose `nprocs` is not its
+    /// number of live processes? The last happens when a process dies
+    /// inside `reap_locked` after freeing a slot and before the recount (a
+    /// process killed while leaving): nothing else would ever correct it.
     fn needs_reap(&self) -> bool {
         let f = self.file();
-        let mut has_procs = [false; MAX_CONTAINERS];
+        let mut live = [0u32; MAX_CONTAINERS];
         for (i, p) in f.processes.iter().enumerate() {
             match p.state.load(Ordering::Acquire) {
                 SLOT_FREE => {}
                 SLOT_LIVE if self.is_alive(i) => {
                     let c = p.container.load(Ordering::Relaxed) as usize;
                     if c < MAX_CONTAINERS {
-                        has_procs[c] = true;
+                        live[c] += 1;
                     }
                 }
                 _ => return true,
@@ -1152,7 +1155,9 @@ impl Ledger {
         }
         f.containers.iter().enumerate().any(|(c, s)| {
             s.state.load(Ordering::Acquire) != SLOT_FREE
-                && (!has_procs[c] || s.suspect.load(Ordering::Relaxed) != 0)
+                && (live[c] == 0
+                    || s.suspect.load(Ordering::Relaxed) != 0
+                    || s.nprocs.load(Ordering::Relaxed) != live[c])
         })
     }
 

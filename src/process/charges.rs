@@ -266,12 +266,21 @@ impl Charges {
 
     /// `cuMemImportFromShareableHandle` returned `h`, memory on `gpu`: one
     /// more reference to an allocation this process holds already (the
-    /// same handle again), else a new imported allocation, charged nothing
-    /// until it is mapped ([`Proc::vmm_import_growth`]).
-    pub fn vmm_imported(&self, h: u64, gpu: &'static Gpu) {
+    /// same handle again: `share`, if any, is let go of), else a new
+    /// imported allocation. With `share` it was exported by a live process
+    /// of this container and the import recorded in the ledger as that
+    /// link: the exporter pays for it while it lives (see [`Phys::share`]).
+    /// Without, it is charged nothing until it is mapped
+    /// ([`Proc::vmm_import_growth`]).
+    pub fn vmm_imported(&self, h: u64, gpu: &'static Gpu, share: Option<ShareLink>) {
         let mut v = self.vmm.lock();
         match v.phys.get_mut(&h) {
-            Some(p) => p.refs = p.refs.saturating_add(1),
+            Some(p) => {
+                p.refs = p.refs.saturating_add(1);
+                if let Some(link) = share {
+                    link.release();
+                }
+            }
             None => {
                 v.phys.insert(
                     h,
@@ -280,7 +289,7 @@ impl Charges {
                         bytes: 0,
                         imported: true,
                         exported: false,
-                        share: None,
+                        share,
                         refs: 1,
                         maps: 0,
                     },
@@ -292,34 +301,6 @@ impl Charges {
     /// Does this process hold handle `h`?
     pub fn vmm_holds(&self, h: u64) -> bool {
         self.vmm.lock().phys.contains_key(&h)
-    }
-
-    /// `cuMemImportFromShareableHandle` returned `h`, memory on `gpu`
-    /// exported by a live process of this container, the import recorded
-    /// in the ledger as `link`: the exporter pays for it while it lives
-    /// (see [`Phys::share`]).
-    pub fn vmm_imported_shared(&self, h: u64, gpu: &'static Gpu, link: ShareLink) {
-        let mut v = self.vmm.lock();
-        match v.phys.get_mut(&h) {
-            Some(p) => {
-                p.refs = p.refs.saturating_add(1);
-                link.release();
-            }
-            None => {
-                v.phys.insert(
-                    h,
-                    Phys {
-                        gpu,
-                        bytes: 0,
-                        imported: true,
-                        exported: false,
-                        share: Some(link),
-                        refs: 1,
-                        maps: 0,
-                    },
-                );
-            }
-        }
     }
 
     /// Before mapping `[offset, offset + len)` of handle `h`: if it is an

@@ -59,6 +59,23 @@ static CUDA_MEM_ALLOC_NODE_PARAMS alloc_params(size_t bytes) {
     return p;
 }
 
+/* A graph of one `bytes` allocation node and the node freeing it: 0, or 4
+ * if the graph could not be built. */
+static int alloc_free_graph(CUgraph *g, size_t bytes) {
+    CUgraphNode a, f;
+    CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
+    if (cuGraphCreate(g, 0) || cuGraphAddMemAllocNode(&a, *g, NULL, 0, &ap)) return 4;
+    if (cuGraphAddMemFreeNode(&f, *g, &a, 1, ap.dptr)) return 4;
+    return 0;
+}
+
+/* Launches `e` on `s`, waits for it, and reports the launch as step `i`. */
+static void launch(CUgraphExec e, CUstream s, int i) {
+    CUresult rc = cuGraphLaunch(e, s);
+    cuStreamSynchronize(s);
+    report("graph_launch", i, rc);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     size_t bytes = (size_t)strtoull(argv[2], NULL, 10) << 20;
@@ -68,8 +85,8 @@ int main(int argc, char **argv) {
 
     CUgraph g;
     CUgraphExec e;
-    CUgraphNode a, f;
     if (!strcmp(argv[1], "alloc")) {
+        CUgraphNode a;
         CUdeviceptr p = 0;
         CUresult rc = cuMemAlloc(&p, bytes);
         report("mem_alloc", 0, rc);
@@ -77,21 +94,13 @@ int main(int argc, char **argv) {
         CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
         if (cuGraphCreate(&g, 0) || cuGraphAddMemAllocNode(&a, g, NULL, 0, &ap)) return 4;
         if (cuGraphInstantiate(&e, g, 0)) return 5;
-        rc = cuGraphLaunch(e, 0);
-        cuStreamSynchronize(0);
-        report("graph_launch", 0, rc);
+        launch(e, 0, 0);
     } else if (!strcmp(argv[1], "relaunch") && argc >= 5) {
         int n = atoi(argv[3]);
         size_t probe = (size_t)strtoull(argv[4], NULL, 10) << 20;
-        CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
-        if (cuGraphCreate(&g, 0) || cuGraphAddMemAllocNode(&a, g, NULL, 0, &ap)) return 4;
-        if (cuGraphAddMemFreeNode(&f, g, &a, 1, ap.dptr)) return 4;
+        if (alloc_free_graph(&g, bytes)) return 4;
         if (cuGraphInstantiate(&e, g, 0)) return 5;
-        for (int i = 0; i < n; i++) {
-            CUresult rc = cuGraphLaunch(e, 0);
-            cuStreamSynchronize(0);
-            report("graph_launch", i, rc);
-        }
+        for (int i = 0; i < n; i++) launch(e, 0, i);
         CUdeviceptr p = 0;
         CUresult rc = cuMemAlloc(&p, probe);
         report("probe_before_trim", 0, rc);
@@ -101,9 +110,7 @@ int main(int argc, char **argv) {
         report("probe_after_trim", 0, rc);
         if (rc == CUDA_SUCCESS) cuMemFree(p);
     } else if (!strcmp(argv[1], "upload")) {
-        CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
-        if (cuGraphCreate(&g, 0) || cuGraphAddMemAllocNode(&a, g, NULL, 0, &ap)) return 4;
-        if (cuGraphAddMemFreeNode(&f, g, &a, 1, ap.dptr)) return 4;
+        if (alloc_free_graph(&g, bytes)) return 4;
         CUDA_GRAPH_INSTANTIATE_PARAMS ip;
         memset(&ip, 0, sizeof ip);
         ip.flags = CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD;
@@ -111,49 +118,33 @@ int main(int argc, char **argv) {
         report("instantiate_upload", 0, rc);
         if (rc && cuGraphInstantiate(&e, g, 0)) return 5; /* refused: without the flag */
         report("upload", 0, cuGraphUpload(e, 0));
-        rc = cuGraphLaunch(e, 0);
-        cuStreamSynchronize(0);
-        report("graph_launch", 0, rc);
+        launch(e, 0, 0);
     } else if (!strcmp(argv[1], "hold")) {
-        CUDA_MEM_ALLOC_NODE_PARAMS ap = alloc_params(bytes);
-        if (cuGraphCreate(&g, 0) || cuGraphAddMemAllocNode(&a, g, NULL, 0, &ap)) return 4;
-        if (cuGraphAddMemFreeNode(&f, g, &a, 1, ap.dptr)) return 4;
+        if (alloc_free_graph(&g, bytes)) return 4;
         if (cuGraphInstantiate(&e, g, 0)) return 5;
-        CUresult rc = cuGraphLaunch(e, 0);
-        cuStreamSynchronize(0);
-        report("graph_launch", 0, rc);
+        launch(e, 0, 0);
         printf("{\"op\":\"ready\"}\n");
         fflush(stdout);
         char buf[64];
         while (fgets(buf, sizeof buf, stdin)) {
         }
-    } else if (!strcmp(argv[1], "capture")) {
+    } else if (!strcmp(argv[1], "capture") || !strcmp(argv[1], "capture_keep")) {
+        int keep = !strcmp(argv[1], "capture_keep");
         CUstream s;
         CUdeviceptr p = 0;
         if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) return 4;
         if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) return 4;
         report("capture_alloc", 0, cuMemAllocAsync(&p, bytes, s));
-        report("capture_free", 0, cuMemFreeAsync(p, s));
+        if (!keep) report("capture_free", 0, cuMemFreeAsync(p, s));
         if (cuStreamEndCapture(s, &g)) return 4;
         if (cuGraphInstantiate(&e, g, 0)) return 5;
-        CUresult rc = cuGraphLaunch(e, s);
-        cuStreamSynchronize(s);
-        report("graph_launch", 0, rc);
-    } else if (!strcmp(argv[1], "capture_keep")) {
-        CUstream s;
-        CUdeviceptr p = 0;
-        if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING)) return 4;
-        if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) return 4;
-        report("capture_alloc", 0, cuMemAllocAsync(&p, bytes, s));
-        if (cuStreamEndCapture(s, &g)) return 4;
-        if (cuGraphInstantiate(&e, g, 0)) return 5;
-        CUresult rc = cuGraphLaunch(e, s);
-        cuStreamSynchronize(s);
-        report("graph_launch", 0, rc);
-        rc = cuMemFreeAsync(p, s);
-        cuStreamSynchronize(s);
-        report("free_outside", 0, rc);
-        report("trim", 0, cuDeviceGraphMemTrim(dev));
+        launch(e, s, 0);
+        if (keep) {
+            CUresult rc = cuMemFreeAsync(p, s);
+            cuStreamSynchronize(s);
+            report("free_outside", 0, rc);
+            report("trim", 0, cuDeviceGraphMemTrim(dev));
+        }
     } else {
         return 2;
     }

@@ -84,7 +84,7 @@ fn seed_layout_through_kubectl() {
          Allocated/Total GPU Memory In Cluster:\n\
          0/45 (0%)\n"
     );
-    // Seed 001: a 3 GiB pod with CGPU_DISABLE=true, placed by ACK's
+    // The documented example: a 3 GiB pod with CGPU_DISABLE=true, placed by ACK's
     // scheduler (its annotation), on xx3.
     api.put(
         "pods",

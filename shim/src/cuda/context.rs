@@ -20,6 +20,7 @@ fn new_ctx(d: &Driver, dev: usize, primary: bool, flags: u32) -> Result<usize, C
         destroyed: AtomicBool::new(false),
         limits: Default::default(),
         usage: AtomicU32::new(1),
+        green: Default::default(),
     };
     Ok(d.objs.lock().insert(Obj::Ctx(Arc::new(c))))
 }
@@ -212,6 +213,7 @@ pub fn primary_handle(d: &Driver, dev: usize) -> usize {
             destroyed: AtomicBool::new(true),
             limits: Default::default(),
             usage: AtomicU32::new(1),
+            green: Default::default(),
         };
         p.handle = d.objs.lock().insert(Obj::Ctx(Arc::new(c)));
     }

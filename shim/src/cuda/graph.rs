@@ -208,6 +208,19 @@ pub struct BatchNode {
     pub flags: u32,
 }
 
+impl BatchNode {
+    /// Its parameters as `cuGraphBatchMemOpNodeGetParams` hands them back:
+    /// `ops` points into the node's own array, valid while the node lives.
+    fn params(&self) -> BatchNodeParams {
+        BatchNodeParams {
+            ctx: self.ctx as CUcontext,
+            count: self.ops.len() as u32,
+            ops: self.ops.as_ptr() as *mut _,
+            flags: self.flags,
+        }
+    }
+}
+
 /// `CUDA_BATCH_MEM_OP_NODE_PARAMS`.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -242,15 +255,8 @@ fn batch_data(p: *const BatchNodeParams) -> Result<NodeKind, CUresult> {
 fn batch_params(n: CUgraphNode, out: *mut BatchNodeParams) -> CuRes {
     match node_kind(n)? {
         NodeKind::BatchMemOp(b) => {
-            let p = BatchNodeParams {
-                ctx: b.ctx as CUcontext,
-                count: b.ops.len() as u32,
-                // The node's own array: valid while the node lives.
-                ops: b.ops.as_ptr() as *mut _,
-                flags: b.flags,
-            };
             // SAFETY: out pointer from the caller.
-            unsafe { put(out, p, CUDA_ERROR_INVALID_VALUE) }
+            unsafe { put(out, b.params(), CUDA_ERROR_INVALID_VALUE) }
         }
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
@@ -1943,13 +1949,7 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
                 std::ptr::addr_of_mut!((*c).size).write_unaligned(bodies.len() as u32);
             }
             NodeKind::BatchMemOp(b) => {
-                let q = BatchNodeParams {
-                    ctx: b.ctx as CUcontext,
-                    count: b.ops.len() as u32,
-                    ops: b.ops.as_ptr() as *mut _,
-                    flags: b.flags,
-                };
-                (u as *mut BatchNodeParams).write_unaligned(q);
+                (u as *mut BatchNodeParams).write_unaligned(b.params());
             }
             NodeKind::Empty | NodeKind::MemOp(_) => {}
         }

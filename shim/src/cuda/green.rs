@@ -175,10 +175,10 @@ fn green_of_ctx(d: &Driver, ctx: usize) -> Option<Arc<GreenCtx>> {
 
 /// The handle of the green context whose `CUcontext` is `ctx`.
 pub fn green_handle_of_ctx(d: &Driver, ctx: usize) -> Option<usize> {
-    d.objs.lock().iter().find_map(|(h, o)| match o {
-        Obj::GreenCtx(g) if g.ctx == ctx => Some(*h),
+    match d.objs.lock().get(ctx) {
+        Some(Obj::Ctx(c)) => Some(c.green.load(Acquire)).filter(|&g| g != 0),
         _ => None,
-    })
+    }
 }
 
 fn green(d: &Driver, h: usize) -> Result<Arc<GreenCtx>, CUresult> {
@@ -542,10 +542,12 @@ fn green_create(out: *mut CUgreenCtx, desc: usize, dev: CUdevice, flags: u32) ->
         destroyed: AtomicBool::new(false),
         limits: Default::default(),
         usage: AtomicU32::new(1),
+        green: Default::default(),
     };
     d.touch_dev(i);
+    let c = Arc::new(c);
     let mut objs = d.objs.lock();
-    let ctx = objs.insert(Obj::Ctx(Arc::new(c)));
+    let ctx = objs.insert(Obj::Ctx(Arc::clone(&c)));
     let g = objs.insert(Obj::GreenCtx(Arc::new(GreenCtx {
         ctx,
         dev: i,
@@ -553,6 +555,7 @@ fn green_create(out: *mut CUgreenCtx, desc: usize, dev: CUdevice, flags: u32) ->
         destroyed: AtomicBool::new(false),
     })));
     drop(objs);
+    c.green.store(g, Release);
     // SAFETY: non-null out pointer from the caller.
     unsafe { put(out, g as CUgreenCtx, CUDA_ERROR_INVALID_VALUE) }
 }

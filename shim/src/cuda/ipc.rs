@@ -5,19 +5,30 @@
 //! The first `cuIpcGetMemHandle` of an allocation moves it into a `memfd`
 //! (its bytes copied, all-zero 64 KiB runs skipped so untouched memory stays
 //! unbacked) mapped over the same addresses, so nothing changes for the
-//! owner. The 64-byte handle names the owner's pid and descriptor; another
+//! owner (but a write another thread makes to the allocation while that
+//! first export copies it may be lost). The 64-byte handle names the
+//! owner's pid and descriptor; another
 //! process opens `/proc/<pid>/fd/<fd>` (same user, same PID namespace, as
 //! the driver's handles work between processes of one machine) and maps the
 //! same bytes. The memory stays charged to the owner only; a mapping lives
 //! until its last `cuIpcCloseMemHandle` (or its context's end). Opening a
 //! handle in the process that made it is `CUDA_ERROR_INVALID_CONTEXT`.
+//!
+//! Memory pools created exportable as POSIX file descriptors work the same
+//! way: `cuMemPoolExportToShareableHandle` hands out a descriptor naming the
+//! pool's owner, `cuMemPoolImportFromShareableHandle` makes a pool from it
+//! in another process (one that only imports), `cuMemPoolExportPointer`
+//! exports an allocation of the pool (64 bytes, as an IPC handle) and
+//! `cuMemPoolImportPointer` maps it; the importer frees it with `cuMemFree`
+//! or `cuMemFreeAsync`.
 
-use crate::driver::{cu, Alloc, AllocKind, Driver};
+use crate::driver::{cu, Alloc, AllocKind, Driver, Obj, Pool};
 use crate::{exports, put, CuRes};
 use cgpu_ffi::*;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 const MAGIC: &[u8; 8] = b"cgIPCmem";
 const MEMFD_PREFIX: &str = "cgpu-sim-ipc-d";
@@ -127,7 +138,12 @@ fn get_handle(out: *mut IpcMemHandle, dptr: CUdeviceptr) -> CuRes {
         Some(a) if a.kind == AllocKind::Device && a.map_len > 0 => a.clone(),
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     };
-    let fd = export_fd(dptr, &a)?;
+    write_handle(out, dptr, &a)
+}
+
+/// Exports allocation `dptr` (`a`) and writes its handle to `out`.
+fn write_handle(out: *mut IpcMemHandle, dptr: u64, a: &Alloc) -> CuRes {
+    let fd = export_fd(dptr, a)?;
     let h = IpcMemHandle {
         magic: *MAGIC,
         pid: std::process::id(),
@@ -193,6 +209,18 @@ fn open_handle(out: *mut CUdeviceptr, h: IpcMemHandle, flags: u32) -> CuRes {
 }
 
 fn map_opened(d: &Driver, ctx: usize, fd: i32, h: &IpcMemHandle) -> Result<u64, CUresult> {
+    map_as(d, ctx, fd, h, AllocKind::Ipc, 0)
+}
+
+/// Maps exported memory `h` (its memfd `fd`) as an allocation of `kind`.
+fn map_as(
+    d: &Driver,
+    ctx: usize,
+    fd: i32,
+    h: &IpcMemHandle,
+    kind: AllocKind,
+    pool: usize,
+) -> Result<u64, CUresult> {
     if !is_ipc_memfd(fd) {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
@@ -219,9 +247,9 @@ fn map_opened(d: &Driver, ctx: usize, fd: i32, h: &IpcMemHandle) -> Result<u64, 
             charged: 0,
             dev: h.dev as usize,
             ctx,
-            kind: AllocKind::Ipc,
+            kind,
             map_len: len,
-            pool: 0,
+            pool,
         },
     );
     Ok(p as u64)
@@ -249,6 +277,127 @@ fn close_handle(dptr: CUdeviceptr) -> CuRes {
         super::memory::free_dev(d, dptr, &[AllocKind::Ipc])?;
     }
     Ok(())
+}
+
+const POOL_MEMFD: &str = "cgpu-sim-pool";
+const HANDLE_TYPE_POSIX_FD: i32 = 1;
+
+/// `cuMemPoolExportToShareableHandle`: a descriptor (for the caller to
+/// close) of a memfd whose name says the owner's pid and the pool's device.
+fn export_pool(out: *mut c_void, pool: usize, ty: i32, flags: u64) -> CuRes {
+    let d = cu()?;
+    let p = super::memory::pool_of(d, pool)?;
+    if out.is_null() || flags != 0 || p.imported_from != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if ty != HANDLE_TYPE_POSIX_FD {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if p.handle_types & HANDLE_TYPE_POSIX_FD == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let name = std::ffi::CString::new(format!("{POOL_MEMFD}-{}-d{}", std::process::id(), p.dev))
+        .unwrap_or_default();
+    // SAFETY: memfd_create with a NUL-terminated name; the descriptor is the
+    // caller's (not close-on-exec, as a descriptor to hand on).
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), 0) };
+    if fd < 0 {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    // SAFETY: non-null out pointer to an int (the POSIX FD handle type).
+    unsafe { (out as *mut i32).write_unaligned(fd) };
+    Ok(())
+}
+
+/// `cuMemPoolImportFromShareableHandle`: a pool of this process standing
+/// for another process's (it only imports that pool's pointers).
+fn import_pool(out: *mut usize, os: *mut c_void, ty: i32, flags: u64) -> CuRes {
+    let d = cu()?;
+    if out.is_null() || flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if ty != HANDLE_TYPE_POSIX_FD {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let fd = os as usize as i32;
+    let link =
+        std::fs::read_link(format!("/proc/self/fd/{fd}")).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    let name = link
+        .to_str()
+        .and_then(|l| l.strip_prefix(&format!("/memfd:{POOL_MEMFD}-")));
+    let (pid, dev) = name
+        .and_then(|n| n.split(' ').next())
+        .and_then(|n| n.split_once("-d"))
+        .and_then(|(p, dv)| Some((p.parse::<u32>().ok()?, dv.parse::<usize>().ok()?)))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if dev >= d.devs.len() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let h = d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
+        dev,
+        attrs: Mutex::new(HashMap::new()),
+        handle_types: HANDLE_TYPE_POSIX_FD,
+        imported_from: pid,
+    })));
+    // SAFETY: non-null out pointer from the caller.
+    unsafe { put(out, h, CUDA_ERROR_INVALID_VALUE) }
+}
+
+/// `cuMemPoolExportPointer`: an allocation of an exportable pool, as the
+/// 64-byte `CUmemPoolPtrExportData`.
+fn export_pointer(out: *mut IpcMemHandle, ptr: CUdeviceptr) -> CuRes {
+    let d = cu()?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let a = match d.allocs.lock().get(&ptr) {
+        Some(a) if a.kind == AllocKind::Async && a.map_len > 0 => a.clone(),
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    let p = super::memory::pool_of(d, a.pool)?;
+    if p.handle_types & HANDLE_TYPE_POSIX_FD == 0 || p.imported_from != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    write_handle(out, ptr, &a)
+}
+
+/// `cuMemPoolImportPointer`: maps an exported allocation of the pool `pool`
+/// was imported from; freed with `cuMemFree(Async)`.
+fn import_pointer(out: *mut CUdeviceptr, pool: usize, data: *const IpcMemHandle) -> CuRes {
+    let d = cu()?;
+    let (ctx, _) = d.cur_ctx()?;
+    let p = super::memory::pool_of(d, pool)?;
+    if out.is_null() || data.is_null() || p.imported_from == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: non-null pointer to the caller's 64-byte export data.
+    let h = unsafe { data.read_unaligned() };
+    if h.magic != *MAGIC || h.pid != p.imported_from || h.dev as usize != p.dev || h.map_len == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let path = std::ffi::CString::new(format!("/proc/{}/fd/{}", h.pid, h.fd))
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: opening a path we built, for reading and writing.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let r = if is_ipc_memfd(fd) {
+        map_as(d, ctx, fd, &h, AllocKind::Async, pool)
+    } else {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    };
+    // SAFETY: the mapping (if any) keeps the memory; the descriptor goes.
+    unsafe { libc::close(fd) };
+    // SAFETY: non-null out pointer from the caller.
+    unsafe { put(out, r?, CUDA_ERROR_INVALID_VALUE) }
+}
+
+exports! {
+    cuMemPoolExportToShareableHandle(out: *mut c_void, pool: usize, ty: i32, flags: u64) => export_pool(out, pool, ty, flags);
+    cuMemPoolImportFromShareableHandle(out: *mut usize, os: *mut c_void, ty: i32, flags: u64) => import_pool(out, os, ty, flags);
+    cuMemPoolExportPointer(out: *mut IpcMemHandle, ptr: CUdeviceptr) => export_pointer(out, ptr);
+    cuMemPoolImportPointer(out: *mut CUdeviceptr, pool: usize, data: *const IpcMemHandle) => import_pointer(out, pool, data);
 }
 
 exports! {

@@ -531,7 +531,7 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
 
 // ------------------------------------------------------- stream-ordered, pools
 
-fn pool_of(d: &Driver, h: usize) -> Result<Arc<Pool>, CUresult> {
+pub fn pool_of(d: &Driver, h: usize) -> Result<Arc<Pool>, CUresult> {
     match d.objs.lock().get(h) {
         Some(Obj::Pool(p)) => Ok(Arc::clone(p)),
         _ => Err(CUDA_ERROR_INVALID_VALUE),
@@ -543,6 +543,8 @@ pub fn default_pool(d: &Driver, dev: usize) -> usize {
         d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
             dev,
             attrs: parking_lot::Mutex::new(HashMap::new()),
+            handle_types: 0,
+            imported_from: 0,
         })))
     })
 }
@@ -576,7 +578,14 @@ fn alloc_async(
     // A pool of another device may be used from this stream: the memory is
     // on the pool's device.
     let (pool, dev) = match pool {
-        Some(h) => (h, pool_of(d, h)?.dev),
+        Some(h) => {
+            let p = pool_of(d, h)?;
+            // An imported pool only maps what its owner exports.
+            if p.imported_from != 0 {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            (h, p.dev)
+        }
         None => (current_pool(d, sdev), sdev),
     };
     if size == 0 {
@@ -665,6 +674,8 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         let h = d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
             dev,
             attrs: parking_lot::Mutex::new(HashMap::new()),
+            handle_types: pr.handleTypes,
+            imported_from: 0,
         })));
         // SAFETY: out pointer from the caller (checked non-null).
         unsafe { put(pool, h as CUmemoryPool, CUDA_ERROR_INVALID_VALUE) }

@@ -3,6 +3,7 @@
 //! suffixes included) and listed in `procaddr_table.rs` for `cuGetProcAddress`.
 
 pub mod array;
+pub mod checkpoint;
 pub mod context;
 pub mod device;
 pub mod diagnostics;
@@ -28,6 +29,7 @@ pub mod unsupported;
 pub mod vmm;
 
 pub use array::*;
+pub use checkpoint::*;
 pub use context::*;
 pub use device::*;
 pub use diagnostics::*;

@@ -38,10 +38,9 @@ stub_fns! {
         cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
         cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuProfilerInitialize;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Interprocess events, pool exports, external memory and
+        // Interprocess events, external memory and
         // semaphores (Vulkan/DirectX/NvSci objects), dma-buf handles.
-        cuIpcGetEventHandle, cuIpcOpenEventHandle, cuMemPoolExportPointer, cuMemPoolImportPointer,
-        cuMemPoolExportToShareableHandle, cuMemPoolImportFromShareableHandle,
+        cuIpcGetEventHandle, cuIpcOpenEventHandle,
         cuImportExternalMemory, cuDestroyExternalMemory, cuExternalMemoryGetMappedBuffer,
         cuExternalMemoryGetMappedMipmappedArray, cuImportExternalSemaphore,
         cuDestroyExternalSemaphore, cuSignalExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync,
@@ -51,10 +50,8 @@ stub_fns! {
         cuMemBatchDecompressAsync,
         cuFabricCpyBatchAsync;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Checkpointing, fabric, cliques, CIG capture, logical endpoints.
-        cuCheckpointProcessCheckpoint, cuCheckpointProcessGetRestoreThreadId,
-        cuCheckpointProcessGetState, cuCheckpointProcessLock, cuCheckpointProcessRestore,
-        cuCheckpointProcessUnlock, cuCheckpointOperationComplete, cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
+        // Fabric, cliques, CIG capture, logical endpoints.
+        cuDeviceGetFabricClusterUuid, cuDeviceGetCliqueCount, cuDeviceGetCliqueInfo,
         cuStreamBeginCaptureToCig, cuStreamEndCaptureToCig,
         cuLogicalEndpointAddDevice, cuLogicalEndpointBindAddr, cuLogicalEndpointBindMem,
         cuLogicalEndpointCreate, cuLogicalEndpointDestroy, cuLogicalEndpointExport,

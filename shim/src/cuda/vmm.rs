@@ -102,6 +102,11 @@ pub unsafe extern "C" fn cuMemCreate(
     })
 }
 
+/// The physical allocation `h`, if it exists (out of the lock).
+fn phys_mem(d: &Driver, h: CUmemGenericAllocationHandle) -> Option<Arc<PhysMem>> {
+    d.phys.lock().get(&h).cloned()
+}
+
 fn maybe_free(d: &Driver, id: u64, p: &PhysMem) {
     if p.released.load(Acquire) && p.maps.load(Acquire) == 0 && d.phys.lock().remove(&id).is_some()
     {
@@ -115,12 +120,7 @@ fn maybe_free(d: &Driver, id: u64, p: &PhysMem) {
 pub unsafe extern "C" fn cuMemRelease(h: CUmemGenericAllocationHandle) -> CUresult {
     guard(|| {
         let d = cu()?;
-        let p = d
-            .phys
-            .lock()
-            .get(&h)
-            .cloned()
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let p = phys_mem(d, h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         // One reference less; the last one marks the memory released.
         let dropped = p
             .refs
@@ -230,12 +230,7 @@ pub unsafe extern "C" fn cuMemMap(
         if flags != 0 || size == 0 || ptr64 % GRANULARITY != 0 || size64 % GRANULARITY != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let p = d
-            .phys
-            .lock()
-            .get(&h)
-            .cloned()
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let p = phys_mem(d, h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         if p.released.load(Acquire) || offset as u64 + size64 > p.size {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -292,7 +287,7 @@ fn unmap(d: &Driver, ptr: u64, size: u64) -> CuRes {
             0,
         );
     }
-    let p = d.phys.lock().get(&h).cloned();
+    let p = phys_mem(d, h);
     if let Some(p) = p {
         p.maps.fetch_sub(1, AcqRel);
         maybe_free(d, h, &p);
@@ -396,7 +391,7 @@ pub unsafe extern "C" fn cuMemRetainAllocationHandle(
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // The handle is a new reference, to be released with cuMemRelease.
-        let p = d.phys.lock().get(&id).cloned();
+        let p = phys_mem(d, id);
         if let Some(p) = p {
             p.refs.fetch_add(1, AcqRel);
         }
@@ -414,10 +409,7 @@ pub unsafe extern "C" fn cuMemGetAllocationPropertiesFromHandle(
 ) -> CUresult {
     guard(|| {
         let d = cu()?;
-        let (dev, handle_types) = d
-            .phys
-            .lock()
-            .get(&h)
+        let (dev, handle_types) = phys_mem(d, h)
             .map(|p| (p.dev, p.handle_types))
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let p = CUmemAllocationProp {
@@ -447,12 +439,7 @@ fn export_handle(out: *mut c_void, h: CUmemGenericAllocationHandle, ty: i32, fla
     if out.is_null() || flags != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let p = d
-        .phys
-        .lock()
-        .get(&h)
-        .cloned()
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let p = phys_mem(d, h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if ty != HANDLE_TYPE_POSIX_FD {
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }

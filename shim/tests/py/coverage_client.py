@@ -1196,6 +1196,63 @@ def _():
     return r
 
 
+CHILD_POOL = r"""
+import ctypes, json, sys
+from cuda.bindings import driver as d
+fd, raw = int(sys.argv[1]), bytes.fromhex(sys.argv[2])
+assert d.cuInit(0)[0] == 0
+dev = d.cuDeviceGet(0)[1]
+ctx = d.cuDevicePrimaryCtxRetain(dev)[1]
+d.cuCtxSetCurrent(ctx)
+free0 = int(d.cuMemGetInfo()[1])
+H = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+err, pool = d.cuMemPoolImportFromShareableHandle(fd, H, 0)
+assert err == 0, err
+data = d.CUmemPoolPtrExportData()
+ctypes.memmove(data.getPtr(), raw, 64)
+err, p = d.cuMemPoolImportPointer(pool, data)
+assert err == 0, err
+buf = (ctypes.c_uint8 * 4)()
+d.cuMemcpyDtoH(buf, p, 4)
+d.cuMemsetD8(int(p) + 4, 0x66, 4)
+out = {"bytes": list(buf), "charged": free0 - int(d.cuMemGetInfo()[1]),
+       "alloc_from_imported": d.cuMemAllocFromPoolAsync(1 << 20, pool, 0)[0].name,
+       "free": d.cuMemFree(p)[0].name}
+print(json.dumps(out))
+"""
+
+
+@section("pool_export")
+def _():
+    import subprocess
+    r = {}
+    H = d.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    props = d.CUmemPoolProps()
+    props.allocType = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    props.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    props.location.id = 0
+    plain = ok(d.cuMemPoolCreate(props))
+    r["not_exportable"] = d.cuMemPoolExportToShareableHandle(plain, H, 0)[0].name
+    props.handleTypes = H
+    pool = ok(d.cuMemPoolCreate(props), "cuMemPoolCreate exportable")
+    p = ok(d.cuMemAllocFromPoolAsync(4 * MIB, pool, stream))
+    ok(d.cuStreamSynchronize(stream))
+    ok(d.cuMemsetD8(p, 0x44, 8))
+    fd = int(ok(d.cuMemPoolExportToShareableHandle(pool, H, 0), "cuMemPoolExportToShareableHandle"))
+    data = ok(d.cuMemPoolExportPointer(p), "cuMemPoolExportPointer")
+    raw = ctypes.string_at(data.getPtr(), 64)
+    out = subprocess.run([sys.executable, "-c", CHILD_POOL, str(fd), raw.hex()], pass_fds=[fd],
+                         capture_output=True, text=True, timeout=60)
+    os.close(fd)
+    r["child"] = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-400:]}
+    back = (ctypes.c_uint8 * 4)()
+    ok(d.cuMemcpyDtoH(back, int(p) + 4, 4))
+    r["written_by_child"] = list(back)
+    ok(d.cuMemFreeAsync(p, stream))
+    ok(d.cuStreamSynchronize(stream))
+    return r
+
+
 @section("errors")
 def _():
     r = {}
