@@ -165,8 +165,16 @@ fn ffi_matches_the_real_headers() {
         "sizeof(nvmlEventData_t)" => size_of::<EventData>(),
         "offsetof(nvmlEventData_t, computeInstanceId)" => offset_of!(EventData, compute_instance_id),
     ];
+    // CUDA 12's cuda.h (the one C clients build against) ends at 916; the
+    // codes CUDA 13 added are checked against CUDA 13's cuda.h below.
+    let mut v13: Vec<(String, i64)> = Vec::new();
     for (val, name, _) in CU_RESULTS {
-        v.push((name.to_string(), *val as i64));
+        let list = if *val > CUDA_ERROR_KEY_ROTATION && *val != CUDA_ERROR_UNKNOWN {
+            &mut v13
+        } else {
+            &mut v
+        };
+        list.push((name.to_string(), *val as i64));
     }
     for (name, val) in [
         ("NVML_SUCCESS", NVML_SUCCESS),
@@ -223,4 +231,31 @@ fn ffi_matches_the_real_headers() {
     }
     assert_eq!(out.lines().count(), v.len());
     assert!(bad.is_empty(), "ABI mismatches:\n{}", bad.join("\n"));
+
+    // The codes only CUDA 13's cuda.h has.
+    assert!(!v13.is_empty());
+    let mut c = String::from("#include <cuda.h>\n#include <stdio.h>\nint main(void) {\n");
+    for (expr, ours) in &v13 {
+        c += &format!("    if ((long long)({expr}) != {ours}LL) printf(\"{expr}: header %lld, ours {ours}\\n\", (long long)({expr}));\n");
+    }
+    c += "    return 0;\n}\n";
+    let src = dir.join("abi_dump13.c");
+    std::fs::write(&src, &c).unwrap();
+    let bin = dir.join(format!("abi_dump13-{}", std::process::id()));
+    let cu13 = cgpu_testkit::test_deps()
+        .venv
+        .join("cuda13/nvidia/cu13/include");
+    let g = std::process::Command::new("gcc")
+        .arg(format!("-I{}", cu13.display()))
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+    let o = std::process::Command::new(&bin).output().unwrap();
+    let _ = std::fs::remove_file(&bin);
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.is_empty(), "ABI mismatches (CUDA 13):\n{out}");
 }
