@@ -700,8 +700,12 @@ fn exporter_caps_concurrent_connections() {
     // without writing: the refusal does not wait for a request).
     let t = std::time::Instant::now();
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    // A client queued behind the idle connections would wait forever.
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
     let mut resp = String::new();
-    s.read_to_string(&mut resp).unwrap();
+    s.read_to_string(&mut resp)
+        .expect("no refusal within 10 s: the client was queued");
     assert!(resp.starts_with("HTTP/1.1 503"), "{resp}");
     assert!(
         t.elapsed() < std::time::Duration::from_secs(4),
