@@ -267,6 +267,49 @@ fn killed_holder_never_leaves_others_waiting() {
     );
 }
 
+/// A busy container alone on the GPU under a work-conserving policy is
+/// never held back: when its slice's launch allowance or time runs out and
+/// nobody else waits, its slice is renewed in place (charged, counted)
+/// without a drain. Over a window after warm-up its held-back time grows
+/// by exactly 0 while it is charged its GPU time and takes fresh slices.
+#[test]
+fn alone_is_never_held_back() {
+    use cgpu::scheduler::words::container as cw;
+    let _serial = serial();
+    for policy in [1, 2] {
+        let s = Scenario::start(&[Ctr::new("alone", 1).busy(RUN_MS, MS)]);
+        let l = s.ledger();
+        l.set_policy(policy).unwrap();
+        std::thread::sleep(WARMUP);
+        let c = s.slot(&l, "alone");
+        let words = &l.file().containers[c].sched;
+        let before = cgpu::scheduler::container_stats(&l.file().containers[c]);
+        let slices0 = words[cw::SLICES].load(std::sync::atomic::Ordering::Relaxed);
+        let m = s.measure(Duration::from_millis(2000));
+        let after = cgpu::scheduler::container_stats(&l.file().containers[c]);
+        let slices = words[cw::SLICES].load(std::sync::atomic::Ordering::Relaxed) - slices0;
+        let held_back = after.throttled_ns - before.throttled_ns;
+        let charged = after.gpu_time_ns - before.gpu_time_ns;
+        let ran = m.per.get("alone").copied().unwrap_or(0);
+        eprintln!(
+            "policy {policy}, alone: held back {held_back} ns, charged {charged} ns, ran {ran} ns (sim), {slices} slices, {} launches",
+            after.launches - before.launches
+        );
+        assert_eq!(
+            held_back, 0,
+            "policy {policy}: a container alone was held back"
+        );
+        assert!(ran > 0, "policy {policy}: the container did not run: {m:?}");
+        // Its slices were charged while it ran alone (each renewal charges
+        // the slice so far): at least one slice's worth of the time it ran.
+        assert!(slices >= 2, "policy {policy}: no fresh slices ({slices})");
+        assert!(
+            charged >= ran / 2,
+            "policy {policy}: charged {charged} ns for {ran} ns of GPU time"
+        );
+    }
+}
+
 /// Every launch path, through every entry path, waits while the container
 /// has no compute (weight 0) and runs once it gets weight again.
 #[test]

@@ -21,7 +21,7 @@
 //! clamped, so a corrupt word costs at most a wrong decision, never a panic.
 
 use super::decide::SLICE_NS;
-use super::decide::{decide, update_estimate, Decision, Entry};
+use super::decide::{allowance, decide, update_estimate, Decision, Entry, Params};
 use super::policy::Knobs;
 use super::sys::{futex_wait, futex_wake, now_ns};
 use super::words::{container as cw, gpu as gw, Token, DECIDING, DRAINING, IDLE, RUNNING};
@@ -434,6 +434,20 @@ impl Gate {
                     Enter::Retry => continue,
                     Enter::Wait => {}
                 }
+            } else if t.state == DECIDING && t.holder == Some(self.container) {
+                // My container's slice is being renewed in place (see
+                // `renew`): the GPU stays with it; launch without waiting.
+                let key = t.seq.wrapping_sub(1) as u64 | (self.epoch as u64) << 32;
+                if SEEN.with(|s| s.get()) != key {
+                    self.register_ctx();
+                    self.set_bit(cw::DRAIN, self.container, true);
+                }
+                self.in_launch.fetch_add(1, SeqCst);
+                if self.token().load(SeqCst) == w {
+                    break true;
+                }
+                self.in_launch.fetch_sub(1, SeqCst);
+                continue;
             } else if t.holder != Some(self.container) && self.guest(t, &k) {
                 break true;
             }
@@ -509,8 +523,12 @@ impl Gate {
             return Enter::Admitted;
         }
         // Allowance used up: the queue is long enough; end the slice so the
-        // drain measures what it cost.
+        // drain measures what it cost. Alone on the GPU: nobody waits for
+        // that drain; take a fresh slice and launch now.
         self.in_launch.fetch_sub(1, SeqCst);
+        if self.renew(t) {
+            return Enter::Retry;
+        }
         self.end_slice(t);
         Enter::Wait
     }
@@ -746,6 +764,128 @@ impl Gate {
         }
     }
 
+    /// The holder's slice ran out (its launch allowance or its time) while
+    /// no other container waits: renew it in place, if its credit allows
+    /// (always under a work-conserving policy). Charged exactly as a slice end charges it (slice
+    /// start to now, less the time it had no work queued), every bucket
+    /// refilled, a fresh slice started (start, budget, allowance, launches,
+    /// slices counted); no drain (nobody waits for the GPU) and no thread
+    /// of the holder held back: the token passes through a DECIDING state
+    /// that names the holder (its threads launch meanwhile, see
+    /// `admit_slow`) and comes back to exactly `t`, so the slice's DRAIN
+    /// set, its threads' registrations and its draining state's sequence
+    /// number stay valid. The work queued so far runs in the new slice and
+    /// is charged there. False (nothing changed) when another container
+    /// waits, a knob moved (the next decision applies it), or the token is
+    /// no longer `t`; false too when its credit is spent (a policy that
+    /// keeps idle containers' time): then the slice was ended (DRAINING)
+    /// with its time so far charged.
+    fn renew(&self, t: Token) -> bool {
+        let k = self.knobs();
+        let f = self.file();
+        let Some(h) = t.holder_slot() else {
+            return false;
+        };
+        if t.state != RUNNING
+            || k.native()
+            || self.slot(h).weight.load(Relaxed) == 0
+            || f.header.knob_generation.load(Relaxed) != self.g(gw::KNOB_GEN_SEEN).load(Relaxed)
+            || self.others_want(Some(h))
+        {
+            return false;
+        }
+        let mine = t.next(DECIDING, Some(h), Some(self.process));
+        if self
+            .token()
+            .compare_exchange(t.pack(), mine.pack(), SeqCst, SeqCst)
+            .is_err()
+        {
+            return false;
+        }
+        let now = now_ns();
+        self.g(gw::STATE_SINCE).store(now, Release);
+        let cs = &f.containers[h].sched;
+        let start = self.g(gw::SLICE_START).load(Acquire);
+        let drained: u32 = (0..cw::SET_WORDS)
+            .map(|i| cs[cw::DRAIN + i].load(SeqCst).count_ones())
+            .sum();
+        let was_empty = cs[cw::EMPTY_SINCE].load(Acquire) != 0;
+        let unused = Self::unused(cs, start, now, u64::from(drained));
+        let held = now.saturating_sub(start).saturating_sub(unused);
+        let allow = self.g(gw::SLICE_ALLOW).load(Acquire);
+        let launches = cs[cw::SLICE_LAUNCHES].load(Acquire).min(allow);
+        cs[cw::GPU_NS].fetch_add(held, Relaxed);
+        cs[cw::LAST_SLICE_NS].store(held.max(1), Relaxed);
+        cs[cw::LAUNCHES].fetch_add(launches, Relaxed);
+        // Its queue was not drained: time per launch so far is at most
+        // what a launch costs (its queue may have grown); still the
+        // estimate moves, else a holder alone from its start would keep
+        // the first allowance (8) and renew every 8 launches. The drained
+        // slices that follow once others wait correct it.
+        let est = update_estimate(cs[cw::NS_PER_LAUNCH].load(Relaxed), held, launches);
+        cs[cw::NS_PER_LAUNCH].store(est, Relaxed);
+        self.g(gw::BUSY_NS).fetch_add(held, Relaxed);
+        let mut es = self.entries();
+        for (i, e) in es.iter_mut().enumerate() {
+            // Only the buckets move: a container that arrived meanwhile is
+            // seen by the next decision (at this slice's end).
+            e.wants = i == h;
+        }
+        let last = self.g(gw::LAST_REFILL).load(Acquire);
+        let last = if last == 0 { now } else { last };
+        let last = last.saturating_add(unused).min(now);
+        let d = decide(&k, now, last, Some((h, held)), &mut es);
+        for (i, s) in f.containers.iter().enumerate() {
+            s.sched[cw::TOKENS].store(es[i].tokens as u64, Release);
+        }
+        self.g(gw::LAST_REFILL).store(now, Release);
+        if !matches!(d, Decision::Run { c, .. } if c == h) {
+            // Out of credit (a policy that keeps idle containers' time):
+            // the slice ends as usual, its time so far charged here, the
+            // drain's by the decision that follows it.
+            cs[cw::SLICE_LAUNCHES].store(0, SeqCst);
+            cs[cw::EMPTY_SINCE].store(if was_empty { now } else { 0 }, SeqCst);
+            self.g(gw::SLICE_START).store(now, Release);
+            self.g(gw::DRAIN_COUNT).store(u64::from(drained), Release);
+            let draining = Token {
+                state: DRAINING,
+                aux: None,
+                ..mine
+            };
+            if self
+                .token()
+                .compare_exchange(mine.pack(), draining.pack(), SeqCst, SeqCst)
+                .is_ok()
+            {
+                futex_wake(self.token());
+            }
+            return false;
+        }
+        let budget = Params::for_knobs(&k).slice_ns;
+        cs[cw::SLICE_LAUNCHES].store(0, SeqCst);
+        cs[cw::SLICES].fetch_add(1, Relaxed);
+        self.g(gw::SLICES).fetch_add(1, Relaxed);
+        self.g(gw::SLICE_BUDGET).store(budget, Release);
+        self.g(gw::SLICE_ALLOW).store(
+            allowance(budget, cs[cw::NS_PER_LAUNCH].load(Relaxed)),
+            Release,
+        );
+        let start = now_ns();
+        // A holder that had no work queued still has none.
+        cs[cw::EMPTY_SINCE].store(if was_empty { start } else { 0 }, SeqCst);
+        self.g(gw::SLICE_START).store(start, Release);
+        // Only we move the token out of our state (unless we were declared
+        // dead and a successor took it).
+        if self
+            .token()
+            .compare_exchange(mine.pack(), t.pack(), SeqCst, SeqCst)
+            .is_ok()
+        {
+            futex_wake(self.token());
+        }
+        true
+    }
+
     /// Policy 5: drop the token to IDLE without charging anyone.
     fn void_slice(&self, t: Token) {
         let next = t.next(IDLE, None, None);
@@ -848,6 +988,37 @@ impl Gate {
         idle.min(now.saturating_sub(start))
     }
 
+    /// Every container slot as a decision sees it (work owed and guest work
+    /// taken out of the words and charged to its GPU time).
+    fn entries(&self) -> [Entry; MAX_CONTAINERS] {
+        let f = self.file();
+        let mut es = [Entry::default(); MAX_CONTAINERS];
+        for (i, s) in f.containers.iter().enumerate() {
+            let live = s.state.load(Acquire) == SLOT_LIVE && s.nprocs.load(Acquire) > 0;
+            // Work seen to have run after its drain was given up on.
+            let owed = s.sched[cw::OWED_NS].swap(0, AcqRel).min(1_000_000_000);
+            // Work it ran as a guest beside the slices (already counted in
+            // its GPU time).
+            let guest = s.sched[cw::GUEST_NS].swap(0, AcqRel).min(1_000_000_000);
+            if owed > 0 {
+                s.sched[cw::GPU_NS].fetch_add(owed, Relaxed);
+                self.g(gw::BUSY_NS).fetch_add(owed, Relaxed);
+            }
+            es[i] = Entry {
+                live,
+                weight: s.weight.load(Acquire),
+                highprio: s.highprio.load(Acquire) != 0,
+                wants: live && !self.prune(cw::WANT, i),
+                guest: live && guest > 0,
+                tokens: (s.sched[cw::TOKENS].load(Acquire) as i64)
+                    .saturating_sub(owed as i64)
+                    .saturating_sub(guest as i64),
+                ns_per_launch: s.sched[cw::NS_PER_LAUNCH].load(Relaxed),
+            };
+        }
+        es
+    }
+
     /// Take the DECIDING state from exactly `t` (DRAINING, IDLE or a stale
     /// DECIDING), charge the holder, choose the next one.
     pub(crate) fn try_decide(&self, t: Token) -> Option<Token> {
@@ -885,30 +1056,7 @@ impl Gate {
                 charge = Some((h, held));
             }
         }
-        let mut es = [Entry::default(); MAX_CONTAINERS];
-        for (i, s) in f.containers.iter().enumerate() {
-            let live = s.state.load(Acquire) == SLOT_LIVE && s.nprocs.load(Acquire) > 0;
-            // Work seen to have run after its drain was given up on.
-            let owed = s.sched[cw::OWED_NS].swap(0, AcqRel).min(1_000_000_000);
-            // Work it ran as a guest beside the slices (already counted in
-            // its GPU time).
-            let guest = s.sched[cw::GUEST_NS].swap(0, AcqRel).min(1_000_000_000);
-            if owed > 0 {
-                s.sched[cw::GPU_NS].fetch_add(owed, Relaxed);
-                self.g(gw::BUSY_NS).fetch_add(owed, Relaxed);
-            }
-            es[i] = Entry {
-                live,
-                weight: s.weight.load(Acquire),
-                highprio: s.highprio.load(Acquire) != 0,
-                wants: live && !self.prune(cw::WANT, i),
-                guest: live && guest > 0,
-                tokens: (s.sched[cw::TOKENS].load(Acquire) as i64)
-                    .saturating_sub(owed as i64)
-                    .saturating_sub(guest as i64),
-                ns_per_launch: s.sched[cw::NS_PER_LAUNCH].load(Relaxed),
-            };
-        }
+        let mut es = self.entries();
         if let Some((h, _)) = charge {
             // A holder busy with its own results (inside a synchronise, or
             // one that just returned) launches again in a moment: it may
@@ -1011,9 +1159,21 @@ impl Gate {
                     // the slice's end (knobs take effect within ~100 ms).
                     let knobs_moved = self.file().header.knob_generation.load(Relaxed)
                         != self.g(gw::KNOB_GEN_SEEN).load(Relaxed);
-                    if knobs_moved || now >= end && (others || !self.knobs().work_conserving()) {
+                    if knobs_moved || now >= end && others {
                         self.end_slice(t);
                         continue;
+                    }
+                    if now >= end {
+                        // Alone past its time with launches in it: a fresh
+                        // slice if its credit allows (charged now, not in
+                        // one piece when someone arrives).
+                        if self.c(cw::SLICE_LAUNCHES).load(Relaxed) > 0 && self.renew(t) {
+                            continue;
+                        }
+                        if !self.knobs().work_conserving() {
+                            self.end_slice(t);
+                            continue;
+                        }
                     }
                     if others {
                         // A thread of mine inside the real launch call (the
@@ -1060,11 +1220,12 @@ impl Gate {
         }
     }
 
-    /// Is `t` the RUNNING or DRAINING state of the slice `undrained` names?
+    /// Is `t` the RUNNING or DRAINING state of the slice `undrained` names
+    /// (or its renewal in place, which has the draining state's number)?
     fn holds_slice_of(&self, t: Token, undrained: u64) -> bool {
         let draining_seq = undrained as u32;
         t.holder == Some(self.container)
-            && (t.state == DRAINING && t.seq == draining_seq
+            && ((t.state == DRAINING || t.state == DECIDING) && t.seq == draining_seq
                 || t.state == RUNNING && t.seq.wrapping_add(1) == draining_seq)
     }
 
