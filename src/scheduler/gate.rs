@@ -811,20 +811,12 @@ impl Gate {
             .sum();
         let was_empty = cs[cw::EMPTY_SINCE].load(Acquire) != 0;
         let unused = Self::unused(cs, start, now, u64::from(drained));
-        let held = now.saturating_sub(start).saturating_sub(unused);
-        let allow = self.g(gw::SLICE_ALLOW).load(Acquire);
-        let launches = cs[cw::SLICE_LAUNCHES].load(Acquire).min(allow);
-        cs[cw::GPU_NS].fetch_add(held, Relaxed);
-        cs[cw::LAST_SLICE_NS].store(held.max(1), Relaxed);
-        cs[cw::LAUNCHES].fetch_add(launches, Relaxed);
         // Its queue was not drained: time per launch so far is at most
         // what a launch costs (its queue may have grown); still the
         // estimate moves, else a holder alone from its start would keep
         // the first allowance (8) and renew every 8 launches. The drained
         // slices that follow once others wait correct it.
-        let est = update_estimate(cs[cw::NS_PER_LAUNCH].load(Relaxed), held, launches);
-        cs[cw::NS_PER_LAUNCH].store(est, Relaxed);
-        self.g(gw::BUSY_NS).fetch_add(held, Relaxed);
+        let held = self.charge_slice(cs, start, now, unused);
         let mut es = self.entries();
         for (i, e) in es.iter_mut().enumerate() {
             // Only the buckets move: a container that arrived meanwhile is
@@ -972,6 +964,22 @@ impl Gate {
         }
     }
 
+    /// Charges the holder's slice that began at `start`, up to `now`, less
+    /// `unused`, to its container (`cs`) and the GPU: GPU time, last slice,
+    /// launches and the estimate per launch. Returns the time charged.
+    fn charge_slice(&self, cs: &[AtomicU64], start: u64, now: u64, unused: u64) -> u64 {
+        let held = now.saturating_sub(start).saturating_sub(unused);
+        let allow = self.g(gw::SLICE_ALLOW).load(Acquire);
+        let launches = cs[cw::SLICE_LAUNCHES].load(Acquire).min(allow);
+        cs[cw::GPU_NS].fetch_add(held, Relaxed);
+        cs[cw::LAST_SLICE_NS].store(held.max(1), Relaxed);
+        cs[cw::LAUNCHES].fetch_add(launches, Relaxed);
+        let est = update_estimate(cs[cw::NS_PER_LAUNCH].load(Relaxed), held, launches);
+        cs[cw::NS_PER_LAUNCH].store(est, Relaxed);
+        self.g(gw::BUSY_NS).fetch_add(held, Relaxed);
+        held
+    }
+
     /// Time of the slice that began at `start` during which its holder (one
     /// process: `drained` processes launched in it) had no work queued,
     /// up to `now`; taken out of the words (0 for several processes: one's
@@ -1044,15 +1052,7 @@ impl Gate {
                 let start = self.g(gw::SLICE_START).load(Acquire);
                 let cs = &f.containers[h].sched;
                 unused = Self::unused(cs, start, now, self.g(gw::DRAIN_COUNT).load(Acquire));
-                let held = now.saturating_sub(start).saturating_sub(unused);
-                let allow = self.g(gw::SLICE_ALLOW).load(Acquire);
-                let launches = cs[cw::SLICE_LAUNCHES].load(Acquire).min(allow);
-                cs[cw::GPU_NS].fetch_add(held, Relaxed);
-                cs[cw::LAST_SLICE_NS].store(held.max(1), Relaxed);
-                cs[cw::LAUNCHES].fetch_add(launches, Relaxed);
-                let est = update_estimate(cs[cw::NS_PER_LAUNCH].load(Relaxed), held, launches);
-                cs[cw::NS_PER_LAUNCH].store(est, Relaxed);
-                self.g(gw::BUSY_NS).fetch_add(held, Relaxed);
+                let held = self.charge_slice(cs, start, now, unused);
                 charge = Some((h, held));
             }
         }
