@@ -27,6 +27,14 @@ pub fn generation() -> u64 {
     GENERATION.load(Ordering::Acquire)
 }
 
+/// The current fork generation without the registration check, for a hot
+/// path that compares it with a generation taken from [`generation`] (which
+/// registered the handler before that value could exist).
+#[inline(always)]
+pub fn current() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,8 +21,14 @@
 //! looking at `syncing` and, if a drain is synchronising, waits for it to
 //! finish before the real call (all `SeqCst`: one of the two sees the other).
 //! Atomics only; every wait is bounded.
+//!
+//! After a `fork` the table is the parent's: the child has none of its
+//! captures' threads, and no drain (a drain that was synchronising when the
+//! parent forked would make the child's `cuStreamBeginCapture` wait). The
+//! table records the fork generation it belongs to (`process::fork`); the
+//! first use in another generation empties it.
 
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
 /// Streams with a capture open (or being begun); 0 = free entry.
 const SLOTS: usize = 64;
@@ -33,6 +39,9 @@ const NULL_STREAM: usize = usize::MAX;
 const BEGIN_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: the end is refused, the capture goes on.
 const WRONG_THREAD: u32 = 908;
+/// [`Captures::generation`] while a thread of generation `g` empties the
+/// table: `RESETTING | g`.
+const RESETTING: u64 = 1 << 63;
 
 /// The table (one process-wide instance, [`CAPTURES`]).
 pub struct Captures {
@@ -41,6 +50,8 @@ pub struct Captures {
     overflow: AtomicU32,
     /// Drains between their check of the table and the end of their synchronisation.
     syncing: AtomicU32,
+    /// The fork generation the table belongs to (see [`RESETTING`]).
+    generation: AtomicU64,
 }
 
 /// This process's captures.
@@ -68,6 +79,39 @@ impl Captures {
             streams: [const { AtomicUsize::new(0) }; SLOTS],
             overflow: AtomicU32::new(0),
             syncing: AtomicU32::new(0),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// A table of an earlier fork generation (this is a forked child) is
+    /// emptied before its first use here: one thread empties it, any other
+    /// waits for those few stores.
+    fn fresh(&self) {
+        let g = crate::process::fork::generation();
+        loop {
+            let w = self.generation.load(SeqCst);
+            if w == g {
+                return;
+            }
+            if w == RESETTING | g {
+                std::thread::yield_now();
+                continue;
+            }
+            // Of an earlier generation (a reset that a fork interrupted
+            // included: its thread is not in this process).
+            if self
+                .generation
+                .compare_exchange(w, RESETTING | g, SeqCst, SeqCst)
+                .is_ok()
+            {
+                for s in &self.streams {
+                    s.store(0, SeqCst);
+                }
+                self.overflow.store(0, SeqCst);
+                self.syncing.store(0, SeqCst);
+                self.generation.store(g, SeqCst);
+                return;
+            }
         }
     }
 
@@ -75,6 +119,7 @@ impl Captures {
     /// capture as open and waits while a drain is inside `cuCtxSynchronize`
     /// (bounded by it, and by 2 s whatever happens).
     pub fn begin(&self, stream: usize) -> Begin {
+        self.fresh();
         let k = key(stream);
         let entry = self
             .streams
@@ -108,6 +153,7 @@ impl Captures {
     /// this process did not begin capturing closes nothing; a refused end
     /// that leaves the capture going (wrong thread) closes nothing.
     pub fn ended(&self, stream: usize, rc: u32) {
+        self.fresh();
         if rc == WRONG_THREAD {
             return;
         }
@@ -124,6 +170,7 @@ impl Captures {
 
     /// Captures open now.
     pub fn open(&self) -> u32 {
+        self.fresh();
         self.streams.iter().filter(|s| s.load(SeqCst) != 0).count() as u32
             + self.overflow.load(SeqCst)
     }
@@ -131,22 +178,13 @@ impl Captures {
     /// The drain may synchronise this process's contexts while the guard
     /// lives; `None`: a capture is open, do not synchronise.
     pub fn sync_guard(&self) -> Option<SyncGuard<'_>> {
+        self.fresh();
         self.syncing.fetch_add(1, SeqCst);
         if self.open() > 0 {
             self.syncing.fetch_sub(1, SeqCst);
             return None;
         }
         Some(SyncGuard(&self.syncing))
-    }
-
-    /// In a child after `fork` (async-signal-safe: atomic stores): no
-    /// capture and no drain exist in the child (its threads are gone).
-    pub fn after_fork_child(&self) {
-        for s in &self.streams {
-            s.store(0, SeqCst);
-        }
-        self.overflow.store(0, SeqCst);
-        self.syncing.store(0, SeqCst);
     }
 }
 
@@ -257,18 +295,50 @@ mod tests {
         assert_eq!(c.open(), 1);
     }
 
-    /// A child forked while a drain synchronised inherits `syncing > 0`
-    /// with no drain to finish it: reset, its begin does not wait.
+    /// A child forked while a drain synchronised, and a capture was open,
+    /// inherits `syncing > 0` with no drain to finish it and a capture of a
+    /// thread it does not have: in its fork generation the table is empty,
+    /// its begin does not wait, and its drain may synchronise.
     #[test]
-    fn fork_child_reset_unblocks_begin() {
-        let c = Captures::new();
-        let g = c.sync_guard().unwrap();
-        std::mem::forget(g); // the "drain" does not exist in the child
-        c.after_fork_child();
-        let t0 = std::time::Instant::now();
-        let b = c.begin(0x30);
+    fn a_forked_child_starts_with_an_empty_table() {
+        let c: &'static Captures = Box::leak(Box::new(Captures::new()));
+        let b = c.begin(0x40);
         c.begun(b, 0);
-        assert!(t0.elapsed() < BEGIN_WAIT_LIMIT / 2, "{:?}", t0.elapsed());
+        let g = c.sync_guard();
+        assert!(g.is_none(), "a capture is open");
+        // The parent's drain, synchronising when the fork happens.
+        c.syncing.fetch_add(1, SeqCst);
+        let mut fds = [0i32; 2];
+        // SAFETY: a pipe for the child's answer; the child runs the table's
+        // code (atomics, a clock, at most a bounded sleep) and `_exit`s.
+        unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            let pid = libc::fork();
+            if pid == 0 {
+                let t0 = std::time::Instant::now();
+                let b = c.begin(0x30);
+                c.begun(b, 0);
+                let waited = t0.elapsed() >= BEGIN_WAIT_LIMIT / 2;
+                let open = c.open();
+                c.ended(0x30, 0);
+                let guard = c.sync_guard().is_some();
+                let v: [u8; 3] = [waited as u8, open as u8, guard as u8];
+                libc::write(fds[1], v.as_ptr().cast(), 3);
+                libc::_exit(0);
+            }
+            let mut v = [9u8; 3];
+            assert_eq!(libc::read(fds[0], v.as_mut_ptr().cast(), 3), 3);
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            assert_eq!(
+                v,
+                [0, 1, 1],
+                "[begin waited, open after its begin, drain may sync]"
+            );
+        }
+        // The parent's table is its own.
         assert_eq!(c.open(), 1);
+        assert_eq!(c.syncing.load(SeqCst), 1);
     }
 }

@@ -83,6 +83,8 @@ pub struct Gate {
     pub(crate) container: usize,
     pub(crate) process: usize,
     epoch: u32,
+    /// The fork generation it was made in: a forked child never uses it.
+    pub(crate) generation: u64,
     /// High half of the token word when my container holds it RUNNING.
     running_hi: u32,
     drv: DriverOps,
@@ -153,6 +155,7 @@ impl Gate {
             container,
             process,
             epoch: EPOCHS.fetch_add(1, Relaxed),
+            generation: crate::process::fork::generation(),
             running_hi: hi,
             drv,
             in_launch: AtomicU64::new(0),

@@ -25,9 +25,10 @@ pub use decide::{allowance, Params, SLICE_NS};
 pub use gate::{CUcontext, DriverOps, Gate, Synced};
 
 use crate::ledger::{ContainerSlot, Ledger, LedgerFile, Membership, MAX_CONTAINERS, SLOT_LIVE};
+use crate::process::fork;
 use cgpu_ffi::CUresult;
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU8, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
 use words::container as cw;
 
 /// Opaque `CUstream` as the launch hooks see it.
@@ -35,6 +36,12 @@ pub type Stream = *mut std::ffi::c_void;
 
 /// The gate of this process when it sees one GPU (null: not scheduling, or
 /// several GPUs: see `MULTI`).
+///
+/// After a `fork` these words are the parent's: every gate records the fork
+/// generation it was made in (`process::fork`) and one of another
+/// generation is never used (it has no helper thread in the child and names
+/// the parent's process slot); `ATTACH` is per generation too, and the first
+/// thread of a child to see it starts over (see `attach_lazily`).
 static GATE: AtomicPtr<Gate> = AtomicPtr::new(std::ptr::null_mut());
 /// The process sees several GPUs: each launch finds the gate of its
 /// context's device (`GATES`, cached per thread by context).
@@ -46,10 +53,24 @@ static GATES: [AtomicPtr<Gate>; MAX_DEVS] =
 static DEV_ATTACH: [AtomicU8; MAX_DEVS] = [const { AtomicU8::new(UNDECIDED) }; MAX_DEVS];
 
 /// Lazy attachment: not tried yet / being tried / attached or given up.
+/// `DEV_ATTACH` holds the state; `ATTACH` holds `generation << 2 | state`,
+/// and a word of an earlier fork generation counts as not tried.
 const UNDECIDED: u8 = 0;
 const ATTACHING: u8 = 1;
 const DECIDED: u8 = 2;
-static ATTACH: AtomicU8 = AtomicU8::new(UNDECIDED);
+static ATTACH: AtomicU64 = AtomicU64::new(UNDECIDED as u64);
+
+/// `ATTACH`'s word for `state` in fork generation `generation`.
+fn attach_word(generation: u64, state: u8) -> u64 {
+    generation << 2 | u64::from(state)
+}
+
+/// The gate `p` points to if it was made in this process's fork generation.
+#[inline(always)]
+fn current(p: *const Gate) -> Option<&'static Gate> {
+    // SAFETY: a gate, once published, is never freed (leaked on attach).
+    unsafe { p.as_ref() }.filter(|g| g.generation == fork::current())
+}
 
 thread_local! {
     /// The gate of this thread's launches in flight and how many were
@@ -66,15 +87,11 @@ thread_local! {
 /// thread until it may launch.
 #[inline]
 pub fn admit_launch(stream: Stream) {
-    let mut g = GATE.load(Acquire) as *const Gate;
-    if g.is_null() {
-        g = gate_slow();
-        if g.is_null() {
-            return;
-        }
-    }
-    // SAFETY: a gate, once published, is never freed (leaked on attach).
-    if unsafe { &*g }.admit(stream as usize) {
+    let Some(gate) = current(GATE.load(Acquire)).or_else(|| current(gate_slow())) else {
+        return;
+    };
+    let g = gate as *const Gate;
+    if gate.admit(stream as usize) {
         ADMITTED.with(|a| {
             let (old, n) = a.get();
             if n > 0 && old != g {
@@ -103,17 +120,23 @@ pub fn launched(_stream: Stream, _result: CUresult) {
     });
 }
 
-/// No single gate: attach (first launch), or find the device's gate.
+/// No single gate of this fork generation: attach (first launch, also in
+/// a forked child), or find the device's gate.
 #[cold]
 #[inline(never)]
 fn gate_slow() -> *const Gate {
-    if MULTI.load(Acquire) {
-        return gate_of_current_context();
-    }
-    if ATTACH.load(Relaxed) != UNDECIDED {
+    let generation = fork::generation();
+    let seen = ATTACH.load(Acquire);
+    if seen == attach_word(generation, DECIDED) {
+        if MULTI.load(Acquire) {
+            return gate_of_current_context();
+        }
         return std::ptr::null();
     }
-    attach_lazily()
+    if seen == attach_word(generation, ATTACHING) {
+        return std::ptr::null();
+    }
+    attach_lazily(seen, generation)
 }
 
 /// The real driver's functions the scheduler needs.
@@ -130,22 +153,35 @@ fn driver_ops() -> Option<DriverOps> {
 /// First launch of the process (or of a forked child): attach to the GPU of
 /// the current context if the process is in its ledger (memory isolation on,
 /// as with cGPU: no `ALIYUN_COM_GPU_MEM_CONTAINER`, no cGPU). A process that
-/// sees several GPUs switches to per-device gates.
+/// sees several GPUs switches to per-device gates. `seen` is the `ATTACH`
+/// word the caller saw: not tried in this generation, or any word of an
+/// earlier one (a forked child: the parent's gates are dropped first).
 #[cold]
 #[inline(never)]
-fn attach_lazily() -> *const Gate {
+fn attach_lazily(seen: u64, generation: u64) -> *const Gate {
     // One thread attaches; others launch unscheduled meanwhile (no lock, so
-    // a fork in the middle cannot leave the child stuck).
+    // a fork in the middle cannot leave the child stuck: the child's word
+    // is of an earlier generation, which its first launch takes over).
     if ATTACH
-        .compare_exchange(UNDECIDED, ATTACHING, AcqRel, Acquire)
+        .compare_exchange(seen, attach_word(generation, ATTACHING), AcqRel, Acquire)
         .is_err()
     {
-        return GATE.load(Acquire);
+        return current(GATE.load(Acquire)).map_or(std::ptr::null(), |g| g as *const Gate);
+    }
+    if seen >> 2 != generation {
+        // A forked child: the parent's gates are not ours (published before
+        // `ATTACH` says DECIDED, so no thread attaches a device meanwhile).
+        GATE.store(std::ptr::null_mut(), Release);
+        MULTI.store(false, Release);
+        for (g, a) in GATES.iter().zip(DEV_ATTACH.iter()) {
+            g.store(std::ptr::null_mut(), Release);
+            a.store(UNDECIDED, Release);
+        }
     }
     let several = crate::process::gpus::cuda_visible().is_ok_and(|v| v.len() > 1);
     if several {
         MULTI.store(true, Release);
-        ATTACH.store(DECIDED, Release);
+        ATTACH.store(attach_word(generation, DECIDED), Release);
         register_handlers();
         return gate_of_current_context();
     }
@@ -155,7 +191,7 @@ fn attach_lazily() -> *const Gate {
         Some(attach(ledger, m, driver_ops()?))
     });
     log_attach(r.map(|x| x.map(|y| y.map(|_| ()))));
-    ATTACH.store(DECIDED, Release);
+    ATTACH.store(attach_word(generation, DECIDED), Release);
     GATE.load(Acquire)
 }
 
@@ -188,7 +224,7 @@ fn gate_of_current_context() -> *const Gate {
         return std::ptr::null();
     }
     let (cached_ctx, cached) = CTX_GATE.with(|c| c.get());
-    if cached_ctx == ctx as usize && !cached.is_null() {
+    if cached_ctx == ctx as usize && current(cached).is_some() {
         return cached;
     }
     let mut dev: i32 = -1;
@@ -199,8 +235,11 @@ fn gate_of_current_context() -> *const Gate {
     let Some(i) = usize::try_from(dev).ok().filter(|&i| i < MAX_DEVS) else {
         return std::ptr::null();
     };
-    let mut g = GATES[i].load(Acquire) as *const Gate;
+    let mut g = current(GATES[i].load(Acquire)).map_or(std::ptr::null(), |g| g as *const Gate);
+    // Devices attach once this generation's attachment is decided (a forked
+    // child first drops its parent's gates, see `attach_lazily`).
     if g.is_null()
+        && ATTACH.load(Acquire) == attach_word(fork::generation(), DECIDED)
         && DEV_ATTACH[i]
             .compare_exchange(UNDECIDED, ATTACHING, AcqRel, Acquire)
             .is_ok()
@@ -258,7 +297,7 @@ fn make_gate(
 /// (slice timer and drainer). Replaces an earlier attachment.
 /// Without a successful attach, launches are not held back.
 pub fn attach(ledger: &'static Ledger, m: &Membership, drv: DriverOps) -> Result<(), String> {
-    ATTACH.store(DECIDED, Release);
+    ATTACH.store(attach_word(fork::generation(), DECIDED), Release);
     let gate = make_gate(ledger, m, drv)?;
     let old = GATE.swap(gate as *const Gate as *mut Gate, AcqRel);
     if !old.is_null() {
@@ -271,7 +310,7 @@ pub fn attach(ledger: &'static Ledger, m: &Membership, drv: DriverOps) -> Result
 /// Stop holding launches back in this process (e.g. at exit).
 pub fn detach() {
     MULTI.store(false, Release);
-    ATTACH.store(DECIDED, Release);
+    ATTACH.store(attach_word(fork::generation(), DECIDED), Release);
     let olds = std::iter::once(&GATE).chain(GATES.iter());
     for g in olds {
         let old = g.swap(std::ptr::null_mut(), AcqRel);
@@ -282,13 +321,13 @@ pub fn detach() {
     }
 }
 
-/// Every gate of this process (at most one per device, plus the single one).
+/// Every gate of this process (at most one per device, plus the single one)
+/// made in this fork generation (a gate copied from the parent may name a
+/// context its drain was synchronising when the parent forked).
 fn each_gate(mut f: impl FnMut(&Gate)) {
     for g in std::iter::once(&GATE).chain(GATES.iter()) {
-        let p = g.load(Acquire);
-        if !p.is_null() {
-            // SAFETY: leaked, never freed.
-            f(unsafe { &*p });
+        if let Some(g) = current(g.load(Acquire)) {
+            f(g);
         }
     }
 }
@@ -315,11 +354,11 @@ impl WaitingForGpu {
         let (marked, own) = if MULTI.load(Acquire) {
             (mark_busy(std::ptr::null(), true), gate_of_current_context())
         } else {
-            let g = GATE.load(Acquire) as *const Gate;
-            if !g.is_null() {
-                // SAFETY: a gate, once published, is never freed (leaked on attach).
-                unsafe { &*g }.in_sync(true);
+            let g = current(GATE.load(Acquire));
+            if let Some(g) = g {
+                g.in_sync(true);
             }
+            let g = g.map_or(std::ptr::null(), |g| g as *const Gate);
             (GateMask::One(g), g)
         };
         // SAFETY: as above.
@@ -368,10 +407,8 @@ pub(crate) fn mark_busy(except: *const Gate, on: bool) -> GateMask {
     let mut mask = 0u32;
     if on {
         for (i, g) in GATES.iter().enumerate() {
-            let p = g.load(Acquire) as *const Gate;
-            if !p.is_null() && p != except {
-                // SAFETY: a gate, once published, is never freed.
-                unsafe { &*p }.in_sync(true);
+            if let Some(g) = current(g.load(Acquire)).filter(|&g| !std::ptr::eq(g, except)) {
+                g.in_sync(true);
                 mask |= 1 << i;
             }
         }
@@ -392,10 +429,8 @@ pub(crate) fn unmark_busy(m: GateMask) {
             while mask != 0 {
                 let i = mask.trailing_zeros() as usize;
                 mask &= mask - 1;
-                let p = GATES[i].load(Acquire) as *const Gate;
-                if !p.is_null() {
-                    // SAFETY: as in `mark_busy`.
-                    unsafe { &*p }.in_sync(false);
+                if let Some(g) = current(GATES[i].load(Acquire)) {
+                    g.in_sync(false);
                 }
             }
         }
@@ -417,37 +452,18 @@ pub fn forget_device_contexts(dev: i32) {
     each_gate(|g| g.forget_device(dev));
 }
 
-/// For a `pthread_atfork` child handler (async-signal-safe: atomic stores).
-/// The child has no helper thread; it attaches again at its first launch
-/// (the memory side re-joins the ledger lazily). The capture table is
-/// emptied: a drain that was synchronising in the parent does not exist in
-/// the child, and would otherwise make its `cuStreamBeginCapture` wait.
-pub fn after_fork_child() {
-    capture::CAPTURES.after_fork_child();
-    GATE.store(std::ptr::null_mut(), Release);
-    MULTI.store(false, Release);
-    for (g, a) in GATES.iter().zip(DEV_ATTACH.iter()) {
-        g.store(std::ptr::null_mut(), Release);
-        a.store(UNDECIDED, Release);
-    }
-    ATTACH.store(UNDECIDED, Release);
-}
-
+/// At exit, the helper threads stop touching the driver while it is torn
+/// down. (A forked child needs no handler: it has no helper thread, never
+/// uses its parent's gates, and attaches again at its first launch, the
+/// memory side re-joining the ledger lazily; see `GATE`.)
 fn register_handlers() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    extern "C" fn child() {
-        after_fork_child();
-    }
     extern "C" fn at_exit() {
-        // The helper threads stop touching the driver while it is torn down.
         detach();
     }
     ONCE.call_once(|| {
-        // SAFETY: registering plain extern "C" handlers that only store atomics.
-        unsafe {
-            libc::pthread_atfork(None, None, Some(child));
-            libc::atexit(at_exit);
-        }
+        // SAFETY: registering a plain extern "C" handler that only stores atomics.
+        unsafe { libc::atexit(at_exit) };
     });
 }
 
@@ -541,4 +557,177 @@ pub fn limit_percent(file: &LedgerFile, container: usize) -> u32 {
         };
     }
     policy::limit_percent(&knobs(file), &ms, container)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::words::{gpu as gw, Token, DRAINING, RUNNING};
+    use super::*;
+    use crate::ledger::JoinRequest;
+    use std::sync::atomic::AtomicU32;
+    use std::time::{Duration, Instant};
+
+    /// The fake driver's synchronise blocks while this is set (a drain that
+    /// is synchronising when the process forks).
+    static HOLD_SYNC: AtomicBool = AtomicBool::new(true);
+    static SYNCS: AtomicU32 = AtomicU32::new(0);
+    const CTX: usize = 0x1000;
+
+    unsafe extern "C" fn get_current(c: *mut CUcontext) -> CUresult {
+        // SAFETY: the drain passes a valid out-pointer.
+        unsafe { *c = CTX as CUcontext };
+        0
+    }
+    unsafe extern "C" fn set_current(_: CUcontext) -> CUresult {
+        0
+    }
+    unsafe extern "C" fn synchronize() -> CUresult {
+        SYNCS.fetch_add(1, SeqCst);
+        let t0 = Instant::now();
+        while HOLD_SYNC.load(SeqCst) && t0.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        0
+    }
+    unsafe extern "C" fn get_device(d: *mut i32) -> CUresult {
+        // SAFETY: a valid out-pointer.
+        unsafe { *d = 0 };
+        0
+    }
+
+    /// A process forks while its helper drains (inside the driver's
+    /// synchronise of a context). The child neither uses the parent's gate
+    /// (whose drain would wait for a synchronise that does not exist in the
+    /// child, and whose process slot is the parent's) nor its capture table:
+    /// its first launch, a synchronise call, a context's destruction and a
+    /// capture's begin return at once, and the parent's ledger words are
+    /// untouched. Then the parent's drain finishes and the GPU moves on.
+    #[test]
+    fn a_child_forked_mid_drain_starts_afresh() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let dir = std::env::temp_dir().join(format!("cgpu-sched-fork-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let ledger: &'static Ledger = Box::leak(Box::new(
+            Ledger::open_or_create(&dir, "GPU-fork-test", 0, 16 << 30).expect("ledger"),
+        ));
+        ledger.set_policy(1).unwrap();
+        let m = ledger
+            .join(&JoinRequest {
+                container_id: "parent",
+                quota: 0,
+                weight: 1,
+                highprio: false,
+                enforce_off: false,
+            })
+            .expect("join");
+        let drv = DriverOps {
+            ctx_get_current: get_current,
+            ctx_set_current: set_current,
+            ctx_synchronize: synchronize,
+            ctx_get_device: get_device,
+        };
+        attach(ledger, &m, drv).expect("attach");
+        admit_launch(std::ptr::null_mut());
+        launched(std::ptr::null_mut(), 0);
+        let f = ledger.file();
+        let token = &f.header.sched[gw::TOKEN];
+        let t = Token::unpack(token.load(SeqCst));
+        assert_eq!((t.state, t.holder), (RUNNING, Some(m.container)), "{t:?}");
+        // End the slice as a waiter of another container would: the helper
+        // drains, and stays inside the synchronise.
+        let d = t.next(DRAINING, t.holder, None);
+        f.header.sched[gw::STATE_SINCE].store(crate::process::clock::monotonic_ns(), SeqCst);
+        assert!(token
+            .compare_exchange(t.pack(), d.pack(), SeqCst, SeqCst)
+            .is_ok());
+        sys::futex_wake(token);
+        let t0 = Instant::now();
+        while SYNCS.load(SeqCst) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "the helper never drained"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let in_sync = &f.processes[m.process].sched_in_sync;
+        let want = &f.containers[m.container].sched[cw::WANT + m.process / 64];
+        let mut fds = [0i32; 2];
+        // SAFETY: a pipe for the child's answer; the child runs the
+        // scheduler's entry points and `_exit`s without unwinding.
+        let pid = unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            libc::fork()
+        };
+        if pid == 0 {
+            let t0 = Instant::now();
+            admit_launch(std::ptr::null_mut());
+            launched(std::ptr::null_mut(), 0);
+            let w = WaitingForGpu::new();
+            let counted = in_sync.load(SeqCst);
+            w.returned(0, Synced::Context);
+            drop(w);
+            forget_context(CTX);
+            let b = capture::CAPTURES.begin(0x30);
+            capture::CAPTURES.begun(b, 0);
+            let v: [u64; 4] = [
+                t0.elapsed().as_millis() as u64,
+                counted,
+                want.load(SeqCst),
+                token.load(SeqCst),
+            ];
+            // SAFETY: writing our own buffer to the pipe, then leaving
+            // without running the parent's exit handlers.
+            unsafe {
+                libc::write(fds[1], v.as_ptr().cast(), std::mem::size_of_val(&v));
+                libc::_exit(0);
+            }
+        }
+        let mut v = [u64::MAX; 4];
+        let mut pfd = libc::pollfd {
+            fd: fds[0],
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: valid descriptors and buffers; the child is ours.
+        let answered = unsafe {
+            let ok = libc::poll(&mut pfd, 1, 10_000) == 1
+                && libc::read(fds[0], v.as_mut_ptr().cast(), std::mem::size_of_val(&v))
+                    == std::mem::size_of_val(&v) as isize;
+            if !ok {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            ok
+        };
+        HOLD_SYNC.store(false, SeqCst);
+        assert!(answered, "the child hung in the scheduler after the fork");
+        let [ms, counted, child_want, child_token] = v;
+        assert!(ms < 1000, "the child's first calls took {ms} ms");
+        assert_eq!(
+            counted, 0,
+            "the child counted itself in the parent's process slot"
+        );
+        assert_eq!(
+            child_want, 0,
+            "the child asked for the GPU as the parent's process"
+        );
+        assert_eq!(child_token, d.pack(), "the child moved the parent's token");
+        // The parent's drain ends and its container holds the GPU again.
+        let t0 = Instant::now();
+        loop {
+            let t = Token::unpack(token.load(SeqCst));
+            if t.state == RUNNING && t.seq != d.seq {
+                break;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "stuck at {t:?}");
+            admit_launch(std::ptr::null_mut());
+            launched(std::ptr::null_mut(), 0);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        detach();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
