@@ -259,11 +259,11 @@ fn stopped_decider_is_taken_over_once_it_does_not_answer() {
     );
 }
 
-/// Stop/continue cycles at arbitrary moments.
+/// Stop/continue cycles, the stops alternately while each container holds
+/// the GPU (see the scenario for why not at arbitrary moments).
 #[test]
-#[ignore = "holds in most runs (1.9-3.6 of bare), not in all: 0.60 and 0.63 in 2 of about 20 runs on a loaded machine (the other container got 0.09 of the GPU during the stops); the cause is not known, and CI must not depend on it"]
 fn stop_continue_cycles_do_not_starve_the_other() {
-    table("stop/continue cycles (8 × 300 ms stopped, 700–780 ms running)");
+    table("stop/continue cycles (8 × 300 ms stopped, 700 ms running)");
 }
 
 #[test]
