@@ -68,7 +68,9 @@ fn attach_word(generation: u64, state: u8) -> u64 {
 /// The gate `p` points to if it was made in this process's fork generation.
 #[inline(always)]
 fn current(p: *const Gate) -> Option<&'static Gate> {
-    // SAFETY: a gate, once published, is never freed (leaked on attach).
+    // SAFETY: a gate, once published, is never freed (leaked on attach); one
+    // published before a fork is the child's copy of that leaked memory,
+    // readable too (only its generation is read before it is trusted).
     unsafe { p.as_ref() }.filter(|g| g.generation == fork::current())
 }
 
@@ -169,8 +171,9 @@ fn attach_lazily(seen: u64, generation: u64) -> *const Gate {
         return current(GATE.load(Acquire)).map_or(std::ptr::null(), |g| g as *const Gate);
     }
     if seen >> 2 != generation {
-        // A forked child: the parent's gates are not ours (published before
-        // `ATTACH` says DECIDED, so no thread attaches a device meanwhile).
+        // A forked child: the parent's gates are not ours. Dropped before
+        // this generation's `ATTACH` says DECIDED, and no device attaches
+        // before that (see `gate_of_current_context`).
         GATE.store(std::ptr::null_mut(), Release);
         MULTI.store(false, Release);
         for (g, a) in GATES.iter().zip(DEV_ATTACH.iter()) {
