@@ -295,6 +295,8 @@ impl Gate {
     }
 
     /// Fast path: true = admitted (the caller must call [`Gate::done`]).
+    /// False at once for a gate made before a fork (this is the child's copy:
+    /// no ledger word touched), besides an unscheduled launch.
     /// `stream` is the launch's stream (for the holder's idle accounting).
     #[inline]
     pub fn admit(&self, stream: usize) -> bool {
@@ -302,6 +304,7 @@ impl Gate {
         let w = self.token().load(SeqCst);
         if (w >> 32) as u32 == self.running_hi
             && SEEN.with(|s| s.get()) == (w as u32 as u64 | (self.epoch as u64) << 32)
+            && self.generation == crate::process::fork::current()
             && self.c(cw::SLICE_LAUNCHES).fetch_add(1, Relaxed)
                 < self.g(gw::SLICE_ALLOW).load(Relaxed)
         {
@@ -309,6 +312,10 @@ impl Gate {
             return true;
         }
         self.in_launch.fetch_sub(1, SeqCst);
+        if self.generation != crate::process::fork::current() {
+            // Made before a fork (the caller finds this process's gate).
+            return false;
+        }
         let admitted = self.admit_slow();
         if admitted {
             self.note_launch(stream);

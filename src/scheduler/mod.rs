@@ -89,24 +89,43 @@ thread_local! {
 /// thread until it may launch.
 #[inline]
 pub fn admit_launch(stream: Stream) {
-    let Some(gate) = current(GATE.load(Acquire)).or_else(|| current(gate_slow())) else {
-        return;
-    };
-    let g = gate as *const Gate;
-    if gate.admit(stream as usize) {
-        ADMITTED.with(|a| {
-            let (old, n) = a.get();
-            if n > 0 && old != g {
-                // A second device in one multi-device launch: the first
-                // one's admissions end here (documented approximation).
-                // SAFETY: as above.
-                (0..n).for_each(|_| unsafe { &*old }.done());
-                a.set((g, 1));
-            } else {
-                a.set((g, n + 1));
-            }
-        });
+    let mut g = GATE.load(Acquire) as *const Gate;
+    if g.is_null() {
+        g = gate_slow();
+        if g.is_null() {
+            return;
+        }
     }
+    // SAFETY: a gate, once published, is never freed (leaked on attach); one
+    // published before a fork is the child's copy of that memory, and its
+    // `admit` admits nothing in another generation (it checks before it
+    // touches a ledger word).
+    let gate = unsafe { &*g };
+    if !gate.admit(stream as usize) {
+        if gate.generation == fork::current() {
+            return;
+        }
+        // A forked child's first launch: its own gate, attached afresh.
+        let Some(fresh) = current(gate_slow()) else {
+            return;
+        };
+        if !fresh.admit(stream as usize) {
+            return;
+        }
+        g = fresh;
+    }
+    ADMITTED.with(|a| {
+        let (old, n) = a.get();
+        if n > 0 && old != g {
+            // A second device in one multi-device launch: the first
+            // one's admissions end here (documented approximation).
+            // SAFETY: as above.
+            (0..n).for_each(|_| unsafe { &*old }.done());
+            a.set((g, 1));
+        } else {
+            a.set((g, n + 1));
+        }
+    });
 }
 
 /// Called by every launch hook after the real driver returned `_result`.
@@ -598,13 +617,57 @@ mod tests {
         0
     }
 
+    /// Runs `f` in a forked child; its answer, or None when it did not
+    /// answer within 10 s (then it is killed).
+    fn in_child(f: impl FnOnce() -> [u64; 4]) -> Option<[u64; 4]> {
+        let mut fds = [0i32; 2];
+        // SAFETY: a pipe for the child's answer; the child runs `f` (the
+        // scheduler's entry points) and `_exit`s without unwinding or
+        // running the parent's exit handlers.
+        let pid = unsafe {
+            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
+            libc::fork()
+        };
+        if pid == 0 {
+            let v = f();
+            // SAFETY: as above.
+            unsafe {
+                libc::write(fds[1], v.as_ptr().cast(), std::mem::size_of_val(&v));
+                libc::_exit(0);
+            }
+        }
+        let mut v = [u64::MAX; 4];
+        let mut pfd = libc::pollfd {
+            fd: fds[0],
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: valid descriptors and buffers; the child is ours.
+        unsafe {
+            let ok = libc::poll(&mut pfd, 1, 10_000) == 1
+                && libc::read(fds[0], v.as_mut_ptr().cast(), std::mem::size_of_val(&v))
+                    == std::mem::size_of_val(&v) as isize;
+            if !ok {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            libc::waitpid(pid, std::ptr::null_mut(), 0);
+            libc::close(fds[0]);
+            libc::close(fds[1]);
+            ok.then_some(v)
+        }
+    }
+
     /// A process forks while its helper drains (inside the driver's
     /// synchronise of a context). The child neither uses the parent's gate
     /// (whose drain would wait for a synchronise that does not exist in the
     /// child, and whose process slot is the parent's) nor its capture table:
     /// its first launch, a synchronise call, a context's destruction and a
     /// capture's begin return at once, and the parent's ledger words are
-    /// untouched. Then the parent's drain finishes and the GPU moves on.
+    /// untouched. Then the parent's drain finishes and the GPU moves on; a
+    /// second child, forked inside the parent's slice by a thread whose
+    /// launches pass the fast path, is not admitted under the parent's
+    /// gate either. (Each child's attach finds no driver here and says so
+    /// on stderr.)
     #[test]
     fn a_child_forked_mid_drain_starts_afresh() {
         use std::sync::atomic::Ordering::SeqCst;
@@ -655,14 +718,7 @@ mod tests {
         }
         let in_sync = &f.processes[m.process].sched_in_sync;
         let want = &f.containers[m.container].sched[cw::WANT + m.process / 64];
-        let mut fds = [0i32; 2];
-        // SAFETY: a pipe for the child's answer; the child runs the
-        // scheduler's entry points and `_exit`s without unwinding.
-        let pid = unsafe {
-            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
-            libc::fork()
-        };
-        if pid == 0 {
+        let v = in_child(|| {
             let t0 = Instant::now();
             admit_launch(std::ptr::null_mut());
             launched(std::ptr::null_mut(), 0);
@@ -673,41 +729,15 @@ mod tests {
             forget_context(CTX);
             let b = capture::CAPTURES.begin(0x30);
             capture::CAPTURES.begun(b, 0);
-            let v: [u64; 4] = [
+            [
                 t0.elapsed().as_millis() as u64,
                 counted,
                 want.load(SeqCst),
                 token.load(SeqCst),
-            ];
-            // SAFETY: writing our own buffer to the pipe, then leaving
-            // without running the parent's exit handlers.
-            unsafe {
-                libc::write(fds[1], v.as_ptr().cast(), std::mem::size_of_val(&v));
-                libc::_exit(0);
-            }
-        }
-        let mut v = [u64::MAX; 4];
-        let mut pfd = libc::pollfd {
-            fd: fds[0],
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: valid descriptors and buffers; the child is ours.
-        let answered = unsafe {
-            let ok = libc::poll(&mut pfd, 1, 10_000) == 1
-                && libc::read(fds[0], v.as_mut_ptr().cast(), std::mem::size_of_val(&v))
-                    == std::mem::size_of_val(&v) as isize;
-            if !ok {
-                libc::kill(pid, libc::SIGKILL);
-            }
-            libc::waitpid(pid, std::ptr::null_mut(), 0);
-            libc::close(fds[0]);
-            libc::close(fds[1]);
-            ok
-        };
+            ]
+        });
         HOLD_SYNC.store(false, SeqCst);
-        assert!(answered, "the child hung in the scheduler after the fork");
-        let [ms, counted, child_want, child_token] = v;
+        let [ms, counted, child_want, child_token] = v.expect("the child hung in the scheduler");
         assert!(ms < 1000, "the child's first calls took {ms} ms");
         assert_eq!(
             counted, 0,
@@ -720,16 +750,33 @@ mod tests {
         assert_eq!(child_token, d.pack(), "the child moved the parent's token");
         // The parent's drain ends and its container holds the GPU again.
         let t0 = Instant::now();
-        loop {
+        let held = loop {
             let t = Token::unpack(token.load(SeqCst));
             if t.state == RUNNING && t.seq != d.seq {
-                break;
+                break t;
             }
             assert!(t0.elapsed() < Duration::from_secs(10), "stuck at {t:?}");
             admit_launch(std::ptr::null_mut());
             launched(std::ptr::null_mut(), 0);
             std::thread::sleep(Duration::from_millis(1));
-        }
+        };
+        // Fork again inside the parent's slice, from a thread that launched
+        // in it (its launches pass the fast path): the child's first launch
+        // is not admitted under the parent's gate.
+        admit_launch(std::ptr::null_mut());
+        launched(std::ptr::null_mut(), 0);
+        let v = in_child(|| {
+            admit_launch(std::ptr::null_mut());
+            let (g, n) = ADMITTED.with(|a| a.get());
+            launched(std::ptr::null_mut(), 0);
+            [g as u64, u64::from(n), 0, 0]
+        });
+        let [g, n, ..] = v.expect("the child hung in the scheduler");
+        let parents = GATE.load(SeqCst) as u64;
+        assert!(
+            !(g == parents && n > 0),
+            "the child launched under its parent's gate (token {held:?})"
+        );
         detach();
         let _ = std::fs::remove_dir_all(&dir);
     }
