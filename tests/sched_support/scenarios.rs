@@ -316,14 +316,17 @@ fn await_state(s: &Scenario, victim: &str, st: u8) {
 /// Stop `victim`'s process in each of `runs` at the same moment (under
 /// cgpu, the first, once the token is in `state` held by its container;
 /// any state when None), for `stop`; returns, per run, the other
-/// container's share of the GPU's wall time during the stop.
+/// container's share of the GPU's wall time during the stop, and when the
+/// first run is under cgpu, how long after the stop the other container
+/// was first seen holding the GPU (the token polled every 0.2 ms; None when
+/// it never was, or already held it).
 fn stop_once(
     runs: &[&Scenario],
     victim: &str,
     other: &str,
     state: Option<u8>,
     stop: Duration,
-) -> Vec<f64> {
+) -> (Vec<f64>, Option<Duration>) {
     if let Some(st) = state {
         await_state(runs[0], victim, st);
     }
@@ -334,14 +337,37 @@ fn stop_once(
         // SAFETY: signalling our own child.
         unsafe { libc::kill(pid, libc::SIGSTOP) };
     }
-    std::thread::sleep(stop);
+    let ledger = Ledger::list(&runs[0].ledger_dir)
+        .first()
+        .and_then(|p| Ledger::open(p).ok());
+    let mut handover = None;
+    if let Some(l) = &ledger {
+        let oc = runs[0].slot(l, other);
+        let token = &l.file().header.sched[gw::TOKEN];
+        let held = |w: u64| {
+            let t = Token::unpack(w);
+            t.state == RUNNING && t.holder == Some(oc)
+        };
+        let mut before = held(token.load(Relaxed));
+        while t0.elapsed() < stop {
+            let now = held(token.load(Relaxed));
+            if now && !before && handover.is_none() {
+                handover = Some(t0.elapsed());
+            }
+            before = now;
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    } else {
+        std::thread::sleep(stop);
+    }
     let s1: Vec<_> = runs.iter().map(|s| s.env.stats()).collect();
     let wall = t0.elapsed().as_nanos() as f64;
     for &pid in &pids {
         // SAFETY: as above.
         unsafe { libc::kill(pid, libc::SIGCONT) };
     }
-    runs.iter()
+    let got = runs
+        .iter()
         .zip(s0.iter().zip(&s1))
         .map(|(s, (s0, s1))| {
             let opid = s.pid_of(other) as u32;
@@ -349,7 +375,8 @@ fn stop_once(
             let b = s1.process(opid, 0).map_or(a, |x| x.device_time_ns);
             b.saturating_sub(a) as f64 / wall
         })
-        .collect()
+        .collect();
+    (got, handover)
 }
 
 /// A process stopped for `stop`, `n` times, `gap` apart: the other
@@ -370,14 +397,17 @@ fn stop_rows(
         Ctr::new("other", 1).busy(run, kernel_ns),
     ];
     let mut sum = [0.0f64; 2];
+    // After stops while the stopped container held the GPU.
+    let mut handovers: Vec<Duration> = Vec::new();
     if state.is_some() {
         // Stopped in a given state: the bare pair beside, stopped at the
         // same moments.
         let (s, bare) = side_by_side(o, &ctrs, 1, None, None);
         for _ in 0..n {
-            let got = stop_once(&[&s, &bare], "stopped", "other", state, stop);
+            let (got, h) = stop_once(&[&s, &bare], "stopped", "other", state, stop);
             sum[0] += got[0];
             sum[1] += got[1];
+            handovers.extend(h);
             std::thread::sleep(gap);
         }
     } else {
@@ -410,7 +440,7 @@ fn stop_rows(
         std::thread::sleep(o.warm);
         let (b0, t0) = (other_ns(&bare), Instant::now());
         for i in 0..n {
-            sum[1] += stop_once(&[&bare], "stopped", "other", None, stop)[0];
+            sum[1] += stop_once(&[&bare], "stopped", "other", None, stop).0[0];
             std::thread::sleep(gap_of(i));
         }
         let whole_bare = other_ns(&bare).saturating_sub(b0) as f64 / t0.elapsed().as_nanos() as f64;
@@ -421,7 +451,11 @@ fn stop_rows(
         for i in 0..n {
             let holder = ["stopped", "other"][i as usize % 2];
             await_state(&s, holder, RUNNING);
-            let got = stop_once(&[&s], "stopped", "other", None, stop)[0];
+            let (got, h) = stop_once(&[&s], "stopped", "other", None, stop);
+            let got = got[0];
+            if i % 2 == 0 {
+                handovers.extend(h);
+            }
             sum[0] += got;
             by_phase[i as usize % 2] += got;
             std::thread::sleep(gap);
@@ -442,6 +476,17 @@ fn stop_rows(
             &format!("other's GPU over the whole cycles ÷ bare ({whole:.3} / {whole_bare:.3})"),
             f64::NAN,
             whole / whole_bare,
+            Kind::Info,
+        );
+    }
+    if let Some(worst) = handovers.iter().max() {
+        r.push(
+            &format!(
+                "GPU handed to the other after a stop while it holds, ms (worst of {})",
+                handovers.len()
+            ),
+            f64::NAN,
+            worst.as_secs_f64() * 1e3,
             Kind::Info,
         );
     }
