@@ -41,6 +41,7 @@ pub struct DriverOps {
     pub ctx_set_current: unsafe extern "C" fn(CUcontext) -> CUresult,
     pub ctx_synchronize: unsafe extern "C" fn() -> CUresult,
     pub ctx_get_device: unsafe extern "C" fn(*mut i32) -> CUresult,
+    pub stream_query: unsafe extern "C" fn(*mut c_void) -> CUresult,
 }
 
 /// A holder that made no launch for this long while others wait gives the
@@ -112,6 +113,9 @@ pub struct Gate {
     guest_launches: AtomicU32,
     /// When a synchronise last saw this process's queue empty (0: never).
     empty_at: AtomicU64,
+    /// The stream (as [`launch_key`]) of its guest launches ([`MIXED`]:
+    /// several).
+    guest_key: AtomicUsize,
 }
 
 /// A stream as launched on by the calling thread: the handle mixed with the
@@ -169,6 +173,7 @@ impl Gate {
             guest_since: AtomicU64::new(0),
             guest_launches: AtomicU32::new(0),
             empty_at: AtomicU64::new(0),
+            guest_key: AtomicUsize::new(NO_STREAM),
         }
     }
 
@@ -309,7 +314,7 @@ impl Gate {
             return true;
         }
         self.in_launch.fetch_sub(1, SeqCst);
-        let admitted = self.admit_slow();
+        let admitted = self.admit_slow(stream);
         if admitted {
             self.note_launch(stream);
         }
@@ -416,7 +421,7 @@ impl Gate {
     /// under the token (false only when the policy is native).
     #[cold]
     #[inline(never)]
-    fn admit_slow(&self) -> bool {
+    fn admit_slow(&self, stream: usize) -> bool {
         let mut waited_since: Option<u64> = None;
         // A process that drives several GPUs and waits for its turn on this
         // one is not idle on the others it holds (see `mark_busy`).
@@ -458,7 +463,7 @@ impl Gate {
                 }
                 self.in_launch.fetch_sub(1, SeqCst);
                 continue;
-            } else if t.holder != Some(self.container) && self.guest(t, &k) {
+            } else if t.holder != Some(self.container) && self.guest(t, &k, stream) {
                 break true;
             }
             let now = now_ns();
@@ -563,7 +568,7 @@ impl Gate {
     /// time, so that the time from its first launch until its work is seen
     /// done is about the device time it used (see [`Gate::guest_done`]).
     /// True = admitted (the caller launches and calls [`Gate::done`]).
-    fn guest(&self, t: Token, k: &Knobs) -> bool {
+    fn guest(&self, t: Token, k: &Knobs, stream: usize) -> bool {
         let Some(h) = t.holder_slot() else {
             return false;
         };
@@ -574,19 +579,47 @@ impl Gate {
         {
             return false;
         }
+        let now = now_ns();
+        let key = launch_key(stream);
+        if self.guest_launches.load(Acquire) > 0
+            && self.guest_key.load(Acquire) == key
+            && self.in_launch.load(SeqCst) == 0
+        {
+            // This thread queued its guest work on this stream: it may be
+            // done without a synchronise (a loop that only queues work).
+            // SAFETY: the real driver's cuStreamQuery on the stream this
+            // thread is launching on now (valid, or the application's own
+            // launch is invalid too); it only reads the stream's state.
+            if unsafe { (self.drv.stream_query)(stream as *mut c_void) } == 0 {
+                self.guest_done(now, false);
+            }
+        }
         if self.guest_launches.load(Acquire) >= GUEST_MAX {
             // It waits for its turn now: another may be the guest (its work
-            // is charged at its time per launch).
+            // is charged at its time per launch when seen done).
             self.leave_seat();
             return false;
         }
-        let now = now_ns();
         if !self.seated() {
-            let syncs = !Self::older_than(self.empty_at.load(Acquire), now, SLICE_NS);
+            // It waits for its work, or it queues all of it on this one
+            // stream (so that the query above sees it done).
+            let syncs = !Self::older_than(self.empty_at.load(Acquire), now, SLICE_NS)
+                || self.last_stream.load(Relaxed) == key;
             let credit = self.credit();
+            // A gap: a synchronise emptied the holder's queue (not the
+            // moment of its grant, when its thread is about to launch).
+            let gap = self.slot(h).sched[cw::EMPTY_SINCE].load(Acquire);
             let holder_gap =
-                t.state == RUNNING && self.slot(h).sched[cw::EMPTY_SINCE].load(Acquire) != 0;
+                t.state == RUNNING && gap != 0 && gap != self.g(gw::SLICE_START).load(Acquire);
+            // Its work, as far as measured, is short: a guest's launches
+            // fit in a quarter slice (long kernels wait for their turn).
+            let short = self
+                .c(cw::NS_PER_LAUNCH)
+                .load(Relaxed)
+                .saturating_mul(u64::from(GUEST_MAX))
+                <= GUEST_SLICE_NS;
             let may = syncs
+                && short
                 && (credit > SLICE_NS as i64 || holder_gap && credit > -(SLICE_NS as i64))
                 || self.light_high_priority(now, k);
             if !(may && self.take_seat(now)) {
@@ -601,7 +634,15 @@ impl Gate {
             }
             return false;
         }
-        let _ = self.guest_since.compare_exchange(0, now, AcqRel, Acquire);
+        if self
+            .guest_since
+            .compare_exchange(0, now, AcqRel, Acquire)
+            .is_ok()
+        {
+            self.guest_key.store(key, Release);
+        } else if self.guest_key.load(Acquire) != key {
+            self.guest_key.store(MIXED, Release);
+        }
         self.guest_launches.fetch_add(1, AcqRel);
         true
     }

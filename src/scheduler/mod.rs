@@ -124,6 +124,7 @@ fn driver_ops() -> Option<DriverOps> {
         ctx_set_current: real::cuCtxSetCurrent.get()?,
         ctx_synchronize: real::cuCtxSynchronize.get()?,
         ctx_get_device: real::cuCtxGetDevice.get()?,
+        stream_query: real::cuStreamQuery.get()?,
     })
 }
 
