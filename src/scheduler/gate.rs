@@ -548,26 +548,30 @@ impl Gate {
     /// guest beside the holder: a request waits about a GPU timeslice, not a
     /// slice and a drain, and the holder's host-side gaps are filled with
     /// the guest's work. A process may be the guest when
-    /// - it waits for its work (a synchronise saw its queue empty within the
-    ///   last slice: its guest work is then seen done and charged at once; a
-    ///   loop that only queues work would leave its guest launches to be
-    ///   charged at its next slice, after the holder was charged for them
-    ///   too), and either its container has more than a slice of credit (a
-    ///   bucket with tokens is a licence to run now: its bucket less the
-    ///   guest time charged since the last decision; a container that uses
-    ///   less than its share keeps its bucket near the cap of two slices),
-    ///   or the holder has no work queued (a synchronise emptied its queue,
-    ///   or it has not launched since its grant) and its container owes
-    ///   less than a slice; or
-    /// - its container is high-priority and light (see
-    ///   [`Gate::light_high_priority`]);
+    /// - its guest work will be seen done soon after it finishes: a
+    ///   synchronise saw its queue empty within the last slice, or it queues
+    ///   all its work on the stream of this launch (the real
+    ///   `cuStreamQuery` at its next admission tells); otherwise its guest
+    ///   launches would be charged at its next slice, after the holder paid
+    ///   for them too;
+    /// - its work is short: its launches at its measured time per launch
+    ///   fit in a quarter slice;
+    /// - and either its container has more than a slice of credit (a bucket
+    ///   with tokens is a licence to run now: its bucket less the guest time
+    ///   charged since the last decision; a container that uses less than
+    ///   its share keeps its bucket near the cap of two slices), or the
+    ///   holder has no work queued (a synchronise emptied its queue and it
+    ///   has launched nothing since) and its container owes less than a
+    ///   slice;
     ///
-    /// and it holds, or takes, the GPU's one guest seat (free, left for over
-    /// a slice, or held by a process that is gone), with fewer than
-    /// [`GUEST_MAX`] launches whose work is not seen done. One guest at a
-    /// time, so that the time from its first launch until its work is seen
-    /// done is about the device time it used (see [`Gate::guest_done`]).
-    /// True = admitted (the caller launches and calls [`Gate::done`]).
+    /// or when its container is high-priority and light (see
+    /// [`Gate::light_high_priority`]). It must also hold, or take, the GPU's
+    /// one guest seat (free, left for over a slice, or held by a process
+    /// that is gone), and have fewer than [`GUEST_MAX`] launches whose work
+    /// is not seen done. One guest at a time, so that the time from its
+    /// first launch until its work is seen done is about the device time it
+    /// used (see [`Gate::guest_done`]). True = admitted (the caller launches
+    /// and calls [`Gate::done`]).
     fn guest(&self, t: Token, k: &Knobs, stream: usize) -> bool {
         let Some(h) = t.holder_slot() else {
             return false;
