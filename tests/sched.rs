@@ -712,7 +712,7 @@ fn sync_heavy_beside_always_busy_gets_its_share() {
 
 // Goals not met yet (docs/scheduling.md, "Limits"): run with
 // `cargo test --release --test sched -- --ignored` to see how far.
-const NOT_MET: &str = "goal not met yet: exclusive slices leave a sync-heavy holder's host gaps idle (a container with credit fills some of them as a guest)";
+const NOT_MET: &str = "goal not met yet: one guest at a time fills a sync-heavy holder's host gaps (0.95-0.97 of bare; 1:2 about 0.90, where the weight-1 job's share pays for filling only some of them)";
 
 /// Utilisation of sync-heavy mixes ≥ 0.97 of the same loops without cgpu,
 /// and a sync-heavy container beside an always-busy one gets its weight.
