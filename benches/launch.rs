@@ -99,6 +99,9 @@ fn setup() -> Sim {
             ctx_get_device: std::mem::transmute::<Ptr, unsafe extern "C" fn(*mut i32) -> u32>(sym(
                 c"cuCtxGetDevice",
             )),
+            stream_query: std::mem::transmute::<Ptr, unsafe extern "C" fn(Ptr) -> u32>(sym(
+                c"cuStreamQuery",
+            )),
         };
         // Join a ledger as a container of weight 1 and attach the scheduler.
         let ledger: &'static Ledger = Box::leak(Box::new(

@@ -159,6 +159,7 @@ macro_rules! for_each_api {
                 fn cuMemGetAllocationPropertiesFromHandle(prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle) -> CUresult;
                 fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
                 fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CUresult;
+                fn cuStreamQuery(stream: CUstream) -> CUresult;
                 fn cuStreamIsCapturing(stream: CUstream, status: *mut CUstreamCaptureStatus) -> CUresult;
                 fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) -> CUresult;
                 fn cuGraphNodeGetType(node: CUgraphNode, t: *mut CUgraphNodeType) -> CUresult;

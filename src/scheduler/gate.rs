@@ -41,6 +41,7 @@ pub struct DriverOps {
     pub ctx_set_current: unsafe extern "C" fn(CUcontext) -> CUresult,
     pub ctx_synchronize: unsafe extern "C" fn() -> CUresult,
     pub ctx_get_device: unsafe extern "C" fn(*mut i32) -> CUresult,
+    pub stream_query: unsafe extern "C" fn(*mut c_void) -> CUresult,
 }
 
 /// A holder that made no launch for this long while others wait gives the
@@ -115,6 +116,11 @@ pub struct Gate {
     /// slice) began, 0 = none queued; and how many launches it made.
     guest_since: AtomicU64,
     guest_launches: AtomicU32,
+    /// When a synchronise last saw this process's queue empty (0: never).
+    empty_at: AtomicU64,
+    /// The stream (as [`launch_key`]) of its guest launches ([`MIXED`]:
+    /// several).
+    guest_key: AtomicUsize,
 }
 
 /// A stream as launched on by the calling thread: the handle mixed with the
@@ -172,6 +178,8 @@ impl Gate {
             last_stream: AtomicUsize::new(NO_STREAM),
             guest_since: AtomicU64::new(0),
             guest_launches: AtomicU32::new(0),
+            empty_at: AtomicU64::new(0),
+            guest_key: AtomicUsize::new(NO_STREAM),
         }
     }
 
@@ -340,7 +348,7 @@ impl Gate {
             // Made before a fork (the caller finds this process's gate).
             return false;
         }
-        let admitted = self.admit_slow();
+        let admitted = self.admit_slow(stream);
         if admitted {
             self.note_launch(stream);
         }
@@ -400,13 +408,14 @@ impl Gate {
         if !empty {
             return;
         }
+        self.empty_at.store(now_ns(), Release);
         self.last_stream.store(NO_STREAM, Relaxed);
         if self.guest_since.load(Acquire) != 0
             && self.in_launch.load(SeqCst) == 0
             && self.guest_launches.load(SeqCst) == b.guests
         {
             // Its work as a guest is done: charge it.
-            self.guest_done(now_ns(), u64::MAX);
+            self.guest_done(now_ns(), true);
         }
         let t = Token::unpack(b.token);
         let alone = (0..cw::SET_WORDS).all(|wi| {
@@ -424,9 +433,15 @@ impl Gate {
             && self.c(cw::SLICE_LAUNCHES).load(SeqCst) == b.launches
             && self.token().load(SeqCst) == b.token
         {
-            let _ = self
+            let empty = self
                 .c(cw::EMPTY_SINCE)
-                .compare_exchange(0, now_ns(), AcqRel, Acquire);
+                .compare_exchange(0, now_ns(), AcqRel, Acquire)
+                .is_ok();
+            if empty && self.others_want(Some(self.container)) {
+                // The holder's queue is empty: a waiting container may fill
+                // the gap as its guest (see `guest`).
+                futex_wake(self.token());
+            }
         }
     }
 
@@ -440,7 +455,7 @@ impl Gate {
     /// under the token (false only when the policy is native).
     #[cold]
     #[inline(never)]
-    fn admit_slow(&self) -> bool {
+    fn admit_slow(&self, stream: usize) -> bool {
         let mut waited_since: Option<u64> = None;
         // A process that drives several GPUs and waits for its turn on this
         // one is not idle on the others it holds (see `mark_busy`).
@@ -482,7 +497,7 @@ impl Gate {
                 }
                 self.in_launch.fetch_sub(1, SeqCst);
                 continue;
-            } else if t.holder != Some(self.container) && self.guest(t, &k) {
+            } else if t.holder != Some(self.container) && self.guest(t, &k, stream) {
                 break true;
             }
             let now = now_ns();
@@ -537,15 +552,10 @@ impl Gate {
         }
         if SEEN.with(|s| s.get()) != key {
             if self.guest_since.load(Acquire) != 0 {
-                // Guest work not seen done before its own slice: charge at
-                // most its launches at its measured ns per launch.
-                // (Unmeasured yet: the time since, at most a slice.)
-                let est = match self.c(cw::NS_PER_LAUNCH).load(Relaxed) {
-                    0 => SLICE_NS,
-                    e => e.min(SLICE_NS),
-                };
-                let n = u64::from(self.guest_launches.load(Acquire));
-                self.guest_done(now_ns(), est.saturating_mul(n));
+                // Guest work not seen done before its own slice: charge it
+                // now (its launches at its measured ns per launch; not yet
+                // measured: the time since, at most a slice).
+                self.guest_done(now_ns(), false);
             }
             // The DRAINING state that follows this RUNNING one has seq + 1.
             self.undrained
@@ -568,59 +578,214 @@ impl Gate {
     }
 
     /// Run beside the holder of slice `t` (another container, running or
-    /// draining) as a guest: when this container is high-priority and light (its last slice,
-    /// if any, used at most [`GUEST_SLICE_NS`], and its recent use of the
-    /// GPU is under [`GUEST_BELOW`] of its share) and
-    /// this process has fewer than [`GUEST_MAX`] guest launches whose work
-    /// is not seen done. The GPU's
-    /// own time-slicing then serves it beside the holder (a request waits
-    /// about a GPU timeslice, not a slice and a drain); it is charged the
-    /// time from its first guest launch until a synchronise sees its work
-    /// done (its work and the wait for the GPU: more than it used). True =
-    /// admitted (the caller launches and calls [`Gate::done`]).
-    fn guest(&self, t: Token, k: &Knobs) -> bool {
+    /// draining) as its guest. The GPU's own time-slicing then serves the
+    /// guest beside the holder: a request waits about a GPU timeslice, not a
+    /// slice and a drain, and the holder's host-side gaps are filled with
+    /// the guest's work. A process may be the guest when
+    /// - its guest work will be seen done soon after it finishes: a
+    ///   synchronise saw its queue empty within the last slice, or it queues
+    ///   all its work on the stream of this launch (the real
+    ///   `cuStreamQuery` at its next admission tells); otherwise its guest
+    ///   launches would be charged at its next slice, after the holder paid
+    ///   for them too;
+    /// - its work is short: its launches at its measured time per launch
+    ///   fit in a quarter slice;
+    /// - and either its container has more than a slice of credit (a bucket
+    ///   with tokens is a licence to run now: its bucket less the guest time
+    ///   charged since the last decision; a container that uses less than
+    ///   its share keeps its bucket near the cap of two slices), or the
+    ///   holder has no work queued (a synchronise emptied its queue and it
+    ///   has launched nothing since) and its container owes less than a
+    ///   slice;
+    ///
+    /// or when its container is high-priority and light (see
+    /// [`Gate::light_high_priority`]). It must also hold, or take, the GPU's
+    /// one guest seat (free, left for over a slice, or held by a process
+    /// that is gone), and have fewer than [`GUEST_MAX`] launches whose work
+    /// is not seen done. One guest at a time, so that the time from its
+    /// first launch until its work is seen done is about the device time it
+    /// used (see [`Gate::guest_done`]). True = admitted (the caller launches
+    /// and calls [`Gate::done`]).
+    fn guest(&self, t: Token, k: &Knobs, stream: usize) -> bool {
         let Some(h) = t.holder_slot() else {
             return false;
         };
         if !matches!(t.state, RUNNING | DRAINING)
             || k.native()
-            || self.slot(self.container).highprio.load(Relaxed) == 0
             || h == self.container
             || self.slot(self.container).weight.load(Relaxed) == 0
-            || self.guest_launches.load(Acquire) >= GUEST_MAX
         {
             return false;
         }
         let now = now_ns();
-        if self.c(cw::LAST_SLICE_NS).load(Acquire) > GUEST_SLICE_NS {
+        let key = launch_key(stream);
+        if self.guest_launches.load(Acquire) > 0
+            && self.guest_key.load(Acquire) == key
+            && self.in_launch.load(SeqCst) == 0
+        {
+            // This thread queued its guest work on this stream: it may be
+            // done without a synchronise (a loop that only queues work).
+            // SAFETY: the real driver's cuStreamQuery on the stream this
+            // thread is launching on now (valid, or the application's own
+            // launch is invalid too); it only reads the stream's state.
+            if unsafe { (self.drv.stream_query)(stream as *mut c_void) } == 0 {
+                self.guest_done(now, false);
+            }
+        }
+        if self.guest_launches.load(Acquire) >= GUEST_MAX {
+            // It waits for its turn now: another may be the guest (its work
+            // is charged at its time per launch when seen done).
+            self.leave_seat();
             return false;
         }
-        let share = self.share(self.container, k);
-        if !(share > 0.0 && self.recent_rate(now, share) < GUEST_BELOW * share) {
-            return false;
+        if !self.seated() {
+            // It waits for its work, or it queues all of it on this one
+            // stream (so that the query above sees it done).
+            let syncs = !Self::older_than(self.empty_at.load(Acquire), now, SLICE_NS)
+                || self.last_stream.load(Relaxed) == key;
+            let credit = self.credit();
+            // A gap: a synchronise emptied the holder's queue (not the
+            // moment of its grant, when its thread is about to launch).
+            let gap = self.slot(h).sched[cw::EMPTY_SINCE].load(Acquire);
+            let holder_gap =
+                t.state == RUNNING && gap != 0 && gap != self.g(gw::SLICE_START).load(Acquire);
+            // Its work, as far as measured, is short: a guest's launches
+            // fit in a quarter slice (long kernels wait for their turn).
+            let short = self
+                .c(cw::NS_PER_LAUNCH)
+                .load(Relaxed)
+                .saturating_mul(u64::from(GUEST_MAX))
+                <= GUEST_SLICE_NS;
+            let may = syncs
+                && short
+                && (credit > SLICE_NS as i64 || holder_gap && credit > -(SLICE_NS as i64))
+                || self.light_high_priority(now, k);
+            if !(may && self.take_seat(now)) {
+                return false;
+            }
         }
         self.in_launch.fetch_add(1, SeqCst);
         if self.token().load(SeqCst) != t.pack() {
             self.in_launch.fetch_sub(1, SeqCst);
+            if self.guest_since.load(Acquire) == 0 {
+                self.leave_seat();
+            }
             return false;
         }
-        let _ = self.guest_since.compare_exchange(0, now, AcqRel, Acquire);
+        if self
+            .guest_since
+            .compare_exchange(0, now, AcqRel, Acquire)
+            .is_ok()
+        {
+            self.guest_key.store(key, Release);
+        } else if self.guest_key.load(Acquire) != key {
+            self.guest_key.store(MIXED, Release);
+        }
         self.guest_launches.fetch_add(1, AcqRel);
         true
     }
 
-    /// This process's guest work is done (or its own slice began): charge
-    /// its container the time since its first guest launch, at most `cap`.
-    fn guest_done(&self, now: u64, cap: u64) {
+    /// Does this process hold the guest seat?
+    fn seated(&self) -> bool {
+        self.g(gw::GUEST_SEAT).load(Acquire) == self.process as u64 + 1
+    }
+
+    /// Take the guest seat if it is free, was left for over a slice, or is
+    /// held by a process that is gone.
+    fn take_seat(&self, now: u64) -> bool {
+        let seat = self.g(gw::GUEST_SEAT).load(Acquire);
+        if seat != 0 {
+            let at = self.g(gw::GUEST_SEAT_AT).load(Acquire);
+            let gone = usize::try_from(seat - 1)
+                .ok()
+                .filter(|&p| p < MAX_PROCESSES)
+                .is_none_or(|p| !self.ledger.is_alive(p));
+            if !(gone || Self::older_than(at, now, SLICE_NS)) {
+                return false;
+            }
+        }
+        if self
+            .g(gw::GUEST_SEAT)
+            .compare_exchange(seat, self.process as u64 + 1, AcqRel, Acquire)
+            .is_err()
+        {
+            return false;
+        }
+        self.g(gw::GUEST_SEAT_AT).store(now, Release);
+        true
+    }
+
+    /// Give the guest seat up if this process holds it.
+    fn leave_seat(&self) {
+        let me = self.process as u64 + 1;
+        let _ = self
+            .g(gw::GUEST_SEAT)
+            .compare_exchange(me, 0, AcqRel, Acquire);
+    }
+
+    /// My container's bucket, less what it was charged as a guest and owes
+    /// since the last decision, ns (negative: debt).
+    fn credit(&self) -> i64 {
+        let tokens = self.c(cw::TOKENS).load(Acquire) as i64;
+        let pending = self
+            .c(cw::GUEST_NS)
+            .load(Acquire)
+            .saturating_add(self.c(cw::OWED_NS).load(Acquire))
+            .min(i64::MAX as u64) as i64;
+        tokens.saturating_sub(pending)
+    }
+
+    /// My container is high-priority and light: its last slice, if any,
+    /// used at most [`GUEST_SLICE_NS`], and its recent use of the GPU is
+    /// under [`GUEST_BELOW`] of its share (a high-priority service may have
+    /// spent its bucket on a burst; its requests still run at once).
+    fn light_high_priority(&self, now: u64, k: &Knobs) -> bool {
+        if self.slot(self.container).highprio.load(Relaxed) == 0
+            || self.c(cw::LAST_SLICE_NS).load(Acquire) > GUEST_SLICE_NS
+        {
+            return false;
+        }
+        let share = self.share(self.container, k);
+        share > 0.0 && self.recent_rate(now, share) < GUEST_BELOW * share
+    }
+
+    /// This process's guest work is done (`seen_done`: a synchronise saw it
+    /// finish), or its own slice began: charge its container for it, and
+    /// leave the guest seat. The guest is charged the time from its first
+    /// guest launch until its work was seen done: it was the only guest, it
+    /// began while the holder had no work queued or on credit beside the
+    /// holder's work, and the GPU's time-slicing between two contexts
+    /// serves each in time-slices of its own, so that time is about its
+    /// work (more by what it waited for the holder's current time-slice).
+    /// Work not seen done (its own slice began first), or seen done after
+    /// it lost the seat, is charged its launches at its time per launch
+    /// measured in its own slices when that is less (unmeasured: the time
+    /// since, at most a slice). The charge is taken from the holder's slice
+    /// (see [`Gate::charge_slice`]) when another container holds the GPU.
+    fn guest_done(&self, now: u64, seen_done: bool) {
         let since = self.guest_since.swap(0, AcqRel);
-        self.guest_launches.store(0, Release);
+        let n = u64::from(self.guest_launches.swap(0, AcqRel));
+        let seated = self.seated();
+        self.leave_seat();
         if since == 0 || since > now {
             return;
         }
-        let ns = (now - since).min(cap).min(SLICE_NS);
+        let wall = (now - since).min(SLICE_NS);
+        let per_launch = self.c(cw::NS_PER_LAUNCH).load(Relaxed);
+        let ns = if seated && seen_done || per_launch == 0 {
+            wall
+        } else {
+            wall.min(per_launch.saturating_mul(n.max(1)))
+        };
         self.c(cw::GPU_NS).fetch_add(ns, Relaxed);
         self.c(cw::GUEST_NS).fetch_add(ns, AcqRel);
         self.g(gw::BUSY_NS).fetch_add(ns, Relaxed);
+        let t = Token::unpack(self.token().load(Acquire));
+        if matches!(t.state, RUNNING | DRAINING)
+            && t.holder_slot().is_some_and(|h| h != self.container)
+        {
+            self.g(gw::GUEST_IN_SLICE).fetch_add(ns, AcqRel);
+        }
         self.file().processes[self.process]
             .gpu_time_ns
             .fetch_add(ns, Relaxed);
@@ -850,7 +1015,7 @@ impl Gate {
         // estimate moves, else a holder alone from its start would keep
         // the first allowance (8) and renew every 8 launches. The drained
         // slices that follow once others wait correct it.
-        let held = self.charge_slice(cs, start, now, unused);
+        let (held, idle) = self.charge_slice(cs, start, now, unused);
         let mut es = self.entries();
         for (i, e) in es.iter_mut().enumerate() {
             // Only the buckets move: a container that arrived meanwhile is
@@ -859,7 +1024,7 @@ impl Gate {
         }
         let last = self.g(gw::LAST_REFILL).load(Acquire);
         let last = if last == 0 { now } else { last };
-        let last = last.saturating_add(unused).min(now);
+        let last = last.saturating_add(idle).min(now);
         let d = decide(&k, now, last, Some((h, held)), &mut es);
         for (i, s) in f.containers.iter().enumerate() {
             s.sched[cw::TOKENS].store(es[i].tokens as u64, Release);
@@ -1003,20 +1168,39 @@ impl Gate {
         }
     }
 
-    /// Charges the holder's slice that began at `start`, up to `now`, less
-    /// `unused`, to its container (`cs`) and the GPU: GPU time, last slice,
-    /// launches and the estimate per launch. Returns the time charged.
-    fn charge_slice(&self, cs: &[AtomicU64], start: u64, now: u64, unused: u64) -> u64 {
-        let held = now.saturating_sub(start).saturating_sub(unused);
+    /// Charges the holder's slice that began at `start`, up to `now`, to its
+    /// container (`cs`) and the GPU: GPU time, last slice, launches and the
+    /// estimate per launch. Not charged to it: `unused` (time it had no work
+    /// queued) or the time charged to guests that ran beside it in the
+    /// slice, whichever is more (guests often ran in its gaps, so the two
+    /// overlap; the larger is the least the holder did not use). Returns
+    /// (time charged, time charged to nobody: the part of `unused` that no
+    /// guest's charge covers).
+    fn charge_slice(&self, cs: &[AtomicU64], start: u64, now: u64, unused: u64) -> (u64, u64) {
+        let wall = now.saturating_sub(start);
+        let guests = self.g(gw::GUEST_IN_SLICE).swap(0, AcqRel).min(wall);
+        let held = wall.saturating_sub(unused.max(guests));
         let allow = self.g(gw::SLICE_ALLOW).load(Acquire);
         let launches = cs[cw::SLICE_LAUNCHES].load(Acquire).min(allow);
         cs[cw::GPU_NS].fetch_add(held, Relaxed);
         cs[cw::LAST_SLICE_NS].store(held.max(1), Relaxed);
         cs[cw::LAUNCHES].fetch_add(launches, Relaxed);
-        let est = update_estimate(cs[cw::NS_PER_LAUNCH].load(Relaxed), held, launches);
+        // The time per launch: with guests in the slice, its time with work
+        // queued (an overestimate: the guests' work in it too) rather than
+        // the time charged (what guests were charged is an upper bound of
+        // what they used, so that would be a lower bound, and a guest's
+        // work not seen done is charged at its own estimate: estimates
+        // lowered that way would feed on each other). Too high only makes
+        // the queue bound shorter and such guests pay more.
+        let sample = if guests == 0 {
+            held
+        } else {
+            wall.saturating_sub(unused)
+        };
+        let est = update_estimate(cs[cw::NS_PER_LAUNCH].load(Relaxed), sample, launches);
         cs[cw::NS_PER_LAUNCH].store(est, Relaxed);
         self.g(gw::BUSY_NS).fetch_add(held, Relaxed);
-        held
+        (held, unused.saturating_sub(guests))
     }
 
     /// Time of the slice that began at `start` during which its holder (one
@@ -1081,7 +1265,7 @@ impl Gate {
         self.g(gw::STATE_SINCE).store(now, Release);
         let f = self.file();
         let mut charge = None;
-        let mut unused = 0;
+        let mut idle = 0;
         if t.state == DRAINING {
             if let Some(h) = t.holder_slot() {
                 // Exclusive time: slice start to drained, less the time a
@@ -1090,8 +1274,9 @@ impl Gate {
                 // the grant to its first launch).
                 let start = self.g(gw::SLICE_START).load(Acquire);
                 let cs = &f.containers[h].sched;
-                unused = Self::unused(cs, start, now, self.g(gw::DRAIN_COUNT).load(Acquire));
-                let held = self.charge_slice(cs, start, now, unused);
+                let unused = Self::unused(cs, start, now, self.g(gw::DRAIN_COUNT).load(Acquire));
+                let held;
+                (held, idle) = self.charge_slice(cs, start, now, unused);
                 charge = Some((h, held));
             }
         }
@@ -1112,7 +1297,7 @@ impl Gate {
         // and earns nobody credit: buckets refill for the time used (else
         // every bucket grows by the idle time, and the cap clips the large
         // shares first).
-        let last = last.saturating_add(unused).min(now);
+        let last = last.saturating_add(idle).min(now);
         let before = es;
         let mut d = decide(&k, now, last, charge, &mut es);
         if let (Some((h, _)), Decision::Run { c, .. }) = (charge, d) {
@@ -1153,6 +1338,9 @@ impl Gate {
                 }
                 cs[cw::SLICES].fetch_add(1, Relaxed);
                 self.g(gw::SLICES).fetch_add(1, Relaxed);
+                // Guests charged since the last slice's charge (none under
+                // a voided slice) are not this one's.
+                self.g(gw::GUEST_IN_SLICE).store(0, Release);
                 self.g(gw::SLICE_BUDGET).store(budget_ns, Release);
                 self.g(gw::SLICE_ALLOW).store(allow, Release);
                 // Its work was drained at its last hand-over and it could
@@ -1365,17 +1553,20 @@ impl Gate {
             let now = now_ns();
             let start = self.g(gw::SLICE_START).load(Acquire);
             let mut held = now.saturating_sub(start);
+            // As its container is charged (the words are left for the
+            // decision): less its guests' time, or (alone in the slice) its
+            // unused time if that is more.
+            let mut not_used = self.g(gw::GUEST_IN_SLICE).load(Acquire);
             if n == 1 {
-                // Alone in the slice: less its unused time, as its
-                // container is charged (the words are left for the decision).
                 let since = self.c(cw::EMPTY_SINCE).load(Acquire);
                 let open = if since >= start && now > since && since != 0 {
                     now - since
                 } else {
                     0
                 };
-                held = held.saturating_sub(self.c(cw::IDLE_NS).load(Acquire).saturating_add(open));
+                not_used = not_used.max(self.c(cw::IDLE_NS).load(Acquire).saturating_add(open));
             }
+            held = held.saturating_sub(not_used);
             self.file().processes[self.process]
                 .gpu_time_ns
                 .fetch_add(held.min(MAX_BUDGET_NS + DRAIN_LIMIT_NS) / n, Relaxed);

@@ -168,6 +168,7 @@ fn driver_ops() -> Option<DriverOps> {
         ctx_set_current: real::cuCtxSetCurrent.get()?,
         ctx_synchronize: real::cuCtxSynchronize.get()?,
         ctx_get_device: real::cuCtxGetDevice.get()?,
+        stream_query: real::cuStreamQuery.get()?,
     })
 }
 
@@ -616,6 +617,9 @@ mod tests {
         unsafe { *d = 0 };
         0
     }
+    unsafe extern "C" fn stream_query(_: *mut std::ffi::c_void) -> CUresult {
+        0
+    }
 
     /// Runs `f` in a forked child; its answer, or None when it did not
     /// answer within 10 s (then it is killed).
@@ -692,6 +696,7 @@ mod tests {
             ctx_set_current: set_current,
             ctx_synchronize: synchronize,
             ctx_get_device: get_device,
+            stream_query,
         };
         attach(ledger, &m, drv).expect("attach");
         admit_launch(std::ptr::null_mut());

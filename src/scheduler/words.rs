@@ -32,6 +32,14 @@ pub mod gpu {
     /// Processes in the holder's DRAIN set when its slice ended (each is
     /// charged an equal part of the slice in its own process slot).
     pub const DRAIN_COUNT: usize = 10;
+    /// GPU time charged to guests (containers running beside the holder)
+    /// during the current slice, ns: not the holder's (see
+    /// `Gate::charge_slice`). Emptied at each slice's charge.
+    pub const GUEST_IN_SLICE: usize = 11;
+    /// The guest seat: 1 + the process slot of the one process that runs
+    /// beside the holder now (0: free), and since when (see `Gate::guest`).
+    pub const GUEST_SEAT: usize = 12;
+    pub const GUEST_SEAT_AT: usize = 13;
 }
 
 /// Per-container words (`ContainerSlot::sched[..]`).
