@@ -609,7 +609,7 @@ impl Gate {
     ///   slice;
     ///
     /// or when its container is high-priority and light (see
-    /// [`Gate::light_high_priority`]). It must also hold, or take, the GPU's
+    /// [`Gate::light`]). It must also hold, or take, the GPU's
     /// one guest seat (free, left for over a slice, or held by a process
     /// that is gone), and have fewer than [`GUEST_MAX`] launches whose work
     /// is not seen done. One guest at a time, so that the time from its
@@ -670,10 +670,12 @@ impl Gate {
                 .load(Relaxed)
                 .saturating_mul(u64::from(GUEST_MAX))
                 <= GUEST_SLICE_NS;
+            let light = self.light(now, k);
+            let highprio = self.slot(self.container).highprio.load(Relaxed) != 0;
             let may = syncs
                 && short
-                && (credit > SLICE_NS as i64 || holder_gap && credit > -(SLICE_NS as i64))
-                || self.light_high_priority(now, k);
+                && (light && credit > SLICE_NS as i64 || holder_gap && credit > -(SLICE_NS as i64))
+                || light && highprio;
             if !(may && self.take_seat(now)) {
                 return false;
             }
@@ -749,14 +751,13 @@ impl Gate {
         tokens.saturating_sub(pending)
     }
 
-    /// My container is high-priority and light: its last slice, if any,
-    /// used at most [`GUEST_SLICE_NS`], and its recent use of the GPU is
-    /// under [`GUEST_BELOW`] of its share (a high-priority service may have
-    /// spent its bucket on a burst; its requests still run at once).
-    fn light_high_priority(&self, now: u64, k: &Knobs) -> bool {
-        if self.slot(self.container).highprio.load(Relaxed) == 0
-            || self.c(cw::LAST_SLICE_NS).load(Acquire) > GUEST_SLICE_NS
-        {
+    /// My container is light: its last slice, if any, used at most
+    /// [`GUEST_SLICE_NS`], and its recent use of the GPU is under
+    /// [`GUEST_BELOW`] of its share. (A job that uses its whole share, e.g.
+    /// one that synchronises often, is not: as a guest it would be charged
+    /// its wall time, which grows with its threads' waits for a CPU.)
+    fn light(&self, now: u64, k: &Knobs) -> bool {
+        if self.c(cw::LAST_SLICE_NS).load(Acquire) > GUEST_SLICE_NS {
             return false;
         }
         let share = self.share(self.container, k);
