@@ -791,7 +791,7 @@ fn sync_heavy_beside_always_busy_gets_its_share() {
 
 // Goals not met yet (docs/scheduling.md, "Limits"): run with
 // `cargo test --release --test sched -- --ignored` to see how far.
-const NOT_MET: &str = "goal not met yet: one guest at a time fills a sync-heavy holder's host gaps (0.95-0.97 of bare; 1:2 about 0.90, where the weight-1 job's share pays for filling only some of them)";
+const NOT_MET: &str = "goal not met yet: nobody runs in a sync-heavy holder's host gaps (filling them as a guest is built but off: FILL_GAPS in src/scheduler/gate.rs; its wall-time charge broke shares with the CPUs saturated)";
 
 /// Utilisation of sync-heavy mixes ≥ 0.97 of the same loops without cgpu,
 /// and a sync-heavy container beside an always-busy one gets its weight.

@@ -102,12 +102,13 @@ impl Opts {
         }
     }
     /// These windows, at least 6 s: mixes of jobs that synchronise often,
-    /// where a container gets much of its share as the holder's guest
-    /// (filling its gaps) between rarer slices of its own, so that a 2 s
-    /// window sees few rounds (one always-busy container beside a
-    /// sync-heavy one had 2 to 5 slices in 2 s, and shares off by up to
-    /// 16% over 2 s, within 4% over 6 s).
-    pub fn for_guests(&self) -> Opts {
+    /// whose slices end early at irregular moments (idle hand-overs) and
+    /// whose charges depend on when their threads get a CPU, so that a 2 s
+    /// window sees too few rounds on a loaded machine (with a container
+    /// filling the holder's gaps, an always-busy container beside a
+    /// sync-heavy one had 2 to 5 slices in 2 s; with the CPUs saturated the
+    /// shares were within 9% over 6 s).
+    pub fn for_sync_heavy(&self) -> Opts {
         Opts {
             window: self.window.max(Duration::from_secs(6)),
             warm: self.warm,
@@ -777,7 +778,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy 1:1 (policy 1)",
             run: |o, r| {
-                let o = &o.for_guests();
+                let o = &o.for_sync_heavy();
                 let ctrs = vec![sync_heavy("a", 1, o), sync_heavy("b", 1, o)];
                 sync_heavy_rows(o, r, 1, ctrs, &[("a", 0.5), ("b", 0.5)]);
             },
@@ -785,7 +786,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy 1:2 (policy 2)",
             run: |o, r| {
-                let o = &o.for_guests();
+                let o = &o.for_sync_heavy();
                 let o = &o.for_share(1.0 / 3.0);
                 let ctrs = vec![sync_heavy("a", 1, o), sync_heavy("b", 2, o)];
                 sync_heavy_rows(o, r, 2, ctrs, &[("a", 1.0 / 3.0), ("b", 2.0 / 3.0)]);
@@ -794,7 +795,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy 1:1:2:4 (policy 2)",
             run: |o, r| {
-                let o = &o.for_guests();
+                let o = &o.for_sync_heavy();
                 let o = &o.for_share(0.125);
                 let ctrs = vec![
                     sync_heavy("a", 1, o),
@@ -814,7 +815,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy, ten containers (policy 1)",
             run: |o, r| {
-                let o = &o.for_guests();
+                let o = &o.for_sync_heavy();
                 let o = &o.for_share(0.1);
                 let ids = ["c0", "c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8", "c9"];
                 let ctrs: Vec<Ctr> = ids.iter().map(|id| sync_heavy(id, 1, o)).collect();
@@ -825,7 +826,7 @@ pub fn table() -> Vec<Spec> {
         Spec {
             name: "sync-heavy vs always-busy 1:1 (policy 1)",
             run: |o, r| {
-                let o = &o.for_guests();
+                let o = &o.for_sync_heavy();
                 let ctrs = vec![
                     sync_heavy("sync", 1, o),
                     Ctr::new("busy", 1).busy(o.run_ms(), MS),
