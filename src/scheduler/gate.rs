@@ -52,9 +52,6 @@ pub const IDLE_GRACE_NS: u64 = 2_000_000;
 pub const NO_ANSWER_NS: u64 = 100_000_000;
 /// How often the beat thread writes the time.
 pub const BEAT_NS: u64 = 10_000_000;
-/// Beats a waiting process must have missed before an empty grant of its
-/// container passes it over once (see `try_decide`).
-const SILENT_BEATS: u64 = 3;
 /// A drain by a process that still answers but takes longer than this (a
 /// driver call that hangs) is given up with a warning; the GPU changes
 /// hands anyway. A legitimate drain waits for about half a slice of queued
@@ -279,27 +276,6 @@ impl Gate {
                 }
             }
             false
-        })
-    }
-
-    /// Have all processes of container `h` that wait to launch (WANT set)
-    /// missed their last [`SILENT_BEATS`] beats (and none is this one)?
-    fn waiters_silent(&self, h: usize, now: u64) -> bool {
-        let f = self.file();
-        (0..cw::SET_WORDS).all(|wi| {
-            let mut bits = f.containers[h].sched[cw::WANT + wi].load(Acquire);
-            while bits != 0 {
-                let p = wi * 64 + bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                let beat = f.processes[p].sched_beat_ns.load(Relaxed);
-                if p == self.process
-                    || beat == 0
-                    || !Self::older_than(beat, now, SILENT_BEATS * BEAT_NS)
-                {
-                    return false;
-                }
-            }
-            true
         })
     }
 
@@ -1313,26 +1289,7 @@ impl Gate {
         // every bucket grows by the idle time, and the cap clips the large
         // shares first).
         let last = last.saturating_add(idle).min(now);
-        let before = es;
-        let mut d = decide(&k, now, last, charge, &mut es);
-        if let (Some((h, _)), Decision::Run { c, .. }) = (charge, d) {
-            // A holder none of whose processes launched in its slice (its
-            // waiting threads did not take the GPU within the idle grace)
-            // and whose waiting processes all missed their last beats
-            // (stopped, not yet seen not to answer) goes after another
-            // waiting container this once. It was charged nothing and keeps
-            // its credit. (A stopped waiter was otherwise granted an empty
-            // slice every few ms until it did not answer, 100 ms; a live
-            // one woken late is not passed over.)
-            if c == h && self.g(gw::DRAIN_COUNT).load(Acquire) == 0 && self.waiters_silent(h, now) {
-                let mut others = before;
-                others[h].wants = false;
-                let o = decide(&k, now, last, charge, &mut others);
-                if matches!(o, Decision::Run { .. }) {
-                    (d, es) = (o, others);
-                }
-            }
-        }
+        let d = decide(&k, now, last, charge, &mut es);
         for (i, s) in f.containers.iter().enumerate() {
             s.sched[cw::TOKENS].store(es[i].tokens as u64, Release);
         }
