@@ -1131,12 +1131,7 @@ impl Gate {
             DECIDING => {
                 let since = self.g(gw::STATE_SINCE).load(Acquire);
                 let dead = t.aux.is_some_and(|p| !self.ledger.is_alive(p));
-                // A maker stopped inside its decision (SIGSTOP, `docker
-                // pause`) would hold everyone for the whole time limit:
-                // one that does not answer is taken over as soon as that
-                // is seen (`is_alive` above ruled out a slot out of range).
-                let frozen = !dead && t.aux.is_some_and(|p| !self.answers(p, now));
-                if dead || frozen || Self::older_than(since, now, DECIDE_LIMIT_NS) {
+                if dead || Self::older_than(since, now, DECIDE_LIMIT_NS) {
                     self.try_decide(t);
                     return 0;
                 }
