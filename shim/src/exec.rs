@@ -15,7 +15,8 @@
 //! The device clock is CLOCK_MONOTONIC; a batch starting at `t` completes
 //! its kernels at `t + d1`, `t + d1 + d2`, ... Event timestamps are those
 //! completion times, so `cuEventElapsedTime` measures device wall time,
-//! including slices given to other processes.
+//! including slices given to other processes. An event recorded while
+//! another process runs on the device waits for this process's turn.
 
 use crate::state::{futex_wait, futex_wake, now_mono_ns, Shared};
 use parking_lot::{Condvar, Mutex};
@@ -147,7 +148,9 @@ impl Executor {
     }
 
     /// Queues a marker (event record / stream point); returns its sequence.
-    /// With nothing queued, completes it at once at the current device time.
+    /// With nothing queued and no other process running on the device,
+    /// completes it at once at the current device time (while another
+    /// runs, it waits for this process's turn: see `run`).
     pub fn marker(self: &Arc<Self>, ev: Option<Arc<EventTimes>>) -> u64 {
         let mut q = self.q.lock();
         let seq = q.next_seq;
@@ -157,7 +160,9 @@ impl Executor {
             e.seq.store(seq, Release);
         }
         let now = now_mono_ns();
-        if q.ops.is_empty() && !q.busy {
+        let owner = self.shared.dev(self.dev).owner.load(Acquire);
+        let other = owner != 0 && owner != self.slot as u32 + 1;
+        if q.ops.is_empty() && !q.busy && !other {
             let ts = now.max(self.last_end.load(Acquire));
             if let Some(e) = &ev {
                 e.ts.store(ts, Release);
@@ -196,8 +201,18 @@ impl Executor {
         let mut done: Vec<Op> = Vec::new();
         loop {
             let mut q = self.q.lock();
-            // Leading markers complete without the device.
+            // Leading markers complete without the device while no other
+            // process runs on it. While another does, they wait for this
+            // process's turn, as on a GPU, which processes a context's
+            // commands (an event's timestamp included) only while it runs
+            // that context: an event recorded on an empty stream then marks
+            // when the process's work could begin, not when it was queued.
+            let me = self.slot as u32 + 1;
             while let Some(Op::Marker { .. }) = q.ops.front() {
+                let owner = dev.owner.load(Acquire);
+                if !owned && owner != 0 && owner != me {
+                    break;
+                }
                 if let Some(Op::Marker { ev, seq, submit }) = q.ops.pop_front() {
                     let ts = submit.max(self.last_end.load(Acquire));
                     if let Some(e) = ev {

@@ -312,3 +312,60 @@ fn a_forked_child_does_not_keep_a_killed_parents_memory() {
     );
     assert_eq!(env.stats().devices[0].used_bytes, 0);
 }
+
+/// Events time a process's own work on a device it shares: an event
+/// recorded on an empty stream while another process runs on the device
+/// takes its timestamp when this process's turn comes (a GPU processes a
+/// context's commands only while it runs that context), so events around a
+/// 0.2 ms kernel beside a busy neighbour (2 ms time-slices of 1 ms kernels)
+/// measure about 0.2 ms while the caller waited for the neighbour's turn
+/// too. (When markers completed at once, the same events measured the wait
+/// as well: about 1.1 ms.)
+#[test]
+fn events_beside_a_busy_process_time_only_the_callers_work() {
+    let env = SimEnv::new();
+    let c = cuclient(LinkMode::Link);
+    let mut busy = env.spawn(&c, &["ready", "spin_for", "3000", "1000000"]);
+    read_until(&mut busy, "ready", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(200));
+    let mut args = vec!["spin", "1", "1"];
+    for _ in 0..40 {
+        args.extend(["spin_events", "200000", "1"]);
+    }
+    let out = env.cuclient(LinkMode::Link, &args);
+    let (mut ms, mut wall) = (Vec::new(), Vec::new());
+    for l in out.lines().filter(|l| l.starts_with("spin_events")) {
+        assert!(l.starts_with("spin_events ok"), "{out}");
+        ms.push(
+            cgpu_testkit::field(l, "ms")
+                .unwrap()
+                .parse::<f64>()
+                .unwrap(),
+        );
+        wall.push(
+            cgpu_testkit::field(l, "wall_ns")
+                .unwrap()
+                .parse::<f64>()
+                .unwrap()
+                / 1e6,
+        );
+    }
+    assert_eq!(ms.len(), 40, "{out}");
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    eprintln!(
+        "beside a busy process: events {:.3} ms, wall {:.3} ms per 0.2 ms kernel",
+        mean(&ms),
+        mean(&wall)
+    );
+    // Each measures its own kernel (0.2 ms), never less, and not the wait.
+    assert!(ms.iter().all(|&m| m >= 0.199), "{ms:?}");
+    assert!(
+        mean(&ms) < 0.3,
+        "events measured {:.3} ms: {ms:?}",
+        mean(&ms)
+    );
+    // The neighbour did hold the device: the calls themselves waited.
+    assert!(mean(&wall) > 0.5, "wall {:.3} ms: {wall:?}", mean(&wall));
+    let o = cgpu_testkit::wait_output(busy, Duration::from_secs(60));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("spin_for ok"));
+}
