@@ -239,13 +239,15 @@ fn reserved(before: Sample, after: Sample) -> Option<u64> {
 
 /// Run `create`, measuring the device memory it reserved; `new_ctx` reads
 /// the context it made (called only on success). `None` if it could not be
-/// measured (then nothing is charged, with a warning).
+/// measured (then nothing is charged, with a warning). The measurement's
+/// exclusive hold comes back with it: a caller that charges the
+/// reservation while holding it is never overtaken by another creation.
 fn measured(
     gpu: &Gpu,
     create: impl FnOnce() -> CUresult,
     new_ctx: impl FnOnce() -> CUcontext,
-) -> (CUresult, Option<u64>) {
-    let _m = Measuring::start();
+) -> (CUresult, Option<u64>, Option<Measuring>) {
+    let m = Measuring::start();
     let nvml = NvmlRef::acquire();
     let before = sample(gpu, &nvml);
     let rc = create();
@@ -263,7 +265,7 @@ fn measured(
             "cgpu: cannot measure what a context reserves (NVML unavailable); context reservations are not counted"
         );
     }
-    (rc, delta)
+    (rc, delta, m)
 }
 
 /// Reads the context a successful creation wrote to `ctx` (null if none).
@@ -319,7 +321,7 @@ pub unsafe fn ctx_create(
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, flags, dev);
     };
-    let (rc, d) = measured(
+    let (rc, d, _) = measured(
         gpu,
         || super::call_real!(real, ctx, flags, dev),
         new_ctx(ctx),
@@ -342,7 +344,7 @@ pub unsafe fn ctx_create_v3(
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, n, flags, dev);
     };
-    let (rc, d) = measured(
+    let (rc, d, _) = measured(
         gpu,
         || super::call_real!(real, ctx, params, n, flags, dev),
         new_ctx(ctx),
@@ -364,7 +366,7 @@ pub unsafe fn ctx_create_v4(
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, flags, dev);
     };
-    let (rc, d) = measured(
+    let (rc, d, _) = measured(
         gpu,
         || super::call_real!(real, ctx, params, flags, dev),
         new_ctx(ctx),
@@ -405,7 +407,11 @@ pub unsafe fn primary_retain(
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, dev);
     };
-    let (rc, delta) = measured(gpu, || super::call_real!(real, ctx, dev), new_ctx(ctx));
+    // The hold of the measurement lasts until the reservation is charged:
+    // a second runtime copy retaining the same primary context from another
+    // thread (it finds it made, and charges nothing) returns only after the
+    // first one's charge, so it never sees free memory without it.
+    let (rc, delta, _m) = measured(gpu, || super::call_real!(real, ctx, dev), new_ctx(ctx));
     if rc != CUDA_SUCCESS || ctx.is_null() {
         return rc;
     }
