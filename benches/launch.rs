@@ -102,6 +102,7 @@ fn setup() -> Sim {
             stream_query: std::mem::transmute::<Ptr, unsafe extern "C" fn(Ptr) -> u32>(sym(
                 c"cuStreamQuery",
             )),
+            events: None,
         };
         // Join a ledger as a container of weight 1 and attach the scheduler.
         let ledger: &'static Ledger = Box::leak(Box::new(

@@ -160,6 +160,10 @@ macro_rules! for_each_api {
                 fn cuStreamGetDevice(stream: CUstream, dev: *mut CUdevice) -> CUresult;
                 fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CUresult;
                 fn cuStreamQuery(stream: CUstream) -> CUresult;
+                fn cuEventCreate(event: *mut CUevent, flags: u32) -> CUresult;
+                fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult;
+                fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
+                fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult;
                 fn cuStreamIsCapturing(stream: CUstream, status: *mut CUstreamCaptureStatus) -> CUresult;
                 fn cuGraphGetNodes(g: CUgraph, nodes: *mut CUgraphNode, n: *mut usize) -> CUresult;
                 fn cuGraphNodeGetType(node: CUgraphNode, t: *mut CUgraphNodeType) -> CUresult;

@@ -378,6 +378,7 @@ fn c_type(rust: &str) -> String {
     match t.as_str() {
         "u32" => "unsigned int".into(),
         "i32" => "int".into(),
+        "f32" => "float".into(),
         "u64" => "unsigned long long".into(),
         "usize" => "size_t".into(),
         "c_void" => "void".into(),

@@ -22,6 +22,7 @@
 
 use super::decide::SLICE_NS;
 use super::decide::{allowance, decide, update_estimate, Decision, Entry, Params};
+use super::guest_clock::{EventOps, GuestClock};
 use super::policy::Knobs;
 use super::sys::{futex_wait, futex_wake, now_ns};
 use super::words::{container as cw, gpu as gw, Token, DECIDING, DRAINING, IDLE, RUNNING};
@@ -42,6 +43,9 @@ pub struct DriverOps {
     pub ctx_synchronize: unsafe extern "C" fn() -> CUresult,
     pub ctx_get_device: unsafe extern "C" fn(*mut i32) -> CUresult,
     pub stream_query: unsafe extern "C" fn(*mut c_void) -> CUresult,
+    /// Events to time a guest's work on the device (without them a guest is
+    /// charged its wall time).
+    pub events: Option<EventOps>,
 }
 
 /// A holder that made no launch for this long while others wait gives the
@@ -64,27 +68,25 @@ pub const DECIDE_LIMIT_NS: u64 = 500_000_000;
 /// Launches a guest may have queued before its work is seen done (a
 /// synchronise that returns): beyond them it waits for its turn.
 pub const GUEST_MAX: u32 = 2;
-/// A container whose last slice used more than this is busy: not a guest.
+/// A quarter slice: a guest's [`GUEST_MAX`] launches must fit in it (at
+/// its measured time per launch), and a high-priority container whose last
+/// slice used more is not light (see [`Gate::light`]).
 pub const GUEST_SLICE_NS: u64 = SLICE_NS / 4;
-/// A container may run beside the holder while its recent use of the GPU
-/// is below this fraction of its share.
+/// A high-priority container runs beside the holder, whatever it owes,
+/// while its recent use of the GPU is below this fraction of its share.
 pub const GUEST_BELOW: f64 = 0.75;
-/// Whether a waiting container may fill the holder's host-side gaps as its
-/// guest when it has no credit to spare (see [`Gate::guest`]). Off: the
-/// guest is charged its wall time until its work is seen done, which is its
-/// device time only while its threads get a CPU at once. Measured on the
-/// simulated GPU: mixes of jobs that synchronise every two kernels went
-/// from 0.80 to 0.95-0.97 of the GPU's bare utilisation with shares within
-/// 6%, but with the host's CPUs saturated (two CPU-bound loops on two
-/// cores) shares were off by up to 27% (the guests' charges grow with
-/// their threads' waits for a CPU, and the holder's shrink by as much).
-pub const FILL_GAPS: bool = false;
+/// A container owing more than this (a bucket in debt) waits for its own
+/// slice rather than run beside the holder as its guest.
+pub const GUEST_DEBT_NS: i64 = SLICE_NS as i64;
 /// Longest single sleep of any waiter: every wait re-checks the world.
 const MAX_SLEEP_NS: u64 = 50_000_000;
 
 thread_local! {
     /// (slice seq | gate epoch << 32) this thread announced itself for.
     pub(crate) static SEEN: Cell<u64> = const { Cell::new(u64::MAX) };
+    /// (gate, stream) of this thread's guest launch in flight (gate 0:
+    /// none): its end is marked on the guest clock when it returns.
+    static GUEST_END: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
 
 static EPOCHS: AtomicU32 = AtomicU32::new(1);
@@ -128,6 +130,8 @@ pub struct Gate {
     /// The stream (as [`launch_key`]) of its guest launches ([`MIXED`]:
     /// several).
     guest_key: AtomicUsize,
+    /// The device time of its guest work (see [`GuestClock`]).
+    clock: GuestClock,
 }
 
 /// A stream as launched on by the calling thread: the handle mixed with the
@@ -187,6 +191,7 @@ impl Gate {
             guest_launches: AtomicU32::new(0),
             empty_at: AtomicU64::new(0),
             guest_key: AtomicUsize::new(NO_STREAM),
+            clock: GuestClock::new(drv.events),
         }
     }
 
@@ -423,9 +428,13 @@ impl Gate {
                 .c(cw::EMPTY_SINCE)
                 .compare_exchange(0, now_ns(), AcqRel, Acquire)
                 .is_ok();
-            if FILL_GAPS && empty && self.others_want(Some(self.container)) {
-                // The holder's queue is empty: a waiting container may fill
-                // the gap as its guest (see `guest`).
+            if empty
+                && self.g(gw::GUEST_SEAT).load(Acquire) == 0
+                && self.others_want(Some(self.container))
+            {
+                // The holder's queue is empty and nobody runs beside it: a
+                // waiting container may fill the gap as its guest (see
+                // `guest`).
                 futex_wake(self.token());
             }
         }
@@ -434,7 +443,20 @@ impl Gate {
     /// After the real launch returned.
     #[inline]
     pub fn done(&self) {
+        if GUEST_END.with(|g| g.get().0) != 0 {
+            self.guest_launched();
+        }
         self.in_launch.fetch_sub(1, Release);
+    }
+
+    /// A guest launch of this thread returned: mark its end on the clock.
+    #[cold]
+    #[inline(never)]
+    fn guest_launched(&self) {
+        let (g, stream) = GUEST_END.with(|g| g.replace((0, 0)));
+        if g == self as *const Gate as usize {
+            self.clock.launched(stream);
+        }
     }
 
     /// Slow path: announce, or wait. Returns whether a launch was admitted
@@ -565,33 +587,28 @@ impl Gate {
 
     /// Run beside the holder of slice `t` (another container, running or
     /// draining) as its guest. The GPU's own time-slicing then serves the
-    /// guest beside the holder: a request waits about a GPU timeslice, not a
-    /// slice and a drain, and the holder's host-side gaps are filled with
-    /// the guest's work. A process may be the guest when
-    /// - its guest work will be seen done soon after it finishes: a
-    ///   synchronise saw its queue empty within the last slice, or it queues
-    ///   all its work on the stream of this launch (the real
-    ///   `cuStreamQuery` at its next admission tells); otherwise its guest
-    ///   launches would be charged at its next slice, after the holder paid
-    ///   for them too;
+    /// guest beside the holder, as it serves two processes without cgpu:
+    /// the guest's work runs in the holder's host-side gaps (a synchronise,
+    /// a little host work, the next launch) and in GPU time-slices beside
+    /// the holder's, and a request waits about a GPU time-slice, not a slice
+    /// and a drain. A process may be the guest when
+    /// - a synchronise saw its queue empty within the last slice (it waits
+    ///   for its work, which is then seen done and charged at once; a loop
+    ///   that only queues work waits for its own slices);
     /// - its work is short: its launches at its measured time per launch
     ///   fit in a quarter slice;
-    /// - and either its container has more than a slice of credit (a bucket
-    ///   with tokens is a licence to run now: its bucket less the guest time
-    ///   charged since the last decision; a container that uses less than
-    ///   its share keeps its bucket near the cap of two slices), or the
-    ///   holder has no work queued (a synchronise emptied its queue and it
-    ///   has launched nothing since) and its container owes less than a
-    ///   slice;
+    /// - and its container owes less than [`GUEST_DEBT_NS`] (its bucket less
+    ///   what it was charged as a guest since the last decision): a guest
+    ///   pays for its work from its own bucket, so one that runs beside the
+    ///   holder more than its share soon owes, and waits for its slices;
     ///
     /// or when its container is high-priority and light (see
-    /// [`Gate::light`]). It must also hold, or take, the GPU's
-    /// one guest seat (free, left for over a slice, or held by a process
-    /// that is gone), and have fewer than [`GUEST_MAX`] launches whose work
-    /// is not seen done. One guest at a time, so that the time from its
-    /// first launch until its work is seen done is about the device time it
-    /// used (see [`Gate::guest_done`]). True = admitted (the caller launches
-    /// and calls [`Gate::done`]).
+    /// [`Gate::light`]). It must also hold, or take, the GPU's one guest
+    /// seat (free, left for over a slice, or held by a process that is
+    /// gone), and have fewer than [`GUEST_MAX`] launches whose work is not
+    /// seen done. It is charged its work's device time (see
+    /// [`Gate::guest_done`]), which the holder is not charged. True =
+    /// admitted (the caller launches and calls [`Gate::done`]).
     fn guest(&self, t: Token, k: &Knobs, stream: usize) -> bool {
         let Some(h) = t.holder_slot() else {
             return false;
@@ -631,14 +648,6 @@ impl Gate {
             // a sync-heavy holder too, but its share then swung by up to
             // 16% either way over 6 s windows: it waits for its slices.)
             let syncs = !Self::older_than(self.empty_at.load(Acquire), now, SLICE_NS);
-            let credit = self.credit();
-            // A gap: a synchronise emptied the holder's queue (not the
-            // moment of its grant, when its thread is about to launch).
-            let gap = self.slot(h).sched[cw::EMPTY_SINCE].load(Acquire);
-            let holder_gap = FILL_GAPS
-                && t.state == RUNNING
-                && gap != 0
-                && gap != self.g(gw::SLICE_START).load(Acquire);
             // Its work, as far as measured, is short: a guest's launches
             // fit in a quarter slice (long kernels wait for their turn).
             let short = self
@@ -646,12 +655,9 @@ impl Gate {
                 .load(Relaxed)
                 .saturating_mul(u64::from(GUEST_MAX))
                 <= GUEST_SLICE_NS;
-            let light = self.light(now, k);
             let highprio = self.slot(self.container).highprio.load(Relaxed) != 0;
-            let may = syncs
-                && short
-                && (light && credit > SLICE_NS as i64 || holder_gap && credit > -(SLICE_NS as i64))
-                || light && highprio;
+            let may =
+                syncs && short && self.credit() > -GUEST_DEBT_NS || highprio && self.light(now, k);
             if !(may && self.take_seat(now)) {
                 return false;
             }
@@ -670,10 +676,24 @@ impl Gate {
             .is_ok()
         {
             self.guest_key.store(key, Release);
+            let mut ctx: CUcontext = std::ptr::null_mut();
+            let mut dev: i32 = -1;
+            // SAFETY: valid out-pointers; the real driver's functions.
+            let found = unsafe {
+                (self.drv.ctx_get_current)(&mut ctx) == 0
+                    && (self.drv.ctx_get_device)(&mut dev) == 0
+            };
+            if found {
+                self.clock.begin(stream, ctx, dev);
+            } else {
+                self.clock.spoil();
+            }
         } else if self.guest_key.load(Acquire) != key {
             self.guest_key.store(MIXED, Release);
+            self.clock.spoil();
         }
         self.guest_launches.fetch_add(1, AcqRel);
+        GUEST_END.with(|g| g.set((self as *const Gate as usize, stream)));
         true
     }
 
@@ -729,9 +749,10 @@ impl Gate {
 
     /// My container is light: its last slice, if any, used at most
     /// [`GUEST_SLICE_NS`], and its recent use of the GPU is under
-    /// [`GUEST_BELOW`] of its share. (A job that uses its whole share, e.g.
-    /// one that synchronises often, is not: as a guest it would be charged
-    /// its wall time, which grows with its threads' waits for a CPU.)
+    /// [`GUEST_BELOW`] of its share. A light high-priority container is a
+    /// guest whatever it owes (an online service beside batch work); a
+    /// high-priority job that uses its share is not light, and its
+    /// `prio_ratio` is kept by its slices.
     fn light(&self, now: u64, k: &Knobs) -> bool {
         if self.c(cw::LAST_SLICE_NS).load(Acquire) > GUEST_SLICE_NS {
             return false;
@@ -742,20 +763,22 @@ impl Gate {
 
     /// This process's guest work is done (`seen_done`: a synchronise saw it
     /// finish), or its own slice began: charge its container for it, and
-    /// leave the guest seat. The guest is charged the time from its first
-    /// guest launch until its work was seen done: it was the only guest, it
-    /// began while the holder had no work queued or on credit beside the
-    /// holder's work, and the GPU's time-slicing between two contexts
-    /// serves each in time-slices of its own, so that time is about its
-    /// work (more by what it waited for the holder's current time-slice).
-    /// Work not seen done (its own slice began first), or seen done after
-    /// it lost the seat, is charged its launches at its time per launch
-    /// measured in its own slices when that is less (unmeasured: the time
-    /// since, at most a slice). The charge is taken from the holder's slice
-    /// (see [`Gate::charge_slice`]) when another container holds the GPU.
+    /// leave the guest seat. The guest is charged its work's device time,
+    /// from two events on its stream (see [`GuestClock`]): from when the
+    /// GPU could begin its work to the end of its last kernel. Untimed work
+    /// (launches on several streams or from several threads, a stream
+    /// being captured, a driver without events) and work not yet done when
+    /// its own slice began are charged the time from its first guest launch
+    /// until it was seen done (at most a slice), or, when not seen done by
+    /// a synchronise while it held the seat, its launches at its time per
+    /// launch measured in its own slices when that is less.
+    /// The charge is taken from the holder's slice (see
+    /// [`Gate::charge_slice`]) when another container holds the GPU.
     fn guest_done(&self, now: u64, seen_done: bool) {
         let since = self.guest_since.swap(0, AcqRel);
-        let n = u64::from(self.guest_launches.swap(0, AcqRel));
+        let launches = self.guest_launches.swap(0, AcqRel);
+        let n = u64::from(launches);
+        let device = self.clock.finish(launches);
         let seated = self.seated();
         self.leave_seat();
         if since == 0 || since > now {
@@ -763,7 +786,9 @@ impl Gate {
         }
         let wall = (now - since).min(SLICE_NS);
         let per_launch = self.c(cw::NS_PER_LAUNCH).load(Relaxed);
-        let ns = if seated && seen_done || per_launch == 0 {
+        let ns = if let Some(d) = device {
+            d.min(SLICE_NS)
+        } else if seated && seen_done || per_launch == 0 {
             wall
         } else {
             wall.min(per_launch.saturating_mul(n.max(1)))
@@ -1582,6 +1607,7 @@ impl Gate {
         if v == 0 {
             return;
         }
+        self.clock.forget(v, None);
         for c in &self.ctxs {
             let _ = c.compare_exchange(v, 0, SeqCst, SeqCst);
         }
@@ -1593,6 +1619,7 @@ impl Gate {
     /// Remove every context of device `dev` (its primary context is being
     /// released or reset). A live one is registered again at its next slice.
     pub(crate) fn forget_device(&self, dev: i32) {
+        self.clock.forget(0, Some(dev));
         for (c, d) in self.ctxs.iter().zip(&self.ctx_devs) {
             let v = c.load(SeqCst);
             if v != 0 && d.load(Acquire) == dev {

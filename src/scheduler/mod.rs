@@ -17,12 +17,14 @@
 pub mod capture;
 mod decide;
 mod gate;
+mod guest_clock;
 pub mod policy;
 mod sys;
 pub mod words;
 
 pub use decide::{allowance, Params, SLICE_NS};
 pub use gate::{CUcontext, DriverOps, Gate, Synced};
+pub use guest_clock::EventOps;
 
 use crate::ledger::{ContainerSlot, Ledger, LedgerFile, Membership, MAX_CONTAINERS, SLOT_LIVE};
 use crate::process::fork;
@@ -169,6 +171,21 @@ fn driver_ops() -> Option<DriverOps> {
         ctx_synchronize: real::cuCtxSynchronize.get()?,
         ctx_get_device: real::cuCtxGetDevice.get()?,
         stream_query: real::cuStreamQuery.get()?,
+        events: event_ops(),
+    })
+}
+
+/// The real driver's event functions, to time guests on the device (a
+/// driver without `cuEventElapsedTime_v2` has the older name).
+fn event_ops() -> Option<EventOps> {
+    use crate::process::real;
+    Some(EventOps {
+        create: real::cuEventCreate.get()?,
+        record: real::cuEventRecord.get()?,
+        elapsed: real::cuEventElapsedTime_v2
+            .get()
+            .or_else(|| real::cuEventElapsedTime.get())?,
+        is_capturing: real::cuStreamIsCapturing.get()?,
     })
 }
 
@@ -697,6 +714,7 @@ mod tests {
             ctx_synchronize: synchronize,
             ctx_get_device: get_device,
             stream_query,
+            events: None,
         };
         attach(ledger, &m, drv).expect("attach");
         admit_launch(std::ptr::null_mut());

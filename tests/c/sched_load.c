@@ -13,6 +13,10 @@
  *             "done requests=N p50_us=.. p90_us=.. p99_us=.. max_us=.."
  *             over the requests that began WARM_MS (default 0) or more
  *             after the start (steady state, not the first launches).
+ *   timed     the same requests, each also timed by two CUDA events on its
+ *             stream (one before its kernels, one after): the done line
+ *             adds "ev_us=" (their spans summed, steady requests only), what
+ *             CUDA events say the requests took on the device.
  *
  * Latencies are measured on CLOCK_MONOTONIC around the launch and the
  * synchronise, as a client of the service would see them.
@@ -49,7 +53,7 @@ static int cmp_u64(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     if (argc != 6 && argc != 7) {
-        fprintf(stderr, "usage: sched_load sync|requests MS KERNEL_NS KERNELS PAUSE_US [WARM_MS]\n");
+        fprintf(stderr, "usage: sched_load sync|requests|timed MS KERNEL_NS KERNELS PAUSE_US [WARM_MS]\n");
         return 2;
     }
     uint64_t warm_ms = argc == 7 ? strtoull(argv[6], NULL, 0) : 0;
@@ -73,7 +77,14 @@ int main(int argc, char **argv) {
     CHECK(cuStreamCreate(&s, 0));
     printf("ready\n");
     fflush(stdout);
-    int requests = !strcmp(mode, "requests");
+    int timed = !strcmp(mode, "timed");
+    int requests = timed || !strcmp(mode, "requests");
+    CUevent e0 = NULL, e1 = NULL;
+    if (timed) {
+        CHECK(cuEventCreate(&e0, CU_EVENT_DEFAULT));
+        CHECK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
+    }
+    double ev_ms = 0;
     size_t cap = 1 << 20, n = 0;
     uint64_t *lat = requests ? malloc(cap * sizeof *lat) : NULL;
     long done = 0;
@@ -81,21 +92,32 @@ int main(int argc, char **argv) {
     uint64_t end = begin + ms * 1000000ull, steady = begin + warm_ms * 1000000ull;
     while (now_ns() < end) {
         uint64_t t0 = now_ns();
+        if (timed) CHECK(cuEventRecord(e0, s));
         for (long k = 0; k < kernels; k++) {
             void *args[] = {&ns};
             CHECK(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, s, args, NULL));
         }
+        if (timed) CHECK(cuEventRecord(e1, s));
         CHECK(cuStreamSynchronize(s));
         done += kernels;
-        if (requests && n < cap && t0 >= steady) lat[n++] = now_ns() - t0;
+        if (requests && n < cap && t0 >= steady) {
+            lat[n++] = now_ns() - t0;
+            if (timed) {
+                float m = 0;
+                CHECK(cuEventElapsedTime(&m, e0, e1));
+                ev_ms += m;
+            }
+        }
         pause_us(pause);
     }
     if (requests) {
         qsort(lat, n, sizeof *lat, cmp_u64);
 #define PCT(p) (n ? lat[(size_t)((n - 1) * (p) / 100)] / 1000 : 0)
-        printf("done requests=%zu p50_us=%llu p90_us=%llu p99_us=%llu max_us=%llu\n", n,
+        printf("done requests=%zu p50_us=%llu p90_us=%llu p99_us=%llu max_us=%llu", n,
                (unsigned long long)PCT(50), (unsigned long long)PCT(90),
                (unsigned long long)PCT(99), (unsigned long long)PCT(100));
+        if (timed) printf(" ev_us=%llu", (unsigned long long)(ev_ms * 1000.0));
+        printf("\n");
     } else {
         printf("done kernels=%ld\n", done);
     }
