@@ -325,7 +325,7 @@ fn a_forked_child_does_not_keep_a_killed_parents_memory() {
 fn events_beside_a_busy_process_time_only_the_callers_work() {
     let env = SimEnv::new();
     let c = cuclient(LinkMode::Link);
-    let mut busy = env.spawn(&c, &["ready", "spin_for", "3000", "1000000"]);
+    let mut busy = env.spawn(&c, &["init", "ready", "spin_for", "3000", "1000000"]);
     read_until(&mut busy, "ready", Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(200));
     let mut args = vec!["spin", "1", "1"];

@@ -263,7 +263,9 @@ fn lowered_memsize_shows_in_a_running_clients_meminfo() {
 fn utilisation_equals_the_sims_device_time() {
     use std::io::BufRead;
     let s = Sim::new("util");
-    let busy = ["pid", "ready", "spin_for", "5000", "1000000", "hold"];
+    let busy = [
+        "pid", "init", "ready", "spin_for", "5000", "1000000", "hold",
+    ];
     let mut a = KillOnDrop(s.client("alpha", "1", "1", &busy));
     let mut b = KillOnDrop(s.client("beta", "1", "2", &busy));
     let (pa, _) = wait_for(&mut a.0, "ready");
@@ -365,7 +367,9 @@ fn utilisation_equals_the_sims_device_time() {
 #[test]
 fn weight_set_live_reaches_running_jobs() {
     let s = Sim::new("weight");
-    let busy = ["pid", "ready", "spin_for", "20000", "1000000", "hold"];
+    let busy = [
+        "pid", "init", "ready", "spin_for", "20000", "1000000", "hold",
+    ];
     let mut a = KillOnDrop(s.client("alpha", "1", "1", &busy));
     let mut b = KillOnDrop(s.client("beta", "1", "1", &busy));
     let (pa, _) = wait_for(&mut a.0, "ready");
@@ -413,7 +417,9 @@ fn weight_set_live_reaches_running_jobs() {
 fn native_policy_utilisation_comes_from_nvml() {
     use std::io::BufRead;
     let s = Sim::new("native");
-    let busy = ["pid", "ready", "spin_for", "8000", "1000000", "hold"];
+    let busy = [
+        "pid", "init", "ready", "spin_for", "8000", "1000000", "hold",
+    ];
     let mut a = KillOnDrop(s.client("alpha", "1", "1", &busy));
     let mut b = KillOnDrop(s.client("beta", "1", "1", &busy));
     let (pa, _) = wait_for(&mut a.0, "ready");
