@@ -729,16 +729,18 @@ fn latency_under_share_beside_20ms_kernels() {
     table("latency: under its share, equal weights, beside 20 ms kernels");
 }
 
-/// A light container that runs beside the holder (a guest) is charged the
-/// device time of its requests, timed by two CUDA events on its stream,
-/// not the wall time until its thread saw them done (which adds the wait
-/// for the holder's GPU time-slice and for a CPU; that charge was 6× the
-/// requests' device time here). The requests time themselves with events
-/// too, as an application would: the charge is what those events say
-/// (with the host's CPUs saturated both grow alike, when a request's start
-/// event is reached before its kernel is queued and the GPU goes on with
-/// the holder's time-slice meanwhile), and it is at least half the device
-/// time the simulated GPU counted.
+/// A light high-priority container that runs beside the holder (a guest)
+/// is charged the device time of its requests, timed by two CUDA events on
+/// its stream, not the wall time until its thread saw them done (which
+/// adds the wait for the holder's GPU time-slice and for a CPU: beside
+/// 1 ms kernels that charge was 6× the requests' device time). The
+/// requests time themselves with events too, as an application would: the
+/// charge is at most what those events say (on an idle host both are the
+/// device time; with the host's CPUs saturated the requests' own events
+/// grew 5-8× and the charge up to 1.9×, when a start event was reached
+/// before its kernel was queued and the GPU went on with the holder's
+/// time-slice meanwhile), and at least half the device time the simulated
+/// GPU counted.
 #[test]
 fn a_guest_is_charged_its_device_time() {
     use cgpu::scheduler::words::container as cw;
