@@ -10,9 +10,10 @@
  *   requests  an online service: every request launches KERNELS kernels,
  *             synchronises, and records its latency (launch to result);
  *             then it pauses PAUSE_US. Prints
- *             "done requests=N p50_us=.. p90_us=.. p99_us=.. max_us=.."
- *             over the requests that began WARM_MS (default 0) or more
- *             after the start (steady state, not the first launches).
+ *             "done requests=N p50_us=.. p90_us=.. p99_us=.. max_us=..
+ *             all_us=A,B,.." over the requests that began WARM_MS (default
+ *             0) or more after the start (steady state, not the first
+ *             launches); all_us lists every latency, fastest first.
  *   timed     the same requests, each also timed by two CUDA events on its
  *             stream (one before its kernels, one after): the done line
  *             adds "ev_us=" (their spans summed, steady requests only), what
@@ -116,6 +117,9 @@ int main(int argc, char **argv) {
         printf("done requests=%zu p50_us=%llu p90_us=%llu p99_us=%llu max_us=%llu", n,
                (unsigned long long)PCT(50), (unsigned long long)PCT(90),
                (unsigned long long)PCT(99), (unsigned long long)PCT(100));
+        printf(" all_us=");
+        for (size_t i = 0; i < n; i++)
+            printf("%s%llu", i ? "," : "", (unsigned long long)(lat[i] / 1000));
         if (timed) printf(" ev_us=%llu", (unsigned long long)(ev_ms * 1000.0));
         printf("\n");
     } else {

@@ -307,9 +307,10 @@ fn sync_heavy_rows(
     }
 }
 
-/// Request latency of a light container beside `neighbour`: p50/p99 under
-/// cgpu against the same pair without cgpu, run side by side (the same
-/// load on the machine weighs on both).
+/// Request latency of a light container beside `neighbour`, under cgpu and
+/// for the same pair without cgpu, run side by side (the same load on the
+/// machine weighs on both): p50 and p99 shown, and judged by the requests
+/// slower than twice the bare run's median (see [`SLOW_EXCESS`]).
 fn latency_rows(o: &Opts, r: &mut Rows, policy: u32, light: Ctr, neighbour: Ctr) {
     let ctrs = vec![light, neighbour];
     let (mut s, mut bare_s) = side_by_side(o, &ctrs, policy, None, Some(80));
@@ -321,19 +322,38 @@ fn latency_rows(o: &Opts, r: &mut Rows, policy: u32, light: Ctr, neighbour: Ctr)
         .wait_line("done", o.window + Duration::from_secs(60))
         .map(|l| Latency::parse(&l.text))
         .expect("requests never finished");
+    r.push("p50 ms (bare in brackets)", bare.p50, got.p50, Kind::Info);
+    r.push("p99 ms (bare in brackets)", bare.p99, got.p99, Kind::Info);
+    let slow = 2.0 * bare.p50;
+    let (c, b) = (got.slower_than(slow), bare.slower_than(slow));
+    // The standard error of the difference of the two fractions.
+    let se = (c * (1.0 - c) / got.all.len().max(1) as f64
+        + b * (1.0 - b) / bare.all.len().max(1) as f64)
+        .sqrt();
     r.push(
-        &format!("p50 ms (bare {:.2})", bare.p50),
-        bare.p50,
-        got.p50,
-        Kind::Info,
-    );
-    r.push(
-        &format!("p99 ms ≤ 2× bare ({:.2})", bare.p99),
-        2.0 * bare.p99,
-        got.p99,
+        &format!(
+            "% slower than 2× bare p50 ({slow:.2} ms) − bare's ({:.2})",
+            b * 100.0
+        ),
+        (SLOW_EXCESS + 3.0 * se) * 100.0,
+        (c - b) * 100.0,
         Kind::AtMost,
     );
 }
+
+/// How many more requests (a fraction of all) may be slower than twice the
+/// bare run's median under cgpu than without it, beyond three standard
+/// errors of the difference. On a quiet host the bare run has none, and
+/// this bounds cgpu's p99 by twice the bare median (itself at most the bare
+/// p99). On a busy one, late wake-ups of the host (a sleep of 1 ms
+/// overshoots by 1 to 8 ms in 0.2 to 0.6% of sleeps on the 2-core
+/// development VM, several per request) slow about 1% of requests in both
+/// runs, so each run's p99 falls at random inside or outside that noise,
+/// and comparing two p99s failed one run in five with the same latency
+/// distributions under cgpu and without it. The fractions slower than one
+/// threshold cancel that noise; the standard errors say how much of their
+/// difference is chance.
+const SLOW_EXCESS: f64 = 0.01;
 
 /// The light container: 0.2 ms requests (launch, synchronise), 5 ms apart,
 /// for the warm-up and the window; latency counted over the window (steady
@@ -940,28 +960,50 @@ pub fn run_named(name: &str, o: &Opts, echo: bool) -> Vec<Row> {
     rows.rows
 }
 
-/// Percentiles printed by `sched_load requests`, in ms.
-#[derive(Clone, Copy, Debug)]
+/// What `sched_load requests` printed, in ms.
+#[derive(Clone, Debug)]
 pub struct Latency {
     pub n: u64,
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
+    /// Every request's latency, fastest first.
+    pub all: Vec<f64>,
 }
 
 impl Latency {
     pub fn parse(line: &str) -> Latency {
-        let f = |k: &str| -> f64 {
+        let word = |k: &str| {
             line.split_whitespace()
                 .find_map(|w| w.strip_prefix(k))
-                .and_then(|v| v.parse::<f64>().ok())
                 .unwrap_or_else(|| panic!("no {k} in {line:?}"))
         };
+        let f = |k: &str| -> f64 {
+            word(k)
+                .parse::<f64>()
+                .unwrap_or_else(|_| panic!("bad {k} in {line:?}"))
+        };
+        let all: Vec<f64> = word("all_us=")
+            .split(',')
+            .filter(|v| !v.is_empty())
+            .map(|v| v.parse::<f64>().expect("a latency in all_us") / 1000.0)
+            .collect();
+        let n = f("requests=") as u64;
+        assert_eq!(all.len() as u64, n, "all_us lists every request");
         Latency {
-            n: f("requests=") as u64,
+            n,
             p50: f("p50_us=") / 1000.0,
             p90: f("p90_us=") / 1000.0,
             p99: f("p99_us=") / 1000.0,
+            all,
         }
+    }
+
+    /// The fraction of requests slower than `ms`.
+    pub fn slower_than(&self, ms: f64) -> f64 {
+        if self.all.is_empty() {
+            return 0.0;
+        }
+        self.all.iter().filter(|&&v| v > ms).count() as f64 / self.all.len() as f64
     }
 }
