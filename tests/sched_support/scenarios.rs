@@ -114,9 +114,10 @@ impl Opts {
             warm: self.warm,
         }
     }
-    /// These windows, long enough for `n` requests 5 ms apart (a p99 over
-    /// 400 requests is their 4th slowest: one hiccup of the machine moves
-    /// it; over 1000, the 10th).
+    /// These windows, long enough for `n` requests 5 ms apart (over the
+    /// 800 or so counted after the warm-up, the difference of the two runs'
+    /// shares of slow requests, see [`SLOW_EXCESS`], has a standard error
+    /// of half a point when 1% of each run's are slow).
     pub fn for_requests(&self, n: u32) -> Opts {
         Opts {
             window: self.window.max(Duration::from_millis(5 * u64::from(n))),
