@@ -40,6 +40,17 @@ pub mod gpu {
     /// beside the holder now (0: free), and since when (see `Gate::guest`).
     pub const GUEST_SEAT: usize = 12;
     pub const GUEST_SEAT_AT: usize = 13;
+    /// Host time the guest seat was held, ns: a running sum (wrapping) of
+    /// its closed tenures (see `Gate::seat_time`).
+    pub const GUEST_SEAT_NS: usize = 14;
+    /// The seat's time (`Gate::seat_time`) when the holder's current gap
+    /// began (its container's `EMPTY_SINCE`): the time a guest held the seat
+    /// in the gap is what it has grown by since.
+    pub const GAP_SEAT0: usize = 15;
+    /// The holder's closed gaps in the current slice less the time a guest
+    /// held the seat in them, ns: the GPU's idle time in the slice, as far
+    /// as measured (no work of the holder's queued, no guest's running).
+    pub const GAP_IDLE_NS: usize = 16;
 }
 
 /// Per-container words (`ContainerSlot::sched[..]`).
