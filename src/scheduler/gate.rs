@@ -1617,8 +1617,8 @@ impl Gate {
             let start = self.g(gw::SLICE_START).load(Acquire);
             let mut held = now.saturating_sub(start);
             // As its container is charged (the words are left for the
-            // decision): less its guests' time, or (alone in the slice) its
-            // unused time if that is more.
+            // decision): less its guests' time and, alone in the slice, the
+            // idle part of its gaps (see `not_used`).
             let guests = self.g(gw::GUEST_IN_SLICE).load(Acquire);
             let free = if n == 1 {
                 let since = self.c(cw::EMPTY_SINCE).load(Acquire);
