@@ -1284,9 +1284,23 @@ impl Gate {
     /// idle time); taken out of the words (0 for several processes: one's
     /// idle time may be another's busy time).
     fn unused(&self, cs: &[AtomicU64], start: u64, now: u64, drained: u64) -> (u64, u64) {
-        let since = cs[cw::EMPTY_SINCE].swap(0, AcqRel);
-        let mut idle = cs[cw::IDLE_NS].swap(0, AcqRel);
-        let mut gap_idle = self.g(gw::GAP_IDLE_NS).swap(0, AcqRel);
+        self.gaps(cs, start, now, drained, true)
+    }
+
+    /// As [`Gate::unused`]; the words are taken out of the ledger when
+    /// `take`, else only read (a process's part of the slice, charged
+    /// before the decision that takes them).
+    fn gaps(&self, cs: &[AtomicU64], start: u64, now: u64, drained: u64, take: bool) -> (u64, u64) {
+        let read = |w: &AtomicU64| {
+            if take {
+                w.swap(0, AcqRel)
+            } else {
+                w.load(Acquire)
+            }
+        };
+        let since = read(&cs[cw::EMPTY_SINCE]);
+        let mut idle = read(&cs[cw::IDLE_NS]);
+        let mut gap_idle = read(self.g(gw::GAP_IDLE_NS));
         if drained > 1 {
             return (0, 0);
         }
@@ -1620,24 +1634,9 @@ impl Gate {
             // decision): less its guests' time and, alone in the slice, the
             // idle part of its gaps (see `not_used`).
             let guests = self.g(gw::GUEST_IN_SLICE).load(Acquire);
-            let free = if n == 1 {
-                let since = self.c(cw::EMPTY_SINCE).load(Acquire);
-                let (open, open_idle) = if since >= start && now > since && since != 0 {
-                    (now - since, self.gap_idle(since, now))
-                } else {
-                    (0, 0)
-                };
-                let unused = self.c(cw::IDLE_NS).load(Acquire).saturating_add(open);
-                let gap_idle = self
-                    .g(gw::GAP_IDLE_NS)
-                    .load(Acquire)
-                    .saturating_add(open_idle)
-                    .min(unused);
-                not_used(unused, guests, gap_idle)
-            } else {
-                guests
-            };
-            held = held.saturating_sub(free);
+            let cs = &self.slot(self.container).sched;
+            let (unused, gap_idle) = self.gaps(cs, start, now, n, false);
+            held = held.saturating_sub(not_used(unused, guests, gap_idle));
             self.file().processes[self.process]
                 .gpu_time_ns
                 .fetch_add(held.min(MAX_BUDGET_NS + DRAIN_LIMIT_NS) / n, Relaxed);
