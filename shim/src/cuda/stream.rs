@@ -121,7 +121,7 @@ fn query(h: CUstream) -> CuRes {
     let d = cu()?;
     refuse_if_capturing(h)?;
     let (dev, seq) = stream_target(h)?;
-    if seq == 0 || d.exec(dev).done_seq() >= seq {
+    if seq == 0 || d.exec(dev).reached(seq) {
         Ok(())
     } else {
         Err(CUDA_ERROR_NOT_READY)
@@ -362,7 +362,7 @@ fn event_done(e: &Event) -> Result<bool, CUresult> {
     if seq == 0 {
         return Ok(true);
     }
-    Ok(d.exec(e.dev.load(Relaxed) as usize).done_seq() >= seq)
+    Ok(d.exec(e.dev.load(Relaxed) as usize).reached(seq))
 }
 
 #[unsafe(no_mangle)]
