@@ -17,6 +17,11 @@
 //! completion times, so `cuEventElapsedTime` measures device wall time,
 //! including slices given to other processes. An event recorded while
 //! another process runs on the device waits for this process's turn.
+//!
+//! Host functions (`cuLaunchHostFunc`, stream callbacks, graph host nodes)
+//! are queued in the same order and run on the executor thread, without the
+//! device: a synchronisation waits for them, and the work queued after one
+//! starts once it has returned.
 
 use crate::state::{futex_wait, futex_wake, now_mono_ns, Shared};
 use parking_lot::{Condvar, Mutex};
@@ -44,12 +49,19 @@ pub enum Op {
         seq: u64,
         submit: u64,
     },
+    /// A host function (`cuLaunchHostFunc`, `cuStreamAddCallback`, a graph's
+    /// host node): runs on the executor thread once everything queued
+    /// before it completed; what is queued after it waits for its return.
+    Host { f: HostFn, seq: u64 },
 }
+
+/// A host function queued on the executor.
+pub type HostFn = Box<dyn FnOnce() + Send>;
 
 impl Op {
     fn seq(&self) -> u64 {
         match self {
-            Op::Kernel { seq, .. } | Op::Marker { seq, .. } => *seq,
+            Op::Kernel { seq, .. } | Op::Marker { seq, .. } | Op::Host { seq, .. } => *seq,
         }
     }
 }
@@ -142,6 +154,28 @@ impl Executor {
         });
         self.ensure_thread(&mut q);
         // (A marker queued before it may not have woken the executor.)
+        let wake = !q.busy;
+        drop(q);
+        if wake {
+            self.wake();
+        }
+        seq
+    }
+
+    /// Queues host function `f` in submission order; returns its sequence
+    /// number (reached once `f` has returned). It runs on the executor
+    /// thread without the device: kernels of other processes run meanwhile,
+    /// and this process's later work waits for it, as a stream waits for
+    /// its host function on a GPU.
+    pub fn host(self: &Arc<Self>, f: HostFn) -> u64 {
+        let mut q = self.q.lock();
+        while q.ops.len() >= QUEUE_MAX {
+            self.space_cv.wait(&mut q);
+        }
+        let seq = q.next_seq;
+        q.next_seq += 1;
+        q.ops.push_back(Op::Host { f, seq });
+        self.ensure_thread(&mut q);
         let wake = !q.busy;
         drop(q);
         if wake {
@@ -255,18 +289,44 @@ impl Executor {
             // commands (an event's timestamp included) only while it runs
             // that context: an event recorded on an empty stream then marks
             // when the process's work could begin, not when it was queued.
+            // Leading host functions run here, without the device (handed
+            // on first, so other processes run meanwhile).
             let me = self.slot as u32 + 1;
-            while let Some(Op::Marker { .. }) = q.ops.front() {
-                let owner = dev.owner.load(Acquire);
-                if !owned && owner != 0 && owner != me {
-                    break;
-                }
-                if let Some(Op::Marker { ev, seq, submit }) = q.ops.pop_front() {
-                    let ts = submit.max(self.last_end.load(Acquire));
-                    if let Some(e) = ev {
-                        e.ts.store(ts, Release);
+            loop {
+                match q.ops.front() {
+                    Some(Op::Marker { .. }) => {
+                        let owner = dev.owner.load(Acquire);
+                        if !owned && owner != 0 && owner != me {
+                            break;
+                        }
+                        if let Some(Op::Marker { ev, seq, submit }) = q.ops.pop_front() {
+                            let ts = submit.max(self.last_end.load(Acquire));
+                            if let Some(e) = ev {
+                                e.ts.store(ts, Release);
+                            }
+                            self.done_seq.store(seq, Release);
+                        }
                     }
-                    self.done_seq.store(seq, Release);
+                    Some(Op::Host { .. }) => {
+                        let Some(Op::Host { f, seq }) = q.ops.pop_front() else {
+                            break;
+                        };
+                        q.busy = true;
+                        drop(q);
+                        self.space_cv.notify_all();
+                        if owned {
+                            owned = false;
+                            self.release_device();
+                        }
+                        want.store(0, Release);
+                        f();
+                        // Work after it starts no earlier than its return.
+                        self.last_end.fetch_max(now_mono_ns(), AcqRel);
+                        q = self.q.lock();
+                        self.done_seq.store(seq, Release);
+                        self.done_cv.notify_all();
+                    }
+                    _ => break,
                 }
             }
             if q.ops.is_empty() {
@@ -320,6 +380,8 @@ impl Executor {
                             e.ts.store(cursor, Release);
                         }
                     }
+                    // Runs at the top of the loop, after this batch.
+                    Op::Host { .. } => break,
                     Op::Kernel {
                         remaining_ns,
                         submit,

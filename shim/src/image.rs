@@ -298,7 +298,9 @@ fn parse_elf(b: &[u8]) -> Option<Image> {
                 continue; // unnamed or undefined
             }
             match (info >> 4, info & 0xf) {
-                (1, 2) => img.kernels.push(name),       // STB_GLOBAL, STT_FUNC
+                // STB_GLOBAL or STB_WEAK (template kernels compiled by
+                // NVRTC are weak), STT_FUNC
+                (1 | 2, 2) => img.kernels.push(name),
                 (_, 1) => img.globals.push((name, sz)), // STT_OBJECT
                 _ => {}
             }
@@ -636,9 +638,10 @@ mod tests {
         f
     }
 
-    /// A minimal ELF64 with a symbol table: kernel `k_elf`, global `g_elf` (12 bytes).
+    /// A minimal ELF64 with a symbol table: kernel `k_elf`, global `g_elf`
+    /// (12 bytes), weak kernel `k_weak`, local function `f_local`.
     fn elf() -> Vec<u8> {
-        let strtab = b"\0k_elf\0g_elf\0.symtab\0.strtab\0".to_vec();
+        let strtab = b"\0k_elf\0g_elf\0.symtab\0.strtab\0k_weak\0f_local\0".to_vec();
         let mut syms = vec![0u8; 24]; // null symbol
         let sym = |name: u32, info: u8, size: u64| {
             let mut s = vec![0u8; 24];
@@ -650,6 +653,8 @@ mod tests {
         };
         syms.extend(sym(1, 0x12, 0));
         syms.extend(sym(7, 0x11, 12));
+        syms.extend(sym(29, 0x22, 0));
+        syms.extend(sym(36, 0x02, 0));
         let mut b = vec![0u8; 64];
         b[0..4].copy_from_slice(b"\x7fELF");
         b[4] = 2;
@@ -681,7 +686,7 @@ mod tests {
     fn elf_symbols() {
         let e = elf();
         let img = parse_bytes(&e);
-        assert_eq!(img.kernels, vec!["k_elf"]);
+        assert_eq!(img.kernels, vec!["k_elf", "k_weak"]);
         assert_eq!(img.globals, vec![("g_elf".to_string(), 12)]);
         assert!(!img.opaque);
         // SAFETY: a complete ELF image in memory.
@@ -699,7 +704,10 @@ mod tests {
         assert!(lz4_block_decompress(&[0x1f, b'a', 9, 0], 100).is_none());
         let f = fatbin(&[ptx_plain.clone(), entry(KIND_ELF, 0, &elf(), 0)]);
         let img = parse_bytes(&f);
-        assert_eq!(img.kernels, vec!["cgpu_sim_spin", "other_k", "k_elf"]);
+        assert_eq!(
+            img.kernels,
+            vec!["cgpu_sim_spin", "other_k", "k_elf", "k_weak"]
+        );
         assert!(!img.opaque);
         assert!(!img.has_kernel("nope"));
         assert_eq!(img.global_size("g_elf"), Some(12));
@@ -717,7 +725,7 @@ mod tests {
         let w1: [u64; 3] = [(WRAPPER_MAGIC as u64) | (1u64 << 32), f.as_ptr() as u64, 0];
         // SAFETY: a wrapper pointing to a fat binary alive in this scope.
         let img = unsafe { parse_ptr(w1.as_ptr() as *const u8) };
-        assert_eq!(img.kernels, vec!["k_elf"]);
+        assert_eq!(img.kernels, vec!["k_elf", "k_weak"]);
         let list = [f.as_ptr() as u64, 0];
         let w2: [u64; 3] = [
             (WRAPPER_MAGIC as u64) | (2u64 << 32),
@@ -726,7 +734,7 @@ mod tests {
         ];
         // SAFETY: as above, with a NULL-terminated list.
         let img = unsafe { parse_ptr(w2.as_ptr() as *const u8) };
-        assert_eq!(img.kernels, vec!["k_elf"]);
+        assert_eq!(img.kernels, vec!["k_elf", "k_weak"]);
         assert!(!img.opaque);
     }
 }

@@ -8,7 +8,7 @@
 //! ready nodes) and flattens child graphs; a launch runs that list on the
 //! stream: kernels take device time on the executor, copies, memsets and
 //! events happen at the launch (in order, like the sim's async copies), host
-//! nodes run on a helper thread once the stream's earlier work is done.
+//! nodes are queued in stream order, as `cuLaunchHostFunc` is.
 //!
 //! Graph memory (`cuGraphAddMemAllocNode`): the node fixes the address when
 //! it is added (a real mapping, so the address is valid). The device memory
@@ -152,6 +152,9 @@ pub const NODE_CONDITIONAL: u32 = 13;
 pub struct KernelData {
     pub run: KernelNode,
     pub params: KernelNodeParams,
+    /// `kern` and `ctx` of `CUDA_KERNEL_NODE_PARAMS_v2` (NULL when given v1).
+    pub kern: usize,
+    pub ctx: usize,
     pub attrs: HashMap<u32, [u8; 64]>,
 }
 
@@ -476,14 +479,34 @@ fn add_node(
     unsafe { put(pn, h as CUgraphNode, CUDA_ERROR_INVALID_VALUE) }
 }
 
-fn kernel_data(p: *const KernelNodeParams) -> Result<NodeKind, CUresult> {
+/// A kernel node's data from `CUDA_KERNEL_NODE_PARAMS` (`v2`: the `_v2`/`_v3`
+/// layout, which adds `kern` and `ctx`). With `v2`, a NULL `func` and a
+/// `CUkernel` in `kern` name the kernel (the runtime passes its kernels so).
+fn kernel_data(p: *const KernelNodeParams, v2: bool) -> Result<NodeKind, CUresult> {
     let d = cu()?;
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: non-null params from the caller (the v1 prefix of v2/v3).
     let kp = unsafe { p.read_unaligned() };
-    let func: Arc<Func> = d.func(kp.func as usize)?;
+    let (kern, ctx) = if v2 {
+        // SAFETY: the caller's CUDA_KERNEL_NODE_PARAMS_v2 (checked non-null).
+        let v = unsafe { (p as *const KernelNodeParamsV2).read_unaligned() };
+        (v.kern as usize, v.ctx as usize)
+    } else {
+        (0, 0)
+    };
+    // (`ctx` is ignored when `func` is set.)
+    if kp.func.is_null() && ctx != 0 {
+        d.ctx(ctx)?;
+    }
+    let handle = if kp.func.is_null() {
+        kern
+    } else {
+        kp.func as usize
+    };
+    // (A CUkernel is a function handle in the sim.)
+    let func: Arc<Func> = d.func(handle)?;
     if kp.grid.contains(&0) || kp.block.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -493,6 +516,8 @@ fn kernel_data(p: *const KernelNodeParams) -> Result<NodeKind, CUresult> {
     Ok(NodeKind::Kernel(KernelData {
         run: KernelNode { func, ns },
         params: kp,
+        kern,
+        ctx,
         attrs: HashMap::new(),
     }))
 }
@@ -1485,7 +1510,7 @@ fn generic_kind(p: *mut GraphNodeParams) -> Result<NodeKind, CUresult> {
     // SAFETY: non-null params from the caller; the union starts at `u`.
     let (t, u) = unsafe { ((*p).type_, std::ptr::addr_of_mut!((*p).u) as *mut u8) };
     match t {
-        NODE_KERNEL => kernel_data(u as *const KernelNodeParams),
+        NODE_KERNEL => kernel_data(u as *const KernelNodeParams, true),
         NODE_MEMCPY => {
             // SAFETY: the union holds a CUDA_MEMCPY_NODE_PARAMS.
             let mp = unsafe { (u as *const MemcpyNodeParams).read_unaligned() };
@@ -1521,12 +1546,35 @@ fn mem_free_data(p: CUdeviceptr) -> Result<NodeKind, CUresult> {
     }
 }
 
-fn get_kernel_params(n: CUgraphNode, out: *mut KernelNodeParams) -> CuRes {
+/// The node's parameters as given (`v2`: with `kern` and `ctx`).
+fn get_kernel_params(n: CUgraphNode, out: *mut KernelNodeParams, v2: bool) -> CuRes {
     match node_kind(n)? {
-        // SAFETY: out pointer from the caller (the v1 prefix of v2).
+        NodeKind::Kernel(k) if v2 => {
+            let v = KernelNodeParamsV2 {
+                v1: k.params,
+                kern: k.kern as CUkernel,
+                ctx: k.ctx as CUcontext,
+            };
+            // SAFETY: out pointer from the caller (a CUDA_KERNEL_NODE_PARAMS_v2).
+            unsafe { put(out as *mut KernelNodeParamsV2, v, CUDA_ERROR_INVALID_VALUE) }
+        }
+        // SAFETY: out pointer from the caller (a CUDA_KERNEL_NODE_PARAMS).
         NodeKind::Kernel(k) => unsafe { put(out, k.params, CUDA_ERROR_INVALID_VALUE) },
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
+}
+
+/// `cuGraphKernelNodeSetParams(_v2)`: new parameters, the launch attributes kept.
+fn set_kernel_params(n: CUgraphNode, p: *const KernelNodeParams, v2: bool) -> CuRes {
+    let attrs = match node_kind(n)? {
+        NodeKind::Kernel(k) => k.attrs,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    let mut k = kernel_data(p, v2)?;
+    if let NodeKind::Kernel(x) = &mut k {
+        x.attrs = attrs;
+    }
+    set_node_kind(n, k)
 }
 
 fn get_id(p: *mut u32, id: u32) -> CuRes {
@@ -1574,9 +1622,10 @@ exports! {
         // SAFETY: out pointer from the caller.
         unsafe { put(pn, h as CUgraphNode, CUDA_ERROR_INVALID_VALUE) }
     };
-    cuGraphAddKernelNode | cuGraphAddKernelNode_v2
-        (pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const KernelNodeParams)
-        => add_node(pn, g, deps, ndeps, || kernel_data(p));
+    cuGraphAddKernelNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const KernelNodeParams)
+        => add_node(pn, g, deps, ndeps, || kernel_data(p, false));
+    cuGraphAddKernelNode_v2(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const KernelNodeParams)
+        => add_node(pn, g, deps, ndeps, || kernel_data(p, true));
     cuGraphAddEmptyNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize)
         => add_node(pn, g, deps, ndeps, || Ok(NodeKind::Empty));
     cuGraphAddMemsetNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const MemsetNodeParams, _ctx: CUcontext)
@@ -1660,15 +1709,10 @@ exports! {
         // SAFETY: out pointer from the caller.
         unsafe { put(pg, gh as CUgraph, CUDA_ERROR_INVALID_VALUE) }
     };
-    cuGraphKernelNodeGetParams | cuGraphKernelNodeGetParams_v2(n: CUgraphNode, p: *mut KernelNodeParams)
-        => get_kernel_params(n, p);
-    cuGraphKernelNodeSetParams | cuGraphKernelNodeSetParams_v2(n: CUgraphNode, p: *const KernelNodeParams)
-        => {
-            let attrs = match node_kind(n)? { NodeKind::Kernel(k) => k.attrs, _ => return Err(CUDA_ERROR_INVALID_VALUE) };
-            let mut k = kernel_data(p)?;
-            if let NodeKind::Kernel(x) = &mut k { x.attrs = attrs; }
-            set_node_kind(n, k)
-        };
+    cuGraphKernelNodeGetParams(n: CUgraphNode, p: *mut KernelNodeParams) => get_kernel_params(n, p, false);
+    cuGraphKernelNodeGetParams_v2(n: CUgraphNode, p: *mut KernelNodeParams) => get_kernel_params(n, p, true);
+    cuGraphKernelNodeSetParams(n: CUgraphNode, p: *const KernelNodeParams) => set_kernel_params(n, p, false);
+    cuGraphKernelNodeSetParams_v2(n: CUgraphNode, p: *const KernelNodeParams) => set_kernel_params(n, p, true);
     cuGraphKernelNodeGetAttribute(n: CUgraphNode, attr: u32, out: *mut [u8; 64]) => match node_kind(n)? {
         NodeKind::Kernel(k) => {
             if !(1..=32).contains(&attr) { return Err(CUDA_ERROR_INVALID_VALUE) }
@@ -1693,8 +1737,10 @@ exports! {
         }
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     };
-    cuGraphExecKernelNodeSetParams | cuGraphExecKernelNodeSetParams_v2
-        (e: CUgraphExec, n: CUgraphNode, p: *const KernelNodeParams) => exec_set(e, n, kernel_data(p)?);
+    cuGraphExecKernelNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *const KernelNodeParams)
+        => exec_set(e, n, kernel_data(p, false)?);
+    cuGraphExecKernelNodeSetParams_v2(e: CUgraphExec, n: CUgraphNode, p: *const KernelNodeParams)
+        => exec_set(e, n, kernel_data(p, true)?);
     cuGraphMemsetNodeGetParams(n: CUgraphNode, p: *mut MemsetNodeParams) => match node_kind(n)? {
         // SAFETY: out pointer from the caller.
         NodeKind::Memset(m) => unsafe { put(p, m, CUDA_ERROR_INVALID_VALUE) },
@@ -1916,13 +1962,29 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let kind = node_kind(n)?;
+    // A conditional node hands out its own list of body graphs (the array
+    // `cuGraphAddNode` gave, valid while the node lives), not a copy.
+    let bodies_ptr = {
+        let (_, graph) = owner_of(n)?;
+        let gr = graph.lock();
+        match gr.node(n as usize).map(|x| &x.kind) {
+            Some(NodeKind::Cond(_, _, b)) => b.as_ptr() as *mut CUgraph,
+            _ => std::ptr::null_mut(),
+        }
+    };
     // SAFETY: non-null params from the caller: a 256-byte CUgraphNodeParams.
     unsafe {
         std::ptr::write_bytes(p as *mut u8, 0, std::mem::size_of::<GraphNodeParams>());
         (*p).type_ = kind.type_code();
         let u = std::ptr::addr_of_mut!((*p).u) as *mut u8;
         match kind {
-            NodeKind::Kernel(k) => (u as *mut KernelNodeParams).write_unaligned(k.params),
+            NodeKind::Kernel(k) => {
+                (u as *mut KernelNodeParamsV2).write_unaligned(KernelNodeParamsV2 {
+                    v1: k.params,
+                    kern: k.kern as CUkernel,
+                    ctx: k.ctx as CUcontext,
+                })
+            }
             NodeKind::Memset(m) => (u as *mut MemsetNodeParams).write_unaligned(m),
             NodeKind::Memcpy(m) => (u.add(16) as *mut super::array::Memcpy3D).write_unaligned(m),
             NodeKind::Host(f, x) => {
@@ -1947,11 +2009,19 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
                 std::ptr::addr_of_mut!((*c).handle).write_unaligned(h);
                 std::ptr::addr_of_mut!((*c).type_).write_unaligned(t);
                 std::ptr::addr_of_mut!((*c).size).write_unaligned(bodies.len() as u32);
+                std::ptr::addr_of_mut!((*c).graph_out).write_unaligned(bodies_ptr);
             }
             NodeKind::BatchMemOp(b) => {
                 (u as *mut BatchNodeParams).write_unaligned(b.params());
             }
-            NodeKind::Empty | NodeKind::MemOp(_) => {}
+            NodeKind::MemOp(m) => match super::stream::mem_op_node(m) {
+                NodeKind::Memcpy(c) => {
+                    (u.add(16) as *mut super::array::Memcpy3D).write_unaligned(c)
+                }
+                NodeKind::Memset(m) => (u as *mut MemsetNodeParams).write_unaligned(m),
+                _ => {}
+            },
+            NodeKind::Empty => {}
         }
     }
     Ok(())

@@ -236,7 +236,7 @@ exports! {
     cuStreamGetId | cuStreamGetId_ptsz(h: CUstream, id: *mut u64) => get_id(h, id);
 }
 
-/// Host callback: runs once the stream's prior work is done (on a helper thread).
+/// Host callback: runs once the stream's prior work is done.
 pub type CUhostFn = Option<unsafe extern "C" fn(*mut c_void)>;
 
 fn launch_host_func(h: CUstream, f: CUhostFn, data: *mut c_void) -> CuRes {
@@ -244,17 +244,32 @@ fn launch_host_func(h: CUstream, f: CUhostFn, data: *mut c_void) -> CuRes {
     host_func_after(h as usize, f, data as usize)
 }
 
-/// Runs `f(data)` on a helper thread once `h`'s work so far is done.
+/// `cuLaunchHostFunc` on stream `h`: into a capturing stream a host node
+/// (it runs at each launch of the graph); otherwise `f(data)` is queued in
+/// stream order on the device's executor, so that the stream's later work,
+/// a stream, event or context synchronisation wait for it, as on a GPU.
 pub fn host_func_after(h: usize, f: unsafe extern "C" fn(*mut c_void), data: usize) -> CuRes {
+    if record_node_if_capturing(h, || NodeKind::Host(f as usize, data))? {
+        return Ok(());
+    }
+    queue_host(
+        h,
+        Box::new(move || {
+            // SAFETY: the user's callback with the user's data, as CUDA calls it.
+            unsafe { f(data as *mut c_void) }
+        }),
+    )
+}
+
+/// Queues `f` after the work submitted so far on stream `h`; the stream's
+/// later work and its synchronisation wait for its return.
+fn queue_host(h: usize, f: crate::exec::HostFn) -> CuRes {
     let d = cu()?;
-    let h = h as CUstream;
-    let (dev, seq) = stream_target(h)?;
-    let e = Arc::clone(d.exec(dev));
-    std::thread::spawn(move || {
-        e.wait(seq);
-        // SAFETY: the user's callback with the user's data, as CUDA calls it.
-        unsafe { f(data as *mut c_void) };
-    });
+    let (dev, s) = d.stream(h)?;
+    let seq = d.exec(dev).host(f);
+    if let Some(s) = s {
+        s.last_seq.fetch_max(seq, AcqRel);
+    }
     Ok(())
 }
 
@@ -491,15 +506,18 @@ fn add_callback(h: CUstream, cb: CUstreamCallback, data: *mut c_void, flags: u32
     if flags != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let (dev, seq) = stream_target(h)?;
+    d.stream(h as usize)?;
+    // The driver refuses a stream callback during capture (host functions
+    // are the capturable kind), and the capture is invalidated.
+    refuse_if_capturing(h)?;
     let (hs, data) = (h as usize, data as usize);
-    let e = Arc::clone(d.exec(dev));
-    std::thread::spawn(move || {
-        e.wait(seq);
-        // SAFETY: the user's callback with the user's arguments, as CUDA calls it.
-        unsafe { cb(hs as CUstream, CUDA_SUCCESS, data as *mut c_void) };
-    });
-    Ok(())
+    queue_host(
+        hs,
+        Box::new(move || {
+            // SAFETY: the user's callback with the user's arguments, as CUDA calls it.
+            unsafe { cb(hs as CUstream, CUDA_SUCCESS, data as *mut c_void) }
+        }),
+    )
 }
 
 exports! {
@@ -781,6 +799,8 @@ pub fn record_if_capturing(stream: usize, k: &KernelNode) -> Result<bool, CUresu
                 kernel_params: std::ptr::null_mut(),
                 extra: std::ptr::null_mut(),
             },
+            kern: 0,
+            ctx: 0,
             attrs: Default::default(),
         })
     })
@@ -827,7 +847,7 @@ pub fn capture_mem_ops(stream: usize, f: impl FnOnce() -> CuRes) -> CuRes {
 }
 
 /// The graph node of a captured copy or memset.
-fn mem_op_node(op: MemOp) -> NodeKind {
+pub(crate) fn mem_op_node(op: MemOp) -> NodeKind {
     match op {
         // Unified addressing (4) on both sides: device or host memory.
         MemOp::Copy { dst, src, len } => NodeKind::Memcpy(crate::cuda::array::Memcpy3D {
@@ -913,11 +933,25 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CU
     })
 }
 
+thread_local! {
+    /// The edge data `cuStreamGetCaptureInfo_v3` hands out: one zeroed
+    /// `CUgraphEdgeData` (8 bytes: default edges) per dependency, valid
+    /// until the thread's next capture query.
+    static EDGE_DATA: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Capture info: status, id, the capture's graph, and the stream's current
 /// dependencies (a pointer valid until the stream's next captured work, as
-/// with the driver); edge data is NULL (all edges are default edges).
+/// with the driver) with their edge data (every edge the sim makes is a
+/// default edge: zeroed `CUgraphEdgeData`, one per dependency; the array is
+/// valid until the thread's next capture query). With no dependencies, or
+/// no capture, the arrays are NULL and the count 0.
 /// `outs` = [id, graph, deps, edge data, count], absent ones NULL.
 fn capture_info(h: CUstream, status: *mut u32, outs: &[*mut u64]) -> CuRes {
+    // The driver requires the dependencies with the edge data.
+    if outs.len() > 3 && !outs[3].is_null() && outs[2].is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     let (st, id) = capture_state(h)?;
     // SAFETY: out pointer from the caller.
     unsafe { put(status, st, CUDA_ERROR_INVALID_VALUE) }?;
@@ -928,10 +962,22 @@ fn capture_info(h: CUstream, status: *mut u32, outs: &[*mut u64]) -> CuRes {
             .as_ref()
             .map(|c| (c.shared.lock().graph, c.deps.as_ptr() as u64, c.deps.len()))
     }) {
+        Some((g, _, 0)) if st == 1 => (g, 0, 0),
         Some(x) if st == 1 => x,
         _ => (0, 0, 0),
     };
-    let vals = [id, graph as u64, deps_ptr, 0, ndeps as u64];
+    let edges_ptr = if ndeps == 0 {
+        0
+    } else {
+        EDGE_DATA.with(|e| {
+            let mut e = e.borrow_mut();
+            if e.len() < ndeps {
+                e.resize(ndeps, 0);
+            }
+            e.as_ptr() as u64
+        })
+    };
+    let vals = [id, graph as u64, deps_ptr, edges_ptr, ndeps as u64];
     for (i, &o) in outs.iter().enumerate() {
         if !o.is_null() {
             // SAFETY: non-null out pointer (id, graph, deps, edge data or count).
