@@ -174,15 +174,47 @@ pub fn find_dev(d: &Driver, p: u64, len: u64) -> Option<bool> {
             }
         }
     }
-    {
-        let maps = d.vmm_maps.lock();
-        if let Some((start, (mlen, _))) = maps.range(..=p).next_back() {
-            if p < start + mlen {
-                return Some(p.checked_add(len).is_some_and(|e| e <= start + mlen));
-            }
-        }
+    if let Some(ok) = vmm_range(d, p, len) {
+        return Some(ok);
     }
     super::graph::graph_mem_range(p, len)
+}
+
+/// `[p, p+len)` in VMM memory: `Some(true)` when every byte is mapped,
+/// `Some(false)` when `p` is mapped but the range runs past the mappings,
+/// `None` when `p` is not. Mappings side by side (expandable segments map
+/// a growing range chunk by chunk) form one range, as on a GPU.
+pub fn vmm_range(d: &Driver, p: u64, len: u64) -> Option<bool> {
+    let maps = d.vmm_maps.lock();
+    let (start, (mlen, _)) = maps.range(..=p).next_back()?;
+    let mut end = start + mlen;
+    if p >= end {
+        return None;
+    }
+    let Some(want) = p.checked_add(len) else {
+        return Some(false);
+    };
+    while end < want {
+        match maps.get(&end) {
+            Some((l, _)) => end += l,
+            None => return Some(false),
+        }
+    }
+    Some(true)
+}
+
+/// The VMM mapping that holds `p`: (start, length, physical allocation).
+fn vmm_mapping_at(d: &Driver, p: u64) -> Option<(u64, u64, Arc<crate::driver::PhysMem>)> {
+    let (start, len, h) = {
+        let maps = d.vmm_maps.lock();
+        let (s, (l, h)) = maps.range(..=p).next_back()?;
+        if p >= s + l {
+            return None;
+        }
+        (*s, *l, *h)
+    };
+    let phys = d.phys.lock().get(&h).cloned()?;
+    Some((start, len, phys))
 }
 
 /// A device range that must be ours.
@@ -512,11 +544,20 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     guard(|| {
         let d = cu()?;
         let a = d.allocs.lock();
-        let (s, al) = match a.range(..=dptr).next_back() {
-            Some((s, al)) if dptr < s + al.size && al.kind != AllocKind::Host => (*s, al.size),
-            _ => return Err(CUDA_ERROR_NOT_FOUND),
+        let found = match a.range(..=dptr).next_back() {
+            Some((s, al)) if dptr < s + al.size && al.kind != AllocKind::Host => {
+                Some((*s, al.size))
+            }
+            _ => None,
         };
         drop(a);
+        // VMM memory: the mapping that holds it.
+        let (s, al) = match found {
+            Some(x) => x,
+            None => vmm_mapping_at(d, dptr)
+                .map(|(s, l, _)| (s, l))
+                .ok_or(CUDA_ERROR_NOT_FOUND)?,
+        };
         if !pbase.is_null() {
             // SAFETY: non-null out pointer from the caller.
             unsafe { put(pbase, s, CUDA_ERROR_INVALID_VALUE)? };
@@ -1246,6 +1287,9 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
         };
         let (start, a) = match a {
             Some(x) => x,
+            None if vmm_mapping_at(d, ptr).is_some() => {
+                return vmm_pointer_attr(d, data, attr, ptr)
+            }
             // Graph memory: device memory of the graph's device.
             None => {
                 let (start, size, dev) =
@@ -1309,6 +1353,33 @@ pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) -> C
         // SAFETY: out pointer from the caller.
         unsafe { put(flags, 0, CUDA_ERROR_INVALID_VALUE) }
     })
+}
+
+/// `cuPointerGetAttribute` on memory mapped with `cuMemMap`: device memory
+/// of the physical allocation's device, with no context (as the driver
+/// answers for memory that belongs to no context), its range the mapping.
+fn vmm_pointer_attr(d: &Driver, data: *mut c_void, attr: u32, ptr: u64) -> CuRes {
+    let (start, len, phys) = vmm_mapping_at(d, ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY (all writes below): data points to storage of the attribute's
+    // documented type, by the caller's contract (checked non-null).
+    unsafe {
+        match attr {
+            1 => (data as *mut usize).write_unaligned(0),
+            2 => (data as *mut u32).write_unaligned(2), // CU_MEMORYTYPE_DEVICE
+            3 => (data as *mut u64).write_unaligned(ptr),
+            6 => (data as *mut u32).write_unaligned(0),
+            7 => (data as *mut u64).write_unaligned(start),
+            8 | 10 | 15 => (data as *mut u32).write_unaligned(0),
+            9 => (data as *mut i32).write_unaligned(phys.dev as i32),
+            11 => (data as *mut u64).write_unaligned(start),
+            12 => (data as *mut usize).write_unaligned(len as usize),
+            13 => (data as *mut u32).write_unaligned(1),
+            14 => (data as *mut u64).write_unaligned(phys.handle_types as u64),
+            16 => (data as *mut u32).write_unaligned(3),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    Ok(())
 }
 
 /// Size of each `CUpointer_attribute` value (for NULL defaults).
