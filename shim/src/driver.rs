@@ -482,7 +482,7 @@ pub fn driver_version() -> i32 {
             .ok()
             .and_then(|v| v.trim().parse().ok())
             .filter(|v| (1000..100_000).contains(v))
-            .unwrap_or(13000),
+            .unwrap_or(crate::config::DEFAULT_DRIVER_VERSION),
     }
 }
 
