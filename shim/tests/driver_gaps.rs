@@ -4,7 +4,8 @@
 //! arrays the client reads, a conditional node's body handed back by
 //! `cuGraphNodeGetParams`, host functions in stream order (waited for by
 //! synchronisation, captured into graphs), kernel nodes given a `CUkernel`,
-//! VMM mappings side by side as one range, the pool handle types. Each check
+//! VMM mappings side by side as one range, the pool handle types, a graph
+//! that allocates replayed after its graph is destroyed. Each check
 //! runs in its own process: a crash fails only its test.
 
 use cgpu_testkit::{artifacts, test_deps, workspace_root, SimEnv};
@@ -111,4 +112,10 @@ fn vmm_mappings_side_by_side_are_one_range() {
 fn pools_report_posix_fd_handles() {
     let l = run_check("pool_handle_types");
     assert!(l.contains("types=1"), "{l}");
+}
+
+#[test]
+fn graph_allocations_replay_after_the_graph_is_destroyed() {
+    let l = run_check("graph_alloc_replay");
+    assert!(l.contains("replays=3"), "{l}");
 }

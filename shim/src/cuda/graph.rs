@@ -729,10 +729,17 @@ pub fn graph_mem_free(p: u64) -> Option<CuRes> {
         let mut m = graph_mem(ga.dev).lock();
         m.used = m.used.saturating_sub(ga.pooled);
     }
-    if ga.orphan.load(Acquire) {
-        drop_range(&ga);
-    }
+    drop_range_if_unused(&ga);
     Some(Ok(()))
+}
+
+/// Unmaps a graph allocation's address range once nothing can use it: its
+/// node is gone, no executable graph made from it is left, and its memory
+/// is not allocated.
+fn drop_range_if_unused(ga: &GraphAlloc) {
+    if ga.orphan.load(Acquire) && ga.execs.load(Acquire) == 0 && !ga.live.load(Acquire) {
+        drop_range(ga);
+    }
 }
 
 /// Unmaps a graph allocation's address range (its node is gone and the
@@ -930,11 +937,12 @@ fn forget_node(d: &Driver, n: Node) {
     d.objs.lock().remove(n.h);
     match n.kind {
         NodeKind::MemAlloc(a) => {
-            // Memory still allocated stays until it is freed (cuMemFree).
+            // Memory still allocated stays until it is freed (cuMemFree),
+            // and an executable graph made from the node keeps allocating
+            // it at each launch (PyTorch destroys the graph once it is
+            // instantiated).
             a.orphan.store(true, Release);
-            if !a.live.load(Acquire) {
-                drop_range(&a);
-            }
+            drop_range_if_unused(&a);
         }
         NodeKind::Child(c) => {
             let _ = destroy_graph(d, c);
@@ -1363,6 +1371,7 @@ fn exec_destroy(e: CUgraphExec) -> CuRes {
             let _ = a
                 .execs
                 .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(1)));
+            drop_range_if_unused(a);
         }
     }
     for (u, c) in &ge.user_objs {

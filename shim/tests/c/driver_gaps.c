@@ -21,6 +21,10 @@
  *   vmm_span           two cuMemMap mappings side by side are one range for
  *                      copies, memsets and pointer attributes
  *   pool_handle_types  CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES
+ *   graph_alloc_replay what PyTorch's cudaMallocAsync backend does with a CUDA
+ *                      graph: stream-ordered allocations captured (one freed in
+ *                      the capture, one kept), instantiated with
+ *                      AUTO_FREE_ON_LAUNCH, the graph destroyed, then replayed
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -397,6 +401,41 @@ static void pool_handle_types(void) {
     printf("%s ok types=%d\n", name, v);
 }
 
+static void graph_alloc_replay(void) {
+    const char *name = "graph_alloc_replay";
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    CUdeviceptr tmp, kept;
+    size_t len = 3 << 20;
+    CHECK(cuMemAllocAsync(&tmp, len, s));
+    CHECK(cuMemAllocAsync(&kept, len, s));
+    CHECK(cuMemsetD8Async(tmp, 0x11, len, s));
+    CHECK(launch_spin(s, 1000));
+    CHECK(cuMemcpyDtoDAsync(kept, tmp, len, s));
+    CHECK(cuMemsetD8Async(kept, 0x22, 16, s));
+    CHECK(cuMemFreeAsync(tmp, s));
+    CUgraph g;
+    CHECK(cuStreamEndCapture(s, &g));
+    CUgraphExec x;
+    CHECK(cuGraphInstantiateWithFlags(&x, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
+    CHECK(cuGraphDestroy(g));
+    unsigned char b[2];
+    for (int i = 0; i < 3; i++) {
+        CHECK(cuGraphLaunch(x, s));
+        CHECK(cuStreamSynchronize(s));
+        CHECK(cuMemcpyDtoH(&b[0], kept, 1));
+        CHECK(cuMemcpyDtoH(&b[1], kept + len - 1, 1));
+        EXPECT(b[0] == 0x22 && b[1] == 0x11, "replay %d: bytes %x %x", i, b[0], b[1]);
+    }
+    /* The kept allocation is the client's to free. */
+    CHECK(cuMemFreeAsync(kept, s));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuGraphExecDestroy(x));
+    cuStreamDestroy(s);
+    printf("%s ok replays=3\n", name);
+}
+
 int main(int argc, char **argv) {
     const char *name = "init";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -415,6 +454,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(c, "kernel_node_kern")) kernel_node_kern();
         else if (!strcmp(c, "vmm_span")) vmm_span();
         else if (!strcmp(c, "pool_handle_types")) pool_handle_types();
+        else if (!strcmp(c, "graph_alloc_replay")) graph_alloc_replay();
         else {
             fprintf(stderr, "usage: driver_gaps CHECK...\n");
             return 2;
