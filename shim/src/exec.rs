@@ -36,6 +36,89 @@ pub struct EventTimes {
     pub seq: AtomicU64,
     /// Device time (CLOCK_MONOTONIC ns) at which the marker completed.
     pub ts: AtomicU64,
+    /// An interprocess event's state, shared with the processes that
+    /// opened its handle.
+    pub ipc: Option<IpcEventState>,
+}
+
+/// The shared words of an interprocess event: records counted by
+/// `recorded`, the last completed one in `done` (complete when `done >=
+/// recorded`). Any process that has the event may record it.
+#[repr(C)]
+pub struct IpcEventWords {
+    pub recorded: AtomicU64,
+    pub done: AtomicU64,
+}
+
+/// A shared mapping of an interprocess event's words (and the descriptor
+/// its handle names), unmapped when the event and its markers are gone.
+pub struct IpcEventState {
+    words: *const IpcEventWords,
+    pub fd: i32,
+}
+
+// SAFETY: the words are atomics in a shared mapping that lives as long as
+// this value; the descriptor is only read.
+unsafe impl Send for IpcEventState {}
+unsafe impl Sync for IpcEventState {}
+
+/// Bytes mapped for an interprocess event (one page).
+pub const IPC_EVENT_BYTES: usize = 4096;
+
+impl IpcEventState {
+    /// Maps the event words of memfd `fd` (at least `IPC_EVENT_BYTES`
+    /// long); takes the descriptor.
+    pub fn map(fd: i32) -> Option<IpcEventState> {
+        // SAFETY: a shared mapping of a descriptor we own; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                IPC_EVENT_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            // SAFETY: closing the descriptor we were given.
+            unsafe { libc::close(fd) };
+            return None;
+        }
+        Some(IpcEventState {
+            words: p as *const IpcEventWords,
+            fd,
+        })
+    }
+
+    pub fn words(&self) -> &IpcEventWords {
+        // SAFETY: mapped (page-aligned, zero-initialised by the memfd)
+        // for as long as self lives.
+        unsafe { &*self.words }
+    }
+
+    /// Whether every record made so far (by any process) has completed.
+    pub fn complete(&self) -> bool {
+        let w = self.words();
+        w.done.load(Acquire) >= w.recorded.load(Acquire)
+    }
+}
+
+impl Drop for IpcEventState {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping and descriptor, used by nobody else now.
+        unsafe {
+            libc::munmap(self.words as *mut libc::c_void, IPC_EVENT_BYTES);
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// A marker of an interprocess event completed: its record (`gen`) is done.
+fn ipc_done(ev: &Option<Arc<EventTimes>>, gen: u64) {
+    if let Some(s) = ev.as_ref().and_then(|e| e.ipc.as_ref()) {
+        s.words().done.fetch_max(gen, AcqRel);
+    }
 }
 
 pub enum Op {
@@ -48,6 +131,8 @@ pub enum Op {
         ev: Option<Arc<EventTimes>>,
         seq: u64,
         submit: u64,
+        /// The record of an interprocess event this marker completes (0: none).
+        gen: u64,
     },
     /// A host function (`cuLaunchHostFunc`, `cuStreamAddCallback`, a graph's
     /// host node): runs on the executor thread once everything queued
@@ -204,9 +289,13 @@ impl Executor {
         let mut q = self.q.lock();
         let seq = q.next_seq;
         q.next_seq += 1;
+        let mut gen = 0;
         if let Some(e) = &ev {
             e.ts.store(0, Release);
             e.seq.store(seq, Release);
+            if let Some(s) = &e.ipc {
+                gen = s.words().recorded.fetch_add(1, AcqRel) + 1;
+            }
         }
         let now = now_mono_ns();
         let owner = self.shared.dev(self.dev).owner.load(Acquire);
@@ -217,12 +306,14 @@ impl Executor {
                 e.ts.store(ts, Release);
             }
             self.done_seq.store(seq, Release);
+            ipc_done(&ev, gen);
             return seq;
         }
         q.ops.push_back(Op::Marker {
             ev,
             seq,
             submit: now,
+            gen,
         });
         self.ensure_thread(&mut q);
         // Behind another process's turn, a marker does not wake the
@@ -299,12 +390,19 @@ impl Executor {
                         if !owned && owner != 0 && owner != me {
                             break;
                         }
-                        if let Some(Op::Marker { ev, seq, submit }) = q.ops.pop_front() {
+                        if let Some(Op::Marker {
+                            ev,
+                            seq,
+                            submit,
+                            gen,
+                        }) = q.ops.pop_front()
+                        {
                             let ts = submit.max(self.last_end.load(Acquire));
-                            if let Some(e) = ev {
+                            if let Some(e) = &ev {
                                 e.ts.store(ts, Release);
                             }
                             self.done_seq.store(seq, Release);
+                            ipc_done(&ev, gen);
                         }
                     }
                     Some(Op::Host { .. }) => {
@@ -425,6 +523,11 @@ impl Executor {
                 let _q = self.q.lock();
                 self.done_seq.store(s, Release);
                 self.done_cv.notify_all();
+            }
+            for op in &done {
+                if let Op::Marker { ev, gen, .. } = op {
+                    ipc_done(ev, *gen);
+                }
             }
             done.clear();
             slice_used += used;

@@ -5,13 +5,16 @@
 //! `cuGraphNodeGetParams`, host functions in stream order (waited for by
 //! synchronisation, captured into graphs), kernel nodes given a `CUkernel`,
 //! VMM mappings side by side as one range, the pool handle types, a graph
-//! that allocates replayed after its graph is destroyed. Each check
+//! that allocates replayed after its graph is destroyed, an interprocess
+//! event between two processes. Each check
 //! runs in its own process: a crash fails only its test.
 
-use cgpu_testkit::{artifacts, test_deps, workspace_root, SimEnv};
+use cgpu_testkit::{artifacts, read_until, test_deps, wait_output, workspace_root, SimEnv};
+use std::io::Write;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
+use std::time::Duration;
 
 /// The client, built once per test process against CUDA 13.5's `cuda.h`
 /// (from `nvidia-cuda-runtime`, in the test venv), linked with the sim.
@@ -118,4 +121,51 @@ fn pools_report_posix_fd_handles() {
 fn graph_allocations_replay_after_the_graph_is_destroyed() {
     let l = run_check("graph_alloc_replay");
     assert!(l.contains("replays=3"), "{l}");
+}
+
+/// An interprocess event recorded in one process (behind a host function
+/// the test releases) is pending in another that opened its handle, for a
+/// query and for a stream waiting on it, until the record completes.
+#[test]
+fn interprocess_events_between_processes() {
+    let env = SimEnv::new().gpus("23028:NVIDIA A10");
+    let mut owner = env
+        .command(client())
+        .arg("ipc_event_owner")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the owner");
+    let lines = read_until(&mut owner, "handle ", Duration::from_secs(120));
+    let hex = lines
+        .last()
+        .and_then(|l| l.strip_prefix("handle "))
+        .unwrap_or_else(|| panic!("no handle from the owner: {lines:?}"))
+        .to_owned();
+    let mut user = env.spawn(client(), &["ipc_event_user", &hex]);
+    let seen = read_until(&mut user, "pending", Duration::from_secs(120));
+    assert_eq!(seen.last().map(String::as_str), Some("pending"), "{seen:?}");
+    owner
+        .stdin
+        .take()
+        .expect("owner stdin")
+        .write_all(b"go\n")
+        .expect("release the owner");
+    let u = wait_output(user, Duration::from_secs(120));
+    let o = wait_output(owner, Duration::from_secs(120));
+    let (uo, oo) = (
+        String::from_utf8_lossy(&u.stdout),
+        String::from_utf8_lossy(&o.stdout),
+    );
+    assert!(
+        u.status.success() && uo.contains("ipc_event_user ok"),
+        "user: {seen:?} {uo}\n{}",
+        String::from_utf8_lossy(&u.stderr)
+    );
+    assert!(
+        o.status.success() && oo.contains("ipc_event_owner ok"),
+        "owner: {oo}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }

@@ -169,8 +169,34 @@ fn wait_event(h: CUstream, ev: CUevent, flags: u32) -> CuRes {
         }
         return Ok(());
     }
+    // An interprocess event another process may record: the stream's later
+    // work waits, in stream order, for the records made so far.
+    if let Some(state) = &e.times.ipc {
+        let target = state.words().recorded.load(Acquire);
+        if state.words().done.load(Acquire) < target {
+            let times = Arc::clone(&e.times);
+            return queue_host(
+                h as usize,
+                Box::new(move || {
+                    if let Some(st) = &times.ipc {
+                        wait_ipc(|| st.words().done.load(Acquire) >= target);
+                    }
+                }),
+            );
+        }
+    }
     // Submission order already puts the stream's later work after the record.
     Ok(())
+}
+
+/// Polls `done` until it holds (an interprocess event recorded by another
+/// process completes in that process's executor).
+fn wait_ipc(done: impl Fn() -> bool) {
+    let mut nap = 20u64;
+    while !done() {
+        std::thread::sleep(std::time::Duration::from_micros(nap));
+        nap = (nap * 2).min(1000);
+    }
 }
 
 exports! {
@@ -298,10 +324,20 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (_, c) = d.cur_ctx()?;
+        // An interprocess event keeps its state in shared memory from the
+        // start: a record made before its handle is taken counts too.
+        let ipc = if flags & CU_EVENT_INTERPROCESS != 0 {
+            Some(super::ipc::new_event_state()?)
+        } else {
+            None
+        };
         let e = Event {
             dev: AtomicU32::new(c.dev as u32),
             flags,
-            times: Arc::new(EventTimes::default()),
+            times: Arc::new(EventTimes {
+                ipc,
+                ..EventTimes::default()
+            }),
             captured: Mutex::new(None),
         };
         let h = d.objs.lock().insert(Obj::Event(Arc::new(e)));
@@ -374,10 +410,9 @@ exports! {
 fn event_done(e: &Event) -> Result<bool, CUresult> {
     let d = cu()?;
     let seq = e.times.seq.load(Acquire);
-    if seq == 0 {
-        return Ok(true);
-    }
-    Ok(d.exec(e.dev.load(Relaxed) as usize).reached(seq))
+    let local = seq == 0 || d.exec(e.dev.load(Relaxed) as usize).reached(seq);
+    // An interprocess event: also every record other processes made.
+    Ok(local && e.times.ipc.as_ref().is_none_or(|s| s.complete()))
 }
 
 #[unsafe(no_mangle)]
@@ -400,6 +435,9 @@ pub unsafe extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
         let seq = e.times.seq.load(Acquire);
         if seq > 0 {
             d.exec(e.dev.load(Relaxed) as usize).wait(seq);
+        }
+        if let Some(s) = &e.times.ipc {
+            wait_ipc(|| s.complete());
         }
         Ok(())
     })

@@ -38,9 +38,8 @@ stub_fns! {
         cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
         cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuProfilerInitialize;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Interprocess events, external memory and
-        // semaphores (Vulkan/DirectX/NvSci objects), dma-buf handles.
-        cuIpcGetEventHandle, cuIpcOpenEventHandle,
+        // External memory and semaphores (Vulkan/DirectX/NvSci
+        // objects), dma-buf handles.
         cuImportExternalMemory, cuDestroyExternalMemory, cuExternalMemoryGetMappedBuffer,
         cuExternalMemoryGetMappedMipmappedArray, cuImportExternalSemaphore,
         cuDestroyExternalSemaphore, cuSignalExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync,

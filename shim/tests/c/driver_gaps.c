@@ -25,6 +25,13 @@
  *                      graph: stream-ordered allocations captured (one freed in
  *                      the capture, one kept), instantiated with
  *                      AUTO_FREE_ON_LAUNCH, the graph destroyed, then replayed
+ *   ipc_event_owner    (with ipc_event_user in another process) an interprocess
+ *                      event recorded behind a host function that waits for a
+ *                      line on stdin: prints "handle HEX", then, once the line
+ *                      came, "ipc_event_owner ok"
+ *   ipc_event_user HEX opens the handle: the event is pending ("pending" line)
+ *                      for cuEventQuery and for a stream that waits for it,
+ *                      then cuEventSynchronize and the stream complete
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -436,6 +443,68 @@ static void graph_alloc_replay(void) {
     printf("%s ok replays=3\n", name);
 }
 
+static volatile int ipc_gate;
+
+static void CUDA_CB wait_gate(void *data) {
+    (void)data;
+    while (!ipc_gate) usleep(1000);
+}
+
+static void ipc_event_owner(void) {
+    const char *name = "ipc_event_owner";
+    CUstream s;
+    CUevent ev;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUresult timed = cuEventCreate(&ev, CU_EVENT_INTERPROCESS);
+    EXPECT(timed == CUDA_ERROR_INVALID_VALUE, "interprocess with timing: %d", timed);
+    CHECK(cuEventCreate(&ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+    CUevent plain;
+    CHECK(cuEventCreate(&plain, CU_EVENT_DISABLE_TIMING));
+    CUipcEventHandle h;
+    CUresult r = cuIpcGetEventHandle(&h, plain);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "handle of a plain event: %d", r);
+    CHECK(cuLaunchHostFunc(s, wait_gate, NULL));
+    CHECK(cuEventRecord(ev, s));
+    CHECK(cuIpcGetEventHandle(&h, ev));
+    printf("handle ");
+    for (size_t i = 0; i < sizeof h.reserved; i++) printf("%02x", (unsigned char)h.reserved[i]);
+    printf("\n");
+    char line[64];
+    if (!fgets(line, sizeof line, stdin)) {
+        printf("%s FAIL no line on stdin\n", name);
+        return;
+    }
+    ipc_gate = 1;
+    CHECK(cuEventSynchronize(ev));
+    printf("%s ok\n", name);
+}
+
+static void ipc_event_user(const char *hex) {
+    const char *name = "ipc_event_user";
+    CUipcEventHandle h;
+    memset(&h, 0, sizeof h);
+    for (size_t i = 0; i < sizeof h.reserved && hex[2 * i] && hex[2 * i + 1]; i++) {
+        unsigned v;
+        sscanf(hex + 2 * i, "%2x", &v);
+        h.reserved[i] = (char)v;
+    }
+    CUevent ev, after;
+    CHECK(cuIpcOpenEventHandle(&ev, h));
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CHECK(cuEventCreate(&after, CU_EVENT_DISABLE_TIMING));
+    CHECK(cuStreamWaitEvent(s, ev, 0));
+    CHECK(cuEventRecord(after, s));
+    CUresult q1 = cuEventQuery(ev), q2 = cuEventQuery(after);
+    EXPECT(q1 == CUDA_ERROR_NOT_READY && q2 == CUDA_ERROR_NOT_READY, "queries %d %d", q1, q2);
+    printf("pending\n");
+    CHECK(cuEventSynchronize(ev));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuEventQuery(after));
+    CHECK(cuEventDestroy(ev));
+    printf("%s ok\n", name);
+}
+
 int main(int argc, char **argv) {
     const char *name = "init";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -455,6 +524,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(c, "vmm_span")) vmm_span();
         else if (!strcmp(c, "pool_handle_types")) pool_handle_types();
         else if (!strcmp(c, "graph_alloc_replay")) graph_alloc_replay();
+        else if (!strcmp(c, "ipc_event_owner")) ipc_event_owner();
+        else if (!strcmp(c, "ipc_event_user") && i + 1 < argc) ipc_event_user(argv[++i]);
         else {
             fprintf(stderr, "usage: driver_gaps CHECK...\n");
             return 2;
