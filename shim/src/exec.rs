@@ -539,10 +539,37 @@ impl Executor {
             if slice_used >= self.timeslice_ns {
                 slice_used = 0;
                 if self.others_want() {
+                    self.complete_queued_markers(cursor);
                     self.release_device();
                     owned = false;
                 }
             }
+        }
+    }
+
+    /// At the end of a turn: the markers queued behind the turn's last
+    /// kernel before it completed (at `end`) are processed in this turn, as
+    /// a GPU processes the commands already in a context's queue, not after
+    /// the other processes' turns (an event recorded after the last kernel of
+    /// a time slice would otherwise measure the next slices too).
+    fn complete_queued_markers(&self, end: u64) {
+        let mut q = self.q.lock();
+        let mut last = None;
+        while let Some(Op::Marker { submit, .. }) = q.ops.front() {
+            if *submit > end {
+                break;
+            }
+            if let Some(Op::Marker { ev, seq, gen, .. }) = q.ops.pop_front() {
+                if let Some(e) = &ev {
+                    e.ts.store(end, Release);
+                }
+                ipc_done(&ev, gen);
+                last = Some(seq);
+            }
+        }
+        if let Some(seq) = last {
+            self.done_seq.store(seq, Release);
+            self.done_cv.notify_all();
         }
     }
 
