@@ -176,6 +176,8 @@ pub struct GraphAlloc {
 
 /// A conditional handle (`cuGraphConditionalHandleCreate`).
 pub struct CondHandle {
+    /// The graph it was created for: only its conditional nodes may use it.
+    pub graph: usize,
     pub default: u32,
     pub assign_default: bool,
     pub value: AtomicU32,
@@ -474,7 +476,22 @@ fn add_node(
     }
     graph_of(g as usize)?;
     let deps = read_nodes(deps, ndeps)?;
-    let h = add_node_kind(g as usize, &deps, kind()?)?;
+    let kind = kind()?;
+    // A conditional node takes a handle created for its own graph, as the
+    // driver checks (its bodies, made by cond_data, go with the refusal).
+    if let NodeKind::Cond(h, _, bodies) = &kind {
+        let ok = cond_handles()
+            .lock()
+            .get(h)
+            .is_some_and(|c| c.graph == g as usize);
+        if !ok {
+            for b in bodies {
+                let _ = destroy_graph(cu()?, *b);
+            }
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let h = add_node_kind(g as usize, &deps, kind)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(pn, h as CUgraphNode, CUDA_ERROR_INVALID_VALUE) }
 }
@@ -1475,6 +1492,7 @@ fn cond_handle_create(out: *mut u64, g: CUgraph, default: u32, flags: u32) -> Cu
     cond_handles().lock().insert(
         id,
         Arc::new(CondHandle {
+            graph: g as usize,
             default,
             assign_default: flags & 1 != 0,
             value: AtomicU32::new(default),

@@ -301,8 +301,8 @@ fn queue_host(h: usize, f: crate::exec::HostFn) -> CuRes {
 
 exports! {
     cuLaunchHostFunc | cuLaunchHostFunc_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void) => launch_host_func(h, f, data);
-    // CUDA 13.1: a sync mode (blocking 0 / non-blocking 1); the sim's host
-    // functions never block the stream's device work either way.
+    // CUDA 13.1: a sync mode (blocking 0 / non-blocking 1); either way the
+    // sim queues the function in stream order, as cuLaunchHostFunc does.
     cuLaunchHostFunc_v2 | cuLaunchHostFunc_v2_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void, mode: u32) => {
         if mode > 1 {
             return Err(CUDA_ERROR_INVALID_VALUE);

@@ -11,7 +11,8 @@
  *                      data zeroed: default edges), NULL with a count of 0
  *                      before the first captured node
  *   cond_params        cuGraphNodeGetParams of an IF node hands back the
- *                      node's body graph, usable to add nodes
+ *                      node's body graph, usable to add nodes; a handle made
+ *                      for another graph is refused
  *   host_order         cuLaunchHostFunc runs after the stream's earlier kernel;
  *                      cuStreamSynchronize and cuCtxSynchronize wait for it
  *                      (its data is freed right after the synchronisation)
@@ -155,6 +156,16 @@ static void cond_params(void) {
     size_t count = 0;
     CHECK(cuGraphGetNodes(body, NULL, &count));
     EXPECT(count == 1, "body nodes %zu", count);
+    /* A handle created for another graph is refused. */
+    CUgraph other;
+    CHECK(cuGraphCreate(&other, 0));
+    CUgraphConditionalHandle foreign;
+    CHECK(cuGraphConditionalHandleCreate(&foreign, other, ctx, 1, 0));
+    p.conditional.handle = foreign;
+    CUgraphNode bad;
+    CUresult r = cuGraphAddNode(&bad, g, NULL, NULL, 0, &p);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "a handle of another graph: %d", r);
+    cuGraphDestroy(other);
     CUgraphExec x;
     CHECK(cuGraphInstantiate(&x, g, 0));
     CHECK(cuGraphLaunch(x, 0));
