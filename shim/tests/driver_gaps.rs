@@ -5,7 +5,8 @@
 //! `cuGraphNodeGetParams`, host functions in stream order (waited for by
 //! synchronisation, captured into graphs), kernel nodes given a `CUkernel`,
 //! VMM mappings side by side as one range, the pool handle types, a graph
-//! that allocates replayed after its graph is destroyed, an interprocess
+//! that allocates replayed after its graph is destroyed, user objects held
+//! through clones, child graphs and executables, an interprocess
 //! event between two processes. Each check
 //! runs in its own process: a crash fails only its test.
 
@@ -168,4 +169,9 @@ fn interprocess_events_between_processes() {
         "owner: {oo}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+#[test]
+fn user_objects_follow_clones_children_and_executables() {
+    run_check("user_objects");
 }

@@ -587,16 +587,25 @@ fn event_data(e: CUevent, record: bool) -> Result<NodeKind, CUresult> {
     })
 }
 
+/// A node as `clone_graph` copies it: handle, kind, dependencies.
+type NodeCopy = (usize, NodeKind, Vec<usize>);
+
 /// A deep copy of graph `src` as a new graph; returns (handle, map from
-/// old node handles to new ones).
+/// old node handles to new ones). The copy holds references of its own to
+/// the user objects `src` holds, as the driver's clones do.
 fn clone_graph(src: usize) -> Result<(usize, HashMap<usize, usize>), CUresult> {
     let d = cu()?;
-    let nodes: Vec<(usize, NodeKind, Vec<usize>)> = graph_of(src)?
-        .lock()
-        .nodes
-        .iter()
-        .map(|n| (n.h, n.kind.clone(), n.deps.clone()))
-        .collect();
+    let (nodes, uobjs): (Vec<NodeCopy>, HashMap<usize, u32>) = {
+        let gr = graph_of(src)?;
+        let gr = gr.lock();
+        (
+            gr.nodes
+                .iter()
+                .map(|n| (n.h, n.kind.clone(), n.deps.clone()))
+                .collect(),
+            gr.user_objs.clone(),
+        )
+    };
     // Graphs with memory nodes cannot be cloned or embedded (the driver
     // refuses: an allocation belongs to one graph).
     if nodes
@@ -606,18 +615,30 @@ fn clone_graph(src: usize) -> Result<(usize, HashMap<usize, usize>), CUresult> {
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
     let g = new_graph(d);
+    for (u, c) in &uobjs {
+        if let Ok(o) = user_obj(*u) {
+            o.refs.fetch_add(*c, AcqRel);
+        }
+    }
+    if let Ok(gr) = graph_of(g) {
+        gr.lock().user_objs = uobjs;
+    }
     let mut map = HashMap::new();
     for (old, kind, deps) in nodes {
         let kind = match kind {
             NodeKind::Child(c) => NodeKind::Child(clone_graph(c)?.0),
-            NodeKind::Cond(h, t, bodies) => NodeKind::Cond(
-                h,
-                t,
-                bodies
+            NodeKind::Cond(h, t, bodies) => {
+                let copies: Vec<usize> = bodies
                     .iter()
                     .map(|b| clone_graph(*b).map(|x| x.0))
-                    .collect::<Result<_, _>>()?,
-            ),
+                    .collect::<Result<_, _>>()?;
+                for b in &copies {
+                    if let Ok(gr) = graph_of(*b) {
+                        gr.lock().owned_by_node = true;
+                    }
+                }
+                NodeKind::Cond(h, t, copies)
+            }
             k => k,
         };
         let deps: Vec<usize> = deps.iter().filter_map(|x| map.get(x).copied()).collect();
@@ -1219,6 +1240,32 @@ fn flatten(g: usize, out: &mut Vec<Step>) -> CuRes {
     Ok(())
 }
 
+/// The user object references graph `g` holds, with those of its child and
+/// body graphs (an executable graph takes them all).
+fn collect_user_objs(g: usize, out: &mut HashMap<usize, u32>) {
+    let Ok(graph) = graph_of(g) else { return };
+    let (own, subs): (HashMap<usize, u32>, Vec<usize>) = {
+        let gr = graph.lock();
+        (
+            gr.user_objs.clone(),
+            gr.nodes
+                .iter()
+                .flat_map(|n| match &n.kind {
+                    NodeKind::Child(c) => vec![*c],
+                    NodeKind::Cond(_, _, b) => b.clone(),
+                    _ => Vec::new(),
+                })
+                .collect(),
+        )
+    };
+    for (u, c) in own {
+        *out.entry(u).or_insert(0) += c;
+    }
+    for s in subs {
+        collect_user_objs(s, out);
+    }
+}
+
 fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     let d = cu()?;
     if pe.is_null() {
@@ -1229,7 +1276,7 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     if flags & !0xf != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let graph = graph_of(g as usize)?;
+    graph_of(g as usize)?;
     let mut steps = Vec::new();
     flatten(g as usize, &mut steps)?;
     // A graph with memory nodes has one executable at a time.
@@ -1246,7 +1293,8 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     for a in &allocs {
         a.execs.fetch_add(1, AcqRel);
     }
-    let user_objs = graph.lock().user_objs.clone();
+    let mut user_objs = HashMap::new();
+    collect_user_objs(g as usize, &mut user_objs);
     for (u, c) in &user_objs {
         if let Ok(o) = user_obj(*u) {
             o.refs.fetch_add(*c, AcqRel);

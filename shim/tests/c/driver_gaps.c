@@ -26,6 +26,9 @@
  *                      graph: stream-ordered allocations captured (one freed in
  *                      the capture, one kept), instantiated with
  *                      AUTO_FREE_ON_LAUNCH, the graph destroyed, then replayed
+ *   user_objects       a user object's references follow graph clones, child
+ *                      graph nodes and executable graphs: its destructor runs
+ *                      once the last of them is gone
  *   ipc_event_owner    (with ipc_event_user in another process) an interprocess
  *                      event recorded behind a host function that waits for a
  *                      line on stdin: prints "handle HEX", then, once the line
@@ -454,6 +457,41 @@ static void graph_alloc_replay(void) {
     printf("%s ok replays=3\n", name);
 }
 
+static volatile int destroyed;
+
+static void CUDA_CB destroy_obj(void *data) {
+    (void)data;
+    __sync_fetch_and_add(&destroyed, 1);
+}
+
+static void user_objects(void) {
+    const char *name = "user_objects";
+    CUuserObject o;
+    CHECK(cuUserObjectCreate(&o, NULL, destroy_obj, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+    CUgraph g, copy, parent;
+    CHECK(cuGraphCreate(&g, 0));
+    CUgraphNode n;
+    CHECK(cuGraphAddEmptyNode(&n, g, NULL, 0));
+    /* The graph takes over the creator's reference. */
+    CHECK(cuGraphRetainUserObject(g, o, 1, CU_GRAPH_USER_OBJECT_MOVE));
+    CHECK(cuGraphClone(&copy, g));
+    CHECK(cuGraphDestroy(g));
+    CHECK(cuGraphCreate(&parent, 0));
+    CHECK(cuGraphAddChildGraphNode(&n, parent, NULL, 0, copy));
+    CHECK(cuGraphDestroy(copy));
+    CUgraphExec x;
+    CHECK(cuGraphInstantiate(&x, parent, 0));
+    CHECK(cuGraphDestroy(parent));
+    CHECK(cuGraphLaunch(x, 0));
+    CHECK(cuCtxSynchronize());
+    usleep(50000);
+    EXPECT(destroyed == 0, "destroyed while an executable graph holds it");
+    CHECK(cuGraphExecDestroy(x));
+    for (int i = 0; i < 10000 && !destroyed; i++) usleep(1000);
+    EXPECT(destroyed == 1, "destructor ran %d times", destroyed);
+    printf("%s ok\n", name);
+}
+
 static volatile int ipc_gate;
 
 static void CUDA_CB wait_gate(void *data) {
@@ -536,6 +574,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(c, "pool_handle_types")) pool_handle_types();
         else if (!strcmp(c, "graph_alloc_replay")) graph_alloc_replay();
         else if (!strcmp(c, "ipc_event_owner")) ipc_event_owner();
+        else if (!strcmp(c, "user_objects")) user_objects();
         else if (!strcmp(c, "ipc_event_user") && i + 1 < argc) ipc_event_user(argv[++i]);
         else {
             fprintf(stderr, "usage: driver_gaps CHECK...\n");
