@@ -6,7 +6,8 @@
 //! synchronisation, captured into graphs), kernel nodes given a `CUkernel`,
 //! VMM mappings side by side as one range, the pool handle types, a graph
 //! that allocates replayed after its graph is destroyed, user objects held
-//! through clones, child graphs and executables, an interprocess
+//! through clones, child graphs and executables, managed memory pools, an
+//! interprocess
 //! event between two processes. Each check
 //! runs in its own process: a crash fails only its test.
 
@@ -174,4 +175,9 @@ fn interprocess_events_between_processes() {
 #[test]
 fn user_objects_follow_clones_children_and_executables() {
     run_check("user_objects");
+}
+
+#[test]
+fn managed_memory_pools() {
+    run_check("managed_pool");
 }

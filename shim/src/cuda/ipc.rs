@@ -342,6 +342,7 @@ fn import_pool(out: *mut usize, os: *mut c_void, ty: i32, flags: u64) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let h = d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
+        managed: false,
         dev,
         attrs: Mutex::new(HashMap::new()),
         handle_types: HANDLE_TYPE_POSIX_FD,

@@ -582,12 +582,37 @@ pub fn pool_of(d: &Driver, h: usize) -> Result<Arc<Pool>, CUresult> {
 pub fn default_pool(d: &Driver, dev: usize) -> usize {
     *d.default_pools[dev].get_or_init(|| {
         d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
+            managed: false,
             dev,
             attrs: parking_lot::Mutex::new(HashMap::new()),
             handle_types: 0,
             imported_from: 0,
         })))
     })
+}
+
+/// The device's default managed memory pool (CUDA 13's `cuMemGetMemPool`
+/// with `CU_MEM_ALLOCATION_TYPE_MANAGED`).
+pub fn default_managed_pool(d: &Driver, dev: usize) -> usize {
+    *d.default_managed_pools[dev].get_or_init(|| {
+        d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
+            managed: true,
+            dev,
+            attrs: parking_lot::Mutex::new(HashMap::new()),
+            handle_types: 0,
+            imported_from: 0,
+        })))
+    })
+}
+
+/// The device's current managed memory pool.
+pub fn current_managed_pool(d: &Driver, dev: usize) -> usize {
+    let cur = *d.current_managed_pools[dev].lock();
+    if cur != 0 {
+        cur
+    } else {
+        default_managed_pool(d, dev)
+    }
 }
 
 /// The device's current pool (`cuDeviceGetMemPool`).
@@ -618,16 +643,16 @@ fn alloc_async(
     let (ctx, _) = d.cur_ctx()?;
     // A pool of another device may be used from this stream: the memory is
     // on the pool's device.
-    let (pool, dev) = match pool {
+    let (pool, dev, managed) = match pool {
         Some(h) => {
             let p = pool_of(d, h)?;
             // An imported pool only maps what its owner exports.
             if p.imported_from != 0 {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            (h, p.dev)
+            (h, p.dev, p.managed)
         }
-        None => (current_pool(d, sdev), sdev),
+        None => (current_pool(d, sdev), sdev, false),
     };
     if size == 0 {
         // The driver succeeds and returns NULL (which cuMemFreeAsync accepts).
@@ -654,7 +679,13 @@ fn alloc_async(
         // SAFETY: out pointer from the caller (checked non-null).
         return unsafe { put(dptr, captured, CUDA_ERROR_INVALID_VALUE) };
     }
-    let p = alloc_on(d, ctx, dev, size as u64, AllocKind::Async, pool)?;
+    // A managed pool's allocations are managed memory.
+    let kind = if managed {
+        AllocKind::Managed
+    } else {
+        AllocKind::Async
+    };
+    let p = alloc_on(d, ctx, dev, size as u64, kind, pool)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(dptr, p, CUDA_ERROR_INVALID_VALUE) }
 }
@@ -708,11 +739,15 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         }
         // SAFETY: non-null pointer to CUmemPoolProps from the caller.
         let pr = unsafe { props.read_unaligned() };
-        if pr.allocType != 1 || pr.location.type_ != 1 {
+        // Pinned (1) or managed (2) memory on a device; a managed pool
+        // cannot be exported.
+        let managed = pr.allocType == 2;
+        if !(pr.allocType == 1 || managed && pr.handleTypes == 0) || pr.location.type_ != 1 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let dev = d.check_dev(pr.location.id)?;
         let h = d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
+            managed,
             dev,
             attrs: parking_lot::Mutex::new(HashMap::new()),
             handle_types: pr.handleTypes,
@@ -729,7 +764,9 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         let d = cu()?;
         let h = pool as usize;
         let p = pool_of(d, h)?;
-        if d.default_pools[p.dev].get() == Some(&h) {
+        if d.default_pools[p.dev].get() == Some(&h)
+            || d.default_managed_pools[p.dev].get() == Some(&h)
+        {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // Allocations still out are freed with the pool.
@@ -741,11 +778,13 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
             .map(|(k, _)| *k)
             .collect();
         for k in keys {
-            let _ = free_dev(d, k, &[AllocKind::Async]);
+            let _ = free_dev(d, k, &[AllocKind::Async, AllocKind::Managed]);
         }
-        let mut cur = d.current_pools[p.dev].lock();
-        if *cur == h {
-            *cur = 0;
+        for cur in [&d.current_pools[p.dev], &d.current_managed_pools[p.dev]] {
+            let mut cur = cur.lock();
+            if *cur == h {
+                *cur = 0;
+            }
         }
         d.objs.lock().remove(h);
         Ok(())
@@ -1333,7 +1372,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 14 => (data as *mut u64).write_unaligned(0),
                 // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
                 16 => (data as *mut u32).write_unaligned(3),
-                17 if a.kind == AllocKind::Async => (data as *mut usize).write_unaligned(a.pool),
+                17 if a.pool != 0 => (data as *mut usize).write_unaligned(a.pool),
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }

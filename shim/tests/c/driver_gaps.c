@@ -26,6 +26,9 @@
  *                      graph: stream-ordered allocations captured (one freed in
  *                      the capture, one kept), instantiated with
  *                      AUTO_FREE_ON_LAUNCH, the graph destroyed, then replayed
+ *   managed_pool       CUDA 13's managed memory pools: cuMemGetMemPool of the
+ *                      managed type, cuMemPoolCreate of one, allocations from
+ *                      them are managed memory of that pool
  *   user_objects       a user object's references follow graph clones, child
  *                      graph nodes and executable graphs: its destructor runs
  *                      once the last of them is gone
@@ -457,6 +460,60 @@ static void graph_alloc_replay(void) {
     printf("%s ok replays=3\n", name);
 }
 
+static void managed_pool(void) {
+    const char *name = "managed_pool";
+    CUmemLocation loc;
+    memset(&loc, 0, sizeof loc);
+    loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    loc.id = (int)dev;
+    CUmemoryPool mp, mp_default, dp;
+    CHECK(cuMemGetMemPool(&mp, &loc, CU_MEM_ALLOCATION_TYPE_MANAGED));
+    CHECK(cuMemGetDefaultMemPool(&mp_default, &loc, CU_MEM_ALLOCATION_TYPE_MANAGED));
+    CHECK(cuMemGetMemPool(&dp, &loc, CU_MEM_ALLOCATION_TYPE_PINNED));
+    EXPECT(mp == mp_default && mp != dp, "managed pool %p default %p device %p", (void *)mp,
+           (void *)mp_default, (void *)dp);
+    CUstream s;
+    CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CUdeviceptr p;
+    CHECK(cuMemAllocFromPoolAsync(&p, 1 << 20, mp, s));
+    CHECK(cuStreamSynchronize(s));
+    unsigned int managed = 0;
+    CUmemoryPool owner = NULL;
+    CHECK(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p));
+    CHECK(cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, p));
+    EXPECT(managed == 1 && owner == mp, "is_managed %u pool %p", managed, (void *)owner);
+    /* Managed memory: the host reads and writes it directly. */
+    ((volatile unsigned char *)(uintptr_t)p)[7] = 0x77;
+    unsigned char b = 0;
+    CHECK(cuMemcpyDtoH(&b, p + 7, 1));
+    EXPECT(b == 0x77, "byte %x", b);
+    CHECK(cuMemFreeAsync(p, s));
+    /* A managed pool of one's own, made current for the device. */
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_MANAGED;
+    props.location = loc;
+    CUmemoryPool mine;
+    CHECK(cuMemPoolCreate(&mine, &props));
+    CHECK(cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_MANAGED, mine));
+    CUmemoryPool cur;
+    CHECK(cuMemGetMemPool(&cur, &loc, CU_MEM_ALLOCATION_TYPE_MANAGED));
+    EXPECT(cur == mine, "current managed pool");
+    CUresult wrong = cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_PINNED, mine);
+    EXPECT(wrong == CUDA_ERROR_INVALID_VALUE, "a managed pool as the device pool: %d", wrong);
+    CHECK(cuMemAllocFromPoolAsync(&p, 4096, mine, s));
+    CHECK(cuPointerGetAttribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, p));
+    EXPECT(managed == 1, "from my pool: is_managed %u", managed);
+    CHECK(cuMemFreeAsync(p, s));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuMemSetMemPool(&loc, CU_MEM_ALLOCATION_TYPE_MANAGED, mp));
+    CHECK(cuMemPoolDestroy(mine));
+    CUresult dd = cuMemPoolDestroy(mp);
+    EXPECT(dd == CUDA_ERROR_INVALID_VALUE, "destroying the default managed pool: %d", dd);
+    cuStreamDestroy(s);
+    printf("%s ok\n", name);
+}
+
 static volatile int destroyed;
 
 static void CUDA_CB destroy_obj(void *data) {
@@ -575,6 +632,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(c, "graph_alloc_replay")) graph_alloc_replay();
         else if (!strcmp(c, "ipc_event_owner")) ipc_event_owner();
         else if (!strcmp(c, "user_objects")) user_objects();
+        else if (!strcmp(c, "managed_pool")) managed_pool();
         else if (!strcmp(c, "ipc_event_user") && i + 1 < argc) ipc_event_user(argv[++i]);
         else {
             fprintf(stderr, "usage: driver_gaps CHECK...\n");
