@@ -180,10 +180,12 @@ pub fn find_dev(d: &Driver, p: u64, len: u64) -> Option<bool> {
     super::graph::graph_mem_range(p, len)
 }
 
-/// `[p, p+len)` in VMM memory: `Some(true)` when every byte is mapped,
-/// `Some(false)` when `p` is mapped but the range runs past the mappings,
-/// `None` when `p` is not. Mappings side by side (expandable segments map
-/// a growing range chunk by chunk) form one range, as on a GPU.
+/// `[p, p+len)` in VMM memory: `Some(true)` when every byte is mapped
+/// with read-write access, `Some(false)` when `p` is mapped but the range
+/// runs past the mappings or into one without access (which would fault:
+/// refused instead), `None` when `p` is not mapped. Mappings side by side
+/// (expandable segments map a growing range chunk by chunk) form one range,
+/// as on a GPU.
 pub fn vmm_range(d: &Driver, p: u64, len: u64) -> Option<bool> {
     let maps = d.vmm_maps.lock();
     let (start, (mlen, _)) = maps.range(..=p).next_back()?;
@@ -191,13 +193,16 @@ pub fn vmm_range(d: &Driver, p: u64, len: u64) -> Option<bool> {
     if p >= end {
         return None;
     }
+    if !super::vmm::mapping_writable(*start) {
+        return Some(false);
+    }
     let Some(want) = p.checked_add(len) else {
         return Some(false);
     };
     while end < want {
         match maps.get(&end) {
-            Some((l, _)) => end += l,
-            None => return Some(false),
+            Some((l, _)) if super::vmm::mapping_writable(end) => end += l,
+            _ => return Some(false),
         }
     }
     Some(true)

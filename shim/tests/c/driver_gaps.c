@@ -20,7 +20,8 @@
  *                      nothing runs at capture, once per graph launch
  *   kernel_node_kern   a kernel node given a CUkernel in .kern with .func NULL
  *   vmm_span           two cuMemMap mappings side by side are one range for
- *                      copies, memsets and pointer attributes
+ *                      copies, memsets and pointer attributes; memory without
+ *                      access (cuMemSetAccess) is refused, never a fault
  *   pool_handle_types  CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES
  *   graph_alloc_replay what PyTorch's cudaMallocAsync backend does with a CUDA
  *                      graph: stream-ordered allocations captured (one freed in
@@ -363,10 +364,16 @@ static void vmm_span(void) {
         CHECK(cuMemCreate(&h[i], gran, &prop, 0));
         CHECK(cuMemMap(base + i * gran, gran, 0, h[i], 0));
     }
+    /* No access set yet: refused, never a fault in the client. */
+    CUresult noacc = cuMemsetD8(base, 1, 16);
+    EXPECT(noacc == CUDA_ERROR_INVALID_VALUE, "memset before cuMemSetAccess: %d", noacc);
     CUmemAccessDesc acc;
     memset(&acc, 0, sizeof acc);
     acc.location = prop.location;
     acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CHECK(cuMemSetAccess(base, gran, &acc, 1));
+    noacc = cuMemsetD8(base + gran - 8, 1, 16);
+    EXPECT(noacc == CUDA_ERROR_INVALID_VALUE, "memset into the mapping without access: %d", noacc);
     CHECK(cuMemSetAccess(base, 2 * gran, &acc, 1));
     /* A copy across the boundary of the two mappings. */
     size_t len = gran;
