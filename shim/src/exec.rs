@@ -143,6 +143,18 @@ pub enum Op {
 /// A host function queued on the executor.
 pub type HostFn = Box<dyn FnOnce() + Send>;
 
+thread_local! {
+    /// This thread is an executor running a host function.
+    static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is running a host function: it must not make
+/// CUDA calls, and a synchronisation from it would wait for itself (the
+/// driver answers `CUDA_ERROR_NOT_PERMITTED`).
+pub fn in_host_fn() -> bool {
+    IN_HOST_FN.with(|c| c.get())
+}
+
 impl Op {
     fn seq(&self) -> u64 {
         match self {
@@ -349,9 +361,10 @@ impl Executor {
         false
     }
 
-    /// Blocks until everything up to `seq` completed.
+    /// Blocks until everything up to `seq` completed (at once from a host
+    /// function: its executor cannot wait for itself).
     pub fn wait(&self, seq: u64) {
-        if self.done_seq() >= seq {
+        if self.done_seq() >= seq || in_host_fn() {
             return;
         }
         let mut q = self.q.lock();
@@ -417,7 +430,9 @@ impl Executor {
                             self.release_device();
                         }
                         want.store(0, Release);
+                        IN_HOST_FN.with(|c| c.set(true));
                         f();
+                        IN_HOST_FN.with(|c| c.set(false));
                         // Work after it starts no earlier than its return.
                         self.last_end.fetch_max(now_mono_ns(), AcqRel);
                         q = self.q.lock();

@@ -109,6 +109,9 @@ fn refuse_if_capturing(h: CUstream) -> CuRes {
 
 fn synchronize(h: CUstream) -> CuRes {
     let d = cu()?;
+    if crate::exec::in_host_fn() {
+        return Err(CUDA_ERROR_NOT_PERMITTED);
+    }
     refuse_if_capturing(h)?;
     let (dev, seq) = stream_target(h)?;
     if seq > 0 {
@@ -431,6 +434,9 @@ pub unsafe extern "C" fn cuEventQuery(h: CUevent) -> CUresult {
 pub unsafe extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
     guard(|| {
         let d = cu()?;
+        if crate::exec::in_host_fn() {
+            return Err(CUDA_ERROR_NOT_PERMITTED);
+        }
         let e = d.event(h as usize)?;
         let seq = e.times.seq.load(Acquire);
         if seq > 0 {

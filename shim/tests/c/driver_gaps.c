@@ -15,7 +15,8 @@
  *                      for another graph is refused
  *   host_order         cuLaunchHostFunc runs after the stream's earlier kernel;
  *                      cuStreamSynchronize and cuCtxSynchronize wait for it
- *                      (its data is freed right after the synchronisation)
+ *                      (its data is freed right after the synchronisation);
+ *                      a host function that synchronises gets NOT_PERMITTED
  *   host_capture       cuLaunchHostFunc into a capturing stream is a host node:
  *                      nothing runs at capture, once per graph launch
  *   kernel_node_kern   a kernel node given a CUkernel in .kern with .func NULL
@@ -201,6 +202,18 @@ static void CUDA_CB host_fn(void *data) {
     r->calls++;
 }
 
+static CUstream sync_target;
+static volatile CUresult sync_from_host[3] = {-1, -1, -1};
+
+/* A host function that breaks the rule and synchronises. */
+static void CUDA_CB sync_in_host_fn(void *data) {
+    (void)data;
+    sync_from_host[0] = cuStreamSynchronize(sync_target);
+    sync_from_host[1] = cuCtxSynchronize();
+    CUevent e = (CUevent)0;
+    sync_from_host[2] = cuEventSynchronize(e);
+}
+
 static void host_order(void) {
     const char *name = "host_order";
     CUstream s;
@@ -243,6 +256,14 @@ static void host_order(void) {
     EXPECT(q1 == CUDA_ERROR_NOT_READY && q2 == CUDA_ERROR_NOT_READY && r->calls == 1,
            "event query %d stream query %d calls %d", q1, q2, r->calls);
     free(r);
+    /* A host function that synchronises is refused, never a hang. */
+    sync_target = s;
+    CHECK(cuLaunchHostFunc(s, sync_in_host_fn, NULL));
+    CHECK(cuStreamSynchronize(s));
+    EXPECT(sync_from_host[0] == CUDA_ERROR_NOT_PERMITTED && sync_from_host[1] == CUDA_ERROR_NOT_PERMITTED &&
+               sync_from_host[2] == CUDA_ERROR_NOT_PERMITTED,
+           "synchronising from a host function: %d %d %d", sync_from_host[0], sync_from_host[1],
+           sync_from_host[2]);
     printf("%s ok after_kernel_ns=%llu sync_ns=%llu\n", name, (unsigned long long)after_kernel,
            (unsigned long long)sync_ns);
     cuEventDestroy(ev);
