@@ -275,8 +275,24 @@ fn parse_elf(b: &[u8]) -> Option<Image> {
         ))
     };
     let mut img = Image::default();
+    // Section names, for the per-kernel `.nv.info.<kernel>` sections.
+    let shstrndx = u16_at(b, 0x3E)? as usize;
+    let shstr = section(shstrndx).and_then(|(_, o, sz, _, _)| b.get(o..o.checked_add(sz)?));
     for i in 0..shnum {
         let (ty, off, size, link, entsize) = section(i)?;
+        let name = shstr.and_then(|t| {
+            let at = u32_at(b.get(shoff + i * shentsize..)?, 0)? as usize;
+            t.get(at..)?.split(|c| *c == 0).next()
+        });
+        if let Some(kernel) = name.and_then(|n| n.strip_prefix(b".nv.info.")) {
+            if let Some(info) = b.get(off..off.checked_add(size)?) {
+                img.params.push((
+                    String::from_utf8_lossy(kernel).into_owned(),
+                    kernel_params(info),
+                ));
+            }
+            continue;
+        }
         if ty != 2 {
             continue; // SHT_SYMTAB only
         }
@@ -307,6 +323,37 @@ fn parse_elf(b: &[u8]) -> Option<Image> {
         }
     }
     Some(img)
+}
+
+/// A kernel's parameters from its `.nv.info.<kernel>` section: the
+/// attributes are (format, id[, size or value]); each `EIATTR_KPARAM_INFO`
+/// (id 0x17, 12 bytes: index u32, ordinal u16, offset u16, flags u32 with the
+/// size in bytes in bits 18..31) is one parameter. (offset, size) by ordinal.
+fn kernel_params(info: &[u8]) -> Vec<(u64, u64)> {
+    let mut found: Vec<(u16, u64, u64)> = Vec::new();
+    let mut i = 0;
+    while i + 4 <= info.len() {
+        let (format, id) = (info[i], info[i + 1]);
+        let len = match format {
+            // EIFMT_SVAL: a 16-bit size, then that many bytes.
+            4 => u16_at(info, i + 2).unwrap_or(0) as usize,
+            // EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL: the value in 2 bytes.
+            1..=3 => 0,
+            _ => break,
+        };
+        if id == 0x17 && format == 4 && len >= 12 {
+            if let (Some(ordinal), Some(offset), Some(flags)) = (
+                u16_at(info, i + 8),
+                u16_at(info, i + 10),
+                u32_at(info, i + 12),
+            ) {
+                found.push((ordinal, offset as u64, (flags >> 18) as u64));
+            }
+        }
+        i += 4 + len;
+    }
+    found.sort_by_key(|p| p.0);
+    found.into_iter().map(|(_, o, s)| (o, s)).collect()
 }
 
 /// Kernels and globals of a PTX text; `None` if it is not PTX.
@@ -680,6 +727,24 @@ mod tests {
         b.extend(sh(3, str_off, strtab.len(), 0, 0));
         b.extend(sh(2, sym_off, syms.len(), 1, 24));
         b
+    }
+
+    /// The `.nv.info.plain` section NVRTC 12.9 writes for
+    /// `plain(float *, double, char, int)` (sm_80).
+    #[test]
+    fn kernel_params_from_nv_info() {
+        let info = [
+            0x04, 0x37, 0x04, 0x00, 0x81, 0x00, 0x00, 0x00, 0x01, 0x35, 0x00, 0x00, 0x04, 0x0a,
+            0x08, 0x00, 0x05, 0x00, 0x00, 0x00, 0x60, 0x01, 0x18, 0x00, 0x03, 0x19, 0x18, 0x00,
+            0x04, 0x17, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x00, 0x14, 0x00, 0x00, 0xf0,
+            0x11, 0x00, 0x04, 0x17, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x10, 0x00,
+            0x00, 0xf0, 0x05, 0x00, 0x04, 0x17, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00,
+            0x08, 0x00, 0x00, 0xf0, 0x21, 0x00, 0x04, 0x17, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x00,
+            0x00, 0x00, 0x00, 0x00, 0x00, 0xf0, 0x21, 0x00, 0x03, 0x1b, 0xff, 0x00, 0x04, 0x1c,
+            0x08, 0x00, 0x20, 0x00, 0x00, 0x00, 0xc0, 0x00, 0x00, 0x00,
+        ];
+        assert_eq!(kernel_params(&info), vec![(0, 8), (8, 8), (16, 1), (20, 4)]);
+        assert_eq!(kernel_params(&info[..12]), vec![]);
     }
 
     #[test]
