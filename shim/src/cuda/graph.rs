@@ -172,6 +172,9 @@ pub struct GraphAlloc {
     pub execs: AtomicU32,
     /// Its node is gone: the address range goes once the memory is freed.
     pub orphan: std::sync::atomic::AtomicBool,
+    /// Managed memory (`CU_MEM_ALLOCATION_TYPE_MANAGED` in the node's pool
+    /// properties, or captured from a managed pool).
+    pub managed: bool,
 }
 
 /// A conditional handle (`cuGraphConditionalHandleCreate`).
@@ -685,7 +688,12 @@ const GRAPH_MEM_GRANULE: u64 = 2 << 20;
 
 /// A graph allocation of `size` bytes on `dev`: its address range, mapped
 /// now, charged when a launch allocates it.
-pub fn new_graph_alloc(d: &Driver, dev: usize, size: u64) -> Result<Arc<GraphAlloc>, CUresult> {
+pub fn new_graph_alloc(
+    d: &Driver,
+    dev: usize,
+    size: u64,
+    managed: bool,
+) -> Result<Arc<GraphAlloc>, CUresult> {
     let pooled = size
         .checked_next_multiple_of(GRAPH_MEM_GRANULE)
         .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -701,16 +709,17 @@ pub fn new_graph_alloc(d: &Driver, dev: usize, size: u64) -> Result<Arc<GraphAll
         live: std::sync::atomic::AtomicBool::new(false),
         execs: AtomicU32::new(0),
         orphan: std::sync::atomic::AtomicBool::new(false),
+        managed,
     });
     graph_allocs().lock().insert(ptr, Arc::clone(&ga));
     Ok(ga)
 }
 
-/// (start, size, device) of the graph allocation holding address `p`.
-pub fn graph_alloc_at(p: u64) -> Option<(u64, u64, usize)> {
+/// (start, size, device, managed) of the graph allocation holding `p`.
+pub fn graph_alloc_at(p: u64) -> Option<(u64, u64, usize, bool)> {
     let allocs = graph_allocs().lock();
     let (start, ga) = allocs.range(..=p).next_back()?;
-    (p < start + ga.size).then_some((*start, ga.size, ga.dev))
+    (p < start + ga.size).then_some((*start, ga.size, ga.dev, ga.managed))
 }
 
 /// Whether `p` starts a graph allocation.
@@ -725,11 +734,16 @@ fn mem_alloc_data(p: *mut MemAllocNodeParams) -> Result<NodeKind, CUresult> {
     }
     // SAFETY: non-null params from the caller.
     let mp = unsafe { p.read_unaligned() };
-    if mp.bytesize == 0 || mp.pool_props.allocType != 1 || mp.pool_props.location.type_ != 1 {
+    // Pinned (1) or managed (2) memory of a device.
+    if mp.bytesize == 0
+        || !(1..=2).contains(&mp.pool_props.allocType)
+        || mp.pool_props.location.type_ != 1
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = d.check_dev(mp.pool_props.location.id)?;
-    let ga = new_graph_alloc(d, dev, mp.bytesize as u64)?;
+    let managed = mp.pool_props.allocType == 2;
+    let ga = new_graph_alloc(d, dev, mp.bytesize as u64, managed)?;
     // SAFETY: the caller's params (checked non-null): dptr is an output.
     unsafe { std::ptr::addr_of_mut!((*p).dptr).write_unaligned(ga.ptr) };
     Ok(NodeKind::MemAlloc(ga))
@@ -1894,7 +1908,7 @@ exports! {
             if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) }
             // SAFETY: zeroed is valid for this plain C struct.
             let mut out: MemAllocNodeParams = unsafe { std::mem::zeroed() };
-            out.pool_props.allocType = 1;
+            out.pool_props.allocType = if a.managed { 2 } else { 1 };
             out.pool_props.location.type_ = 1;
             out.pool_props.location.id = a.dev as i32;
             out.bytesize = a.size as usize;
@@ -2073,7 +2087,11 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
             NodeKind::MemFree(x) => (u as *mut u64).write_unaligned(x),
             NodeKind::MemAlloc(a) => {
                 let m = u as *mut MemAllocNodeParams;
-                std::ptr::addr_of_mut!((*m).pool_props.allocType).write_unaligned(1);
+                std::ptr::addr_of_mut!((*m).pool_props.allocType).write_unaligned(if a.managed {
+                    2
+                } else {
+                    1
+                });
                 std::ptr::addr_of_mut!((*m).pool_props.location.type_).write_unaligned(1);
                 std::ptr::addr_of_mut!((*m).pool_props.location.id).write_unaligned(a.dev as i32);
                 std::ptr::addr_of_mut!((*m).bytesize).write_unaligned(a.size as usize);

@@ -668,7 +668,7 @@ fn alloc_async(
     // its address now, its memory when the graph is launched.
     let mut captured = Err(CUDA_ERROR_UNKNOWN);
     let recorded = super::stream::record_node_if_capturing(stream as usize, || {
-        match super::graph::new_graph_alloc(d, dev, size as u64) {
+        match super::graph::new_graph_alloc(d, dev, size as u64, managed) {
             Ok(ga) => {
                 captured = Ok(ga.ptr);
                 super::graph::NodeKind::MemAlloc(ga)
@@ -1334,9 +1334,9 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
             None if vmm_mapping_at(d, ptr).is_some() => {
                 return vmm_pointer_attr(d, data, attr, ptr)
             }
-            // Graph memory: device memory of the graph's device.
+            // Graph memory: device (or managed) memory of the graph's device.
             None => {
-                let (start, size, dev) =
+                let (start, size, dev, managed) =
                     super::graph::graph_alloc_at(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
                 (
                     start,
@@ -1345,7 +1345,11 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                         charged: 0,
                         dev,
                         ctx: d.cur_ctx().map(|c| c.0).unwrap_or(0),
-                        kind: AllocKind::Device,
+                        kind: if managed {
+                            AllocKind::Managed
+                        } else {
+                            AllocKind::Device
+                        },
                         map_len: 0,
                         pool: 0,
                     },

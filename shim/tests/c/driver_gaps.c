@@ -30,7 +30,8 @@
  *                      AUTO_FREE_ON_LAUNCH, the graph destroyed, then replayed
  *   managed_pool       CUDA 13's managed memory pools: cuMemGetMemPool of the
  *                      managed type, cuMemPoolCreate of one, allocations from
- *                      them are managed memory of that pool
+ *                      them are managed memory of that pool, also as graph
+ *                      allocations (captured, or memory nodes of that type)
  *   user_objects       a user object's references follow graph clones, child
  *                      graph nodes and executable graphs: its destructor runs
  *                      once the last of them is gone
@@ -538,6 +539,40 @@ static void managed_pool(void) {
     CHECK(cuMemPoolDestroy(mine));
     CUresult dd = cuMemPoolDestroy(mp);
     EXPECT(dd == CUDA_ERROR_INVALID_VALUE, "destroying the default managed pool: %d", dd);
+    /* Graph allocations of managed memory: captured from the managed pool,
+     * and a memory node of the managed type. */
+    CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CHECK(cuMemAllocFromPoolAsync(&p, 1 << 20, mp, s));
+    CUgraph g;
+    CHECK(cuStreamEndCapture(s, &g));
+    CUgraphNode nodes[2];
+    size_t nn = 2;
+    CHECK(cuGraphGetNodes(g, nodes, &nn));
+    CUDA_MEM_ALLOC_NODE_PARAMS ap;
+    memset(&ap, 0, sizeof ap);
+    CHECK(cuGraphMemAllocNodeGetParams(nodes[0], &ap));
+    EXPECT(nn == 1 && ap.poolProps.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED && ap.dptr == p,
+           "captured managed allocation: %zu nodes, type %d", nn, ap.poolProps.allocType);
+    CUDA_MEM_ALLOC_NODE_PARAMS np;
+    memset(&np, 0, sizeof np);
+    np.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_MANAGED;
+    np.poolProps.location = loc;
+    np.bytesize = 4096;
+    CUgraphNode an;
+    CHECK(cuGraphAddMemAllocNode(&an, g, nodes, 1, &np));
+    CUgraphExec x;
+    CHECK(cuGraphInstantiate(&x, g, 0));
+    CHECK(cuGraphLaunch(x, s));
+    CHECK(cuStreamSynchronize(s));
+    unsigned int m1 = 0, m2 = 0;
+    CHECK(cuPointerGetAttribute(&m1, CU_POINTER_ATTRIBUTE_IS_MANAGED, p));
+    CHECK(cuPointerGetAttribute(&m2, CU_POINTER_ATTRIBUTE_IS_MANAGED, np.dptr));
+    EXPECT(m1 == 1 && m2 == 1, "graph managed memory: is_managed %u %u", m1, m2);
+    CHECK(cuMemFreeAsync(p, s));
+    CHECK(cuMemFreeAsync(np.dptr, s));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuGraphExecDestroy(x));
+    CHECK(cuGraphDestroy(g));
     cuStreamDestroy(s);
     printf("%s ok\n", name);
 }
