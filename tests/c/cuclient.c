@@ -680,6 +680,13 @@ int main(int argc, char **argv) {
             struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
             nanosleep(&t, NULL);
             printf("sleep ok\n");
+        } else if (!strcmp(c, "wait_file")) {
+            /* wait (up to 10 min) until PATH exists: a go signal from the test */
+            NEED(1);
+            const char *path = argv[++i];
+            struct timespec t = {0, 5000000L};
+            for (long k = 0; k < 120000 && access(path, F_OK) != 0; k++) nanosleep(&t, NULL);
+            printf("wait_file %s\n", access(path, F_OK) == 0 ? "ok" : "err=timeout");
         } else if (!strcmp(c, "fork_sleep")) {
             NEED(1);
             unsigned s = (unsigned)atoi(argv[++i]);
