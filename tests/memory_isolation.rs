@@ -47,10 +47,44 @@ fn vars<'a>(id: &'a str, gib: &'a str) -> [(&'a str, &'a str); 2] {
     ]
 }
 
+/// A client process, killed (and waited for) when dropped: when its test
+/// ends, passed or failed, no client keeps running.
+struct Kid(Option<std::process::Child>);
+
+impl Kid {
+    /// The child, no longer killed on drop (for [`wait_timeout`], which
+    /// kills it when it does not end in time).
+    fn into_inner(mut self) -> std::process::Child {
+        self.0.take().expect("a child")
+    }
+}
+
+impl std::ops::Deref for Kid {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        self.0.as_ref().expect("a child")
+    }
+}
+
+impl std::ops::DerefMut for Kid {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        self.0.as_mut().expect("a child")
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Spawn a client that reports `ready`; returns the child and its stdout reader.
-fn spawn_ready(
-    c: std::process::Command,
-) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+fn spawn_ready(c: std::process::Command) -> (Kid, BufReader<std::process::ChildStdout>) {
     let (child, r, _) = spawn_ready_out(c);
     (child, r)
 }
@@ -58,13 +92,9 @@ fn spawn_ready(
 /// [`spawn_ready`], also returning what the client printed before `ready`.
 fn spawn_ready_out(
     mut c: std::process::Command,
-) -> (
-    std::process::Child,
-    BufReader<std::process::ChildStdout>,
-    String,
-) {
+) -> (Kid, BufReader<std::process::ChildStdout>, String) {
     c.stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let mut child = c.spawn().unwrap();
+    let mut child = Kid(Some(c.spawn().unwrap()));
     let mut r = BufReader::new(child.stdout.take().unwrap());
     let start = Instant::now();
     let mut out = String::new();
@@ -318,7 +348,7 @@ fn kill_9_at_random_points_gives_the_quota_back_within_a_second() {
         assert!(took < Duration::from_secs(5), "survivor hung");
         assert!(j["ms"].as_f64().unwrap() < 1000.0, "round {i}: {line}");
         worst = worst.max(Duration::from_secs_f64(j["ms"].as_f64().unwrap() / 1000.0));
-        let st = wait_timeout(survivor, Duration::from_secs(30));
+        let st = wait_timeout(survivor.into_inner(), Duration::from_secs(30));
         assert!(st.status.success());
     }
     eprintln!("worst time to whole quota after kill -9: {worst:?}");
@@ -576,7 +606,7 @@ fn memsize_changed_in_the_ledger_takes_effect_in_a_running_job() {
         2,
         "the new quota is enforced: {rest}"
     );
-    let _ = wait_timeout(k, Duration::from_secs(30));
+    let _ = wait_timeout(k.into_inner(), Duration::from_secs(30));
 }
 
 #[test]
@@ -1175,7 +1205,7 @@ fn contexts_in_a_pid_namespace_are_measured_without_other_containers_noise() {
 }
 
 /// Children killed when dropped (also when a test fails).
-struct Reap(Vec<std::process::Child>);
+struct Reap(Vec<Kid>);
 
 impl Drop for Reap {
     fn drop(&mut self) {
@@ -1292,7 +1322,7 @@ fn go_on(
 
 /// A client that stops at each `waitline` until [`Stepped::go_on`].
 struct Stepped {
-    child: std::process::Child,
+    child: Kid,
     stdin: std::process::ChildStdin,
     r: BufReader<std::process::ChildStdout>,
 }
@@ -1316,9 +1346,11 @@ impl Stepped {
     /// exits cleanly.
     fn finish(self) {
         drop(self.stdin);
-        assert!(wait_timeout(self.child, Duration::from_secs(30))
-            .status
-            .success());
+        assert!(
+            wait_timeout(self.child.into_inner(), Duration::from_secs(30))
+                .status
+                .success()
+        );
     }
 }
 
@@ -1629,7 +1661,7 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         } else {
             drop(exporter.stdin);
         }
-        let st = wait_timeout(exporter.child, Duration::from_secs(30)).status;
+        let st = wait_timeout(exporter.child.into_inner(), Duration::from_secs(30)).status;
         assert_eq!(st.success(), !kill, "{st:?}");
         l.reap();
         let v = used();
