@@ -25,10 +25,14 @@ use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
 use crate::memory::{proc_state, Gpu, Kind, Owner};
+use crate::process::fork::ForkLocal;
 
 /// Allocations take it shared, context creation exclusively (so a
 /// concurrent allocation is not mistaken for the context's reservation).
-static MEASURE: RwLock<()> = RwLock::new(());
+/// One per fork generation: a child forked while another thread of its
+/// parent measured a creation does not wait for that thread, which it does
+/// not have.
+static MEASURE: ForkLocal<RwLock<()>> = ForkLocal::new(|| RwLock::new(()));
 
 thread_local! {
     static IN_MEASURE: Cell<bool> = const { Cell::new(false) };
@@ -39,7 +43,7 @@ pub fn alloc_guard() -> Option<RwLockReadGuard<'static, ()>> {
     if IN_MEASURE.with(|m| m.get()) {
         None
     } else {
-        Some(MEASURE.read())
+        Some(MEASURE.get().read())
     }
 }
 
@@ -50,7 +54,7 @@ impl Measuring {
         if IN_MEASURE.with(|m| m.get()) {
             return None;
         }
-        let g = MEASURE.write();
+        let g = MEASURE.get().write();
         IN_MEASURE.with(|m| m.set(true));
         Some(Measuring(g))
     }
@@ -318,6 +322,9 @@ pub unsafe fn ctx_create(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, flags, dev);
     };
@@ -341,6 +348,9 @@ pub unsafe fn ctx_create_v3(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, n, flags, dev);
     };
@@ -363,6 +373,9 @@ pub unsafe fn ctx_create_v4(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, flags, dev);
     };
@@ -404,6 +417,9 @@ pub unsafe fn primary_retain(
     ctx: *mut CUcontext,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, dev);
     };
@@ -462,6 +478,9 @@ pub unsafe fn primary_release(
     real: &RealFn<sig::cuDevicePrimaryCtxRelease_v2>,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     crate::scheduler::forget_device_contexts(dev);
     let rc = super::call_real!(real, dev);
     if rc == CUDA_SUCCESS {
@@ -488,6 +507,9 @@ pub unsafe fn primary_reset(
     real: &RealFn<sig::cuDevicePrimaryCtxReset_v2>,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     crate::scheduler::forget_device_contexts(dev);
     let rc = super::call_real!(real, dev);
     if rc == CUDA_SUCCESS {
