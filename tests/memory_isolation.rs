@@ -1716,3 +1716,86 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         assert_eq!(container(&l, "share"), None, "nothing left behind");
     }
 }
+
+/// `tests/c/races.c`: threads of one process racing each other.
+fn races_client() -> std::path::PathBuf {
+    cc(&repo().join("tests/c/races.c"), "races", &[], true)
+}
+
+/// A stream-ordered allocation asks whether its stream is being captured
+/// (then it is a graph's node, charged when the graph is launched) and
+/// makes the real call; another thread beginning and ending captures of
+/// the same stream in a loop must never turn an allocation seen in a
+/// capture into a real one charged to nobody. The sim's own bytes for the
+/// process stay within the quota.
+#[test]
+fn async_allocations_racing_captures_never_pass_the_quota() {
+    let m = Machine::new("capture-race", T4);
+    let mut c = m.preloaded(races_client(), &vars("racer", "1"));
+    c.args(["capture_race", "16", "20000"])
+        .stdin(Stdio::piped());
+    let (k, _r, out) = spawn_ready_out(c);
+    let j = op(&out, "capture_race");
+    let pid = k.id();
+    let used = m
+        .sim_process_bytes()
+        .iter()
+        .find(|(p, _)| *p == pid)
+        .map_or(0, |(_, b)| *b);
+    eprintln!("{j}: the sim holds {} MiB for the process", used / MIB);
+    assert!(j["captures"].as_u64().unwrap() > 0, "{out}");
+    assert!(j["ok"].as_u64().unwrap() > 0, "{out}");
+    assert!(
+        used <= GIB,
+        "{} MiB on the device under a 1 GiB quota: {out}",
+        used / MIB
+    );
+    drop(k);
+}
+
+/// A child forked while another thread of its parent creates a context
+/// (which holds the measurement of the context's reservation) frees
+/// memory at once: it never waits for a lock of a thread it does not have.
+#[test]
+fn a_child_forked_while_a_context_is_made_never_hangs() {
+    let m = Machine::new("fork-ctx", T4);
+    let out = run_ok(
+        m.preloaded(races_client(), &vars("forkctx", "4"))
+            .args(["fork_ctx", "40"]),
+    );
+    let j = op(&out, "fork_ctx");
+    assert_eq!(j["hung"], 0, "children hung: {out}");
+    assert_eq!(j["done"], 40, "{out}");
+}
+
+/// A GPU that `ALIYUN_COM_GPU_VISIBLE_DEVICES` hides is unusable by its
+/// number too: a context on it (created or the primary one) is refused,
+/// so nothing is allocated on it, and its memory is not reported.
+#[test]
+fn a_hidden_gpu_is_unusable_by_its_number() {
+    let m = Machine::new("hidden", &format!("{T4},{T4}"));
+    let v = [
+        ("CGPU_CONTAINER_ID", "hider"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "4"),
+        ("ALIYUN_COM_GPU_VISIBLE_DEVICES", "0"),
+    ];
+    let mut c = m.preloaded(races_client(), &v);
+    c.args(["hidden", "1"]).stdin(Stdio::piped());
+    let (k, _r, out) = spawn_ready_out(c);
+    let j = op(&out, "hidden");
+    let pid = k.id();
+    const INVALID_DEVICE: i64 = 101;
+    assert_eq!(j["ctx_create"], INVALID_DEVICE, "{out}");
+    assert_eq!(j["primary_retain"], INVALID_DEVICE, "{out}");
+    assert_eq!(j["total_mem"], INVALID_DEVICE, "{out}");
+    assert_ne!(j["alloc"], 0, "{out}");
+    assert_ne!(j["primary_alloc"], 0, "{out}");
+    // The sim holds nothing for the process (it has no context anywhere).
+    let used = m
+        .sim_process_bytes()
+        .iter()
+        .find(|(p, _)| *p == pid)
+        .map_or(0, |(_, b)| *b);
+    assert_eq!(used, 0, "{out}");
+    drop(k);
+}
