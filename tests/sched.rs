@@ -592,8 +592,14 @@ fn stream_capture_survives_slice_ends() {
         script.extend(["capture_spin", "2000000", "1", "sleep", "100"]);
     }
     script.extend(["capture_status", "capture_end", "graph_launch_last"]);
+    // The same after an end the driver refused (a NULL graph pointer): the
+    // capture goes on, and is not counted ended.
+    let mut refused = script.clone();
+    let at = refused.iter().position(|c| *c == "capture_begin").unwrap() + 1;
+    refused.insert(at, "capture_end_null");
     let s = Scenario::start(&[
         Ctr::new("busy", 1).busy(RUN_MS, MS),
+        Ctr::new("graph", 2).mode(LinkMode::Link).cmd(&refused),
         Ctr::new("graph", 2).mode(LinkMode::Link).cmd(&script),
         Ctr::new("graph", 2).mode(LinkMode::Dlsym).cmd(&script),
         Ctr::new("graph", 2)
@@ -615,6 +621,12 @@ fn stream_capture_survives_slice_ends() {
             .wait_line("capture_begin", Duration::from_secs(30))
             .map(|l| l.text.clone());
         assert_eq!(b.as_deref(), Some("capture_begin ok"), "{b:?}");
+        if i == 1 {
+            let n = p
+                .wait_line("capture_end_null", Duration::from_secs(30))
+                .map(|l| l.text.clone());
+            assert_eq!(n.as_deref(), Some("capture_end_null rc=1"), "{n:?}");
+        }
         if busy_ns_at_begin.is_none() {
             busy_ns_at_begin =
                 Some(cgpu::scheduler::container_stats(&l.file().containers[busy]).gpu_time_ns);
@@ -628,7 +640,7 @@ fn stream_capture_survives_slice_ends() {
             "capture invalidated"
         );
         let e = p
-            .wait_line("capture_end", Duration::from_secs(30))
+            .wait_line("capture_end ", Duration::from_secs(30))
             .map(|l| l.text.clone());
         assert_eq!(e.as_deref(), Some("capture_end ok graph=set"), "{e:?}");
         let g = p

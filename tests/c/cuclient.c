@@ -663,6 +663,11 @@ int main(int argc, char **argv) {
             const char *gs = cap_graph ? "set" : "null";
             if (r) { printf("capture_end err=%d graph=%s\n", r, gs); cap_graph = NULL; }
             else printf("capture_end ok graph=%s\n", gs);
+        } else if (!strcmp(c, "capture_end_null")) {
+            /* refused (a NULL graph pointer): the capture goes on */
+            CUDA_OR_ERR(c);
+            r = cu.StreamEndCapture(cap_stream, NULL);
+            printf("capture_end_null rc=%d\n", r);
         } else if (!strcmp(c, "graph_launch_last")) {
             CUDA_OR_ERR(c);
             CUgraphExec ge;
