@@ -47,7 +47,7 @@ pub fn alloc_guard() -> Option<RwLockReadGuard<'static, ()>> {
     }
 }
 
-struct Measuring(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+pub(super) struct Measuring(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
 
 impl Measuring {
     fn start() -> Option<Measuring> {
@@ -270,6 +270,17 @@ fn measured(
         );
     }
     (rc, delta, m)
+}
+
+/// Run `call` (a module's load, a global's look-up) in the current
+/// context, measuring the device memory it took on `gpu` as a context's
+/// reservation is measured (see [`measured`]); the measurement's hold comes
+/// back with it.
+pub(super) fn measured_call(
+    gpu: &Gpu,
+    call: impl FnOnce() -> CUresult,
+) -> (CUresult, Option<u64>, Option<Measuring>) {
+    measured(gpu, call, || super::memory::current_ctx() as CUcontext)
 }
 
 /// Reads the context a successful creation wrote to `ctx` (null if none).
