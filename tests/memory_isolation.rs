@@ -1799,3 +1799,44 @@ fn a_hidden_gpu_is_unusable_by_its_number() {
     assert_eq!(used, 0, "{out}");
     drop(k);
 }
+
+/// What a loaded module takes on the device (here a `__device__` global of
+/// 1 GiB, which the simulated driver makes at its first look-up) is
+/// charged: the ledger's bytes for the process are the sim's own. A module
+/// whose global would pass the quota is refused (its look-up, and every
+/// later one), and unloading gives its bytes back.
+#[test]
+fn module_memory_is_charged_and_given_back() {
+    let m = Machine::new("modules", T4);
+    let mut c = m.preloaded(races_client(), &vars("mods", "4"));
+    c.args(["module", "1024", "8192"]).stdin(Stdio::piped());
+    let (mut k, mut r, out) = spawn_ready_out(c);
+    let g = op(&out, "global");
+    assert_eq!(g["load"], 0, "{out}");
+    assert_eq!(g["get"], 0, "{out}");
+    assert_eq!(g["bytes"].as_u64().unwrap(), GIB, "{out}");
+    let pid = k.id();
+    let sim = m
+        .sim_process_bytes()
+        .iter()
+        .find(|(p, _)| *p == pid)
+        .map_or(0, |(_, b)| *b);
+    let l = ledger(&m);
+    let (used, ..) = container(&l, "mods").unwrap();
+    assert_eq!(sim, CTX + GIB, "the sim's bytes: {out}");
+    assert_eq!(used, sim, "the ledger charges what the sim holds: {out}");
+    assert_eq!(g["free"].as_u64().unwrap(), 4 * GIB - CTX - GIB, "{out}");
+    writeln!(k.stdin.as_mut().unwrap(), "go").unwrap();
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let b: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(b["load"], 0, "{line}");
+    assert_eq!(b["get"], 2, "a global past the quota is refused: {line}");
+    assert_eq!(b["again"], 2, "and so is the next look-up: {line}");
+    assert_eq!(b["unload"], 0, "{line}");
+    assert_eq!(
+        b["free"].as_u64().unwrap(),
+        4 * GIB - CTX,
+        "unloading gave the module's bytes back: {line}"
+    );
+}

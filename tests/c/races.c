@@ -13,6 +13,10 @@
  *                              N times; each child calls cuMemFree on an
  *                              allocation of the parent's and exits; a child
  *                              not gone after 2 s is counted hung (killed)
+ *   races module MIB BIG       a PTX module with a MIB global, looked up;
+ *                              prints "ready"; at a line on stdin, a module
+ *                              with a BIG MiB global (looked up twice), then
+ *                              the first one unloaded
  *   races hidden DEV           on device ordinal DEV: cuCtxCreate,
  *                              cuDevicePrimaryCtxRetain, cuDeviceTotalMem,
  *                              and (with a context) cuMemAlloc(64 MiB)
@@ -146,6 +150,44 @@ static int hidden(CUdevice dev) {
     return 0;
 }
 
+static const char *ptx_with_global(size_t bytes) {
+    static char buf[512];
+    snprintf(buf, sizeof buf,
+             ".version 7.0\n.target sm_70\n.address_size 64\n"
+             ".global .align 8 .b8 g[%zu];\n"
+             ".visible .entry k() { ret; }\n",
+             bytes);
+    return buf;
+}
+
+static size_t free_now(void) {
+    size_t f = 0, t = 0;
+    cuMemGetInfo(&f, &t);
+    return f;
+}
+
+static int module_globals(size_t mib, size_t big_mib) {
+    CUmodule m = NULL, big = NULL;
+    CUresult rl = cuModuleLoadData(&m, ptx_with_global(mib << 20));
+    CUdeviceptr p = 0;
+    size_t sz = 0;
+    CUresult rg = rl ? rl : cuModuleGetGlobal(&p, &sz, m, "g");
+    printf("{\"op\":\"global\",\"load\":%d,\"get\":%d,\"bytes\":%zu,\"free\":%zu}\n", (int)rl,
+           (int)rg, sz, free_now());
+    printf("{\"op\":\"ready\"}\n");
+    fflush(stdout);
+    char buf[64];
+    if (!fgets(buf, sizeof buf, stdin)) return 0;
+    CUresult rb = cuModuleLoadData(&big, ptx_with_global(big_mib << 20));
+    CUresult rb1 = rb ? rb : cuModuleGetGlobal(&p, &sz, big, "g");
+    CUresult rb2 = rb ? rb : cuModuleGetGlobal(&p, &sz, big, "g");
+    CUresult ru = cuModuleUnload(m);
+    printf("{\"op\":\"big\",\"load\":%d,\"get\":%d,\"again\":%d,\"unload\":%d,\"free\":%zu}\n",
+           (int)rb, (int)rb1, (int)rb2, (int)ru, free_now());
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     if (cuInit(0) != CUDA_SUCCESS) return 3;
@@ -156,5 +198,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "capture_race") && argc > 3)
         return capture_race((size_t)atol(argv[2]), atoi(argv[3]));
     if (!strcmp(argv[1], "fork_ctx")) return fork_ctx(dev, atoi(argv[2]));
+    if (!strcmp(argv[1], "module") && argc > 3)
+        return module_globals((size_t)atol(argv[2]), (size_t)atol(argv[3]));
     return 2;
 }
