@@ -1,12 +1,20 @@
 //! Compute scheduling on the simulated driver: every scenario of the table
 //! in `tests/sched_support/scenarios.rs` (shared with
-//! `cargo run --release --example share`, which measures the same over
-//! longer windows), with real processes under `LD_PRELOAD`, shares from the
-//! sim's per-process device time within ±10% of their targets (short
-//! windows on a noisy shared machine), utilisation and throughput against
-//! the same processes run without cgpu in the same test; plus the
-//! mechanism's own tests (every launch path gated, kills, threads, several
-//! processes, two GPUs, stream capture, corrupt ledger words).
+//! `cargo run --release --example share`, which judges every row over
+//! longer windows), with real processes under `LD_PRELOAD`; plus the
+//! mechanism's own tests (every launch path gated, the idle hand-over,
+//! kills, threads, several processes, two GPUs, stream capture, corrupt
+//! ledger words).
+//!
+//! What these tests assert holds at any load on the host (they run in CI
+//! beside two CPU-bound loops): shares come from the sim's per-process
+//! device time over whole scheduler rounds, within ±10% where every
+//! process keeps work queued, and within bounds derived from the slice
+//! count where the processes need the host's CPU between their GPU work
+//! (see `Rows::host_share`); mechanisms are judged by the ledger's counts
+//! (slices, launches, held-back time). Wall-clock measurements that depend
+//! on the host's free CPU (utilisation against a bare run, latency) are
+//! shown here and judged by the share example.
 
 mod sched_support;
 
