@@ -230,7 +230,8 @@ impl Rows {
     /// weight, and the shares tend to equal ones (1/`n`): a container's
     /// share then lies between its weighted share and the equal share.
     /// With `o.any_load` that interval is the bound, widened by
-    /// [`SHARE_TOL`] and by two of the container's slices in the window (a
+    /// [`SHARE_TOL`] and by two of the container's slices in the window (its
+    /// own, or its share of all slices when it runs mostly as a guest; a
     /// share over N of its slices is off by up to 1/N where the window's
     /// edges cut one, and a slice whose holder's threads get no CPU in its
     /// first gap ends at the idle grace nearly unused): it holds at any
@@ -241,7 +242,14 @@ impl Rows {
             return self.share(m, id, target);
         }
         let equal = 1.0 / n as f64;
-        let slices = m.slices.get(id).copied().unwrap_or(0).max(1) as f64;
+        // A container that runs beside the holders (as their guest) holds
+        // few slices of its own: its share then moves with the GPU's
+        // rounds, counted as the slices its share of all of them would be.
+        let all = m.slices.values().sum::<u64>() as f64;
+        let slices = (m.slices.get(id).copied().unwrap_or(0) as f64)
+            .max(all * target)
+            .max(1.0)
+            .round();
         let e = SHARE_TOL + 2.0 / slices;
         let (lo, hi) = (target.min(equal) * (1.0 - e), target.max(equal) * (1.0 + e));
         self.push(
