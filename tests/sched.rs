@@ -311,7 +311,8 @@ fn killed_holder_never_leaves_others_waiting() {
 /// never held back: when its slice's launch allowance or time runs out and
 /// nobody else waits, its slice is renewed in place (charged, counted)
 /// without a drain. Over a window after warm-up its held-back time grows
-/// by exactly 0 while it is charged its GPU time and takes fresh slices.
+/// by at most 1% of its GPU time (0 on a host with a free CPU) while it is
+/// charged its GPU time and takes fresh slices.
 #[test]
 fn alone_is_never_held_back() {
     use cgpu::scheduler::words::container as cw;
@@ -335,9 +336,15 @@ fn alone_is_never_held_back() {
             "policy {policy}, alone: held back {held_back} ns, charged {charged} ns, ran {ran} ns (sim), {slices} slices, {} launches",
             after.launches - before.launches
         );
-        assert_eq!(
-            held_back, 0,
-            "policy {policy}: a container alone was held back"
+        // Renewed in place, it never waits for a drain or a decision. On a
+        // host whose CPUs are all busy its launching thread may not run for
+        // the idle grace, and its slice then ends as an idle one's does: its
+        // next launch waits for a grant (tens of µs). A slice ended with a
+        // drain would hold it back for its queued work each time (about half
+        // a slice): at most 1% of the time it ran tells the two apart.
+        assert!(
+            held_back <= ran / 100,
+            "policy {policy}: a container alone was held back {held_back} ns of {ran} ns"
         );
         assert!(ran > 0, "policy {policy}: the container did not run: {m:?}");
         // Its slices were charged while it ran alone (each renewal charges

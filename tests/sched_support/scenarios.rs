@@ -218,8 +218,24 @@ impl Rows {
             Kind::Within(target / 2.0, target * (1.0 + e)),
         );
     }
+    /// The share of `id` (of all containers' device time): within
+    /// ±[`SHARE_TOL`] of `target`; at any load ([`Rows::any_load`], the
+    /// window measured over whole rounds) also widened by two of its slices
+    /// in the window ([`slices_of`]): a share over N slices is off by up to
+    /// 1/N where the window's edges cut one, and a slice whose holder's
+    /// launching thread gets no CPU for the idle grace ends early.
     fn share(&mut self, m: &Measure, id: &str, target: f64) {
-        self.push(&format!("{id} share"), target, m.of_busy(id), Kind::Share);
+        if !self.any_load || m.slices.is_empty() {
+            return self.push(&format!("{id} share"), target, m.of_busy(id), Kind::Share);
+        }
+        let n = slices_of(m, id, target);
+        let e = SHARE_TOL + 2.0 / n;
+        self.push(
+            &format!("{id} share ({n} slices)"),
+            target,
+            m.of_busy(id),
+            Kind::Within(target * (1.0 - e), target * (1.0 + e)),
+        );
     }
     /// The share of `id`, one of `n` containers, in a mix whose processes
     /// need the host's CPU between their GPU work (a synchronise, host work,
@@ -242,14 +258,7 @@ impl Rows {
             return self.share(m, id, target);
         }
         let equal = 1.0 / n as f64;
-        // A container that runs beside the holders (as their guest) holds
-        // few slices of its own: its share then moves with the GPU's
-        // rounds, counted as the slices its share of all of them would be.
-        let all = m.slices.values().sum::<u64>() as f64;
-        let slices = (m.slices.get(id).copied().unwrap_or(0) as f64)
-            .max(all * target)
-            .max(1.0)
-            .round();
+        let slices = slices_of(m, id, target);
         let e = SHARE_TOL + 2.0 / slices;
         let (lo, hi) = (target.min(equal) * (1.0 - e), target.max(equal) * (1.0 + e));
         self.push(
@@ -272,6 +281,18 @@ impl Rows {
 
 /// The tolerance of a share against its target (relative error).
 pub const SHARE_TOL: f64 = 0.10;
+
+/// The slices container `id` held over the window of `m`, or, when it ran
+/// mostly beside the holders as their guest (then it holds few slices of
+/// its own and its share moves with the GPU's rounds), its `target` share
+/// of all the slices granted in the window; at least 1.
+fn slices_of(m: &Measure, id: &str, target: f64) -> f64 {
+    let all = m.slices.values().sum::<u64>() as f64;
+    (m.slices.get(id).copied().unwrap_or(0) as f64)
+        .max(all * target)
+        .max(1.0)
+        .round()
+}
 
 /// Start `ctrs` under cgpu with the knobs, warm up.
 pub fn start(
