@@ -116,10 +116,9 @@ impl Opts {
     /// These windows, at least 6 s: mixes of jobs that synchronise often,
     /// whose slices end early at irregular moments (idle hand-overs) and
     /// whose charges depend on when their threads get a CPU, so that a 2 s
-    /// window sees too few rounds on a loaded machine (with a container
-    /// filling the holder's gaps, an always-busy container beside a
-    /// sync-heavy one had 2 to 5 slices in 2 s; with the CPUs saturated the
-    /// shares were within 9% over 6 s).
+    /// window holds only a few rounds (a container that fills the holder's
+    /// gaps as its guest takes few slices of its own) and a share over it
+    /// swings by a whole slice.
     pub fn for_sync_heavy(&self) -> Opts {
         Opts {
             window: self.window.max(Duration::from_secs(6)),
@@ -367,13 +366,12 @@ fn weighted_one_to_two(o: &Opts, r: &mut Rows, ns: u64) {
 }
 
 /// The least utilisation of a sync-heavy mix, as a fraction of the same
-/// loops' without cgpu. On an idle host these mixes keep the GPU 0.99-1.00
-/// as busy as without cgpu (the goal is 0.97). With the host's CPUs
-/// saturated (two CPU-bound loops on the two cores of the test machine)
-/// they gave 0.94-0.99: without cgpu every loop keeps work queued, so the
-/// GPU always finds some whichever threads wait for a CPU; under cgpu only
-/// the holder and one guest do. The floor is below both, and far above the
-/// 0.80 these mixes got when nobody ran in a holder's host gaps.
+/// loops' without cgpu (the goal on a host with a free CPU is 0.97). With
+/// the host's CPUs saturated it is lower: without cgpu every loop keeps
+/// work queued, so the GPU always finds some whichever threads wait for a
+/// CPU; under cgpu only the holder and one guest do. Without a guest in the
+/// holder's host gaps the GPU would idle in every gap, about a fifth of
+/// the time for these loops: the floor sits between the two.
 pub const SYNC_HEAVY_FLOOR: f64 = 0.90;
 
 /// A training loop that synchronises often: two 1 ms kernels, a
