@@ -909,18 +909,8 @@ pub fn table() -> Vec<Spec> {
                 s.ledger().set_policy(2).unwrap();
                 std::thread::sleep(Duration::from_secs(1));
                 let m = s.measure_rounds(o.window);
-                r.push(
-                    "w1 share, from +1 s",
-                    1.0 / 3.0,
-                    m.of_busy("w1"),
-                    Kind::Share,
-                );
-                r.push(
-                    "w2 share, from +1 s",
-                    2.0 / 3.0,
-                    m.of_busy("w2"),
-                    Kind::Share,
-                );
+                r.share(&m, "w1", 1.0 / 3.0);
+                r.share(&m, "w2", 2.0 / 3.0);
             },
         },
         Spec {
