@@ -25,10 +25,14 @@ use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
 use crate::memory::{proc_state, Gpu, Kind, Owner};
+use crate::process::fork::ForkLocal;
 
 /// Allocations take it shared, context creation exclusively (so a
 /// concurrent allocation is not mistaken for the context's reservation).
-static MEASURE: RwLock<()> = RwLock::new(());
+/// One per fork generation: a child forked while another thread of its
+/// parent measured a creation does not wait for that thread, which it does
+/// not have.
+static MEASURE: ForkLocal<RwLock<()>> = ForkLocal::new(|| RwLock::new(()));
 
 thread_local! {
     static IN_MEASURE: Cell<bool> = const { Cell::new(false) };
@@ -39,18 +43,18 @@ pub fn alloc_guard() -> Option<RwLockReadGuard<'static, ()>> {
     if IN_MEASURE.with(|m| m.get()) {
         None
     } else {
-        Some(MEASURE.read())
+        Some(MEASURE.get().read())
     }
 }
 
-struct Measuring(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+pub(super) struct Measuring(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
 
 impl Measuring {
     fn start() -> Option<Measuring> {
         if IN_MEASURE.with(|m| m.get()) {
             return None;
         }
-        let g = MEASURE.write();
+        let g = MEASURE.get().write();
         IN_MEASURE.with(|m| m.set(true));
         Some(Measuring(g))
     }
@@ -268,6 +272,17 @@ fn measured(
     (rc, delta, m)
 }
 
+/// Run `call` (a module's load, a global's look-up) in the current
+/// context, measuring the device memory it took on `gpu` as a context's
+/// reservation is measured (see [`measured`]); the measurement's hold comes
+/// back with it.
+pub(super) fn measured_call(
+    gpu: &Gpu,
+    call: impl FnOnce() -> CUresult,
+) -> (CUresult, Option<u64>, Option<Measuring>) {
+    measured(gpu, call, || super::memory::current_ctx() as CUcontext)
+}
+
 /// Reads the context a successful creation wrote to `ctx` (null if none).
 fn new_ctx(ctx: *mut CUcontext) -> impl FnOnce() -> CUcontext {
     move || {
@@ -318,6 +333,9 @@ pub unsafe fn ctx_create(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, flags, dev);
     };
@@ -341,6 +359,9 @@ pub unsafe fn ctx_create_v3(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, n, flags, dev);
     };
@@ -363,6 +384,9 @@ pub unsafe fn ctx_create_v4(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, flags, dev);
     };
@@ -404,6 +428,9 @@ pub unsafe fn primary_retain(
     ctx: *mut CUcontext,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, dev);
     };
@@ -462,6 +489,9 @@ pub unsafe fn primary_release(
     real: &RealFn<sig::cuDevicePrimaryCtxRelease_v2>,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     crate::scheduler::forget_device_contexts(dev);
     let rc = super::call_real!(real, dev);
     if rc == CUDA_SUCCESS {
@@ -488,6 +518,9 @@ pub unsafe fn primary_reset(
     real: &RealFn<sig::cuDevicePrimaryCtxReset_v2>,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     crate::scheduler::forget_device_contexts(dev);
     let rc = super::call_real!(real, dev);
     if rc == CUDA_SUCCESS {

@@ -45,6 +45,9 @@ pub enum Kind {
     /// What a context limit (`cuCtxSetLimit`, the `CUlimit` here) reserves,
     /// keyed by the context.
     Limit(u32),
+    /// What a loaded module or library takes on the device (its code, its
+    /// globals), keyed by its handle.
+    Module,
 }
 
 /// Where a stream-ordered memory pool keeps its memory.
