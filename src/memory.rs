@@ -518,6 +518,7 @@ fn join(info: GpuInfo) -> Option<Gpu> {
     }
     let spec = JoinSpec {
         container_id: cfg.container_id.clone(),
+        key: 0,
         quota: req_quota,
         weight: cfg.weight.unwrap_or(1),
         highprio: cfg.high_prio,

@@ -57,6 +57,15 @@ pub const SCHED_GPU_WORDS: usize = 32;
 /// sets of `MAX_PROCESSES` bits among them).
 pub const SCHED_CONTAINER_WORDS: usize = 48;
 
+/// Additions to format version 3 (bits of [`LedgerHeader::additions`]
+/// and [`LedgerHeader::required`]), each a field in space older writers
+/// leave zero.
+pub const ADD_CONTAINER_KEY: u64 = 1 << 0;
+/// [`ProcessSlot::host_pid`].
+pub const ADD_HOST_PID: u64 = 1 << 1;
+/// Every addition this build understands.
+pub const ADDITIONS: u64 = ADD_CONTAINER_KEY | ADD_HOST_PID;
+
 /// Slot states (containers and processes).
 pub const SLOT_FREE: u32 = 0;
 pub const SLOT_CLAIMING: u32 = 1;
@@ -114,7 +123,15 @@ pub struct LedgerHeader {
     pub sched: [AtomicU64; SCHED_GPU_WORDS],
     /// CLOCK_MONOTONIC ns of the last `maybe_reap` (rate limit shared by all processes).
     pub last_reap_ns: AtomicU64,
-    pub reserved: [u64; 15],
+    /// Additions to this format version that the file's creator wrote
+    /// ([`ADDITIONS`] bits; 0: a creator that knew none). Informational:
+    /// every addition's zero value means "unknown" (docs/ledger.md).
+    pub additions: AtomicU64,
+    /// Additions every process must understand to use this file: a process
+    /// that finds a bit here it does not know refuses to join (and so
+    /// refuses allocations) rather than keep books it cannot keep right.
+    pub required: AtomicU64,
+    pub reserved: [u64; 13],
 }
 
 /// One container on this GPU.
@@ -151,7 +168,11 @@ pub struct ContainerSlot {
     pub suspect: AtomicU64,
     /// Times `reap` recounted `used` after such a death.
     pub recounts: AtomicU64,
-    pub reserved: [u64; 6],
+    /// The container's identity key (`crate::identity`; written while the
+    /// slot is claimed). 0: claimed by a process that did not know keys,
+    /// which is then known by its id alone.
+    pub key: AtomicU64,
+    pub reserved: [u64; 5],
 }
 
 /// One process using this GPU.
@@ -183,7 +204,10 @@ pub struct ProcessSlot {
     /// `cuStreamSynchronize`, `cuEventSynchronize`): it waits for its GPU
     /// work, so the GPU is not idle for it (scheduler).
     pub sched_in_sync: AtomicU64,
-    pub reserved: [u64; 2],
+    /// Its pid as the host (and NVML) numbers it; 0: not known (a process
+    /// in a PID namespace before it found it, or one that does not write it).
+    pub host_pid: AtomicU64,
+    pub reserved: [u64; 1],
 }
 
 /// The whole file.
@@ -230,7 +254,11 @@ pub struct QuotaExceeded {
 /// What a process asks for when it joins a GPU's ledger.
 #[derive(Debug, Clone)]
 pub struct JoinRequest<'a> {
+    /// The container's name (written when the process claims its slot).
     pub container_id: &'a str,
+    /// The container's identity key (`crate::identity`); 0: known by its
+    /// name alone ([`crate::identity::key_of_name`]).
+    pub key: u64,
     /// Bytes. 0 = none set: the GPU's `default_memsize` applies (itself 0 =
     /// not limited); [`QUOTA_UNLIMITED`] = explicitly not limited. Only the
     /// container's first joiner sets it; later joiners' values are ignored
@@ -297,6 +325,16 @@ impl Drop for InFlight<'_> {
     #[inline]
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl JoinRequest<'_> {
+    /// The identity key: [`JoinRequest::key`], or the name's.
+    pub fn key(&self) -> u64 {
+        match self.key {
+            0 => crate::identity::key_of_name(self.container_id),
+            k => k,
+        }
     }
 }
 
@@ -415,6 +453,18 @@ impl ContainerSlot {
             return None;
         }
         Some(quota.saturating_sub(self.used.load(Ordering::Acquire)))
+    }
+    /// Live and the container with identity `key` and name `id`: by its key
+    /// when it has one, else (a slot claimed by a process that did not know
+    /// keys) by its name.
+    pub fn is_container(&self, key: u64, id: &str) -> bool {
+        if self.state.load(Ordering::Acquire) != SLOT_LIVE {
+            return false;
+        }
+        match self.key.load(Ordering::Acquire) {
+            0 => self.is(id),
+            k => k == key,
+        }
     }
     /// Live and named `id`?
     fn is(&self, id: &str) -> bool {
@@ -729,11 +779,13 @@ impl Ledger {
             ));
         }
         let fd = self.fd()?;
+        self.check_required()?;
+        let key = req.key();
         let _g = self.lock_table_within(wait)?;
         self.reap_locked();
         let f = self.file();
 
-        let (c, created) = match f.containers.iter().position(|c| c.is(id)) {
+        let (c, created) = match f.containers.iter().position(|c| c.is_container(key, id)) {
             Some(c) => {
                 if let Some(diff) = settings_differ(&f.containers[c], req) {
                     tracing::warn!(
@@ -811,6 +863,7 @@ impl Ledger {
         // The slot is CLAIMING under the table lock: no other process
         // writes it, and readers only trust the id once the slot is LIVE.
         slot.set_id(req.container_id);
+        slot.key.store(req.key(), Ordering::Relaxed);
         slot.created_ns.store(realtime_ns(), Ordering::Relaxed);
         slot.quota.store(quota, Ordering::Relaxed);
         slot.used.store(0, Ordering::Relaxed);
@@ -1414,6 +1467,34 @@ impl Ledger {
     /// Live container slot named `id`.
     pub fn find_container(&self, id: &str) -> Option<usize> {
         self.file().containers.iter().position(|c| c.is(id))
+    }
+
+    /// The live container slot a process of identity `key` and name `id`
+    /// joins (see [`ContainerSlot::is_container`]).
+    pub fn find_container_keyed(&self, key: u64, id: &str) -> Option<usize> {
+        self.file()
+            .containers
+            .iter()
+            .position(|c| c.is_container(key, id))
+    }
+
+    /// `Err` when the file requires an addition this build does not know
+    /// ([`LedgerHeader::required`]): its books cannot be kept right here.
+    pub fn check_required(&self) -> Result<(), LedgerError> {
+        let req = self.file().header.required.load(Ordering::Acquire);
+        let unknown = req & !ADDITIONS;
+        if unknown == 0 {
+            return Ok(());
+        }
+        Err(LedgerError::io(
+            &self.path,
+            std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                format!(
+                    "written by a newer cgpu that requires format additions {unknown:#x} this version does not know; upgrade libcgpu.so to share it"
+                ),
+            ),
+        ))
     }
 
     /// Process slots in use by container `c` (slot index, slot). Includes
