@@ -56,8 +56,12 @@ pub struct Config {
     pub weight: Option<u32>,
     /// `ALIYUN_COM_GPU_HIGH_PRIO`.
     pub high_prio: bool,
-    /// Ledger key of this container (`CGPU_CONTAINER_ID`, cgroup, hostname).
+    /// Name of this container (`CGPU_CONTAINER_ID`, cgroup, hostname).
     pub container_id: String,
+    /// `CGPU_CONTAINER_ID` as given (environment or allocation file): the
+    /// name the container is shown by. It never decides which container a
+    /// process is in, except outside containers (`crate::identity`).
+    pub container_name: Option<String>,
     /// `CGPU_REAL_LIBCUDA`, else `libcuda.so.1`.
     pub real_libcuda: CString,
     /// `CGPU_REAL_LIBNVML`, else `libnvidia-ml.so.1`.
@@ -336,6 +340,7 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
             Err(e) => bad("CGPU_CONTAINER_ID", &v, e),
         }
     }
+    let container_name = container_id.clone();
     let container_id = container_id
         .or_else(|| cgroup.and_then(container_id_from_cgroup))
         .unwrap_or_else(hostname);
@@ -378,6 +383,7 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
         weight,
         high_prio,
         container_id,
+        container_name,
         real_libcuda,
         real_libnvml,
         errors,

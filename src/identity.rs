@@ -297,7 +297,11 @@ pub fn resolve(f: &Facts<'_>) -> Identity {
     };
     let given = f.name.filter(|n| !n.is_empty() && n.len() <= MAX_NAME);
     let (kube, ctr, pod, upper) = f.mountinfo.map(from_mountinfo).unwrap_or_default();
-    let id_name = |id: &str| given.map(str::to_string).unwrap_or_else(|| id[..12].to_string());
+    let id_name = |id: &str| {
+        given
+            .map(str::to_string)
+            .unwrap_or_else(|| id[..12].to_string())
+    };
     if let Some(Bind::KubeletContainer(uid, name)) = kube {
         let cid = ctr
             .as_ref()
@@ -537,7 +541,11 @@ mod tests {
             let id = resolve(&facts(mi, &cg, 4026532301, "h"));
             assert_eq!(id.source, Source::Cgroup, "{cg}");
             assert_eq!(id.name, "3f4c0a6d2b1e");
-            assert_eq!(id.key, key_of_container_id(DOCKER_ID), "same key as the binds");
+            assert_eq!(
+                id.key,
+                key_of_container_id(DOCKER_ID),
+                "same key as the binds"
+            );
         }
     }
 
@@ -558,8 +566,18 @@ mod tests {
     #[test]
     fn kubernetes_containerd_containers_of_one_pod_are_apart() {
         let cg = "0::/\n";
-        let a = resolve(&facts(&k8s_containerd("trainer"), cg, 4026532400, "trainer-pod"));
-        let b = resolve(&facts(&k8s_containerd("sidecar"), cg, 4026532400, "trainer-pod"));
+        let a = resolve(&facts(
+            &k8s_containerd("trainer"),
+            cg,
+            4026532400,
+            "trainer-pod",
+        ));
+        let b = resolve(&facts(
+            &k8s_containerd("sidecar"),
+            cg,
+            4026532400,
+            "trainer-pod",
+        ));
         assert_eq!(a.source, Source::Kubelet);
         assert_ne!(a.key, b.key, "two containers of one pod");
         assert_eq!(a.name, "trainer@pod-5b9d3c1e");
@@ -630,8 +648,13 @@ mod tests {
         assert_eq!(a.source, Source::Overlay);
         assert!(a.name.starts_with("node@"), "{}", a.name);
         // Only a pod's file.
-        let pod = format!("20 1 259:1 /var/lib/kubelet/pods/{POD_UID}/etc-hosts /etc/hosts rw - ext4 /dev/x rw\n");
-        assert_eq!(resolve(&facts(&pod, "0::/\n", 4026532700, "n")).source, Source::Pod);
+        let pod = format!(
+            "20 1 259:1 /var/lib/kubelet/pods/{POD_UID}/etc-hosts /etc/hosts rw - ext4 /dev/x rw\n"
+        );
+        assert_eq!(
+            resolve(&facts(&pod, "0::/\n", 4026532700, "n")).source,
+            Source::Pod
+        );
         // Nothing but a PID namespace of its own (two host-network
         // containers made with unshare): the namespace tells them apart.
         let bare = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n";

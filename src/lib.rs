@@ -2,8 +2,8 @@
 
 mod api;
 pub mod config;
-pub mod identity;
 pub mod hooks;
+pub mod identity;
 pub mod ledger;
 pub mod log;
 pub mod memory;

@@ -416,22 +416,33 @@ fn peek_ledger(uuid: &str) -> Option<&'static Ledger> {
 /// the physical view).
 pub fn peek(info: &GpuInfo) -> Option<Peek> {
     let cfg = config::get();
+    let me = container();
     let ledger = peek_ledger(&info.uuid);
+    let row = ledger.and_then(|l| l.find_container_keyed(me.key, &me.name).map(|c| (l, c)));
     let (mut quota, enforce) = if cfg.isolating() {
         (
             cfg.quota_bytes(info.visible_index, info.physical_total),
             cfg.mode == Mode::Enforce,
         )
     } else if cfg.unset() {
-        let d = ledger?
-            .file()
-            .header
-            .default_memsize
-            .load(Ordering::Acquire);
-        if d == 0 {
-            return None;
+        match row {
+            // No settings of its own: its container's (read below).
+            Some((l, c)) => (
+                None,
+                l.file().containers[c].enforce_off.load(Ordering::Relaxed) == 0,
+            ),
+            None => {
+                let d = ledger?
+                    .file()
+                    .header
+                    .default_memsize
+                    .load(Ordering::Acquire);
+                if d == 0 {
+                    return None;
+                }
+                (Some(d), true)
+            }
         }
-        (Some(d), true)
     } else {
         return None;
     };
@@ -439,7 +450,7 @@ pub fn peek(info: &GpuInfo) -> Option<Peek> {
         pids: vec![std::process::id()],
         ..Peek::default()
     };
-    if let Some((l, c)) = ledger.and_then(|l| l.find_container(&cfg.container_id).map(|c| (l, c))) {
+    if let Some((l, c)) = row {
         // The container is there: its live quota (cgpuctl may have changed it).
         let slot = &l.file().containers[c];
         let q = slot.quota.load(Ordering::Acquire);
@@ -456,74 +467,107 @@ pub fn peek(info: &GpuInfo) -> Option<Peek> {
     Some(p)
 }
 
-/// Is a ledger-configured `default_memsize` possible for a container that
-/// sets no `ALIYUN_COM_GPU_MEM_CONTAINER` (any ledger with a default set)?
-/// Checked once; never creates a file.
-fn default_possible() -> bool {
+/// This process's container (`crate::identity`): worked out at its first
+/// use of a GPU, never on a launch or an allocation.
+pub fn container() -> &'static crate::identity::Identity {
+    crate::identity::current(config::get().container_name.as_deref())
+}
+
+/// Is there any GPU ledger on this host (a container with settings, or an
+/// operator's `default_memsize`, may then apply to a process that has no
+/// settings of its own)? Checked once, by listing the ledger directory:
+/// a host where cgpu keeps no books pays nothing more.
+fn ledgers_exist() -> bool {
     static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *P.get_or_init(|| {
-        let dir = Ledger::default_dir();
-        Ledger::list(&dir).iter().any(|p| {
-            Ledger::open(p)
-                .is_ok_and(|l| l.file().header.default_memsize.load(Ordering::Acquire) > 0)
-        })
-    })
+    *P.get_or_init(|| !Ledger::list(&Ledger::default_dir()).is_empty())
 }
 
 /// Does this process track memory at all? (Isolation configured, or no
-/// `ALIYUN_COM_GPU_MEM_CONTAINER` while an operator set a `default_memsize`.)
+/// settings of its own while the host keeps ledgers: its container's
+/// settings or an operator's `default_memsize` may apply.)
 #[inline]
 pub fn tracking() -> bool {
     let cfg = config::get();
-    cfg.isolating() || (cfg.unset() && default_possible())
+    cfg.isolating() || (cfg.unset() && ledgers_exist())
 }
 
 /// The `default_memsize` of this GPU's existing ledger, if set.
-fn default_memsize(uuid: &str) -> Option<u64> {
-    let path = Ledger::path_for(&Ledger::default_dir(), uuid);
-    if !path.exists() {
-        return None;
-    }
-    let l = Ledger::open(&path).ok()?;
+fn default_memsize(l: &Ledger) -> Option<u64> {
     let d = l.file().header.default_memsize.load(Ordering::Acquire);
     (d > 0).then_some(d)
+}
+
+/// The settings of this process's container on a GPU, from its row in the
+/// GPU's ledger: for a process that has none of its own (`ssh`, `su -`,
+/// `env -i`, cron). `None`: the container has no row there.
+fn container_settings(l: &Ledger) -> Option<JoinSpec> {
+    let me = container();
+    let c = l.find_container_keyed(me.key, &me.name)?;
+    let slot = &l.file().containers[c];
+    let spec = JoinSpec {
+        container_id: slot.id_str(),
+        key: me.key,
+        quota: match slot.quota.load(Ordering::Acquire) {
+            0 => QUOTA_UNLIMITED,
+            q => q,
+        },
+        weight: slot.weight.load(Ordering::Relaxed).max(1),
+        highprio: slot.highprio.load(Ordering::Relaxed) != 0,
+        enforce_off: slot.enforce_off.load(Ordering::Relaxed) != 0,
+    };
+    // Live still? (The id was copied while the slot may have been freed.)
+    slot.is_container(me.key, &me.name).then_some(spec)
 }
 
 /// Join the ledger for one GPU (or fall back to enforcing locally).
 fn join(info: GpuInfo) -> Option<Gpu> {
     let cfg = config::get();
-    let (quota, enforce, req_quota, enforce_off) = if cfg.isolating() {
+    let me = container();
+    let mut spec = JoinSpec {
+        container_id: me.name.clone(),
+        key: me.key,
+        quota: 0,
+        weight: cfg.weight.unwrap_or(1),
+        highprio: cfg.high_prio,
+        enforce_off: false,
+    };
+    let (quota, enforce) = if cfg.isolating() {
         let q = cfg.quota_bytes(info.visible_index, info.physical_total);
         // A 0 in the list: explicitly not limited (not the GPU's default).
-        (
-            q,
-            cfg.mode == Mode::Enforce,
-            q.unwrap_or(QUOTA_UNLIMITED),
-            cfg.mode == Mode::Record,
-        )
+        spec.quota = q.unwrap_or(QUOTA_UNLIMITED);
+        spec.enforce_off = cfg.mode == Mode::Record;
+        (q, cfg.mode == Mode::Enforce)
     } else if cfg.unset() {
-        // No ALIYUN_COM_GPU_MEM_CONTAINER: the operator's default_memsize, if any.
-        let d = default_memsize(&info.uuid)?;
-        tracing::warn!(
-            "cgpu: GPU {} ({}): no ALIYUN_COM_GPU_MEM_CONTAINER; the ledger's default_memsize {d} bytes applies",
-            info.visible_index,
-            info.uuid
-        );
-        (Some(d), true, 0, false)
+        let path = Ledger::path_for(&Ledger::default_dir(), &info.uuid);
+        let l = Ledger::open(&path).ok()?;
+        if let Some(theirs) = container_settings(&l) {
+            // No settings of its own: the container's, whatever this
+            // process's environment lost.
+            tracing::info!(
+                "cgpu: GPU {} ({}): no settings in this process's environment; it runs under its container {}'s",
+                info.visible_index,
+                info.uuid,
+                theirs.container_id
+            );
+            spec = theirs;
+            let q = (spec.quota != QUOTA_UNLIMITED).then_some(spec.quota);
+            (q, !spec.enforce_off)
+        } else {
+            // No ALIYUN_COM_GPU_MEM_CONTAINER: the operator's default_memsize, if any.
+            let d = default_memsize(&l)?;
+            tracing::warn!(
+                "cgpu: GPU {} ({}): no ALIYUN_COM_GPU_MEM_CONTAINER; the ledger's default_memsize {d} bytes applies",
+                info.visible_index,
+                info.uuid
+            );
+            (Some(d), true)
+        }
     } else {
         return None;
     };
     for w in cfg.implausible(info.visible_index, info.physical_total) {
         tracing::warn!("{w}");
     }
-    let spec = JoinSpec {
-        container_id: cfg.container_id.clone(),
-        key: 0,
-        quota: req_quota,
-        weight: cfg.weight.unwrap_or(1),
-        highprio: cfg.high_prio,
-        enforce_off,
-    };
     let name = format!("GPU {} ({})", info.visible_index, info.uuid);
     let alone_limit = if enforce { quota } else { None };
     let acct = Account::open(
@@ -540,7 +584,7 @@ fn join(info: GpuInfo) -> Option<Gpu> {
             "GPU {} ({}): container {}, quota {}, ledger {}",
             info.visible_index,
             info.uuid,
-            cfg.container_id,
+            me.name,
             quota.map_or("none".into(), crate::ledger::human_bytes),
             ledger.path().display()
         );

@@ -93,7 +93,9 @@ fn the_previous_header_still_describes_this_layout() {
         }
         "cgpu_ledger" LedgerFile { header, containers, processes, shared }
     };
-    let prog = format!("#include <stdio.h>\n#include \"cgpu.h\"\nint main(void) {{\n{fields}return 0;\n}}\n");
+    let prog = format!(
+        "#include <stdio.h>\n#include \"cgpu.h\"\nint main(void) {{\n{fields}return 0;\n}}\n"
+    );
     let include = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cgpu-previous");
     let c = compile_and_run(&prog, include, "previous");
     assert_eq!(c, rust, "a field of the previous format moved");
@@ -102,7 +104,11 @@ fn the_previous_header_still_describes_this_layout() {
         include,
         "previous_version",
     );
-    assert_eq!(consts, vec![FORMAT_VERSION.to_string()], "the breaking number");
+    assert_eq!(
+        consts,
+        vec![FORMAT_VERSION.to_string()],
+        "the breaking number"
+    );
 }
 
 #[test]
@@ -165,7 +171,11 @@ fn c_header_matches_rust_layout() {
     }
     prog.push_str("return 0;\n}\n");
 
-    let c = compile_and_run(&prog, concat!(env!("CARGO_MANIFEST_DIR"), "/include"), "layout");
+    let c = compile_and_run(
+        &prog,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/include"),
+        "layout",
+    );
     assert_eq!(c.len(), rust.len());
     for (c, r) in c.iter().zip(&rust) {
         assert_eq!(c, r, "cgpu.h (left) disagrees with the Rust layout (right)");

@@ -1,0 +1,325 @@
+//! Every process of a container runs under its container's settings, and
+//! two containers are never taken for one: real processes under
+//! `LD_PRELOAD=libcgpu.so` on the simulated driver, the simulated driver's
+//! own per-process books (`cgpu-sim-stat`) as the judge.
+//!
+//! "Containers" are made as a runtime makes them, with the tools at hand:
+//! `unshare` (a PID and a mount namespace of their own, the host's network
+//! and hostname: what `hostNetwork: true` pods and `docker --network host`
+//! containers look like from inside), and bind mounts of the files a
+//! runtime binds in (`/etc/hostname` from `…/containers/<id>/hostname`).
+//! Tests that need namespaces skip (with a line saying so) where the
+//! sandbox cannot make them (no root).
+
+use cgpu_testkit::{artifacts, cuclient, LinkMode, SimEnv};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+/// 256 MiB: the allocation chunk.
+const CHUNK: &str = "268435456";
+
+/// A simulated T4 with its own ledger directory.
+struct Rig {
+    sim: SimEnv,
+    dir: PathBuf,
+}
+
+impl Rig {
+    fn new(name: &str) -> Rig {
+        let sim = SimEnv::new().gpus("15109:Tesla T4");
+        let dir = sim.state_dir.join(format!("ledger-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        Rig { sim, dir }
+    }
+
+    /// A command for `program` with only what reaches the driver and the
+    /// ledger (the library preloaded, the simulated driver's path and
+    /// state, the ledger directory): no setting at all, as after `env -i`
+    /// with the library in `/etc/ld.so.preload`.
+    fn bare(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new(program);
+        c.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("LD_LIBRARY_PATH", &artifacts().sim_lib_dir)
+            .env("CGPU_SIM_STATE", &self.sim.state_dir)
+            .env("CGPU_LEDGER_DIR", &self.dir)
+            .env("LD_PRELOAD", &artifacts().libcgpu)
+            .env("CUCLIENT_HOLD_MAX_S", "60");
+        for (k, v) in &self.sim.envs {
+            c.env(k, v);
+        }
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Device bytes of every live process on the simulated GPU.
+    fn device_bytes(&self) -> u64 {
+        self.sim
+            .stats()
+            .processes
+            .iter()
+            .filter(|p| p.alive)
+            .map(|p| p.mem_bytes)
+            .sum()
+    }
+}
+
+/// Reads stdout lines until one starts with `prefix` (or EOF / 60 s).
+fn read_until(out: &mut BufReader<ChildStdout>, prefix: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let t0 = Instant::now();
+    loop {
+        let mut l = String::new();
+        if out.read_line(&mut l).unwrap_or(0) == 0 {
+            return lines;
+        }
+        let done = l.starts_with(prefix);
+        lines.push(l.trim_end().to_string());
+        if done || t0.elapsed() > Duration::from_secs(60) {
+            return lines;
+        }
+    }
+}
+
+/// Starts `c`, waits until it prints `holding` (or ends); returns the
+/// child (still running when it holds) and its lines.
+fn start_holding(mut c: Command, what: &str) -> (Child, Vec<String>) {
+    let mut child = c.spawn().unwrap_or_else(|e| panic!("spawn {what}: {e}"));
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let lines = read_until(&mut out, "holding");
+    (child, lines)
+}
+
+fn stop(mut c: Child) -> String {
+    let _ = c.kill();
+    let o = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / GIB as f64
+}
+
+/// Can this sandbox make PID and mount namespaces (root, `unshare`)?
+fn namespaces_possible() -> bool {
+    let ok = Command::new("unshare")
+        .args(["-p", "-f", "-m", "true"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipped: `unshare -p -f -m` is not possible here (needs root)");
+    }
+    ok
+}
+
+/// The pid (host numbering) of the only child of `pid`.
+fn only_child(pid: u32) -> u32 {
+    let t0 = Instant::now();
+    loop {
+        let s =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(c) = s.split_whitespace().next().and_then(|c| c.parse().ok()) {
+            return c;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no child of {pid}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A container's first process holds 256 MiB of its 1 GiB; a second one
+/// of the same container starts with no setting in its environment (the
+/// library preloaded the way `/etc/ld.so.preload` does): it runs under the
+/// container's quota, and its allocations are refused at it.
+#[test]
+fn a_process_without_settings_runs_under_its_containers() {
+    let rig = Rig::new("noenv");
+    let mut first = rig.bare(cuclient(LinkMode::Link));
+    first
+        .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+        .args(["alloc", "268435456", "hold"]);
+    let (p1, l1) = start_holding(first, "first");
+    assert!(l1.iter().any(|l| l.starts_with("alloc ok")), "{l1:?}");
+
+    let mut second = rig.bare(cuclient(LinkMode::Link));
+    second.args(["totalmem", "alloc_until_oom", "134217728", "hold"]);
+    let (p2, l2) = start_holding(second, "second");
+    let held = rig.device_bytes();
+    let e2 = stop(p2);
+    stop(p1);
+    assert!(
+        held <= GIB,
+        "the container holds {:.2} GiB on the device, its quota is 1 GiB: {l2:?}\n{e2}",
+        gib(held)
+    );
+    let oom = l2
+        .iter()
+        .find(|l| l.starts_with("alloc_until_oom"))
+        .unwrap_or_else(|| panic!("{l2:?}\n{e2}"));
+    assert!(oom.contains("err=2"), "refused as out of memory: {oom}");
+    // It sees the container's quota as the GPU's size.
+    let total = l2.iter().find(|l| l.starts_with("totalmem")).unwrap();
+    assert!(total.contains(&format!("bytes={GIB}")), "{total}");
+}
+
+/// A process of a host where no container has settings (no ledger at
+/// all) passes through as before.
+#[test]
+fn a_process_of_a_host_without_settings_passes_through() {
+    let rig = Rig::new("none");
+    let mut c = rig.bare(cuclient(LinkMode::Link));
+    c.args(["alloc", "4294967296", "totalmem", "hold"]);
+    let (p, l) = start_holding(c, "bare");
+    let e = stop(p);
+    assert!(l.iter().any(|l| l.starts_with("alloc ok")), "{l:?}\n{e}");
+    let total = l.iter().find(|l| l.starts_with("totalmem")).unwrap();
+    assert!(total.contains(&format!("bytes={}", 15109 * MIB)), "{total}");
+    assert!(
+        std::fs::read_dir(&rig.dir).unwrap().next().is_none(),
+        "no ledger was made for a process without settings"
+    );
+}
+
+/// Two host-network containers (a PID and mount namespace each, the
+/// node's hostname in both) with quotas of 2 and 4 GiB keep their own
+/// quotas; a process that enters the second one without its environment,
+/// and renames its hostname in a UTS namespace of its own, is held to that
+/// container's quota.
+#[test]
+fn two_host_network_containers_made_with_unshare_keep_their_own_quotas() {
+    if !namespaces_possible() {
+        return;
+    }
+    let rig = Rig::new("hostnet");
+    let client = cuclient(LinkMode::Link);
+    let container = |gib: &str| {
+        let mut c = rig.bare("unshare");
+        c.env("ALIYUN_COM_GPU_MEM_CONTAINER", gib)
+            .args(["-p", "-f", "--kill-child", "-m"])
+            .arg(&client)
+            .args(["alloc_until_oom", CHUNK, "hold"]);
+        c
+    };
+    let (a, la) = start_holding(container("2"), "container A");
+    let held_a = rig.device_bytes();
+    assert!(
+        held_a <= 2 * GIB && held_a > GIB,
+        "A holds {:.2} GiB of its 2: {la:?}",
+        gib(held_a)
+    );
+    let (b, lb) = start_holding(container("4"), "container B");
+    let held_b = rig.device_bytes() - held_a;
+    assert!(
+        held_b <= 4 * GIB && held_b > 3 * GIB,
+        "B holds {:.2} GiB of its 4 (taken for A, it would get what A left of 2): {lb:?}",
+        gib(held_b)
+    );
+
+    // Into B's PID and mount namespaces, without B's environment, in a
+    // UTS namespace of its own with another hostname.
+    let b_pid = only_child(b.id());
+    let mut c = rig.bare("nsenter");
+    c.args([
+        "-t",
+        &b_pid.to_string(),
+        "-p",
+        "-m",
+        "--",
+        "unshare",
+        "-u",
+        "sh",
+        "-c",
+    ])
+    .arg(format!(
+        "hostname renamed-job && exec {} alloc_until_oom {CHUNK} hold",
+        client.display()
+    ));
+    let (b2, lb2) = start_holding(c, "B's second process");
+    let held_b_all = rig.device_bytes() - held_a;
+    // Killing B's first process (its PID namespace's init) ends the
+    // second one too.
+    stop(b);
+    let e = stop(b2);
+    stop(a);
+    assert!(
+        held_b_all <= 4 * GIB,
+        "container B holds {:.2} GiB with its second process, its quota is 4: {lb2:?}\n{e}",
+        gib(held_b_all)
+    );
+    assert!(
+        lb2.iter().any(|l| l.contains("err=2")) || e.contains("out of memory"),
+        "the second process was refused: {lb2:?}\n{e}"
+    );
+}
+
+/// `docker run --network host`: two containers with the node's hostname,
+/// each with the hostname, hosts and resolv.conf docker binds in from
+/// `/var/lib/docker/containers/<id>/`. The binds name each container; a
+/// process that lost the environment lands in its own.
+#[test]
+fn runtime_binds_name_the_container() {
+    if !namespaces_possible() {
+        return;
+    }
+    let rig = Rig::new("binds");
+    let root = rig.sim.state_dir.join("var/lib/docker/containers");
+    let ids = [
+        "3f4c0a6d2b1e9f8a7c6b5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f40",
+        "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b",
+    ];
+    for id in ids {
+        let d = root.join(id);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("hostname"), "vm\n").unwrap();
+    }
+    let client = cuclient(LinkMode::Link);
+    // `sh` binds the container's hostname file over /etc/hostname in a
+    // mount namespace of its own (as the runtime does), then runs `cmd`
+    // (env-less unless `gib` is given). The host's PID namespace: --pid host.
+    let run = |id: &str, gib: Option<&str>| {
+        let mut c = rig.bare("unshare");
+        if let Some(g) = gib {
+            c.env("ALIYUN_COM_GPU_MEM_CONTAINER", g);
+        }
+        c.args(["-m", "--propagation", "private", "sh", "-c"])
+            .arg(format!(
+                "mount --bind {} /etc/hostname && exec {} alloc_until_oom {CHUNK} hold",
+                root.join(id).join("hostname").display(),
+                client.display()
+            ));
+        c
+    };
+    let (a, la) = start_holding(run(ids[0], Some("1")), "container A");
+    let held_a = rig.device_bytes();
+    let (b, lb) = start_holding(run(ids[1], Some("3")), "container B");
+    let held_b = rig.device_bytes() - held_a;
+    let (a2, la2) = start_holding(run(ids[0], None), "A's second process");
+    let held_a_all = rig.device_bytes() - held_b;
+    // The ledger shows docker's short ids.
+    let l = cgpu::ledger::Ledger::list(&rig.dir);
+    let l = cgpu::ledger::Ledger::open(&l[0]).unwrap();
+    let names: Vec<String> = l.containers().map(|(_, c)| c.id_str()).collect();
+    let e = stop(a2);
+    stop(b);
+    stop(a);
+    assert!(held_a <= GIB && held_a > GIB / 2, "A: {la:?}");
+    assert!(
+        held_b <= 3 * GIB && held_b > 2 * GIB,
+        "B holds {:.2} GiB of its 3: {lb:?}",
+        gib(held_b)
+    );
+    assert!(
+        held_a_all <= GIB,
+        "A with its env-less process holds {:.2} GiB of its 1: {la2:?}\n{e}",
+        gib(held_a_all)
+    );
+    assert!(names.contains(&"3f4c0a6d2b1e".to_string()), "{names:?}");
+    assert!(names.contains(&"9a8b7c6d5e4f".to_string()), "{names:?}");
+}
