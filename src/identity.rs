@@ -206,11 +206,8 @@ fn classify(root: &str) -> Option<Bind> {
             if prev == Some("sandboxes") {
                 return Some(Bind::Pod("sandbox", id));
             }
-            match next {
-                Some("hostname" | "hosts" | "resolv.conf" | "userdata") => {
-                    return Some(Bind::Container(id));
-                }
-                _ => {}
+            if let Some("hostname" | "hosts" | "resolv.conf" | "userdata") = next {
+                return Some(Bind::Container(id));
             }
         }
     }
