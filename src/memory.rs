@@ -470,7 +470,8 @@ pub fn peek(info: &GpuInfo) -> Option<Peek> {
 /// This process's container (`crate::identity`): worked out at its first
 /// use of a GPU, never on a launch or an allocation.
 pub fn container() -> &'static crate::identity::Identity {
-    crate::identity::current(config::get().container_name.as_deref())
+    static ME: std::sync::OnceLock<crate::identity::Identity> = std::sync::OnceLock::new();
+    ME.get_or_init(|| crate::identity::current(config::get().container_name.as_deref()))
 }
 
 /// Is there any GPU ledger on this host (a container with settings, or an

@@ -323,3 +323,195 @@ fn runtime_binds_name_the_container() {
     assert!(names.contains(&"3f4c0a6d2b1e".to_string()), "{names:?}");
     assert!(names.contains(&"9a8b7c6d5e4f".to_string()), "{names:?}");
 }
+
+/// A docker-like container on the host's PID namespace and network: a
+/// mount namespace of its own where `/etc` is an overlay (so that files
+/// put there never reach the host), docker's hostname file bound over
+/// `/etc/hostname`, `mounts` (source, target) bound read-only, then
+/// `exec cuclient args`.
+struct Docker<'a> {
+    rig: &'a Rig,
+    work: PathBuf,
+}
+
+impl<'a> Docker<'a> {
+    fn new(rig: &'a Rig, name: &str) -> Docker<'a> {
+        let work = rig.sim.state_dir.join(format!("docker-{name}"));
+        std::fs::create_dir_all(&work).unwrap();
+        Docker { rig, work }
+    }
+
+    /// `/var/lib/docker/containers/<id>/hostname` of container `id`.
+    fn hostname_file(&self, id: &str) -> PathBuf {
+        let d = self.work.join("var/lib/docker/containers").join(id);
+        std::fs::create_dir_all(&d).unwrap();
+        let f = d.join("hostname");
+        std::fs::write(&f, "vm\n").unwrap();
+        f
+    }
+
+    fn run(
+        &self,
+        id: &str,
+        n: usize,
+        mounts: &[(PathBuf, &str)],
+        env: &[(&str, &str)],
+        args: &str,
+    ) -> Command {
+        let up = self.work.join(format!("etc-{id}-{n}"));
+        let (upper, workdir) = (up.join("upper"), up.join("work"));
+        std::fs::create_dir_all(&upper).unwrap();
+        std::fs::create_dir_all(&workdir).unwrap();
+        let mut script = format!(
+            "mount -t overlay overlay -o lowerdir=/etc,upperdir={},workdir={} /etc && mount --bind {} /etc/hostname",
+            upper.display(),
+            workdir.display(),
+            self.hostname_file(id).display()
+        );
+        for (src, target) in mounts {
+            let make = if src.is_dir() {
+                format!("mkdir -p {target}")
+            } else {
+                format!("mkdir -p $(dirname {target}) && touch {target}")
+            };
+            script += &format!(
+                " && {make} && mount --bind -o ro {} {target}",
+                src.display()
+            );
+        }
+        script += &format!(" && exec {} {args}", cuclient(LinkMode::Link).display());
+        let mut c = self.rig.bare("unshare");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.args(["-m", "--propagation", "private", "sh", "-c", &script]);
+        c
+    }
+}
+
+fn cgpuctl(args: &[&str]) -> std::process::Output {
+    Command::new(artifacts().profile_dir.join("cgpuctl"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Docker without Kubernetes: the operator gives a container its settings
+/// on the host (`cgpuctl settings`, before it starts), in a directory
+/// mounted read-only into it. A process that asks for more, and one with
+/// no environment at all, both run under the host's settings; changed
+/// while the container runs, they become its memsize at once.
+#[test]
+fn host_settings_reach_every_process_of_a_docker_container() {
+    if !namespaces_possible() {
+        return;
+    }
+    let rig = Rig::new("hostset");
+    let docker = Docker::new(&rig, "hostset");
+    let id = "5e2a9c4b7d1f3e6a8b0c2d4e6f8a1b3c5d7e9f0a2b4c6d8e1f3a5b7c9d0e2f4a";
+    let settings = rig.sim.state_dir.join("etc-cgpu-containers");
+    let o = cgpuctl(&[
+        "settings",
+        id,
+        "ALIYUN_COM_GPU_MEM_CONTAINER=1",
+        "CGPU_CONTAINER_ID=web-1",
+        "--settings-dir",
+        settings.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mounts = [(settings.clone(), "/etc/cgpu/containers")];
+    let greedy = docker.run(
+        id,
+        0,
+        &mounts,
+        &[("ALIYUN_COM_GPU_MEM_CONTAINER", "8")],
+        &format!("alloc_until_oom {CHUNK} hold"),
+    );
+    let (p1, l1) = start_holding(greedy, "a process asking for 8 GiB");
+    let held1 = rig.device_bytes();
+    let bare = docker.run(id, 1, &mounts, &[], "alloc_until_oom 134217728 hold");
+    let (p2, l2) = start_holding(bare, "a process without environment");
+    let held = rig.device_bytes();
+    let l = cgpu::ledger::Ledger::open(&cgpu::ledger::Ledger::list(&rig.dir)[0]).unwrap();
+    let (c, name) = l
+        .containers()
+        .map(|(c, s)| (c, s.id_str()))
+        .next()
+        .expect("the container's row");
+    // After it started: the operator raises it to 2 GiB.
+    let o = cgpuctl(&[
+        "--dir",
+        rig.dir.to_str().unwrap(),
+        "settings",
+        id,
+        "ALIYUN_COM_GPU_MEM_CONTAINER=2",
+        "--settings-dir",
+        settings.to_str().unwrap(),
+    ]);
+    let quota = l.file().containers[c]
+        .quota
+        .load(std::sync::atomic::Ordering::Acquire);
+    let e2 = stop(p2);
+    let e1 = stop(p1);
+    assert!(
+        held1 <= GIB && held1 > GIB / 2,
+        "asked for 8 GiB, the host gave 1: held {:.2} GiB {l1:?}\n{e1}",
+        gib(held1)
+    );
+    assert!(
+        held <= GIB,
+        "with its env-less process the container holds {:.2} GiB of 1: {l2:?}\n{e2}",
+        gib(held)
+    );
+    assert_eq!(name, "web-1", "the name the host gave");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(quota, 2 * GIB, "{}", String::from_utf8_lossy(&o.stdout));
+    // The file is the container's to read, not to write.
+    let text = std::fs::read_to_string(settings.join(format!("{id}.env"))).unwrap();
+    assert!(text.contains("ALIYUN_COM_GPU_MEM_CONTAINER=2"), "{text}");
+}
+
+/// Kubernetes: the device plugin mounts the allocation file at
+/// `/etc/cgpu/alloc.env`; a process that lost `CGPU_ALLOC_FILE` (and the
+/// rest of its environment) reads it there.
+#[test]
+fn the_allocation_file_at_its_default_path_reaches_env_less_processes() {
+    if !namespaces_possible() {
+        return;
+    }
+    let rig = Rig::new("allocdefault");
+    let docker = Docker::new(&rig, "alloc");
+    let id = "7c1e3a5b9d2f4e6a8c0b1d3f5a7e9c2b4d6f8a0c1e3b5d7f9a2c4e6b8d0f1a3c";
+    let alloc = rig.sim.state_dir.join("alloc.env");
+    std::fs::write(
+        &alloc,
+        "CGPU_CONTAINER_ID=default/train/main\nALIYUN_COM_GPU_MEM_CONTAINER=1\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=0\n",
+    )
+    .unwrap();
+    let mounts = [(alloc, "/etc/cgpu/alloc.env")];
+    let c = docker.run(
+        id,
+        0,
+        &mounts,
+        &[],
+        &format!("totalmem alloc_until_oom {CHUNK} hold"),
+    );
+    let (p, l) = start_holding(c, "an env-less process");
+    let held = rig.device_bytes();
+    let names: Vec<String> = cgpu::ledger::Ledger::list(&rig.dir)
+        .first()
+        .and_then(|p| cgpu::ledger::Ledger::open(p).ok())
+        .map(|l| l.containers().map(|(_, c)| c.id_str()).collect())
+        .unwrap_or_default();
+    let e = stop(p);
+    // 1 GiB of a 15 GiB T4 of 15109 MiB: floor(15109 MiB / 15).
+    let quota = 15109 * MIB / 15;
+    assert!(
+        held <= quota && held > quota / 2,
+        "held {:.2} GiB: {l:?}\n{e}",
+        gib(held)
+    );
+    let total = l.iter().find(|l| l.starts_with("totalmem")).unwrap();
+    assert!(total.contains(&format!("bytes={quota}")), "{total}");
+    assert_eq!(names, vec!["default/train/main".to_string()]);
+}
