@@ -102,7 +102,8 @@ struct cgpu_container {
     uint64_t suspect;         /* [atomic] bytes possibly held for processes that died mid-operation */
     uint64_t recounts;        /* [atomic] times reap recounted used after such a death */
     uint64_t key;             /* container identity key (CGPU_ADD_CONTAINER_KEY); 0 = unknown: match by id */
-    uint64_t reserved[5];
+    uint64_t key_created;     /* created_ns written with key; differs: key is stale (claimed since by an older writer), as 0 */
+    uint64_t reserved[4];
 };
 
 struct cgpu_process {

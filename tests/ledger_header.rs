@@ -121,7 +121,7 @@ fn c_header_matches_rust_layout() {
         }
         "cgpu_container" ContainerSlot {
             state, highprio, id, quota, used, peak, weight, nprocs, oom_count, created_ns,
-            enforce_off, ops, sched, suspect, recounts, key, reserved,
+            enforce_off, ops, sched, suspect, recounts, key, key_created, reserved,
         }
         "cgpu_process" ProcessSlot {
             state, container, pid, _pad, pidns, start_time, used, pending, gpu_time_ns,

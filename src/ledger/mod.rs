@@ -172,7 +172,11 @@ pub struct ContainerSlot {
     /// slot is claimed). 0: claimed by a process that did not know keys,
     /// which is then known by its id alone.
     pub key: AtomicU64,
-    pub reserved: [u64; 5],
+    /// The `created_ns` written with `key`. A slot claimed since by a
+    /// process that does not know keys (it rewrites `created_ns`, never
+    /// `key`) has another `created_ns`: its `key` is stale, as if 0.
+    pub key_created: AtomicU64,
+    pub reserved: [u64; 4],
 }
 
 /// One process using this GPU.
@@ -461,9 +465,21 @@ impl ContainerSlot {
         if self.state.load(Ordering::Acquire) != SLOT_LIVE {
             return false;
         }
-        match self.key.load(Ordering::Acquire) {
+        match self.current_key() {
             0 => self.is(id),
             k => k == key,
+        }
+    }
+    /// The slot's identity key, 0 when unknown (never written, or stale:
+    /// see [`ContainerSlot::key_created`]).
+    pub fn current_key(&self) -> u64 {
+        let k = self.key.load(Ordering::Acquire);
+        if k != 0
+            && self.key_created.load(Ordering::Acquire) == self.created_ns.load(Ordering::Acquire)
+        {
+            k
+        } else {
+            0
         }
     }
     /// Live and named `id`?
@@ -863,8 +879,10 @@ impl Ledger {
         // The slot is CLAIMING under the table lock: no other process
         // writes it, and readers only trust the id once the slot is LIVE.
         slot.set_id(req.container_id);
+        let now = realtime_ns();
+        slot.created_ns.store(now, Ordering::Relaxed);
         slot.key.store(req.key(), Ordering::Relaxed);
-        slot.created_ns.store(realtime_ns(), Ordering::Relaxed);
+        slot.key_created.store(now, Ordering::Relaxed);
         slot.quota.store(quota, Ordering::Relaxed);
         slot.used.store(0, Ordering::Relaxed);
         slot.peak.store(0, Ordering::Relaxed);

@@ -217,7 +217,7 @@ fn cmd_settings(mut a: Args, ledger_dir: Option<PathBuf>) {
         let f = l.file();
         let physical = f.header.physical_total;
         for (ci, slot) in l.containers() {
-            if slot.key.load(std::sync::atomic::Ordering::Acquire) != key {
+            if slot.current_key() != key {
                 continue;
             }
             let bytes = match gib {
