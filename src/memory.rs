@@ -158,24 +158,35 @@ impl Gpu {
         self.acct.share_adopt(link, bytes)
     }
 
-    /// Pids of the container's live processes on this GPU (NVML process lists).
+    /// Pids of the container's live processes on this GPU as NVML lists
+    /// them (host pids): a process in a PID namespace whose host pid is
+    /// not known yet is left out, never listed by a pid of its namespace
+    /// (which may be another container's host pid).
     pub fn container_pids(&self) -> Vec<u32> {
-        let me = std::process::id();
-        let mut pids = vec![me];
+        let mut pids: Vec<u32> = crate::ledger::host_pid().into_iter().collect();
         if let Some((ledger, m)) = self.acct.ledger() {
             let f = ledger.file();
             for p in f.processes.iter() {
                 if p.state.load(Ordering::Acquire) == crate::ledger::SLOT_LIVE
                     && p.container.load(Ordering::Acquire) as usize == m.container
                 {
-                    let pid = p.pid.load(Ordering::Acquire);
-                    if pid > 0 && !pids.contains(&(pid as u32)) {
-                        pids.push(pid as u32);
+                    if let Some(pid) = p.host_pid() {
+                        if !pids.contains(&pid) {
+                            pids.push(pid);
+                        }
                     }
                 }
             }
         }
         pids
+    }
+
+    /// This process found its host pid (inside a PID namespace): written
+    /// into its slot, so that its container's NVML lists show it.
+    pub fn publish_host_pid(&self, pid: u32) {
+        if let Some((ledger, m)) = self.acct.ledger() {
+            ledger.process_of(m).set_host_pid(pid);
+        }
     }
 }
 
@@ -447,7 +458,7 @@ pub fn peek(info: &GpuInfo) -> Option<Peek> {
         return None;
     };
     let mut p = Peek {
-        pids: vec![std::process::id()],
+        pids: crate::ledger::host_pid().into_iter().collect(),
         ..Peek::default()
     };
     if let Some((l, c)) = row {
@@ -457,9 +468,10 @@ pub fn peek(info: &GpuInfo) -> Option<Peek> {
         quota = (q != 0 && slot.enforce_off.load(Ordering::Relaxed) == 0).then_some(q);
         p.used = slot.used.load(Ordering::Acquire);
         for (_, ps) in l.processes_of(c) {
-            let pid = ps.pid.load(Ordering::Acquire);
-            if pid > 0 && !p.pids.contains(&(pid as u32)) {
-                p.pids.push(pid as u32);
+            if let Some(pid) = ps.host_pid() {
+                if !p.pids.contains(&pid) {
+                    p.pids.push(pid);
+                }
             }
         }
     }

@@ -515,3 +515,72 @@ fn the_allocation_file_at_its_default_path_reaches_env_less_processes() {
     assert!(total.contains(&format!("bytes={quota}")), "{total}");
     assert_eq!(names, vec!["default/train/main".to_string()]);
 }
+
+/// A process in a PID namespace of its own whose pid there equals another
+/// container's host pid (NVML lists host pids): its context is still
+/// charged to its own container, and its NVML process list shows its own
+/// processes, not the other container's.
+#[test]
+fn a_namespaced_pid_equal_to_another_containers_host_pid_is_not_confused() {
+    if !namespaces_possible() {
+        return;
+    }
+    let rig = Rig::new("pidclash");
+    let client = cuclient(LinkMode::Link);
+    let mut x = rig.bare(&client);
+    x.env("ALIYUN_COM_GPU_MEM_CONTAINER", "4")
+        .env("CGPU_CONTAINER_ID", "x")
+        .args(["alloc", "268435456", "hold"]);
+    let (px, lx) = start_holding(x, "container X");
+    assert!(lx.iter().any(|l| l.starts_with("alloc ok")), "{lx:?}");
+    let host_pid_x = px.id();
+    // Container Y: a PID namespace where the next pid is X's host pid.
+    let mut y = rig.bare("unshare");
+    y.env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+        .args(["-p", "-f", "--kill-child", "sh", "-c"])
+        .arg(format!(
+            "echo {} > /proc/sys/kernel/ns_last_pid && {} pid nvml_procs alloc_until_oom 134217728 nvml_procs hold; true",
+            host_pid_x - 1,
+            client.display()
+        ));
+    let (py, ly) = start_holding(y, "container Y");
+    let stats = rig.sim.stats();
+    let y_bytes: u64 = stats
+        .processes
+        .iter()
+        .filter(|p| p.alive && p.pid != host_pid_x)
+        .map(|p| p.mem_bytes)
+        .sum();
+    let y_host: Vec<u32> = stats
+        .processes
+        .iter()
+        .filter(|p| p.alive && p.pid != host_pid_x)
+        .map(|p| p.pid)
+        .collect();
+    stop(py);
+    stop(px);
+    let ns_pid = ly
+        .iter()
+        .find(|l| l.starts_with("pid ok"))
+        .and_then(|l| l.split("pid=").nth(1))
+        .and_then(|v| v.trim().parse::<u32>().ok());
+    if ns_pid != Some(host_pid_x) {
+        eprintln!("skipped: could not give Y's process pid {host_pid_x} in its namespace: {ly:?}");
+        return;
+    }
+    assert!(
+        y_bytes <= GIB,
+        "Y holds {:.2} GiB on the device with a 1 GiB quota (its context not charged?): {ly:?}",
+        gib(y_bytes)
+    );
+    let procs: Vec<&String> = ly.iter().filter(|l| l.starts_with("nvml_procs")).collect();
+    let last = procs.last().unwrap_or_else(|| panic!("{ly:?}"));
+    assert!(
+        !last.contains(&format!(" {host_pid_x}:")),
+        "Y's NVML list shows X's process {host_pid_x}: {last}"
+    );
+    assert!(
+        y_host.iter().any(|p| last.contains(&format!(" {p}:"))),
+        "Y's NVML list shows Y's own process ({y_host:?}): {last}"
+    );
+}

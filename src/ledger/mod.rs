@@ -434,6 +434,62 @@ impl LedgerHeader {
     }
 }
 
+/// This process's pid as the host (and NVML) numbers it, when found inside
+/// a PID namespace: `getpid() << 32 | host pid` (0: not found; a forked
+/// child, whose `getpid()` differs, never uses its parent's).
+static HOST_PID: AtomicU64 = AtomicU64::new(0);
+
+/// Is this process in the host's PID namespace (its `getpid()` is the
+/// pid NVML lists)? Read once.
+pub fn in_host_pidns() -> bool {
+    static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HOST.get_or_init(|| crate::identity::ns_inode("pid") == crate::identity::HOST_PIDNS)
+}
+
+/// This process's pid as the host and NVML number it; `None` inside a PID
+/// namespace until it was found ([`set_host_pid`]). Never a bare pid of
+/// another namespace.
+pub fn host_pid() -> Option<u32> {
+    let me = std::process::id();
+    let v = HOST_PID.load(Ordering::Acquire);
+    if v >> 32 == u64::from(me) && v as u32 != 0 {
+        return Some(v as u32);
+    }
+    in_host_pidns().then_some(me)
+}
+
+/// Record this process's host pid, found inside a PID namespace (it is
+/// written into the process slots it claims from now on).
+pub fn set_host_pid(pid: u32) {
+    HOST_PID.store(
+        u64::from(std::process::id()) << 32 | u64::from(pid),
+        Ordering::Release,
+    );
+}
+
+impl ProcessSlot {
+    /// Its pid as the host and NVML number it, if known: the one it wrote
+    /// (checked against its `start_time`, so that a value left by an
+    /// earlier owner of the slot is never taken for it), else its `pid`
+    /// when it runs in the host's PID namespace.
+    pub fn host_pid(&self) -> Option<u32> {
+        let v = self.host_pid.load(Ordering::Acquire);
+        let start = self.start_time.load(Ordering::Acquire) as u32;
+        if v as u32 != 0 && (v >> 32) as u32 == start {
+            return Some(v as u32);
+        }
+        let pid = self.pid.load(Ordering::Acquire);
+        (pid > 0 && self.pidns.load(Ordering::Acquire) == crate::identity::HOST_PIDNS)
+            .then_some(pid as u32)
+    }
+    /// Write its host pid (stamped with its `start_time`).
+    pub fn set_host_pid(&self, pid: u32) {
+        let start = self.start_time.load(Ordering::Acquire) as u32;
+        self.host_pid
+            .store(u64::from(start) << 32 | u64::from(pid), Ordering::Release);
+    }
+}
+
 impl ContainerSlot {
     /// A copy of the container id (lossy UTF-8). Stable while the slot is
     /// `SLOT_LIVE`: ids are only written while a slot is being claimed.
@@ -928,6 +984,10 @@ impl Ledger {
             p.pid.store(pid, Ordering::Relaxed);
             p.pidns.store(pidns, Ordering::Relaxed);
             p.start_time.store(start_time, Ordering::Relaxed);
+            match host_pid() {
+                Some(h) => p.set_host_pid(h),
+                None => p.host_pid.store(0, Ordering::Relaxed),
+            }
             p.used.store(0, Ordering::Relaxed);
             p.pending.store(0, Ordering::Relaxed);
             p.gpu_time_ns.store(0, Ordering::Relaxed);
