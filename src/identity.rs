@@ -307,10 +307,16 @@ pub fn resolve(f: &Facts<'_>) -> Identity {
                 _ => None,
             })
             .or_else(|| f.cgroup.and_then(container_id_in_cgroup));
-        let display = given.map(str::to_string).unwrap_or_else(|| {
-            let short: String = uid.chars().take(8).collect();
-            suffixed(&name, &format!("pod-{short}"))
-        });
+        // The name: the one given, else the container id's 12 digits (the
+        // name a cgroup path gave before), else the container's name in
+        // its pod.
+        let display = given
+            .map(str::to_string)
+            .or_else(|| cid.as_deref().map(|c| c[..12].to_string()))
+            .unwrap_or_else(|| {
+                let short: String = uid.chars().take(8).collect();
+                suffixed(&name, &format!("pod-{short}"))
+            });
         return Identity {
             key: key_of("k8s", &format!("{uid}/{name}")),
             name: display,
@@ -472,4 +478,235 @@ pub fn current(name: Option<&str>) -> Identity {
         id.key
     );
     id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DOCKER_ID: &str = "3f4c0a6d2b1e9f8a7c6b5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f40";
+    const OTHER_ID: &str = "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b";
+    const POD_UID: &str = "5b9d3c1e-7a2f-4e6b-9c8d-0f1a2b3c4d5e";
+
+    /// docker 24 on a cgroup v2 host (private cgroup namespace, the default):
+    /// `/proc/self/cgroup` says nothing; the binds of hostname, hosts and
+    /// resolv.conf name the container.
+    fn docker_v2(id: &str) -> (String, String) {
+        let mi = format!(
+            "1187 1098 0:120 / / rw,relatime master:603 - overlay overlay rw,lowerdir=/var/lib/docker/overlay2/l/QX3V:/var/lib/docker/overlay2/l/7HZK,upperdir=/var/lib/docker/overlay2/8c1f0e2d/diff,workdir=/var/lib/docker/overlay2/8c1f0e2d/work,nouserxattr\n\
+1188 1187 0:123 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n\
+1189 1187 0:124 / /dev rw,nosuid - tmpfs tmpfs rw,size=65536k,mode=755,inode64\n\
+1192 1187 0:26 / /sys/fs/cgroup ro,nosuid,nodev,noexec,relatime - cgroup2 cgroup rw,nsdelegate,memory_recursiveprot\n\
+1193 1187 259:2 /var/lib/docker/containers/{id}/resolv.conf /etc/resolv.conf rw,relatime - ext4 /dev/nvme0n1p2 rw\n\
+1194 1187 259:2 /var/lib/docker/containers/{id}/hostname /etc/hostname rw,relatime - ext4 /dev/nvme0n1p2 rw\n\
+1195 1187 259:2 /var/lib/docker/containers/{id}/hosts /etc/hosts rw,relatime - ext4 /dev/nvme0n1p2 rw\n\
+1099 1189 0:122 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=65536k,inode64\n"
+        );
+        (mi, "0::/\n".to_string())
+    }
+
+    fn facts<'a>(mi: &'a str, cg: &'a str, pidns: u64, host: &'a str) -> Facts<'a> {
+        Facts {
+            cgroup: Some(cg),
+            mountinfo: Some(mi),
+            pidns,
+            hostname: host,
+            name: None,
+        }
+    }
+
+    #[test]
+    fn docker_cgroup_v2_private_namespace() {
+        let (mi, cg) = docker_v2(DOCKER_ID);
+        let id = resolve(&facts(&mi, &cg, 4026532301, "3f4c0a6d2b1e"));
+        assert_eq!(id.source, Source::RuntimeBind);
+        assert_eq!(id.name, "3f4c0a6d2b1e");
+        assert_eq!(id.container_id.as_deref(), Some(DOCKER_ID));
+        assert_eq!(id.key, key_of_container_id(DOCKER_ID));
+        // Another container: another key.
+        let (mi2, _) = docker_v2(OTHER_ID);
+        assert_ne!(resolve(&facts(&mi2, &cg, 4026532301, "x")).key, id.key);
+    }
+
+    #[test]
+    fn docker_host_network_and_host_pid_and_changed_hostname() {
+        // --network host --pid host: the node's hostname, the host's PID
+        // namespace; the binds still name the container. A process that
+        // changed its hostname or unshared its mount namespace sees the same.
+        let (mi, cg) = docker_v2(DOCKER_ID);
+        let a = resolve(&facts(&mi, &cg, HOST_PIDNS, "gpu-node-7"));
+        let b = resolve(&facts(&mi, &cg, 4026532999, "renamed"));
+        assert_eq!(a.key, b.key);
+        assert_eq!(a.name, "3f4c0a6d2b1e");
+        // CGPU_CONTAINER_ID names it, never chooses it.
+        let named = resolve(&Facts {
+            name: Some("my-job"),
+            ..facts(&mi, &cg, HOST_PIDNS, "gpu-node-7")
+        });
+        assert_eq!(named.key, a.key);
+        assert_eq!(named.name, "my-job");
+    }
+
+    #[test]
+    fn docker_cgroup_v1_and_host_cgroup_namespace() {
+        let cg_v1 = format!(
+            "12:hugetlb:/docker/{DOCKER_ID}\n11:memory:/docker/{DOCKER_ID}\n1:name=systemd:/docker/{DOCKER_ID}\n0::/system.slice/containerd.service\n"
+        );
+        let cg_v2_host = format!("0::/system.slice/docker-{DOCKER_ID}.scope\n");
+        let mi = "612 530 0:55 / / rw,relatime - ext4 /dev/sda1 rw\n";
+        for cg in [cg_v1, cg_v2_host] {
+            let id = resolve(&facts(mi, &cg, 4026532301, "h"));
+            assert_eq!(id.source, Source::Cgroup, "{cg}");
+            assert_eq!(id.name, "3f4c0a6d2b1e");
+            assert_eq!(
+                id.key,
+                key_of_container_id(DOCKER_ID),
+                "same key as the binds"
+            );
+        }
+    }
+
+    /// containerd 1.7 under Kubernetes, cgroup v2 (private namespace): the
+    /// kubelet's termination-log per container, the sandbox's files per pod.
+    fn k8s_containerd(container: &str) -> String {
+        format!(
+            "2380 2296 0:360 / / rw,relatime master:941 - overlay overlay rw,lowerdir=/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots/412/fs,upperdir=/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots/977/fs,workdir=/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots/977/work\n\
+2381 2380 0:363 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw\n\
+2390 2380 259:1 /var/lib/kubelet/pods/{POD_UID}/etc-hosts /etc/hosts rw,relatime - ext4 /dev/nvme0n1p1 rw\n\
+2391 2382 259:1 /var/lib/kubelet/pods/{POD_UID}/containers/{container}/4a7b9c2e /dev/termination-log rw,relatime - ext4 /dev/nvme0n1p1 rw\n\
+2392 2380 259:1 /var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes/{OTHER_ID}/hostname /etc/hostname rw,relatime - ext4 /dev/nvme0n1p1 rw\n\
+2393 2380 0:354 / /etc/resolv.conf rw,relatime - ext4 /dev/nvme0n1p1 rw\n\
+2394 2380 0:352 / /var/run/secrets/kubernetes.io/serviceaccount ro,relatime - tmpfs tmpfs rw,size=15728640k\n"
+        )
+    }
+
+    #[test]
+    fn kubernetes_containerd_containers_of_one_pod_are_apart() {
+        let cg = "0::/\n";
+        let a = resolve(&facts(
+            &k8s_containerd("trainer"),
+            cg,
+            4026532400,
+            "trainer-pod",
+        ));
+        let b = resolve(&facts(
+            &k8s_containerd("sidecar"),
+            cg,
+            4026532400,
+            "trainer-pod",
+        ));
+        assert_eq!(a.source, Source::Kubelet);
+        assert_ne!(a.key, b.key, "two containers of one pod");
+        assert_eq!(a.name, "trainer@pod-5b9d3c1e");
+        // The allocation file's name is kept (namespace/pod/container).
+        let named = resolve(&Facts {
+            name: Some("default/trainer-pod/trainer"),
+            ..facts(&k8s_containerd("trainer"), cg, HOST_PIDNS, "node")
+        });
+        assert_eq!(named.key, a.key, "hostNetwork + hostPID: same container");
+        assert_eq!(named.name, "default/trainer-pod/trainer");
+    }
+
+    #[test]
+    fn kubernetes_cgroup_v1_gives_the_container_id_beside_the_kubelet_key() {
+        let cg = format!(
+            "11:memory:/kubepods/burstable/pod{POD_UID}/{DOCKER_ID}\n1:name=systemd:/kubepods/burstable/pod{POD_UID}/{DOCKER_ID}\n"
+        );
+        let id = resolve(&facts(&k8s_containerd("trainer"), &cg, 4026532400, "p"));
+        assert_eq!(id.source, Source::Kubelet);
+        assert_eq!(id.container_id.as_deref(), Some(DOCKER_ID));
+        assert_eq!(id.name, "3f4c0a6d2b1e", "the name the cgroup path gave");
+    }
+
+    #[test]
+    fn cri_o_and_podman() {
+        // CRI-O under Kubernetes: the kubelet's bind decides.
+        let crio = format!(
+            "1401 1322 0:93 / / rw,relatime - overlay overlay rw,lowerdir=/var/lib/containers/storage/overlay/l/ABC,upperdir=/var/lib/containers/storage/overlay/5e6f/diff,workdir=/var/lib/containers/storage/overlay/5e6f/work\n\
+1410 1401 0:25 /containers/storage/overlay-containers/{OTHER_ID}/userdata/resolv.conf /etc/resolv.conf rw,nosuid,nodev - tmpfs tmpfs rw,mode=755\n\
+1411 1401 0:25 /containers/storage/overlay-containers/{OTHER_ID}/userdata/hostname /etc/hostname rw,nosuid,nodev - tmpfs tmpfs rw,mode=755\n\
+1412 1401 259:1 /var/lib/kubelet/pods/{POD_UID}/containers/cuda/77e1aa01 /dev/termination-log rw,relatime - ext4 /dev/nvme0n1p1 rw\n"
+        );
+        let cg = format!("0::/kubepods.slice/kubepods-pod.slice/crio-{DOCKER_ID}.scope\n");
+        let id = resolve(&facts(&crio, &cg, 4026532500, "p"));
+        assert_eq!(id.source, Source::Kubelet);
+        assert_eq!(id.key, key_of("k8s", &format!("{POD_UID}/cuda")));
+        // podman (rootful), cgroup v2 private namespace: userdata binds.
+        let podman = format!(
+            "735 650 0:49 / / rw,relatime - overlay overlay rw,lowerdir=/var/lib/containers/storage/overlay/l/Q,upperdir=/var/lib/containers/storage/overlay/aa11/diff,workdir=/var/lib/containers/storage/overlay/aa11/work\n\
+745 735 0:25 /containers/storage/overlay-containers/{DOCKER_ID}/userdata/.containerenv /run/.containerenv rw,nosuid,nodev - tmpfs tmpfs rw,mode=755\n\
+746 735 0:25 /containers/storage/overlay-containers/{DOCKER_ID}/userdata/hostname /etc/hostname rw,nosuid,nodev - tmpfs tmpfs rw,mode=755\n\
+747 735 0:25 /containers/storage/overlay-containers/{DOCKER_ID}/userdata/hosts /etc/hosts rw,nosuid,nodev - tmpfs tmpfs rw,mode=755\n"
+        );
+        let id = resolve(&facts(&podman, "0::/\n", 4026532600, "3f4c0a6d2b1e"));
+        assert_eq!(id.source, Source::RuntimeBind);
+        assert_eq!(id.key, key_of_container_id(DOCKER_ID));
+        assert_eq!(id.name, "3f4c0a6d2b1e");
+    }
+
+    #[test]
+    fn a_container_that_sees_another_containers_files_keeps_its_own() {
+        // A monitoring container that bind-mounts another container's hosts
+        // file somewhere: its own /etc/hostname decides.
+        let (mi, cg) = docker_v2(DOCKER_ID);
+        let mi = format!(
+            "900 1187 259:2 /var/lib/docker/containers/{OTHER_ID}/hosts /mnt/other-hosts rw - ext4 /dev/nvme0n1p2 rw\n{mi}"
+        );
+        assert_eq!(
+            resolve(&facts(&mi, &cg, 1, "h")).container_id.as_deref(),
+            Some(DOCKER_ID)
+        );
+    }
+
+    #[test]
+    fn overlay_then_pod_then_pid_namespace_then_host() {
+        // An overlay root with no runtime binds: its upperdir.
+        let ov = "10 1 0:40 / / rw - overlay overlay rw,lowerdir=/l,upperdir=/var/lib/x/7/diff,workdir=/var/lib/x/7/work\n";
+        let a = resolve(&facts(ov, "0::/\n", 4026532700, "node"));
+        assert_eq!(a.source, Source::Overlay);
+        assert!(a.name.starts_with("node@"), "{}", a.name);
+        // Only a pod's file.
+        let pod = format!(
+            "20 1 259:1 /var/lib/kubelet/pods/{POD_UID}/etc-hosts /etc/hosts rw - ext4 /dev/x rw\n"
+        );
+        assert_eq!(
+            resolve(&facts(&pod, "0::/\n", 4026532700, "n")).source,
+            Source::Pod
+        );
+        // Nothing but a PID namespace of its own (two host-network
+        // containers made with unshare): the namespace tells them apart.
+        let bare = "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n";
+        let x = resolve(&facts(bare, "0::/\n", 4026532174, "vm"));
+        let y = resolve(&facts(bare, "0::/\n", 4026532180, "vm"));
+        assert_eq!(x.source, Source::PidNamespace);
+        assert_ne!(x.key, y.key);
+        assert_eq!(x.name, "vm@pidns-4026532174");
+        // The host: CGPU_CONTAINER_ID or the hostname decides.
+        let h = resolve(&facts(bare, "0::/\n", HOST_PIDNS, "vm"));
+        assert_eq!((h.source, h.name.as_str()), (Source::Host, "vm"));
+        assert_eq!(h.key, key_of_name("vm"));
+        let named = resolve(&Facts {
+            name: Some("job-a"),
+            ..facts(bare, "0::/\n", HOST_PIDNS, "vm")
+        });
+        assert_eq!(named.key, key_of_name("job-a"));
+        // Nothing readable at all.
+        let none = resolve(&Facts {
+            hostname: "",
+            ..Facts::default()
+        });
+        assert_eq!(none.name, "unknown");
+    }
+
+    #[test]
+    fn escapes_and_long_names() {
+        assert_eq!(unescape("/a\\040b/c"), "/a b/c");
+        assert_eq!(unescape("/a\\04"), "/a\\04");
+        let long = "h".repeat(80);
+        let bare = "27 1 254:0 / / rw - ext4 /dev/vda rw\n";
+        let x = resolve(&facts(bare, "", 4026532174, &long));
+        assert!(x.name.len() <= MAX_NAME && x.name.ends_with("@pidns-4026532174"));
+        let h = resolve(&facts(bare, "", HOST_PIDNS, &long));
+        assert_eq!(h.name.len(), MAX_NAME);
+    }
 }
