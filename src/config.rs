@@ -557,9 +557,11 @@ pub fn parse_settings_file(text: &str) -> Result<Vec<(String, String)>, String> 
 }
 
 /// The configuration when the host wrote settings for this container
-/// (`file`: its text, or why it could not be read). Its values win over
-/// the process's environment (a container cannot override what the host
-/// set); keys it does not carry come from the environment. A file that
+/// (`file`: its text, or why it could not be read). The settings are the
+/// file's alone: the process's environment can neither override them nor
+/// add one the host did not set (`CGPU_DISABLE`, a weight); only the name
+/// (`CGPU_CONTAINER_ID`) and the paths to the real driver may come from the
+/// environment when the file does not give them. A file that
 /// cannot be read or parsed leaves the container no GPU (as a broken
 /// allocation file does), never the whole GPU. Returns the configuration
 /// and, on failure, the message to log.
@@ -572,10 +574,15 @@ pub fn with_settings_file(
     let failure = match file.and_then(|t| parse_settings_file(&t)) {
         Ok(vals) => {
             let merged = |k: &str| {
-                vals.iter()
+                let file = vals
+                    .iter()
                     .find(|(have, _)| have == k)
-                    .map(|(_, v)| v.clone())
-                    .or_else(|| get(k))
+                    .map(|(_, v)| v.clone());
+                if SETTINGS_FILE_KEYS.contains(&k) && k != "CGPU_CONTAINER_ID" {
+                    file
+                } else {
+                    file.or_else(|| get(k))
+                }
             };
             let c = from_lookup(&merged, cgroup);
             if c.errors.is_empty() {
@@ -1021,10 +1028,17 @@ mod tests {
         assert_eq!(c.mem_container, vec![1]);
         assert_eq!(c.container_name.as_deref(), Some("web-1"));
         assert_eq!(
-            c.weight,
-            Some(2),
-            "keys the file does not carry: the environment's"
+            c.weight, None,
+            "the environment adds nothing the host did not set"
         );
+        let env_disable = |k: &str| (k == "CGPU_DISABLE").then(|| "true".to_string());
+        let (c, _) = with_settings_file(
+            &env_disable,
+            None,
+            "/s/x.env",
+            Ok("ALIYUN_COM_GPU_MEM_CONTAINER=1\n".into()),
+        );
+        assert_eq!(c.mode, Mode::Enforce, "CGPU_DISABLE from inside is ignored");
         for (bad, why) in [
             ("", "ALIYUN_COM_GPU_MEM_CONTAINER is missing"),
             ("LD_PRELOAD=/x\n", "unknown key LD_PRELOAD"),
