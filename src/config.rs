@@ -602,6 +602,21 @@ pub fn with_settings_file(
     (c, Some(msg))
 }
 
+/// Settings in the environment that a host settings file `text` sets
+/// otherwise or not at all (`KEY=VALUE` each): ignored, and said so.
+pub fn ignored_by_settings_file(env: &dyn Fn(&str) -> Option<String>, text: &str) -> Vec<String> {
+    let vals = parse_settings_file(text).unwrap_or_default();
+    SETTINGS_FILE_KEYS
+        .iter()
+        .filter(|k| **k != "CGPU_CONTAINER_ID")
+        .filter_map(|k| {
+            let mine = env(k)?;
+            let host = vals.iter().find(|(h, _)| h == k).map(|(_, v)| v.as_str());
+            (host != Some(mine.trim())).then(|| format!("{k}={mine}"))
+        })
+        .collect()
+}
+
 /// The host's settings file for this container, if the settings directory
 /// exists (one `stat` on hosts without it) and names this container.
 fn settings_file_path(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
@@ -643,10 +658,17 @@ pub fn get() -> &'static Config {
                 None => from_lookup(&env, cgroup.as_deref()),
                 Some(path) => {
                     let text = read_settings_text(&path);
+                    let ignored = ignored_by_settings_file(&env, text.as_deref().unwrap_or(""));
                     let (c, failure) = with_settings_file(&env, cgroup.as_deref(), &path, text);
                     if let Some(msg) = failure {
                         tracing::error!("{msg}");
                         return c;
+                    }
+                    if !ignored.is_empty() {
+                        tracing::warn!(
+                            "cgpu: this container's settings come from the host ({path}); ignored from the environment: {}",
+                            ignored.join(", ")
+                        );
                     }
                     c
                 }
@@ -1039,6 +1061,14 @@ mod tests {
             Ok("ALIYUN_COM_GPU_MEM_CONTAINER=1\n".into()),
         );
         assert_eq!(c.mode, Mode::Enforce, "CGPU_DISABLE from inside is ignored");
+        assert_eq!(
+            ignored_by_settings_file(&env, file),
+            vec![
+                "ALIYUN_COM_GPU_MEM_CONTAINER=8".to_string(),
+                "ALIYUN_COM_GPU_SCHD_WEIGHT=2".to_string(),
+                "CGPU_DISABLE=true".to_string()
+            ]
+        );
         for (bad, why) in [
             ("", "ALIYUN_COM_GPU_MEM_CONTAINER is missing"),
             ("LD_PRELOAD=/x\n", "unknown key LD_PRELOAD"),

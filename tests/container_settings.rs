@@ -463,6 +463,10 @@ fn host_settings_reach_every_process_of_a_docker_container() {
         "with its env-less process the container holds {:.2} GiB of 1: {l2:?}\n{e2}",
         gib(held)
     );
+    assert!(
+        e1.contains("ignored from the environment: ALIYUN_COM_GPU_MEM_CONTAINER=8"),
+        "one line says the environment's quota is ignored: {e1}"
+    );
     assert_eq!(name, "web-1", "the name the host gave");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(quota, 2 * GIB, "{}", String::from_utf8_lossy(&o.stdout));
