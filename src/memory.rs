@@ -430,13 +430,16 @@ pub fn peek(info: &GpuInfo) -> Option<Peek> {
     let me = container();
     let ledger = peek_ledger(&info.uuid);
     let row = ledger.and_then(|l| l.find_container_keyed(me.key, &me.name).map(|c| (l, c)));
+    // A process with no settings of its own sees its container's, if it is
+    // in one (a host's own processes adopt nothing).
+    let adopt = row.filter(|_| me.source.is_container());
     let (mut quota, enforce) = if cfg.isolating() {
         (
             cfg.quota_bytes(info.visible_index, info.physical_total),
             cfg.mode == Mode::Enforce,
         )
     } else if cfg.unset() {
-        match row {
+        match adopt {
             // No settings of its own: its container's (read below).
             Some((l, c)) => (
                 None,
@@ -461,7 +464,7 @@ pub fn peek(info: &GpuInfo) -> Option<Peek> {
         pids: crate::ledger::host_pid().into_iter().collect(),
         ..Peek::default()
     };
-    if let Some((l, c)) = row {
+    if let Some((l, c)) = if cfg.isolating() { row } else { adopt } {
         // The container is there: its live quota (cgpuctl may have changed it).
         let slot = &l.file().containers[c];
         let q = slot.quota.load(Ordering::Acquire);
@@ -515,6 +518,11 @@ fn default_memsize(l: &Ledger) -> Option<u64> {
 /// `env -i`, cron). `None`: the container has no row there.
 fn container_settings(l: &Ledger) -> Option<JoinSpec> {
     let me = container();
+    if !me.source.is_container() {
+        // Not in a container (a host's own processes): no container's
+        // settings to adopt; only the operator's default applies.
+        return None;
+    }
     let c = l.find_container_keyed(me.key, &me.name)?;
     let slot = &l.file().containers[c];
     let spec = JoinSpec {

@@ -135,25 +135,40 @@ fn only_child(pid: u32) -> u32 {
 }
 
 /// A container's first process holds 256 MiB of its 1 GiB; a second one
-/// of the same container starts with no setting in its environment (the
-/// library preloaded the way `/etc/ld.so.preload` does): it runs under the
-/// container's quota, and its allocations are refused at it.
+/// of the same container (entered as `docker exec` or `ssh` would) starts
+/// with no setting in its environment (the library preloaded the way
+/// `/etc/ld.so.preload` does): it runs under the container's quota, and
+/// its allocations are refused at it. A process of the host beside them,
+/// without settings either, is in no container and passes through.
 #[test]
 fn a_process_without_settings_runs_under_its_containers() {
+    if !namespaces_possible() {
+        return;
+    }
     let rig = Rig::new("noenv");
-    let mut first = rig.bare(cuclient(LinkMode::Link));
+    let client = cuclient(LinkMode::Link);
+    let mut first = rig.bare("unshare");
     first
         .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+        .args(["-p", "-f", "--kill-child"])
+        .arg(&client)
         .args(["alloc", "268435456", "hold"]);
     let (p1, l1) = start_holding(first, "first");
     assert!(l1.iter().any(|l| l.starts_with("alloc ok")), "{l1:?}");
 
-    let mut second = rig.bare(cuclient(LinkMode::Link));
-    second.args(["totalmem", "alloc_until_oom", "134217728", "hold"]);
+    let mut second = rig.bare("nsenter");
+    second
+        .args(["-t", &only_child(p1.id()).to_string(), "-p", "--"])
+        .arg(&client)
+        .args(["totalmem", "alloc_until_oom", "134217728", "hold"]);
     let (p2, l2) = start_holding(second, "second");
     let held = rig.device_bytes();
-    let e2 = stop(p2);
+    let mut host = rig.bare(&client);
+    host.args(["totalmem", "hold"]);
+    let (p3, l3) = start_holding(host, "a host process");
+    stop(p3);
     stop(p1);
+    let e2 = stop(p2);
     assert!(
         held <= GIB,
         "the container holds {:.2} GiB on the device, its quota is 1 GiB: {l2:?}\n{e2}",
@@ -167,6 +182,11 @@ fn a_process_without_settings_runs_under_its_containers() {
     // It sees the container's quota as the GPU's size.
     let total = l2.iter().find(|l| l.starts_with("totalmem")).unwrap();
     assert!(total.contains(&format!("bytes={GIB}")), "{total}");
+    let total = l3.iter().find(|l| l.starts_with("totalmem")).unwrap();
+    assert!(
+        total.contains(&format!("bytes={}", 15109 * MIB)),
+        "the host's process sees the GPU: {total}"
+    );
 }
 
 /// A process of a host where no container has settings (no ledger at
