@@ -608,3 +608,53 @@ fn a_namespaced_pid_equal_to_another_containers_host_pid_is_not_confused() {
         "Y's NVML list shows Y's own process ({y_host:?}): {last}"
     );
 }
+
+/// `cgpuctl settings` writes nothing it would not accept: a short or
+/// non-hex id, an unknown key, a malformed value or a missing quota is a
+/// usage error (exit 2) and leaves no file; `--rm` removes one.
+#[test]
+fn cgpuctl_settings_refuses_bad_input() {
+    let rig = Rig::new("ctlbad");
+    let dir = rig.sim.state_dir.join("settings");
+    let d = dir.to_str().unwrap();
+    let id = "ab".repeat(32);
+    for (args, why) in [
+        (
+            vec!["settings", "abc123", "ALIYUN_COM_GPU_MEM_CONTAINER=1"],
+            "64 hex",
+        ),
+        (vec!["settings", &id, "LD_PRELOAD=/x"], "unknown key"),
+        (
+            vec!["settings", &id, "ALIYUN_COM_GPU_MEM_CONTAINER=lots"],
+            "lots",
+        ),
+        (
+            vec!["settings", &id, "ALIYUN_COM_GPU_SCHD_WEIGHT=2"],
+            "is missing",
+        ),
+    ] {
+        let mut a = args.clone();
+        a.extend(["--settings-dir", d]);
+        let o = cgpuctl(&a);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+    assert!(!dir.join(format!("{id}.env")).exists());
+    let o = cgpuctl(&[
+        "settings",
+        &id,
+        "ALIYUN_COM_GPU_MEM_CONTAINER=3",
+        "--settings-dir",
+        d,
+    ]);
+    assert!(o.status.success());
+    let o = cgpuctl(&["settings", &id, "--settings-dir", d]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "ALIYUN_COM_GPU_MEM_CONTAINER=3\n"
+    );
+    let o = cgpuctl(&["settings", &id, "--rm", "--settings-dir", d]);
+    assert!(o.status.success());
+    assert!(!dir.join(format!("{id}.env")).exists());
+}
