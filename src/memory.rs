@@ -540,6 +540,18 @@ fn container_settings(l: &Ledger) -> Option<JoinSpec> {
     slot.is_container(me.key, &me.name).then_some(spec)
 }
 
+/// The settings of this process's container from its slot on another GPU,
+/// for a GPU where the container has none yet (a process without settings
+/// that is the first of its container there): the same quota, never the
+/// whole GPU.
+fn container_settings_elsewhere(dir: &std::path::Path, uuid: &str) -> Option<JoinSpec> {
+    let here = Ledger::path_for(dir, uuid);
+    Ledger::list(dir)
+        .into_iter()
+        .filter(|p| *p != here)
+        .find_map(|p| container_settings(&Ledger::open(&p).ok()?))
+}
+
 /// Join the ledger for one GPU (or fall back to enforcing locally).
 fn join(info: GpuInfo) -> Option<Gpu> {
     let cfg = config::get();
@@ -559,9 +571,10 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         spec.enforce_off = cfg.mode == Mode::Record;
         (q, cfg.mode == Mode::Enforce)
     } else if cfg.unset() {
-        let path = Ledger::path_for(&Ledger::default_dir(), &info.uuid);
-        let l = Ledger::open(&path).ok()?;
-        if let Some(theirs) = container_settings(&l) {
+        let dir = Ledger::default_dir();
+        let l = Ledger::open(&Ledger::path_for(&dir, &info.uuid)).ok();
+        let here = l.as_ref().and_then(container_settings);
+        if let Some(theirs) = here.or_else(|| container_settings_elsewhere(&dir, &info.uuid)) {
             // No settings of its own: the container's, whatever this
             // process's environment lost.
             tracing::info!(
@@ -575,7 +588,7 @@ fn join(info: GpuInfo) -> Option<Gpu> {
             (q, !spec.enforce_off)
         } else {
             // No ALIYUN_COM_GPU_MEM_CONTAINER: the operator's default_memsize, if any.
-            let d = default_memsize(&l)?;
+            let d = default_memsize(l.as_ref()?)?;
             tracing::warn!(
                 "cgpu: GPU {} ({}): no ALIYUN_COM_GPU_MEM_CONTAINER; the ledger's default_memsize {d} bytes applies",
                 info.visible_index,

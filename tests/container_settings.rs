@@ -30,7 +30,11 @@ struct Rig {
 
 impl Rig {
     fn new(name: &str) -> Rig {
-        let sim = SimEnv::new().gpus("15109:Tesla T4");
+        Rig::with_gpus(name, "15109:Tesla T4")
+    }
+
+    fn with_gpus(name: &str, gpus: &str) -> Rig {
+        let sim = SimEnv::new().gpus(gpus);
         let dir = sim.state_dir.join(format!("ledger-{name}"));
         std::fs::create_dir_all(&dir).unwrap();
         Rig { sim, dir }
@@ -657,4 +661,47 @@ fn cgpuctl_settings_refuses_bad_input() {
     let o = cgpuctl(&["settings", &id, "--rm", "--settings-dir", d]);
     assert!(o.status.success());
     assert!(!dir.join(format!("{id}.env")).exists());
+}
+
+/// Two GPUs; the container's first process uses GPU 0 only. A process of
+/// the container without settings that allocates on GPU 1, where the
+/// container has no slot yet, gets the quota of its slot on GPU 0, never
+/// the whole GPU.
+#[test]
+fn a_process_without_settings_on_another_gpu_gets_the_containers_quota() {
+    if !namespaces_possible() {
+        return;
+    }
+    let rig = Rig::with_gpus("twogpu", "15109:Tesla T4,15109:Tesla T4");
+    let client = cuclient(LinkMode::Link);
+    let mut first = rig.bare("unshare");
+    first
+        .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+        .args(["-p", "-f", "--kill-child"])
+        .arg(&client)
+        .args(["-d", "0", "alloc", "268435456", "hold"]);
+    let (p1, l1) = start_holding(first, "first");
+    assert!(l1.iter().any(|l| l.starts_with("alloc ok")), "{l1:?}");
+    let mut second = rig.bare("nsenter");
+    second
+        .args(["-t", &only_child(p1.id()).to_string(), "-p", "--"])
+        .arg(&client)
+        .args(["-d", "1", "alloc_until_oom", "134217728", "hold"]);
+    let (p2, l2) = start_holding(second, "second");
+    let on_gpu1: u64 = rig
+        .sim
+        .stats()
+        .processes
+        .iter()
+        .filter(|p| p.alive && p.device == 1)
+        .map(|p| p.mem_bytes)
+        .sum();
+    stop(p1);
+    let e2 = stop(p2);
+    assert!(
+        on_gpu1 <= GIB,
+        "the container holds {:.2} GiB on GPU 1, its quota is 1 GiB: {l2:?}\n{e2}",
+        gib(on_gpu1)
+    );
+    assert!(l2.iter().any(|l| l.contains("err=2")), "{l2:?}");
 }
