@@ -101,7 +101,7 @@ struct cgpu_container {
     uint64_t sched[CGPU_SCHED_CONTAINER_WORDS]; /* [atomic] scheduler state */
     uint64_t suspect;         /* [atomic] bytes possibly held for processes that died mid-operation */
     uint64_t recounts;        /* [atomic] times reap recounted used after such a death */
-    uint64_t key;             /* container identity key (CGPU_ADD_CONTAINER_KEY); 0 = unknown: match by id */
+    uint64_t key;             /* identity key (CGPU_ADD_CONTAINER_KEY), written while claiming; 0 = unknown: match by id */
     uint64_t key_created;     /* created_ns written with key; differs: key is stale (claimed since by an older writer), as 0 */
     uint64_t reserved[4];
 };
@@ -119,7 +119,7 @@ struct cgpu_process {
     uint64_t launches;        /* [atomic] kernel launches admitted */
     uint64_t sched_beat_ns;   /* [atomic] CLOCK_MONOTONIC ns of the scheduler's last sign of life, 0: none */
     uint64_t sched_in_sync;   /* [atomic] threads inside a synchronise call */
-    uint64_t host_pid;        /* [atomic] pid as the host and NVML number it (CGPU_ADD_HOST_PID); 0 = unknown */
+    uint64_t host_pid;        /* [atomic] (start_time & 0xffffffff) << 32 | pid as the host and NVML number it (CGPU_ADD_HOST_PID); 0, or a stamp that is not this start_time: unknown */
     uint64_t reserved[1];
 };
 
