@@ -307,10 +307,10 @@ fn runtime_binds_name_the_container() {
     // `sh` binds the container's hostname file over /etc/hostname in a
     // mount namespace of its own (as the runtime does), then runs `cmd`
     // (env-less unless `gib` is given). The host's PID namespace: --pid host.
-    let run = |id: &str, gib: Option<&str>| {
+    let run = |id: &str, env: &[(&str, &str)]| {
         let mut c = rig.bare("unshare");
-        if let Some(g) = gib {
-            c.env("ALIYUN_COM_GPU_MEM_CONTAINER", g);
+        for (k, v) in env {
+            c.env(k, v);
         }
         c.args(["-m", "--propagation", "private", "sh", "-c"])
             .arg(format!(
@@ -320,12 +320,21 @@ fn runtime_binds_name_the_container() {
             ));
         c
     };
-    let (a, la) = start_holding(run(ids[0], Some("1")), "container A");
+    let quota = |g| ("ALIYUN_COM_GPU_MEM_CONTAINER", g);
+    let (a, la) = start_holding(run(ids[0], &[quota("1")]), "container A");
     let held_a = rig.device_bytes();
-    let (b, lb) = start_holding(run(ids[1], Some("3")), "container B");
+    let (b, lb) = start_holding(run(ids[1], &[quota("3")]), "container B");
     let held_b = rig.device_bytes() - held_a;
-    let (a2, la2) = start_holding(run(ids[0], None), "A's second process");
+    let (a2, la2) = start_holding(run(ids[0], &[]), "A's second process");
     let held_a_all = rig.device_bytes() - held_b;
+    // A third process of A asks for another quota under another name: it
+    // lands in A all the same, gets A's settings and says so.
+    let (a3, la3) = start_holding(
+        run(ids[0], &[quota("8"), ("CGPU_CONTAINER_ID", "renamed")]),
+        "A's third process",
+    );
+    let held_a_3 = rig.device_bytes() - held_b;
+    let e3 = stop(a3);
     // The ledger shows docker's short ids.
     let l = cgpu::ledger::Ledger::list(&rig.dir);
     let l = cgpu::ledger::Ledger::open(&l[0]).unwrap();
@@ -346,6 +355,16 @@ fn runtime_binds_name_the_container() {
     );
     assert!(names.contains(&"3f4c0a6d2b1e".to_string()), "{names:?}");
     assert!(names.contains(&"9a8b7c6d5e4f".to_string()), "{names:?}");
+    assert!(
+        held_a_3 <= GIB,
+        "A with a process asking for 8 GiB holds {:.2} GiB of its 1: {la3:?}\n{e3}",
+        gib(held_a_3)
+    );
+    assert!(
+        e3.contains("container 3f4c0a6d2b1e already runs on GPU")
+            && e3.contains("this process asked for quota 8.00 GiB, name renamed"),
+        "one warning names what it asked and what it got: {e3}"
+    );
 }
 
 /// A docker-like container on the host's PID namespace and network: a

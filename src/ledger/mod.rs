@@ -861,7 +861,8 @@ impl Ledger {
             Some(c) => {
                 if let Some(diff) = settings_differ(&f.containers[c], req) {
                     tracing::warn!(
-                        "container {id} already runs on GPU {} with {}; this process asked for {}: it gets the container's settings (the first process's; change them with cgpuctl set)",
+                        "container {} already runs on GPU {} with {}; this process asked for {}: it gets the container's settings (the first process's; change them with cgpuctl set)",
+                        f.containers[c].id_str(),
                         f.header.uuid_str(),
                         diff.0,
                         diff.1
@@ -1753,6 +1754,13 @@ fn settings_differ(slot: &ContainerSlot, req: &JoinRequest<'_>) -> Option<(Strin
             "high priority {}",
             if req.highprio { "on" } else { "off" }
         ));
+    }
+    // The same container (by identity) under another name: the first
+    // process's name stays.
+    let name = slot.id_str();
+    if name != req.container_id {
+        has.push(format!("name {name}"));
+        asked.push(format!("name {}", req.container_id));
     }
     (!has.is_empty()).then(|| (has.join(", "), asked.join(", ")))
 }
