@@ -7,27 +7,30 @@
 //! strongest first (what a container cannot choose before what it can):
 //!
 //! 1. `/proc/self/mountinfo`, 4th field (the root of each mount within its
-//!    filesystem): the per-container files a runtime binds in before the
-//!    container starts. The kubelet's termination-log
-//!    (`…/pods/<pod-uid>/containers/<name>/<hex>`), docker's and nerdctl's
-//!    `…/containers/<64 hex>/{hostname,hosts,resolv.conf}`, podman's and
-//!    CRI-O's `…/overlay-containers/<64 hex>/userdata/…`. A process that
-//!    unshares its mount namespace keeps copies of these mounts.
+//!    filesystem): the kubelet's termination-log bind
+//!    (`…/pods/<pod-uid>/containers/<name>/<hex>`), per container.
 //! 2. `/proc/self/cgroup`: a 64-hex container id in a path (cgroup v1, or
 //!    v2 with the host's cgroup namespace).
-//! 3. The root filesystem's overlay `upperdir` (per container for docker,
+//! 3. `/proc/self/mountinfo` again: the per-container files a runtime binds
+//!    in before the container starts, docker's and nerdctl's
+//!    `…/containers/<64 hex>/{hostname,hosts,resolv.conf}`, podman's and
+//!    CRI-O's `…/overlay-containers/<64 hex>/userdata/…` (after the cgroup
+//!    path: a container sharing another's network, `--network
+//!    container:<other>`, gets the other's files). A process that unshares
+//!    its mount namespace keeps copies of these mounts.
+//! 4. The root filesystem's overlay `upperdir` (per container for docker,
 //!    containerd, podman and CRI-O with their overlay drivers).
-//! 4. Per-pod binds (the kubelet's `…/pods/<uid>/etc-hosts`, containerd's
+//! 5. Per-pod binds (the kubelet's `…/pods/<uid>/etc-hosts`, containerd's
 //!    `…/sandboxes/<id>/…`): all containers of a pod are one.
-//! 5. The PID namespace (its inode), when it is not the host's: a process
+//! 6. The PID namespace (its inode), when it is not the host's: a process
 //!    cannot leave its own PID namespace (`unshare -p` moves only its
 //!    children), unlike its mount or UTS namespace.
-//! 6. Otherwise the process is not in a container (the host's PID
+//! 7. Otherwise the process is not in a container (the host's PID
 //!    namespace and no runtime trace): `CGPU_CONTAINER_ID` if set, else the
 //!    hostname, as the only way to tell jobs of a host apart.
 //!
 //! `CGPU_CONTAINER_ID` never chooses the identity of a process in a
-//! container (sources 1–5): a process can drop or forge a variable, and one
+//! container (sources 1–6): a process can drop or forge a variable, and one
 //! started without it must still land in its container. There it only
 //! names the container (the name `cgpu-smi` shows) when the process is the
 //! first of its container on a GPU.
@@ -324,19 +327,19 @@ pub fn resolve(f: &Facts<'_>) -> Identity {
             container_id: cid,
         };
     }
-    if let Some(Bind::Container(id)) = ctr {
-        return Identity {
-            key: key_of_container_id(&id),
-            name: id_name(&id),
-            source: Source::RuntimeBind,
-            container_id: Some(id),
-        };
-    }
     if let Some(id) = f.cgroup.and_then(container_id_in_cgroup) {
         return Identity {
             key: key_of_container_id(&id),
             name: id_name(&id),
             source: Source::Cgroup,
+            container_id: Some(id),
+        };
+    }
+    if let Some(Bind::Container(id)) = ctr {
+        return Identity {
+            key: key_of_container_id(&id),
+            name: id_name(&id),
+            source: Source::RuntimeBind,
             container_id: Some(id),
         };
     }
@@ -642,6 +645,18 @@ mod tests {
         assert_eq!(id.source, Source::RuntimeBind);
         assert_eq!(id.key, key_of_container_id(DOCKER_ID));
         assert_eq!(id.name, "3f4c0a6d2b1e");
+    }
+
+    #[test]
+    fn a_container_on_another_containers_network_is_told_apart_by_its_cgroup() {
+        // docker run --network container:A B: docker binds A's hostname,
+        // hosts and resolv.conf into B; B's cgroup path (v1, or v2 with the
+        // host's cgroup namespace) names B.
+        let (mi, _) = docker_v2(DOCKER_ID);
+        let cg = format!("0::/system.slice/docker-{OTHER_ID}.scope\n");
+        let b = resolve(&facts(&mi, &cg, 4026532301, "3f4c0a6d2b1e"));
+        assert_eq!(b.source, Source::Cgroup);
+        assert_eq!(b.container_id.as_deref(), Some(OTHER_ID));
     }
 
     #[test]
