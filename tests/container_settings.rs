@@ -8,8 +8,9 @@
 //! and hostname: what `hostNetwork: true` pods and `docker --network host`
 //! containers look like from inside), and bind mounts of the files a
 //! runtime binds in (`/etc/hostname` from `…/containers/<id>/hostname`).
-//! Tests that need namespaces skip (with a line saying so) where the
-//! sandbox cannot make them (no root).
+//! Namespaces are made as root, else inside a user namespace of the test's
+//! own (`unshare -U -r`; `CGPU_TEST_USERNS=1` asks for that even as root);
+//! where neither works, the tests that need them skip with a line saying so.
 
 use cgpu_testkit::{artifacts, cuclient, LinkMode, SimEnv};
 use std::io::{BufRead, BufReader};
@@ -110,18 +111,61 @@ fn gib(b: u64) -> f64 {
     b as f64 / GIB as f64
 }
 
-/// Can this sandbox make PID and mount namespaces (root, `unshare`)?
+/// How this sandbox makes namespaces: `Some(false)` as root, `Some(true)`
+/// inside a user namespace of its own (`unshare -U -r`: no root needed,
+/// and what `CGPU_TEST_USERNS=1` asks for), `None` not at all.
+fn ns_mode() -> Option<bool> {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| {
+        let works = |pre: &[&str]| {
+            Command::new("unshare")
+                .args(pre)
+                .args(["-p", "-f", "-m", "true"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let want_user = std::env::var_os("CGPU_TEST_USERNS").is_some_and(|v| v == "1");
+        if !want_user && works(&[]) {
+            Some(false)
+        } else if works(&["-U", "-r"]) {
+            Some(true)
+        } else {
+            None
+        }
+    })
+}
+
+/// Can this sandbox make PID and mount namespaces (as root, or in a user
+/// namespace)?
 fn namespaces_possible() -> bool {
-    let ok = Command::new("unshare")
-        .args(["-p", "-f", "-m", "true"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
+    let ok = ns_mode().is_some();
     if !ok {
-        eprintln!("skipped: `unshare -p -f -m` is not possible here (needs root)");
+        eprintln!("skipped: `unshare -p -f -m` is not possible here (neither as root nor in a user namespace)");
     }
     ok
+}
+
+impl Rig {
+    /// `unshare` (inside a user namespace of its own where that is how
+    /// namespaces are made here), with no settings.
+    fn unshare(&self) -> Command {
+        let mut c = self.bare("unshare");
+        if ns_mode() == Some(true) {
+            c.args(["-U", "-r"]);
+        }
+        c
+    }
+
+    /// `nsenter` (into the target's user namespace too, where there is one).
+    fn nsenter(&self) -> Command {
+        let mut c = self.bare("nsenter");
+        if ns_mode() == Some(true) {
+            c.arg("-U");
+        }
+        c
+    }
 }
 
 /// The pid (host numbering) of the only child of `pid`.
@@ -151,7 +195,7 @@ fn a_process_without_settings_runs_under_its_containers() {
     }
     let rig = Rig::new("noenv");
     let client = cuclient(LinkMode::Link);
-    let mut first = rig.bare("unshare");
+    let mut first = rig.unshare();
     first
         .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
         .args(["-p", "-f", "--kill-child"])
@@ -160,7 +204,7 @@ fn a_process_without_settings_runs_under_its_containers() {
     let (p1, l1) = start_holding(first, "first");
     assert!(l1.iter().any(|l| l.starts_with("alloc ok")), "{l1:?}");
 
-    let mut second = rig.bare("nsenter");
+    let mut second = rig.nsenter();
     second
         .args(["-t", &only_child(p1.id()).to_string(), "-p", "--"])
         .arg(&client)
@@ -224,7 +268,7 @@ fn two_host_network_containers_made_with_unshare_keep_their_own_quotas() {
     let rig = Rig::new("hostnet");
     let client = cuclient(LinkMode::Link);
     let container = |gib: &str| {
-        let mut c = rig.bare("unshare");
+        let mut c = rig.unshare();
         c.env("ALIYUN_COM_GPU_MEM_CONTAINER", gib)
             .args(["-p", "-f", "--kill-child", "-m"])
             .arg(&client)
@@ -249,7 +293,7 @@ fn two_host_network_containers_made_with_unshare_keep_their_own_quotas() {
     // Into B's PID and mount namespaces, without B's environment, in a
     // UTS namespace of its own with another hostname.
     let b_pid = only_child(b.id());
-    let mut c = rig.bare("nsenter");
+    let mut c = rig.nsenter();
     c.args([
         "-t",
         &b_pid.to_string(),
@@ -308,7 +352,7 @@ fn runtime_binds_name_the_container() {
     // mount namespace of its own (as the runtime does), then runs `cmd`
     // (env-less unless `gib` is given). The host's PID namespace: --pid host.
     let run = |id: &str, env: &[(&str, &str)]| {
-        let mut c = rig.bare("unshare");
+        let mut c = rig.unshare();
         for (k, v) in env {
             c.env(k, v);
         }
@@ -423,7 +467,7 @@ impl<'a> Docker<'a> {
             );
         }
         script += &format!(" && exec {} {args}", cuclient(LinkMode::Link).display());
-        let mut c = self.rig.bare("unshare");
+        let mut c = self.rig.unshare();
         for (k, v) in env {
             c.env(k, v);
         }
@@ -582,7 +626,7 @@ fn a_namespaced_pid_equal_to_another_containers_host_pid_is_not_confused() {
     assert!(lx.iter().any(|l| l.starts_with("alloc ok")), "{lx:?}");
     let host_pid_x = px.id();
     // Container Y: a PID namespace where the next pid is X's host pid.
-    let mut y = rig.bare("unshare");
+    let mut y = rig.unshare();
     y.env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
         .args(["-p", "-f", "--kill-child", "sh", "-c"])
         .arg(format!(
@@ -693,7 +737,7 @@ fn a_process_without_settings_on_another_gpu_gets_the_containers_quota() {
     }
     let rig = Rig::with_gpus("twogpu", "15109:Tesla T4,15109:Tesla T4");
     let client = cuclient(LinkMode::Link);
-    let mut first = rig.bare("unshare");
+    let mut first = rig.unshare();
     first
         .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
         .args(["-p", "-f", "--kill-child"])
@@ -701,7 +745,7 @@ fn a_process_without_settings_on_another_gpu_gets_the_containers_quota() {
         .args(["-d", "0", "alloc", "268435456", "hold"]);
     let (p1, l1) = start_holding(first, "first");
     assert!(l1.iter().any(|l| l.starts_with("alloc ok")), "{l1:?}");
-    let mut second = rig.bare("nsenter");
+    let mut second = rig.nsenter();
     second
         .args(["-t", &only_child(p1.id()).to_string(), "-p", "--"])
         .arg(&client)
