@@ -97,15 +97,25 @@ impl Drop for NvmlRef {
 /// another `getpid()`, so it never uses its parent's.
 static OWN_PID: AtomicU64 = AtomicU64::new(0);
 
-/// This process's pid in NVML's lists.
+/// This process's pid in NVML's lists; 0 when not known: inside a PID
+/// namespace `getpid()` is not a host pid (and may be another process's),
+/// so it is never looked up there.
 fn own_pid() -> u32 {
     let me = std::process::id();
     let v = OWN_PID.load(Ordering::Acquire);
     if v >> 32 == u64::from(me) && v as u32 != 0 {
         v as u32
-    } else {
+    } else if crate::ledger::in_host_pidns() {
         me
+    } else {
+        0
     }
+}
+
+/// Was this process's pid in NVML's lists found by the probe?
+fn own_pid_found() -> bool {
+    let v = OWN_PID.load(Ordering::Acquire);
+    v >> 32 == u64::from(std::process::id()) && v as u32 != 0
 }
 
 /// What the driver reports about device memory on `gpu`.
@@ -172,7 +182,10 @@ fn sample(gpu: &Gpu, nvml: &NvmlRef) -> Sample {
     };
     let me = own_pid();
     if let Some(ps) = processes(h) {
-        s.mine = ps.iter().find(|(p, _)| *p == me).map(|(_, b)| *b);
+        s.mine = ps
+            .iter()
+            .find(|(p, _)| me != 0 && *p == me)
+            .map(|(_, b)| *b);
     }
     let mut m = nvmlMemory_t::default();
     if super::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) == NVML_SUCCESS {
@@ -224,6 +237,8 @@ fn find_own_pid(gpu: &Gpu, ctx: CUcontext) -> Option<u32> {
             u64::from(std::process::id()) << 32 | u64::from(pid),
             Ordering::Release,
         );
+        crate::ledger::set_host_pid(pid);
+        gpu.publish_host_pid(pid);
     }
     found
 }
@@ -256,7 +271,7 @@ fn measured(
     let before = sample(gpu, &nvml);
     let rc = create();
     let mut after = sample(gpu, &nvml);
-    if rc == CUDA_SUCCESS && nvml.0 && after.mine.is_none() && own_pid() == std::process::id() {
+    if rc == CUDA_SUCCESS && nvml.0 && after.mine.is_none() && !own_pid_found() {
         // Not listed under getpid() although it has a context now: a PID namespace.
         let c = new_ctx();
         if !c.is_null() && find_own_pid(gpu, c).is_some() {

@@ -40,6 +40,8 @@ const LEFT: u8 = 4;
 #[derive(Debug, Clone)]
 pub struct JoinSpec {
     pub container_id: String,
+    /// As [`JoinRequest::key`].
+    pub key: u64,
     /// As [`JoinRequest::quota`].
     pub quota: u64,
     pub weight: u32,
@@ -51,6 +53,7 @@ impl JoinSpec {
     fn request(&self) -> JoinRequest<'_> {
         JoinRequest {
             container_id: &self.container_id,
+            key: self.key,
             quota: self.quota,
             weight: self.weight,
             highprio: self.highprio,
@@ -172,6 +175,7 @@ impl Account {
     pub fn alone(gpu: String, alone_limit: Option<u64>) -> Account {
         let spec = JoinSpec {
             container_id: String::new(),
+            key: 0,
             quota: 0,
             weight: 1,
             highprio: false,

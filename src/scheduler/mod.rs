@@ -704,6 +704,7 @@ mod tests {
         let m = ledger
             .join(&JoinRequest {
                 container_id: "parent",
+                key: 0,
                 quota: 0,
                 weight: 1,
                 highprio: false,
