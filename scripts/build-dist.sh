@@ -18,7 +18,7 @@
 #
 # Usage: scripts/build-dist.sh [--cluster] [--test]
 #   --cluster   also build the Kubernetes components (a long build: about
-#               25 minutes from nothing on 2 cores, seconds when cached)
+#               13 minutes from nothing on 2 cores, seconds when cached)
 #   --test      then check dist/ (glibc floor, size, exports) and run the
 #               interposer tests with dist/libcgpu.so preloaded
 set -euo pipefail
