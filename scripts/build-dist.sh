@@ -31,7 +31,7 @@ for arg in "$@"; do
   case "$arg" in
     --test) TEST=1 ;;
     --cluster) CLUSTER=1 ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-dist: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
