@@ -11,14 +11,16 @@
 //!
 //! | table | slots | what works |
 //! |---|---|---|
-//! | CUDART_INTERFACE | 13 | \[1\] \[6\] \[8\] load a module from a fat binary, \[2\] the device's primary context *without* retaining it, \[7\] no-op, \[12\] "load compilers" (success) |
-//! | TOOLS_RUNTIME_CALLBACK_HOOKS | 7 | \[2\] a zeroed 1024-byte buffer, \[6\] a zeroed 14 × u32 buffer |
-//! | TOOLS_TLS | 4 | \[2\] the current context |
-//! | CONTEXT_LOCAL_STORAGE | 4 | \[0\] put, \[1\] delete, \[2\] get (per context and key; destructors run when the context dies) |
-//! | CONTEXT_CHECKS | 4 | \[2\] success with 0, \[3\] 0 |
-//! | INTEGRITY_CHECK | 3 | \[1\] the runtime's integrity check (`crate::integrity`) |
-//! | TOOLS_CONTEXT | 95 | \[4\] the context's id; \[39\] and \[51\] success without output (stubs) |
+//! | CUDART_INTERFACE | 13 | [1] [6] [8] load a module from a fat binary, [2] the device's primary context *without* retaining it, [7] no-op, [12] "load compilers" (success) |
+//! | TOOLS_RUNTIME_CALLBACK_HOOKS | 7 | [2] a zeroed 1024-byte buffer, [6] a zeroed 14 × u32 buffer |
+//! | TOOLS_TLS | 4 | [2] the current context |
+//! | CONTEXT_LOCAL_STORAGE | 4 | [0] put, [1] delete, [2] get (per context and key; destructors run when the context dies) |
+//! | CONTEXT_CHECKS | 4 | [2] success with 0, [3] 0 |
+//! | INTEGRITY_CHECK | 3 | [1] the runtime's integrity check (`crate::integrity`) |
+//! | TOOLS_CONTEXT | 95 | [4] the context's id; [39] and [51] success without output (stubs) |
 
+// The `[n]` in the table above are slot numbers, not links.
+#![allow(rustdoc::broken_intra_doc_links)]
 use crate::driver::{cu, Obj, CTX_STACK};
 use crate::integrity;
 use crate::{guard, put};
