@@ -18,7 +18,7 @@ RUST_ALL=$(for f in Cargo.toml cluster/*/Cargo.toml; do field "$f" rust-version;
 VERSION=$(field Cargo.toml version)
 GLIBC=$(sed -n 's/^GLIBC=//p' scripts/build-dist.sh)
 FORMAT=$(sed -n 's/^pub const FORMAT_VERSION: u32 = \([0-9]*\);/\1/p' src/ledger/mod.rs)
-K8S=$(sed -n 's/^for v in \(.*\); do/\1/p' scripts/check-deploy.sh)
+K8S=$(sed -n 's/^VERSIONS="\(.*\)"/\1/p' scripts/check-deploy.sh)
 K8S_MIN=$(echo "$K8S" | tr ' ' '\n' | sort -V | head -1 | sed 's/\.0$//')
 # The worked memory examples: (physical MiB, DEV, CONTAINER, expected MiB).
 T4=$(grep -o '(15109, "15", "6", [0-9]*)' tests/entry_paths.rs | grep -o '[0-9]*)$' | tr -d ')')
@@ -49,6 +49,8 @@ need docs/install.md "alone build with $RUST_LIB"
 need README.md "glibc $GLIBC or newer"
 need docs/install.md "glibc $GLIBC or newer"
 need README.md "Kubernetes $K8S_MIN or later"
+need docs/kubernetes.md "Kubernetes $K8S_MIN or later"
+need docs/install.md "| $K8S_MIN or later"
 need README.md "a total of $T4 MiB"
 need README.md "each .../ ${V100}MiB"
 # Every sample of the tools' header shows this format.
