@@ -613,12 +613,12 @@ fn limit_charge(held: u64, measured: Option<i128>, predicted: i128, known: bool)
 /// the current context, and what a lower value gives back is released.
 ///
 /// - Before the call, the growth the value predicts (the new value less the
-///   current one, times [`bytes_per_unit`]) is reserved on the quota: a raise
+///   current one, times `bytes_per_unit`) is reserved on the quota: a raise
 ///   that cannot fit is refused with `CUDA_ERROR_OUT_OF_MEMORY` and never
 ///   reaches the driver.
 /// - After it, the charge is settled on what the driver reserved, measured
 ///   as for a context's creation (this process's allocations held off
-///   meanwhile), and never below the prediction (see [`limit_charge`]); if
+///   meanwhile), and never below the prediction (see `limit_charge`); if
 ///   that is more than the quota holds, the limit is set back to its old
 ///   value and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 /// - The charge belongs to the context: destroying it (or the primary

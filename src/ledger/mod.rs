@@ -22,7 +22,7 @@ mod lock;
 mod shared;
 mod snapshot;
 
-pub use account::{Account, JoinSpec, ShareLink, JOIN_WAIT, RETRY_INTERVAL};
+pub use account::{Account, JoinSpec, ShareLink, JOIN_WAIT, RETRY_INTERVAL, WATCH_INTERVAL};
 pub use shared::{SharePayer, SharedSlot, MAX_SHARED, SHARED_BORNE, SHARED_BYTES, SHARED_RELEASED};
 pub use snapshot::{ContainerSnapshot, ProcessSnapshot, Snapshot};
 

@@ -20,6 +20,8 @@
 //! | TOOLS_CONTEXT | 95 | [4] the context's id; [39] and [51] success without output (stubs) |
 //! | CUPTI | size word 8 | none: CUPTI takes the empty table as a driver without its support |
 
+// The `[n]` in the table above are slot numbers, not links.
+#![allow(rustdoc::broken_intra_doc_links)]
 use crate::driver::{cu, Obj, CTX_STACK};
 use crate::integrity;
 use crate::{guard, put};
