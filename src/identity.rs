@@ -483,6 +483,70 @@ pub fn current(name: Option<&str>) -> Identity {
     id
 }
 
+/// What the host sees of another process (`/proc/<pid>`): the texts
+/// [`resolve`] reads, as that process would read them of itself (its
+/// mountinfo and PID namespace are its own whoever reads them; its cgroup
+/// path is the one the reader's cgroup namespace shows, on the host the
+/// full path, which names the same container id as the runtime's binds).
+/// For the node agent, which maps the processes NVML reports to their
+/// containers.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessFacts {
+    pub cgroup: Option<String>,
+    pub mountinfo: Option<String>,
+    /// Inode of `/proc/<pid>/ns/pid` (0: unknown).
+    pub pidns: u64,
+    /// The reader's hostname: another process's UTS namespace is not read
+    /// (only a host process's display name and host-rule key depend on it).
+    pub hostname: String,
+}
+
+impl ProcessFacts {
+    /// Reads `/proc/<pid>/{cgroup,mountinfo,ns/pid}`; `None` when the
+    /// process is gone or none of them can be read.
+    pub fn read(pid: u32) -> Option<ProcessFacts> {
+        let cgroup = read_proc(&format!("/proc/{pid}/cgroup"));
+        let mountinfo = read_proc(&format!("/proc/{pid}/mountinfo"));
+        let pidns = std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+            .ok()
+            .and_then(|l| {
+                l.to_str()?
+                    .strip_prefix("pid:[")?
+                    .strip_suffix(']')?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0);
+        if cgroup.is_none() && mountinfo.is_none() && pidns == 0 {
+            return None;
+        }
+        Some(ProcessFacts {
+            cgroup,
+            mountinfo,
+            pidns,
+            hostname: hostname(),
+        })
+    }
+
+    /// The container of that process, named `name` when given (as
+    /// [`current`] does for this process).
+    pub fn resolve(&self, name: Option<&str>) -> Identity {
+        resolve(&Facts {
+            cgroup: self.cgroup.as_deref(),
+            mountinfo: self.mountinfo.as_deref(),
+            pidns: self.pidns,
+            hostname: &self.hostname,
+            name,
+        })
+    }
+}
+
+/// The identity of another process, from `/proc/<pid>` (see
+/// [`ProcessFacts`]); `None` when the process is gone.
+pub fn of_pid(pid: u32, name: Option<&str>) -> Option<Identity> {
+    ProcessFacts::read(pid).map(|f| f.resolve(name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -711,6 +775,16 @@ mod tests {
             ..Facts::default()
         });
         assert_eq!(none.name, "unknown");
+    }
+
+    #[test]
+    fn another_process_resolves_as_it_resolves_itself() {
+        let me = std::process::id();
+        let theirs = of_pid(me, Some("job-a")).expect("/proc/<own pid>");
+        let mine = current(Some("job-a"));
+        assert_eq!(theirs.key, mine.key);
+        assert_eq!(theirs.source, mine.source);
+        assert!(of_pid(u32::MAX, None).is_none());
     }
 
     #[test]
