@@ -484,11 +484,15 @@ pub fn current(name: Option<&str>) -> Identity {
 }
 
 /// What the host sees of another process (`/proc/<pid>`): the texts
-/// [`resolve`] reads, as that process would read them of itself (its
-/// mountinfo and PID namespace are its own whoever reads them; its cgroup
-/// path is the one the reader's cgroup namespace shows, on the host the
-/// full path, which names the same container id as the runtime's binds).
-/// For the node agent, which maps the processes NVML reports to their
+/// [`resolve`] reads, as that process reads them of itself, so that both
+/// find the same container. Its mountinfo and PID namespace are its own
+/// whoever reads them. Its cgroup paths are shown relative to the
+/// reader's cgroup namespace: when the process has a cgroup namespace of
+/// its own (docker's and containerd's default on cgroup v2), it sees its
+/// paths from its container's cgroup down, which name no container id, so
+/// the host's longer view of them is not used (it would name an id the
+/// process never saw, and another key than the one it joined with). For
+/// the node agent, which maps the processes NVML reports to their
 /// containers.
 #[derive(Debug, Clone, Default)]
 pub struct ProcessFacts {
@@ -505,7 +509,17 @@ impl ProcessFacts {
     /// Reads `/proc/<pid>/{cgroup,mountinfo,ns/pid}`; `None` when the
     /// process is gone or none of them can be read.
     pub fn read(pid: u32) -> Option<ProcessFacts> {
-        let cgroup = read_proc(&format!("/proc/{pid}/cgroup"));
+        let own_cgroupns = {
+            let link = |p: String| std::fs::read_link(p).ok();
+            match (
+                link(format!("/proc/{pid}/ns/cgroup")),
+                link("/proc/self/ns/cgroup".into()),
+            ) {
+                (Some(theirs), Some(mine)) => theirs != mine,
+                _ => false,
+            }
+        };
+        let cgroup = read_proc(&format!("/proc/{pid}/cgroup")).filter(|_| !own_cgroupns);
         let mountinfo = read_proc(&format!("/proc/{pid}/mountinfo"));
         let pidns = std::fs::read_link(format!("/proc/{pid}/ns/pid"))
             .ok()
@@ -517,7 +531,7 @@ impl ProcessFacts {
                     .ok()
             })
             .unwrap_or(0);
-        if cgroup.is_none() && mountinfo.is_none() && pidns == 0 {
+        if mountinfo.is_none() && pidns == 0 {
             return None;
         }
         Some(ProcessFacts {

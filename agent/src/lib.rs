@@ -13,7 +13,7 @@ use cgpu::identity::{self, Identity, Source};
 use cgpu::ledger::{Ledger, Snapshot};
 use nvml::{DeviceProcess, Nvml};
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 /// What the agent does to a container over its quota.
@@ -190,11 +190,13 @@ fn identity_of(pid: u32, include_host: bool) -> Option<Identity> {
 /// Checks one GPU: the device's processes against the ledger `l`.
 pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> GpuUse {
     let snap: Snapshot = l.snapshot();
-    let registered: HashSet<(i32, u64)> = snap
+    // Live processes of the ledger, by (pid in their namespace, namespace):
+    // their container's slot.
+    let registered: HashMap<(i32, u64), usize> = snap
         .processes
         .iter()
         .filter(|p| p.alive)
-        .map(|p| (p.pid, p.pidns))
+        .map(|p| ((p.pid, p.pidns), p.container))
         .collect();
     let mut by_key: BTreeMap<u64, ContainerUse> = BTreeMap::new();
     let mut outside = Vec::new();
@@ -208,30 +210,38 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
         let mut p = ProcUse {
             pid: d.pid,
             bytes: d.bytes.unwrap_or(0),
-            registered: ns_pid(d.pid).is_some_and(|k| registered.contains(&k)),
+            registered: false,
             stopped: state == 'T',
             start_time,
             action: None,
         };
+        let in_ledger = ns_pid(d.pid).and_then(|k| registered.get(&k).copied());
+        p.registered = in_ledger.is_some();
         let Some(id) = identity_of(d.pid, include_host) else {
-            p.registered = p.registered && include_host;
             outside.push(p);
             continue;
         };
-        let c = by_key.entry(id.key).or_insert_with(|| {
-            let slot = l.find_container_keyed(id.key, &id.name);
-            let row = slot.and_then(|s| snap.containers.iter().find(|c| c.slot == s));
-            ContainerUse {
-                slot,
-                quota: row.map_or(0, |r| r.quota),
-                ledger_used: row.map_or(0, |r| r.used),
-                device_bytes: 0,
-                procs: Vec::new(),
-                identity: id.clone(),
-            }
+        let c = by_key.entry(id.key).or_insert_with(|| ContainerUse {
+            slot: l.find_container_keyed(id.key, &id.name),
+            quota: 0,
+            ledger_used: 0,
+            device_bytes: 0,
+            procs: Vec::new(),
+            identity: id.clone(),
         });
+        // A process under the library names its container's row itself.
+        c.slot = c.slot.or(in_ledger);
         c.device_bytes += p.bytes;
         c.procs.push(p);
+    }
+    for c in by_key.values_mut() {
+        if let Some(row) = c
+            .slot
+            .and_then(|s| snap.containers.iter().find(|r| r.slot == s))
+        {
+            c.quota = row.quota;
+            c.ledger_used = row.used;
+        }
     }
     GpuUse {
         uuid: snap.uuid.clone(),
@@ -484,9 +494,11 @@ pub fn status_json(opts: &Options, pass: &Pass, time_ns: u64) -> Value {
 }
 
 /// Writes `text` to `path` atomically (a temporary file beside it, then
-/// rename): a reader sees the old document or the new one, never half.
+/// rename): a reader sees the old document or the new one, never half. A
+/// link put at `path` is replaced, never followed.
 pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(
@@ -494,7 +506,22 @@ pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
         name.as_deref().unwrap_or("agent.json"),
         std::process::id()
     ));
-    let mut f = std::fs::File::create(&tmp)?;
+    // A new file only (O_EXCL: never through a link or a file someone put
+    // there: the ledger directory may be writable by containers).
+    let create = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+    };
+    let mut f = match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&tmp)?;
+            create()?
+        }
+        r => r?,
+    };
     f.write_all(text.as_bytes())?;
     f.sync_all()?;
     drop(f);
@@ -570,6 +597,24 @@ mod tests {
         assert!(offenders(&c, Policy::Stop).is_empty());
         // Under kill, a stopped process still holds its memory: it goes.
         assert_eq!(offenders(&c, Policy::Kill), vec![1]);
+    }
+
+    #[test]
+    fn the_status_file_is_replaced_never_written_through_a_link() {
+        let dir = std::env::temp_dir().join(format!("cgpu-agent-ut-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let path = dir.join("agent.json");
+        let tmp = dir.join(format!(".agent.json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        write_atomic(&path, "{}").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}");
+        assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

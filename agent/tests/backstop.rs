@@ -68,6 +68,12 @@ impl Rig {
                 .env("ALIYUN_COM_GPU_MEM_CONTAINER", q);
         }
         c.args(["alloc", &bytes.to_string(), "hold"]);
+        self.start_command(c, name)
+    }
+
+    /// Starts `c` (a cuclient that allocates and holds) and waits until it
+    /// holds; its index.
+    fn start_command(&mut self, mut c: Command, name: &str) -> usize {
         let mut child = c.spawn().expect("spawn cuclient");
         let mut out = BufReader::new(child.stdout.take().unwrap());
         let mut lines = Vec::new();
@@ -396,6 +402,99 @@ fn now_ns() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64
+}
+
+/// How namespaces are made here: `Some(false)` as root, `Some(true)` in a
+/// user namespace of the test's own (`unshare -U -r`), `None` not at all.
+fn ns_mode() -> Option<bool> {
+    let works = |pre: &[&str]| {
+        Command::new("unshare")
+            .args(pre)
+            .args(["-p", "-f", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let want_user = std::env::var_os("CGPU_TEST_USERNS").is_some_and(|v| v == "1");
+    if !want_user && works(&[]) {
+        Some(false)
+    } else if works(&["-U", "-r"]) {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// The pid (host numbering) of the only child of `pid`.
+fn only_child(pid: u32) -> u32 {
+    let t0 = Instant::now();
+    loop {
+        let s =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+        if let Some(c) = s.split_whitespace().next().and_then(|c| c.parse().ok()) {
+            return c;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "no child of {pid}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A container made as a runtime makes one (a PID namespace of its own,
+/// `unshare -p -f`), with no `CGPU_CONTAINER_ID` anywhere: its first
+/// process runs under the library with a quota of 1 GiB; a second one,
+/// entered into it (`nsenter`, as `docker exec` does) without the preload,
+/// takes 2 GiB. The agent finds the container from what the kernel shows
+/// of each process (no `--include-host`, no environment read), reports it
+/// and kills the second process only.
+#[test]
+fn a_container_of_its_own_pid_namespace_is_judged_without_the_host_rule() {
+    let Some(userns) = ns_mode() else {
+        eprintln!("skipped: `unshare -p -f` is not possible here (neither as root nor in a user namespace)");
+        return;
+    };
+    let mut rig = Rig::new("pidns");
+    let client = cuclient(LinkMode::Link);
+    let mut first = rig.command("unshare");
+    if userns {
+        first.args(["-U", "-r"]);
+    }
+    first
+        .env("LD_PRELOAD", &artifacts().libcgpu)
+        .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+        .args(["-p", "-f", "--kill-child"])
+        .arg(&client)
+        .args(["alloc", &(256 * MIB).to_string(), "hold"]);
+    let first = rig.start_command(first, "the container's first process");
+    let lib_pid = only_child(rig.pid(first));
+    let mut second = rig.command("nsenter");
+    if userns {
+        second.arg("-U");
+    }
+    second
+        .args(["-t", &lib_pid.to_string(), "-p", "--"])
+        .arg(&client)
+        .args(["alloc", &(2 * GIB).to_string(), "hold"]);
+    let second = rig.start_command(second, "a process entered without the preload");
+    let bare_pid = only_child(rig.pid(second));
+
+    let (rc, doc, err) = rig.agent_once(&["--policy", "kill"]);
+    assert_eq!(rc, 3, "{doc:#}\n{err}");
+    let containers = doc["gpus"][0]["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1, "{doc:#}");
+    let c = &containers[0];
+    assert_eq!(c["source"], "pid-namespace", "{c:#}");
+    assert_eq!(c["in_ledger"], true, "{c:#}");
+    assert_eq!(c["quota"].as_u64().unwrap(), GIB);
+    assert_eq!(process(c, lib_pid)["registered"], true, "{c:#}");
+    assert_eq!(process(c, bare_pid)["action"], "killed", "{c:#}");
+    assert!(process(c, lib_pid)["action"].is_null(), "{c:#}");
+    // The entering process (nsenter) ends when its child is killed.
+    assert!(rig.wait_end(second).is_some(), "the bypassing process ends");
+    assert!(rig.is_running(first), "the library's process is untouched");
+    assert_eq!(state(lib_pid), 'S');
+    let (rc, doc, err) = rig.agent_once(&["--policy", "kill"]);
+    assert_eq!(rc, 0, "{doc:#}\n{err}");
 }
 
 /// Waits (up to 60 s) until the status file satisfies `ok`.
