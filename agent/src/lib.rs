@@ -335,6 +335,8 @@ pub struct Agent {
     pub opts: Options,
     nvml: Nvml,
     over: HashMap<(String, u64), Vec<u32>>,
+    /// Why each ledger's GPU could not be checked at the last pass.
+    errors: HashMap<PathBuf, String>,
 }
 
 impl Agent {
@@ -343,6 +345,7 @@ impl Agent {
             nvml: Nvml::open()?,
             opts,
             over: HashMap::new(),
+            errors: HashMap::new(),
         })
     }
 
@@ -430,6 +433,20 @@ impl Agent {
             }
         }
         self.over = now_over;
+        let mut errors = HashMap::new();
+        for g in &pass.gpus {
+            if let Some(e) = &g.error {
+                if self.errors.get(&g.ledger) != Some(e) {
+                    pass.events.push(format!(
+                        "cgpu-agent: GPU {} ({}) not checked: {e}",
+                        g.uuid,
+                        g.ledger.display()
+                    ));
+                }
+                errors.insert(g.ledger.clone(), e.clone());
+            }
+        }
+        self.errors = errors;
         pass
     }
 }

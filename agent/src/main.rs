@@ -138,13 +138,6 @@ fn main() {
         for e in &pass.events {
             eprintln!("{e}");
         }
-        for g in &pass.gpus {
-            if let Some(e) = &g.error {
-                if args.once {
-                    eprintln!("cgpu-agent: GPU {} ({}): {e}", g.uuid, g.ledger.display());
-                }
-            }
-        }
         let doc = status_json(&args.opts, &pass, cgpu::process::clock::realtime_ns());
         let text = serde_json::to_string_pretty(&doc).expect("JSON of plain values");
         // --once prints its document; it writes the status file only when asked.
