@@ -83,6 +83,9 @@ pub struct ContainerUse {
     pub quota: u64,
     /// What the ledger counts for it.
     pub ledger_used: u64,
+    /// Its row records without enforcing (the library's record mode): the
+    /// quota is not a limit.
+    pub enforce_off: bool,
     /// What the device says its processes hold.
     pub device_bytes: u64,
     pub procs: Vec<ProcUse>,
@@ -90,7 +93,7 @@ pub struct ContainerUse {
 
 impl ContainerUse {
     pub fn is_over(&self) -> bool {
-        self.quota > 0 && self.device_bytes > self.quota
+        self.quota > 0 && !self.enforce_off && self.device_bytes > self.quota
     }
 }
 
@@ -225,6 +228,7 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
             slot: l.find_container_keyed(id.key, &id.name),
             quota: 0,
             ledger_used: 0,
+            enforce_off: false,
             device_bytes: 0,
             procs: Vec::new(),
             identity: id.clone(),
@@ -241,6 +245,7 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
         {
             c.quota = row.quota;
             c.ledger_used = row.used;
+            c.enforce_off = row.enforce_off;
         }
     }
     GpuUse {
@@ -491,6 +496,7 @@ pub fn status_json(opts: &Options, pass: &Pass, time_ns: u64) -> Value {
                     "in_ledger": c.slot.is_some(),
                     "quota": c.quota,
                     "ledger_used": c.ledger_used,
+                    "enforce_off": c.enforce_off,
                     "device_bytes": c.device_bytes,
                     "over": c.is_over(),
                     "processes": c.procs.iter().map(proc_json).collect::<Vec<_>>(),
@@ -573,6 +579,7 @@ mod tests {
             slot: Some(0),
             quota: quota_gib << 30,
             ledger_used: 0,
+            enforce_off: false,
             device_bytes: procs.iter().map(|p| p.bytes).sum(),
             procs,
         }
@@ -603,6 +610,10 @@ mod tests {
         let within = container(4, vec![proc(10, 1, true, false), proc(11, 3, false, false)]);
         assert!(!within.is_over());
         assert!(offenders(&within, Policy::Kill).is_empty());
+        let mut recorded = container(1, vec![proc(11, 9, false, false)]);
+        recorded.enforce_off = true;
+        assert!(!recorded.is_over());
+        assert!(offenders(&recorded, Policy::Kill).is_empty());
         let unlimited = container(0, vec![proc(11, 9, false, false)]);
         assert!(!unlimited.is_over());
         assert!(offenders(&unlimited, Policy::Kill).is_empty());
