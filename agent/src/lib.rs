@@ -258,9 +258,13 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
 }
 
 /// The processes to signal in a container over its quota: those not in
-/// the ledger first (they bypass the library), then the biggest, until
+/// the ledger (they hold memory around the library), biggest first, until
 /// what is left (not counting processes already stopped, under `stop`)
-/// fits the quota. Pure: indexes into `c.procs`.
+/// fits the quota. The library's own processes are never signalled: it
+/// holds them to the quota itself, and a quota lowered below what they
+/// hold refuses their next allocations, it never takes memory from under
+/// a job (nor lets whoever lowered it have them killed). Pure: indexes
+/// into `c.procs`.
 pub fn offenders(c: &ContainerUse, policy: Policy) -> Vec<usize> {
     if !c.is_over() || policy == Policy::Report {
         return Vec::new();
@@ -285,6 +289,9 @@ pub fn offenders(c: &ContainerUse, policy: Policy) -> Vec<usize> {
             break;
         }
         let p = &c.procs[i];
+        if p.registered {
+            break; // the rest run under the library
+        }
         if policy == Policy::Stop && p.stopped {
             continue;
         }
@@ -603,6 +610,18 @@ mod tests {
         // Quota 1 GiB: both bypassers, the library's process stays.
         let c = container(1, c.procs.clone());
         assert_eq!(offenders(&c, Policy::Kill), vec![2, 1]);
+    }
+
+    #[test]
+    fn the_librarys_processes_are_never_signalled() {
+        // Over only through the library's processes (a quota lowered below
+        // what they hold): nobody.
+        let c = container(1, vec![proc(10, 1, true, false), proc(11, 2, true, false)]);
+        assert!(c.is_over());
+        assert!(offenders(&c, Policy::Kill).is_empty());
+        // Killing the bypasser is not enough: still only the bypasser.
+        let c = container(1, vec![proc(10, 2, true, false), proc(11, 1, false, false)]);
+        assert_eq!(offenders(&c, Policy::Kill), vec![1]);
     }
 
     #[test]

@@ -13,10 +13,11 @@ Every interval (default 500ms) reads what each process holds on each GPU
 (NVML), maps it to its container and compares each container's sum with its
 quota in the GPU's ledger. A container over its quota is logged (one line per
 event), written to the status file (default <ledger dir>/agent.json) and, by
---policy, its processes not in the ledger first are sent SIGSTOP or SIGKILL
-until what is left fits the quota. Processes outside any container are only
-judged with --include-host (then named by the host rule: CGPU_CONTAINER_ID
-in their environment, else the hostname).
+--policy, its processes not in the ledger (not under the library) are sent
+SIGSTOP or SIGKILL, biggest first, until what is left fits the quota.
+Processes outside any container are only judged with --include-host (then
+named by the host rule: CGPU_CONTAINER_ID in their environment, else the
+hostname).
 
 --once: one pass, print the status JSON, exit 0 if every container is within
 its quota, 3 if any is over, 1 if a GPU could not be checked.";
