@@ -483,6 +483,84 @@ pub fn current(name: Option<&str>) -> Identity {
     id
 }
 
+/// What the host sees of another process (`/proc/<pid>`): the texts
+/// [`resolve`] reads, as that process reads them of itself, so that both
+/// find the same container. Its mountinfo and PID namespace are its own
+/// whoever reads them. Its cgroup paths are shown relative to the
+/// reader's cgroup namespace: when the process has a cgroup namespace of
+/// its own (docker's and containerd's default on cgroup v2), it sees its
+/// paths from its container's cgroup down, which name no container id, so
+/// the host's longer view of them is not used (it would name an id the
+/// process never saw, and another key than the one it joined with). For
+/// the node agent, which maps the processes NVML reports to their
+/// containers.
+#[derive(Debug, Clone, Default)]
+pub struct ProcessFacts {
+    pub cgroup: Option<String>,
+    pub mountinfo: Option<String>,
+    /// Inode of `/proc/<pid>/ns/pid` (0: unknown).
+    pub pidns: u64,
+    /// The reader's hostname: another process's UTS namespace is not read
+    /// (only a host process's display name and host-rule key depend on it).
+    pub hostname: String,
+}
+
+impl ProcessFacts {
+    /// Reads `/proc/<pid>/{cgroup,mountinfo,ns/pid}`; `None` when the
+    /// process is gone or none of them can be read.
+    pub fn read(pid: u32) -> Option<ProcessFacts> {
+        let own_cgroupns = {
+            let link = |p: String| std::fs::read_link(p).ok();
+            match (
+                link(format!("/proc/{pid}/ns/cgroup")),
+                link("/proc/self/ns/cgroup".into()),
+            ) {
+                (Some(theirs), Some(mine)) => theirs != mine,
+                _ => false,
+            }
+        };
+        let cgroup = read_proc(&format!("/proc/{pid}/cgroup")).filter(|_| !own_cgroupns);
+        let mountinfo = read_proc(&format!("/proc/{pid}/mountinfo"));
+        let pidns = std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+            .ok()
+            .and_then(|l| {
+                l.to_str()?
+                    .strip_prefix("pid:[")?
+                    .strip_suffix(']')?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0);
+        if mountinfo.is_none() && pidns == 0 {
+            return None;
+        }
+        Some(ProcessFacts {
+            cgroup,
+            mountinfo,
+            pidns,
+            hostname: hostname(),
+        })
+    }
+
+    /// The container of that process, named `name` when given (as
+    /// [`current`] does for this process).
+    pub fn resolve(&self, name: Option<&str>) -> Identity {
+        resolve(&Facts {
+            cgroup: self.cgroup.as_deref(),
+            mountinfo: self.mountinfo.as_deref(),
+            pidns: self.pidns,
+            hostname: &self.hostname,
+            name,
+        })
+    }
+}
+
+/// The identity of another process, from `/proc/<pid>` (see
+/// [`ProcessFacts`]); `None` when the process is gone.
+pub fn of_pid(pid: u32, name: Option<&str>) -> Option<Identity> {
+    ProcessFacts::read(pid).map(|f| f.resolve(name))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -711,6 +789,16 @@ mod tests {
             ..Facts::default()
         });
         assert_eq!(none.name, "unknown");
+    }
+
+    #[test]
+    fn another_process_resolves_as_it_resolves_itself() {
+        let me = std::process::id();
+        let theirs = of_pid(me, Some("job-a")).expect("/proc/<own pid>");
+        let mine = current(Some("job-a"));
+        assert_eq!(theirs.key, mine.key);
+        assert_eq!(theirs.source, mine.source);
+        assert!(of_pid(u32::MAX, None).is_none());
     }
 
     #[test]
