@@ -20,11 +20,11 @@ use crate::kube_io::to_value;
 use crate::kubelet_api::deviceplugin as dp;
 use crate::kubelet_api::podresources as pr;
 use crate::nvml::GpuSource;
-use crate::signing::DecisionKey;
-use cgpu_cluster_core::decision::{pod_gpu_use, ContainerAlloc, Decision, NodeGpu};
+use crate::signing::DecisionVerifier;
+use cgpu_cluster_core::decision::{pod_gpu_use, valid_decision, ContainerAlloc, Decision, NodeGpu};
 use cgpu_cluster_core::names::*;
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use std::collections::BTreeMap;
@@ -116,11 +116,16 @@ pub struct NodeState {
     pub share_only: bool,
 }
 
+/// Name, in the allocation directory, of the file mounted on every GPU
+/// container's `/etc/ld.so.preload`.
+pub const LD_SO_PRELOAD: &str = "ld.so.preload";
+
 /// Shared by the two plugin services.
 pub struct Plugin {
     pub cfg: PluginConfig,
     pub client: Client,
-    pub key: DecisionKey,
+    /// The extender's public key, once read.
+    verifier: parking_lot::Mutex<Option<DecisionVerifier>>,
     pub node: NodeState,
 }
 
@@ -130,7 +135,6 @@ impl Plugin {
     pub async fn new(
         cfg: PluginConfig,
         client: Client,
-        key: DecisionKey,
         gpus: &dyn GpuSource,
     ) -> Result<Plugin, String> {
         let nodes: Api<Node> = Api::all(client.clone());
@@ -145,8 +149,11 @@ impl Plugin {
                 format!("node label {LABEL_NODE_GPU_MEM_DEV}={v:?} is not a whole number of GiB")
             })?),
         };
-        let share_only =
-            labels.get(LABEL_NODE_SCHEDULE).map(String::as_str) == Some(NODE_SCHEDULE_SHARE_ONLY);
+        let share_only = labels.get(LABEL_NODE_SCHEDULE).map(String::as_str)
+            == Some(NODE_SCHEDULE_SHARE_ONLY)
+            || labels
+                .get(LABEL_NODE_DISABLE_ISOLATION)
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
         let gpus = gpus.gpus(stated)?;
         let patch = serde_json::json!({"metadata": {"annotations": {
             ANN_NODE_GPUS: serde_json::to_string(&gpus).expect("GPUs serialise")}}});
@@ -158,12 +165,45 @@ impl Plugin {
             )
             .await
             .map_err(|e| format!("cannot publish the GPUs on node {}: {e}", cfg.node_name))?;
+        // Every GPU container gets the library through /etc/ld.so.preload
+        // too, so a program that clears LD_PRELOAD still loads it.
+        write_file_atomically(
+            &cfg.alloc_dir.join(LD_SO_PRELOAD),
+            format!("{}\n", cfg.library_in_container.display()).as_bytes(),
+        )
+        .map_err(|e| {
+            format!(
+                "cannot write {}: {e}",
+                cfg.alloc_dir.join(LD_SO_PRELOAD).display()
+            )
+        })?;
+        let verifier = match DecisionVerifier::load(&client).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!("{e}; read again at the next container start");
+                None
+            }
+        };
         Ok(Plugin {
             cfg,
             client,
-            key,
+            verifier: parking_lot::Mutex::new(verifier),
             node: NodeState { gpus, share_only },
         })
+    }
+
+    /// The extender's public key: the one read before, or read now (also
+    /// again when `reload`, after a signature failed: the key may have
+    /// been rotated).
+    async fn verifier(&self, reload: bool) -> Result<DecisionVerifier, String> {
+        if !reload {
+            if let Some(v) = self.verifier.lock().clone() {
+                return Ok(v);
+            }
+        }
+        let v = DecisionVerifier::load(&self.client).await?;
+        *self.verifier.lock() = Some(v.clone());
+        Ok(v)
     }
 
     fn mem_devices(&self) -> Vec<dp::Device> {
@@ -224,6 +264,15 @@ impl Plugin {
             dp::Mount {
                 container_path: c.alloc_file_in_container.display().to_string(),
                 host_path: c.alloc_dir_on_host.join(&file).display().to_string(),
+                read_only: true,
+            },
+            dp::Mount {
+                container_path: "/etc/ld.so.preload".into(),
+                host_path: c
+                    .alloc_dir_on_host
+                    .join(LD_SO_PRELOAD)
+                    .display()
+                    .to_string(),
                 read_only: true,
             },
         ];
@@ -322,7 +371,11 @@ impl Plugin {
                  configuration names the extender for {RESOURCE_GPU_MEM}"
             )
         })?;
-        if !self.key.verify(&d) {
+        let mut verifier = self.verifier(false).await?;
+        if !verifier.verify(&d) {
+            verifier = self.verifier(true).await?;
+        }
+        if !verifier.verify(&d) {
             return Err(format!(
                 "{who}: the decision in {ANN_ALLOCATION} is not signed by cgpu-scheduler-extender \
                  (written by hand or altered); it gets no GPU memory"
@@ -387,11 +440,13 @@ impl Plugin {
             .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name)))
             .await
             .map_err(|e| format!("cannot list the pods of node {}: {e}", self.cfg.node_name))?;
+        // Only decisions that count: each names its own pod and this node
+        // and verifies; a copy on another pod or a forged one adds nothing.
+        let verify = |pd: &Decision| verifier.verify(pd);
         let mut used: BTreeMap<u32, u64> = BTreeMap::new();
         for p in all.items.iter().map(to_value) {
-            let valid = Decision::from_pod(&p).is_some_and(|pd| self.key.verify(&pd));
-            if valid {
-                for (i, g) in pod_gpu_use(&p) {
+            if valid_decision(&p, &verify).is_some() {
+                for (i, g) in pod_gpu_use(&p, &verify) {
                     *used.entry(i).or_default() += g;
                 }
             }
@@ -476,10 +531,8 @@ impl Plugin {
             .await
             .ok()
             .and_then(|p| p.metadata.uid);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let nanos = now.as_nanosecond();
         let ev = Event {
             metadata: ObjectMeta {
                 name: Some(format!("{pod}.cgpu.{nanos:x}")),
@@ -504,6 +557,11 @@ impl Plugin {
             reporting_component: Some(COMPONENT_DEVICE_PLUGIN.into()),
             reporting_instance: Some(self.cfg.node_name.clone()),
             count: Some(1),
+            // `kubectl describe` shows the age from these.
+            event_time: Some(MicroTime(now)),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            action: Some("PreStartContainer".into()),
             ..Default::default()
         };
         if let Err(e) = events.create(&PostParams::default(), &ev).await {
@@ -707,11 +765,24 @@ pub async fn run(plugin: Arc<Plugin>, stop: impl std::future::Future<Output = ()
                 mem,
                 stopping: rx.clone(),
             };
+            // Each connection passes through the relay that accepts any
+            // :authority (see crate::h2_authority).
+            let incoming = futures::StreamExt::map(UnixListenerStream::new(listener), |conn| {
+                conn.map(|unix| {
+                    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                    tokio::spawn(crate::h2_authority::relay(
+                        unix,
+                        theirs,
+                        crate::h2_authority::accept_any_authority,
+                    ));
+                    ours
+                })
+            });
             let mut rx = rx.clone();
             servers.push(tokio::spawn(async move {
                 let _ = tonic::transport::Server::builder()
                     .add_service(dp::device_plugin_server::DevicePluginServer::new(svc))
-                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    .serve_with_incoming_shutdown(incoming, async move {
                         let _ = rx.changed().await;
                     })
                     .await;

@@ -12,8 +12,9 @@
 //! removed and the reservation dropped.
 
 use crate::kube_io::to_value;
-use crate::signing::DecisionKey;
-use axum::extract::State;
+use crate::signing::{DecisionKey, DecisionVerifier};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
@@ -124,8 +125,9 @@ impl Metrics {
     }
 }
 
-#[derive(Default)]
 struct View {
+    /// Checks the signature of every decision the view counts.
+    verifier: DecisionVerifier,
     nodes: HashMap<String, Value>,
     /// Pods by uid.
     pods: HashMap<String, Value>,
@@ -143,6 +145,20 @@ struct Reservation {
 }
 
 impl View {
+    fn new(verifier: DecisionVerifier) -> View {
+        View {
+            verifier,
+            nodes: HashMap::new(),
+            pods: HashMap::new(),
+            reserved: HashMap::new(),
+            seq: 0,
+        }
+    }
+
+    fn holds(&self, pod: &Value) -> bool {
+        !pod_gpu_use(pod, &|d| self.verifier.verify(d)).is_empty()
+    }
+
     fn usage(&self, node: &str) -> Option<(Vec<NodeGpu>, Vec<Gpu>)> {
         let n = self.nodes.get(node)?;
         let gpus = node_gpus(n);
@@ -153,7 +169,7 @@ impl View {
                 !self.reserved.contains_key(*uid) && p["spec"]["nodeName"].as_str() == Some(node)
             })
             .map(|(_, p)| p);
-        let mut usage = node_usage(&gpus, on_node);
+        let mut usage = node_usage(&gpus, on_node, &|d| self.verifier.verify(d));
         for r in self.reserved.values() {
             if r.node != node {
                 continue;
@@ -168,20 +184,32 @@ impl View {
         Some((gpus, usage))
     }
 
+    /// The node's policy: its `cgpu.io/gpu-policy` label, else ACK's
+    /// `ack.node.gpu.placement`, else the extender's default.
     fn policy(&self, node: &str, default: Policy) -> Policy {
-        self.nodes
-            .get(node)
-            .and_then(|n| n["metadata"]["labels"][LABEL_NODE_POLICY].as_str())
-            .and_then(Policy::parse)
+        let labels = self.nodes.get(node).map(|n| &n["metadata"]["labels"]);
+        [LABEL_NODE_POLICY, LABEL_NODE_PLACEMENT_ACK]
+            .iter()
+            .find_map(|l| {
+                labels
+                    .and_then(|ls| ls[*l].as_str())
+                    .and_then(Policy::parse)
+            })
             .unwrap_or(default)
     }
 
     /// A reservation ends when the watch shows the pod bound with its
     /// decision (the view then counts it), or the pod deleted.
     fn settle(&mut self) {
-        let pods = &self.pods;
-        self.reserved
-            .retain(|uid, _| pods.get(uid).is_none_or(|p| pod_gpu_use(p).is_empty()));
+        let done: Vec<String> = self
+            .reserved
+            .keys()
+            .filter(|uid| self.pods.get(*uid).is_some_and(|p| self.holds(p)))
+            .cloned()
+            .collect();
+        for uid in done {
+            self.reserved.remove(&uid);
+        }
     }
 
     /// After a relist that began at `since`: reservations made before it
@@ -214,9 +242,9 @@ impl Extender {
     pub fn new(client: Client, key: DecisionKey, default_policy: Policy) -> Arc<Extender> {
         Arc::new(Extender {
             client,
+            view: Mutex::new(View::new(key.verifier())),
             key,
             default_policy,
-            view: Mutex::new(View::default()),
             node_locks: Mutex::new(HashMap::new()),
             pods_synced: AtomicBool::new(false),
             nodes_synced: AtomicBool::new(false),
@@ -317,12 +345,9 @@ impl Extender {
                 .filter(|n| !node_gpus(n).is_empty())
                 .count() as i64,
         );
-        self.metrics.pods.set(
-            view.pods
-                .values()
-                .filter(|p| !pod_gpu_use(p).is_empty())
-                .count() as i64,
-        );
+        self.metrics
+            .pods
+            .set(view.pods.values().filter(|p| view.holds(p)).count() as i64);
         self.metrics.reserved.set(view.reserved.len() as i64);
     }
 
@@ -331,11 +356,24 @@ impl Extender {
         self.pods_synced.load(Ordering::Acquire) && self.nodes_synced.load(Ordering::Acquire)
     }
 
+    /// Publishes the public key of the decisions (see [`crate::signing`]).
+    pub async fn publish_public_key(&self, namespace: &str) -> Result<(), String> {
+        self.key.publish(&self.client, namespace).await
+    }
+
+    /// The routes: cgpu's, and gpushare's beside them (same handlers), so a
+    /// scheduler configured for gpushare's extender needs no change.
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/filter", post(filter))
             .route("/prioritize", post(prioritize))
             .route("/bind", post(bind))
+            .route("/gpushare-scheduler/filter", post(filter))
+            .route("/gpushare-scheduler/prioritize", post(prioritize))
+            .route("/gpushare-scheduler/bind", post(bind))
+            .route("/gpushare-scheduler/inspect", get(inspect_all))
+            .route("/gpushare-scheduler/inspect/{node}", get(inspect_node))
+            .route("/version", get(|| async { env!("CARGO_PKG_VERSION") }))
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
@@ -343,7 +381,33 @@ impl Extender {
     }
 
     /// The filter's answer for one pod over the given nodes.
+    /// The filter's answer for one pod over the given nodes, in the form
+    /// the scheduler asked in: node names for node names (`nodeCacheCapable:
+    /// true`), node objects for node objects.
     pub fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
+        let mut out = self.filter_names(args);
+        let pass = out.node_names.take().unwrap_or_default();
+        match (&args.node_names, &args.nodes) {
+            (None, Some(list)) => {
+                out.nodes = Some(NodeList {
+                    items: list
+                        .items
+                        .iter()
+                        .filter(|n| {
+                            n["metadata"]["name"]
+                                .as_str()
+                                .is_some_and(|name| pass.iter().any(|p| p == name))
+                        })
+                        .cloned()
+                        .collect(),
+                });
+            }
+            _ => out.node_names = Some(pass),
+        }
+        out
+    }
+
+    fn filter_names(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
         let names = node_names(args);
         let mut out = ExtenderFilterResult::default();
         let req = match pod_request(&args.pod) {
@@ -496,6 +560,7 @@ impl Extender {
                 let idx = per.keys().next().expect("one GPU");
                 annotations.insert(ANN_GPUSHARE_IDX.into(), json!(idx.to_string()));
             }
+            annotations.insert(ANN_GPUSHARE_DEV.into(), json!(decision.gpu_gib.to_string()));
             annotations.insert(
                 ANN_GPUSHARE_POD.into(),
                 json!(decision
@@ -584,29 +649,55 @@ fn node_names(args: &ExtenderArgs) -> Vec<String> {
         .unwrap_or_default()
 }
 
-async fn filter(
-    State(x): State<Arc<Extender>>,
-    Json(args): Json<ExtenderArgs>,
-) -> Json<ExtenderFilterResult> {
+/// Decodes a scheduler request; what cannot be decoded is answered with
+/// HTTP 200 and the reason in `Error` (as gpushare does), so the scheduler
+/// logs the reason rather than a bare status code.
+fn decode<T: serde::de::DeserializeOwned>(verb: &str, body: &Bytes) -> Result<T, String> {
+    serde_json::from_slice(body).map_err(|e| {
+        let msg = format!("cgpu-scheduler-extender cannot decode the {verb} request: {e}");
+        tracing::warn!("{msg}");
+        msg
+    })
+}
+
+async fn filter(State(x): State<Arc<Extender>>, body: Bytes) -> Json<ExtenderFilterResult> {
+    let args: ExtenderArgs = match decode("filter", &body) {
+        Ok(a) => a,
+        Err(error) => {
+            x.metrics.count("filter", "error");
+            return Json(ExtenderFilterResult {
+                error,
+                ..Default::default()
+            });
+        }
+    };
     let r = x.filter(&args);
-    let passed = r.node_names.as_ref().is_some_and(|n| !n.is_empty());
+    let passed = r.node_names.as_ref().is_some_and(|n| !n.is_empty())
+        || r.nodes.as_ref().is_some_and(|n| !n.items.is_empty());
     x.metrics
         .count("filter", if passed { "fit" } else { "no_fit" });
     Json(r)
 }
 
-async fn prioritize(
-    State(x): State<Arc<Extender>>,
-    Json(args): Json<ExtenderArgs>,
-) -> Json<Vec<HostPriority>> {
+async fn prioritize(State(x): State<Arc<Extender>>, body: Bytes) -> Json<Vec<HostPriority>> {
+    // The priority list has no error member: an undecodable request scores
+    // no node (the scheduler then ranks by its own plugins).
+    let Ok(args) = decode::<ExtenderArgs>("prioritize", &body) else {
+        x.metrics.count("prioritize", "error");
+        return Json(Vec::new());
+    };
     x.metrics.count("prioritize", "ok");
     Json(x.prioritize(&args))
 }
 
-async fn bind(
-    State(x): State<Arc<Extender>>,
-    Json(args): Json<ExtenderBindingArgs>,
-) -> Json<ExtenderBindingResult> {
+async fn bind(State(x): State<Arc<Extender>>, body: Bytes) -> Json<ExtenderBindingResult> {
+    let args: ExtenderBindingArgs = match decode("bind", &body) {
+        Ok(a) => a,
+        Err(error) => {
+            x.metrics.count("bind", "error");
+            return Json(ExtenderBindingResult { error });
+        }
+    };
     match x.bind(&args).await {
         Ok(()) => {
             x.metrics.count("bind", "ok");
@@ -623,6 +714,109 @@ async fn bind(
             Json(ExtenderBindingResult { error })
         }
     }
+}
+
+/// gpushare's `/gpushare-scheduler/inspect` answer: per node, its GPUs and
+/// the pods on each (GiB).
+#[derive(serde::Serialize)]
+struct GpushareInspect {
+    nodes: Vec<GpushareNode>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    error: String,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GpushareNode {
+    name: String,
+    #[serde(rename = "totalGPU")]
+    total_gpu: u64,
+    #[serde(rename = "usedGPU")]
+    used_gpu: u64,
+    devs: Vec<GpushareDev>,
+}
+
+#[derive(serde::Serialize)]
+struct GpushareDev {
+    id: u32,
+    #[serde(rename = "totalGPU")]
+    total_gpu: u64,
+    #[serde(rename = "usedGPU")]
+    used_gpu: u64,
+    pods: Vec<GpusharePod>,
+}
+
+#[derive(serde::Serialize)]
+struct GpusharePod {
+    name: String,
+    namespace: String,
+    #[serde(rename = "usedGPU")]
+    used_gpu: u64,
+}
+
+impl Extender {
+    fn gpushare_inspect(&self, only: Option<&str>) -> GpushareInspect {
+        let view = self.view.lock();
+        let mut names: Vec<&String> = view
+            .nodes
+            .keys()
+            .filter(|n| only.is_none_or(|o| o == n.as_str()))
+            .collect();
+        names.sort();
+        let mut nodes = Vec::new();
+        for name in names {
+            let Some((_, usage)) = view.usage(name) else {
+                continue;
+            };
+            if usage.is_empty() {
+                continue;
+            }
+            let devs: Vec<GpushareDev> = usage
+                .iter()
+                .map(|g| GpushareDev {
+                    id: g.index,
+                    total_gpu: g.total,
+                    used_gpu: g.used,
+                    pods: view
+                        .pods
+                        .values()
+                        .filter(|p| p["spec"]["nodeName"].as_str() == Some(name.as_str()))
+                        .filter_map(|p| {
+                            let gib =
+                                *pod_gpu_use(p, &|d| view.verifier.verify(d)).get(&g.index)?;
+                            Some(GpusharePod {
+                                name: p["metadata"]["name"].as_str().unwrap_or("").into(),
+                                namespace: p["metadata"]["namespace"].as_str().unwrap_or("").into(),
+                                used_gpu: gib,
+                            })
+                        })
+                        .collect(),
+                })
+                .collect();
+            nodes.push(GpushareNode {
+                name: name.clone(),
+                total_gpu: usage.iter().map(|g| g.total).sum(),
+                used_gpu: usage.iter().map(|g| g.used).sum(),
+                devs,
+            });
+        }
+        let error = match only {
+            Some(n) if nodes.is_empty() => format!("node {n} has no shared GPUs in the view"),
+            _ => String::new(),
+        };
+        GpushareInspect { nodes, error }
+    }
+}
+
+async fn inspect_all(State(x): State<Arc<Extender>>) -> Json<GpushareInspect> {
+    Json(x.gpushare_inspect(None))
+}
+
+async fn inspect_node(
+    State(x): State<Arc<Extender>>,
+    Path(node): Path<String>,
+) -> Json<GpushareInspect> {
+    Json(x.gpushare_inspect(Some(&node)))
 }
 
 async fn readyz(State(x): State<Arc<Extender>>) -> impl IntoResponse {

@@ -2,7 +2,7 @@
 //! pods' recorded decisions (ours, ACK's or gpushare's annotations).
 
 use cgpu_cluster_core::decision::{
-    node_gpus, node_ip, pod_gpu_use, pod_holds_gpu, pod_key, pod_request,
+    node_gpus, node_ip, pod_gpu_use, pod_holds_gpu, pod_key, pod_request, Verify,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -45,8 +45,10 @@ pub struct PodShare {
 }
 
 /// Builds the view from node and pod objects (Kubernetes JSON). Nodes with
-/// no shared GPUs are left out; nodes are sorted by name.
-pub fn view(nodes: &[Value], pods: &[Value]) -> ClusterView {
+/// no shared GPUs are left out; nodes are sorted by name. A decision counts
+/// only for the pod it names, on its node, and when `verify` accepts its
+/// signature; a pod whose decision does not count is listed as undecided.
+pub fn view(nodes: &[Value], pods: &[Value], verify: Verify) -> ClusterView {
     let mut out = Vec::new();
     for node in nodes {
         let gpus = node_gpus(node);
@@ -69,7 +71,7 @@ pub fn view(nodes: &[Value], pods: &[Value]) -> ClusterView {
             .iter()
             .filter(|p| p["spec"]["nodeName"].as_str() == Some(name.as_str()))
         {
-            let used = pod_gpu_use(pod);
+            let used = pod_gpu_use(pod, verify);
             if used.is_empty() {
                 if pod_holds_gpu(pod) && pod_request(pod).is_ok_and(|r| r.wants_gpu_mem()) {
                     undecided.push(pod_key(pod));
@@ -240,7 +242,7 @@ mod tests {
         let pod = json!({"metadata": {"name": "disable-cgpu-x", "namespace": "default",
             "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "3"}},
             "spec": {"nodeName": "cn-beijing.192.16x.x.xx3"}, "status": {"phase": "Running"}});
-        let v = view(&nodes, &[pod]);
+        let v = view(&nodes, &[pod], &|_| true);
         assert_eq!(
             render(&v),
             "NAME                      IPADDRESS      GPU0(Allocated/Total)  GPU Memory(GiB)\n\
@@ -259,7 +261,7 @@ mod tests {
         let pod = json!({"metadata": {"name": "p", "namespace": "ml",
             "annotations": {"scheduler.framework.gpushare.allocation": "{\"0\":{\"0\":4,\"1\":4}}"}},
             "spec": {"nodeName": "a"}, "status": {"phase": "Running"}});
-        let v = view(&nodes, &[pod]);
+        let v = view(&nodes, &[pod], &|_| true);
         let out = render(&v);
         assert!(
             out.contains("b     10.0.0.2   0/15                   0/0                    0/15\n"),

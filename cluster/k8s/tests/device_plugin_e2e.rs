@@ -51,6 +51,12 @@ fn scratch(name: &str) -> PathBuf {
 
 impl Cluster {
     async fn new(name: &str, gpus: &[&str], labels: Value) -> Cluster {
+        Cluster::with_kubelet(name, gpus, labels, false).await
+    }
+
+    /// `old_kubelet`: the kubelet dials plugins with the socket path as
+    /// `:authority` (kubelets before 1.26).
+    async fn with_kubelet(name: &str, gpus: &[&str], labels: Value, old_kubelet: bool) -> Cluster {
         let dir = scratch(name);
         let api = ApiServer::start().await;
         api.write_kubeconfig(&dir.join("kubeconfig"));
@@ -58,13 +64,20 @@ impl Cluster {
         api.put("nodes", json!({"metadata": {"name": NODE, "labels": labels},
                                 "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.11"}]}}));
         let sim = SimEnv::new().gpus(&gpus.join(","));
-        let kubelet = Kubelet::start(&dir.join("device-plugins")).await;
+        let kubelet = if old_kubelet {
+            Kubelet::start_old(&dir.join("device-plugins")).await
+        } else {
+            Kubelet::start(&dir.join("device-plugins")).await
+        };
         let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
         let extender = Extender::new(
             client,
             DecisionKey::from_bytes(KEY).unwrap(),
             Policy::Binpack,
         );
+        // The plugin holds no signing key: it verifies with the public key
+        // the extender publishes.
+        extender.publish_public_key("kube-system").await.unwrap();
         extender.spawn_watches();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let ext_url = listener.local_addr().unwrap().to_string();
@@ -92,7 +105,6 @@ impl Cluster {
             .command(a.bin("cgpu-device-plugin"))
             .env("NODE_NAME", NODE)
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
-            .env("CGPU_DECISION_KEY_FILE", self.dir.join("key"))
             .env("CGPU_KUBELET_DIR", &self.kubelet.dir)
             .env("CGPU_POD_RESOURCES_SOCKET", &self.kubelet.pod_resources)
             .env("CGPU_LIBRARY", &a.libcgpu)
@@ -251,6 +263,16 @@ async fn seed_000_two_v100s_give_two_gpus_of_4309_mib() {
         .mounts
         .iter()
         .any(|m| m.container_path == started.envs["CGPU_ALLOC_FILE"] && m.read_only));
+    // /etc/ld.so.preload names the library as the container sees it, so a
+    // program that clears LD_PRELOAD still loads it.
+    assert!(started
+        .mounts
+        .iter()
+        .any(|m| m.container_path == "/etc/ld.so.preload" && m.read_only));
+    assert_eq!(
+        std::fs::read_to_string(started.host_path("/etc/ld.so.preload")).unwrap(),
+        format!("{}\n", started.envs["LD_PRELOAD"])
+    );
 
     // The container's process sees two GPUs of 4309 MiB.
     let out = c.exec(&started, &["devcount", "meminfo"]);
@@ -343,6 +365,15 @@ async fn without_the_extender_or_with_a_forged_decision_no_gpu_memory() {
         .unwrap_or_else(|| panic!("no event for the pod: {events:?}"));
     assert_eq!(ev["reason"], "CgpuAllocationRefused");
     assert_eq!(ev["type"], "Warning");
+    // Timestamps, so `kubectl describe` shows the event's age.
+    for t in ["firstTimestamp", "lastTimestamp"] {
+        let v = ev[t].as_str().unwrap_or_else(|| panic!("no {t}: {ev}"));
+        assert!(v.starts_with("20") && v.ends_with('Z'), "{t}={v}");
+    }
+    assert!(
+        ev["eventTime"].as_str().is_some_and(|v| v.contains('.')),
+        "{ev}"
+    );
     assert!(
         ev["message"]
             .as_str()
@@ -657,4 +688,47 @@ async fn an_init_container_gets_its_own_share_though_podresources_does_not_list_
             "{file}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_decision_never_refuses_the_rightful_pods() {
+    let c = Cluster::new("copied", &[V100], json!({})).await;
+    c.ready(15).await;
+    let big = c.pod("big", json!([gpu_container("main", 12)]), 1);
+    c.schedule(&big).await.unwrap();
+    // Bound by spec.nodeName with every annotation of big: the GPU would
+    // hold 24 of 15 GiB if the copied decision counted, and big would be
+    // refused as over-committed.
+    let ann = c.get("big")["metadata"]["annotations"].clone();
+    c.api.put(
+        "pods",
+        json!({"metadata": {"name": "copycat", "namespace": "default", "annotations": ann},
+               "spec": {"nodeName": NODE, "containers": [gpu_container("main", 2)]},
+               "status": {"phase": "Running"}}),
+    );
+    let started = c.run_pod("big", "main").await.unwrap();
+    let out = c.exec(&started, &["meminfo"]);
+    assert_eq!(
+        mib(field(line(&out, "meminfo"), "total").unwrap()),
+        16160 * 12 / 15,
+        "{out}"
+    );
+    let err = c.run_pod("copycat", "main").await.unwrap_err();
+    assert!(err.contains("was made for pod uid"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_kubelet_that_sends_the_socket_path_as_authority() {
+    let c = Cluster::with_kubelet("old-kubelet", &[V100, V100], json!({}), true).await;
+    c.ready(30).await;
+    let pod = c.pod("old", json!([gpu_container("main", 4)]), 2);
+    c.schedule(&pod).await.unwrap();
+    let started = c.run_pod("old", "main").await.unwrap();
+    let out = c.exec(&started, &["devcount", "meminfo"]);
+    assert_eq!(field(line(&out, "devcount"), "n"), Some("2"), "{out}");
+    assert_eq!(
+        mib(field(line(&out, "meminfo"), "total").unwrap()),
+        16160 * 2 / 15,
+        "{out}"
+    );
 }

@@ -2,7 +2,7 @@
 //! (runs on every GPU node, as a DaemonSet).
 
 use cgpu_cluster::device_plugin::{self, Plugin, PluginConfig};
-use cgpu_cluster::{kube_io, nvml::Nvml, signing::DecisionKey};
+use cgpu_cluster::{kube_io, nvml::Nvml};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -10,7 +10,8 @@ use std::sync::Arc;
 const USAGE: &str = "usage: cgpu-device-plugin\n\
   Configured by environment:\n\
   NODE_NAME                  this node (from the downward API; required)\n\
-  CGPU_DECISION_KEY_FILE     the extender's decision key (default /etc/cgpu/decision-key/key)\n\
+  CGPU_NAMESPACE             where the extender publishes its public key (default kube-system)\n\
+  CGPU_DECISION_PUBKEY_FILE  the extender's public key (hex), instead of its ConfigMap\n\
   CGPU_NVML_LIB              NVML to load (default libnvidia-ml.so.1)\n\
   CGPU_KUBELET_DIR           the kubelet's device-plugin directory (default /var/lib/kubelet/device-plugins)\n\
   CGPU_POD_RESOURCES_SOCKET  default /var/lib/kubelet/pod-resources/kubelet.sock\n\
@@ -63,10 +64,6 @@ async fn main() -> ExitCode {
         eprintln!("cgpu-device-plugin: {e}");
         ExitCode::FAILURE
     };
-    let key = match DecisionKey::load() {
-        Ok(k) => k,
-        Err(e) => return fail(e),
-    };
     let nvml = match Nvml::load() {
         Ok(n) => n,
         Err(e) => return fail(e),
@@ -75,7 +72,7 @@ async fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let plugin = match Plugin::new(cfg, client, key, &nvml).await {
+    let plugin = match Plugin::new(cfg, client, &nvml).await {
         Ok(p) => Arc::new(p),
         Err(e) => return fail(e),
     };

@@ -10,6 +10,11 @@
 //! directory (as the kubelet does) and serves `kubelet.sock` anew, keeping
 //! the checkpoint.
 //!
+//! [`Kubelet::start_old`] speaks as kubelets before 1.26 do: every call to
+//! a plugin carries the socket path as its HTTP/2 `:authority`,
+//! Huffman-coded and indexed in the HPACK dynamic table (as grpc-go's
+//! encoder sends it), instead of `localhost`.
+//!
 //! It cannot bind-mount (no mount namespace here): [`Started::host_path`]
 //! maps a path as the container would see it to the host path mounted
 //! there, and [`Started::check_mounts`] checks every mount's source exists.
@@ -50,6 +55,42 @@ struct State {
     readers: Vec<tokio::task::AbortHandle>,
     generation: u64,
     seed: u64,
+    /// Dial plugins with the socket path as `:authority`.
+    old_authority: bool,
+}
+
+/// A channel to a plugin's socket, as this kubelet dials it.
+async fn dial(path: &Path, old_authority: bool) -> Result<tonic::transport::Channel, String> {
+    if !old_authority {
+        return uds_channel(path).await.map_err(|e| e.to_string());
+    }
+    use cgpu_cluster::h2_authority::{relay, Field, IndexingEncoder};
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://[::1]:1")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let unix = tokio::net::UnixStream::connect(&path).await?;
+                let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                let authority = path.display().to_string();
+                let mut encoder = IndexingEncoder::new(4096);
+                tokio::spawn(relay(
+                    theirs,
+                    unix,
+                    move |mut fields: Vec<Field>, out: &mut Vec<u8>| {
+                        for f in &mut fields {
+                            if f.name == b":authority" {
+                                f.value = authority.as_bytes().to_vec();
+                            }
+                        }
+                        encoder.encode(&fields, out);
+                    },
+                ));
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(ours))
+            }
+        }))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 pub struct Kubelet {
@@ -87,8 +128,9 @@ impl dp::registration_server::Registration for RegistrationSvc {
         // Like the kubelet: connect back asynchronously, then list.
         let dir = self.dir.clone();
         let state = self.state.clone();
+        let old = self.state.lock().old_authority;
         let reader = tokio::spawn(async move {
-            let Ok(ch) = uds_channel(&dir.join(&r.endpoint)).await else {
+            let Ok(ch) = dial(&dir.join(&r.endpoint), old).await else {
                 return;
             };
             let mut c = dp::device_plugin_client::DevicePluginClient::new(ch);
@@ -247,12 +289,22 @@ fn container_requests(pod: &Value) -> Vec<(String, u64, bool)> {
 
 impl Kubelet {
     pub async fn start(dir: &Path) -> Kubelet {
+        Kubelet::start_with(dir, false).await
+    }
+
+    /// A kubelet before 1.26 (socket path as `:authority`).
+    pub async fn start_old(dir: &Path) -> Kubelet {
+        Kubelet::start_with(dir, true).await
+    }
+
+    async fn start_with(dir: &Path, old_authority: bool) -> Kubelet {
         std::fs::create_dir_all(dir).unwrap();
         let mut k = Kubelet {
             dir: dir.to_path_buf(),
             pod_resources: dir.join("pod-resources.sock"),
             state: Arc::new(Mutex::new(State {
                 seed: 0x9e37_79b9_7f4a_7c15,
+                old_authority,
                 ..Default::default()
             })),
             stop: None,
@@ -349,16 +401,16 @@ impl Kubelet {
         ),
         String,
     > {
-        let reg = self
-            .state
-            .lock()
-            .plugins
-            .get(resource)
-            .cloned()
-            .ok_or_else(|| format!("no device plugin for {resource}"))?;
-        let ch = uds_channel(&self.dir.join(&reg.endpoint))
-            .await
-            .map_err(|e| e.to_string())?;
+        let (reg, old) = {
+            let st = self.state.lock();
+            let reg = st
+                .plugins
+                .get(resource)
+                .cloned()
+                .ok_or_else(|| format!("no device plugin for {resource}"))?;
+            (reg, st.old_authority)
+        };
+        let ch = dial(&self.dir.join(&reg.endpoint), old).await?;
         Ok((
             dp::device_plugin_client::DevicePluginClient::new(ch),
             reg.options.pre_start_required,
