@@ -55,6 +55,13 @@ pub struct PluginConfig {
     pub ledger_in_container: PathBuf,
     /// Where a container sees its allocation file.
     pub alloc_file_in_container: PathBuf,
+    /// Where the container runtime reads CDI specs written at run time
+    /// (containerd's and CRI-O's default includes `/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// Give containers `NVIDIA_VISIBLE_DEVICES=all` instead of naming their
+    /// GPUs through CDI (for runtimes without CDI; the library still shows
+    /// a container only its own GPUs).
+    pub expose_all_gpus: bool,
 }
 
 impl PluginConfig {
@@ -71,11 +78,36 @@ impl PluginConfig {
             ledger_on_host: "/run/cgpu".into(),
             ledger_in_container: "/run/cgpu".into(),
             alloc_file_in_container: "/etc/cgpu/alloc.env".into(),
+            cdi_dir: "/var/run/cdi".into(),
+            expose_all_gpus: false,
         }
     }
 }
 
 pub const MEM_SOCKET: &str = "cgpu-gpu-mem.sock";
+/// CDI kind of the per-container devices (`cgpu.io/container=<name>`).
+pub const CDI_KIND: &str = "cgpu.io/container";
+
+/// The CDI device name of a container's device ids (the allocation file's
+/// name without `.env`), and the file its spec is written to.
+pub fn cdi_name(device_ids: &[String]) -> (String, String) {
+    let file = alloc_file_name(device_ids);
+    let stem = file.trim_end_matches(".env").to_string();
+    (format!("{CDI_KIND}={stem}"), format!("cgpu-{stem}.json"))
+}
+
+/// The CDI spec naming a container's GPUs for the NVIDIA runtime.
+pub fn cdi_spec(device_ids: &[String], uuids: &[String]) -> String {
+    let (_, file) = cdi_name(device_ids);
+    let stem = file.trim_start_matches("cgpu-").trim_end_matches(".json");
+    serde_json::json!({
+        "cdiVersion": "0.6.0",
+        "kind": CDI_KIND,
+        "devices": [{"name": stem, "containerEdits": {
+            "env": [format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))]}}],
+    })
+    .to_string()
+}
 pub const COUNT_SOCKET: &str = "cgpu-gpu-count.sock";
 
 /// The file name (in the allocation directory) for a container's device ids.
@@ -245,10 +277,16 @@ impl Plugin {
                 "CGPU_LEDGER_DIR".to_string(),
                 c.ledger_in_container.display().to_string(),
             ),
-            // The GPUs are chosen per pod only at PreStartContainer: the
-            // runtime exposes the node's GPUs and the interposer shows the
-            // container only its own (ALIYUN_COM_GPU_VISIBLE_DEVICES).
-            ("NVIDIA_VISIBLE_DEVICES".to_string(), "all".to_string()),
+            // The pod, and so its GPUs, is known only at PreStartContainer.
+            // The GPUs reach the runtime through the CDI device named below,
+            // whose spec is written then and read by the runtime when it
+            // creates the container (after PreStartContainer); its
+            // NVIDIA_VISIBLE_DEVICES replaces this `none`, which is what a
+            // container gets if no spec was written: no GPU.
+            (
+                "NVIDIA_VISIBLE_DEVICES".to_string(),
+                if c.expose_all_gpus { "all" } else { "none" }.to_string(),
+            ),
         ]);
         let mounts = vec![
             dp::Mount {
@@ -276,12 +314,19 @@ impl Plugin {
                 read_only: true,
             },
         ];
+        let cdi_devices = if c.expose_all_gpus {
+            Vec::new()
+        } else {
+            vec![dp::CdiDevice {
+                name: cdi_name(ids).0,
+            }]
+        };
         dp::ContainerAllocateResponse {
             envs: envs.into_iter().collect(),
             mounts,
             devices: Vec::new(),
             annotations: Default::default(),
-            cdi_devices: Vec::new(),
+            cdi_devices,
         }
     }
 
@@ -490,6 +535,11 @@ impl Plugin {
             Ok((pod, alloc)) => {
                 write_file_atomically(&path, alloc.to_file().as_bytes())
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                if !self.cfg.expose_all_gpus {
+                    let spec = self.cfg.cdi_dir.join(cdi_name(ids).1);
+                    write_file_atomically(&spec, cdi_spec(ids, &alloc.visible_uuids).as_bytes())
+                        .map_err(|e| format!("cannot write {}: {e}", spec.display()))?;
+                }
                 tracing::info!(
                     "{pod}: {} gets {:?} GiB on {:?}",
                     alloc.container_id,
@@ -509,8 +559,10 @@ impl Plugin {
                 Ok(())
             }
             Err(e) => {
-                // A stale file from an earlier start must not hand out memory.
+                // A stale file from an earlier start must not hand out memory
+                // (nor GPUs: without its CDI spec the container is not created).
                 let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(self.cfg.cdi_dir.join(cdi_name(ids).1));
                 tracing::error!("{e}");
                 if let Ok((ns, name, _)) = &owner {
                     self.event(ns, name, &e).await;
@@ -584,25 +636,36 @@ impl Plugin {
             .await
             .map_err(|e| format!("PodResources List failed: {e}"))?
             .into_inner();
-        let keep: Vec<String> = list
+        let held: Vec<&Vec<String>> = list
             .pod_resources
             .iter()
             .flat_map(|p| p.containers.iter())
             .flat_map(|c| c.devices.iter())
             .filter(|d| d.resource_name == RESOURCE_GPU_MEM)
-            .map(|d| alloc_file_name(&d.device_ids))
+            .map(|d| &d.device_ids)
             .collect();
-        let Ok(dir) = std::fs::read_dir(&self.cfg.alloc_dir) else {
-            return Ok(0);
-        };
+        let keep: Vec<String> = held
+            .iter()
+            .flat_map(|ids| [alloc_file_name(ids), cdi_name(ids).1])
+            .collect();
         let mut removed = 0;
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".env")
-                && !keep.contains(&name)
-                && std::fs::remove_file(e.path()).is_ok()
-            {
-                removed += 1;
+        for (dir, ours) in [
+            (
+                &self.cfg.alloc_dir,
+                (|n: &str| n.ends_with(".env")) as fn(&str) -> bool,
+            ),
+            (&self.cfg.cdi_dir, |n: &str| {
+                n.starts_with("cgpu-") && n.ends_with(".json")
+            }),
+        ] {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if ours(&name) && !keep.contains(&name) && std::fs::remove_file(e.path()).is_ok() {
+                    removed += 1;
+                }
             }
         }
         Ok(removed)

@@ -49,6 +49,7 @@ fn device_plugin_mounts_what_it_uses() {
         "/var/lib/kubelet/pod-resources",
         "/run/cgpu",
         "/run/cgpu-alloc",
+        "/var/run/cdi",
     ] {
         assert!(
             ds.contains(&format!("mountPath: {path}")),
@@ -57,6 +58,7 @@ fn device_plugin_mounts_what_it_uses() {
     }
     let std = cgpu_cluster::device_plugin::PluginConfig::standard("n");
     assert_eq!(std.alloc_dir.to_str(), Some("/run/cgpu-alloc"));
+    assert_eq!(std.cdi_dir.to_str(), Some("/var/run/cdi"));
     assert_eq!(std.library_on_host.to_str(), Some("/opt/cgpu/libcgpu.so"));
     assert!(ds.contains("/host/opt/cgpu/libcgpu.so"));
     assert_eq!(

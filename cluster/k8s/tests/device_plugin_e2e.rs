@@ -110,6 +110,7 @@ impl Cluster {
             .env("CGPU_LIBRARY", &a.libcgpu)
             .env("CGPU_LEDGER_DIR", self.dir.join("ledger"))
             .env("CGPU_ALLOC_DIR", self.dir.join("alloc"))
+            .env("CGPU_CDI_DIR", &self.kubelet.cdi_dir)
             .env("CGPU_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -263,6 +264,11 @@ async fn seed_000_two_v100s_give_two_gpus_of_4309_mib() {
         .mounts
         .iter()
         .any(|m| m.container_path == started.envs["CGPU_ALLOC_FILE"] && m.read_only));
+    // The runtime is told the pod's two GPUs, not all of the node's.
+    let d = Decision::from_pod(&c.get("tensorflow-mnist-multigpu")).unwrap();
+    let uuids: Vec<&str> = d.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    assert_eq!(uuids.len(), 2);
+    assert_eq!(started.envs["NVIDIA_VISIBLE_DEVICES"], uuids.join(","));
     // /etc/ld.so.preload names the library as the container sees it, so a
     // program that clears LD_PRELOAD still loads it.
     assert!(started
@@ -431,6 +437,8 @@ async fn without_the_extender_or_with_a_forged_decision_no_gpu_memory() {
             .collect(),
         mounts: Vec::new(),
     };
+    // ... and the runtime no GPU device (no CDI spec: not even created).
+    assert_eq!(never.envs["NVIDIA_VISIBLE_DEVICES"], "none");
     let mut cmd = c.sim.command(cuclient(LinkMode::Link));
     for (k, v) in never.env_on_host() {
         cmd.env(k, v);
@@ -488,6 +496,7 @@ async fn a_hundred_pods_admitted_in_random_order_each_get_their_own() {
             file,
             format!("CGPU_CONTAINER_ID=default/{n}/main\nALIYUN_COM_GPU_MEM_CONTAINER=1\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES={uuid}\n")
         );
+        assert_eq!(s.envs["NVIDIA_VISIBLE_DEVICES"], uuid);
         *per_gpu.entry(uuid).or_default() += 1;
     }
     // Binpack filled GPUs one after another: 15 + 15 + ... + 10.

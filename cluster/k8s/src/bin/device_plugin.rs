@@ -17,7 +17,10 @@ const USAGE: &str = "usage: cgpu-device-plugin\n\
   CGPU_POD_RESOURCES_SOCKET  default /var/lib/kubelet/pod-resources/kubelet.sock\n\
   CGPU_LIBRARY               libcgpu.so on the node and in containers (default /opt/cgpu/libcgpu.so)\n\
   CGPU_LEDGER_DIR            the ledger directory on the node and in containers (default /run/cgpu)\n\
-  CGPU_ALLOC_DIR             allocation files (default /run/cgpu-alloc; outside the ledger directory)\n";
+  CGPU_ALLOC_DIR             allocation files (default /run/cgpu-alloc; outside the ledger directory)\n\
+  CGPU_CDI_DIR               where the runtime reads CDI specs (default /var/run/cdi)\n\
+  CGPU_EXPOSE_ALL_GPUS       true: NVIDIA_VISIBLE_DEVICES=all instead of each container's GPUs\n\
+                             through CDI (runtimes without CDI)\n";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -56,6 +59,11 @@ async fn main() -> ExitCode {
         cfg.ledger_on_host = l.clone();
         cfg.ledger_in_container = l;
     }
+    if let Some(d) = env_path("CGPU_CDI_DIR") {
+        cfg.cdi_dir = d;
+    }
+    cfg.expose_all_gpus =
+        std::env::var("CGPU_EXPOSE_ALL_GPUS").is_ok_and(|v| v == "true" || v == "1");
     if let Some(a) = env_path("CGPU_ALLOC_DIR") {
         cfg.alloc_dir = a.clone();
         cfg.alloc_dir_on_host = a;

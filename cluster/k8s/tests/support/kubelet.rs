@@ -15,6 +15,12 @@
 //! Huffman-coded and indexed in the HPACK dynamic table (as grpc-go's
 //! encoder sends it), instead of `localhost`.
 //!
+//! When it creates a container it resolves the CDI devices the plugin
+//! named at `Allocate` as a CDI-enabled runtime (containerd 1.7+, CRI-O)
+//! does: from the specs in [`Kubelet::cdi_dir`] as they are at that moment
+//! (after `PreStartContainer`), applying their environment edits over the
+//! container's; a device without a spec fails the start.
+//!
 //! It cannot bind-mount (no mount namespace here): [`Started::host_path`]
 //! maps a path as the container would see it to the host path mounted
 //! there, and [`Started::check_mounts`] checks every mount's source exists.
@@ -95,6 +101,8 @@ async fn dial(path: &Path, old_authority: bool) -> Result<tonic::transport::Chan
 
 pub struct Kubelet {
     pub dir: PathBuf,
+    /// The runtime's CDI spec directory.
+    pub cdi_dir: PathBuf,
     pub pod_resources: PathBuf,
     state: Arc<Mutex<State>>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
@@ -299,7 +307,10 @@ impl Kubelet {
 
     async fn start_with(dir: &Path, old_authority: bool) -> Kubelet {
         std::fs::create_dir_all(dir).unwrap();
+        let cdi_dir = dir.parent().unwrap_or(dir).join("cdi");
+        std::fs::create_dir_all(&cdi_dir).unwrap();
         let mut k = Kubelet {
+            cdi_dir,
             dir: dir.to_path_buf(),
             pod_resources: dir.join("pod-resources.sock"),
             state: Arc::new(Mutex::new(State {
@@ -556,12 +567,49 @@ impl Kubelet {
         // kubelet's order: the container spec's value wins a clash).
         let mut merged: BTreeMap<String, String> = allocated.envs.clone().into_iter().collect();
         merged.extend(envs);
+        // The runtime applies the CDI devices' edits last.
+        for dev in &allocated.cdi_devices {
+            for (k, v) in self.cdi_env(&dev.name)? {
+                merged.insert(k, v);
+            }
+        }
         let s = Started {
             envs: merged,
             mounts: allocated.mounts.clone(),
         };
         s.check_mounts()?;
         Ok(s)
+    }
+
+    /// The environment edits of CDI device `kind=name`, from the specs now
+    /// in the CDI directory.
+    fn cdi_env(&self, qualified: &str) -> Result<Vec<(String, String)>, String> {
+        let (kind, name) = qualified
+            .split_once('=')
+            .ok_or_else(|| format!("CDI device {qualified:?} is not kind=name"))?;
+        for e in std::fs::read_dir(&self.cdi_dir).unwrap().flatten() {
+            let Ok(text) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            let Ok(spec) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            if spec["kind"] != kind {
+                continue;
+            }
+            for d in spec["devices"].as_array().into_iter().flatten() {
+                if d["name"] == name {
+                    return Ok(d["containerEdits"]["env"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str()?.split_once('='))
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect());
+                }
+            }
+        }
+        Err(format!("unresolvable CDI devices {qualified}"))
     }
 
     /// The pod is gone: its devices are free again.
