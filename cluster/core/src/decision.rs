@@ -336,6 +336,10 @@ pub struct ContainerAlloc {
     pub mem_dev: u64,
     pub visible_uuids: Vec<String>,
     pub disable: bool,
+    /// Indices of the GPUs, in visible order.
+    pub gpu_indices: Vec<u32>,
+    /// What the whole pod holds, summed over its GPUs.
+    pub pod_total: u64,
 }
 
 impl ContainerAlloc {
@@ -356,6 +360,25 @@ impl ContainerAlloc {
             s.push_str(&format!("{ENV_DISABLE}=true\n"));
         }
         s
+    }
+
+    /// The environment gpushare's device plugin gives a container
+    /// (`ALIYUN_COM_GPU_MEM_IDX/_POD/_CONTAINER/_DEV`), as `KEY=VALUE`, for
+    /// programs that read it; `_CONTAINER` per GPU as in the file.
+    pub fn gpushare_env(&self) -> Vec<String> {
+        let join = |v: &mut dyn Iterator<Item = String>| v.collect::<Vec<_>>().join(",");
+        vec![
+            format!(
+                "{ANN_GPUSHARE_IDX}={}",
+                join(&mut self.gpu_indices.iter().map(u32::to_string))
+            ),
+            format!("{ANN_GPUSHARE_POD}={}", self.pod_total),
+            format!(
+                "{ENV_MEM_CONTAINER}={}",
+                join(&mut self.mem_per_gpu.iter().map(u64::to_string))
+            ),
+            format!("{ENV_MEM_DEV}={}", self.mem_dev),
+        ]
     }
 }
 
@@ -485,11 +508,22 @@ mod tests {
             mem_dev: 15,
             visible_uuids: vec!["GPU-a".into(), "GPU-b".into()],
             disable: false,
+            gpu_indices: vec![0, 1],
+            pod_total: 8,
         };
         assert_eq!(
             a.to_file(),
             "CGPU_CONTAINER_ID=default/p/main\nALIYUN_COM_GPU_MEM_CONTAINER=4,4\nALIYUN_COM_GPU_MEM_DEV=15\n\
              ALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-a,GPU-b\n"
+        );
+        assert_eq!(
+            a.gpushare_env(),
+            [
+                "ALIYUN_COM_GPU_MEM_IDX=0,1",
+                "ALIYUN_COM_GPU_MEM_POD=8",
+                "ALIYUN_COM_GPU_MEM_CONTAINER=4,4",
+                "ALIYUN_COM_GPU_MEM_DEV=15"
+            ]
         );
         let shared = ContainerAlloc { disable: true, ..a };
         assert!(shared.to_file().ends_with("\nCGPU_DISABLE=true\n"));

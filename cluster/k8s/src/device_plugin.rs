@@ -96,15 +96,20 @@ pub fn cdi_name(device_ids: &[String]) -> (String, String) {
     (format!("{CDI_KIND}={stem}"), format!("cgpu-{stem}.json"))
 }
 
-/// The CDI spec naming a container's GPUs for the NVIDIA runtime.
-pub fn cdi_spec(device_ids: &[String], uuids: &[String]) -> String {
+/// The CDI spec of a container: its GPUs for the NVIDIA runtime, and the
+/// environment gpushare's device plugin gives.
+pub fn cdi_spec(device_ids: &[String], alloc: &ContainerAlloc) -> String {
     let (_, file) = cdi_name(device_ids);
     let stem = file.trim_start_matches("cgpu-").trim_end_matches(".json");
+    let mut env = vec![format!(
+        "NVIDIA_VISIBLE_DEVICES={}",
+        alloc.visible_uuids.join(",")
+    )];
+    env.extend(alloc.gpushare_env());
     serde_json::json!({
         "cdiVersion": "0.6.0",
         "kind": CDI_KIND,
-        "devices": [{"name": stem, "containerEdits": {
-            "env": [format!("NVIDIA_VISIBLE_DEVICES={}", uuids.join(","))]}}],
+        "devices": [{"name": stem, "containerEdits": {"env": env}}],
     })
     .to_string()
 }
@@ -511,6 +516,8 @@ impl Plugin {
             mem_dev: d.gpu_gib,
             visible_uuids: uuids,
             disable: self.node.share_only,
+            gpu_indices: d.gpus.iter().map(|g| g.index).collect(),
+            pod_total: d.per_gpu * m,
         };
         Ok((format!("{ns}/{name}"), alloc))
     }
@@ -537,7 +544,7 @@ impl Plugin {
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                 if !self.cfg.expose_all_gpus {
                     let spec = self.cfg.cdi_dir.join(cdi_name(ids).1);
-                    write_file_atomically(&spec, cdi_spec(ids, &alloc.visible_uuids).as_bytes())
+                    write_file_atomically(&spec, cdi_spec(ids, &alloc).as_bytes())
                         .map_err(|e| format!("cannot write {}: {e}", spec.display()))?;
                 }
                 tracing::info!(

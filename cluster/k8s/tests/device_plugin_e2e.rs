@@ -741,3 +741,69 @@ async fn an_old_kubelet_that_sends_the_socket_path_as_authority() {
         "{out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpushare_cluster_moves_over_without_touching_pods_or_scheduler_config() {
+    use cgpu_cluster_testkit::scheduler::Scheduler;
+    // gpushare's node label for sharing without isolation.
+    let c = Cluster::new(
+        "gpushare",
+        &[V100, V100],
+        json!({"cgpu.disable.isolation": "true"}),
+    )
+    .await;
+    // Pods placed by gpushare's extender and ACK's scheduler, running.
+    c.api.put(
+        "pods",
+        json!({"metadata": {"name": "old-gpushare", "namespace": "default",
+                            "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "10",
+                                            "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}},
+               "spec": {"nodeName": NODE, "containers": [gpu_container("main", 10)]},
+               "status": {"phase": "Running"}}),
+    );
+    c.api.put(
+        "pods",
+        json!({"metadata": {"name": "old-ack", "namespace": "default",
+                            "annotations": {"scheduler.framework.gpushare.allocation": "{\"0\":{\"1\":3}}"}},
+               "spec": {"nodeName": NODE, "containers": [gpu_container("main", 3)]},
+               "status": {"phase": "Running"}}),
+    );
+    c.ready(30).await;
+    // kube-scheduler still configured for gpushare's extender paths.
+    let s = Scheduler::new(&c.ext_url, true).with_prefix("/gpushare-scheduler");
+    let node = c.api.get("nodes", "", NODE).unwrap();
+    let pod = c.pod("new", json!([gpu_container("main", 10)]), 1);
+    for _ in 0..600 {
+        if c.extender.metrics.pods.get() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let f = s.filter(&pod, std::slice::from_ref(&node)).await.unwrap();
+    assert_eq!(f.nodes, [NODE], "{f:?}");
+    s.bind(&pod, NODE).await.unwrap();
+    // GPU0 has 5 GiB left, GPU1 12: the new pod goes to GPU1.
+    let d = Decision::from_pod(&c.get("new")).unwrap();
+    assert_eq!(d.gpus[0].index, 1);
+    let ann = &c.get("new")["metadata"]["annotations"];
+    assert_eq!(ann["ALIYUN_COM_GPU_MEM_IDX"], "1");
+    assert_eq!(ann["ALIYUN_COM_GPU_MEM_DEV"], "15");
+    let started = c.run_pod("new", "main").await.unwrap();
+    // The environment gpushare's plugin gives, and only GPU1 for the runtime.
+    for (k, v) in [
+        ("ALIYUN_COM_GPU_MEM_IDX", "1"),
+        ("ALIYUN_COM_GPU_MEM_POD", "10"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "10"),
+        ("ALIYUN_COM_GPU_MEM_DEV", "15"),
+        ("NVIDIA_VISIBLE_DEVICES", d.gpus[0].uuid.as_str()),
+    ] {
+        assert_eq!(started.envs[k], v, "{k}");
+    }
+    let file =
+        std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
+    assert!(file.ends_with("CGPU_DISABLE=true\n"), "{file}");
+    // A further 6 GiB pod fits neither GPU (5 and 2 GiB left).
+    let late = c.pod("late", json!([gpu_container("main", 6)]), 1);
+    let f = s.filter(&late, std::slice::from_ref(&node)).await.unwrap();
+    assert!(f.nodes.is_empty(), "{f:?}");
+}
