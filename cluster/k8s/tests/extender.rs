@@ -661,3 +661,42 @@ async fn copied_and_forged_decisions_count_for_nothing() {
     );
     r.server.abort();
 }
+
+/// A node still served by gpushare's device plugin with `--memory-unit=MiB`
+/// advertises `aliyun.com/gpu-mem` in MiB and its pods ask in MiB: the
+/// extender counts in the node's own unit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpushare_nodes_in_mib_are_counted_in_mib() {
+    let api = ApiServer::start().await;
+    api.put(
+        "nodes",
+        json!({"metadata": {"name": "mib"},
+               "status": {"capacity": {RESOURCE_GPU_COUNT: "2", RESOURCE_GPU_MEM: "32320"}}}),
+    );
+    // Running under gpushare: 10000 MiB on GPU0.
+    api.put(
+        "pods",
+        json!({"metadata": {"name": "old", "namespace": "default",
+                            "annotations": {ANN_GPUSHARE_IDX: "0", ANN_GPUSHARE_POD: "10000"}},
+               "spec": {"nodeName": "mib", "containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU_MEM: "10000"}}}]},
+               "status": {"phase": "Running"}}),
+    );
+    let r = start_extender(&api, Policy::Binpack).await;
+    settled(&r, 1).await;
+    let a = gpu_pod(&api, "a", 6000, 1);
+    assert_eq!(
+        post(&r.url, "/gpushare-scheduler/bind", &bind_args(&a, "mib")).await,
+        json!({"Error": ""})
+    );
+    let d = decision(&api, "a").unwrap();
+    // 16160 - 10000 = 6160 MiB left on GPU0: binpack puts it there.
+    assert_eq!((d.gpus[0].index, d.per_gpu, d.gpu_gib), (0, 6000, 16160));
+    settled(&r, 2).await;
+    let b = gpu_pod(&api, "b", 200, 1);
+    let f = post(&r.url, "/filter", &json!({"Pod": b, "NodeNames": ["mib"]})).await;
+    assert_eq!(f["NodeNames"], json!(["mib"]));
+    let big = gpu_pod(&api, "big", 16161, 1);
+    let f = post(&r.url, "/filter", &json!({"Pod": big, "NodeNames": ["mib"]})).await;
+    assert!(f["FailedAndUnresolvableNodes"]["mib"].is_string(), "{f}");
+    r.server.abort();
+}
