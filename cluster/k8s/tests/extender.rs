@@ -696,7 +696,12 @@ async fn gpushare_nodes_in_mib_are_counted_in_mib() {
     let f = post(&r.url, "/filter", &json!({"Pod": b, "NodeNames": ["mib"]})).await;
     assert_eq!(f["NodeNames"], json!(["mib"]));
     let big = gpu_pod(&api, "big", 16161, 1);
-    let f = post(&r.url, "/filter", &json!({"Pod": big, "NodeNames": ["mib"]})).await;
+    let f = post(
+        &r.url,
+        "/filter",
+        &json!({"Pod": big, "NodeNames": ["mib"]}),
+    )
+    .await;
     assert!(f["FailedAndUnresolvableNodes"]["mib"].is_string(), "{f}");
     r.server.abort();
 }

@@ -136,9 +136,12 @@ fn details_and_json_through_kubectl() {
     assert!(
         out.contains(
             "NAME:       cn-beijing.192.16x.x.xx1\nIPADDRESS:  192.16x.x.xx1\n\n\
-                      NAME              NAMESPACE  GPU0(Allocated)\n\
-                      old-gpushare-pod  ml         5\n\
-                      Allocated :  5 (33%)\nTotal :      15\n"
+                      NAME              NAMESPACE  GPU0(Allocated)  Pending(Allocated)\n\
+                      no-extender       ml         0                2\n\
+                      old-gpushare-pod  ml         5                0\n\
+                      Allocated :       5 (33%)\n\
+                      Total :           15\n\
+                      ------------------------------------------------------------------------\n"
         ),
         "{out}"
     );
@@ -247,7 +250,9 @@ fn only_decisions_of_their_own_pod_with_the_extenders_signature_count() {
     assert!(ok, "{err}");
     assert!(err.is_empty(), "{err}");
     assert!(
-        out.contains("cn-beijing.192.16x.x.xx2  192.16x.x.xx2  10/15                  10/15\n"),
+        out.contains(
+            "cn-beijing.192.16x.x.xx2  192.16x.x.xx2  10/15                  20                  10/15\n"
+        ),
         "{out}"
     );
     assert!(out.ends_with("10/45 (22%)\n"), "{out}");
