@@ -27,6 +27,52 @@ pub struct NodeGpu {
     pub memory_mib: u64,
     /// Size in whole GiB as the cluster counts it (see [`gpu_gib`]).
     pub gib: u64,
+    /// The model as NVML names it (`Tesla V100-SXM2-16GB`); empty when unknown.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub model: String,
+}
+
+fn list(pod: &Value, key: &str) -> Vec<String> {
+    pod["metadata"]["annotations"][key]
+        .as_str()
+        .unwrap_or("")
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Whether the pod may use this GPU, by its annotations (HAMi's names):
+/// `nvidia.com/use-gputype` / `nvidia.com/nouse-gputype` (comma-separated
+/// parts of the model name, case-insensitive) and `nvidia.com/use-gpuuuid`
+/// / `nvidia.com/nouse-gpuuuid` (exact UUIDs).
+pub fn gpu_allowed(pod: &Value, gpu: &NodeGpu) -> bool {
+    let model = gpu.model.to_ascii_uppercase();
+    let has_type = |t: &String| model.contains(&t.to_ascii_uppercase());
+    let use_type = list(pod, ANN_USE_GPUTYPE);
+    let use_uuid = list(pod, ANN_USE_GPUUUID);
+    (use_type.is_empty() || use_type.iter().any(has_type))
+        && !list(pod, ANN_NOUSE_GPUTYPE).iter().any(has_type)
+        && (use_uuid.is_empty() || use_uuid.contains(&gpu.uuid))
+        && !list(pod, ANN_NOUSE_GPUUUID).contains(&gpu.uuid)
+}
+
+/// The pod's GPU constraints as one line for a rejection, empty when none.
+pub fn gpu_constraints(pod: &Value) -> String {
+    [
+        ANN_USE_GPUTYPE,
+        ANN_NOUSE_GPUTYPE,
+        ANN_USE_GPUUUID,
+        ANN_NOUSE_GPUUUID,
+    ]
+    .iter()
+    .filter_map(|k| {
+        pod["metadata"]["annotations"][*k]
+            .as_str()
+            .map(|v| format!("{k}={v}"))
+    })
+    .collect::<Vec<_>>()
+    .join(", ")
 }
 
 /// The GPUs of a node: from the device plugin's annotation when present,
@@ -50,6 +96,7 @@ pub fn node_gpus(node: &Value) -> Vec<NodeGpu> {
             uuid: String::new(),
             memory_mib: 0,
             gib: mem / count,
+            model: String::new(),
         })
         .collect()
 }
@@ -395,12 +442,14 @@ mod tests {
                 uuid: "GPU-a".into(),
                 memory_mib: 16160,
                 gib: 15,
+                model: String::new(),
             },
             NodeGpu {
                 index: 1,
                 uuid: "GPU-b".into(),
                 memory_mib: 16160,
                 gib: 15,
+                model: String::new(),
             },
         ];
         json!({"metadata": {"name": "n1", "annotations": {ANN_NODE_GPUS: serde_json::to_string(&gpus).unwrap()}},

@@ -30,6 +30,17 @@ pub const LABEL_NODE_DISABLE_ISOLATION: &str = "cgpu.disable.isolation";
 /// interposer (`ALIYUN_COM_GPU_MEM_DEV`) then all use this number.
 pub const LABEL_NODE_GPU_MEM_DEV: &str = "cgpu.io/gpu-mem-dev";
 
+/// Pod annotations choosing GPUs by model or UUID (HAMi's names):
+/// comma-separated model name parts (case-insensitive) or UUIDs.
+pub const ANN_USE_GPUTYPE: &str = "nvidia.com/use-gputype";
+pub const ANN_NOUSE_GPUTYPE: &str = "nvidia.com/nouse-gputype";
+pub const ANN_USE_GPUUUID: &str = "nvidia.com/use-gpuuuid";
+pub const ANN_NOUSE_GPUUUID: &str = "nvidia.com/nouse-gpuuuid";
+/// Node labels the device plugin sets: its GPUs' model (spaces as `-`;
+/// `mixed` when they differ) and the smallest GPU's memory in MiB.
+pub const LABEL_NODE_GPU_MODEL: &str = "cgpu.io/gpu-model";
+pub const LABEL_NODE_GPU_MEMORY: &str = "cgpu.io/gpu-memory-mib";
+
 /// Node annotation the device plugin writes: the node's GPUs as NVML sees
 /// them (JSON list of [`crate::decision::NodeGpu`]).
 pub const ANN_NODE_GPUS: &str = "cgpu.io/gpus";

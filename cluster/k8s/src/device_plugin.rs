@@ -27,6 +27,7 @@ use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -153,6 +154,24 @@ pub struct NodeState {
     pub share_only: bool,
 }
 
+/// A model name as a label value: `[A-Za-z0-9._-]`, others as `-`, at most
+/// 63 characters, starting and ending alphanumeric.
+pub fn label_value(s: &str) -> String {
+    let v: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    v.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
 /// Name, in the allocation directory, of the file mounted on every GPU
 /// container's `/etc/ld.so.preload`.
 pub const LD_SO_PRELOAD: &str = "ld.so.preload";
@@ -192,8 +211,27 @@ impl Plugin {
                 .get(LABEL_NODE_DISABLE_ISOLATION)
                 .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
         let gpus = gpus.gpus(stated)?;
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            ANN_NODE_GPUS: serde_json::to_string(&gpus).expect("GPUs serialise")}}});
+        // The GPUs for the extender, and model and memory as labels for
+        // node selectors and affinities.
+        let mut models: Vec<String> = gpus
+            .iter()
+            .map(|g| label_value(&g.model))
+            .filter(|m| !m.is_empty())
+            .collect();
+        models.dedup();
+        let model = match models.as_slice() {
+            [] => Value::Null,
+            [one] => Value::String(one.clone()),
+            _ => Value::String("mixed".into()),
+        };
+        let memory = gpus
+            .iter()
+            .map(|g| g.memory_mib)
+            .min()
+            .map_or(Value::Null, |m| Value::String(m.to_string()));
+        let patch = serde_json::json!({"metadata": {
+            "annotations": {ANN_NODE_GPUS: serde_json::to_string(&gpus).expect("GPUs serialise")},
+            "labels": {LABEL_NODE_GPU_MODEL: model, LABEL_NODE_GPU_MEMORY: memory}}});
         nodes
             .patch(
                 &cfg.node_name,

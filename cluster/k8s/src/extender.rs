@@ -20,7 +20,8 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use cgpu_cluster_core::decision::{
-    node_gpus, node_usage, pod_gpu_use, pod_request, Decision, NodeGpu,
+    gpu_allowed, gpu_constraints, node_gpus, node_usage, pod_gpu_use, pod_request, Decision,
+    NodeGpu,
 };
 use cgpu_cluster_core::names::*;
 use cgpu_cluster_core::placement::{self, Gpu, Policy};
@@ -157,6 +158,17 @@ impl View {
 
     fn holds(&self, pod: &Value) -> bool {
         !pod_gpu_use(pod, &|d| self.verifier.verify(d)).is_empty()
+    }
+
+    /// The node's GPUs the pod may use (its model/UUID annotations), with
+    /// what they hold.
+    fn usage_for(&self, node: &str, pod: &Value) -> Option<(Vec<NodeGpu>, Vec<Gpu>)> {
+        let (gpus, mut usage) = self.usage(node)?;
+        usage.retain(|u| {
+            gpus.iter()
+                .any(|g| g.index == u.index && gpu_allowed(pod, g))
+        });
+        Some((gpus, usage))
     }
 
     fn usage(&self, node: &str) -> Option<(Vec<NodeGpu>, Vec<Gpu>)> {
@@ -427,11 +439,21 @@ impl Extender {
         }
         let view = self.view.lock();
         for n in names {
-            let Some((_, usage)) = view.usage(&n) else {
+            let Some((gpus, usage)) = view.usage_for(&n, &args.pod) else {
                 out.failed_and_unresolvable_nodes
                     .insert(n, "the node is unknown to cgpu-scheduler-extender".into());
                 continue;
             };
+            if usage.is_empty() && !gpus.is_empty() {
+                out.failed_and_unresolvable_nodes.insert(
+                    n,
+                    format!(
+                        "no GPU of the node matches the pod's {}",
+                        gpu_constraints(&args.pod)
+                    ),
+                );
+                continue;
+            }
             if usage.is_empty() {
                 out.failed_and_unresolvable_nodes.insert(
                     n,
@@ -464,7 +486,7 @@ impl Extender {
                     .as_ref()
                     .filter(|r| r.wants_gpu_mem())
                     .and_then(|r| {
-                        let (_, usage) = view.usage(&n)?;
+                        let (_, usage) = view.usage_for(&n, &args.pod)?;
                         placement::score(
                             &usage,
                             r,
@@ -523,7 +545,7 @@ impl Extender {
         if req.wants_gpu_mem() {
             let (decision, per) = {
                 let mut view = self.view.lock();
-                let (gpus, usage) = view.usage(&args.node).ok_or_else(|| {
+                let (gpus, usage) = view.usage_for(&args.node, &pod).ok_or_else(|| {
                     format!("node {} is unknown to cgpu-scheduler-extender", args.node)
                 })?;
                 let policy = view.policy(&args.node, self.default_policy);

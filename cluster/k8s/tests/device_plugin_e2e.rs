@@ -264,6 +264,16 @@ async fn seed_000_two_v100s_give_two_gpus_of_4309_mib() {
         .mounts
         .iter()
         .any(|m| m.container_path == started.envs["CGPU_ALLOC_FILE"] && m.read_only));
+    // The plugin labelled the node with its GPUs' model and memory.
+    let node = c.api.get("nodes", "", NODE).unwrap();
+    assert_eq!(
+        node["metadata"]["labels"]["cgpu.io/gpu-model"],
+        "Tesla-V100-SXM2-16GB"
+    );
+    assert_eq!(
+        node["metadata"]["labels"]["cgpu.io/gpu-memory-mib"],
+        "16160"
+    );
     // The runtime is told the pod's two GPUs, not all of the node's.
     let d = Decision::from_pod(&c.get("tensorflow-mnist-multigpu")).unwrap();
     let uuids: Vec<&str> = d.gpus.iter().map(|g| g.uuid.as_str()).collect();

@@ -99,6 +99,7 @@ fn gpu_node(api: &ApiServer, name: &str, gpus: u32, mib: u64) {
             uuid: format!("GPU-{name}-{i}"),
             memory_mib: mib,
             gib: mib / 1024,
+            model: "Tesla V100-SXM2-16GB".into(),
         })
         .collect();
     api.put(
@@ -703,5 +704,67 @@ async fn gpushare_nodes_in_mib_are_counted_in_mib() {
     )
     .await;
     assert!(f["FailedAndUnresolvableNodes"]["mib"].is_string(), "{f}");
+    r.server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_choose_gpus_by_model_and_uuid() {
+    let api = ApiServer::start().await;
+    let list = vec![
+        NodeGpu {
+            index: 0,
+            uuid: "GPU-t4".into(),
+            memory_mib: 15360,
+            gib: 15,
+            model: "Tesla T4".into(),
+        },
+        NodeGpu {
+            index: 1,
+            uuid: "GPU-a10".into(),
+            memory_mib: 23028,
+            gib: 22,
+            model: "NVIDIA A10".into(),
+        },
+    ];
+    api.put(
+        "nodes",
+        json!({"metadata": {"name": "n1", "annotations": {ANN_NODE_GPUS: serde_json::to_string(&list).unwrap()}}}),
+    );
+    let r = start_extender(&api, Policy::Binpack).await;
+    let cases = [
+        ("use-a10", json!({ANN_USE_GPUTYPE: "a10"}), Some(1)),
+        ("avoid-a10", json!({ANN_NOUSE_GPUTYPE: "A10,H100"}), Some(0)),
+        ("by-uuid", json!({ANN_USE_GPUUUID: "GPU-a10"}), Some(1)),
+        ("not-t4-uuid", json!({ANN_NOUSE_GPUUUID: "GPU-t4"}), Some(1)),
+        ("h100", json!({ANN_USE_GPUTYPE: "H100"}), None),
+    ];
+    for (name, ann, want) in cases {
+        let pod = api.put(
+            "pods",
+            json!({"metadata": {"name": name, "namespace": "default", "annotations": ann},
+                   "spec": {"containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU_MEM: "2"}}}]}}),
+        );
+        let f = post(&r.url, "/filter", &json!({"Pod": pod, "NodeNames": ["n1"]})).await;
+        let b = post(&r.url, "/bind", &bind_args(&pod, "n1")).await;
+        match want {
+            Some(idx) => {
+                assert_eq!(f["NodeNames"], json!(["n1"]), "{name}: {f}");
+                assert_eq!(b, json!({"Error": ""}), "{name}");
+                assert_eq!(decision(&api, name).unwrap().gpus[0].index, idx, "{name}");
+            }
+            None => {
+                assert!(
+                    f["FailedAndUnresolvableNodes"]["n1"]
+                        .as_str()
+                        .unwrap()
+                        .contains(
+                            "no GPU of the node matches the pod's nvidia.com/use-gputype=H100"
+                        ),
+                    "{f}"
+                );
+                assert!(b["Error"].as_str().unwrap() != "", "{b}");
+            }
+        }
+    }
     r.server.abort();
 }
