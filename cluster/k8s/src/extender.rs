@@ -50,6 +50,11 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuLabels {
     pub node: String,
     pub gpu: String,
@@ -64,6 +69,9 @@ pub struct Metrics {
     pub reserved: Gauge,
     pub gpu_allocated: Family<GpuLabels, Gauge>,
     pub gpu_total: Family<GpuLabels, Gauge>,
+    pub gpu_pods: Family<GpuLabels, Gauge>,
+    pub ns_allocated: Family<NamespaceLabels, Gauge>,
+    pub ns_requested: Family<NamespaceLabels, Gauge>,
 }
 
 impl Metrics {
@@ -105,9 +113,30 @@ impl Metrics {
             "Size of a GPU in GiB as the cluster counts it",
             gpu_total.clone(),
         );
+        let gpu_pods = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "gpu_pods",
+            "Pods holding a share of a GPU",
+            gpu_pods.clone(),
+        );
+        let ns_allocated = Family::<NamespaceLabels, Gauge>::default();
+        let ns_requested = Family::<NamespaceLabels, Gauge>::default();
+        registry.register(
+            "namespace_gpu_memory_allocated_gib",
+            "GPU memory (GiB, over all their GPUs) held by a namespace's pods: decided, bound, running or terminating",
+            ns_allocated.clone(),
+        );
+        registry.register(
+            "namespace_gpu_memory_requested_gib",
+            "GPU memory (GiB) asked for by a namespace's unfinished pods, placed or not",
+            ns_requested.clone(),
+        );
         Metrics {
             gpu_allocated,
             gpu_total,
+            gpu_pods,
+            ns_allocated,
+            ns_requested,
             registry,
             requests,
             nodes,
@@ -858,6 +887,48 @@ async fn metrics(State(x): State<Arc<Extender>>) -> impl IntoResponse {
         let view = x.view.lock();
         x.metrics.gpu_allocated.clear();
         x.metrics.gpu_total.clear();
+        x.metrics.gpu_pods.clear();
+        x.metrics.ns_allocated.clear();
+        x.metrics.ns_requested.clear();
+        let mut allocated: BTreeMap<String, u64> = BTreeMap::new();
+        let mut requested: BTreeMap<String, u64> = BTreeMap::new();
+        for p in view.pods.values() {
+            let phase = p["status"]["phase"].as_str().unwrap_or("");
+            if phase == "Succeeded" || phase == "Failed" {
+                continue;
+            }
+            let ns = p["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            let held: u64 = pod_gpu_use(p, &|d| view.verifier.verify(d)).values().sum();
+            if held > 0 {
+                *allocated.entry(ns.clone()).or_default() += held;
+            }
+            if let Ok(r) = pod_request(p) {
+                let app: u64 = r.containers.iter().filter(|c| !c.init).map(|c| c.mem).sum();
+                let init = r
+                    .containers
+                    .iter()
+                    .filter(|c| c.init)
+                    .map(|c| c.mem)
+                    .max()
+                    .unwrap_or(0);
+                if app.max(init) > 0 {
+                    *requested.entry(ns).or_default() += app.max(init);
+                }
+            }
+        }
+        for (metric, values) in [
+            (&x.metrics.ns_allocated, allocated),
+            (&x.metrics.ns_requested, requested),
+        ] {
+            for (namespace, gib) in values {
+                metric
+                    .get_or_create(&NamespaceLabels { namespace })
+                    .set(gib as i64);
+            }
+        }
         for node in view.nodes.keys() {
             let Some((_, usage)) = view.usage(node) else {
                 continue;
@@ -869,6 +940,7 @@ async fn metrics(State(x): State<Arc<Extender>>) -> impl IntoResponse {
                 };
                 x.metrics.gpu_allocated.get_or_create(&l).set(g.used as i64);
                 x.metrics.gpu_total.get_or_create(&l).set(g.total as i64);
+                x.metrics.gpu_pods.get_or_create(&l).set(i64::from(g.pods));
             }
         }
     }

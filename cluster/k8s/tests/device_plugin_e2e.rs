@@ -783,12 +783,14 @@ async fn a_gpushare_cluster_moves_over_without_touching_pods_or_scheduler_config
     let s = Scheduler::new(&c.ext_url, true).with_prefix("/gpushare-scheduler");
     let node = c.api.get("nodes", "", NODE).unwrap();
     let pod = c.pod("new", json!([gpu_container("main", 10)]), 1);
-    for _ in 0..600 {
+    // The extender's view has the two running pods.
+    for _ in 0..60000 {
         if c.extender.metrics.pods.get() == 2 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert_eq!(c.extender.metrics.pods.get(), 2);
     let f = s.filter(&pod, std::slice::from_ref(&node)).await.unwrap();
     assert_eq!(f.nodes, [NODE], "{f:?}");
     s.bind(&pod, NODE).await.unwrap();

@@ -432,6 +432,29 @@ async fn health_readiness_and_metrics() {
         parsed.contains("cgpu_extender_gpu_total_gib n1 1 15.0\n"),
         "{parsed}"
     );
+    assert!(
+        parsed.contains("cgpu_extender_gpu_pods n1 0 1.0\n"),
+        "{parsed}"
+    );
+    // Per namespace: a holds 4 GiB; a second pod asks 6 more, not placed.
+    gpu_pod(&api, "waiting", 6, 1);
+    let mut text = String::new();
+    for _ in 0..6000 {
+        text = http(&r.url, "GET", "/metrics", "").await.1;
+        if text.contains("requested_gib{namespace=\"default\"} 10\n") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let parsed = openmetrics_parse(&text);
+    assert!(
+        parsed.contains("cgpu_extender_namespace_gpu_memory_allocated_gib default 4.0\n"),
+        "{parsed}"
+    );
+    assert!(
+        parsed.contains("cgpu_extender_namespace_gpu_memory_requested_gib default 10.0\n"),
+        "{parsed}"
+    );
     r.server.abort();
 }
 
@@ -645,10 +668,16 @@ async fn copied_and_forged_decisions_count_for_nothing() {
         "forger",
         &json!({"metadata": {"annotations": {ANN_ALLOCATION: serde_json::to_string(&forged).unwrap()}}}),
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    settled(&r, 1).await;
-    // 5 GiB are still free for the rightful pods.
-    let b = gpu_pod(&api, "b", 5, 1);
+    // The watch delivers changes in order: once it shows a pod bound after
+    // them, the view has seen the copy and the forgery.
+    let marker = gpu_pod(&api, "marker", 1, 1);
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&marker, "n1")).await,
+        json!({"Error": ""})
+    );
+    settled(&r, 2).await;
+    // 4 GiB are still free for the rightful pods.
+    let b = gpu_pod(&api, "b", 4, 1);
     let f = post(&r.url, "/filter", &json!({"Pod": b, "NodeNames": ["n1"]})).await;
     assert_eq!(f["NodeNames"], json!(["n1"]), "{f}");
     assert_eq!(
