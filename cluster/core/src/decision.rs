@@ -387,6 +387,8 @@ pub struct ContainerAlloc {
     pub gpu_indices: Vec<u32>,
     /// What the whole pod holds, summed over its GPUs.
     pub pod_total: u64,
+    /// The pod asked for high priority (annotation `cgpu.io/high-priority`).
+    pub high_prio: bool,
 }
 
 impl ContainerAlloc {
@@ -559,6 +561,7 @@ mod tests {
             disable: false,
             gpu_indices: vec![0, 1],
             pod_total: 8,
+            high_prio: false,
         };
         assert_eq!(
             a.to_file(),

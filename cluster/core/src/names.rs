@@ -67,6 +67,11 @@ pub const PUBKEY_DATA_KEY: &str = "ed25519.pub";
 /// `CGPU_NAMESPACE` says otherwise.
 pub const DEFAULT_NAMESPACE: &str = "kube-system";
 
+/// Pod annotation `"true"`: its containers run at high priority
+/// (`ALIYUN_COM_GPU_HIGH_PRIO=1`).
+pub const ANN_HIGH_PRIORITY: &str = "cgpu.io/high-priority";
+pub const ENV_HIGH_PRIO: &str = "ALIYUN_COM_GPU_HIGH_PRIO";
+
 /// Container environment (read by `libcgpu.so`).
 pub const ENV_MEM_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
 pub const ENV_MEM_DEV: &str = "ALIYUN_COM_GPU_MEM_DEV";

@@ -107,6 +107,9 @@ pub fn cdi_spec(device_ids: &[String], alloc: &ContainerAlloc) -> String {
         alloc.visible_uuids.join(",")
     )];
     env.extend(alloc.gpushare_env());
+    if alloc.high_prio {
+        env.push(format!("{ENV_HIGH_PRIO}=1"));
+    }
     serde_json::json!({
         "cdiVersion": "0.6.0",
         "kind": CDI_KIND,
@@ -556,6 +559,9 @@ impl Plugin {
             disable: self.node.share_only,
             gpu_indices: d.gpus.iter().map(|g| g.index).collect(),
             pod_total: d.per_gpu * m,
+            high_prio: pod["metadata"]["annotations"][ANN_HIGH_PRIORITY]
+                .as_str()
+                .is_some_and(|v| v.trim() == "true" || v.trim() == "1"),
         };
         Ok((format!("{ns}/{name}"), alloc))
     }

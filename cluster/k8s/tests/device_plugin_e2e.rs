@@ -714,6 +714,12 @@ async fn a_copied_decision_never_refuses_the_rightful_pods() {
     let c = Cluster::new("copied", &[V100], json!({})).await;
     c.ready(15).await;
     let big = c.pod("big", json!([gpu_container("main", 12)]), 1);
+    c.api.patch(
+        "pods",
+        "default",
+        "big",
+        &json!({"metadata": {"annotations": {"cgpu.io/high-priority": "true"}}}),
+    );
     c.schedule(&big).await.unwrap();
     // Bound by spec.nodeName with every annotation of big: the GPU would
     // hold 24 of 15 GiB if the copied decision counted, and big would be
@@ -726,6 +732,8 @@ async fn a_copied_decision_never_refuses_the_rightful_pods() {
                "status": {"phase": "Running"}}),
     );
     let started = c.run_pod("big", "main").await.unwrap();
+    // Its annotation asked for high priority: the runtime sets it.
+    assert_eq!(started.envs["ALIYUN_COM_GPU_HIGH_PRIO"], "1");
     let out = c.exec(&started, &["meminfo"]);
     assert_eq!(
         mib(field(line(&out, "meminfo"), "total").unwrap()),
