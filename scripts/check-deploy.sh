@@ -27,7 +27,7 @@ fi
 out=target/deploy-check/rendered.yaml
 kubectl kustomize deploy/ >"$out"
 # The oldest version first: it is the one README.md states as the minimum.
-VERSIONS="1.25.0 1.33.0"
+VERSIONS="1.30.0 1.33.0"
 for v in $VERSIONS; do
   log=target/deploy-check/validate-$v.txt
   rc=0
