@@ -3,6 +3,7 @@
 # UBI 8, Ubuntu 18.04 and newer run them) and needing nothing but the C library:
 #   dist/libcgpu.so              the interposer (LD_PRELOAD), stripped
 #   dist/cgpu-smi, dist/cgpuctl  the operator tools (the exporter is `cgpuctl exporter`)
+#   dist/cgpu-agent              the node agent (docs/agent.md)
 #   dist/cgpu.tmpfiles.conf      creates /run/cgpu at every boot (systemd-tmpfiles)
 #   with --cluster, also the Kubernetes components:
 #   dist/cgpu-scheduler-extender, dist/cgpu-device-plugin, dist/kubectl-inspect-cgpu
@@ -75,10 +76,13 @@ step() { echo "build-dist: [$(( $(date +%s) - start )) s] $*" >&2; }
 # invocation).
 step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu --lib"
 cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu --lib
-step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu-tools --bins (--cfg cgpu_embedded, target/dist-build)"
+step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu-tools -p cgpu-agent --bins (--cfg cgpu_embedded, target/dist-build)"
 RUSTFLAGS="${RUSTFLAGS:-} --cfg cgpu_embedded" CARGO_TARGET_DIR="$ROOT/target/dist-build" \
-  cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu-tools --bins
-FILES="libcgpu.so:target/$TRIPLE/release cgpu-smi:target/dist-build/$TRIPLE/release cgpuctl:target/dist-build/$TRIPLE/release"
+  cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu-tools -p cgpu-agent --bins
+FILES="libcgpu.so:target/$TRIPLE/release"
+for b in cgpu-smi cgpuctl cgpu-agent; do
+  FILES="$FILES $b:target/dist-build/$TRIPLE/release"
+done
 if [ "$CLUSTER" = 1 ]; then
   step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu-cluster --bins (long the first time)"
   cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu-cluster --bins

@@ -62,7 +62,7 @@ fn glibc_versions_needed(file: &std::path::Path) -> Vec<(String, (u32, u32))> {
 /// The executables and the library `dist/` holds: the Kubernetes components
 /// only when `scripts/build-dist.sh --cluster` built them.
 fn binaries() -> Vec<String> {
-    let mut v: Vec<String> = ["libcgpu.so", "cgpu-smi", "cgpuctl"]
+    let mut v: Vec<String> = ["libcgpu.so", "cgpu-smi", "cgpuctl", "cgpu-agent"]
         .map(String::from)
         .to_vec();
     for b in [

@@ -4,6 +4,7 @@
 #                              kubelet mounts it into every GPU container
 #   cgpu-device-plugin         the kubelet's device plugin (deploy/device-plugin.yaml)
 #   cgpu-smi, cgpuctl          the operator tools and the exporter (`cgpuctl exporter`)
+#   cgpu-agent                 the node agent (docs/agent.md)
 #
 #   scripts/build-dist.sh --cluster
 #   docker build -f deploy/docker/node.Dockerfile -t REGISTRY/cgpu-node:0.1.0 .
@@ -12,6 +13,6 @@
 # the shell and `install` the init container uses.
 FROM debian:bookworm-slim
 COPY dist/libcgpu.so /opt/cgpu/libcgpu.so
-COPY dist/cgpu-device-plugin dist/cgpu-smi dist/cgpuctl /usr/local/bin/
+COPY dist/cgpu-device-plugin dist/cgpu-smi dist/cgpuctl dist/cgpu-agent /usr/local/bin/
 COPY LICENSE /usr/share/doc/cgpu/LICENSE
 CMD ["cgpu-device-plugin"]
