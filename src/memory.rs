@@ -5,9 +5,10 @@
 //! - A GPU is joined lazily, at the first call that needs it: its UUID and
 //!   physical total come from the real driver (CUDA or NVML, whichever the
 //!   process uses first), its quota from the config, its ledger from
-//!   [`Ledger::open_or_create`]. A ledger that cannot be used falls back to
-//!   enforcing within this process alone, with a clear warning (never
-//!   silently unenforced).
+//!   [`Ledger::open_or_create`]. While the ledger cannot be used, new
+//!   allocations are refused with one clear error naming the cause and the
+//!   fix, and the process joins by itself once it can (never granted on
+//!   this process's word alone).
 //! - Reserve before the real allocator; give back on its failure; over quota
 //!   → `CUDA_ERROR_OUT_OF_MEMORY` without calling the driver.
 //! - Stream-ordered pools: an allocation is charged when `cuMemAllocAsync` /
@@ -41,8 +42,8 @@ pub struct Gpu {
     pub quota: Option<u64>,
     /// Refuse allocations past the quota (false with `CGPU_DISABLE`).
     pub enforce: bool,
-    /// This process's account on the GPU's ledger (joined, waiting to
-    /// join: allocations refused, or alone: see `ledger::Account`).
+    /// This process's account on the GPU's ledger (joined, or waiting to
+    /// join: allocations refused; see `ledger::Account`).
     acct: Account,
     left: AtomicBool,
     /// Primary-context retains by this process (what the primary context
@@ -56,8 +57,12 @@ impl Gpu {
     /// Reserve `bytes`; false = over quota, or not joined to the ledger
     /// yet (nothing taken).
     pub fn reserve(&self, bytes: u64) -> bool {
-        if bytes == 0 || self.left.load(Ordering::Relaxed) {
+        if bytes == 0 {
             return true;
+        }
+        if self.left.load(Ordering::Relaxed) {
+            // The exit handler ran: nothing can be charged any more.
+            return false;
         }
         self.acct.reserve(bytes)
     }
@@ -80,7 +85,8 @@ impl Gpu {
         self.acct.process_used()
     }
 
-    /// Is accounting shared through the ledger (vs. this process alone)?
+    /// Is this process joined to the GPU's ledger (allocations are charged
+    /// to the container)?
     pub fn shared(&self) -> bool {
         self.acct.is_shared()
     }
@@ -403,7 +409,7 @@ fn peek_ledger(uuid: &str) -> Option<&'static Ledger> {
     if let Some((_, l)) = opened.iter().find(|(u, _)| u.eq_ignore_ascii_case(uuid)) {
         return Some(l);
     }
-    let path = Ledger::path_for(&Ledger::default_dir(), uuid);
+    let path = Ledger::live_path(&Ledger::default_dir(), uuid);
     if !path.exists() {
         return None;
     }
@@ -480,7 +486,7 @@ pub fn tracking() -> bool {
 
 /// The `default_memsize` of this GPU's existing ledger, if set.
 fn default_memsize(uuid: &str) -> Option<u64> {
-    let path = Ledger::path_for(&Ledger::default_dir(), uuid);
+    let path = Ledger::live_path(&Ledger::default_dir(), uuid);
     if !path.exists() {
         return None;
     }
@@ -489,7 +495,7 @@ fn default_memsize(uuid: &str) -> Option<u64> {
     (d > 0).then_some(d)
 }
 
-/// Join the ledger for one GPU (or fall back to enforcing locally).
+/// Join the ledger for one GPU (or wait to join, refusing allocations).
 fn join(info: GpuInfo) -> Option<Gpu> {
     let cfg = config::get();
     let (quota, enforce, req_quota, enforce_off) = if cfg.isolating() {
@@ -524,7 +530,6 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         enforce_off,
     };
     let name = format!("GPU {} ({})", info.visible_index, info.uuid);
-    let alone_limit = if enforce { quota } else { None };
     let acct = Account::open(
         &Ledger::default_dir(),
         &info.uuid,
@@ -532,7 +537,6 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         info.physical_total,
         name,
         spec,
-        alone_limit,
     );
     if let Some((ledger, _)) = acct.ledger() {
         tracing::info!(
@@ -599,7 +603,7 @@ mod tests {
             physical_total: 100,
             quota,
             enforce,
-            acct: Account::alone("GPU test".into(), if enforce { quota } else { None }),
+            acct: Account::local("GPU test".into(), if enforce { quota } else { None }),
             left: AtomicBool::new(false),
             primary_refs: AtomicU32::new(0),
             primary_ctx: AtomicUsize::new(0),
@@ -757,6 +761,6 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(g.container_used(), 0);
-        assert!(g.acct.alone_peak() <= 1000);
+        assert!(g.acct.local_peak() <= 1000);
     }
 }

@@ -71,8 +71,11 @@ pub const POLICY_MAX: u32 = 5;
 pub const MAX_INST_RANGE: std::ops::RangeInclusive<u32> = 1..=25;
 pub const PRIO_RATIO_RANGE: std::ops::RangeInclusive<u32> = 20..=99;
 
-/// The directories used when `CGPU_LEDGER_DIR` is not set, in order.
-pub const DEFAULT_DIRS: [&str; 2] = ["/run/cgpu", "/dev/shm/cgpu"];
+/// The directory used when `CGPU_LEDGER_DIR` is not set: one per node, the
+/// same for every process of every uid.
+pub const DEFAULT_DIR: &str = "/run/cgpu";
+/// [`DEFAULT_DIR`], as a list.
+pub const DEFAULT_DIRS: [&str; 1] = [DEFAULT_DIR];
 
 /// `JoinRequest::quota` value meaning "explicitly not limited" (a `0` inside
 /// `ALIYUN_COM_GPU_MEM_CONTAINER`'s list); a plain 0 means "no quota set",
@@ -273,6 +276,16 @@ impl Membership {
     pub fn has_left(&self) -> bool {
         self.left.load(Ordering::SeqCst)
     }
+    /// Stop charging through this membership (its ledger is being given
+    /// up): later reservations are refused, and the ones in flight finish
+    /// before this returns (waiting at most [`LEAVE_WAIT`]).
+    pub fn retire(&self) {
+        self.left.store(true, Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        while self.inflight.load(Ordering::SeqCst) != 0 && t0.elapsed() < LEAVE_WAIT {
+            std::thread::yield_now();
+        }
+    }
     /// Enter a reserve/release; `None` once left. The `SeqCst` pair
     /// (increment, then read `left`) against `leave`'s (set `left`, then read
     /// the count) makes sure one of the two sees the other.
@@ -449,6 +462,10 @@ pub struct Ledger {
     guard: usize,
     /// (device, inode) of the file it maps.
     ino: (u64, u64),
+    /// Its generation (see [`Ledger::live_path`]).
+    generation: u64,
+    /// The header's GPU uuid bytes when opened.
+    uuid0: [u8; UUID_LEN],
 }
 
 // SAFETY: everything mutable in the mapping is an atomic or is written only
@@ -559,41 +576,35 @@ fn sat_sub(a: &AtomicU64, v: u64) -> u64 {
 }
 
 impl Ledger {
-    /// `CGPU_LEDGER_DIR`, else `/run/cgpu` if writable (created), else `/dev/shm/cgpu`.
-    ///
-    /// A relative `CGPU_LEDGER_DIR` would name a different directory for
-    /// each working directory (two processes of one container would keep
-    /// separate books): it is refused with an error and the default used.
-    /// The default directories are used only when they are real directories
-    /// (not symbolic links) owned by root or by this user (see
-    /// [`Ledger::open_or_create`]).
+    /// `CGPU_LEDGER_DIR` when set, else [`DEFAULT_DIR`]: the same choice
+    /// for every process of every uid, so that the processes of a
+    /// container never keep their books in two places. Whether the
+    /// directory can be used is decided when a ledger is opened
+    /// ([`Ledger::open_or_create`]): a relative path, a path that is not a
+    /// directory, a directory that is not writable, or a default directory
+    /// that is a symbolic link or owned by another user is an error there,
+    /// for everyone, and allocations are refused until it is fixed.
     pub fn default_dir() -> PathBuf {
-        if let Some(d) = std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
-            let d = PathBuf::from(d);
-            if d.is_absolute() {
-                return d;
-            }
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                tracing::error!(
-                    "bad environment: CGPU_LEDGER_DIR='{}' is a relative path (it would name another directory in each working directory); ignored, using the default directory",
-                    d.display()
-                )
-            });
+        match std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
+            Some(d) => PathBuf::from(d),
+            None => PathBuf::from(DEFAULT_DIR),
         }
-        let run = Path::new(DEFAULT_DIRS[0]);
-        if file::ensure_dir(run).is_ok() && file::trusted_dir(run).is_ok() && file::writable(run) {
-            return run.to_owned();
-        }
-        PathBuf::from(DEFAULT_DIRS[1])
     }
-    /// `<dir>/<uuid>.ledger`.
+    /// `<dir>/<uuid>.ledger`: the name of a GPU's first ledger generation.
     pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
-        dir.join(format!("{uuid}.ledger"))
+        file::generation_path(dir, uuid, 0)
     }
-    /// All ledger files in `dir`, sorted: regular files only (symbolic
-    /// links, FIFOs and device nodes named `*.ledger` are skipped, never
-    /// followed or opened).
+    /// The GPU's live ledger in `dir`: its highest generation
+    /// (`<uuid>.ledger`, then `<uuid>.g<n>.ledger` for each rebuild),
+    /// whether or not it exists yet.
+    pub fn live_path(dir: &Path, uuid: &str) -> PathBuf {
+        file::generation_path(dir, uuid, file::live_generation(dir, uuid).unwrap_or(0))
+    }
+    /// The live ledger file of each GPU in `dir`, sorted: regular files
+    /// only (symbolic links, FIFOs and device nodes named `*.ledger` are
+    /// skipped, never followed or opened), and of each GPU only its highest
+    /// generation (older ones are damaged files kept where they could not
+    /// be removed).
     ///
     /// A default directory that is not trusted (a symbolic link, or owned
     /// by another user) lists nothing.
@@ -604,19 +615,20 @@ impl Ledger {
         let Ok(rd) = std::fs::read_dir(dir) else {
             return Vec::new();
         };
-        let mut v: Vec<PathBuf> = rd
-            .filter_map(|e| e.ok())
-            .filter(|e| {
-                let n = e.file_name();
-                let n = n.to_string_lossy();
-                !n.starts_with('.')
-                    && n.ends_with(".ledger")
-                    && e.file_type().is_ok_and(|t| t.is_file())
-            })
-            .map(|e| e.path())
-            .collect();
-        v.sort();
-        v
+        let mut live: std::collections::BTreeMap<String, u64> = Default::default();
+        for e in rd.filter_map(|e| e.ok()) {
+            if !e.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            let n = e.file_name();
+            if let Some((uuid, g)) = file::parse_name(&n.to_string_lossy()) {
+                let cur = live.entry(uuid).or_insert(g);
+                *cur = (*cur).max(g);
+            }
+        }
+        live.into_iter()
+            .map(|(uuid, g)| file::generation_path(dir, &uuid, g))
+            .collect()
     }
     /// Open the GPU's ledger, creating and initialising it if absent.
     pub fn open_or_create(
@@ -1305,13 +1317,51 @@ impl Ledger {
         let h = &self.file().header;
         // SAFETY: plain fields of the header, read through raw pointers
         // with volatile loads (another process may rewrite them).
-        let (magic, version) = unsafe {
+        let (magic, version, header_size, file_size) = unsafe {
             (
                 std::ptr::read_volatile(std::ptr::addr_of!(h.magic)),
                 std::ptr::read_volatile(std::ptr::addr_of!(h.version)),
+                std::ptr::read_volatile(std::ptr::addr_of!(h.header_size)),
+                std::ptr::read_volatile(std::ptr::addr_of!(h.file_size)),
             )
         };
-        magic != LEDGER_MAGIC || version != FORMAT_VERSION || h.ready.load(Ordering::Acquire) != 1
+        magic != LEDGER_MAGIC
+            || version != FORMAT_VERSION
+            || header_size as usize != std::mem::size_of::<LedgerHeader>()
+            || file_size as usize != std::mem::size_of::<LedgerFile>()
+            || h.ready.load(Ordering::Acquire) != 1
+    }
+
+    /// Are the header's identity fields as they were when this handle was
+    /// opened (the GPU's uuid), besides [`Ledger::is_damaged`]'s checks?
+    /// For the allocation path and the watcher (it reads the uuid's bytes).
+    pub fn header_intact(&self) -> bool {
+        !self.is_damaged() && self.file().header.uuid_bytes() == self.uuid0
+    }
+
+    /// Stop referring to the file at all (after [`Ledger::abandon`], when
+    /// the handle is replaced by another): its mapping is swapped, in
+    /// place, for private zeroed memory (every pointer into it stays valid
+    /// and reads a damaged ledger), and its SIGBUS guard slot is freed for
+    /// the live mapping. A handle that is dropped instead is unmapped.
+    pub fn retire(&self) {
+        // SAFETY: `[map, map + size)` is our own mapping; replacing it in
+        // place keeps every reference into it valid (zeroed memory is a
+        // valid value of every field). It is never unmapped while
+        // references may exist (retired handles are never dropped).
+        let p = unsafe {
+            libc::mmap(
+                self.map.as_ptr().cast(),
+                std::mem::size_of::<LedgerFile>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == self.map.as_ptr().cast() {
+            guard::unregister(self.guard);
+        }
     }
 
     /// Can this handle still be used for shared state (scheduling)? False
@@ -1340,9 +1390,16 @@ impl Ledger {
     pub fn is_replaced(&self) -> bool {
         use std::os::unix::fs::MetadataExt;
         match std::fs::metadata(&self.path) {
-            Ok(m) => (m.dev(), m.ino()) != self.ino,
-            Err(_) => true,
+            Ok(m) if (m.dev(), m.ino()) == self.ino => {}
+            _ => return true,
         }
+        // A newer generation was built (this one was found damaged).
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        let Some((uuid, _)) = file::parse_name(&name) else {
+            return false;
+        };
+        let dir = self.path.parent().unwrap_or(Path::new("/"));
+        file::generation_path(dir, &uuid, self.generation + 1).exists()
     }
 
     /// Stop using this handle because its file is damaged or replaced:

@@ -477,13 +477,13 @@ fn apply_ledger_util(prev: &Sample, cur: &mut Sample) {
 }
 
 /// The ledger directory for the tools: `--dir`, else `CGPU_LEDGER_DIR`,
-/// else whichever of the jobs' defaults (`/run/cgpu`, `/dev/shm/cgpu`) holds
-/// ledgers. Jobs that cannot write `/run/cgpu` use `/dev/shm/cgpu`; a tool
-/// run by root must still find them. Creates nothing.
+/// else the jobs' one default, `/run/cgpu` (every job of every uid uses
+/// the same directory; one that cannot be used is an error for the jobs,
+/// never a fallback elsewhere). Creates nothing.
 ///
 /// A directory named by the operator (`--dir` or `CGPU_LEDGER_DIR`) must
 /// exist and be readable: a typo is an error naming it, not an empty
-/// listing. The defaults may both be absent (no job has run on this host).
+/// listing. The default may be absent (no job has run on this host).
 pub fn ledger_dir(arg: Option<&str>) -> Result<PathBuf, String> {
     let named = match arg {
         Some(d) => Some((PathBuf::from(d), "--dir")),
@@ -508,12 +508,7 @@ pub fn ledger_dir(arg: Option<&str>) -> Result<PathBuf, String> {
             )),
         };
     }
-    let candidates = [Path::new("/run/cgpu"), Path::new("/dev/shm/cgpu")];
-    Ok(candidates
-        .iter()
-        .find(|d| !Ledger::list(d).is_empty())
-        .unwrap_or(&candidates[0])
-        .to_path_buf())
+    Ok(PathBuf::from(cgpu::ledger::DEFAULT_DIR))
 }
 
 /// Bytes to whole MiB (floor).

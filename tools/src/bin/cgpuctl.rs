@@ -25,7 +25,7 @@ COMMANDS:
 
 OPTIONS:
     --dir DIR             ledger directory (default: $CGPU_LEDGER_DIR, else
-                          /run/cgpu or /dev/shm/cgpu, whichever has ledgers)
+                          /run/cgpu)
     -h, --help            help
 
 Exit status: 0 done, 1 failed (e.g. a corrupt ledger), 2 usage or range
