@@ -855,6 +855,85 @@ fn truncated_ledger_never_kills_and_is_rebuilt() {
     kill_and_check(p2, "the second process");
 }
 
+/// Fault: one byte of one identity field of a live ledger is damaged,
+/// each field alone: the header's magic, version, header size, file size,
+/// `ready` flag and GPU uuid, and the live container's id. Before: damage
+/// to the sizes, the uuid or a container id went unnoticed by the live
+/// job, while newcomers started fresh books or ran alone (1984 MiB on the
+/// device under 1 GiB). Now: the live job notices (at its next allocation,
+/// or from its watcher within a quarter of a second), moves to a rebuilt
+/// ledger (the next generation) or a fresh container slot, and
+/// re-registers what it holds; a newcomer of its container then stays
+/// within the quota, judged by the device's own books.
+#[test]
+fn damage_to_each_identity_field_is_detected_and_healed() {
+    use std::os::unix::fs::FileExt;
+    let h = std::mem::offset_of!(LedgerFile, header);
+    let fields: [(&str, usize); 7] = [
+        ("magic", h + std::mem::offset_of!(LedgerHeader, magic)),
+        ("version", h + std::mem::offset_of!(LedgerHeader, version)),
+        (
+            "header_size",
+            h + std::mem::offset_of!(LedgerHeader, header_size),
+        ),
+        (
+            "file_size",
+            h + std::mem::offset_of!(LedgerHeader, file_size),
+        ),
+        ("ready", h + std::mem::offset_of!(LedgerHeader, ready)),
+        ("uuid", h + std::mem::offset_of!(LedgerHeader, uuid) + 5),
+        ("container id", usize::MAX),
+    ];
+    for (name, off) in fields {
+        let rig = Rig::new(&format!("hdr-{}", name.replace(' ', "-")));
+        let mut p1 = rig.client(
+            "hdr",
+            1,
+            &[],
+            &["pid", "alloc", "536870912", "ready", "hold"],
+        );
+        let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+        let lines = read_until(&mut out1, "ready");
+        let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
+        let held = (300 + 512) * MIB;
+        assert_eq!(ledger_used(&rig.dir, "hdr"), Some(held), "{name}");
+        let path = rig.ledger_path();
+        let off = if off == usize::MAX {
+            let l = Ledger::open(&path).unwrap();
+            let c = l.find_container("hdr").unwrap();
+            std::mem::offset_of!(LedgerFile, containers)
+                + c * std::mem::size_of::<ContainerSlot>()
+                + std::mem::offset_of!(ContainerSlot, id)
+        } else {
+            off
+        };
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, off as u64).unwrap();
+        b[0] ^= 0x04;
+        f.write_all_at(&b, off as u64).unwrap();
+        drop(f);
+        let t = wait_for(Duration::from_secs(10), || {
+            ledger_used(&rig.dir, "hdr") == Some(held)
+                && (name == "container id" || rig.ledger_path() != path)
+        });
+        println!("{name}: the live job's {held} bytes are on the live books after {t:?}");
+        assert!(
+            t.is_some(),
+            "{name}: re-registered: {:?} in {:?}",
+            ledger_used(&rig.dir, "hdr"),
+            Ledger::list(&rig.dir)
+        );
+        let p2 = rig.newcomer_fills_quota("hdr", pid1, name);
+        kill_and_check(p1, "the live job");
+        kill_and_check(p2, "the newcomer");
+    }
+}
+
 /// Fault: the ledger file is deleted, or wiped (truncated and grown back
 /// to size, all zeros), while an idle job holds memory under it. Before:
 /// new processes made a new ledger without the idle job's bytes (deleted),

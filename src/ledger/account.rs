@@ -45,6 +45,9 @@ pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 /// within a second of each join (the wait doubles from [`RETRY_INTERVAL`]).
 pub const MAX_REJOIN_BACKOFF: Duration = Duration::from_secs(1);
 
+/// Why a joined ledger was given up when its path names another file.
+const REPLACED: &str = "was deleted or replaced by another file";
+
 const JOINED: u8 = 0;
 const WAITING: u8 = 1;
 /// Left at exit: the watcher and later calls leave the ledger alone, and
@@ -138,6 +141,9 @@ pub struct Account {
     /// join after a loss (see [`MAX_REJOIN_BACKOFF`]).
     joined_ns: AtomicU64,
     backoff_ns: AtomicU64,
+    /// (device, inode) of the ledger file last lost to damage: opened
+    /// again, it is rebuilt whatever it claims to be (see `file::open_or_create`).
+    lost: parking_lot::Mutex<Option<(u64, u64)>>,
     /// Refusals while waiting (the first, then every 1000th, is logged).
     refused: AtomicU64,
     /// A hash of the last cause logged while waiting (each new cause is
@@ -262,6 +268,7 @@ impl Account {
             next_try_ns: AtomicU64::new(0),
             joined_ns: AtomicU64::new(0),
             backoff_ns: AtomicU64::new(RETRY_INTERVAL.as_nanos() as u64),
+            lost: parking_lot::Mutex::new(None),
             refused: AtomicU64::new(0),
             said: AtomicU64::new(0),
             #[cfg(test)]
@@ -279,8 +286,9 @@ impl Account {
                 std::io::Error::other("no ledger"),
             ));
         };
+        let lost = *self.lost.lock();
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Ledger::open_or_create(&p.dir, &p.uuid, p.gpu_index, p.physical_total)
+            file::open_or_create(&p.dir, &p.uuid, p.gpu_index, p.physical_total, lost)
         }))
         .unwrap_or_else(|_| {
             Err(LedgerError::io(
@@ -405,7 +413,7 @@ impl Account {
     /// Is the joined ledger still one we can trust?
     #[inline]
     fn healthy(&self, j: &Joined) -> bool {
-        !j.ledger.is_damaged()
+        j.ledger.header_intact()
             && j.ledger.membership_intact(&j.m)
             && j.ledger.container_of(&j.m).is(&self.spec.container_id)
     }
@@ -433,6 +441,9 @@ impl Account {
                 j.ledger.path().display(),
                 human_bytes(self.mine.load(Ordering::Acquire))
             );
+            if why != REPLACED {
+                *self.lost.lock() = Some(j.ledger.ino);
+            }
             j.ledger.abandon();
             j.ledger.retire();
             // Lost again within a second of joining: back off.
@@ -696,7 +707,7 @@ impl Account {
                 if !self.healthy(j) {
                     self.lose(j, "was truncated, wiped, overwritten or damaged");
                 } else if j.ledger.is_replaced() {
-                    self.lose(j, "was deleted or replaced by another file");
+                    self.lose(j, REPLACED);
                 }
             }
             WAITING => {

@@ -417,11 +417,17 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     Ok(l)
 }
 
+/// Open `uuid`'s live ledger in `dir`, creating it if absent, or building
+/// the next generation past a damaged one. `damaged`: (device, inode) of a
+/// file this process had joined and saw damaged in use: whatever it now
+/// claims to be (another format version included: no live file changes
+/// version), it is damaged.
 pub(super) fn open_or_create(
     dir: &Path,
     uuid: &str,
     gpu_index: u32,
     physical_total: u64,
+    damaged: Option<(u64, u64)>,
 ) -> Result<Ledger, LedgerError> {
     if uuid.is_empty()
         || uuid.len() >= UUID_LEN
@@ -455,6 +461,17 @@ pub(super) fn open_or_create(
                 continue;
             }
             Err(e @ LedgerError::Corrupt { .. }) => e,
+            Err(LedgerError::Version { found, .. })
+                if damaged.is_some()
+                    && std::fs::metadata(&path).is_ok_and(|m| Some((m.dev(), m.ino())) == damaged) =>
+            {
+                LedgerError::Corrupt {
+                    path: path.clone(),
+                    why: format!(
+                        "its version field changed to {found} while in use (damage: no live ledger changes version)"
+                    ),
+                }
+            }
             Err(e) => return Err(e),
         };
         let next = generation_path(dir, uuid, g + 1);

@@ -637,7 +637,7 @@ impl Ledger {
         gpu_index: u32,
         physical_total: u64,
     ) -> Result<Ledger, LedgerError> {
-        file::open_or_create(dir, uuid, gpu_index, physical_total)
+        file::open_or_create(dir, uuid, gpu_index, physical_total, None)
     }
     /// Open an existing ledger for reading and knob writes (tools). Validates
     /// magic, version and size; never creates, never joins.
