@@ -934,6 +934,112 @@ fn damage_to_each_identity_field_is_detected_and_healed() {
     }
 }
 
+/// Fault: another process keeps rewriting a job's process slot, so that
+/// the job is told again and again that its slot changed, then truncates
+/// the file. Before: the job re-mapped the file about 370 times a second,
+/// leaking a mapping each time; after 128 the SIGBUS guard no longer
+/// covered the live one, and the truncation killed the job (exit 135).
+/// Now: a given-up mapping is swapped for private memory and leaves the
+/// guard, and a job that keeps losing its ledger soon after each join
+/// backs off (up to a second between joins): it survives, guarded.
+#[test]
+fn a_job_told_again_and_again_its_slot_changed_stays_guarded() {
+    let rig = Rig::new("storm");
+    let go = rig.sim.state_dir.join("storm-go");
+    // Allocating all along (each allocation checks its slot), for at
+    // least 3 s.
+    let mut args: Vec<String> = ["pid", "alloc", "1048576", "ready"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for _ in 0..600 {
+        args.extend(["alloc", "1048576", "free", "sleep", "5"].map(String::from));
+    }
+    args.extend(
+        [
+            "ready",
+            "wait_file",
+            go.to_str().unwrap(),
+            "spin",
+            "100000",
+            "5",
+            "alloc",
+            "1048576",
+            "ready",
+            "hold",
+        ]
+        .map(String::from),
+    );
+    let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+    let mut p1 = rig.client("storm", 1, &[], &args);
+    let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+    let lines = read_until(&mut out1, "ready");
+    let pid1 = field(&lines, "pid", "pid").unwrap() as i32;
+    let path = rig.ledger_path();
+    // While it allocates: whichever slot the job holds, point it at
+    // another container.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hammer = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let l = Ledger::open(&path).unwrap();
+            let f = l.file();
+            let mut rewrites = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                for p in f.processes.iter() {
+                    if p.pid.load(Ordering::Acquire) == pid1
+                        && p.state.load(Ordering::Acquire) == SLOT_LIVE
+                    {
+                        let c = p.container.load(Ordering::Acquire);
+                        p.container
+                            .store((c + 1) % MAX_CONTAINERS as u32, Ordering::Release);
+                        rewrites += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            rewrites
+        })
+    };
+    let lines = read_until(&mut out1, "ready");
+    stop.store(true, Ordering::Relaxed);
+    let rewrites = hammer.join().unwrap();
+    assert!(lines.iter().any(|l| l == "ready"), "{lines:?}");
+    // Joined again (within its back-off: its live mapping shows), then
+    // that mapping is truncated under it.
+    let dir = rig.dir.to_str().unwrap().to_string();
+    let maps = || std::fs::read_to_string(format!("/proc/{pid1}/maps")).unwrap_or_default();
+    let joined = wait_for(Duration::from_secs(10), || maps().contains(&dir));
+    assert!(joined.is_some(), "the job joins again once left alone");
+    let maps = maps();
+    let mapped = maps.lines().filter(|m| m.contains(&dir)).count();
+    // Then truncate the live file under it.
+    for p in Ledger::list(&rig.dir) {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .unwrap()
+            .set_len(0)
+            .unwrap();
+    }
+    std::fs::write(&go, b"").unwrap();
+    let lines = read_until(&mut out1, "ready");
+    assert!(
+        lines.iter().any(|l| l == "ready"),
+        "the job survives the truncation: {lines:?} {:?}",
+        p1.try_wait()
+    );
+    assert_eq!(field(&lines, "spin", "count"), Some(5), "{lines:?}");
+    let err = kill_and_check(p1, "the job whose slot kept changing");
+    let joins = err.matches("joined ledger").count();
+    println!("slot rewritten {rewrites} times while the job allocated: it joined {joins} times, {mapped} ledger mappings held at the end");
+    assert!(
+        mapped <= 1,
+        "given-up mappings are released: {mapped}\n{maps}"
+    );
+    assert!(joins <= 40, "re-joins are bounded: {joins}");
+}
+
 /// Fault: the ledger file is deleted, or wiped (truncated and grown back
 /// to size, all zeros), while an idle job holds memory under it. Before:
 /// new processes made a new ledger without the idle job's bytes (deleted),
