@@ -973,6 +973,14 @@ fn a_job_told_again_and_again_its_slot_changed_stays_guarded() {
     let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
     let mut p1 = rig.client("storm", 1, &[], &args);
     let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+    // Its log is read all along (a job that logs without bound must not
+    // block on a full pipe).
+    let mut err1 = p1.stderr.take().unwrap();
+    let err1 = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut err1, &mut s);
+        s
+    });
     let lines = read_until(&mut out1, "ready");
     let pid1 = field(&lines, "pid", "pid").unwrap() as i32;
     let path = rig.ledger_path();
@@ -1030,7 +1038,8 @@ fn a_job_told_again_and_again_its_slot_changed_stays_guarded() {
         p1.try_wait()
     );
     assert_eq!(field(&lines, "spin", "count"), Some(5), "{lines:?}");
-    let err = kill_and_check(p1, "the job whose slot kept changing");
+    kill_and_check(p1, "the job whose slot kept changing");
+    let err = err1.join().unwrap();
     let joins = err.matches("joined ledger").count();
     println!("slot rewritten {rewrites} times while the job allocated: it joined {joins} times, {mapped} ledger mappings held at the end");
     assert!(
