@@ -1202,6 +1202,118 @@ fn untrusted_or_relative_ledger_directories_are_refused() {
     );
 }
 
+/// Fault: `/run/cgpu` is root's and not writable by the container's
+/// non-root processes, while a root process of the same container uses
+/// it. Before: the non-root process silently kept its books in
+/// `/dev/shm/cgpu` (3648 MiB on the device under 2 GiB, no line at the
+/// default log level, `cgpu-smi` showing one of the two). Now: one
+/// directory per node for every uid; the non-root process is refused with
+/// one error naming the directory and the fix, and nothing is written
+/// anywhere else.
+#[test]
+fn root_and_non_root_processes_of_one_container_never_split_their_books() {
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test runs processes as another uid: it needs root"
+    );
+    let rig = Rig::new("uids");
+    // The simulated driver's state is written by both uids.
+    let _ = std::process::Command::new("chmod")
+        .args(["-R", "a+rwX"])
+        .arg(&rig.sim.state_dir)
+        .status();
+    let o = in_private_run(
+        &rig,
+        None,
+        "mkdir -m 0755 /run/cgpu\n\
+         \"$CUCLIENT\" alloc_until_oom 134217728 ready hold > /tmp/root.out &\n\
+         R=$!; n=0; until grep -q ready /tmp/root.out || [ $n -gt 6000 ]; do sleep 0.01; n=$((n+1)); done\n\
+         chmod -R a+rwX \"$CGPU_SIM_STATE\"\n\
+         setpriv --reuid 4321 --regid 4321 --clear-groups \"$CUCLIENT\" alloc_until_oom 134217728\n\
+         cat /tmp/root.out; kill $R; echo \"shm=$(ls /dev/shm/cgpu 2>/dev/null | wc -l)\"",
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    let counts: Vec<u64> = out
+        .lines()
+        .filter(|l| l.starts_with("alloc_until_oom"))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("count=")))
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // The non-root process's line comes first (the root one's is printed
+    // after it from its file).
+    assert_eq!(counts.len(), 2, "{out}\n{err}");
+    assert_eq!(
+        counts[0], 0,
+        "the non-root process is refused: {out}\n{err}"
+    );
+    assert_eq!(
+        counts[1], 5,
+        "root: 300 MiB context + 5 x 128 MiB: {out}\n{err}"
+    );
+    assert!(
+        out.lines().any(|l| l == "shm=0"),
+        "no second directory: {out}"
+    );
+    assert!(
+        err.contains("/run/cgpu") && err.contains("not writable") && err.contains("refused"),
+        "{err}"
+    );
+}
+
+/// Fault: a ledger owned by root in the sticky (`1777`) default directory
+/// is damaged (one byte of its magic) while only non-root jobs are left.
+/// Before: it was never rebuilt (the sticky bit forbids renaming another
+/// user's file), and each non-root job ran alone: 5344 MiB on the device
+/// under 2 GiB, for ever. Now: the next generation is built beside it
+/// (any uid can create a file there), every process finds it the same
+/// way, and the container's quota holds across its processes.
+#[test]
+fn a_damaged_root_ledger_in_a_sticky_directory_is_rebuilt_by_non_root_jobs() {
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "this test runs processes as another uid: it needs root"
+    );
+    let rig = Rig::new("sticky");
+    let o = in_private_run(
+        &rig,
+        None,
+        "mkdir -m 1777 /run/cgpu && \"$CUCLIENT\" alloc 1048576 > /dev/null\n\
+         chmod -R a+rwX \"$CGPU_SIM_STATE\"\n\
+         printf X | dd of=\"$(ls /run/cgpu/*.ledger)\" bs=1 seek=0 conv=notrunc 2>/dev/null\n\
+         U=\"setpriv --reuid 4321 --regid 4321 --clear-groups\"\n\
+         $U \"$CUCLIENT\" alloc_until_oom 134217728 ready hold > /tmp/a.out &\n\
+         A=$!; n=0; until grep -q ready /tmp/a.out || [ $n -gt 6000 ]; do sleep 0.01; n=$((n+1)); done\n\
+         $U \"$CUCLIENT\" alloc_until_oom 134217728\n\
+         cat /tmp/a.out; kill $A; ls -n /run/cgpu",
+    );
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    let counts: Vec<u64> = out
+        .lines()
+        .filter(|l| l.starts_with("alloc_until_oom"))
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("count=")))
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    assert_eq!(counts.len(), 2, "{out}\n{err}");
+    // The second comes first (the first's is printed after it from its
+    // file): under one 1 GiB quota, the first took 300 MiB + 5 x 128 MiB,
+    // the second has no room even for its context.
+    assert_eq!(counts, vec![0, 5], "{out}\n{err}");
+    assert!(
+        out.lines()
+            .any(|l| l.contains(" 4321 ") && l.ends_with(".g1.ledger"))
+            && out.lines().filter(|l| l.ends_with(".ledger")).count() == 2,
+        "the next generation beside root's damaged file: {out}"
+    );
+}
+
 /// Fault: `CGPU_REAL_LIBCUDA` names a library that does not exist,
 /// libcgpu itself, or a library without the driver, while the program
 /// reaches the driver by linking, by `dlsym` on its own handle, or through
