@@ -728,6 +728,8 @@ fn read_only_ledger_directory_refuses_then_heals() {
                 .as_str(),
         );
     }
+    // Joins are tried at most every RETRY_INTERVAL: let one pass.
+    std::thread::sleep(RETRY_INTERVAL * 5);
     std::fs::write(&go, b"").unwrap();
     let mut total = 0;
     for o in outs.iter_mut() {
@@ -752,6 +754,74 @@ fn read_only_ledger_directory_refuses_then_heals() {
         );
         assert!(err.contains("joined ledger"), "{err}");
     }
+}
+
+/// Fault: the job is at its descriptor limit at its first GPU use, and
+/// descriptors come back later (its limit raised). Before: it ran alone
+/// for its whole life (1984 MiB on the device under 1 GiB with a second
+/// process). Now: refused, with one error naming the cause and the fix,
+/// until it can open the ledger; then it joins by itself and its
+/// container's quota holds on the device.
+#[test]
+fn descriptor_limit_refuses_then_heals() {
+    let rig = Rig::new("nofile");
+    let go = rig.sim.state_dir.join("nofile-go");
+    let mut c = rig.sim.command("sh");
+    c.args(["-c", "ulimit -Sn 5 && exec \"$0\" \"$@\""])
+        .arg(cuclient(LinkMode::Link))
+        .args(["pid", "alloc", "1048576", "ready", "wait_file"])
+        .arg(&go)
+        .args([
+            "alloc",
+            "1048576",
+            "alloc_until_oom",
+            "134217728",
+            "ready",
+            "hold",
+        ])
+        .env("LD_PRELOAD", &artifacts().libcgpu)
+        .env("CGPU_CONTAINER_ID", "nofile")
+        .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+        .env("CUCLIENT_HOLD_MAX_S", "60")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut p1 = c.spawn().unwrap();
+    let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+    let lines = read_until(&mut out1, "ready");
+    let pid1 = field(&lines, "pid", "pid").unwrap_or_else(|| panic!("{lines:?}")) as u32;
+    assert!(
+        lines.iter().any(|l| l.starts_with("alloc err=2")),
+        "refused at the descriptor limit: {lines:?}"
+    );
+    assert_eq!(rig.device_bytes(&[pid1]), 0);
+    let st = std::process::Command::new("prlimit")
+        .arg(format!("--pid={pid1}"))
+        .arg("--nofile=1024:")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    // Joins are tried at most every RETRY_INTERVAL: let one pass.
+    std::thread::sleep(RETRY_INTERVAL * 5);
+    std::fs::write(&go, b"").unwrap();
+    let lines = read_until(&mut out1, "ready");
+    if !lines.iter().any(|l| l.starts_with("alloc ok")) {
+        let err = kill_and_check(p1, "the job at its descriptor limit");
+        panic!("joined once descriptors came back: {lines:?}\n{err}");
+    }
+    let held = rig.device_bytes(&[pid1]);
+    assert!(
+        held <= GIB,
+        "{held} bytes on the device under 1 GiB: {lines:?}"
+    );
+    let p2 = rig.newcomer_fills_quota("nofile", pid1, "descriptor limit");
+    let err = kill_and_check(p1, "the job at its descriptor limit");
+    kill_and_check(p2, "the newcomer");
+    assert!(
+        err.contains("refused") && err.contains("fix: raise the process's descriptor limit"),
+        "{err}"
+    );
+    assert!(err.contains("joined ledger"), "{err}");
 }
 
 /// The container's `used` in the ledger file now at the GPU's path, if any.
