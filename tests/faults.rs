@@ -824,6 +824,82 @@ fn descriptor_limit_refuses_then_heals() {
     assert!(err.contains("joined ledger"), "{err}");
 }
 
+/// Fault: the host's allocation file and the pod's own environment
+/// disagree, or the file is not a file. Before: `CGPU_DISABLE=true` in the
+/// pod's environment beside a valid 1 GiB allocation gave the whole GPU
+/// (22 GiB on an A10); `CGPU_ALLOC_FILE=/dev/zero` was read without bound
+/// (23 GB resident, OOM-killed) and a FIFO blocked the job at its first
+/// CUDA call. Now: the file's settings are the host's and win (the
+/// environment's differing value is named in a warning); a non-regular
+/// file is refused at once without reading, and the container gets no
+/// GPU, saying why.
+#[test]
+fn the_host_allocation_file_wins_and_is_read_bounded() {
+    let rig = Rig::new("alloc");
+    let file = rig.sim.state_dir.join("alloc.env");
+    std::fs::write(
+        &file,
+        "CGPU_CONTAINER_ID=pod-a\nALIYUN_COM_GPU_MEM_CONTAINER=1\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=0\n",
+    )
+    .unwrap();
+    let file_s = file.to_str().unwrap();
+    // The pod asks for everything itself: 15 GiB, no enforcement.
+    let mut c = rig.client(
+        "pod-a",
+        15,
+        &[("CGPU_ALLOC_FILE", file_s), ("CGPU_DISABLE", "true")],
+        &["pid", "alloc_until_oom", "134217728", "ready", "hold"],
+    );
+    let mut out = BufReader::new(c.stdout.take().unwrap());
+    let lines = read_until(&mut out, "ready");
+    let pid = field(&lines, "pid", "pid").unwrap() as u32;
+    let held = rig.device_bytes(&[pid]);
+    // 1 GiB of a 15 GiB GPU whose total is counted as 15 GiB (DEV).
+    let quota = 15109 * MIB / 15;
+    assert!(
+        held <= quota,
+        "{held} bytes on the device under the host's {quota}: {lines:?}"
+    );
+    assert!(held > quota / 2, "it did get its allocation: {held}");
+    let err = kill_and_check(c, "the pod");
+    assert!(
+        err.contains("CGPU_DISABLE='true' in the environment is ignored")
+            && err.contains("ALIYUN_COM_GPU_MEM_CONTAINER='15' in the environment is ignored"),
+        "{err}"
+    );
+    // Not regular files: answered at once, no GPU, one error.
+    let fifo = rig.sim.state_dir.join("alloc.fifo");
+    let cf = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(cf.as_ptr(), 0o600) }, 0);
+    for (path, what) in [
+        ("/dev/zero", "a device"),
+        (fifo.to_str().unwrap(), "a FIFO"),
+    ] {
+        let t0 = Instant::now();
+        let c = rig.client(
+            "pod-a",
+            1,
+            &[("CGPU_ALLOC_FILE", path)],
+            &["devcount", "alloc", "1048576"],
+        );
+        let o = c.wait_with_output().unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        println!("CGPU_ALLOC_FILE={path}: answered in {:?}", t0.elapsed());
+        assert!(
+            out.contains("devcount ok n=0") && !out.contains("alloc ok"),
+            "{path}: {out}\n{err}"
+        );
+        assert!(
+            err.contains(what) && err.contains("no GPU is visible"),
+            "{path}: {err}"
+        );
+    }
+}
+
 /// The container's `used` in the ledger file now at the GPU's path, if any.
 fn ledger_used(dir: &Path, id: &str) -> Option<u64> {
     let l = Ledger::open(Ledger::list(dir).first()?).ok()?;
