@@ -1364,7 +1364,8 @@ fn root_and_non_root_processes_of_one_container_never_split_their_books() {
         "this test runs processes as another uid: it needs root"
     );
     let rig = Rig::new("uids");
-    // The simulated driver's state is written by both uids.
+    // The simulated driver's state is written by both uids (the script
+    // also runs under `umask 0`, for the files the driver makes later).
     let _ = std::process::Command::new("chmod")
         .args(["-R", "a+rwX"])
         .arg(&rig.sim.state_dir)
@@ -1372,7 +1373,7 @@ fn root_and_non_root_processes_of_one_container_never_split_their_books() {
     let o = in_private_run(
         &rig,
         None,
-        "mkdir -m 0755 /run/cgpu\n\
+        "umask 0; mkdir -m 0755 /run/cgpu\n\
          \"$CUCLIENT\" alloc_until_oom 134217728 ready hold > /tmp/root.out &\n\
          R=$!; n=0; until grep -q ready /tmp/root.out || [ $n -gt 6000 ]; do sleep 0.01; n=$((n+1)); done\n\
          chmod -R a+rwX \"$CGPU_SIM_STATE\"\n\
@@ -1428,7 +1429,7 @@ fn a_damaged_root_ledger_in_a_sticky_directory_is_rebuilt_by_non_root_jobs() {
     let o = in_private_run(
         &rig,
         None,
-        "mkdir -m 1777 /run/cgpu && \"$CUCLIENT\" alloc 1048576 > /dev/null\n\
+        "umask 0; mkdir -m 1777 /run/cgpu && \"$CUCLIENT\" alloc 1048576 > /dev/null\n\
          chmod -R a+rwX \"$CGPU_SIM_STATE\"\n\
          printf X | dd of=\"$(ls /run/cgpu/*.ledger)\" bs=1 seek=0 conv=notrunc 2>/dev/null\n\
          U=\"setpriv --reuid 4321 --regid 4321 --clear-groups\"\n\

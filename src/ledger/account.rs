@@ -172,34 +172,26 @@ impl std::fmt::Debug for Account {
 fn fix_for(e: &LedgerError, dir: &Path) -> String {
     let dir = dir.display();
     match e {
-        LedgerError::Io { err, .. } => match err.raw_os_error() {
-            _ if err.kind() == std::io::ErrorKind::StorageFull => {
-                format!("free space on the filesystem of {dir}")
+        LedgerError::Io { err, .. } => {
+            use std::io::ErrorKind as K;
+            match (err.raw_os_error(), err.kind()) {
+                (Some(libc::ENOSPC) | Some(libc::EDQUOT), _) | (_, K::StorageFull) => {
+                    format!("free space on the filesystem of {dir}")
+                }
+                (Some(libc::EMFILE) | Some(libc::ENFILE), _) => {
+                    "raise the process's descriptor limit (ulimit -n) or close descriptors".into()
+                }
+                (Some(libc::ENOTDIR) | Some(libc::ENOENT), _) | (_, K::NotADirectory | K::NotFound) => {
+                    format!("make {dir} a directory (mode 1777) or point CGPU_LEDGER_DIR at one")
+                }
+                (_, K::TimedOut) => "resume or end the stopped process that holds the lock".into(),
+                (Some(libc::EROFS) | Some(libc::EACCES) | Some(libc::EPERM), _)
+                | (_, K::ReadOnlyFilesystem | K::PermissionDenied | K::InvalidInput) => format!(
+                    "make {dir} a real directory (not a symbolic link) owned by root, mode 1777, writable by every container's uid and not mounted read-only; or point CGPU_LEDGER_DIR at an absolute path of one"
+                ),
+                _ => format!("make {dir} usable (a writable directory on a filesystem with space)"),
             }
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => {
-                format!("free space on the filesystem of {dir}")
-            }
-            Some(libc::EMFILE) | Some(libc::ENFILE) => {
-                "raise the process's descriptor limit (ulimit -n) or close descriptors".into()
-            }
-            Some(libc::EROFS) | Some(libc::EACCES) | Some(libc::EPERM) => format!(
-                "make {dir} a writable directory for every container's uid (mode 1777, not mounted read-only), or point CGPU_LEDGER_DIR at one that is"
-            ),
-            Some(libc::ENOTDIR) | Some(libc::ENOENT) => format!(
-                "make {dir} a directory (mode 1777) or point CGPU_LEDGER_DIR at one"
-            ),
-            _ if err.kind() == std::io::ErrorKind::TimedOut => {
-                "resume or end the stopped process that holds the lock".into()
-            }
-            _ if err.kind() == std::io::ErrorKind::PermissionDenied
-                || err.kind() == std::io::ErrorKind::InvalidInput =>
-            {
-                format!(
-                    "make {dir} a real directory owned by root (mode 1777), or point CGPU_LEDGER_DIR at an absolute path of one"
-                )
-            }
-            _ => format!("make {dir} usable (a writable directory on a filesystem with space)"),
-        },
+        }
         LedgerError::Version { .. } => {
             "run one cgpu version on this GPU: let the jobs of the other version finish, or upgrade them".into()
         }
@@ -337,7 +329,10 @@ impl Account {
     /// the ledger if not open yet, join it, re-register what this process
     /// holds. Rate-limited (see [`RETRY_INTERVAL`], [`MAX_REJOIN_BACKOFF`]).
     fn try_join(&self, wait: Duration) -> bool {
-        let Some(_g) = self.joining.try_lock() else {
+        // Another thread's attempt (the watcher's, say) is waited for, so
+        // that an allocation made just as the ledger becomes usable is not
+        // refused for having met it halfway.
+        let Some(_g) = self.joining.try_lock_for(JOIN_WAIT) else {
             return self.state.load(Ordering::Acquire) == JOINED;
         };
         if self.state.load(Ordering::Acquire) != WAITING {
