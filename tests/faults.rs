@@ -1195,6 +1195,75 @@ fn a_job_told_again_and_again_its_slot_changed_stays_guarded() {
     assert!(joins <= 40, "re-joins are bounded: {joins}");
 }
 
+/// Fault: random values written, for a second, into the counters of a
+/// live container and of its process (seeded, 8 seeds). Before: nothing
+/// noticed; a lowered count let a newcomer pass the quota (up to 1600 MiB
+/// on the device under 1 GiB), a raised one refused for ever. Now: each
+/// process's watcher puts back what its own slot lost (it knows what it
+/// holds) and has the container recounted from its processes: the books
+/// converge to what the device holds within a second of the last write,
+/// and a newcomer then stays within the quota.
+#[test]
+fn random_values_in_live_counters_converge_to_the_device() {
+    for seed in 1..=8u64 {
+        let rig = Rig::new(&format!("flip{seed}"));
+        let mut p1 = rig.client(
+            "flip",
+            1,
+            &[],
+            &["pid", "alloc", "536870912", "ready", "hold"],
+        );
+        let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+        let lines = read_until(&mut out1, "ready");
+        let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
+        let held = (300 + 512) * MIB;
+        let l = Ledger::open(&rig.ledger_path()).unwrap();
+        let c = l.find_container("flip").unwrap();
+        let f = l.file();
+        let slot = f
+            .processes
+            .iter()
+            .position(|p| p.pid.load(Ordering::Acquire) == pid1 as i32)
+            .unwrap();
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(1) {
+            let v = match next() % 3 {
+                0 => next() % (2 * GIB),
+                1 => next() & 0xff << (8 * (next() % 8)),
+                _ => 0,
+            };
+            if next() & 1 == 0 {
+                f.containers[c].used.store(v, Ordering::Release);
+            } else {
+                f.processes[slot].used.store(v, Ordering::Release);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let t = wait_for(Duration::from_secs(5), || {
+            f.containers[c].used.load(Ordering::Acquire) == held
+                && f.processes[slot].used.load(Ordering::Acquire) >= held
+        });
+        println!("seed {seed}: the books are back at the device's {held} bytes after {t:?}");
+        assert!(
+            t.is_some(),
+            "seed {seed}: container {} process {} (truth {held})",
+            f.containers[c].used.load(Ordering::Acquire),
+            f.processes[slot].used.load(Ordering::Acquire)
+        );
+        drop(l);
+        let p2 = rig.newcomer_fills_quota("flip", pid1, &format!("seed {seed}"));
+        kill_and_check(p1, "the job");
+        kill_and_check(p2, "the newcomer");
+    }
+}
+
 /// Fault: the ledger file is deleted, or wiped (truncated and grown back
 /// to size, all zeros), while an idle job holds memory under it. Before:
 /// new processes made a new ledger without the idle job's bytes (deleted),

@@ -703,6 +703,9 @@ impl Account {
                     self.lose(j, "was truncated, wiped, overwritten or damaged");
                 } else if j.ledger.is_replaced() {
                     self.lose(j, REPLACED);
+                } else {
+                    j.ledger
+                        .repair_counts(&j.m, self.mine.load(Ordering::Acquire));
                 }
             }
             WAITING => {

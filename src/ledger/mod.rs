@@ -1419,6 +1419,68 @@ impl Ledger {
         }
     }
 
+    /// Put this process's own counter back to `truth` (what it holds, as
+    /// it knows) if damage changed it, and have the container recounted
+    /// from its processes' counters (see `resync`). Only while no
+    /// reservation of this process is in flight. While an entry of the
+    /// table of shared allocations names this process, a counter above
+    /// `truth` is left alone (it may carry what an exporter that died
+    /// passed on and this process has not adopted yet; a count too high
+    /// only refuses more). Returns whether anything was wrong. For the
+    /// watcher: the books converge to what the processes hold after stray
+    /// writes.
+    pub fn repair_counts(&self, m: &Membership, truth: u64) -> bool {
+        let Some(_in) = m.enter() else { return false };
+        if m.inflight.load(Ordering::SeqCst) != 1 {
+            return false; // another thread is reserving: look next time
+        }
+        let f = self.file();
+        let p = &f.processes[m.process];
+        let c = &f.containers[m.container];
+        if p.pending.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        let seen = p.used.load(Ordering::SeqCst);
+        let me = m.process as u32;
+        let sharing = f.shared.iter().any(|e| {
+            e.state.load(Ordering::Acquire) != SLOT_FREE
+                && (e.holder.load(Ordering::Acquire) == me
+                    || e.exporter.load(Ordering::Acquire) == me)
+        });
+        let own_wrong = seen < truth || (seen > truth && !sharing);
+        if own_wrong
+            && p.used
+                .compare_exchange(seen, truth, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return false;
+        }
+        // The container's count must equal the sum of its processes'; a
+        // recount is cheap under the table lock and exact (`resync`).
+        let sum: u64 = self
+            .processes_of(m.container)
+            .map(|(_, p)| p.used.load(Ordering::SeqCst))
+            .fold(0u64, |a, b| a.saturating_add(b));
+        let busy = self
+            .processes_of(m.container)
+            .any(|(_, p)| p.pending.load(Ordering::SeqCst) != 0);
+        let container_wrong = !busy && c.used.load(Ordering::SeqCst) != sum;
+        if !own_wrong && !container_wrong {
+            return false;
+        }
+        drop(_in);
+        c.suspect.fetch_add(1, Ordering::SeqCst);
+        if let Some(_g) = self.try_lock_table() {
+            self.resync(m.container);
+        }
+        tracing::warn!(
+            "ledger {}: container {}'s counts were damaged (this process's slot said {seen}, it holds {truth}); recounted from its processes",
+            self.path.display(),
+            c.id_str()
+        );
+        true
+    }
+
     /// Charge `bytes` that this process already holds on the device to
     /// `m`, whatever the quota (re-registering after a move to a rebuilt
     /// ledger: they exist, so they count; the container then refuses until
