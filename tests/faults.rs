@@ -900,6 +900,41 @@ fn the_host_allocation_file_wins_and_is_read_bounded() {
     }
 }
 
+/// Fault: NVML cannot be loaded (missing, or no descriptor left when it
+/// is). Before: what a context reserves was not charged (+300 MiB per
+/// context on the simulated GPU, 300–500 MiB on a real one). Now: the
+/// driver's own count is used instead (the device's free memory before and
+/// after a second, temporary context, measured once), and each context is
+/// charged: the container stays within its quota on the device.
+#[test]
+fn contexts_are_charged_when_nvml_is_unavailable() {
+    let rig = Rig::new("nonvml");
+    let mut p1 = rig.client(
+        "nonvml",
+        1,
+        &[("CGPU_REAL_LIBNVML", "/nonexistent/libnvidia-ml.so.1")],
+        &["pid", "alloc_until_oom", "134217728", "ready", "hold"],
+    );
+    let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+    let lines = read_until(&mut out1, "ready");
+    let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
+    let held = rig.device_bytes(&[pid1]);
+    println!("NVML unavailable: {held} bytes on the device under 1 GiB ({lines:?})");
+    assert!(
+        held <= GIB,
+        "{held} bytes on the device under 1 GiB: {lines:?}"
+    );
+    // 300 MiB context + 5 x 128 MiB.
+    assert_eq!(
+        field(&lines, "alloc_until_oom", "count"),
+        Some(5),
+        "{lines:?}"
+    );
+    let p2 = rig.newcomer_fills_quota("nonvml", pid1, "NVML unavailable");
+    kill_and_check(p1, "the job without NVML");
+    kill_and_check(p2, "the newcomer");
+}
+
 /// The container's `used` in the ledger file now at the GPU's path, if any.
 fn ledger_used(dir: &Path, id: &str) -> Option<u64> {
     let l = Ledger::open(Ledger::list(dir).first()?).ok()?;
