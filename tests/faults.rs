@@ -935,6 +935,74 @@ fn contexts_are_charged_when_nvml_is_unavailable() {
     kill_and_check(p2, "the newcomer");
 }
 
+/// Fault: a container arrives when no compute weight is free (here
+/// `max_inst` 1, taken by a running container). Before: its launches
+/// blocked for ever, even after the container holding the weight exited.
+/// Now: it waits, says so once, and takes weight 1 by itself as soon as
+/// one is free: its launches then go on.
+#[test]
+fn a_container_without_weight_gets_one_when_it_frees_up() {
+    let rig = Rig::new("weight");
+    let mut a = rig.client(
+        "holder",
+        1,
+        &[],
+        &["pid", "spin", "100000", "1", "ready", "hold"],
+    );
+    let mut out_a = BufReader::new(a.stdout.take().unwrap());
+    read_until(&mut out_a, "ready");
+    let l = Ledger::open(&rig.ledger_path()).unwrap();
+    l.set_max_inst(1).unwrap();
+    let mut b = rig.client(
+        "late",
+        1,
+        &[],
+        &["pid", "spin", "100000", "5", "ready", "hold"],
+    );
+    let c = wait_for(Duration::from_secs(30), || {
+        l.find_container("late").is_some()
+    });
+    assert!(c.is_some(), "the late container joined");
+    let cb = l.find_container("late").unwrap();
+    assert_eq!(
+        l.file().containers[cb].weight.load(Ordering::Acquire),
+        0,
+        "it arrived with no weight free"
+    );
+    // The holder exits: its weight frees up.
+    kill_and_check(a, "the holder");
+    let t0 = Instant::now();
+    // Read in a thread: a job that never launches must fail the test, not
+    // hang it.
+    let out_b = b.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(read_until(&mut BufReader::new(out_b), "ready"));
+    });
+    let lines = match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(l) => l,
+        Err(_) => {
+            let err = kill_and_check(b, "the late container");
+            panic!("its launches never went on after the holder's exit (60 s):\n{err}");
+        }
+    };
+    println!(
+        "a container without weight launched {:?} after the holder's exit",
+        t0.elapsed()
+    );
+    assert_eq!(
+        field(&lines, "spin", "count"),
+        Some(5),
+        "its launches went on: {lines:?}"
+    );
+    assert_eq!(l.file().containers[cb].weight.load(Ordering::Acquire), 1);
+    let err = kill_and_check(b, "the late container");
+    assert!(
+        err.contains("compute weight 0") && err.contains("took compute weight 1"),
+        "{err}"
+    );
+}
+
 /// The container's `used` in the ledger file now at the GPU's path, if any.
 fn ledger_used(dir: &Path, id: &str) -> Option<u64> {
     let l = Ledger::open(Ledger::list(dir).first()?).ok()?;

