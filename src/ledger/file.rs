@@ -400,6 +400,7 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
         generation,
         uuid0,
         weight_try_ns: AtomicU64::new(0),
+        weightless: AtomicU32::new(0),
         path: path.to_owned(),
         map,
         fd: AtomicI32::new(fd),

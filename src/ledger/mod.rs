@@ -468,6 +468,10 @@ pub struct Ledger {
     uuid0: [u8; UUID_LEN],
     /// CLOCK_MONOTONIC ns of the last [`Ledger::take_free_weight`] attempt.
     weight_try_ns: AtomicU64,
+    /// 1 + the container slot this process claimed with weight 0 because
+    /// none was free (0: none): only such a container takes a weight by
+    /// itself later; a weight 0 an operator set is left alone.
+    weightless: AtomicU32,
 }
 
 // SAFETY: everything mutable in the mapping is an atomic or is written only
@@ -798,6 +802,7 @@ impl Ledger {
         let fw = free_weight(f);
         let want = req.weight.max(1);
         let weight = if fw == 0 {
+            self.weightless.store(c as u32 + 1, Ordering::Release);
             tracing::warn!(
                 "container {}: free_weight is 0 on GPU {} (max_inst {} taken): it gets weight 0 and no compute until weight frees up",
                 req.container_id,
@@ -1654,12 +1659,16 @@ impl Ledger {
         self.bump();
         Ok(())
     }
-    /// Container slot `c` has weight 0 (it arrived when none was free):
-    /// give it weight 1 if one is free now. One attempt at the table lock,
+    /// Container slot `c` has weight 0 because this process claimed it
+    /// when none was free: give it weight 1 if one is free now (a weight 0
+    /// an operator set is never overridden). One attempt at the table lock,
     /// never waiting; rate-limited per GPU handle (at most every 10 ms), so
     /// a waiting launch may call it on each turn of its wait. True when it
     /// took a weight.
     pub fn take_free_weight(&self, c: usize) -> bool {
+        if self.weightless.load(Ordering::Acquire) != c as u32 + 1 {
+            return false; // not a container that arrived with no weight free
+        }
         let now = crate::process::clock::monotonic_ns();
         let last = self.weight_try_ns.load(Ordering::Relaxed);
         if now < last.saturating_add(10_000_000)
@@ -1677,6 +1686,9 @@ impl Ledger {
             return false;
         };
         if slot.weight.load(Ordering::Acquire) != 0 {
+            // It got weight another way (an operator): from now on a
+            // weight 0 is theirs to give.
+            self.weightless.store(0, Ordering::Release);
             return false;
         }
         if free_weight(self.file()) == 0 {
@@ -1689,6 +1701,7 @@ impl Ledger {
             }
         }
         slot.weight.store(1, Ordering::Release);
+        self.weightless.store(0, Ordering::Release);
         self.bump();
         true
     }

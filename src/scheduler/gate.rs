@@ -567,7 +567,7 @@ impl Gate {
             if self.slot(self.container).weight.load(Relaxed) == 0 {
                 if !self.warned_weight0.swap(true, Relaxed) {
                     tracing::warn!(
-                        "cgpu: container {} has compute weight 0 (it arrived when free_weight was 0, or an operator set it): its kernel launches wait until weight is free (it then takes weight 1 by itself) or an operator gives it weight (`cgpuctl set weight`)",
+                        "cgpu: container {} has compute weight 0 (it arrived when free_weight was 0, or an operator set it): its kernel launches wait until an operator gives it weight (`cgpuctl set weight`), or, if it arrived when none was free, until one frees up (it then takes weight 1 by itself)",
                         id_of(self.slot(self.container))
                     );
                 }
