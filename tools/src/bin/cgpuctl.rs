@@ -67,7 +67,7 @@ knobs within 100 ms). Every target is checked before any is written.
                       suffix (512M, 1073741824B). Lowering it below what the
                       container holds refuses its further allocations; it
                       never frees memory under a job
-    highprio          per container, 0 or 1
+    highprio          per container, a boolean (1/true/yes/on, 0/false/no/off)
 
     --gpu N|UUID          only this GPU (default: every GPU; for per-container
                           knobs, every GPU the container is on)
