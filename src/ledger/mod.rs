@@ -390,6 +390,45 @@ fn store_bytes<const N: usize>(field: &[AtomicU8; N], value: &[u8]) {
     }
 }
 
+/// Reads of the header's plain fields. They are written once, before the
+/// file gets its name, but another process (or damage) may write them
+/// while this one reads: read them as volatile loads of whole words (as
+/// `Ledger::is_damaged` does), never through a plain shared reference.
+macro_rules! header_reads {
+    ($($(#[$m:meta])* $name:ident: $field:ident -> $t:ty;)*) => {
+        impl LedgerHeader {
+            $(
+                $(#[$m])*
+                #[inline]
+                pub fn $name(&self) -> $t {
+                    // SAFETY: an aligned field of a live mapping; a
+                    // volatile load of a whole word observes some value
+                    // another process wrote, never a torn one on the
+                    // platforms cgpu runs on (x86-64, aarch64).
+                    unsafe { std::ptr::read_volatile(std::ptr::addr_of!(self.$field)) }
+                }
+            )*
+        }
+    };
+}
+
+header_reads! {
+    /// `magic`.
+    read_magic: magic -> u64;
+    /// `version`.
+    read_version: version -> u32;
+    /// `header_size`.
+    read_header_size: header_size -> u32;
+    /// `file_size`.
+    read_file_size: file_size -> u64;
+    /// `gpu_index`.
+    read_gpu_index: gpu_index -> u32;
+    /// `physical_total`.
+    read_physical_total: physical_total -> u64;
+    /// `created_ns`.
+    read_created_ns: created_ns -> u64;
+}
+
 impl LedgerHeader {
     /// A copy of the GPU UUID.
     pub fn uuid_str(&self) -> String {
@@ -1322,16 +1361,13 @@ impl Ledger {
             return true;
         }
         let h = &self.file().header;
-        // SAFETY: plain fields of the header, read through raw pointers
-        // with volatile loads (another process may rewrite them).
-        let (magic, version, header_size, file_size) = unsafe {
-            (
-                std::ptr::read_volatile(std::ptr::addr_of!(h.magic)),
-                std::ptr::read_volatile(std::ptr::addr_of!(h.version)),
-                std::ptr::read_volatile(std::ptr::addr_of!(h.header_size)),
-                std::ptr::read_volatile(std::ptr::addr_of!(h.file_size)),
-            )
-        };
+        // Volatile loads: another process may rewrite them.
+        let (magic, version, header_size, file_size) = (
+            h.read_magic(),
+            h.read_version(),
+            h.read_header_size(),
+            h.read_file_size(),
+        );
         magic != LEDGER_MAGIC
             || version != FORMAT_VERSION
             || header_size as usize != std::mem::size_of::<LedgerHeader>()

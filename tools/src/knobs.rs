@@ -220,7 +220,7 @@ pub fn check(f: &LedgerFile, k: Knob, c: Option<usize>, v: u64) -> Result<(), St
             Ok(())
         }
         Knob::DefaultMemsize => {
-            let phys = f.header.physical_total;
+            let phys = f.header.read_physical_total();
             if v > phys {
                 return Err(format!(
                     "default_memsize {v} bytes is more than the GPU's {phys} bytes"
@@ -229,7 +229,7 @@ pub fn check(f: &LedgerFile, k: Knob, c: Option<usize>, v: u64) -> Result<(), St
             Ok(())
         }
         Knob::Memsize => {
-            let phys = f.header.physical_total;
+            let phys = f.header.read_physical_total();
             if v == 0 {
                 return Err("memsize must be at least 1 byte".into());
             }

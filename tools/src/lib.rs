@@ -239,7 +239,7 @@ pub fn read_file(
     if !(20..=99).contains(&prio_ratio) {
         return corrupt(format!("prio_ratio {prio_ratio} is not 20..99"));
     }
-    let physical = h.physical_total;
+    let physical = h.read_physical_total();
     let mut containers = Vec::new();
     for (i, s) in f.containers.iter().enumerate() {
         if !container_live(s) {
@@ -305,10 +305,10 @@ pub fn read_file(
         }
     }
     Ok(GpuInfo {
-        index: h.gpu_index,
+        index: h.read_gpu_index(),
         uuid,
         physical_total_bytes: physical,
-        created_ns: h.created_ns,
+        created_ns: h.read_created_ns(),
         policy,
         policy_explicit: h.policy_explicit.load(Acquire) != 0,
         max_inst,
