@@ -112,6 +112,7 @@ fn setup() -> Sim {
         let m = ledger
             .join(&JoinRequest {
                 container_id: "bench",
+                key: 0,
                 quota: 0,
                 weight: 1,
                 highprio: false,

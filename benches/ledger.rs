@@ -37,6 +37,7 @@ fn main() {
     let uuid = "GPU-bench-0";
     let req = JoinRequest {
         container_id: "bench",
+        key: 0,
         quota: GIB,
         weight: 1,
         highprio: false,
@@ -55,6 +56,7 @@ fn main() {
     let bm = bare.join(&req).unwrap();
     let spec = JoinSpec {
         container_id: "bench".into(),
+        key: 0,
         quota: GIB,
         weight: 1,
         highprio: false,

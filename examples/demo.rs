@@ -294,7 +294,9 @@ impl Demo {
         println!(
             "cgpu demo: two containers share one simulated NVIDIA A10 (23028 MiB), no GPU needed"
         );
-        println!("\n[1/6] building libcgpu.so, the simulated driver and the tools (cargo build)");
+        println!("\n[1/6] building libcgpu.so, the simulated driver and the tools (cargo build --release --bins --lib;");
+        println!("      a few minutes the first time, cargo's progress below)");
+        cgpu_testkit::show_build_progress();
         let a = cgpu_testkit::artifacts();
         println!(
             "      done in {:.1}s: {}",
@@ -446,7 +448,7 @@ impl Demo {
             println!("      FAILED: {f}");
         }
         if failed.is_empty() {
-            println!("      Next: README.md (docker run, Kubernetes), docs/tools.md, `cargo test --workspace`.");
+            println!("      Next: README.md (a docker host, Kubernetes, your own program on the simulated GPU), docs/, `cargo test --workspace`.");
             0
         } else {
             1

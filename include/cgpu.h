@@ -36,6 +36,13 @@
 #define CGPU_SHARED_RELEASED (1ULL << 63) /* the holder let go; free for the next claim */
 #define CGPU_SHARED_BYTES (CGPU_SHARED_BORNE - 1)
 
+/*
+ * Additions to format version 3: fields in space older writers leave zero
+ * (zero always means "unknown, derive it"). docs/ledger.md states the rule.
+ */
+#define CGPU_ADD_CONTAINER_KEY (1ULL << 0) /* cgpu_container.key */
+#define CGPU_ADD_HOST_PID (1ULL << 1)      /* cgpu_process.host_pid */
+
 /* Slot states (containers and processes). */
 #define CGPU_SLOT_FREE 0u
 #define CGPU_SLOT_CLAIMING 1u
@@ -73,7 +80,9 @@ struct cgpu_header {
     uint64_t knob_generation; /* [atomic] bumped on every knob write */
     uint64_t sched[CGPU_SCHED_GPU_WORDS]; /* [atomic] scheduler state */
     uint64_t last_reap_ns;    /* [atomic] CLOCK_MONOTONIC of the last rate-limited reap */
-    uint64_t reserved[15];
+    uint64_t additions;       /* [atomic] CGPU_ADD_* bits its creator wrote (informational) */
+    uint64_t required;        /* [atomic] CGPU_ADD_* bits every user must understand: refuse the file if one is unknown */
+    uint64_t reserved[13];
 };
 
 struct cgpu_container {
@@ -92,7 +101,9 @@ struct cgpu_container {
     uint64_t sched[CGPU_SCHED_CONTAINER_WORDS]; /* [atomic] scheduler state */
     uint64_t suspect;         /* [atomic] bytes possibly held for processes that died mid-operation */
     uint64_t recounts;        /* [atomic] times reap recounted used after such a death */
-    uint64_t reserved[6];
+    uint64_t key;             /* identity key (CGPU_ADD_CONTAINER_KEY), written while claiming; 0 = unknown: match by id */
+    uint64_t key_created;     /* created_ns written with key; differs: key is stale (claimed since by an older writer), as 0 */
+    uint64_t reserved[4];
 };
 
 struct cgpu_process {
@@ -108,7 +119,8 @@ struct cgpu_process {
     uint64_t launches;        /* [atomic] kernel launches admitted */
     uint64_t sched_beat_ns;   /* [atomic] CLOCK_MONOTONIC ns of the scheduler's last sign of life, 0: none */
     uint64_t sched_in_sync;   /* [atomic] threads inside a synchronise call */
-    uint64_t reserved[2];
+    uint64_t host_pid;        /* [atomic] (start_time & 0xffffffff) << 32 | pid as the host and NVML number it (CGPU_ADD_HOST_PID); 0, or a stamp that is not this start_time: unknown */
+    uint64_t reserved[1];
 };
 
 /*

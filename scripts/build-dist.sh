@@ -1,31 +1,40 @@
 #!/usr/bin/env bash
-# Builds the deployable files into dist/:
-#   dist/libcgpu.so            the interposer (LD_PRELOAD), stripped
-#   dist/cgpu-smi, dist/cgpuctl the operator tools (the exporter is `cgpuctl exporter`), stripped
-#   dist/debug/*.debug         their debug info, linked back with .gnu_debuglink
-# libcgpu.so is loaded into the jobs' own images, so it is linked against
-# glibc 2.17 (CentOS 7, UBI 8, Ubuntu 18.04 and newer load it): a cross-linker
-# with a glibc version target, zig through cargo-zigbuild, both installed from
-# PyPI at pinned versions into target/dist-tools/venv (nothing system-wide).
-# The tools run on the node or in the tools image and are linked against this
-# machine's C library (zig's linker cannot hide the interposer's `dlsym` that
-# they carry; the system linker's --exclude-libs does).
+# Builds every deployable file into dist/, all linked against glibc 2.17 (CentOS 7,
+# UBI 8, Ubuntu 18.04 and newer run them) and needing nothing but the C library:
+#   dist/libcgpu.so              the interposer (LD_PRELOAD), stripped
+#   dist/cgpu-smi, dist/cgpuctl  the operator tools (the exporter is `cgpuctl exporter`)
+#   dist/cgpu.tmpfiles.conf      creates /run/cgpu at every boot (systemd-tmpfiles)
+#   with --cluster, also the Kubernetes components:
+#   dist/cgpu-scheduler-extender, dist/cgpu-device-plugin, dist/kubectl-inspect-cgpu
+#   dist/debug/*.debug           the debug info of each, linked back with .gnu_debuglink
+# The linker is zig through cargo-zigbuild (a glibc version target), both
+# installed from PyPI at pinned versions into target/dist-tools/venv (nothing
+# system-wide). The tools link the interposer crate for its ledger code; they
+# are built with `--cfg cgpu_embedded`, under which it defines no `dlsym`, so
+# the executables export no hook (tools/build.rs), in a target directory of
+# their own (target/dist-build) so that the two builds never rebuild each other.
+# deploy/docker/ has the Dockerfiles that package dist/ as the node and
+# extender images.
 #
-# Usage: scripts/build-dist.sh          build dist/
-#        scripts/build-dist.sh --test   build, then check dist/ (glibc floor,
-#                                       size) and run the interposer tests with
-#                                       dist/libcgpu.so preloaded
+# Usage: scripts/build-dist.sh [--cluster] [--test]
+#   --cluster   also build the Kubernetes components (a long build: about
+#               13 minutes from nothing on 2 cores, seconds when cached)
+#   --test      then check dist/ (glibc floor, size, exports) and run the
+#               interposer tests with dist/libcgpu.so preloaded
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 TEST=0
-case "${1:-}" in
-  "") ;;
-  --test) TEST=1 ;;
-  -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "build-dist: unknown option '$1' (try --help)" >&2; exit 2 ;;
-esac
+CLUSTER=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) TEST=1 ;;
+    --cluster) CLUSTER=1 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "build-dist: unknown option '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
 
 GLIBC=2.17
 TRIPLE=x86_64-unknown-linux-gnu
@@ -60,31 +69,53 @@ fi
 export PATH="$ROOT/$VENV/bin:$PATH"
 
 start=$(date +%s)
-# Two builds, so that the tools' dependencies never turn on features in the
-# library's (cargo unifies features within one invocation).
-echo "build-dist: cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu --lib" >&2
+step() { echo "build-dist: [$(( $(date +%s) - start )) s] $*" >&2; }
+# Separate builds, so that the tools' and the cluster's dependencies never
+# turn on features in the library's (cargo unifies features within one
+# invocation).
+step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu --lib"
 cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu --lib
-echo "build-dist: cargo build --release -p cgpu-tools --bins" >&2
-cargo build --release -p cgpu-tools --bins
+step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu-tools --bins (--cfg cgpu_embedded, target/dist-build)"
+RUSTFLAGS="${RUSTFLAGS:-} --cfg cgpu_embedded" CARGO_TARGET_DIR="$ROOT/target/dist-build" \
+  cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu-tools --bins
+FILES="libcgpu.so:target/$TRIPLE/release cgpu-smi:target/dist-build/$TRIPLE/release cgpuctl:target/dist-build/$TRIPLE/release"
+if [ "$CLUSTER" = 1 ]; then
+  step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu-cluster --bins (long the first time)"
+  cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu-cluster --bins
+  for b in cgpu-scheduler-extender cgpu-device-plugin kubectl-inspect-cgpu; do
+    FILES="$FILES $b:target/$TRIPLE/release"
+  done
+fi
 
+step "stripping into dist/"
 rm -rf dist
 mkdir -p dist/debug
-for f in libcgpu.so cgpu-smi cgpuctl; do
-  if [ "$f" = libcgpu.so ]; then OUT=target/$TRIPLE/release; else OUT=target/release; fi
-  objcopy --only-keep-debug "$OUT/$f" "dist/debug/$f.debug"
+for entry in $FILES; do
+  f=${entry%%:*}
+  dir=${entry#*:}
+  objcopy --only-keep-debug "$dir/$f" "dist/debug/$f.debug"
   if [ "$f" = libcgpu.so ]; then
-    objcopy --strip-unneeded "$OUT/$f" "dist/$f"
+    objcopy --strip-unneeded "$dir/$f" "dist/$f"
   else
-    objcopy --strip-all "$OUT/$f" "dist/$f"
+    objcopy --strip-all "$dir/$f" "dist/$f"
   fi
   objcopy --add-gnu-debuglink="dist/debug/$f.debug" "dist/$f"
 done
 chmod 0644 dist/debug/*.debug
-size=$(stat -c %s dist/libcgpu.so)
-echo "build-dist: dist/libcgpu.so $((size / 1024)) KiB, needs glibc $(
-  readelf -V --wide dist/libcgpu.so | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)" >&2
-echo "build-dist: built in $(( $(date +%s) - start )) s" >&2
-ls -l dist dist/debug
+install -m 0644 deploy/host/cgpu.tmpfiles.conf dist/cgpu.tmpfiles.conf
+for entry in $FILES; do
+  f=${entry%%:*}
+  size=$(stat -c %s "dist/$f")
+  glibc=$(readelf -V --wide "dist/$f" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+  printf 'build-dist: dist/%-24s %6d KiB, needs %s\n' "$f" $((size / 1024)) "${glibc:-no glibc version}" >&2
+done
+step "built"
+if [ "$CLUSTER" = 0 ]; then
+  echo "build-dist: the Kubernetes components: scripts/build-dist.sh --cluster" >&2
+else
+  echo "build-dist: images: docker build -f deploy/docker/node.Dockerfile -t REGISTRY/cgpu-node:0.1.0 ." >&2
+  echo "build-dist:         docker build -f deploy/docker/extender.Dockerfile -t REGISTRY/cgpu-extender:0.1.0 ." >&2
+fi
 
 if [ "$TEST" = 1 ]; then
   start=$(date +%s)

@@ -36,7 +36,8 @@ usage: scripts/gpu-check.sh [options]
                     else built with `cargo build --release --offline`)
   --cgpuctl PATH    cgpuctl (default: $CGPU_CTL, next to libcgpu.so, $PATH)
   --python PATH     Python with torch (or cuda-bindings) (default: $CGPU_CHECK_PYTHON, python3;
-                    with --sim: target/test-deps/venv/bin/python when present)
+                    with --sim: target/test-deps/venv/bin/python, installed by
+                    scripts/test-deps.sh when missing)
   --backend NAME    auto (default: torch, else cuda-bindings), torch or cuda
   --framework torch use the pinned PyTorch of scripts/frameworks.sh (installed
                     into a cached virtualenv on first use) as --python, backend torch
@@ -49,7 +50,7 @@ usage: scripts/gpu-check.sh [options]
                     $CGPU_SIM_LIB, next to libcgpu.so, target/{release,debug})
   --log FILE        full log (default gpu-check-<date>.log in the current directory)
   --results FILE    also write the table as TSV (check, expected, measured, status)
-  --markdown FILE   also write the table as Markdown, with GPU, driver and date (for the README)
+  --markdown FILE   also write the table as Markdown, with GPU, driver and date (for a report)
   --keep            keep the temporary directory (ledgers, per-check output)
 EOF
 }
@@ -191,7 +192,15 @@ if [ "$SIM" = 1 ]; then
   export CGPU_SIM_STATE="$WORK/simstate"
   export CGPU_SIM_GPUS="${CGPU_SIM_GPUS:-15109:Tesla T4}"
   NVSMI=""
-  if [ -z "$PY" ] && [ -z "$FRAMEWORK" ] && [ -x "$ROOT/target/test-deps/venv/bin/python" ]; then
+  if [ -z "$PY" ] && [ -z "$FRAMEWORK" ]; then
+    # The driver-API backend needs NVIDIA's cuda-bindings and nvidia-ml-py,
+    # pinned by scripts/test-deps.sh (which the tests run too); a fresh
+    # checkout has none yet: install them now rather than fail the probe.
+    if [ ! -x "$ROOT/target/test-deps/venv/bin/python" ]; then
+      say "gpu-check: installing cuda-bindings and nvidia-ml-py (pinned) with scripts/test-deps.sh, once (output in the log)"
+      "$ROOT/scripts/test-deps.sh" >>"$LOG" 2>&1 \
+        || fail_setup "scripts/test-deps.sh failed (PyPI unreachable? see $LOG); or give a Python with cuda-bindings: --python PATH"
+    fi
     PY="$ROOT/target/test-deps/venv/bin/python"
   fi
 else
@@ -299,7 +308,12 @@ rc=$?
 cat "$WORK/probe.out" >>"$LOG"
 grep -v '^  \[' "$WORK/probe.out" | grep -E '^(GPU|driver|framework|physical|operator|other|backends)' || true
 if [ $rc -ne 0 ] || [ ! -f "$WORK/probe.json" ]; then
-  fail_setup "probe failed (exit $rc): no framework reached the GPU without cgpu; see $LOG"
+  if [ "$SIM" = 1 ]; then
+    hint="with --sim, a Python with NVIDIA's cuda-bindings (scripts/test-deps.sh installs it into target/test-deps/venv) or PyTorch (--framework torch)"
+  else
+    hint="a Python with PyTorch built for CUDA, or NVIDIA's cuda-bindings (pip install cuda-bindings nvidia-ml-py), chosen with --python PATH"
+  fi
+  fail_setup "probe failed (exit $rc): no framework reached the GPU without cgpu. It needs $hint. Details: $LOG"
 fi
 echo
 

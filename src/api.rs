@@ -67,6 +67,18 @@ macro_rules! for_each_api {
                 fn cuDeviceTotalMem(bytes: *mut u32, dev: CUdevice) -> CUresult => memory::device_total_mem_v1;
                 fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult => memory::device_total_mem;
 
+                // --- modules and libraries (what loading one takes counts) ----------
+                fn cuModuleLoad(module: *mut CUmodule, fname: CStrP) -> CUresult => module::module_load;
+                fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult => module::module_load_data;
+                fn cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, n: u32, options: *mut CUjit_option, values: *mut Ptr) -> CUresult => module::module_load_data_ex;
+                fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult => module::module_load_fat_binary;
+                fn cuModuleUnload(module: CUmodule) -> CUresult => module::module_unload;
+                fn cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, module: CUmodule, name: CStrP) -> CUresult => module::module_get_global;
+                fn cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jit_options: *mut CUjit_option, jit_values: *mut Ptr, n_jit: u32, lib_options: *mut CUlibraryOption, lib_values: *mut Ptr, n_lib: u32) -> CUresult => module::library_load_data;
+                fn cuLibraryLoadFromFile(library: *mut CUlibrary, fname: CStrP, jit_options: *mut CUjit_option, jit_values: *mut Ptr, n_jit: u32, lib_options: *mut CUlibraryOption, lib_values: *mut Ptr, n_lib: u32) -> CUresult => module::library_load_from_file;
+                fn cuLibraryUnload(library: CUlibrary) -> CUresult => module::library_unload;
+                fn cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: CStrP) -> CUresult => module::library_get_global;
+
                 // --- contexts (their reservation counts) ---------------------------
                 fn cuCtxCreate(ctx: *mut CUcontext, flags: u32, dev: CUdevice) -> CUresult => context::ctx_create;
                 fn cuCtxCreate_v2(ctx: *mut CUcontext, flags: u32, dev: CUdevice) -> CUresult => context::ctx_create;

@@ -61,8 +61,12 @@ pub struct Config {
     pub weight: Option<u32>,
     /// `ALIYUN_COM_GPU_HIGH_PRIO`.
     pub high_prio: bool,
-    /// Ledger key of this container (`CGPU_CONTAINER_ID`, cgroup, hostname).
+    /// Name of this container (`CGPU_CONTAINER_ID`, cgroup, hostname).
     pub container_id: String,
+    /// `CGPU_CONTAINER_ID` as given (environment or allocation file): the
+    /// name the container is shown by. It never decides which container a
+    /// process is in, except outside containers (`crate::identity`).
+    pub container_name: Option<String>,
     /// `CGPU_REAL_LIBCUDA`, else `libcuda.so.1`.
     pub real_libcuda: CString,
     /// `CGPU_REAL_LIBNVML`, else `libnvidia-ml.so.1`.
@@ -375,6 +379,7 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
             Err(e) => bad("CGPU_CONTAINER_ID", &v, e),
         }
     }
+    let container_name = container_id.clone();
     let container_id = container_id
         .or_else(|| cgroup.and_then(container_id_from_cgroup))
         .unwrap_or_else(hostname);
@@ -419,6 +424,7 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
         weight,
         high_prio,
         container_id,
+        container_name,
         real_libcuda,
         real_libnvml,
         errors,
@@ -579,6 +585,164 @@ pub fn with_alloc_file(
     (c, Some(msg))
 }
 
+/// Where the cluster's device plugin mounts the allocation file in a
+/// container: read when `CGPU_ALLOC_FILE` is unset and a regular file is
+/// there, so that processes that lost their environment (`ssh`, `su -`,
+/// cron) get the container's allocation too.
+pub const DEFAULT_ALLOC_FILE: &str = "/etc/cgpu/alloc.env";
+
+/// The directory of per-container settings an operator writes on the host
+/// (`cgpuctl settings`) and mounts read-only into containers at this
+/// path: `<dir>/<container id>.env` (64 hex digits, as the runtime names
+/// the container). `CGPU_SETTINGS_DIR` names another directory.
+pub const DEFAULT_SETTINGS_DIR: &str = "/etc/cgpu/containers";
+
+/// Keys of a host-written settings file (`KEY=VALUE` lines, as the
+/// allocation file); `ALIYUN_COM_GPU_MEM_CONTAINER` is required.
+pub const SETTINGS_FILE_KEYS: [&str; 7] = [
+    "ALIYUN_COM_GPU_MEM_CONTAINER",
+    "ALIYUN_COM_GPU_MEM_DEV",
+    "ALIYUN_COM_GPU_VISIBLE_DEVICES",
+    "ALIYUN_COM_GPU_SCHD_WEIGHT",
+    "ALIYUN_COM_GPU_HIGH_PRIO",
+    "CGPU_DISABLE",
+    "CGPU_CONTAINER_ID",
+];
+
+/// Most bytes read of a settings or allocation file (a few lines).
+pub const MAX_SETTINGS_FILE: u64 = 64 << 10;
+
+/// The text of a small settings file: only a regular file (never a FIFO,
+/// a device or a directory: opened without blocking and checked before
+/// reading), at most [`MAX_SETTINGS_FILE`] bytes (a longer one is an
+/// error, never read without bound).
+pub fn read_settings_text(path: &str) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let md = f.metadata().map_err(|e| e.to_string())?;
+    if !md.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mut text = String::new();
+    f.take(MAX_SETTINGS_FILE + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| e.to_string())?;
+    if text.len() as u64 > MAX_SETTINGS_FILE {
+        return Err(format!("longer than {MAX_SETTINGS_FILE} bytes"));
+    }
+    Ok(text)
+}
+
+/// Parses a host-written settings file: `KEY=VALUE` lines with the keys of
+/// [`SETTINGS_FILE_KEYS`] (blank lines and `#` comments allowed; an
+/// unknown or repeated key, or a missing `ALIYUN_COM_GPU_MEM_CONTAINER`,
+/// is an error).
+pub fn parse_settings_file(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            return Err(format!("line {}: expected KEY=VALUE", n + 1));
+        };
+        let k = k.trim();
+        if !SETTINGS_FILE_KEYS.contains(&k) {
+            return Err(format!("line {}: unknown key {k}", n + 1));
+        }
+        if out.iter().any(|(have, _)| have == k) {
+            return Err(format!("line {}: {k} given twice", n + 1));
+        }
+        out.push((k.to_string(), v.trim().to_string()));
+    }
+    if !out.iter().any(|(k, _)| k == SETTINGS_FILE_KEYS[0]) {
+        return Err(format!("{} is missing", SETTINGS_FILE_KEYS[0]));
+    }
+    Ok(out)
+}
+
+/// The configuration when the host wrote settings for this container
+/// (`file`: its text, or why it could not be read). The settings are the
+/// file's alone: the process's environment can neither override them nor
+/// add one the host did not set (`CGPU_DISABLE`, a weight); only the name
+/// (`CGPU_CONTAINER_ID`) and the paths to the real driver may come from the
+/// environment when the file does not give them. A file that
+/// cannot be read or parsed leaves the container no GPU (as a broken
+/// allocation file does), never the whole GPU. Returns the configuration
+/// and, on failure, the message to log.
+pub fn with_settings_file(
+    get: &dyn Fn(&str) -> Option<String>,
+    cgroup: Option<&str>,
+    path: &str,
+    file: Result<String, String>,
+) -> (Config, Option<String>) {
+    let failure = match file.and_then(|t| parse_settings_file(&t)) {
+        Ok(vals) => {
+            let merged = |k: &str| {
+                let file = vals
+                    .iter()
+                    .find(|(have, _)| have == k)
+                    .map(|(_, v)| v.clone());
+                if SETTINGS_FILE_KEYS.contains(&k) && k != "CGPU_CONTAINER_ID" {
+                    file
+                } else {
+                    file.or_else(|| get(k))
+                }
+            };
+            let c = from_lookup(&merged, cgroup);
+            if c.errors.is_empty() {
+                return (c, None);
+            }
+            c.errors.join("; ")
+        }
+        Err(e) => e,
+    };
+    let mut c = from_lookup(get, cgroup);
+    c.mode = Mode::Enforce;
+    c.visible = Some(Vec::new());
+    c.errors.clear();
+    let msg = format!(
+        "cgpu: the host's settings for this container ({path}): {failure}: no GPU is visible to it until they are fixed (cgpuctl settings on the host)"
+    );
+    (c, Some(msg))
+}
+
+/// Settings in the environment that a host settings file `text` sets
+/// otherwise or not at all (`KEY=VALUE` each): ignored, and said so.
+pub fn ignored_by_settings_file(env: &dyn Fn(&str) -> Option<String>, text: &str) -> Vec<String> {
+    let vals = parse_settings_file(text).unwrap_or_default();
+    SETTINGS_FILE_KEYS
+        .iter()
+        .filter(|k| **k != "CGPU_CONTAINER_ID")
+        .filter_map(|k| {
+            let mine = env(k)?;
+            let host = vals.iter().find(|(h, _)| h == k).map(|(_, v)| v.as_str());
+            (host != Some(mine.trim())).then(|| format!("{k}={mine}"))
+        })
+        .collect()
+}
+
+/// The host's settings file for this container, if the settings directory
+/// exists (one `stat` on hosts without it) and names this container.
+fn settings_file_path(env: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+    let dir = env("CGPU_SETTINGS_DIR")
+        .filter(|d| d.starts_with('/'))
+        .unwrap_or_else(|| DEFAULT_SETTINGS_DIR.to_string());
+    if !std::path::Path::new(&dir).is_dir() {
+        return None;
+    }
+    let id = crate::identity::current(None);
+    let cid = id.container_id.as_deref()?;
+    let path = format!("{dir}/{cid}.env");
+    std::path::Path::new(&path).exists().then_some(path)
+}
+
 static CONFIG: OnceLock<Config> = OnceLock::new();
 /// Install the stderr logger (level from `CGPU_LOG`, default `warn`; see
 /// [`crate::log`]). Lazy: called from the first hooked call, never from a
@@ -593,8 +757,33 @@ pub fn get() -> &'static Config {
         init_logging();
         let cgroup = std::fs::read_to_string("/proc/self/cgroup").ok();
         let env = |name: &str| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned());
-        let c = match env("CGPU_ALLOC_FILE").filter(|p| !p.is_empty()) {
-            None => from_lookup(&env, cgroup.as_deref()),
+        let alloc = env("CGPU_ALLOC_FILE")
+            .filter(|p| !p.is_empty())
+            .or_else(|| {
+                std::fs::metadata(DEFAULT_ALLOC_FILE)
+                    .is_ok_and(|m| m.is_file())
+                    .then(|| DEFAULT_ALLOC_FILE.to_string())
+            });
+        let c = match alloc {
+            None => match settings_file_path(&env) {
+                None => from_lookup(&env, cgroup.as_deref()),
+                Some(path) => {
+                    let text = read_settings_text(&path);
+                    let ignored = ignored_by_settings_file(&env, text.as_deref().unwrap_or(""));
+                    let (c, failure) = with_settings_file(&env, cgroup.as_deref(), &path, text);
+                    if let Some(msg) = failure {
+                        tracing::error!("{msg}");
+                        return c;
+                    }
+                    if !ignored.is_empty() {
+                        tracing::warn!(
+                            "cgpu: this container's settings come from the host ({path}); ignored from the environment: {}",
+                            ignored.join(", ")
+                        );
+                    }
+                    c
+                }
+            },
             Some(path) => {
                 let text = read_alloc_file(&path);
                 let (c, failure) = with_alloc_file(&env, cgroup.as_deref(), &path, text);
@@ -998,6 +1187,88 @@ mod tests {
             assert!(err.contains("no GPU is visible"), "{err}");
             assert_eq!(c.visible, Some(vec![]), "{file:?}");
             assert_eq!(c.mode, Mode::Enforce);
+        }
+    }
+
+    #[test]
+    fn settings_files_are_read_bounded_and_only_when_regular() {
+        assert_eq!(
+            read_settings_text("/dev/zero").unwrap_err(),
+            "not a regular file"
+        );
+        assert!(read_settings_text("/proc/self").is_err(), "a directory");
+        let dir = std::env::temp_dir().join(format!("cgpu-settings-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let c = CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid C string path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Opened without blocking (no writer) and refused.
+        assert_eq!(
+            read_settings_text(fifo.to_str().unwrap()).unwrap_err(),
+            "not a regular file"
+        );
+        let big = dir.join("big");
+        std::fs::write(&big, vec![b'#'; MAX_SETTINGS_FILE as usize + 1]).unwrap();
+        assert!(read_settings_text(big.to_str().unwrap())
+            .unwrap_err()
+            .contains("longer than"));
+        let ok = dir.join("ok.env");
+        std::fs::write(&ok, "ALIYUN_COM_GPU_MEM_CONTAINER=2\n").unwrap();
+        assert_eq!(
+            read_settings_text(ok.to_str().unwrap()).unwrap(),
+            "ALIYUN_COM_GPU_MEM_CONTAINER=2\n"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn host_settings_win_over_the_environment() {
+        let env = |k: &str| match k {
+            "ALIYUN_COM_GPU_MEM_CONTAINER" => Some("8".to_string()),
+            "CGPU_DISABLE" => Some("true".to_string()),
+            "ALIYUN_COM_GPU_SCHD_WEIGHT" => Some("2".to_string()),
+            _ => None,
+        };
+        let file = "# from cgpuctl\nALIYUN_COM_GPU_MEM_CONTAINER=1\nCGPU_DISABLE=false\nCGPU_CONTAINER_ID=web-1\n";
+        let (c, err) =
+            with_settings_file(&env, None, "/etc/cgpu/containers/x.env", Ok(file.into()));
+        assert_eq!(err, None);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.mem_container, vec![1]);
+        assert_eq!(c.container_name.as_deref(), Some("web-1"));
+        assert_eq!(
+            c.weight, None,
+            "the environment adds nothing the host did not set"
+        );
+        let env_disable = |k: &str| (k == "CGPU_DISABLE").then(|| "true".to_string());
+        let (c, _) = with_settings_file(
+            &env_disable,
+            None,
+            "/s/x.env",
+            Ok("ALIYUN_COM_GPU_MEM_CONTAINER=1\n".into()),
+        );
+        assert_eq!(c.mode, Mode::Enforce, "CGPU_DISABLE from inside is ignored");
+        assert_eq!(
+            ignored_by_settings_file(&env, file),
+            vec![
+                "ALIYUN_COM_GPU_MEM_CONTAINER=8".to_string(),
+                "ALIYUN_COM_GPU_SCHD_WEIGHT=2".to_string(),
+                "CGPU_DISABLE=true".to_string()
+            ]
+        );
+        for (bad, why) in [
+            ("", "ALIYUN_COM_GPU_MEM_CONTAINER is missing"),
+            ("LD_PRELOAD=/x\n", "unknown key LD_PRELOAD"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER=lots\n", "'lots'"),
+        ] {
+            let (c, err) = with_settings_file(&env, None, "/s/x.env", Ok(bad.into()));
+            let err = err.expect("a message");
+            assert!(
+                err.contains(why) && err.contains("no GPU is visible"),
+                "{err}"
+            );
+            assert_eq!(c.visible, Some(vec![]), "fail closed: no GPU");
         }
     }
 }

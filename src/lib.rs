@@ -3,6 +3,7 @@
 mod api;
 pub mod config;
 pub mod hooks;
+pub mod identity;
 pub mod ledger;
 pub mod log;
 pub mod memory;

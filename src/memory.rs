@@ -164,24 +164,35 @@ impl Gpu {
         self.acct.share_adopt(link, bytes)
     }
 
-    /// Pids of the container's live processes on this GPU (NVML process lists).
+    /// Pids of the container's live processes on this GPU as NVML lists
+    /// them (host pids): a process in a PID namespace whose host pid is
+    /// not known yet is left out, never listed by a pid of its namespace
+    /// (which may be another container's host pid).
     pub fn container_pids(&self) -> Vec<u32> {
-        let me = std::process::id();
-        let mut pids = vec![me];
+        let mut pids: Vec<u32> = crate::ledger::host_pid().into_iter().collect();
         if let Some((ledger, m)) = self.acct.ledger() {
             let f = ledger.file();
             for p in f.processes.iter() {
                 if p.state.load(Ordering::Acquire) == crate::ledger::SLOT_LIVE
                     && p.container.load(Ordering::Acquire) as usize == m.container
                 {
-                    let pid = p.pid.load(Ordering::Acquire);
-                    if pid > 0 && !pids.contains(&(pid as u32)) {
-                        pids.push(pid as u32);
+                    if let Some(pid) = p.host_pid() {
+                        if !pids.contains(&pid) {
+                            pids.push(pid);
+                        }
                     }
                 }
             }
         }
         pids
+    }
+
+    /// This process found its host pid (inside a PID namespace): written
+    /// into its slot, so that its container's NVML lists show it.
+    pub fn publish_host_pid(&self, pid: u32) {
+        if let Some((ledger, m)) = self.acct.ledger() {
+            ledger.process_of(m).set_host_pid(pid);
+        }
     }
 }
 
@@ -422,39 +433,54 @@ fn peek_ledger(uuid: &str) -> Option<&'static Ledger> {
 /// the physical view).
 pub fn peek(info: &GpuInfo) -> Option<Peek> {
     let cfg = config::get();
+    let me = container();
     let ledger = peek_ledger(&info.uuid);
+    let row = ledger.and_then(|l| l.find_container_keyed(me.key, &me.name).map(|c| (l, c)));
+    // A process with no settings of its own sees its container's, if it is
+    // in one (a host's own processes adopt nothing).
+    let adopt = row.filter(|_| me.source.is_container());
     let (mut quota, enforce) = if cfg.isolating() {
         (
             cfg.quota_bytes(info.visible_index, info.physical_total),
             cfg.mode == Mode::Enforce,
         )
     } else if cfg.unset() {
-        let d = ledger?
-            .file()
-            .header
-            .default_memsize
-            .load(Ordering::Acquire);
-        if d == 0 {
-            return None;
+        match adopt {
+            // No settings of its own: its container's (read below).
+            Some((l, c)) => (
+                None,
+                l.file().containers[c].enforce_off.load(Ordering::Relaxed) == 0,
+            ),
+            None => {
+                let d = ledger?
+                    .file()
+                    .header
+                    .default_memsize
+                    .load(Ordering::Acquire);
+                if d == 0 {
+                    return None;
+                }
+                (Some(d), true)
+            }
         }
-        (Some(d), true)
     } else {
         return None;
     };
     let mut p = Peek {
-        pids: vec![std::process::id()],
+        pids: crate::ledger::host_pid().into_iter().collect(),
         ..Peek::default()
     };
-    if let Some((l, c)) = ledger.and_then(|l| l.find_container(&cfg.container_id).map(|c| (l, c))) {
+    if let Some((l, c)) = if cfg.isolating() { row } else { adopt } {
         // The container is there: its live quota (cgpuctl may have changed it).
         let slot = &l.file().containers[c];
         let q = slot.quota.load(Ordering::Acquire);
         quota = (q != 0 && slot.enforce_off.load(Ordering::Relaxed) == 0).then_some(q);
         p.used = slot.used.load(Ordering::Acquire);
         for (_, ps) in l.processes_of(c) {
-            let pid = ps.pid.load(Ordering::Acquire);
-            if pid > 0 && !p.pids.contains(&(pid as u32)) {
-                p.pids.push(pid as u32);
+            if let Some(pid) = ps.host_pid() {
+                if !p.pids.contains(&pid) {
+                    p.pids.push(pid);
+                }
             }
         }
     }
@@ -462,73 +488,126 @@ pub fn peek(info: &GpuInfo) -> Option<Peek> {
     Some(p)
 }
 
-/// Is a ledger-configured `default_memsize` possible for a container that
-/// sets no `ALIYUN_COM_GPU_MEM_CONTAINER` (any ledger with a default set)?
-/// Checked once; never creates a file.
-fn default_possible() -> bool {
+/// This process's container (`crate::identity`): worked out at its first
+/// use of a GPU, never on a launch or an allocation.
+pub fn container() -> &'static crate::identity::Identity {
+    static ME: std::sync::OnceLock<crate::identity::Identity> = std::sync::OnceLock::new();
+    ME.get_or_init(|| crate::identity::current(config::get().container_name.as_deref()))
+}
+
+/// Is there any GPU ledger on this host (a container with settings, or an
+/// operator's `default_memsize`, may then apply to a process that has no
+/// settings of its own)? Checked once, by listing the ledger directory:
+/// a host where cgpu keeps no books pays nothing more.
+fn ledgers_exist() -> bool {
     static P: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *P.get_or_init(|| {
-        let dir = Ledger::default_dir();
-        Ledger::list(&dir).iter().any(|p| {
-            Ledger::open(p)
-                .is_ok_and(|l| l.file().header.default_memsize.load(Ordering::Acquire) > 0)
-        })
-    })
+    *P.get_or_init(|| !Ledger::list(&Ledger::default_dir()).is_empty())
 }
 
 /// Does this process track memory at all? (Isolation configured, or no
-/// `ALIYUN_COM_GPU_MEM_CONTAINER` while an operator set a `default_memsize`.)
+/// settings of its own while the host keeps ledgers: its container's
+/// settings or an operator's `default_memsize` may apply.)
 #[inline]
 pub fn tracking() -> bool {
     let cfg = config::get();
-    cfg.isolating() || (cfg.unset() && default_possible())
+    cfg.isolating() || (cfg.unset() && ledgers_exist())
 }
 
 /// The `default_memsize` of this GPU's existing ledger, if set.
-fn default_memsize(uuid: &str) -> Option<u64> {
-    let path = Ledger::live_path(&Ledger::default_dir(), uuid);
-    if !path.exists() {
-        return None;
-    }
-    let l = Ledger::open(&path).ok()?;
+fn default_memsize(l: &Ledger) -> Option<u64> {
     let d = l.file().header.default_memsize.load(Ordering::Acquire);
     (d > 0).then_some(d)
+}
+
+/// The settings of this process's container on a GPU, from its row in the
+/// GPU's ledger: for a process that has none of its own (`ssh`, `su -`,
+/// `env -i`, cron). `None`: the container has no row there.
+fn container_settings(l: &Ledger) -> Option<JoinSpec> {
+    let me = container();
+    if !me.source.is_container() {
+        // Not in a container (a host's own processes): no container's
+        // settings to adopt; only the operator's default applies.
+        return None;
+    }
+    let c = l.find_container_keyed(me.key, &me.name)?;
+    let slot = &l.file().containers[c];
+    let spec = JoinSpec {
+        container_id: slot.id_str(),
+        key: me.key,
+        quota: match slot.quota.load(Ordering::Acquire) {
+            0 => QUOTA_UNLIMITED,
+            q => q,
+        },
+        weight: slot.weight.load(Ordering::Relaxed).max(1),
+        highprio: slot.highprio.load(Ordering::Relaxed) != 0,
+        enforce_off: slot.enforce_off.load(Ordering::Relaxed) != 0,
+    };
+    // Live still? (The id was copied while the slot may have been freed.)
+    slot.is_container(me.key, &me.name).then_some(spec)
+}
+
+/// The settings of this process's container from its slot on another GPU,
+/// for a GPU where the container has none yet (a process without settings
+/// that is the first of its container there): the same quota, never the
+/// whole GPU.
+fn container_settings_elsewhere(dir: &std::path::Path, uuid: &str) -> Option<JoinSpec> {
+    let here = Ledger::live_path(dir, uuid);
+    Ledger::list(dir)
+        .into_iter()
+        .filter(|p| *p != here)
+        .find_map(|p| container_settings(&Ledger::open(&p).ok()?))
 }
 
 /// Join the ledger for one GPU (or wait to join, refusing allocations).
 fn join(info: GpuInfo) -> Option<Gpu> {
     let cfg = config::get();
-    let (quota, enforce, req_quota, enforce_off) = if cfg.isolating() {
+    let me = container();
+    let mut spec = JoinSpec {
+        container_id: me.name.clone(),
+        key: me.key,
+        quota: 0,
+        weight: cfg.weight.unwrap_or(1),
+        highprio: cfg.high_prio,
+        enforce_off: false,
+    };
+    let (quota, enforce) = if cfg.isolating() {
         let q = cfg.quota_bytes(info.visible_index, info.physical_total);
         // A 0 in the list: explicitly not limited (not the GPU's default).
-        (
-            q,
-            cfg.mode == Mode::Enforce,
-            q.unwrap_or(QUOTA_UNLIMITED),
-            cfg.mode == Mode::Record,
-        )
+        spec.quota = q.unwrap_or(QUOTA_UNLIMITED);
+        spec.enforce_off = cfg.mode == Mode::Record;
+        (q, cfg.mode == Mode::Enforce)
     } else if cfg.unset() {
-        // No ALIYUN_COM_GPU_MEM_CONTAINER: the operator's default_memsize, if any.
-        let d = default_memsize(&info.uuid)?;
-        tracing::warn!(
-            "cgpu: GPU {} ({}): no ALIYUN_COM_GPU_MEM_CONTAINER; the ledger's default_memsize {d} bytes applies",
-            info.visible_index,
-            info.uuid
-        );
-        (Some(d), true, 0, false)
+        let dir = Ledger::default_dir();
+        let l = Ledger::open(&Ledger::live_path(&dir, &info.uuid)).ok();
+        let here = l.as_ref().and_then(container_settings);
+        if let Some(theirs) = here.or_else(|| container_settings_elsewhere(&dir, &info.uuid)) {
+            // No settings of its own: the container's, whatever this
+            // process's environment lost.
+            tracing::info!(
+                "cgpu: GPU {} ({}): no settings in this process's environment; it runs under its container {}'s",
+                info.visible_index,
+                info.uuid,
+                theirs.container_id
+            );
+            spec = theirs;
+            let q = (spec.quota != QUOTA_UNLIMITED).then_some(spec.quota);
+            (q, !spec.enforce_off)
+        } else {
+            // No ALIYUN_COM_GPU_MEM_CONTAINER: the operator's default_memsize, if any.
+            let d = default_memsize(l.as_ref()?)?;
+            tracing::warn!(
+                "cgpu: GPU {} ({}): no ALIYUN_COM_GPU_MEM_CONTAINER; the ledger's default_memsize {d} bytes applies",
+                info.visible_index,
+                info.uuid
+            );
+            (Some(d), true)
+        }
     } else {
         return None;
     };
     for w in cfg.implausible(info.visible_index, info.physical_total) {
         tracing::warn!("{w}");
     }
-    let spec = JoinSpec {
-        container_id: cfg.container_id.clone(),
-        quota: req_quota,
-        weight: cfg.weight.unwrap_or(1),
-        highprio: cfg.high_prio,
-        enforce_off,
-    };
     let name = format!("GPU {} ({})", info.visible_index, info.uuid);
     let acct = Account::open(
         &Ledger::default_dir(),
@@ -543,7 +622,7 @@ fn join(info: GpuInfo) -> Option<Gpu> {
             "GPU {} ({}): container {}, quota {}, ledger {}",
             info.visible_index,
             info.uuid,
-            cfg.container_id,
+            me.name,
             quota.map_or("none".into(), crate::ledger::human_bytes),
             ledger.path().display()
         );

@@ -59,15 +59,47 @@ fn glibc_versions_needed(file: &std::path::Path) -> Vec<(String, (u32, u32))> {
     out
 }
 
+/// The executables and the library `dist/` holds: the Kubernetes components
+/// only when `scripts/build-dist.sh --cluster` built them.
+fn binaries() -> Vec<String> {
+    let mut v: Vec<String> = ["libcgpu.so", "cgpu-smi", "cgpuctl"]
+        .map(String::from)
+        .to_vec();
+    for b in [
+        "cgpu-scheduler-extender",
+        "cgpu-device-plugin",
+        "kubectl-inspect-cgpu",
+    ] {
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("dist")
+            .join(b);
+        if p.is_file() {
+            v.push(b.to_string());
+        }
+    }
+    v
+}
+
+/// The shared libraries a file needs (`DT_NEEDED`).
+fn needed(file: &std::path::Path) -> Vec<String> {
+    tool("readelf", &["-d", "--wide"], file)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| Some(l.split('[').nth(1)?.split(']').next()?.to_string()))
+        .collect()
+}
+
 #[test]
 #[ignore = "needs dist/ from scripts/build-dist.sh (which runs it)"]
-fn the_library_needs_nothing_newer_than_glibc_2_17() {
-    {
-        let name = "libcgpu.so";
-        let f = dist(name);
-        let needed = glibc_versions_needed(&f);
-        assert!(!needed.is_empty(), "{name}: no GLIBC versions found");
-        let too_new: Vec<&String> = needed
+fn every_file_needs_nothing_newer_than_glibc_2_17_and_nothing_but_glibc() {
+    for name in binaries() {
+        let f = dist(&name);
+        let needed_versions = glibc_versions_needed(&f);
+        assert!(
+            !needed_versions.is_empty(),
+            "{name}: no GLIBC versions found"
+        );
+        let too_new: Vec<&String> = needed_versions
             .iter()
             .filter(|(_, v)| *v > GLIBC_FLOOR)
             .map(|(n, _)| n)
@@ -77,6 +109,31 @@ fn the_library_needs_nothing_newer_than_glibc_2_17() {
             "{name} requires {too_new:?}, newer than GLIBC_{}.{}",
             GLIBC_FLOOR.0,
             GLIBC_FLOOR.1
+        );
+        // Only glibc's own libraries: never the driver (found at run time),
+        // never libgcc_s or anything else a host or an image might lack.
+        for n in needed(&f) {
+            assert!(
+                [
+                    "libc.so.6",
+                    "ld-linux-x86-64.so.2",
+                    "libpthread.so.0",
+                    "libdl.so.2",
+                    "libm.so.6",
+                    "librt.so.1",
+                ]
+                .contains(&n.as_str()),
+                "dist/{name} needs {n}"
+            );
+        }
+        let sections = tool("readelf", &["-S", "--wide"], &f);
+        assert!(
+            !sections.contains(".debug_info"),
+            "dist/{name}: not stripped"
+        );
+        assert!(
+            sections.contains(".gnu_debuglink"),
+            "dist/{name}: no .gnu_debuglink"
         );
     }
 }
@@ -99,29 +156,6 @@ fn the_library_is_small_stripped_and_points_at_its_debug_info() {
         dsections.contains(".debug_info"),
         "debug file without DWARF"
     );
-    // Only the C library and the loader: never the driver (it is found at run
-    // time) and nothing a job's image might lack.
-    let dynamic = tool("readelf", &["-d", "--wide"], &lib);
-    let needed: Vec<&str> = dynamic
-        .lines()
-        .filter(|l| l.contains("(NEEDED)"))
-        .filter_map(|l| l.split('[').nth(1)?.split(']').next())
-        .collect();
-    for n in &needed {
-        assert!(
-            [
-                "libc.so.6",
-                "ld-linux-x86-64.so.2",
-                "libpthread.so.0",
-                "libdl.so.2",
-                "libm.so.6",
-                "librt.so.1",
-                "libgcc_s.so.1"
-            ]
-            .contains(n),
-            "dist/libcgpu.so needs {n} ({needed:?})"
-        );
-    }
     // The hooks are exported by the library, and by nothing else in dist/.
     let dynsym = tool("nm", &["-D", "--defined-only"], &lib);
     for sym in [
@@ -137,7 +171,7 @@ fn the_library_is_small_stripped_and_points_at_its_debug_info() {
             "dist/libcgpu.so does not export {sym}"
         );
     }
-    for exe in ["cgpu-smi", "cgpuctl"] {
+    for exe in binaries().iter().filter(|b| *b != "libcgpu.so") {
         let syms = tool("nm", &["-D", "--defined-only"], &dist(exe));
         let leaked: Vec<&str> = syms
             .lines()

@@ -298,6 +298,7 @@ fn reclaim_after_kill_is_immediate() {
     let uuid = rig.sim.stats().devices[0].uuid.clone();
     let spec = JoinSpec {
         container_id: "reclaim".into(),
+        key: 0,
         quota: GIB,
         weight: 1,
         highprio: false,
@@ -344,6 +345,7 @@ fn full_tables_refuse_instead_of_running_unaccounted() {
     loop {
         match l.join(&JoinRequest {
             container_id: "filler",
+            key: 0,
             quota: GIB,
             weight: 1,
             highprio: false,
@@ -359,6 +361,7 @@ fn full_tables_refuse_instead_of_running_unaccounted() {
     assert_eq!(members.len(), MAX_PROCESSES);
     let spec = JoinSpec {
         container_id: "late".into(),
+        key: 0,
         quota: GIB,
         weight: 1,
         highprio: false,
@@ -398,6 +401,7 @@ fn leave_while_other_threads_allocate_loses_nothing() {
         let other = Ledger::open(&Ledger::path_for(&dir, "GPU-leave-0")).unwrap();
         let req = JoinRequest {
             container_id: "c",
+            key: 0,
             quota: 64 * GIB,
             weight: 1,
             highprio: false,

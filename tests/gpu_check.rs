@@ -162,7 +162,7 @@ fn gpu_check_script_runs_on_the_sim() {
     for id in ["2e", "2f"] {
         assert_eq!(run.rows[id].status, "SKIP", "no cuBLAS without PyTorch");
     }
-    // The seed's four-A10 vector: 3,4,5,6 of DEV 23 on 23028 MiB GPUs.
+    // Four A10s: 3,4,5,6 of DEV 23 on 23028 MiB GPUs.
     assert!(
         run.rows["1h"]
             .measured
@@ -170,7 +170,7 @@ fn gpu_check_script_runs_on_the_sim() {
         "{:?}",
         run.rows["1h"]
     );
-    // The README's vector: T4 15109 MiB, DEV 15, CONTAINER 6 -> 6043 MiB.
+    // A T4: 15109 MiB, DEV 15, CONTAINER 6 -> 6043 MiB.
     assert!(
         run.rows["1c"].measured.contains("total 6043 MiB"),
         "{:?}",

@@ -17,6 +17,7 @@ fn tmpdir(name: &str) -> PathBuf {
 fn req(id: &str, quota: u64) -> JoinRequest<'_> {
     JoinRequest {
         container_id: id,
+        key: 0,
         quota,
         weight: 1,
         highprio: false,

@@ -32,21 +32,100 @@ macro_rules! layout {
     }};
 }
 
+/// Compiles `prog` against the `cgpu.h` in `include` and returns its lines.
+fn compile_and_run(prog: &str, include: &str, name: &str) -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ledger_header");
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join(format!("{name}.c"));
+    let exe = dir.join(name);
+    std::fs::write(&src, prog).unwrap();
+    let out = std::process::Command::new("gcc")
+        .args([
+            "-std=c11",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-pedantic",
+            "-I",
+            include,
+        ])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("gcc must be installed to check include/cgpu.h");
+    assert!(
+        out.status.success(),
+        "gcc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = std::process::Command::new(&exe).output().unwrap();
+    assert!(run.status.success());
+    String::from_utf8(run.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Nothing moves: every field of the previous release's header
+/// (`tests/c/cgpu-previous/cgpu.h`, format version 3 before its
+/// additions) keeps its offset and size, and the structs their sizes, so a
+/// process built from it shares the books with this one.
+#[test]
+fn the_previous_header_still_describes_this_layout() {
+    let (rust, fields) = layout! {
+        "cgpu_header" LedgerHeader {
+            magic, version, header_size, file_size, ready, gpu_index, uuid, physical_total,
+            created_ns, policy, policy_explicit, max_inst, prio_ratio, default_memsize,
+            knob_generation, sched, last_reap_ns,
+        }
+        "cgpu_container" ContainerSlot {
+            state, highprio, id, quota, used, peak, weight, nprocs, oom_count, created_ns,
+            enforce_off, ops, sched, suspect, recounts,
+        }
+        "cgpu_process" ProcessSlot {
+            state, container, pid, _pad, pidns, start_time, used, pending, gpu_time_ns,
+            launches, sched_beat_ns, sched_in_sync,
+        }
+        "cgpu_shared" SharedSlot {
+            state, container, exporter, holder, exporter_pid, holder_pid, bytes,
+        }
+        "cgpu_ledger" LedgerFile { header, containers, processes, shared }
+    };
+    let prog = format!(
+        "#include <stdio.h>\n#include \"cgpu.h\"\nint main(void) {{\n{fields}return 0;\n}}\n"
+    );
+    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/c/cgpu-previous");
+    let c = compile_and_run(&prog, include, "previous");
+    assert_eq!(c, rust, "a field of the previous format moved");
+    let consts = compile_and_run(
+        "#include <stdio.h>\n#include \"cgpu.h\"\nint main(void) { printf(\"%u\\n\", CGPU_FORMAT_VERSION); return 0; }\n",
+        include,
+        "previous_version",
+    );
+    assert_eq!(
+        consts,
+        vec![FORMAT_VERSION.to_string()],
+        "the breaking number"
+    );
+}
+
 #[test]
 fn c_header_matches_rust_layout() {
     let (mut rust, fields) = layout! {
         "cgpu_header" LedgerHeader {
             magic, version, header_size, file_size, ready, gpu_index, uuid, physical_total,
             created_ns, policy, policy_explicit, max_inst, prio_ratio, default_memsize,
-            knob_generation, sched, last_reap_ns, reserved,
+            knob_generation, sched, last_reap_ns, additions, required, reserved,
         }
         "cgpu_container" ContainerSlot {
             state, highprio, id, quota, used, peak, weight, nprocs, oom_count, created_ns,
-            enforce_off, ops, sched, suspect, recounts, reserved,
+            enforce_off, ops, sched, suspect, recounts, key, key_created, reserved,
         }
         "cgpu_process" ProcessSlot {
             state, container, pid, _pad, pidns, start_time, used, pending, gpu_time_ns,
-            launches, sched_beat_ns, sched_in_sync, reserved,
+            launches, sched_beat_ns, sched_in_sync, host_pid, reserved,
         }
         "cgpu_shared" SharedSlot {
             state, container, exporter, holder, exporter_pid, holder_pid, bytes,
@@ -66,6 +145,8 @@ fn c_header_matches_rust_layout() {
         ("CGPU_SHARED_BORNE", SHARED_BORNE),
         ("CGPU_SHARED_RELEASED", SHARED_RELEASED),
         ("CGPU_SHARED_BYTES", SHARED_BYTES),
+        ("CGPU_ADD_CONTAINER_KEY", ADD_CONTAINER_KEY),
+        ("CGPU_ADD_HOST_PID", ADD_HOST_PID),
         ("CGPU_SLOT_FREE", SLOT_FREE as u64),
         ("CGPU_SLOT_CLAIMING", SLOT_CLAIMING as u64),
         ("CGPU_SLOT_LIVE", SLOT_LIVE as u64),
@@ -90,39 +171,11 @@ fn c_header_matches_rust_layout() {
     }
     prog.push_str("return 0;\n}\n");
 
-    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ledger_header");
-    std::fs::create_dir_all(&dir).unwrap();
-    let src = dir.join("layout.c");
-    let exe = dir.join("layout");
-    std::fs::write(&src, prog).unwrap();
-    let include = concat!(env!("CARGO_MANIFEST_DIR"), "/include");
-    let out = std::process::Command::new("gcc")
-        .args([
-            "-std=c11",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-pedantic",
-            "-I",
-            include,
-        ])
-        .arg(&src)
-        .arg("-o")
-        .arg(&exe)
-        .output()
-        .expect("gcc must be installed to check include/cgpu.h");
-    assert!(
-        out.status.success(),
-        "gcc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let c = compile_and_run(
+        &prog,
+        concat!(env!("CARGO_MANIFEST_DIR"), "/include"),
+        "layout",
     );
-    let run = std::process::Command::new(&exe).output().unwrap();
-    assert!(run.status.success());
-    let c: Vec<String> = String::from_utf8(run.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect();
     assert_eq!(c.len(), rust.len());
     for (c, r) in c.iter().zip(&rust) {
         assert_eq!(c, r, "cgpu.h (left) disagrees with the Rust layout (right)");

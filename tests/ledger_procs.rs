@@ -173,6 +173,7 @@ impl Drop for Child {
 fn join_req(id: &str, quota: u64) -> JoinRequest<'_> {
     JoinRequest {
         container_id: id,
+        key: 0,
         quota,
         weight: 1,
         highprio: false,

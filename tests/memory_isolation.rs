@@ -47,10 +47,44 @@ fn vars<'a>(id: &'a str, gib: &'a str) -> [(&'a str, &'a str); 2] {
     ]
 }
 
+/// A client process, killed (and waited for) when dropped: when its test
+/// ends, passed or failed, no client keeps running.
+struct Kid(Option<std::process::Child>);
+
+impl Kid {
+    /// The child, no longer killed on drop (for [`wait_timeout`], which
+    /// kills it when it does not end in time).
+    fn into_inner(mut self) -> std::process::Child {
+        self.0.take().expect("a child")
+    }
+}
+
+impl std::ops::Deref for Kid {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        self.0.as_ref().expect("a child")
+    }
+}
+
+impl std::ops::DerefMut for Kid {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        self.0.as_mut().expect("a child")
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            if let Ok(None) = c.try_wait() {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Spawn a client that reports `ready`; returns the child and its stdout reader.
-fn spawn_ready(
-    c: std::process::Command,
-) -> (std::process::Child, BufReader<std::process::ChildStdout>) {
+fn spawn_ready(c: std::process::Command) -> (Kid, BufReader<std::process::ChildStdout>) {
     let (child, r, _) = spawn_ready_out(c);
     (child, r)
 }
@@ -58,13 +92,9 @@ fn spawn_ready(
 /// [`spawn_ready`], also returning what the client printed before `ready`.
 fn spawn_ready_out(
     mut c: std::process::Command,
-) -> (
-    std::process::Child,
-    BufReader<std::process::ChildStdout>,
-    String,
-) {
+) -> (Kid, BufReader<std::process::ChildStdout>, String) {
     c.stdout(Stdio::piped()).stderr(Stdio::inherit());
-    let mut child = c.spawn().unwrap();
+    let mut child = Kid(Some(c.spawn().unwrap()));
     let mut r = BufReader::new(child.stdout.take().unwrap());
     let start = Instant::now();
     let mut out = String::new();
@@ -318,7 +348,7 @@ fn kill_9_at_random_points_gives_the_quota_back_within_a_second() {
         assert!(took < Duration::from_secs(5), "survivor hung");
         assert!(j["ms"].as_f64().unwrap() < 1000.0, "round {i}: {line}");
         worst = worst.max(Duration::from_secs_f64(j["ms"].as_f64().unwrap() / 1000.0));
-        let st = wait_timeout(survivor, Duration::from_secs(30));
+        let st = wait_timeout(survivor.into_inner(), Duration::from_secs(30));
         assert!(st.status.success());
     }
     eprintln!("worst time to whole quota after kill -9: {worst:?}");
@@ -584,7 +614,7 @@ fn memsize_changed_in_the_ledger_takes_effect_in_a_running_job() {
         2,
         "the new quota is enforced: {rest}"
     );
-    let _ = wait_timeout(k, Duration::from_secs(30));
+    let _ = wait_timeout(k.into_inner(), Duration::from_secs(30));
 }
 
 #[test]
@@ -1186,7 +1216,7 @@ fn contexts_in_a_pid_namespace_are_measured_without_other_containers_noise() {
 }
 
 /// Children killed when dropped (also when a test fails).
-struct Reap(Vec<std::process::Child>);
+struct Reap(Vec<Kid>);
 
 impl Drop for Reap {
     fn drop(&mut self) {
@@ -1303,7 +1333,7 @@ fn go_on(
 
 /// A client that stops at each `waitline` until [`Stepped::go_on`].
 struct Stepped {
-    child: std::process::Child,
+    child: Kid,
     stdin: std::process::ChildStdin,
     r: BufReader<std::process::ChildStdout>,
 }
@@ -1327,9 +1357,11 @@ impl Stepped {
     /// exits cleanly.
     fn finish(self) {
         drop(self.stdin);
-        assert!(wait_timeout(self.child, Duration::from_secs(30))
-            .status
-            .success());
+        assert!(
+            wait_timeout(self.child.into_inner(), Duration::from_secs(30))
+                .status
+                .success()
+        );
     }
 }
 
@@ -1640,7 +1672,7 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         } else {
             drop(exporter.stdin);
         }
-        let st = wait_timeout(exporter.child, Duration::from_secs(30)).status;
+        let st = wait_timeout(exporter.child.into_inner(), Duration::from_secs(30)).status;
         assert_eq!(st.success(), !kill, "{st:?}");
         l.reap();
         let v = used();
@@ -1694,4 +1726,128 @@ fn shared_vmm_memory_stays_charged_to_the_container_after_its_exporter_goes() {
         l.reap();
         assert_eq!(container(&l, "share"), None, "nothing left behind");
     }
+}
+
+/// `tests/c/races.c`: threads of one process racing each other.
+fn races_client() -> std::path::PathBuf {
+    cc(&repo().join("tests/c/races.c"), "races", &[], true)
+}
+
+/// A stream-ordered allocation asks whether its stream is being captured
+/// (then it is a graph's node, charged when the graph is launched) and
+/// makes the real call; another thread beginning and ending captures of
+/// the same stream in a loop must never turn an allocation seen in a
+/// capture into a real one charged to nobody. The sim's own bytes for the
+/// process stay within the quota.
+#[test]
+fn async_allocations_racing_captures_never_pass_the_quota() {
+    let m = Machine::new("capture-race", T4);
+    let mut c = m.preloaded(races_client(), &vars("racer", "1"));
+    c.args(["capture_race", "16", "20000"])
+        .stdin(Stdio::piped());
+    let (k, _r, out) = spawn_ready_out(c);
+    let j = op(&out, "capture_race");
+    let pid = k.id();
+    let used = m
+        .sim_process_bytes()
+        .iter()
+        .find(|(p, _)| *p == pid)
+        .map_or(0, |(_, b)| *b);
+    eprintln!("{j}: the sim holds {} MiB for the process", used / MIB);
+    assert!(j["captures"].as_u64().unwrap() > 0, "{out}");
+    assert!(j["ok"].as_u64().unwrap() > 0, "{out}");
+    assert!(
+        used <= GIB,
+        "{} MiB on the device under a 1 GiB quota: {out}",
+        used / MIB
+    );
+    drop(k);
+}
+
+/// A child forked while another thread of its parent creates a context
+/// (which holds the measurement of the context's reservation) frees
+/// memory at once: it never waits for a lock of a thread it does not have.
+#[test]
+fn a_child_forked_while_a_context_is_made_never_hangs() {
+    let m = Machine::new("fork-ctx", T4);
+    let out = run_ok(
+        m.preloaded(races_client(), &vars("forkctx", "4"))
+            .args(["fork_ctx", "40"]),
+    );
+    let j = op(&out, "fork_ctx");
+    assert_eq!(j["hung"], 0, "children hung: {out}");
+    assert_eq!(j["done"], 40, "{out}");
+}
+
+/// A GPU that `ALIYUN_COM_GPU_VISIBLE_DEVICES` hides is unusable by its
+/// number too: a context on it (created or the primary one) is refused,
+/// so nothing is allocated on it, and its memory is not reported.
+#[test]
+fn a_hidden_gpu_is_unusable_by_its_number() {
+    let m = Machine::new("hidden", &format!("{T4},{T4}"));
+    let v = [
+        ("CGPU_CONTAINER_ID", "hider"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "4"),
+        ("ALIYUN_COM_GPU_VISIBLE_DEVICES", "0"),
+    ];
+    let mut c = m.preloaded(races_client(), &v);
+    c.args(["hidden", "1"]).stdin(Stdio::piped());
+    let (k, _r, out) = spawn_ready_out(c);
+    let j = op(&out, "hidden");
+    let pid = k.id();
+    const INVALID_DEVICE: i64 = 101;
+    assert_eq!(j["ctx_create"], INVALID_DEVICE, "{out}");
+    assert_eq!(j["primary_retain"], INVALID_DEVICE, "{out}");
+    assert_eq!(j["total_mem"], INVALID_DEVICE, "{out}");
+    assert_ne!(j["alloc"], 0, "{out}");
+    assert_ne!(j["primary_alloc"], 0, "{out}");
+    // The sim holds nothing for the process (it has no context anywhere).
+    let used = m
+        .sim_process_bytes()
+        .iter()
+        .find(|(p, _)| *p == pid)
+        .map_or(0, |(_, b)| *b);
+    assert_eq!(used, 0, "{out}");
+    drop(k);
+}
+
+/// What a loaded module takes on the device (here a `__device__` global of
+/// 1 GiB, which the simulated driver makes at its first look-up) is
+/// charged: the ledger's bytes for the process are the sim's own. A module
+/// whose global would pass the quota is refused (its look-up, and every
+/// later one), and unloading gives its bytes back.
+#[test]
+fn module_memory_is_charged_and_given_back() {
+    let m = Machine::new("modules", T4);
+    let mut c = m.preloaded(races_client(), &vars("mods", "4"));
+    c.args(["module", "1024", "8192"]).stdin(Stdio::piped());
+    let (mut k, mut r, out) = spawn_ready_out(c);
+    let g = op(&out, "global");
+    assert_eq!(g["load"], 0, "{out}");
+    assert_eq!(g["get"], 0, "{out}");
+    assert_eq!(g["bytes"].as_u64().unwrap(), GIB, "{out}");
+    let pid = k.id();
+    let sim = m
+        .sim_process_bytes()
+        .iter()
+        .find(|(p, _)| *p == pid)
+        .map_or(0, |(_, b)| *b);
+    let l = ledger(&m);
+    let (used, ..) = container(&l, "mods").unwrap();
+    assert_eq!(sim, CTX + GIB, "the sim's bytes: {out}");
+    assert_eq!(used, sim, "the ledger charges what the sim holds: {out}");
+    assert_eq!(g["free"].as_u64().unwrap(), 4 * GIB - CTX - GIB, "{out}");
+    writeln!(k.stdin.as_mut().unwrap(), "go").unwrap();
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    let b: serde_json::Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(b["load"], 0, "{line}");
+    assert_eq!(b["get"], 2, "a global past the quota is refused: {line}");
+    assert_eq!(b["again"], 2, "and so is the next look-up: {line}");
+    assert_eq!(b["unload"], 0, "{line}");
+    assert_eq!(
+        b["free"].as_u64().unwrap(),
+        4 * GIB - CTX,
+        "unloading gave the module's bytes back: {line}"
+    );
 }

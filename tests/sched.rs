@@ -1,12 +1,20 @@
 //! Compute scheduling on the simulated driver: every scenario of the table
 //! in `tests/sched_support/scenarios.rs` (shared with
-//! `cargo run --release --example share`, which measures the same over
-//! longer windows), with real processes under `LD_PRELOAD`, shares from the
-//! sim's per-process device time within ±10% of their targets (short
-//! windows on a noisy shared machine), utilisation and throughput against
-//! the same processes run without cgpu in the same test; plus the
-//! mechanism's own tests (every launch path gated, kills, threads, several
-//! processes, two GPUs, stream capture, corrupt ledger words).
+//! `cargo run --release --example share`, which judges every row over
+//! longer windows), with real processes under `LD_PRELOAD`; plus the
+//! mechanism's own tests (every launch path gated, the idle hand-over,
+//! kills, threads, several processes, two GPUs, stream capture, corrupt
+//! ledger words).
+//!
+//! What these tests assert holds at any load on the host (they run in CI
+//! beside two CPU-bound loops): shares come from the sim's per-process
+//! device time over whole scheduler rounds, within ±10% where every
+//! process keeps work queued, and within bounds derived from the slice
+//! count where the processes need the host's CPU between their GPU work
+//! (see `Rows::host_share`); mechanisms are judged by the ledger's counts
+//! (slices, launches, held-back time). Wall-clock measurements that depend
+//! on the host's free CPU (utilisation against a bare run, latency) are
+//! shown here and judged by the share example.
 
 mod sched_support;
 
@@ -142,10 +150,60 @@ fn policy_change_native_to_weighted_within_a_second() {
 }
 
 /// A holder that goes idle while another container waits hands the GPU
-/// over after the idle grace (2 ms), not at its slice's end (40 ms).
+/// over after the idle grace (2 ms), not at its slice's end (40 ms). The
+/// hand-over itself, with guests ruled out: both containers' kernels are
+/// too long for either to run beside the other (a guest's two launches
+/// must fit in a quarter slice), so the waiter gets the GPU only when the
+/// holder's slice ends. The holder launches one 6 ms kernel, synchronises,
+/// and spends 12 ms on the host: each of its slices ends in the first gap,
+/// so it holds one launch per slice. Were the grace as long as the gap or
+/// the slice, its slices would run to their end, 40 ms, and hold two or
+/// three. Counted by the ledger over whole slices: no wall-clock window
+/// (a loaded host stretches the gaps, which only makes the hand-over surer
+/// to happen in them).
 #[test]
-fn idle_holder_hands_over_within_a_few_ms() {
-    table("idle holder hands over (policy 1)");
+fn idle_holder_hands_over_after_the_grace() {
+    use cgpu::scheduler::words::container as cw;
+    use std::sync::atomic::Ordering::Relaxed;
+    let _serial = serial();
+    let s = Scenario::start(&[
+        Ctr::new("idler", 1).load("sync", 2 * RUN_MS, 6 * MS, 1, 12_000),
+        Ctr::new("busy", 1).busy(2 * RUN_MS, 20 * MS),
+    ]);
+    let l = s.ledger();
+    l.set_policy(1).unwrap();
+    std::thread::sleep(WARMUP * 2);
+    let (idler, busy) = (s.slot(&l, "idler"), s.slot(&l, "busy"));
+    let word = |c: usize, w: usize| l.file().containers[c].sched[w].load(Relaxed);
+    let read = || {
+        (
+            word(idler, cw::LAUNCHES),
+            word(idler, cw::SLICES),
+            word(busy, cw::SLICES),
+        )
+    };
+    let (l0, s0, b0) = read();
+    // Until the idler has had 40 slices more (bounded, for a hung run).
+    let end = Instant::now() + Duration::from_secs(60);
+    while read().1 < s0 + 40 && Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (l1, s1, b1) = read();
+    let (launches, slices, busy_slices) = (l1 - l0, s1 - s0, b1 - b0);
+    let per = launches as f64 / slices.max(1) as f64;
+    eprintln!(
+        "idle holder: {launches} launches in {slices} slices ({per:.2} per slice); the other container had {busy_slices} slices"
+    );
+    assert!(slices >= 40, "the idler had {slices} slices");
+    // Both ran: the idler launched, the other was handed the GPU (on a host
+    // whose CPUs are all busy, many of the idler's slices end before its
+    // thread gets a CPU to launch: fewer launches per slice, never more).
+    assert!(launches >= 10, "the idler launched {launches} times");
+    assert!(busy_slices >= 1, "the waiting container had no slice");
+    assert!(
+        per <= 1.5,
+        "the idle holder kept its slices past the idle grace: {per:.2} launches per slice"
+    );
 }
 
 /// A process stopped (SIGSTOP) for 5 s while its container holds the GPU
@@ -254,7 +312,8 @@ fn killed_holder_never_leaves_others_waiting() {
 /// never held back: when its slice's launch allowance or time runs out and
 /// nobody else waits, its slice is renewed in place (charged, counted)
 /// without a drain. Over a window after warm-up its held-back time grows
-/// by exactly 0 while it is charged its GPU time and takes fresh slices.
+/// by at most 1% of its GPU time (0 on a host with a free CPU) while it is
+/// charged its GPU time and takes fresh slices.
 #[test]
 fn alone_is_never_held_back() {
     use cgpu::scheduler::words::container as cw;
@@ -278,9 +337,15 @@ fn alone_is_never_held_back() {
             "policy {policy}, alone: held back {held_back} ns, charged {charged} ns, ran {ran} ns (sim), {slices} slices, {} launches",
             after.launches - before.launches
         );
-        assert_eq!(
-            held_back, 0,
-            "policy {policy}: a container alone was held back"
+        // Renewed in place, it never waits for a drain or a decision. On a
+        // host whose CPUs are all busy its launching thread may not run for
+        // the idle grace, and its slice then ends as an idle one's does: its
+        // next launch waits for a grant (tens of µs). A slice ended with a
+        // drain would hold it back for its queued work each time (about half
+        // a slice): at most 1% of the time it ran tells the two apart.
+        assert!(
+            held_back <= ran / 100,
+            "policy {policy}: a container alone was held back {held_back} ns of {ran} ns"
         );
         assert!(ran > 0, "policy {policy}: the container did not run: {m:?}");
         // Its slices were charged while it ran alone (each renewal charges
@@ -298,11 +363,16 @@ fn alone_is_never_held_back() {
 #[test]
 fn every_launch_path_is_gated() {
     let _serial = serial();
+    // The processes launch once the test has taken the container's weight
+    // away (a file it creates says so), however long they took to start.
+    let go = std::env::temp_dir().join(format!("cgpu-gated-go-{}", std::process::id()));
+    let _ = std::fs::remove_file(&go);
+    let go_s = go.to_str().unwrap().to_string();
     let script = [
         "init",
         "ready",
-        "sleep",
-        "1200",
+        "wait_file",
+        &go_s,
         "launch_ways",
         "1000000",
         "graph",
@@ -322,6 +392,7 @@ fn every_launch_path_is_gated() {
     let c = s.slot(&l, "gated");
     l.set_weight(c, 0).unwrap();
     let mut s = s;
+    std::fs::write(&go, b"go").unwrap();
     std::thread::sleep(Duration::from_millis(3000));
     for p in &mut s.procs {
         let lines: Vec<String> = p.drain_lines().iter().map(|l| l.text.clone()).collect();
@@ -350,6 +421,7 @@ fn every_launch_path_is_gated() {
         );
     }
     let st = cgpu::scheduler::container_stats(&l.file().containers[c]);
+    let _ = std::fs::remove_file(&go);
     // Each process was held back for over a second.
     assert!(
         st.throttled_ns >= 4 * 1_000_000_000,
@@ -459,7 +531,7 @@ fn multi_threaded_process_shares_one_bucket() {
 /// container: 1/4 vs 3/4 there, whatever happens on GPU 0 (where it is
 /// alone, and waits for its own hand-overs). Its thread synchronises GPU 0
 /// and then GPU 1, and waits for its turn on either: neither makes it look
-/// idle on the other (it lost a tenth of its share on GPU 1 when they did).
+/// idle on the other (a process waiting on one GPU is not idle on another).
 #[test]
 fn two_gpus_in_one_process_each_gated_by_its_own_ledger() {
     let _serial = serial();
@@ -498,15 +570,24 @@ fn two_gpus_in_one_process_each_gated_by_its_own_ledger() {
         m.per["both"],
         m.per["one"]
     );
+    // The scheduler splits GPU 1's time 1:3 by weight: the charges.
     check(
-        "two GPUs, GPU 1, weight-1 two-GPU process",
-        m.of_busy("both"),
+        "two GPUs, GPU 1, charged share of the weight-1 two-GPU process",
+        (b1 - b0) as f64 / ((b1 - b0) + (o1 - o0)).max(1) as f64,
         0.25,
     );
-    check(
-        "two GPUs, GPU 1, weight-3 container",
-        m.of_busy("one"),
-        0.75,
+    // How much of its slices on GPU 1 the two-GPU process fills depends on
+    // its one thread getting a CPU between its synchronise on GPU 0 and its
+    // launches on GPU 1: at any load its device time is at most its share
+    // (widened by the tolerance and two of its slices; ungated, the GPU's
+    // own time-slicing would give it about half) and at least half of it.
+    let n = m.slices.get("both").copied().unwrap_or(0).max(1) as f64;
+    let got = m.of_busy("both");
+    let (lo, hi) = (0.125, 0.25 * (1.0 + TOL + 2.0 / n));
+    eprintln!("two GPUs, GPU 1, device share of the two-GPU process: {got:.4} (bounds {lo:.4}–{hi:.4}, {n} slices)");
+    assert!(
+        (lo..=hi).contains(&got),
+        "two GPUs, GPU 1: the two-GPU process's device share {got:.4} is outside {lo:.4}–{hi:.4}"
     );
 }
 
@@ -536,8 +617,14 @@ fn stream_capture_survives_slice_ends() {
         script.extend(["capture_spin", "2000000", "1", "sleep", "100"]);
     }
     script.extend(["capture_status", "capture_end", "graph_launch_last"]);
+    // The same after an end the driver refused (a NULL graph pointer): the
+    // capture goes on, and is not counted ended.
+    let mut refused = script.clone();
+    let at = refused.iter().position(|c| *c == "capture_begin").unwrap() + 1;
+    refused.insert(at, "capture_end_null");
     let s = Scenario::start(&[
         Ctr::new("busy", 1).busy(RUN_MS, MS),
+        Ctr::new("graph", 2).mode(LinkMode::Link).cmd(&refused),
         Ctr::new("graph", 2).mode(LinkMode::Link).cmd(&script),
         Ctr::new("graph", 2).mode(LinkMode::Dlsym).cmd(&script),
         Ctr::new("graph", 2)
@@ -559,6 +646,12 @@ fn stream_capture_survives_slice_ends() {
             .wait_line("capture_begin", Duration::from_secs(30))
             .map(|l| l.text.clone());
         assert_eq!(b.as_deref(), Some("capture_begin ok"), "{b:?}");
+        if i == 1 {
+            let n = p
+                .wait_line("capture_end_null", Duration::from_secs(30))
+                .map(|l| l.text.clone());
+            assert_eq!(n.as_deref(), Some("capture_end_null rc=1"), "{n:?}");
+        }
         if busy_ns_at_begin.is_none() {
             busy_ns_at_begin =
                 Some(cgpu::scheduler::container_stats(&l.file().containers[busy]).gpu_time_ns);
@@ -572,7 +665,7 @@ fn stream_capture_survives_slice_ends() {
             "capture invalidated"
         );
         let e = p
-            .wait_line("capture_end", Duration::from_secs(30))
+            .wait_line("capture_end ", Duration::from_secs(30))
             .map(|l| l.text.clone());
         assert_eq!(e.as_deref(), Some("capture_end ok graph=set"), "{e:?}");
         let g = p
@@ -696,8 +789,8 @@ fn sync_heavy_ten_containers() {
 }
 
 /// A sync-heavy container beside an always-busy one at equal weights gets
-/// its half of the GPU's work (it got 0.21 when every host gap of its loop
-/// ended its slice and was charged to it), and the GPU stays busy.
+/// its half of the GPU's work: a host gap of its loop shorter than the idle
+/// grace neither ends its slice nor is charged to it.
 #[test]
 fn sync_heavy_beside_always_busy() {
     table("sync-heavy vs always-busy 1:1 (policy 1)");
@@ -734,15 +827,13 @@ fn latency_under_share_beside_20ms_kernels() {
 /// A light high-priority container that runs beside the holder (a guest)
 /// is charged the device time of its requests, timed by two CUDA events on
 /// its stream, not the wall time until its thread saw them done (which
-/// adds the wait for the holder's GPU time-slice and for a CPU: beside
-/// 1 ms kernels that charge was 6× the requests' device time). The
+/// adds the wait for the holder's GPU time-slice and for a CPU). The
 /// requests time themselves with events too, as an application would: the
-/// charge is at most what those events say (on an idle host both are the
-/// device time; with the host's CPUs saturated the requests' own events
-/// grew 5-8× and the charge up to 1.9×, when a start event was reached
-/// before its kernel was queued and the GPU went on with the holder's
-/// time-slice meanwhile), and at least half the device time the simulated
-/// GPU counted.
+/// charge is at most what those events say, with a quarter of slack (on an
+/// idle host both are the device time; on a busy one a start event can be
+/// reached before its kernel is queued, and the GPU goes on with the
+/// holder's time-slice meanwhile, which both then include), and at least
+/// half the device time the simulated GPU counted.
 #[test]
 fn a_guest_is_charged_its_device_time() {
     use cgpu::scheduler::words::container as cw;

@@ -9,7 +9,7 @@ CGPU_DISABLE=true the physical total. NVML's used shows the container's use.
 
 1h/1i a multi-GPU container with one quota per GPU,
 ALIYUN_COM_GPU_MEM_CONTAINER=3,4,5,6: on the simulated driver four A10s of
-23028 MiB with ALIYUN_COM_GPU_MEM_DEV=23 (the seed's vector: 3003, 4004,
+23028 MiB with ALIYUN_COM_GPU_MEM_DEV=23 (3003, 4004,
 5006 and 6007 MiB); on a real machine every GPU it has (the list cut to
 their number) with the operator DEV of GPU 0. Each GPU's total through the
 framework (mem_get_info(i), device total) and through NVML is
@@ -117,7 +117,7 @@ def nvml_totals(env, n):
 def per_gpu(b, fw, dev, have_nvml):
     extra = {}
     if c.SIM:
-        # a simulated machine of its own: four A10s, the seed's operator DEV
+        # a simulated machine of its own: four A10s, counted as 23 GiB each
         extra = {"CGPU_SIM_STATE": os.path.join(c.WORKDIR, "simstate-4xa10"),
                  "CGPU_SIM_GPUS": ",".join(["%d:NVIDIA A10" % A10_MIB] * 4)}
         dev = 23
@@ -136,11 +136,8 @@ def per_gpu(b, fw, dev, have_nvml):
     got = w.call("devices")["devices"]
     exp = [phys[i]["total"] * LIST[i] // dev for i in range(n)]
     what = "%d x %s, DEV=%d" % (n, phys[0]["name"], dev)
-    seed = ""
-    if c.SIM:
-        seed = " (the seed's A10 vector)"
     c.result("1h %s per GPU, C=%s" % (fw, quota),
-             "%s MiB on %s%s" % ("/".join(str(x // c.MiB) for x in exp), what, seed),
+             "%s MiB on %s" % ("/".join(str(x // c.MiB) for x in exp), what),
              "%s MiB (%s); device totals %s" % (
                  "/".join(str(g["total"] // c.MiB) for g in got),
                  "exact bytes" if [g["total"] for g in got[:n]] == exp else "bytes differ",

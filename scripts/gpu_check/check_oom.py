@@ -20,7 +20,7 @@ after the training-like loop of check 5 (cuBLAS, cuDNN and the framework's
 own kernels loaded, their workspaces allocated). The difference is what the
 quota does not see: the memory a driver takes for loaded modules (code and
 `__device__` variables), which cgpu does not count; it must be smaller than
-the context's own reservation (what the README says of it), and cgpu must
+the context's own reservation (docs/memory.md: module memory is not counted), and cgpu must
 not charge more than the driver holds.
 """
 

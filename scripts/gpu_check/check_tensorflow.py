@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check 7 (--tensorflow): TensorFlow 2.x, from its own Python (TensorFlow and
 PyTorch do not share a virtualenv), under LD_PRELOAD with a 6 GiB quota on a
-device of ALIYUN_COM_GPU_MEM_DEV GiB (the README's T4 vector: 6 of 15):
+device of ALIYUN_COM_GPU_MEM_DEV GiB (on a T4 counted as 15 GiB: 6043 MiB):
 
 7a  tf.config.list_physical_devices('GPU') sees the GPU
 7b  the device TensorFlow creates fits the quota (TF keeps a fixed reserve

@@ -10,6 +10,10 @@ pub struct GpuSpec {
     pub name: String,
 }
 
+/// The driver version the sim answers by default: the newest whose
+/// functions it implements (CUDA 13.5).
+pub const DEFAULT_DRIVER_VERSION: i32 = 13050;
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub gpus: Vec<GpuSpec>,
@@ -86,7 +90,11 @@ impl Config {
             gpus,
             state_dir: state_dir_from_env(),
             ctx_bytes: env_num("CGPU_SIM_CTX_MIB", 300, 1 << 20) * MIB,
-            driver_version: env_num("CGPU_SIM_DRIVER_VERSION", 13000, 99_999) as i32,
+            driver_version: env_num(
+                "CGPU_SIM_DRIVER_VERSION",
+                DEFAULT_DRIVER_VERSION as u64,
+                99_999,
+            ) as i32,
             kernel_ns: env_num("CGPU_SIM_KERNEL_NS", 5000, u64::MAX / 4),
             timeslice_ns: env_num("CGPU_SIM_TIMESLICE_US", 2000, 1_000_000).max(50) * 1000,
             trace: std::env::var("CGPU_SIM_TRACE").is_ok_and(|v| !v.is_empty() && v != "0"),

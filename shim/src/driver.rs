@@ -155,6 +155,9 @@ pub struct Pool {
     /// Imported from another process (`cuMemPoolImportFromShareableHandle`):
     /// its pid; 0 for a pool of this process.
     pub imported_from: u32,
+    /// A managed memory pool (`CU_MEM_ALLOCATION_TYPE_MANAGED`): its
+    /// allocations are managed memory.
+    pub managed: bool,
 }
 
 pub struct PhysMem {
@@ -301,6 +304,10 @@ pub struct Driver {
     pub primary: Vec<Mutex<PrimaryCtx>>,
     pub default_pools: Vec<OnceLock<usize>>,
     pub current_pools: Vec<Mutex<usize>>,
+    /// Per device: the default managed pool (made on first use) and the
+    /// current one (`cuMemSetMemPool` of the managed type; 0: the default).
+    pub default_managed_pools: Vec<OnceLock<usize>>,
+    pub current_managed_pools: Vec<Mutex<usize>>,
     /// Live contexts per device (NVML lists processes that have one).
     live_ctxs: Vec<AtomicU32>,
 }
@@ -414,6 +421,8 @@ fn build() -> Result<Driver, String> {
         primary: (0..n).map(|_| Mutex::new(PrimaryCtx::default())).collect(),
         default_pools: (0..n).map(|_| OnceLock::new()).collect(),
         current_pools: (0..n).map(|_| Mutex::new(0)).collect(),
+        default_managed_pools: (0..n).map(|_| OnceLock::new()).collect(),
+        current_managed_pools: (0..n).map(|_| Mutex::new(0)).collect(),
         live_ctxs: (0..n).map(|_| AtomicU32::new(0)).collect(),
         devs,
     })
@@ -482,7 +491,7 @@ pub fn driver_version() -> i32 {
             .ok()
             .and_then(|v| v.trim().parse().ok())
             .filter(|v| (1000..100_000).contains(v))
-            .unwrap_or(13000),
+            .unwrap_or(crate::config::DEFAULT_DRIVER_VERSION),
     }
 }
 

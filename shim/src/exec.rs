@@ -17,6 +17,11 @@
 //! completion times, so `cuEventElapsedTime` measures device wall time,
 //! including slices given to other processes. An event recorded while
 //! another process runs on the device waits for this process's turn.
+//!
+//! Host functions (`cuLaunchHostFunc`, stream callbacks, graph host nodes)
+//! are queued in the same order and run on the executor thread, without the
+//! device: a synchronisation waits for them, and the work queued after one
+//! starts once it has returned.
 
 use crate::state::{futex_wait, futex_wake, now_mono_ns, Shared};
 use parking_lot::{Condvar, Mutex};
@@ -31,6 +36,89 @@ pub struct EventTimes {
     pub seq: AtomicU64,
     /// Device time (CLOCK_MONOTONIC ns) at which the marker completed.
     pub ts: AtomicU64,
+    /// An interprocess event's state, shared with the processes that
+    /// opened its handle.
+    pub ipc: Option<IpcEventState>,
+}
+
+/// The shared words of an interprocess event: records counted by
+/// `recorded`, the last completed one in `done` (complete when `done >=
+/// recorded`). Any process that has the event may record it.
+#[repr(C)]
+pub struct IpcEventWords {
+    pub recorded: AtomicU64,
+    pub done: AtomicU64,
+}
+
+/// A shared mapping of an interprocess event's words (and the descriptor
+/// its handle names), unmapped when the event and its markers are gone.
+pub struct IpcEventState {
+    words: *const IpcEventWords,
+    pub fd: i32,
+}
+
+// SAFETY: the words are atomics in a shared mapping that lives as long as
+// this value; the descriptor is only read.
+unsafe impl Send for IpcEventState {}
+unsafe impl Sync for IpcEventState {}
+
+/// Bytes mapped for an interprocess event (one page).
+pub const IPC_EVENT_BYTES: usize = 4096;
+
+impl IpcEventState {
+    /// Maps the event words of memfd `fd` (at least `IPC_EVENT_BYTES`
+    /// long); takes the descriptor.
+    pub fn map(fd: i32) -> Option<IpcEventState> {
+        // SAFETY: a shared mapping of a descriptor we own; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                IPC_EVENT_BYTES,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            // SAFETY: closing the descriptor we were given.
+            unsafe { libc::close(fd) };
+            return None;
+        }
+        Some(IpcEventState {
+            words: p as *const IpcEventWords,
+            fd,
+        })
+    }
+
+    pub fn words(&self) -> &IpcEventWords {
+        // SAFETY: mapped (page-aligned, zero-initialised by the memfd)
+        // for as long as self lives.
+        unsafe { &*self.words }
+    }
+
+    /// Whether every record made so far (by any process) has completed.
+    pub fn complete(&self) -> bool {
+        let w = self.words();
+        w.done.load(Acquire) >= w.recorded.load(Acquire)
+    }
+}
+
+impl Drop for IpcEventState {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping and descriptor, used by nobody else now.
+        unsafe {
+            libc::munmap(self.words as *mut libc::c_void, IPC_EVENT_BYTES);
+            libc::close(self.fd);
+        }
+    }
+}
+
+/// A marker of an interprocess event completed: its record (`gen`) is done.
+fn ipc_done(ev: &Option<Arc<EventTimes>>, gen: u64) {
+    if let Some(s) = ev.as_ref().and_then(|e| e.ipc.as_ref()) {
+        s.words().done.fetch_max(gen, AcqRel);
+    }
 }
 
 pub enum Op {
@@ -43,13 +131,34 @@ pub enum Op {
         ev: Option<Arc<EventTimes>>,
         seq: u64,
         submit: u64,
+        /// The record of an interprocess event this marker completes (0: none).
+        gen: u64,
     },
+    /// A host function (`cuLaunchHostFunc`, `cuStreamAddCallback`, a graph's
+    /// host node): runs on the executor thread once everything queued
+    /// before it completed; what is queued after it waits for its return.
+    Host { f: HostFn, seq: u64 },
+}
+
+/// A host function queued on the executor.
+pub type HostFn = Box<dyn FnOnce() + Send>;
+
+thread_local! {
+    /// This thread is an executor running a host function.
+    static IN_HOST_FN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is running a host function: it must not make
+/// CUDA calls, and a synchronisation from it would wait for itself (the
+/// driver answers `CUDA_ERROR_NOT_PERMITTED`).
+pub fn in_host_fn() -> bool {
+    IN_HOST_FN.with(|c| c.get())
 }
 
 impl Op {
     fn seq(&self) -> u64 {
         match self {
-            Op::Kernel { seq, .. } | Op::Marker { seq, .. } => *seq,
+            Op::Kernel { seq, .. } | Op::Marker { seq, .. } | Op::Host { seq, .. } => *seq,
         }
     }
 }
@@ -150,6 +259,28 @@ impl Executor {
         seq
     }
 
+    /// Queues host function `f` in submission order; returns its sequence
+    /// number (reached once `f` has returned). It runs on the executor
+    /// thread without the device: kernels of other processes run meanwhile,
+    /// and this process's later work waits for it, as a stream waits for
+    /// its host function on a GPU.
+    pub fn host(self: &Arc<Self>, f: HostFn) -> u64 {
+        let mut q = self.q.lock();
+        while q.ops.len() >= QUEUE_MAX {
+            self.space_cv.wait(&mut q);
+        }
+        let seq = q.next_seq;
+        q.next_seq += 1;
+        q.ops.push_back(Op::Host { f, seq });
+        self.ensure_thread(&mut q);
+        let wake = !q.busy;
+        drop(q);
+        if wake {
+            self.wake();
+        }
+        seq
+    }
+
     /// Wakes the executor for the work just queued, after the queue's lock
     /// is released. Notified under the lock, the executor was queued on
     /// that lock and could be handed it before it ran: on a host whose CPUs
@@ -170,9 +301,13 @@ impl Executor {
         let mut q = self.q.lock();
         let seq = q.next_seq;
         q.next_seq += 1;
+        let mut gen = 0;
         if let Some(e) = &ev {
             e.ts.store(0, Release);
             e.seq.store(seq, Release);
+            if let Some(s) = &e.ipc {
+                gen = s.words().recorded.fetch_add(1, AcqRel) + 1;
+            }
         }
         let now = now_mono_ns();
         let owner = self.shared.dev(self.dev).owner.load(Acquire);
@@ -183,12 +318,14 @@ impl Executor {
                 e.ts.store(ts, Release);
             }
             self.done_seq.store(seq, Release);
+            ipc_done(&ev, gen);
             return seq;
         }
         q.ops.push_back(Op::Marker {
             ev,
             seq,
             submit: now,
+            gen,
         });
         self.ensure_thread(&mut q);
         // Behind another process's turn, a marker does not wake the
@@ -224,9 +361,10 @@ impl Executor {
         false
     }
 
-    /// Blocks until everything up to `seq` completed.
+    /// Blocks until everything up to `seq` completed (at once from a host
+    /// function: its executor cannot wait for itself).
     pub fn wait(&self, seq: u64) {
-        if self.done_seq() >= seq {
+        if self.done_seq() >= seq || in_host_fn() {
             return;
         }
         let mut q = self.q.lock();
@@ -255,18 +393,53 @@ impl Executor {
             // commands (an event's timestamp included) only while it runs
             // that context: an event recorded on an empty stream then marks
             // when the process's work could begin, not when it was queued.
+            // Leading host functions run here, without the device (handed
+            // on first, so other processes run meanwhile).
             let me = self.slot as u32 + 1;
-            while let Some(Op::Marker { .. }) = q.ops.front() {
-                let owner = dev.owner.load(Acquire);
-                if !owned && owner != 0 && owner != me {
-                    break;
-                }
-                if let Some(Op::Marker { ev, seq, submit }) = q.ops.pop_front() {
-                    let ts = submit.max(self.last_end.load(Acquire));
-                    if let Some(e) = ev {
-                        e.ts.store(ts, Release);
+            loop {
+                match q.ops.front() {
+                    Some(Op::Marker { .. }) => {
+                        let owner = dev.owner.load(Acquire);
+                        if !owned && owner != 0 && owner != me {
+                            break;
+                        }
+                        if let Some(Op::Marker {
+                            ev,
+                            seq,
+                            submit,
+                            gen,
+                        }) = q.ops.pop_front()
+                        {
+                            let ts = submit.max(self.last_end.load(Acquire));
+                            if let Some(e) = &ev {
+                                e.ts.store(ts, Release);
+                            }
+                            self.done_seq.store(seq, Release);
+                            ipc_done(&ev, gen);
+                        }
                     }
-                    self.done_seq.store(seq, Release);
+                    Some(Op::Host { .. }) => {
+                        let Some(Op::Host { f, seq }) = q.ops.pop_front() else {
+                            break;
+                        };
+                        q.busy = true;
+                        drop(q);
+                        self.space_cv.notify_all();
+                        if owned {
+                            owned = false;
+                            self.release_device();
+                        }
+                        want.store(0, Release);
+                        IN_HOST_FN.with(|c| c.set(true));
+                        f();
+                        IN_HOST_FN.with(|c| c.set(false));
+                        // Work after it starts no earlier than its return.
+                        self.last_end.fetch_max(now_mono_ns(), AcqRel);
+                        q = self.q.lock();
+                        self.done_seq.store(seq, Release);
+                        self.done_cv.notify_all();
+                    }
+                    _ => break,
                 }
             }
             if q.ops.is_empty() {
@@ -320,6 +493,8 @@ impl Executor {
                             e.ts.store(cursor, Release);
                         }
                     }
+                    // Runs at the top of the loop, after this batch.
+                    Op::Host { .. } => break,
                     Op::Kernel {
                         remaining_ns,
                         submit,
@@ -364,6 +539,11 @@ impl Executor {
                 self.done_seq.store(s, Release);
                 self.done_cv.notify_all();
             }
+            for op in &done {
+                if let Op::Marker { ev, gen, .. } = op {
+                    ipc_done(ev, *gen);
+                }
+            }
             done.clear();
             slice_used += used;
             if dev.owner.load(Acquire) != self.slot as u32 + 1 {
@@ -374,10 +554,37 @@ impl Executor {
             if slice_used >= self.timeslice_ns {
                 slice_used = 0;
                 if self.others_want() {
+                    self.complete_queued_markers(cursor);
                     self.release_device();
                     owned = false;
                 }
             }
+        }
+    }
+
+    /// At the end of a turn: the markers queued behind the turn's last
+    /// kernel before it completed (at `end`) are processed in this turn, as
+    /// a GPU processes the commands already in a context's queue, not after
+    /// the other processes' turns (an event recorded after the last kernel of
+    /// a time slice would otherwise measure the next slices too).
+    fn complete_queued_markers(&self, end: u64) {
+        let mut q = self.q.lock();
+        let mut last = None;
+        while let Some(Op::Marker { submit, .. }) = q.ops.front() {
+            if *submit > end {
+                break;
+            }
+            if let Some(Op::Marker { ev, seq, gen, .. }) = q.ops.pop_front() {
+                if let Some(e) = &ev {
+                    e.ts.store(end, Release);
+                }
+                ipc_done(&ev, gen);
+                last = Some(seq);
+            }
+        }
+        if let Some(seq) = last {
+            self.done_seq.store(seq, Release);
+            self.done_cv.notify_all();
         }
     }
 

@@ -275,8 +275,24 @@ fn parse_elf(b: &[u8]) -> Option<Image> {
         ))
     };
     let mut img = Image::default();
+    // Section names, for the per-kernel `.nv.info.<kernel>` sections.
+    let shstrndx = u16_at(b, 0x3E)? as usize;
+    let shstr = section(shstrndx).and_then(|(_, o, sz, _, _)| b.get(o..o.checked_add(sz)?));
     for i in 0..shnum {
         let (ty, off, size, link, entsize) = section(i)?;
+        let name = shstr.and_then(|t| {
+            let at = u32_at(b.get(shoff + i * shentsize..)?, 0)? as usize;
+            t.get(at..)?.split(|c| *c == 0).next()
+        });
+        if let Some(kernel) = name.and_then(|n| n.strip_prefix(b".nv.info.")) {
+            if let Some(info) = b.get(off..off.checked_add(size)?) {
+                img.params.push((
+                    String::from_utf8_lossy(kernel).into_owned(),
+                    kernel_params(info),
+                ));
+            }
+            continue;
+        }
         if ty != 2 {
             continue; // SHT_SYMTAB only
         }
@@ -298,13 +314,46 @@ fn parse_elf(b: &[u8]) -> Option<Image> {
                 continue; // unnamed or undefined
             }
             match (info >> 4, info & 0xf) {
-                (1, 2) => img.kernels.push(name),       // STB_GLOBAL, STT_FUNC
+                // STB_GLOBAL or STB_WEAK (template kernels compiled by
+                // NVRTC are weak), STT_FUNC
+                (1 | 2, 2) => img.kernels.push(name),
                 (_, 1) => img.globals.push((name, sz)), // STT_OBJECT
                 _ => {}
             }
         }
     }
     Some(img)
+}
+
+/// A kernel's parameters from its `.nv.info.<kernel>` section: the
+/// attributes are (format, id[, size or value]); each `EIATTR_KPARAM_INFO`
+/// (id 0x17, 12 bytes: index u32, ordinal u16, offset u16, flags u32 with the
+/// size in bytes in bits 18..31) is one parameter. (offset, size) by ordinal.
+fn kernel_params(info: &[u8]) -> Vec<(u64, u64)> {
+    let mut found: Vec<(u16, u64, u64)> = Vec::new();
+    let mut i = 0;
+    while i + 4 <= info.len() {
+        let (format, id) = (info[i], info[i + 1]);
+        let len = match format {
+            // EIFMT_SVAL: a 16-bit size, then that many bytes.
+            4 => u16_at(info, i + 2).unwrap_or(0) as usize,
+            // EIFMT_NVAL, EIFMT_BVAL, EIFMT_HVAL: the value in 2 bytes.
+            1..=3 => 0,
+            _ => break,
+        };
+        if id == 0x17 && format == 4 && len >= 12 {
+            if let (Some(ordinal), Some(offset), Some(flags)) = (
+                u16_at(info, i + 8),
+                u16_at(info, i + 10),
+                u32_at(info, i + 12),
+            ) {
+                found.push((ordinal, offset as u64, (flags >> 18) as u64));
+            }
+        }
+        i += 4 + len;
+    }
+    found.sort_by_key(|p| p.0);
+    found.into_iter().map(|(_, o, s)| (o, s)).collect()
 }
 
 /// Kernels and globals of a PTX text; `None` if it is not PTX.
@@ -636,9 +685,10 @@ mod tests {
         f
     }
 
-    /// A minimal ELF64 with a symbol table: kernel `k_elf`, global `g_elf` (12 bytes).
+    /// A minimal ELF64 with a symbol table: kernel `k_elf`, global `g_elf`
+    /// (12 bytes), weak kernel `k_weak`, local function `f_local`.
     fn elf() -> Vec<u8> {
-        let strtab = b"\0k_elf\0g_elf\0.symtab\0.strtab\0".to_vec();
+        let strtab = b"\0k_elf\0g_elf\0.symtab\0.strtab\0k_weak\0f_local\0".to_vec();
         let mut syms = vec![0u8; 24]; // null symbol
         let sym = |name: u32, info: u8, size: u64| {
             let mut s = vec![0u8; 24];
@@ -650,6 +700,8 @@ mod tests {
         };
         syms.extend(sym(1, 0x12, 0));
         syms.extend(sym(7, 0x11, 12));
+        syms.extend(sym(29, 0x22, 0));
+        syms.extend(sym(36, 0x02, 0));
         let mut b = vec![0u8; 64];
         b[0..4].copy_from_slice(b"\x7fELF");
         b[4] = 2;
@@ -677,11 +729,29 @@ mod tests {
         b
     }
 
+    /// The `.nv.info.plain` section NVRTC 12.9 writes for
+    /// `plain(float *, double, char, int)` (sm_80).
+    #[test]
+    fn kernel_params_from_nv_info() {
+        let info = [
+            0x04, 0x37, 0x04, 0x00, 0x81, 0x00, 0x00, 0x00, 0x01, 0x35, 0x00, 0x00, 0x04, 0x0a,
+            0x08, 0x00, 0x05, 0x00, 0x00, 0x00, 0x60, 0x01, 0x18, 0x00, 0x03, 0x19, 0x18, 0x00,
+            0x04, 0x17, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x00, 0x03, 0x00, 0x14, 0x00, 0x00, 0xf0,
+            0x11, 0x00, 0x04, 0x17, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x00, 0x02, 0x00, 0x10, 0x00,
+            0x00, 0xf0, 0x05, 0x00, 0x04, 0x17, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00,
+            0x08, 0x00, 0x00, 0xf0, 0x21, 0x00, 0x04, 0x17, 0x0c, 0x00, 0x00, 0x00, 0x00, 0x00,
+            0x00, 0x00, 0x00, 0x00, 0x00, 0xf0, 0x21, 0x00, 0x03, 0x1b, 0xff, 0x00, 0x04, 0x1c,
+            0x08, 0x00, 0x20, 0x00, 0x00, 0x00, 0xc0, 0x00, 0x00, 0x00,
+        ];
+        assert_eq!(kernel_params(&info), vec![(0, 8), (8, 8), (16, 1), (20, 4)]);
+        assert_eq!(kernel_params(&info[..12]), vec![]);
+    }
+
     #[test]
     fn elf_symbols() {
         let e = elf();
         let img = parse_bytes(&e);
-        assert_eq!(img.kernels, vec!["k_elf"]);
+        assert_eq!(img.kernels, vec!["k_elf", "k_weak"]);
         assert_eq!(img.globals, vec![("g_elf".to_string(), 12)]);
         assert!(!img.opaque);
         // SAFETY: a complete ELF image in memory.
@@ -699,7 +769,10 @@ mod tests {
         assert!(lz4_block_decompress(&[0x1f, b'a', 9, 0], 100).is_none());
         let f = fatbin(&[ptx_plain.clone(), entry(KIND_ELF, 0, &elf(), 0)]);
         let img = parse_bytes(&f);
-        assert_eq!(img.kernels, vec!["cgpu_sim_spin", "other_k", "k_elf"]);
+        assert_eq!(
+            img.kernels,
+            vec!["cgpu_sim_spin", "other_k", "k_elf", "k_weak"]
+        );
         assert!(!img.opaque);
         assert!(!img.has_kernel("nope"));
         assert_eq!(img.global_size("g_elf"), Some(12));
@@ -717,7 +790,7 @@ mod tests {
         let w1: [u64; 3] = [(WRAPPER_MAGIC as u64) | (1u64 << 32), f.as_ptr() as u64, 0];
         // SAFETY: a wrapper pointing to a fat binary alive in this scope.
         let img = unsafe { parse_ptr(w1.as_ptr() as *const u8) };
-        assert_eq!(img.kernels, vec!["k_elf"]);
+        assert_eq!(img.kernels, vec!["k_elf", "k_weak"]);
         let list = [f.as_ptr() as u64, 0];
         let w2: [u64; 3] = [
             (WRAPPER_MAGIC as u64) | (2u64 << 32),
@@ -726,7 +799,7 @@ mod tests {
         ];
         // SAFETY: as above, with a NULL-terminated list.
         let img = unsafe { parse_ptr(w2.as_ptr() as *const u8) };
-        assert_eq!(img.kernels, vec!["k_elf"]);
+        assert_eq!(img.kernels, vec!["k_elf", "k_weak"]);
         assert!(!img.opaque);
     }
 }

@@ -370,3 +370,426 @@ nvml_fns! {
     nvmlEventSetWait(set: usize, data: *mut EventData, timeout_ms: u32) => event_set_wait(set, data, timeout_ms);
     nvmlEventSetFree(set: usize) => { nv()?; if set == 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) } Ok(()) };
 }
+
+// ------------------------------------------------ affinity, topology, fields
+
+/// `NVML_STRUCT_VERSION`: the struct's size and its version in the top byte.
+const fn struct_version(size: usize, ver: u32) -> u32 {
+    size as u32 | (ver << 24)
+}
+
+/// Reads the version word of a versioned NVML struct and checks it.
+fn check_version(p: *const u32, want: u32) -> NvRes {
+    if p.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: a versioned struct from the caller starts with its version.
+    if unsafe { p.read_unaligned() } != want {
+        return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    }
+    Ok(())
+}
+
+/// `nvmlPciInfoExt_v1_t`.
+#[repr(C)]
+pub struct PciInfoExt {
+    version: u32,
+    domain: u32,
+    bus: u32,
+    device: u32,
+    pci_device_id: u32,
+    pci_sub_system_id: u32,
+    base_class: u32,
+    sub_class: u32,
+    bus_id: [u8; 32],
+}
+
+/// `nvmlTemperature_v1_t`.
+#[repr(C)]
+pub struct TemperatureV {
+    version: u32,
+    sensor: u32,
+    temperature: i32,
+}
+
+/// `nvmlDeviceCapabilities_v1_t`.
+#[repr(C)]
+pub struct Capabilities {
+    version: u32,
+    cap_mask: u32,
+}
+
+/// `nvmlUUID_v1_t`: version, type (ASCII 1, binary 2), the value.
+#[repr(C)]
+pub struct UuidV {
+    version: u32,
+    type_: u32,
+    value: [u8; 44],
+}
+
+/// `nvmlFanSpeedInfo_v1_t`.
+#[repr(C)]
+pub struct FanSpeedInfo {
+    version: u32,
+    fan: u32,
+    speed: u32,
+}
+
+/// `nvmlCoolerInfo_v1_t`.
+#[repr(C)]
+pub struct CoolerInfo {
+    version: u32,
+    index: u32,
+    signal_type: u32,
+    target: u32,
+}
+
+/// `nvmlFieldValue_t`.
+#[repr(C)]
+pub struct FieldValue {
+    field_id: u32,
+    scope_id: u32,
+    timestamp: i64,
+    latency_usec: i64,
+    value_type: u32,
+    nvml_return: u32,
+    value: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<PciInfoExt>() == 64);
+const _: () = assert!(std::mem::size_of::<UuidV>() == 52);
+const _: () = assert!(std::mem::size_of::<FieldValue>() == 40);
+
+/// The device's (extended) PCI identity: a 3D controller (class 0x03,
+/// subclass 0x02), as NVIDIA's data-centre GPUs are.
+fn pci_info_ext(h: Dev, p: *mut PciInfoExt) -> NvRes {
+    let i = dev(h)?;
+    check_version(
+        p as *const u32,
+        struct_version(std::mem::size_of::<PciInfoExt>(), 1),
+    )?;
+    let mut legacy = nvmlPciInfo_t {
+        busIdLegacy: [0; 16],
+        domain: 0,
+        bus: 0,
+        device: 0,
+        pciDeviceId: 0,
+        pciSubSystemId: 0,
+        busId: [0; 32],
+    };
+    // SAFETY: the address of our local.
+    let r = unsafe { crate::nvml::nvmlDeviceGetPciInfo_v3(handle(i), &mut legacy) };
+    if r != NVML_SUCCESS {
+        return Err(r);
+    }
+    let bus_id = legacy.busId;
+    // SAFETY: the caller's struct (version checked, so non-null).
+    unsafe {
+        p.write_unaligned(PciInfoExt {
+            version: (*p).version,
+            domain: legacy.domain,
+            bus: legacy.bus,
+            device: legacy.device,
+            pci_device_id: legacy.pciDeviceId,
+            pci_sub_system_id: legacy.pciSubSystemId,
+            base_class: 0x03,
+            sub_class: 0x02,
+            bus_id,
+        })
+    };
+    Ok(())
+}
+
+fn handle_by_uuid_v(u: *const UuidV, h: *mut Dev) -> NvRes {
+    let d = nv()?;
+    check_version(
+        u as *const u32,
+        struct_version(std::mem::size_of::<UuidV>(), 1),
+    )?;
+    // SAFETY: the caller's struct (version checked, so non-null).
+    let u = unsafe { u.read_unaligned() };
+    let i = match u.type_ {
+        1 => {
+            let s = u.value.split(|c| *c == 0).next().unwrap_or_default();
+            let s = String::from_utf8_lossy(s);
+            let want = s.trim().trim_start_matches("GPU-").to_ascii_lowercase();
+            d.devs.iter().position(|x| {
+                x.uuid
+                    .trim_start_matches("GPU-")
+                    .eq_ignore_ascii_case(&want)
+            })
+        }
+        2 => d
+            .devs
+            .iter()
+            .position(|x| x.uuid_bytes[..] == u.value[..16]),
+        _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+    }
+    .ok_or(NVML_ERROR_NOT_FOUND)?;
+    out(h, handle(i))
+}
+
+/// Every simulated GPU hangs off the host bridge of one CPU socket (as
+/// `nvmlDeviceGetTopologyCommonAncestor` says): for a level of HOSTBRIDGE
+/// (30) or wider, the others are near.
+fn nearest_gpus(h: Dev, level: u32, count: *mut u32, devs: *mut Dev) -> NvRes {
+    let me = dev(h)?;
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let near: Vec<usize> = if level >= 30 {
+        (0..nv()?.devs.len()).filter(|&x| x != me).collect()
+    } else {
+        Vec::new()
+    };
+    list_devices(&near, count, devs)
+}
+
+/// Writes `v` as device handles to a caller array of capacity `*count`
+/// (only the count when it is 0), as NVML's list queries do.
+fn list_devices(v: &[usize], count: *mut u32, devs: *mut Dev) -> NvRes {
+    // SAFETY: count is the caller's (checked non-null by the callers).
+    let cap = unsafe { count.read_unaligned() } as usize;
+    // SAFETY: as above.
+    unsafe { count.write_unaligned(v.len() as u32) };
+    if cap == 0 {
+        return Ok(());
+    }
+    if cap < v.len() || devs.is_null() {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for (k, i) in v.iter().enumerate() {
+        // SAFETY: devs holds cap >= v.len() handles by the caller's contract.
+        unsafe { devs.add(k).write_unaligned(handle(*i)) };
+    }
+    Ok(())
+}
+
+/// Field values: none of NVML's counters (NVLink, ECC, power smoothing, ...)
+/// exists on the simulated PCIe GPUs: each field answers NOT_SUPPORTED, the
+/// call itself succeeds.
+fn field_values(h: Dev, n: i32, values: *mut FieldValue) -> NvRes {
+    dev(h)?;
+    if n < 0 || (n > 0 && values.is_null()) {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.as_micros() as i64)
+        .unwrap_or(0);
+    for k in 0..n as usize {
+        // SAFETY: values holds n entries by the caller's contract.
+        unsafe {
+            let v = values.add(k);
+            std::ptr::addr_of_mut!((*v).timestamp).write_unaligned(now);
+            std::ptr::addr_of_mut!((*v).latency_usec).write_unaligned(0);
+            std::ptr::addr_of_mut!((*v).nvml_return).write_unaligned(NVML_ERROR_NOT_SUPPORTED);
+        }
+    }
+    Ok(())
+}
+
+/// Performance states the simulated GPU has: P0 (busy) and P8 (idle); the
+/// rest of the caller's array is `NVML_PSTATE_UNKNOWN`.
+fn supported_pstates(h: Dev, states: *mut u32, size: u32) -> NvRes {
+    dev(h)?;
+    let n = size as usize / 4;
+    if states.is_null() || n < 2 {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    for k in 0..n {
+        let v = match k {
+            0 => 0,
+            1 => 8,
+            _ => 32,
+        };
+        // SAFETY: states holds size bytes by the caller's contract.
+        unsafe { states.add(k).write_unaligned(v) };
+    }
+    Ok(())
+}
+
+/// NVML's system event sets (driver bind/unbind): no such event happens in
+/// the sim, so a wait returns no event once its timeout passed.
+#[repr(C)]
+pub struct SystemEventSetRequest {
+    version: u32,
+    set: usize,
+}
+
+#[repr(C)]
+pub struct SystemRegisterEventRequest {
+    version: u32,
+    event_types: u64,
+    set: usize,
+}
+
+#[repr(C)]
+pub struct SystemEventSetWaitRequest {
+    version: u32,
+    timeout_ms: u32,
+    set: usize,
+    data: *mut u8,
+    data_size: u32,
+    num_event: u32,
+}
+
+fn system_event_set_create(r: *mut SystemEventSetRequest) -> NvRes {
+    nv()?;
+    check_version(
+        r as *const u32,
+        struct_version(std::mem::size_of::<SystemEventSetRequest>(), 1),
+    )?;
+    let set = 0x7f00_0000_0000 + (EVENT_SETS.fetch_add(1, Relaxed) + 1) * 0x40;
+    // SAFETY: the caller's request (version checked, so non-null).
+    unsafe { std::ptr::addr_of_mut!((*r).set).write_unaligned(set) };
+    Ok(())
+}
+
+fn system_event_set_free(r: *mut SystemEventSetRequest) -> NvRes {
+    nv()?;
+    check_version(
+        r as *const u32,
+        struct_version(std::mem::size_of::<SystemEventSetRequest>(), 1),
+    )?;
+    // SAFETY: as above.
+    if unsafe { std::ptr::addr_of!((*r).set).read_unaligned() } == 0 {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(())
+}
+
+fn system_register_events(r: *mut SystemRegisterEventRequest) -> NvRes {
+    nv()?;
+    check_version(
+        r as *const u32,
+        struct_version(std::mem::size_of::<SystemRegisterEventRequest>(), 1),
+    )?;
+    // SAFETY: the caller's request (version checked, so non-null).
+    let (types, set) = unsafe {
+        (
+            std::ptr::addr_of!((*r).event_types).read_unaligned(),
+            std::ptr::addr_of!((*r).set).read_unaligned(),
+        )
+    };
+    // nvmlSystemEventTypeGpuDriverUnbind 1, ...Bind 2.
+    if set == 0 || types & !3 != 0 {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(())
+}
+
+fn system_event_set_wait(r: *mut SystemEventSetWaitRequest) -> NvRes {
+    nv()?;
+    check_version(
+        r as *const u32,
+        struct_version(std::mem::size_of::<SystemEventSetWaitRequest>(), 1),
+    )?;
+    // SAFETY: the caller's request (version checked, so non-null).
+    let (timeout, set) = unsafe {
+        (
+            std::ptr::addr_of!((*r).timeout_ms).read_unaligned(),
+            std::ptr::addr_of!((*r).set).read_unaligned(),
+        )
+    };
+    if set == 0 {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(timeout.min(10_000) as u64));
+    // SAFETY: as above.
+    unsafe { std::ptr::addr_of_mut!((*r).num_event).write_unaligned(0) };
+    Err(NVML_ERROR_TIMEOUT)
+}
+
+nvml_fns! {
+    nvmlDeviceGetCpuAffinityWithinScope(h: Dev, n: u32, set: *mut u64, _scope: u32) => cpu_affinity(h, n, set);
+    // One NUMA node (0) holds every simulated GPU.
+    nvmlDeviceGetMemoryAffinity(h: Dev, n: u32, set: *mut u64, _scope: u32) => {
+        dev(h)?;
+        if set.is_null() || n == 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) }
+        for w in 0..n as usize {
+            // SAFETY: set holds n words by the caller's contract.
+            unsafe { set.add(w).write_unaligned(u64::from(w == 0)) };
+        }
+        Ok(())
+    };
+    // The GPU's CPUs are every CPU: binding the caller to them, or undoing
+    // it, leaves its affinity as it is.
+    nvmlDeviceSetCpuAffinity(h: Dev) => { dev(h)?; Ok(()) };
+    nvmlDeviceClearCpuAffinity(h: Dev) => { dev(h)?; Ok(()) };
+    nvmlDeviceGetPciInfoExt(h: Dev, p: *mut PciInfoExt) => pci_info_ext(h, p);
+    nvmlDeviceGetFieldValues(h: Dev, n: i32, v: *mut FieldValue) => field_values(h, n, v);
+    nvmlDeviceClearFieldValues(h: Dev, n: i32, v: *mut FieldValue) => field_values(h, n, v);
+    // No page was ever retired (the sim has no ECC errors).
+    nvmlDeviceGetRetiredPages(h: Dev, cause: u32, count: *mut u32, _addrs: *mut u64) => {
+        dev(h)?;
+        if cause > 1 { return Err(NVML_ERROR_INVALID_ARGUMENT) }
+        out(count, 0)
+    };
+    nvmlDeviceGetRetiredPages_v2(h: Dev, cause: u32, count: *mut u32, _addrs: *mut u64, _ts: *mut u64) => {
+        dev(h)?;
+        if cause > 1 { return Err(NVML_ERROR_INVALID_ARGUMENT) }
+        out(count, 0)
+    };
+    nvmlDeviceGetTemperatureV(h: Dev, t: *mut TemperatureV) => {
+        dev(h)?;
+        check_version(t as *const u32, struct_version(std::mem::size_of::<TemperatureV>(), 1))?;
+        // SAFETY: the caller's struct (version checked, so non-null).
+        unsafe {
+            if std::ptr::addr_of!((*t).sensor).read_unaligned() != 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) }
+            std::ptr::addr_of_mut!((*t).temperature).write_unaligned(40);
+        }
+        Ok(())
+    };
+    // No extended GPU memory (the only capability bit).
+    nvmlDeviceGetCapabilities(h: Dev, c: *mut Capabilities) => {
+        dev(h)?;
+        check_version(c as *const u32, struct_version(std::mem::size_of::<Capabilities>(), 1))?;
+        // SAFETY: the caller's struct (version checked, so non-null).
+        unsafe { std::ptr::addr_of_mut!((*c).cap_mask).write_unaligned(0) };
+        Ok(())
+    };
+    nvmlDeviceGetHandleByUUIDV(u: *const UuidV, h: *mut Dev) => handle_by_uuid_v(u, h);
+    nvmlDeviceGetTopologyNearestGpus(h: Dev, level: u32, count: *mut u32, devs: *mut Dev) => nearest_gpus(h, level, count, devs);
+    nvmlSystemGetTopologyGpuSet(_cpu: u32, count: *mut u32, devs: *mut Dev) => {
+        let n = nv()?.devs.len();
+        if count.is_null() { return Err(NVML_ERROR_INVALID_ARGUMENT) }
+        list_devices(&(0..n).collect::<Vec<_>>(), count, devs)
+    };
+    nvmlDeviceGetSupportedPerformanceStates(h: Dev, states: *mut u32, size: u32) => supported_pstates(h, states, size);
+    // The one fan (see nvmlDeviceGetNumFans) runs at 30 % of 5000 RPM,
+    // under the driver's temperature control.
+    nvmlDeviceGetFanSpeedRPM(h: Dev, f: *mut FanSpeedInfo) => {
+        dev(h)?;
+        check_version(f as *const u32, struct_version(std::mem::size_of::<FanSpeedInfo>(), 1))?;
+        // SAFETY: the caller's struct (version checked, so non-null).
+        unsafe {
+            if std::ptr::addr_of!((*f).fan).read_unaligned() != 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) }
+            std::ptr::addr_of_mut!((*f).speed).write_unaligned(1500);
+        }
+        Ok(())
+    };
+    nvmlDeviceGetTargetFanSpeed(h: Dev, fan: u32, s: *mut u32) => { dev(h)?; if fan != 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) } out(s, 30) };
+    nvmlDeviceGetMinMaxFanSpeed(h: Dev, min: *mut u32, max: *mut u32) => { dev(h)?; out(min, 30)?; out(max, 100) };
+    nvmlDeviceGetFanControlPolicy_v2(h: Dev, fan: u32, p: *mut u32) => { dev(h)?; if fan != 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) } out(p, 0) };
+    nvmlDeviceGetCoolerInfo(h: Dev, c: *mut CoolerInfo) => {
+        dev(h)?;
+        check_version(c as *const u32, struct_version(std::mem::size_of::<CoolerInfo>(), 1))?;
+        // SAFETY: the caller's struct (version checked, so non-null).
+        unsafe {
+            if std::ptr::addr_of!((*c).index).read_unaligned() != 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) }
+            // A variable-speed cooler of the GPU, its memory and power supply.
+            std::ptr::addr_of_mut!((*c).signal_type).write_unaligned(2);
+            std::ptr::addr_of_mut!((*c).target).write_unaligned(0b1110);
+        }
+        Ok(())
+    };
+    // Changing the fans needs root on a real machine; the sim is not one.
+    nvmlDeviceSetFanSpeed_v2(h: Dev, _fan: u32, _s: u32) => { dev(h)?; Err(NVML_ERROR_NO_PERMISSION) };
+    nvmlDeviceSetDefaultFanSpeed_v2(h: Dev, _fan: u32) => { dev(h)?; Err(NVML_ERROR_NO_PERMISSION) };
+    nvmlDeviceSetFanControlPolicy(h: Dev, _fan: u32, _p: u32) => { dev(h)?; Err(NVML_ERROR_NO_PERMISSION) };
+    nvmlSystemEventSetCreate(r: *mut SystemEventSetRequest) => system_event_set_create(r);
+    nvmlSystemEventSetFree(r: *mut SystemEventSetRequest) => system_event_set_free(r);
+    nvmlSystemRegisterEvents(r: *mut SystemRegisterEventRequest) => system_register_events(r);
+    nvmlSystemEventSetWait(r: *mut SystemEventSetWaitRequest) => system_event_set_wait(r);
+}

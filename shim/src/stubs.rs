@@ -1,7 +1,7 @@
 //! Counting calls to stubs: functions the sim exports so that real clients
 //! find them, but whose behaviour it does not simulate (they answer "not
 //! supported" or a constant). Every stub body counts itself with
-//! [`stub_hit!`] (or is declared with [`stub_fns!`], which does it), so a test
+//! `stub_hit!` (or is declared with `stub_fns!`, which does it), so a test
 //! can assert that a scenario never relied on one, and `cgpu-sim-stat` shows
 //! which were called.
 //!
@@ -13,7 +13,7 @@
 use crate::state::{Shared, StubRec, MAX_STUBS, STUB_NAME_WORDS};
 use std::sync::atomic::{AtomicU32, Ordering::*};
 
-/// One call site of a stub (a `static` made by [`stub_hit!`]).
+/// One call site of a stub (a `static` made by `stub_hit!`).
 pub struct StubSite {
     name: &'static str,
     /// Index of the name's record in the shared table; `u32::MAX`: unknown.
@@ -52,7 +52,7 @@ impl StubSite {
 }
 
 /// Counts one call of a stub whose name is only known at run time (a slot of
-/// one of the runtime's export tables, say). Slower than [`stub_hit!`]: the
+/// one of the runtime's export tables, say). Slower than `stub_hit!`: the
 /// record is looked up on every call.
 pub fn hit_named(name: &str) {
     crate::driver::trace(format_args!("stub called: {name}"));

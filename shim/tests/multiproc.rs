@@ -358,11 +358,17 @@ fn events_beside_a_busy_process_time_only_the_callers_work() {
         mean(&wall)
     );
     // Each measures its own kernel (0.2 ms), never less, and not the wait.
+    // The median: an end event the client records only after its kernel
+    // completed (a client thread kept off the CPU on a loaded machine) is
+    // recorded on an empty stream and waits for the next turn, as on a GPU;
+    // a few such pairs measure a time-slice more.
     assert!(ms.iter().all(|&m| m >= 0.199), "{ms:?}");
+    let mut sorted = ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
     assert!(
-        mean(&ms) < 0.3,
-        "events measured {:.3} ms: {ms:?}",
-        mean(&ms)
+        median < 0.3,
+        "events measured {median:.3} ms (median): {ms:?}"
     );
     // The neighbour did hold the device: the calls themselves waited.
     assert!(mean(&wall) > 0.5, "wall {:.3} ms: {wall:?}", mean(&wall));

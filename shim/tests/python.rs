@@ -28,7 +28,7 @@ fn run_py(env: &SimEnv, script: &str, args: &[&str]) -> (Value, String) {
 }
 
 fn check_bindings(v: &Value) {
-    assert_eq!(v["driver_version"], 13000);
+    assert_eq!(v["driver_version"], 13050);
     assert_eq!(v["count"], 1);
     assert_eq!(v["name"], "NVIDIA A10");
     assert_eq!(v["total"], 4000 * MIB);
@@ -131,7 +131,7 @@ fn pynvml_reads_devices_memory_and_processes() {
     let (v, _) = run_py(&env, "pynvml_client.py", &[]);
     holder.kill().unwrap();
     holder.wait().unwrap();
-    assert_eq!(v["cuda"], 13000);
+    assert_eq!(v["cuda"], 13050);
     assert_eq!(v["bad_index"], "Invalid Argument");
     let devs = v["devices"].as_array().unwrap();
     assert_eq!(devs.len(), 2);

@@ -5,8 +5,9 @@
 # shim/tools/coverage.py. Run from anywhere:
 #   shim/tools/coverage.sh [--names]
 # Environment: CUDA_BINDINGS (the pinned version, default 13.5.0),
-# CGPU_SIM_DRIVER_VERSION (the simulated driver, default 13050: as new as
-# those bindings). Fetches the bindings into target/sim-coverage/venv.
+# CGPU_SIM_DRIVER_VERSION (the simulated driver, default 13050: the sim's own
+# default, the newest it implements, as new as those bindings). Fetches the
+# bindings into target/sim-coverage/venv.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VER="${CUDA_BINDINGS:-13.5.0}"

@@ -25,10 +25,14 @@ use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
 use crate::memory::{proc_state, Gpu, Kind, Owner};
+use crate::process::fork::ForkLocal;
 
 /// Allocations take it shared, context creation exclusively (so a
 /// concurrent allocation is not mistaken for the context's reservation).
-static MEASURE: RwLock<()> = RwLock::new(());
+/// One per fork generation: a child forked while another thread of its
+/// parent measured a creation does not wait for that thread, which it does
+/// not have.
+static MEASURE: ForkLocal<RwLock<()>> = ForkLocal::new(|| RwLock::new(()));
 
 thread_local! {
     static IN_MEASURE: Cell<bool> = const { Cell::new(false) };
@@ -39,18 +43,18 @@ pub fn alloc_guard() -> Option<RwLockReadGuard<'static, ()>> {
     if IN_MEASURE.with(|m| m.get()) {
         None
     } else {
-        Some(MEASURE.read())
+        Some(MEASURE.get().read())
     }
 }
 
-struct Measuring(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
+pub(super) struct Measuring(#[allow(dead_code)] RwLockWriteGuard<'static, ()>);
 
 impl Measuring {
     fn start() -> Option<Measuring> {
         if IN_MEASURE.with(|m| m.get()) {
             return None;
         }
-        let g = MEASURE.write();
+        let g = MEASURE.get().write();
         IN_MEASURE.with(|m| m.set(true));
         Some(Measuring(g))
     }
@@ -93,15 +97,25 @@ impl Drop for NvmlRef {
 /// another `getpid()`, so it never uses its parent's.
 static OWN_PID: AtomicU64 = AtomicU64::new(0);
 
-/// This process's pid in NVML's lists.
+/// This process's pid in NVML's lists; 0 when not known: inside a PID
+/// namespace `getpid()` is not a host pid (and may be another process's),
+/// so it is never looked up there.
 fn own_pid() -> u32 {
     let me = std::process::id();
     let v = OWN_PID.load(Ordering::Acquire);
     if v >> 32 == u64::from(me) && v as u32 != 0 {
         v as u32
-    } else {
+    } else if crate::ledger::in_host_pidns() {
         me
+    } else {
+        0
     }
+}
+
+/// Was this process's pid in NVML's lists found by the probe?
+fn own_pid_found() -> bool {
+    let v = OWN_PID.load(Ordering::Acquire);
+    v >> 32 == u64::from(std::process::id()) && v as u32 != 0
 }
 
 /// What the driver reports about device memory on `gpu`.
@@ -168,7 +182,10 @@ fn sample(gpu: &Gpu, nvml: &NvmlRef) -> Sample {
     };
     let me = own_pid();
     if let Some(ps) = processes(h) {
-        s.mine = ps.iter().find(|(p, _)| *p == me).map(|(_, b)| *b);
+        s.mine = ps
+            .iter()
+            .find(|(p, _)| me != 0 && *p == me)
+            .map(|(_, b)| *b);
     }
     let mut m = nvmlMemory_t::default();
     if super::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) == NVML_SUCCESS {
@@ -220,6 +237,8 @@ fn find_own_pid(gpu: &Gpu, ctx: CUcontext) -> Option<u32> {
             u64::from(std::process::id()) << 32 | u64::from(pid),
             Ordering::Release,
         );
+        crate::ledger::set_host_pid(pid);
+        gpu.publish_host_pid(pid);
     }
     found
 }
@@ -247,6 +266,18 @@ fn measured(
     create: impl FnOnce() -> CUresult,
     new_ctx: impl FnOnce() -> CUcontext,
 ) -> (CUresult, Option<u64>, Option<Measuring>) {
+    measured_as(gpu, create, new_ctx, true)
+}
+
+/// [`measured`]; `a_context`: `create` makes a context (without NVML, what
+/// a context reserves is then known from the driver's own count, see
+/// [`probe_reservation`]; for anything else nothing is known then).
+fn measured_as(
+    gpu: &Gpu,
+    create: impl FnOnce() -> CUresult,
+    new_ctx: impl FnOnce() -> CUcontext,
+    a_context: bool,
+) -> (CUresult, Option<u64>, Option<Measuring>) {
     let m = Measuring::start();
     let nvml = NvmlRef::acquire();
     let before = sample(gpu, &nvml);
@@ -257,7 +288,7 @@ fn measured(
         std::ptr::null_mut()
     };
     let mut after = sample(gpu, &nvml);
-    if rc == CUDA_SUCCESS && nvml.0 && after.mine.is_none() && own_pid() == std::process::id() {
+    if rc == CUDA_SUCCESS && nvml.0 && after.mine.is_none() && !own_pid_found() {
         // Not listed under getpid() although it has a context now: a PID namespace.
         let c = created;
         if !c.is_null() && find_own_pid(gpu, c).is_some() {
@@ -265,7 +296,7 @@ fn measured(
         }
     }
     let mut delta = reserved(before, after);
-    if delta.is_none() && rc == CUDA_SUCCESS {
+    if delta.is_none() && rc == CUDA_SUCCESS && a_context {
         // NVML unavailable: what a context of this GPU reserves, measured
         // by the driver itself once (see `probe_reservation`), then reused.
         delta = match PROBED.load(Ordering::Acquire) {
@@ -328,6 +359,22 @@ fn probe_reservation(ctx: CUcontext) -> Option<u64> {
     got
 }
 
+/// Run `call` (a module's load, a global's look-up) in the current
+/// context, measuring the device memory it took on `gpu` as a context's
+/// reservation is measured (see [`measured`]); the measurement's hold comes
+/// back with it.
+pub(super) fn measured_call(
+    gpu: &Gpu,
+    call: impl FnOnce() -> CUresult,
+) -> (CUresult, Option<u64>, Option<Measuring>) {
+    measured_as(
+        gpu,
+        call,
+        || super::memory::current_ctx() as CUcontext,
+        false,
+    )
+}
+
 /// Reads the context a successful creation wrote to `ctx` (null if none).
 fn new_ctx(ctx: *mut CUcontext) -> impl FnOnce() -> CUcontext {
     move || {
@@ -378,6 +425,9 @@ pub unsafe fn ctx_create(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, flags, dev);
     };
@@ -401,6 +451,9 @@ pub unsafe fn ctx_create_v3(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, n, flags, dev);
     };
@@ -423,6 +476,9 @@ pub unsafe fn ctx_create_v4(
     flags: u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, params, flags, dev);
     };
@@ -464,6 +520,9 @@ pub unsafe fn primary_retain(
     ctx: *mut CUcontext,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let Some(gpu) = cuda_gpu(dev) else {
         return super::call_real!(real, ctx, dev);
     };
@@ -522,6 +581,9 @@ pub unsafe fn primary_release(
     real: &RealFn<sig::cuDevicePrimaryCtxRelease_v2>,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     crate::scheduler::forget_device_contexts(dev);
     let rc = super::call_real!(real, dev);
     if rc == CUDA_SUCCESS {
@@ -548,6 +610,9 @@ pub unsafe fn primary_reset(
     real: &RealFn<sig::cuDevicePrimaryCtxReset_v2>,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     crate::scheduler::forget_device_contexts(dev);
     let rc = super::call_real!(real, dev);
     if rc == CUDA_SUCCESS {
@@ -625,12 +690,12 @@ fn limit_charge(held: u64, measured: Option<i128>, predicted: i128, known: bool)
 /// the current context, and what a lower value gives back is released.
 ///
 /// - Before the call, the growth the value predicts (the new value less the
-///   current one, times [`bytes_per_unit`]) is reserved on the quota: a raise
+///   current one, times `bytes_per_unit`) is reserved on the quota: a raise
 ///   that cannot fit is refused with `CUDA_ERROR_OUT_OF_MEMORY` and never
 ///   reaches the driver.
 /// - After it, the charge is settled on what the driver reserved, measured
 ///   as for a context's creation (this process's allocations held off
-///   meanwhile), and never below the prediction (see [`limit_charge`]); if
+///   meanwhile), and never below the prediction (see `limit_charge`); if
 ///   that is more than the quota holds, the limit is set back to its old
 ///   value and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 /// - The charge belongs to the context: destroying it (or the primary

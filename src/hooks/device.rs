@@ -21,6 +21,15 @@ fn filtering() -> bool {
     config::get().visible.is_some()
 }
 
+/// Is `dev` (the driver's `CUdevice`) a GPU that
+/// `ALIYUN_COM_GPU_VISIBLE_DEVICES` hides? A hidden GPU is unusable by its
+/// number too: every hook that takes a device refuses it
+/// (`CUDA_ERROR_INVALID_DEVICE`), so no context is made on it, hence no
+/// allocation or launch reaches it. A list cgpu cannot read hides all.
+pub fn hidden(dev: CUdevice) -> bool {
+    filtering() && cuda_visible_index(dev).is_none()
+}
+
 /// `cuDeviceGetCount`.
 ///
 /// # Safety

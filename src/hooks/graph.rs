@@ -519,6 +519,9 @@ pub unsafe fn device_graph_mem_trim(
     real: &RealFn<sig::cuDeviceGraphMemTrim>,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     resettled(dev, || super::call_real!(real, dev))
 }
 
@@ -533,6 +536,9 @@ pub unsafe fn device_set_graph_mem_attribute(
     attr: CUgraphMem_attribute,
     value: *mut c_void,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     resettled(dev, || super::call_real!(real, dev, attr, value))
 }
 

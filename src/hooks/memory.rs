@@ -330,6 +330,9 @@ fn alloc_async(
     dptr: *mut CUdeviceptr,
 ) -> CUresult {
     let gpu = pool_gpu(pool, stream);
+    // No capture of this process begins or ends from the check to the end
+    // of the real call: what the check saw is what the call did.
+    let _c = gpu.is_some().then(super::stream::capture_guard);
     if gpu.is_some() && capturing(stream, ptsz) {
         return alloc();
     }
@@ -454,6 +457,9 @@ pub unsafe fn mem_create(
         return super::call_real!(real, handle, size, prop, flags);
     }
     p.location.id = super::device::host_device_for_location(p.location.id);
+    if super::device::hidden(p.location.id) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let gpu = cuda_gpu(p.location.id);
     let prop2: *const CUmemAllocationProp = &p;
     charged(
@@ -763,6 +769,9 @@ pub unsafe fn mem_pool_create(
     let mut p = unsafe { props.read_unaligned() };
     if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
         p.location.id = super::device::host_device_for_location(p.location.id);
+        if super::device::hidden(p.location.id) {
+            return CUDA_ERROR_INVALID_DEVICE;
+        }
     }
     let props2: *const CUmemPoolProps = &p;
     let rc = super::call_real!(real, pool, props2);
@@ -802,6 +811,9 @@ pub unsafe fn device_get_default_mem_pool(
     pool: *mut CUmemoryPool,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let rc = super::call_real!(real, pool, dev);
     // SAFETY: pool is the caller's out-pointer.
     unsafe { device_pool(rc, pool, dev) }
@@ -816,6 +828,9 @@ pub unsafe fn device_get_mem_pool(
     pool: *mut CUmemoryPool,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let rc = super::call_real!(real, pool, dev);
     // SAFETY: pool is the caller's out-pointer.
     unsafe { device_pool(rc, pool, dev) }
@@ -1145,6 +1160,9 @@ pub unsafe fn device_total_mem(
     bytes: *mut usize,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let rc = super::call_real!(real, bytes, dev);
     // SAFETY: the caller's out-parameter.
     unsafe { total_mem_view(rc, bytes, dev) }
@@ -1159,6 +1177,9 @@ pub unsafe fn device_total_mem_v1(
     bytes: *mut u32,
     dev: CUdevice,
 ) -> CUresult {
+    if super::device::hidden(dev) {
+        return CUDA_ERROR_INVALID_DEVICE;
+    }
     let rc = super::call_real!(real, bytes, dev);
     // SAFETY: the caller's out-parameter.
     unsafe { total_mem_view(rc, bytes, dev) }

@@ -18,6 +18,7 @@ pub mod dlsym;
 pub mod graph;
 pub mod launch;
 pub mod memory;
+pub mod module;
 pub mod nvml;
 pub mod procaddr;
 pub mod stream;
@@ -52,7 +53,7 @@ macro_rules! declare_hooks {
             #[allow(unused_imports)]
             use super::types::*;
             #[allow(unused_imports)]
-            use super::{context, device, graph, launch, memory, nvml, procaddr, stream};
+            use super::{context, device, graph, launch, memory, module, nvml, procaddr, stream};
             use crate::process::table::real;
             $(
                 /// Exported hook (see the declaration list in `src/api.rs`).

@@ -12,8 +12,30 @@
 use super::sig;
 use super::types::*;
 use crate::driver::RealFn;
+use crate::process::fork::ForkLocal;
 use crate::scheduler::capture::CAPTURES;
 use crate::scheduler::Synced;
+use parking_lot::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Stream-ordered allocations ask whether their stream is being captured
+/// and make the real call under it, shared; beginning and ending a capture
+/// take it exclusively around the real call. So no capture of this process
+/// begins or ends between an allocation's check and its call: an
+/// allocation seen outside a capture is a real one (charged), one seen in a
+/// capture is a graph's node (charged when the graph is launched). One per
+/// fork generation (a child never waits on a lock of a parent thread).
+static CAPTURE: ForkLocal<RwLock<()>> = ForkLocal::new(|| RwLock::new(()));
+
+/// Held by a stream-ordered allocation from its capture check to the end
+/// of its real call.
+pub(super) fn capture_guard() -> RwLockReadGuard<'static, ()> {
+    CAPTURE.get().read()
+}
+
+/// Held around the real call that begins or ends a capture.
+fn capture_change() -> RwLockWriteGuard<'static, ()> {
+    CAPTURE.get().write()
+}
 
 /// `cuStreamBeginCapture` and `_ptsz` (CUDA 10.0: global mode).
 ///
@@ -24,7 +46,10 @@ pub unsafe fn begin_capture_v1(
     stream: CUstream,
 ) -> CUresult {
     let b = CAPTURES.begin(stream as usize);
-    let rc = super::call_real!(real, stream);
+    let rc = {
+        let _c = capture_change();
+        super::call_real!(real, stream)
+    };
     CAPTURES.begun(b, rc);
     rc
 }
@@ -39,7 +64,10 @@ pub unsafe fn begin_capture(
     mode: u32,
 ) -> CUresult {
     let b = CAPTURES.begin(stream as usize);
-    let rc = super::call_real!(real, stream, mode);
+    let rc = {
+        let _c = capture_change();
+        super::call_real!(real, stream, mode)
+    };
     CAPTURES.begun(b, rc);
     rc
 }
@@ -58,13 +86,19 @@ pub unsafe fn begin_capture_to_graph(
     mode: u32,
 ) -> CUresult {
     let b = CAPTURES.begin(stream as usize);
-    let rc = super::call_real!(real, stream, graph, deps, edges, n, mode);
+    let rc = {
+        let _c = capture_change();
+        super::call_real!(real, stream, graph, deps, edges, n, mode)
+    };
     CAPTURES.begun(b, rc);
     rc
 }
 
 /// `cuStreamEndCapture` and `_ptsz`: the stream's capture is over unless the
 /// driver refused the end and the capture goes on (see `scheduler/capture.rs`).
+/// A refused end asks the driver whether the stream is still capturing (a
+/// NULL graph pointer, the wrong thread: it is), so that no refusal counts
+/// a running capture ended.
 ///
 /// # Safety
 /// The driver's contract for `cuStreamEndCapture`.
@@ -73,7 +107,16 @@ pub unsafe fn end_capture(
     stream: CUstream,
     graph: *mut CUgraph,
 ) -> CUresult {
+    let _c = capture_change();
     let rc = super::call_real!(real, stream, graph);
+    if rc != CUDA_SUCCESS {
+        let mut status: CUstreamCaptureStatus = 0;
+        if super::call_real!(super::real::cuStreamIsCapturing, stream, &mut status) == CUDA_SUCCESS
+            && status == CU_STREAM_CAPTURE_STATUS_ACTIVE
+        {
+            return rc;
+        }
+    }
     CAPTURES.ended(stream as usize, rc);
     rc
 }

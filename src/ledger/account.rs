@@ -61,6 +61,8 @@ const LOCAL: u8 = 5;
 #[derive(Debug, Clone)]
 pub struct JoinSpec {
     pub container_id: String,
+    /// As [`JoinRequest::key`].
+    pub key: u64,
     /// As [`JoinRequest::quota`].
     pub quota: u64,
     pub weight: u32,
@@ -72,6 +74,7 @@ impl JoinSpec {
     fn request(&self) -> JoinRequest<'_> {
         JoinRequest {
             container_id: &self.container_id,
+            key: self.key,
             quota: self.quota,
             weight: self.weight,
             highprio: self.highprio,
@@ -236,6 +239,7 @@ impl Account {
     pub fn local(gpu: String, limit: Option<u64>) -> Account {
         let spec = JoinSpec {
             container_id: String::new(),
+            key: 0,
             quota: 0,
             weight: 1,
             highprio: false,

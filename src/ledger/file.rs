@@ -577,6 +577,7 @@ unsafe fn init(f: *mut LedgerFile, uuid: &str, gpu_index: u32, physical_total: u
     h.policy.store(DEFAULT_POLICY, Ordering::Relaxed);
     h.max_inst.store(DEFAULT_MAX_INST, Ordering::Relaxed);
     h.prio_ratio.store(DEFAULT_PRIO_RATIO, Ordering::Relaxed);
+    h.additions.store(ADDITIONS, Ordering::Relaxed);
     h.ready.store(1, Ordering::Release);
 }
 

@@ -22,7 +22,7 @@ mod lock;
 mod shared;
 mod snapshot;
 
-pub use account::{Account, JoinSpec, ShareLink, JOIN_WAIT, RETRY_INTERVAL};
+pub use account::{Account, JoinSpec, ShareLink, JOIN_WAIT, RETRY_INTERVAL, WATCH_INTERVAL};
 pub use shared::{SharePayer, SharedSlot, MAX_SHARED, SHARED_BORNE, SHARED_BYTES, SHARED_RELEASED};
 pub use snapshot::{ContainerSnapshot, ProcessSnapshot, Snapshot};
 
@@ -56,6 +56,15 @@ pub const SCHED_GPU_WORDS: usize = 32;
 /// Words of per-container scheduler state (owned by `scheduler`; two bit
 /// sets of `MAX_PROCESSES` bits among them).
 pub const SCHED_CONTAINER_WORDS: usize = 48;
+
+/// Additions to format version 3 (bits of [`LedgerHeader::additions`]
+/// and [`LedgerHeader::required`]), each a field in space older writers
+/// leave zero.
+pub const ADD_CONTAINER_KEY: u64 = 1 << 0;
+/// [`ProcessSlot::host_pid`].
+pub const ADD_HOST_PID: u64 = 1 << 1;
+/// Every addition this build understands.
+pub const ADDITIONS: u64 = ADD_CONTAINER_KEY | ADD_HOST_PID;
 
 /// Slot states (containers and processes).
 pub const SLOT_FREE: u32 = 0;
@@ -117,7 +126,15 @@ pub struct LedgerHeader {
     pub sched: [AtomicU64; SCHED_GPU_WORDS],
     /// CLOCK_MONOTONIC ns of the last `maybe_reap` (rate limit shared by all processes).
     pub last_reap_ns: AtomicU64,
-    pub reserved: [u64; 15],
+    /// Additions to this format version that the file's creator wrote
+    /// ([`ADDITIONS`] bits; 0: a creator that knew none). Informational:
+    /// every addition's zero value means "unknown" (docs/ledger.md).
+    pub additions: AtomicU64,
+    /// Additions every process must understand to use this file: a process
+    /// that finds a bit here it does not know refuses to join (and so
+    /// refuses allocations) rather than keep books it cannot keep right.
+    pub required: AtomicU64,
+    pub reserved: [u64; 13],
 }
 
 /// One container on this GPU.
@@ -154,7 +171,15 @@ pub struct ContainerSlot {
     pub suspect: AtomicU64,
     /// Times `reap` recounted `used` after such a death.
     pub recounts: AtomicU64,
-    pub reserved: [u64; 6],
+    /// The container's identity key (`crate::identity`; written while the
+    /// slot is claimed). 0: claimed by a process that did not know keys,
+    /// which is then known by its id alone.
+    pub key: AtomicU64,
+    /// The `created_ns` written with `key`. A slot claimed since by a
+    /// process that does not know keys (it rewrites `created_ns`, never
+    /// `key`) has another `created_ns`: its `key` is stale, as if 0.
+    pub key_created: AtomicU64,
+    pub reserved: [u64; 4],
 }
 
 /// One process using this GPU.
@@ -186,7 +211,10 @@ pub struct ProcessSlot {
     /// `cuStreamSynchronize`, `cuEventSynchronize`): it waits for its GPU
     /// work, so the GPU is not idle for it (scheduler).
     pub sched_in_sync: AtomicU64,
-    pub reserved: [u64; 2],
+    /// Its pid as the host (and NVML) numbers it; 0: not known (a process
+    /// in a PID namespace before it found it, or one that does not write it).
+    pub host_pid: AtomicU64,
+    pub reserved: [u64; 1],
 }
 
 /// The whole file.
@@ -233,7 +261,11 @@ pub struct QuotaExceeded {
 /// What a process asks for when it joins a GPU's ledger.
 #[derive(Debug, Clone)]
 pub struct JoinRequest<'a> {
+    /// The container's name (written when the process claims its slot).
     pub container_id: &'a str,
+    /// The container's identity key (`crate::identity`); 0: known by its
+    /// name alone ([`crate::identity::key_of_name`]).
+    pub key: u64,
     /// Bytes. 0 = none set: the GPU's `default_memsize` applies (itself 0 =
     /// not limited); [`QUOTA_UNLIMITED`] = explicitly not limited. Only the
     /// container's first joiner sets it; later joiners' values are ignored
@@ -310,6 +342,16 @@ impl Drop for InFlight<'_> {
     #[inline]
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl JoinRequest<'_> {
+    /// The identity key: [`JoinRequest::key`], or the name's.
+    pub fn key(&self) -> u64 {
+        match self.key {
+            0 => crate::identity::key_of_name(self.container_id),
+            k => k,
+        }
     }
 }
 
@@ -444,6 +486,62 @@ impl LedgerHeader {
     }
 }
 
+/// This process's pid as the host (and NVML) numbers it, when found inside
+/// a PID namespace: `getpid() << 32 | host pid` (0: not found; a forked
+/// child, whose `getpid()` differs, never uses its parent's).
+static HOST_PID: AtomicU64 = AtomicU64::new(0);
+
+/// Is this process in the host's PID namespace (its `getpid()` is the
+/// pid NVML lists)? Read once.
+pub fn in_host_pidns() -> bool {
+    static HOST: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HOST.get_or_init(|| crate::identity::ns_inode("pid") == crate::identity::HOST_PIDNS)
+}
+
+/// This process's pid as the host and NVML number it; `None` inside a PID
+/// namespace until it was found ([`set_host_pid`]). Never a bare pid of
+/// another namespace.
+pub fn host_pid() -> Option<u32> {
+    let me = std::process::id();
+    let v = HOST_PID.load(Ordering::Acquire);
+    if v >> 32 == u64::from(me) && v as u32 != 0 {
+        return Some(v as u32);
+    }
+    in_host_pidns().then_some(me)
+}
+
+/// Record this process's host pid, found inside a PID namespace (it is
+/// written into the process slots it claims from now on).
+pub fn set_host_pid(pid: u32) {
+    HOST_PID.store(
+        u64::from(std::process::id()) << 32 | u64::from(pid),
+        Ordering::Release,
+    );
+}
+
+impl ProcessSlot {
+    /// Its pid as the host and NVML number it, if known: the one it wrote
+    /// (checked against its `start_time`, so that a value left by an
+    /// earlier owner of the slot is never taken for it), else its `pid`
+    /// when it runs in the host's PID namespace.
+    pub fn host_pid(&self) -> Option<u32> {
+        let v = self.host_pid.load(Ordering::Acquire);
+        let start = self.start_time.load(Ordering::Acquire) as u32;
+        if v as u32 != 0 && (v >> 32) as u32 == start {
+            return Some(v as u32);
+        }
+        let pid = self.pid.load(Ordering::Acquire);
+        (pid > 0 && self.pidns.load(Ordering::Acquire) == crate::identity::HOST_PIDNS)
+            .then_some(pid as u32)
+    }
+    /// Write its host pid (stamped with its `start_time`).
+    pub fn set_host_pid(&self, pid: u32) {
+        let start = self.start_time.load(Ordering::Acquire) as u32;
+        self.host_pid
+            .store(u64::from(start) << 32 | u64::from(pid), Ordering::Release);
+    }
+}
+
 impl ContainerSlot {
     /// A copy of the container id (lossy UTF-8). Stable while the slot is
     /// `SLOT_LIVE`: ids are only written while a slot is being claimed.
@@ -467,6 +565,30 @@ impl ContainerSlot {
             return None;
         }
         Some(quota.saturating_sub(self.used.load(Ordering::Acquire)))
+    }
+    /// Live and the container with identity `key` and name `id`: by its key
+    /// when it has one, else (a slot claimed by a process that did not know
+    /// keys) by its name.
+    pub fn is_container(&self, key: u64, id: &str) -> bool {
+        if self.state.load(Ordering::Acquire) != SLOT_LIVE {
+            return false;
+        }
+        match self.current_key() {
+            0 => self.is(id),
+            k => k == key,
+        }
+    }
+    /// The slot's identity key, 0 when unknown (never written, or stale:
+    /// see [`ContainerSlot::key_created`]).
+    pub fn current_key(&self) -> u64 {
+        let k = self.key.load(Ordering::Acquire);
+        if k != 0
+            && self.key_created.load(Ordering::Acquire) == self.created_ns.load(Ordering::Acquire)
+        {
+            k
+        } else {
+            0
+        }
     }
     /// Live and named `id`?
     fn is(&self, id: &str) -> bool {
@@ -786,15 +908,18 @@ impl Ledger {
             ));
         }
         let fd = self.fd()?;
+        self.check_required()?;
+        let key = req.key();
         let _g = self.lock_table_within(wait)?;
         self.reap_locked();
         let f = self.file();
 
-        let (c, created) = match f.containers.iter().position(|c| c.is(id)) {
+        let (c, created) = match f.containers.iter().position(|c| c.is_container(key, id)) {
             Some(c) => {
                 if let Some(diff) = settings_differ(&f.containers[c], req) {
                     tracing::warn!(
-                        "container {id} already runs on GPU {} with {}; this process asked for {}: it gets the container's settings (the first process's; change them with cgpuctl set)",
+                        "container {} already runs on GPU {} with {}; this process asked for {}: it gets the container's settings (the first process's; change them with cgpuctl set)",
+                        f.containers[c].id_str(),
                         f.header.uuid_str(),
                         diff.0,
                         diff.1
@@ -869,7 +994,10 @@ impl Ledger {
         // The slot is CLAIMING under the table lock: no other process
         // writes it, and readers only trust the id once the slot is LIVE.
         slot.set_id(req.container_id);
-        slot.created_ns.store(realtime_ns(), Ordering::Relaxed);
+        let now = realtime_ns();
+        slot.created_ns.store(now, Ordering::Relaxed);
+        slot.key.store(req.key(), Ordering::Relaxed);
+        slot.key_created.store(now, Ordering::Relaxed);
         slot.quota.store(quota, Ordering::Relaxed);
         slot.used.store(0, Ordering::Relaxed);
         slot.peak.store(0, Ordering::Relaxed);
@@ -915,6 +1043,10 @@ impl Ledger {
             p.pid.store(pid, Ordering::Relaxed);
             p.pidns.store(pidns, Ordering::Relaxed);
             p.start_time.store(start_time, Ordering::Relaxed);
+            match host_pid() {
+                Some(h) => p.set_host_pid(h),
+                None => p.host_pid.store(0, Ordering::Relaxed),
+            }
             p.used.store(0, Ordering::Relaxed);
             p.pending.store(0, Ordering::Relaxed);
             p.gpu_time_ns.store(0, Ordering::Relaxed);
@@ -1578,6 +1710,34 @@ impl Ledger {
         self.file().containers.iter().position(|c| c.is(id))
     }
 
+    /// The live container slot a process of identity `key` and name `id`
+    /// joins (see [`ContainerSlot::is_container`]).
+    pub fn find_container_keyed(&self, key: u64, id: &str) -> Option<usize> {
+        self.file()
+            .containers
+            .iter()
+            .position(|c| c.is_container(key, id))
+    }
+
+    /// `Err` when the file requires an addition this build does not know
+    /// ([`LedgerHeader::required`]): its books cannot be kept right here.
+    pub fn check_required(&self) -> Result<(), LedgerError> {
+        let req = self.file().header.required.load(Ordering::Acquire);
+        let unknown = req & !ADDITIONS;
+        if unknown == 0 {
+            return Ok(());
+        }
+        Err(LedgerError::io(
+            &self.path,
+            std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                format!(
+                    "written by a newer cgpu that requires format additions {unknown:#x} this version does not know; upgrade libcgpu.so to share it"
+                ),
+            ),
+        ))
+    }
+
     /// Process slots in use by container `c` (slot index, slot). Includes
     /// slots of processes that died and were not reaped yet (`is_alive`).
     pub fn processes_of(&self, c: usize) -> impl Iterator<Item = (usize, &ProcessSlot)> {
@@ -1802,6 +1962,13 @@ fn settings_differ(slot: &ContainerSlot, req: &JoinRequest<'_>) -> Option<(Strin
             "high priority {}",
             if req.highprio { "on" } else { "off" }
         ));
+    }
+    // The same container (by identity) under another name: the first
+    // process's name stays.
+    let name = slot.id_str();
+    if name != req.container_id {
+        has.push(format!("name {name}"));
+        asked.push(format!("name {}", req.container_id));
     }
     (!has.is_empty()).then(|| (has.join(", "), asked.join(", ")))
 }

@@ -45,6 +45,9 @@ pub enum Kind {
     /// What a context limit (`cuCtxSetLimit`, the `CUlimit` here) reserves,
     /// keyed by the context.
     Limit(u32),
+    /// What a loaded module or library takes on the device (its code, its
+    /// globals), keyed by its handle.
+    Module,
 }
 
 /// Where a stream-ordered memory pool keeps its memory.
@@ -269,9 +272,9 @@ impl Charges {
     /// same handle again: `share`, if any, is let go of), else a new
     /// imported allocation. With `share` it was exported by a live process
     /// of this container and the import recorded in the ledger as that
-    /// link: the exporter pays for it while it lives (see [`Phys::share`]).
+    /// link: the exporter pays for it while it lives (see `Phys::share`).
     /// Without, it is charged nothing until it is mapped
-    /// ([`Proc::vmm_import_growth`]).
+    /// ([`Charges::vmm_import_growth`]).
     pub fn vmm_imported(&self, h: u64, gpu: &'static Gpu, share: Option<ShareLink>) {
         let mut v = self.vmm.lock();
         match v.phys.get_mut(&h) {
@@ -305,7 +308,7 @@ impl Charges {
 
     /// Before mapping `[offset, offset + len)` of handle `h`: if it is an
     /// imported allocation whose charge does not cover that extent yet, the
-    /// GPU and the bytes to reserve first (then [`Proc::vmm_import_grown`]).
+    /// GPU and the bytes to reserve first (then [`Charges::vmm_import_grown`]).
     /// An import its exporter pays for records the extent in the ledger
     /// instead (nothing to reserve); if the exporter went, this process
     /// was charged for it meanwhile and counts that as its own.
@@ -415,7 +418,7 @@ impl Charges {
     }
 
     /// `cuMemExportToShareableHandle` exported handle `h`: its charge is kept
-    /// until the process exits (see [`Phys`]).
+    /// until the process exits (see `Phys`).
     pub fn vmm_exported(&self, h: u64) {
         if let Some(p) = self.vmm.lock().phys.get_mut(&h) {
             p.exported = true;

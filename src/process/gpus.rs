@@ -7,11 +7,11 @@
 //! - Identity: one table of the visible GPUs, container index ↔ UUID
 //!   (`GPU-…`) ↔ CUDA ordinal ↔ NVML index, whose CUDA and NVML columns are
 //!   filled by the same rule when each API is first asked
-//!   ([`cuda_visible`], [`nvml_visible`]); [`cuda_info`] and [`nvml_peek`]
+//!   ([`cuda_visible`], [`nvml_visible`]); [`cuda_info`] and `nvml_peek`
 //!   read UUIDs from it.
 //! - Joining: [`cuda_gpu`] joins the GPU's ledger on first use and is only
 //!   for calls that use the GPU (allocate, create a context, launch);
-//!   [`cuda_view_quota`] and [`nvml_peek`] answer views without joining.
+//!   [`cuda_view_quota`] and `nvml_peek` answer views without joining.
 
 use std::ffi::c_char;
 use std::sync::OnceLock;

@@ -19,16 +19,25 @@
 //!   `crate::memory`;
 //! - [`types`]: the C types of the declaration list.
 //!
-//! Lock order: the measurement lock (`hooks::context`: context creation and
-//! limits) before the charges' locks (allocations, VMM, pools); none is
-//! held while calling a hook; the ledger's locks are taken last.
+//! Lock order: the capture lock (`hooks::stream`: stream-ordered
+//! allocations shared, a capture's begin and end exclusive) before the
+//! measurement lock (`hooks::context`: context creation, limits, module
+//! loads) before the charges' locks (allocations, VMM, pools, modules);
+//! none is held while calling a hook; the ledger's locks are taken last.
+//! The capture and measurement locks are one per fork generation
+//! ([`fork::ForkLocal`]): a forked child never waits on a parent thread.
 
 /// Call the real function or return the loader's code for a missing one.
 macro_rules! call_real {
     ($real:expr, $($arg:expr),* $(,)?) => {
         match $real.get() {
-            // SAFETY: the real driver function with the caller's own arguments,
-            // which the C contract of this entry point makes valid.
+            // SAFETY: the real driver function of that name, with arguments
+            // its C contract accepts: at every call site they are either the
+            // application's own, passed on as its call gave them (valid by
+            // the contract of the entry point it called), or cgpu's own:
+            // out-parameters and buffers of live locals (with their lengths),
+            // strings it keeps alive for the call, and handles, contexts,
+            // streams and device numbers the driver handed out.
             Some(f) => unsafe { f($($arg),*) },
             None => $real.missing(),
         }

@@ -40,3 +40,7 @@ pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus = 1;
 pub type CUmemAllocationHandleType = u32;
 /// `CUlimit` (a C enum).
 pub type CUlimit = u32;
+/// `CUjit_option` (a C enum; module load options are passed through).
+pub type CUjit_option = u32;
+/// `CUlibraryOption` (a C enum; library load options are passed through).
+pub type CUlibraryOption = u32;

@@ -39,6 +39,9 @@ const NULL_STREAM: usize = usize::MAX;
 const BEGIN_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
 /// `CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD`: the end is refused, the capture goes on.
 const WRONG_THREAD: u32 = 908;
+/// `CUDA_ERROR_INVALID_VALUE` (a NULL graph pointer): the end is refused
+/// before the driver looks at the capture, which goes on.
+const INVALID_VALUE: u32 = 1;
 /// [`Captures::generation`] while a thread of generation `g` empties the
 /// table: `RESETTING | g`.
 const RESETTING: u64 = 1 << 63;
@@ -151,10 +154,11 @@ impl Captures {
 
     /// After the real `cuStreamEndCapture(stream)` returned `rc`. A stream
     /// this process did not begin capturing closes nothing; a refused end
-    /// that leaves the capture going (wrong thread) closes nothing.
+    /// that leaves the capture going (wrong thread, a NULL graph pointer)
+    /// closes nothing.
     pub fn ended(&self, stream: usize, rc: u32) {
         self.fresh();
-        if rc == WRONG_THREAD {
+        if rc == WRONG_THREAD || rc == INVALID_VALUE {
             return;
         }
         let k = key(stream);
@@ -247,6 +251,9 @@ mod tests {
         assert!(c.sync_guard().is_none());
         // End from the wrong thread: refused, the capture goes on.
         c.ended(0xa, WRONG_THREAD);
+        assert_eq!(c.open(), 1);
+        // End with a NULL graph pointer: refused, the capture goes on.
+        c.ended(0xa, INVALID_VALUE);
         assert_eq!(c.open(), 1);
         // The same stream ended twice: the second is unmatched.
         c.ended(0xa, 0);

@@ -695,10 +695,11 @@ impl Gate {
         }
         if !self.seated() {
             // It waits for its work: a synchronise saw its queue empty
-            // within the last slice. (A loop that only queues work, its
-            // guest work seen done by the query above, filled the gaps of
-            // a sync-heavy holder too, but its share then swung by up to
-            // 16% either way over 6 s windows: it waits for its slices.)
+            // within the last slice. (A loop that only queues work waits
+            // for its slices: as a guest its work would be seen done only
+            // when a query happens to find its queue empty, so its charges,
+            // and with them its share, would follow the timing of those
+            // queries rather than its use of the GPU.)
             let syncs = !Self::older_than(self.empty_at.load(Acquire), now, SLICE_NS);
             // Its work, as far as measured, is short: a guest's launches
             // fit in a quarter slice (long kernels wait for their turn).

@@ -48,8 +48,10 @@ static GATE: AtomicPtr<Gate> = AtomicPtr::new(std::ptr::null_mut());
 /// The process sees several GPUs: each launch finds the gate of its
 /// context's device (`GATES`, cached per thread by context).
 static MULTI: AtomicBool = AtomicBool::new(false);
-/// Devices (CUDA ordinals of the real driver) with a gate of their own.
-const MAX_DEVS: usize = 16;
+/// Devices (CUDA ordinals of the real driver) with a gate of their own:
+/// every device whose memory cgpu accounts (`memory::MAX_GPUS`), so that
+/// no device is quota-limited yet unscheduled.
+const MAX_DEVS: usize = crate::memory::MAX_GPUS;
 static GATES: [AtomicPtr<Gate>; MAX_DEVS] =
     [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_DEVS];
 static DEV_ATTACH: [AtomicU8; MAX_DEVS] = [const { AtomicU8::new(UNDECIDED) }; MAX_DEVS];
@@ -702,6 +704,7 @@ mod tests {
         let m = ledger
             .join(&JoinRequest {
                 container_id: "parent",
+                key: 0,
                 quota: 0,
                 weight: 1,
                 highprio: false,

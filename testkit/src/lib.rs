@@ -77,12 +77,30 @@ pub fn profile() -> &'static str {
     }
 }
 
+/// Show cargo's own progress (its `Compiling …` lines on stderr) while
+/// [`artifacts`] builds, instead of collecting it for an error message: for a
+/// program a person watches (the demo), where a first build takes minutes.
+pub fn show_build_progress() {
+    SHOW_BUILD.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+static SHOW_BUILD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn cargo_build(args: &[&str]) {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
     cmd.current_dir(workspace_root()).args(args);
     if !cfg!(debug_assertions) {
         cmd.arg("--release");
+    }
+    if SHOW_BUILD.load(std::sync::atomic::Ordering::Relaxed) {
+        let status = cmd.status().expect("run cargo build");
+        assert!(
+            status.success(),
+            "cargo {} failed (its messages are above)",
+            args.join(" ")
+        );
+        return;
     }
     let out = cmd.output().expect("run cargo build");
     assert!(

@@ -667,6 +667,11 @@ int main(int argc, char **argv) {
             const char *gs = cap_graph ? "set" : "null";
             if (r) { printf("capture_end err=%d graph=%s\n", r, gs); cap_graph = NULL; }
             else printf("capture_end ok graph=%s\n", gs);
+        } else if (!strcmp(c, "capture_end_null")) {
+            /* refused (a NULL graph pointer): the capture goes on */
+            CUDA_OR_ERR(c);
+            r = cu.StreamEndCapture(cap_stream, NULL);
+            printf("capture_end_null rc=%d\n", r);
         } else if (!strcmp(c, "graph_launch_last")) {
             CUDA_OR_ERR(c);
             CUgraphExec ge;
@@ -691,6 +696,13 @@ int main(int argc, char **argv) {
             struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
             nanosleep(&t, NULL);
             printf("sleep ok\n");
+        } else if (!strcmp(c, "wait_file")) {
+            /* wait (up to 10 min) until PATH exists: a go signal from the test */
+            NEED(1);
+            const char *path = argv[++i];
+            struct timespec t = {0, 5000000L};
+            for (long k = 0; k < 120000 && access(path, F_OK) != 0; k++) nanosleep(&t, NULL);
+            printf("wait_file %s\n", access(path, F_OK) == 0 ? "ok" : "err=timeout");
         } else if (!strcmp(c, "fork_sleep")) {
             NEED(1);
             unsigned s = (unsigned)atoi(argv[++i]);

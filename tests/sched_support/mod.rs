@@ -419,13 +419,35 @@ impl Scenario {
         let Some(first) = await_grant(l, first, limit) else {
             return self.measure_on(dev, window);
         };
+        let slices = |l: &Ledger| -> HashMap<String, u64> {
+            use cgpu::scheduler::words::container as cw;
+            use std::sync::atomic::Ordering::Relaxed;
+            let mut out = HashMap::new();
+            for p in &self.procs {
+                if let Some(c) = l.find_container(&p.container) {
+                    out.insert(
+                        p.container.clone(),
+                        l.file().containers[c].sched[cw::SLICES].load(Relaxed),
+                    );
+                }
+            }
+            out
+        };
+        let n0 = slices(l);
         let s0 = self.env.stats();
         let t0 = Instant::now();
         std::thread::sleep(window);
         // A second window's worth of slices at most: the same holder comes
         // back within one round unless it stopped asking.
         let _ = await_grant(l, Some(first), limit.max(window / 2));
-        self.measure_between(dev, s0, t0)
+        let mut m = self.measure_between(dev, s0, t0);
+        for (id, n) in slices(l) {
+            m.slices.insert(
+                id.clone(),
+                n.saturating_sub(n0.get(&id).copied().unwrap_or(n)),
+            );
+        }
+        m
     }
 
     /// [`Scenario::measure_rounds`] of this scenario and, over the same
@@ -470,7 +492,12 @@ impl Scenario {
         let busy = s1.devices[dev]
             .busy_ns
             .saturating_sub(s0.devices[dev].busy_ns);
-        Measure { per, wall, busy }
+        Measure {
+            per,
+            wall,
+            busy,
+            slices: HashMap::new(),
+        }
     }
 
     pub fn kill_all(&mut self) {
@@ -515,6 +542,9 @@ pub struct Measure {
     pub per: HashMap<String, u64>,
     pub wall: u64,
     pub busy: u64,
+    /// Slices granted to each container over the window (measured over
+    /// whole rounds with a ledger; empty otherwise).
+    pub slices: HashMap<String, u64>,
 }
 
 impl Measure {

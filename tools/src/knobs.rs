@@ -300,6 +300,7 @@ mod tests {
         let m = l
             .join(&cgpu::ledger::JoinRequest {
                 container_id: "abc",
+                key: 0,
                 quota: GIB,
                 weight: 1,
                 highprio: false,

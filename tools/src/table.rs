@@ -37,7 +37,16 @@ pub fn render(r: &Report, detail: bool) -> String {
     );
     let _ = writeln!(out, "{SEP2}");
     if r.gpus.is_empty() {
+        // Where it looked, and the two reasons there may be nothing there.
         wide(&mut out, &format!(" no ledgers in {}", r.ledger_dir));
+        wide(
+            &mut out,
+            " (a ledger appears when a job under libcgpu.so first uses a GPU;",
+        );
+        wide(
+            &mut out,
+            "  jobs that mount another directory: cgpu-smi --dir DIR)",
+        );
     }
     for e in &r.gpus {
         let Some(g) = &e.gpu else {
@@ -163,6 +172,27 @@ mod tests {
         assert!(d.contains("9459 MiB"), "{d}");
         for l in d.lines().skip(1) {
             assert_eq!(l.len(), SEP.len(), "{l}");
+        }
+    }
+
+    /// No ledgers: the table says where it looked and why there may be none.
+    #[test]
+    fn no_ledgers_says_where_and_why() {
+        let r = Report {
+            schema_version: 1,
+            cgpu_version: "0.1.0".into(),
+            ledger_format: 1,
+            ledger_dir: "/run/cgpu".into(),
+            timestamp_ns: 0,
+            util_window_ms: None,
+            gpus: vec![],
+        };
+        let t = render(&r, false);
+        assert!(t.contains("no ledgers in /run/cgpu"), "{t}");
+        assert!(t.contains("first uses a GPU"), "{t}");
+        assert!(t.contains("cgpu-smi --dir DIR"), "{t}");
+        for l in t.lines().skip(1) {
+            assert_eq!(l.chars().count(), SEP.len(), "{l}");
         }
     }
 

@@ -27,6 +27,52 @@ pub struct NodeGpu {
     pub memory_mib: u64,
     /// Size in whole GiB as the cluster counts it (see [`gpu_gib`]).
     pub gib: u64,
+    /// The model as NVML names it (`Tesla V100-SXM2-16GB`); empty when unknown.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub model: String,
+}
+
+fn list(pod: &Value, key: &str) -> Vec<String> {
+    pod["metadata"]["annotations"][key]
+        .as_str()
+        .unwrap_or("")
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// Whether the pod may use this GPU, by its annotations (HAMi's names):
+/// `nvidia.com/use-gputype` / `nvidia.com/nouse-gputype` (comma-separated
+/// parts of the model name, case-insensitive) and `nvidia.com/use-gpuuuid`
+/// / `nvidia.com/nouse-gpuuuid` (exact UUIDs).
+pub fn gpu_allowed(pod: &Value, gpu: &NodeGpu) -> bool {
+    let model = gpu.model.to_ascii_uppercase();
+    let has_type = |t: &String| model.contains(&t.to_ascii_uppercase());
+    let use_type = list(pod, ANN_USE_GPUTYPE);
+    let use_uuid = list(pod, ANN_USE_GPUUUID);
+    (use_type.is_empty() || use_type.iter().any(has_type))
+        && !list(pod, ANN_NOUSE_GPUTYPE).iter().any(has_type)
+        && (use_uuid.is_empty() || use_uuid.contains(&gpu.uuid))
+        && !list(pod, ANN_NOUSE_GPUUUID).contains(&gpu.uuid)
+}
+
+/// The pod's GPU constraints as one line for a rejection, empty when none.
+pub fn gpu_constraints(pod: &Value) -> String {
+    [
+        ANN_USE_GPUTYPE,
+        ANN_NOUSE_GPUTYPE,
+        ANN_USE_GPUUUID,
+        ANN_NOUSE_GPUUUID,
+    ]
+    .iter()
+    .filter_map(|k| {
+        pod["metadata"]["annotations"][*k]
+            .as_str()
+            .map(|v| format!("{k}={v}"))
+    })
+    .collect::<Vec<_>>()
+    .join(", ")
 }
 
 /// The GPUs of a node: from the device plugin's annotation when present,
@@ -50,6 +96,7 @@ pub fn node_gpus(node: &Value) -> Vec<NodeGpu> {
             uuid: String::new(),
             memory_mib: 0,
             gib: mem / count,
+            model: String::new(),
         })
         .collect()
 }
@@ -149,9 +196,10 @@ pub struct Decision {
     pub per_gpu: u64,
     /// Per container name: its GiB on each chosen GPU.
     pub containers: BTreeMap<String, u64>,
-    /// HMAC-SHA256 (hex) of [`Decision::signed_bytes`] with the cluster's
-    /// decision key: only the extender can write a decision that device
-    /// plugins accept.
+    /// Ed25519 signature (hex) of [`Decision::signed_bytes`] by the
+    /// extender's private key: only the extender can write a decision that
+    /// device plugins and `kubectl inspect cgpu` accept; they hold the
+    /// public key only.
     #[serde(default)]
     pub sig: String,
 }
@@ -239,24 +287,40 @@ pub fn pod_holds_gpu(pod: &Value) -> bool {
         && phase != "Failed"
 }
 
+/// Checks a decision's signature (the extender's public key); the cluster
+/// components pass their verifier, tests a closure.
+pub type Verify<'a> = &'a dyn Fn(&Decision) -> bool;
+
+/// The pod's decision if it counts: it names this pod (uid) and the node
+/// the pod is bound to, and its signature verifies. A decision copied from
+/// another pod, written by hand or altered counts for nothing.
+pub fn valid_decision(pod: &Value, verify: Verify) -> Option<Decision> {
+    let d = Decision::from_pod(pod)?;
+    let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
+    let node = pod["spec"]["nodeName"].as_str().unwrap_or("");
+    (!uid.is_empty() && d.pod_uid == uid && d.node == node && verify(&d)).then_some(d)
+}
+
 /// A pod's share of each GPU of its node: from our decision, else ACK's
 /// annotation, else gpushare's (`ALIYUN_COM_GPU_MEM_IDX` + `_POD`). Empty
-/// when it holds nothing or nothing was decided for it.
-pub fn pod_gpu_use(pod: &Value) -> BTreeMap<u32, u64> {
+/// when it holds nothing or nothing valid was decided for it. A pod that
+/// carries `cgpu.io/allocation` is judged by it alone: when it does not
+/// count (see [`valid_decision`]), the gpushare annotations copied beside
+/// it do not count either.
+pub fn pod_gpu_use(pod: &Value, verify: Verify) -> BTreeMap<u32, u64> {
     let mut out = BTreeMap::new();
     if !pod_holds_gpu(pod) {
         return out;
     }
-    let node = pod["spec"]["nodeName"].as_str().unwrap_or("");
-    if let Some(d) = Decision::from_pod(pod) {
-        if d.node == node {
+    let ann = &pod["metadata"]["annotations"];
+    if !ann[ANN_ALLOCATION].is_null() {
+        if let Some(d) = valid_decision(pod, verify) {
             for g in &d.gpus {
                 out.insert(g.index, d.per_gpu);
             }
         }
         return out;
     }
-    let ann = &pod["metadata"]["annotations"];
     if let Some(s) = ann[ANN_ACK_ALLOCATION].as_str() {
         if let Ok(m) = serde_json::from_str::<BTreeMap<String, BTreeMap<String, u64>>>(s) {
             for per in m.values() {
@@ -283,7 +347,11 @@ pub fn pod_gpu_use(pod: &Value) -> BTreeMap<u32, u64> {
 }
 
 /// A node's GPUs with what its pods hold (the input to placement).
-pub fn node_usage<'a>(gpus: &[NodeGpu], pods: impl IntoIterator<Item = &'a Value>) -> Vec<Gpu> {
+pub fn node_usage<'a>(
+    gpus: &[NodeGpu],
+    pods: impl IntoIterator<Item = &'a Value>,
+    verify: Verify,
+) -> Vec<Gpu> {
     let mut out: Vec<Gpu> = gpus
         .iter()
         .map(|g| Gpu {
@@ -294,7 +362,7 @@ pub fn node_usage<'a>(gpus: &[NodeGpu], pods: impl IntoIterator<Item = &'a Value
         })
         .collect();
     for pod in pods {
-        for (idx, gib) in pod_gpu_use(pod) {
+        for (idx, gib) in pod_gpu_use(pod, verify) {
             if let Some(g) = out.iter_mut().find(|g| g.index == idx) {
                 g.used += gib;
                 g.pods += 1;
@@ -315,6 +383,12 @@ pub struct ContainerAlloc {
     pub mem_dev: u64,
     pub visible_uuids: Vec<String>,
     pub disable: bool,
+    /// Indices of the GPUs, in visible order.
+    pub gpu_indices: Vec<u32>,
+    /// What the whole pod holds, summed over its GPUs.
+    pub pod_total: u64,
+    /// The pod asked for high priority (annotation `cgpu.io/high-priority`).
+    pub high_prio: bool,
 }
 
 impl ContainerAlloc {
@@ -336,6 +410,25 @@ impl ContainerAlloc {
         }
         s
     }
+
+    /// The environment gpushare's device plugin gives a container
+    /// (`ALIYUN_COM_GPU_MEM_IDX/_POD/_CONTAINER/_DEV`), as `KEY=VALUE`, for
+    /// programs that read it; `_CONTAINER` per GPU as in the file.
+    pub fn gpushare_env(&self) -> Vec<String> {
+        let join = |v: &mut dyn Iterator<Item = String>| v.collect::<Vec<_>>().join(",");
+        vec![
+            format!(
+                "{ANN_GPUSHARE_IDX}={}",
+                join(&mut self.gpu_indices.iter().map(u32::to_string))
+            ),
+            format!("{ANN_GPUSHARE_POD}={}", self.pod_total),
+            format!(
+                "{ENV_MEM_CONTAINER}={}",
+                join(&mut self.mem_per_gpu.iter().map(u64::to_string))
+            ),
+            format!("{ENV_MEM_DEV}={}", self.mem_dev),
+        ]
+    }
 }
 
 #[cfg(test)]
@@ -351,12 +444,14 @@ mod tests {
                 uuid: "GPU-a".into(),
                 memory_mib: 16160,
                 gib: 15,
+                model: String::new(),
             },
             NodeGpu {
                 index: 1,
                 uuid: "GPU-b".into(),
                 memory_mib: 16160,
                 gib: 15,
+                model: String::new(),
             },
         ];
         json!({"metadata": {"name": "n1", "annotations": {ANN_NODE_GPUS: serde_json::to_string(&gpus).unwrap()}},
@@ -402,11 +497,11 @@ mod tests {
         let node = node_json();
         let gpus = node_gpus(&node);
         let req = Request::single(8, 2);
-        let p = place(&node_usage(&gpus, []), &req, Policy::Binpack).unwrap();
+        let p = place(&node_usage(&gpus, [], &|_| true), &req, Policy::Binpack).unwrap();
         let d = Decision::new("n1", "uid-1", &p, &gpus);
         assert_eq!(d.gpus[1].uuid, "GPU-b");
         let spec = json!({"nodeName": "n1", "containers": [{"name": "main"}]});
-        let ours = json!({"metadata": {"annotations": {ANN_ALLOCATION: serde_json::to_string(&d).unwrap()}},
+        let ours = json!({"metadata": {"uid": "uid-1", "annotations": {ANN_ALLOCATION: serde_json::to_string(&d).unwrap()}},
                           "spec": spec, "status": {"phase": "Running"}});
         assert_eq!(d.ack_allocation(&ours), r#"{"0":{"0":4,"1":4}}"#);
         let ack = json!({"metadata": {"annotations": {ANN_ACK_ALLOCATION: r#"{"0":{"1":3}}"#}},
@@ -418,16 +513,32 @@ mod tests {
         let terminating = json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z",
                                  "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "1", "ALIYUN_COM_GPU_MEM_POD": "1"}},
                                  "spec": spec, "status": {"phase": "Running"}});
-        let u = node_usage(&gpus, [&ours, &ack, &gpushare, &done, &terminating]);
+        let u = node_usage(
+            &gpus,
+            [&ours, &ack, &gpushare, &done, &terminating],
+            &|_| true,
+        );
         assert_eq!((u[0].used, u[0].pods), (4 + 2, 2));
         assert_eq!((u[1].used, u[1].pods), (4 + 3 + 1, 3));
+        // The same decision copied onto another pod (with the gpushare
+        // annotations beside it), or failing its signature, counts nothing.
+        let mut copy = ours.clone();
+        copy["metadata"]["uid"] = json!("uid-2");
+        copy["metadata"]["annotations"][ANN_GPUSHARE_IDX] = json!("0");
+        copy["metadata"]["annotations"][ANN_GPUSHARE_POD] = json!("8");
+        assert!(pod_gpu_use(&copy, &|_| true).is_empty());
+        assert!(pod_gpu_use(&ours, &|_| false).is_empty());
+        let mut elsewhere = ours.clone();
+        elsewhere["spec"]["nodeName"] = json!("n2");
+        assert!(pod_gpu_use(&elsewhere, &|_| true).is_empty());
+        assert_eq!(pod_gpu_use(&ours, &|_| true).len(), 2);
     }
 
     #[test]
     fn signed_bytes_ignore_the_signature() {
         let gpus = node_gpus(&node_json());
         let p = place(
-            &node_usage(&gpus, []),
+            &node_usage(&gpus, [], &|_| true),
             &Request::single(3, 1),
             Policy::Binpack,
         )
@@ -448,11 +559,23 @@ mod tests {
             mem_dev: 15,
             visible_uuids: vec!["GPU-a".into(), "GPU-b".into()],
             disable: false,
+            gpu_indices: vec![0, 1],
+            pod_total: 8,
+            high_prio: false,
         };
         assert_eq!(
             a.to_file(),
             "CGPU_CONTAINER_ID=default/p/main\nALIYUN_COM_GPU_MEM_CONTAINER=4,4\nALIYUN_COM_GPU_MEM_DEV=15\n\
              ALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-a,GPU-b\n"
+        );
+        assert_eq!(
+            a.gpushare_env(),
+            [
+                "ALIYUN_COM_GPU_MEM_IDX=0,1",
+                "ALIYUN_COM_GPU_MEM_POD=8",
+                "ALIYUN_COM_GPU_MEM_CONTAINER=4,4",
+                "ALIYUN_COM_GPU_MEM_DEV=15"
+            ]
         );
         let shared = ContainerAlloc { disable: true, ..a };
         assert!(shared.to_file().ends_with("\nCGPU_DISABLE=true\n"));

@@ -19,11 +19,27 @@ pub const LABEL_NODE_SCHEDULE: &str = "ack.node.gpu.schedule";
 pub const NODE_SCHEDULE_SHARE_ONLY: &str = "share";
 /// Node label choosing the GPU policy on that node (`binpack`/`spread`).
 pub const LABEL_NODE_POLICY: &str = "cgpu.io/gpu-policy";
+/// ACK's node label for the same choice (read when ours is absent).
+pub const LABEL_NODE_PLACEMENT_ACK: &str = "ack.node.gpu.placement";
+/// gpushare's node label: `"true"` shares the node's GPUs without isolation
+/// (as [`NODE_SCHEDULE_SHARE_ONLY`]).
+pub const LABEL_NODE_DISABLE_ISOLATION: &str = "cgpu.disable.isolation";
 /// Node label stating the size of each of its GPUs in GiB, for GPUs whose
 /// MiB do not round down to the size operators count (a T4 has 15109 MiB,
 /// which rounds to 14, sold as 15): the scheduler, the device plugin and the
 /// interposer (`ALIYUN_COM_GPU_MEM_DEV`) then all use this number.
 pub const LABEL_NODE_GPU_MEM_DEV: &str = "cgpu.io/gpu-mem-dev";
+
+/// Pod annotations choosing GPUs by model or UUID (HAMi's names):
+/// comma-separated model name parts (case-insensitive) or UUIDs.
+pub const ANN_USE_GPUTYPE: &str = "nvidia.com/use-gputype";
+pub const ANN_NOUSE_GPUTYPE: &str = "nvidia.com/nouse-gputype";
+pub const ANN_USE_GPUUUID: &str = "nvidia.com/use-gpuuuid";
+pub const ANN_NOUSE_GPUUUID: &str = "nvidia.com/nouse-gpuuuid";
+/// Node labels the device plugin sets: its GPUs' model (spaces as `-`;
+/// `mixed` when they differ) and the smallest GPU's memory in MiB.
+pub const LABEL_NODE_GPU_MODEL: &str = "cgpu.io/gpu-model";
+pub const LABEL_NODE_GPU_MEMORY: &str = "cgpu.io/gpu-memory-mib";
 
 /// Node annotation the device plugin writes: the node's GPUs as NVML sees
 /// them (JSON list of [`crate::decision::NodeGpu`]).
@@ -40,6 +56,21 @@ pub const ANN_GPUSHARE_IDX: &str = "ALIYUN_COM_GPU_MEM_IDX";
 pub const ANN_GPUSHARE_POD: &str = "ALIYUN_COM_GPU_MEM_POD";
 pub const ANN_GPUSHARE_ASSIGNED: &str = "ALIYUN_COM_GPU_MEM_ASSIGNED";
 pub const ANN_GPUSHARE_ASSUME_TIME: &str = "ALIYUN_COM_GPU_MEM_ASSUME_TIME";
+/// gpushare's pod annotation: the size of the chosen GPU (its unit).
+pub const ANN_GPUSHARE_DEV: &str = "ALIYUN_COM_GPU_MEM_DEV";
+
+/// ConfigMap (in the extender's namespace) where the extender publishes the
+/// public key its decisions verify with, under [`PUBKEY_DATA_KEY`] (hex).
+pub const CONFIGMAP_DECISION_KEY: &str = "cgpu-decision-key";
+pub const PUBKEY_DATA_KEY: &str = "ed25519.pub";
+/// Namespace of the cluster components (the ConfigMap's), unless
+/// `CGPU_NAMESPACE` says otherwise.
+pub const DEFAULT_NAMESPACE: &str = "kube-system";
+
+/// Pod annotation `"true"`: its containers run at high priority
+/// (`ALIYUN_COM_GPU_HIGH_PRIO=1`).
+pub const ANN_HIGH_PRIORITY: &str = "cgpu.io/high-priority";
+pub const ENV_HIGH_PRIO: &str = "ALIYUN_COM_GPU_HIGH_PRIO";
 
 /// Container environment (read by `libcgpu.so`).
 pub const ENV_MEM_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";

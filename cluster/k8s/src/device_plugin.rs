@@ -20,13 +20,14 @@ use crate::kube_io::to_value;
 use crate::kubelet_api::deviceplugin as dp;
 use crate::kubelet_api::podresources as pr;
 use crate::nvml::GpuSource;
-use crate::signing::DecisionKey;
-use cgpu_cluster_core::decision::{pod_gpu_use, ContainerAlloc, Decision, NodeGpu};
+use crate::signing::DecisionVerifier;
+use cgpu_cluster_core::decision::{pod_gpu_use, valid_decision, ContainerAlloc, Decision, NodeGpu};
 use cgpu_cluster_core::names::*;
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::Client;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -55,6 +56,13 @@ pub struct PluginConfig {
     pub ledger_in_container: PathBuf,
     /// Where a container sees its allocation file.
     pub alloc_file_in_container: PathBuf,
+    /// Where the container runtime reads CDI specs written at run time
+    /// (containerd's and CRI-O's default includes `/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// Give containers `NVIDIA_VISIBLE_DEVICES=all` instead of naming their
+    /// GPUs through CDI (for runtimes without CDI; the library still shows
+    /// a container only its own GPUs).
+    pub expose_all_gpus: bool,
 }
 
 impl PluginConfig {
@@ -71,11 +79,44 @@ impl PluginConfig {
             ledger_on_host: "/run/cgpu".into(),
             ledger_in_container: "/run/cgpu".into(),
             alloc_file_in_container: "/etc/cgpu/alloc.env".into(),
+            cdi_dir: "/var/run/cdi".into(),
+            expose_all_gpus: false,
         }
     }
 }
 
 pub const MEM_SOCKET: &str = "cgpu-gpu-mem.sock";
+/// CDI kind of the per-container devices (`cgpu.io/container=<name>`).
+pub const CDI_KIND: &str = "cgpu.io/container";
+
+/// The CDI device name of a container's device ids (the allocation file's
+/// name without `.env`), and the file its spec is written to.
+pub fn cdi_name(device_ids: &[String]) -> (String, String) {
+    let file = alloc_file_name(device_ids);
+    let stem = file.trim_end_matches(".env").to_string();
+    (format!("{CDI_KIND}={stem}"), format!("cgpu-{stem}.json"))
+}
+
+/// The CDI spec of a container: its GPUs for the NVIDIA runtime, and the
+/// environment gpushare's device plugin gives.
+pub fn cdi_spec(device_ids: &[String], alloc: &ContainerAlloc) -> String {
+    let (_, file) = cdi_name(device_ids);
+    let stem = file.trim_start_matches("cgpu-").trim_end_matches(".json");
+    let mut env = vec![format!(
+        "NVIDIA_VISIBLE_DEVICES={}",
+        alloc.visible_uuids.join(",")
+    )];
+    env.extend(alloc.gpushare_env());
+    if alloc.high_prio {
+        env.push(format!("{ENV_HIGH_PRIO}=1"));
+    }
+    serde_json::json!({
+        "cdiVersion": "0.6.0",
+        "kind": CDI_KIND,
+        "devices": [{"name": stem, "containerEdits": {"env": env}}],
+    })
+    .to_string()
+}
 pub const COUNT_SOCKET: &str = "cgpu-gpu-count.sock";
 
 /// The file name (in the allocation directory) for a container's device ids.
@@ -116,11 +157,34 @@ pub struct NodeState {
     pub share_only: bool,
 }
 
+/// A model name as a label value: `[A-Za-z0-9._-]`, others as `-`, at most
+/// 63 characters, starting and ending alphanumeric.
+pub fn label_value(s: &str) -> String {
+    let v: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(63)
+        .collect();
+    v.trim_matches(|c: char| !c.is_ascii_alphanumeric())
+        .to_string()
+}
+
+/// Name, in the allocation directory, of the file mounted on every GPU
+/// container's `/etc/ld.so.preload`.
+pub const LD_SO_PRELOAD: &str = "ld.so.preload";
+
 /// Shared by the two plugin services.
 pub struct Plugin {
     pub cfg: PluginConfig,
     pub client: Client,
-    pub key: DecisionKey,
+    /// The extender's public key, once read.
+    verifier: parking_lot::Mutex<Option<DecisionVerifier>>,
     pub node: NodeState,
 }
 
@@ -130,7 +194,6 @@ impl Plugin {
     pub async fn new(
         cfg: PluginConfig,
         client: Client,
-        key: DecisionKey,
         gpus: &dyn GpuSource,
     ) -> Result<Plugin, String> {
         let nodes: Api<Node> = Api::all(client.clone());
@@ -145,11 +208,33 @@ impl Plugin {
                 format!("node label {LABEL_NODE_GPU_MEM_DEV}={v:?} is not a whole number of GiB")
             })?),
         };
-        let share_only =
-            labels.get(LABEL_NODE_SCHEDULE).map(String::as_str) == Some(NODE_SCHEDULE_SHARE_ONLY);
+        let share_only = labels.get(LABEL_NODE_SCHEDULE).map(String::as_str)
+            == Some(NODE_SCHEDULE_SHARE_ONLY)
+            || labels
+                .get(LABEL_NODE_DISABLE_ISOLATION)
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
         let gpus = gpus.gpus(stated)?;
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            ANN_NODE_GPUS: serde_json::to_string(&gpus).expect("GPUs serialise")}}});
+        // The GPUs for the extender, and model and memory as labels for
+        // node selectors and affinities.
+        let mut models: Vec<String> = gpus
+            .iter()
+            .map(|g| label_value(&g.model))
+            .filter(|m| !m.is_empty())
+            .collect();
+        models.dedup();
+        let model = match models.as_slice() {
+            [] => Value::Null,
+            [one] => Value::String(one.clone()),
+            _ => Value::String("mixed".into()),
+        };
+        let memory = gpus
+            .iter()
+            .map(|g| g.memory_mib)
+            .min()
+            .map_or(Value::Null, |m| Value::String(m.to_string()));
+        let patch = serde_json::json!({"metadata": {
+            "annotations": {ANN_NODE_GPUS: serde_json::to_string(&gpus).expect("GPUs serialise")},
+            "labels": {LABEL_NODE_GPU_MODEL: model, LABEL_NODE_GPU_MEMORY: memory}}});
         nodes
             .patch(
                 &cfg.node_name,
@@ -158,12 +243,45 @@ impl Plugin {
             )
             .await
             .map_err(|e| format!("cannot publish the GPUs on node {}: {e}", cfg.node_name))?;
+        // Every GPU container gets the library through /etc/ld.so.preload
+        // too, so a program that clears LD_PRELOAD still loads it.
+        write_file_atomically(
+            &cfg.alloc_dir.join(LD_SO_PRELOAD),
+            format!("{}\n", cfg.library_in_container.display()).as_bytes(),
+        )
+        .map_err(|e| {
+            format!(
+                "cannot write {}: {e}",
+                cfg.alloc_dir.join(LD_SO_PRELOAD).display()
+            )
+        })?;
+        let verifier = match DecisionVerifier::load(&client).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!("{e}; read again at the next container start");
+                None
+            }
+        };
         Ok(Plugin {
             cfg,
             client,
-            key,
+            verifier: parking_lot::Mutex::new(verifier),
             node: NodeState { gpus, share_only },
         })
+    }
+
+    /// The extender's public key: the one read before, or read now (also
+    /// again when `reload`, after a signature failed: the key may have
+    /// been rotated).
+    async fn verifier(&self, reload: bool) -> Result<DecisionVerifier, String> {
+        if !reload {
+            if let Some(v) = self.verifier.lock().clone() {
+                return Ok(v);
+            }
+        }
+        let v = DecisionVerifier::load(&self.client).await?;
+        *self.verifier.lock() = Some(v.clone());
+        Ok(v)
     }
 
     fn mem_devices(&self) -> Vec<dp::Device> {
@@ -205,10 +323,16 @@ impl Plugin {
                 "CGPU_LEDGER_DIR".to_string(),
                 c.ledger_in_container.display().to_string(),
             ),
-            // The GPUs are chosen per pod only at PreStartContainer: the
-            // runtime exposes the node's GPUs and the interposer shows the
-            // container only its own (ALIYUN_COM_GPU_VISIBLE_DEVICES).
-            ("NVIDIA_VISIBLE_DEVICES".to_string(), "all".to_string()),
+            // The pod, and so its GPUs, is known only at PreStartContainer.
+            // The GPUs reach the runtime through the CDI device named below,
+            // whose spec is written then and read by the runtime when it
+            // creates the container (after PreStartContainer); its
+            // NVIDIA_VISIBLE_DEVICES replaces this `none`, which is what a
+            // container gets if no spec was written: no GPU.
+            (
+                "NVIDIA_VISIBLE_DEVICES".to_string(),
+                if c.expose_all_gpus { "all" } else { "none" }.to_string(),
+            ),
         ]);
         let mounts = vec![
             dp::Mount {
@@ -226,13 +350,29 @@ impl Plugin {
                 host_path: c.alloc_dir_on_host.join(&file).display().to_string(),
                 read_only: true,
             },
+            dp::Mount {
+                container_path: "/etc/ld.so.preload".into(),
+                host_path: c
+                    .alloc_dir_on_host
+                    .join(LD_SO_PRELOAD)
+                    .display()
+                    .to_string(),
+                read_only: true,
+            },
         ];
+        let cdi_devices = if c.expose_all_gpus {
+            Vec::new()
+        } else {
+            vec![dp::CdiDevice {
+                name: cdi_name(ids).0,
+            }]
+        };
         dp::ContainerAllocateResponse {
             envs: envs.into_iter().collect(),
             mounts,
             devices: Vec::new(),
             annotations: Default::default(),
-            cdi_devices: Vec::new(),
+            cdi_devices,
         }
     }
 
@@ -322,7 +462,11 @@ impl Plugin {
                  configuration names the extender for {RESOURCE_GPU_MEM}"
             )
         })?;
-        if !self.key.verify(&d) {
+        let mut verifier = self.verifier(false).await?;
+        if !verifier.verify(&d) {
+            verifier = self.verifier(true).await?;
+        }
+        if !verifier.verify(&d) {
             return Err(format!(
                 "{who}: the decision in {ANN_ALLOCATION} is not signed by cgpu-scheduler-extender \
                  (written by hand or altered); it gets no GPU memory"
@@ -387,11 +531,13 @@ impl Plugin {
             .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name)))
             .await
             .map_err(|e| format!("cannot list the pods of node {}: {e}", self.cfg.node_name))?;
+        // Only decisions that count: each names its own pod and this node
+        // and verifies; a copy on another pod or a forged one adds nothing.
+        let verify = |pd: &Decision| verifier.verify(pd);
         let mut used: BTreeMap<u32, u64> = BTreeMap::new();
         for p in all.items.iter().map(to_value) {
-            let valid = Decision::from_pod(&p).is_some_and(|pd| self.key.verify(&pd));
-            if valid {
-                for (i, g) in pod_gpu_use(&p) {
+            if valid_decision(&p, &verify).is_some() {
+                for (i, g) in pod_gpu_use(&p, &verify) {
                     *used.entry(i).or_default() += g;
                 }
             }
@@ -411,6 +557,11 @@ impl Plugin {
             mem_dev: d.gpu_gib,
             visible_uuids: uuids,
             disable: self.node.share_only,
+            gpu_indices: d.gpus.iter().map(|g| g.index).collect(),
+            pod_total: d.per_gpu * m,
+            high_prio: pod["metadata"]["annotations"][ANN_HIGH_PRIORITY]
+                .as_str()
+                .is_some_and(|v| v.trim() == "true" || v.trim() == "1"),
         };
         Ok((format!("{ns}/{name}"), alloc))
     }
@@ -435,6 +586,11 @@ impl Plugin {
             Ok((pod, alloc)) => {
                 write_file_atomically(&path, alloc.to_file().as_bytes())
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                if !self.cfg.expose_all_gpus {
+                    let spec = self.cfg.cdi_dir.join(cdi_name(ids).1);
+                    write_file_atomically(&spec, cdi_spec(ids, &alloc).as_bytes())
+                        .map_err(|e| format!("cannot write {}: {e}", spec.display()))?;
+                }
                 tracing::info!(
                     "{pod}: {} gets {:?} GiB on {:?}",
                     alloc.container_id,
@@ -454,8 +610,10 @@ impl Plugin {
                 Ok(())
             }
             Err(e) => {
-                // A stale file from an earlier start must not hand out memory.
+                // A stale file from an earlier start must not hand out memory
+                // (nor GPUs: without its CDI spec the container is not created).
                 let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(self.cfg.cdi_dir.join(cdi_name(ids).1));
                 tracing::error!("{e}");
                 if let Ok((ns, name, _)) = &owner {
                     self.event(ns, name, &e).await;
@@ -476,10 +634,8 @@ impl Plugin {
             .await
             .ok()
             .and_then(|p| p.metadata.uid);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let nanos = now.as_nanosecond();
         let ev = Event {
             metadata: ObjectMeta {
                 name: Some(format!("{pod}.cgpu.{nanos:x}")),
@@ -504,6 +660,11 @@ impl Plugin {
             reporting_component: Some(COMPONENT_DEVICE_PLUGIN.into()),
             reporting_instance: Some(self.cfg.node_name.clone()),
             count: Some(1),
+            // `kubectl describe` shows the age from these.
+            event_time: Some(MicroTime(now)),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            action: Some("PreStartContainer".into()),
             ..Default::default()
         };
         if let Err(e) = events.create(&PostParams::default(), &ev).await {
@@ -526,25 +687,36 @@ impl Plugin {
             .await
             .map_err(|e| format!("PodResources List failed: {e}"))?
             .into_inner();
-        let keep: Vec<String> = list
+        let held: Vec<&Vec<String>> = list
             .pod_resources
             .iter()
             .flat_map(|p| p.containers.iter())
             .flat_map(|c| c.devices.iter())
             .filter(|d| d.resource_name == RESOURCE_GPU_MEM)
-            .map(|d| alloc_file_name(&d.device_ids))
+            .map(|d| &d.device_ids)
             .collect();
-        let Ok(dir) = std::fs::read_dir(&self.cfg.alloc_dir) else {
-            return Ok(0);
-        };
+        let keep: Vec<String> = held
+            .iter()
+            .flat_map(|ids| [alloc_file_name(ids), cdi_name(ids).1])
+            .collect();
         let mut removed = 0;
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name.ends_with(".env")
-                && !keep.contains(&name)
-                && std::fs::remove_file(e.path()).is_ok()
-            {
-                removed += 1;
+        for (dir, ours) in [
+            (
+                &self.cfg.alloc_dir,
+                (|n: &str| n.ends_with(".env")) as fn(&str) -> bool,
+            ),
+            (&self.cfg.cdi_dir, |n: &str| {
+                n.starts_with("cgpu-") && n.ends_with(".json")
+            }),
+        ] {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if ours(&name) && !keep.contains(&name) && std::fs::remove_file(e.path()).is_ok() {
+                    removed += 1;
+                }
             }
         }
         Ok(removed)
@@ -707,11 +879,24 @@ pub async fn run(plugin: Arc<Plugin>, stop: impl std::future::Future<Output = ()
                 mem,
                 stopping: rx.clone(),
             };
+            // Each connection passes through the relay that accepts any
+            // :authority (see crate::h2_authority).
+            let incoming = futures::StreamExt::map(UnixListenerStream::new(listener), |conn| {
+                conn.map(|unix| {
+                    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                    tokio::spawn(crate::h2_authority::relay(
+                        unix,
+                        theirs,
+                        crate::h2_authority::accept_any_authority,
+                    ));
+                    ours
+                })
+            });
             let mut rx = rx.clone();
             servers.push(tokio::spawn(async move {
                 let _ = tonic::transport::Server::builder()
                     .add_service(dp::device_plugin_server::DevicePluginServer::new(svc))
-                    .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    .serve_with_incoming_shutdown(incoming, async move {
                         let _ = rx.changed().await;
                     })
                     .await;

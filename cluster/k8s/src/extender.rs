@@ -12,14 +12,16 @@
 //! removed and the reservation dropped.
 
 use crate::kube_io::to_value;
-use crate::signing::DecisionKey;
-use axum::extract::State;
+use crate::signing::{DecisionKey, DecisionVerifier};
+use axum::body::Bytes;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use cgpu_cluster_core::decision::{
-    node_gpus, node_usage, pod_gpu_use, pod_request, Decision, NodeGpu,
+    gpu_allowed, gpu_constraints, node_gpus, node_usage, pod_gpu_use, pod_request, Decision,
+    NodeGpu,
 };
 use cgpu_cluster_core::names::*;
 use cgpu_cluster_core::placement::{self, Gpu, Policy};
@@ -48,6 +50,11 @@ pub struct ResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NamespaceLabels {
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GpuLabels {
     pub node: String,
     pub gpu: String,
@@ -62,6 +69,9 @@ pub struct Metrics {
     pub reserved: Gauge,
     pub gpu_allocated: Family<GpuLabels, Gauge>,
     pub gpu_total: Family<GpuLabels, Gauge>,
+    pub gpu_pods: Family<GpuLabels, Gauge>,
+    pub ns_allocated: Family<NamespaceLabels, Gauge>,
+    pub ns_requested: Family<NamespaceLabels, Gauge>,
 }
 
 impl Metrics {
@@ -103,9 +113,30 @@ impl Metrics {
             "Size of a GPU in GiB as the cluster counts it",
             gpu_total.clone(),
         );
+        let gpu_pods = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "gpu_pods",
+            "Pods holding a share of a GPU",
+            gpu_pods.clone(),
+        );
+        let ns_allocated = Family::<NamespaceLabels, Gauge>::default();
+        let ns_requested = Family::<NamespaceLabels, Gauge>::default();
+        registry.register(
+            "namespace_gpu_memory_allocated_gib",
+            "GPU memory (GiB, over all their GPUs) held by a namespace's pods: decided, bound, running or terminating",
+            ns_allocated.clone(),
+        );
+        registry.register(
+            "namespace_gpu_memory_requested_gib",
+            "GPU memory (GiB) asked for by a namespace's unfinished pods, placed or not",
+            ns_requested.clone(),
+        );
         Metrics {
             gpu_allocated,
             gpu_total,
+            gpu_pods,
+            ns_allocated,
+            ns_requested,
             registry,
             requests,
             nodes,
@@ -124,8 +155,9 @@ impl Metrics {
     }
 }
 
-#[derive(Default)]
 struct View {
+    /// Checks the signature of every decision the view counts.
+    verifier: DecisionVerifier,
     nodes: HashMap<String, Value>,
     /// Pods by uid.
     pods: HashMap<String, Value>,
@@ -143,6 +175,31 @@ struct Reservation {
 }
 
 impl View {
+    fn new(verifier: DecisionVerifier) -> View {
+        View {
+            verifier,
+            nodes: HashMap::new(),
+            pods: HashMap::new(),
+            reserved: HashMap::new(),
+            seq: 0,
+        }
+    }
+
+    fn holds(&self, pod: &Value) -> bool {
+        !pod_gpu_use(pod, &|d| self.verifier.verify(d)).is_empty()
+    }
+
+    /// The node's GPUs the pod may use (its model/UUID annotations), with
+    /// what they hold.
+    fn usage_for(&self, node: &str, pod: &Value) -> Option<(Vec<NodeGpu>, Vec<Gpu>)> {
+        let (gpus, mut usage) = self.usage(node)?;
+        usage.retain(|u| {
+            gpus.iter()
+                .any(|g| g.index == u.index && gpu_allowed(pod, g))
+        });
+        Some((gpus, usage))
+    }
+
     fn usage(&self, node: &str) -> Option<(Vec<NodeGpu>, Vec<Gpu>)> {
         let n = self.nodes.get(node)?;
         let gpus = node_gpus(n);
@@ -153,7 +210,7 @@ impl View {
                 !self.reserved.contains_key(*uid) && p["spec"]["nodeName"].as_str() == Some(node)
             })
             .map(|(_, p)| p);
-        let mut usage = node_usage(&gpus, on_node);
+        let mut usage = node_usage(&gpus, on_node, &|d| self.verifier.verify(d));
         for r in self.reserved.values() {
             if r.node != node {
                 continue;
@@ -168,20 +225,32 @@ impl View {
         Some((gpus, usage))
     }
 
+    /// The node's policy: its `cgpu.io/gpu-policy` label, else ACK's
+    /// `ack.node.gpu.placement`, else the extender's default.
     fn policy(&self, node: &str, default: Policy) -> Policy {
-        self.nodes
-            .get(node)
-            .and_then(|n| n["metadata"]["labels"][LABEL_NODE_POLICY].as_str())
-            .and_then(Policy::parse)
+        let labels = self.nodes.get(node).map(|n| &n["metadata"]["labels"]);
+        [LABEL_NODE_POLICY, LABEL_NODE_PLACEMENT_ACK]
+            .iter()
+            .find_map(|l| {
+                labels
+                    .and_then(|ls| ls[*l].as_str())
+                    .and_then(Policy::parse)
+            })
             .unwrap_or(default)
     }
 
     /// A reservation ends when the watch shows the pod bound with its
     /// decision (the view then counts it), or the pod deleted.
     fn settle(&mut self) {
-        let pods = &self.pods;
-        self.reserved
-            .retain(|uid, _| pods.get(uid).is_none_or(|p| pod_gpu_use(p).is_empty()));
+        let done: Vec<String> = self
+            .reserved
+            .keys()
+            .filter(|uid| self.pods.get(*uid).is_some_and(|p| self.holds(p)))
+            .cloned()
+            .collect();
+        for uid in done {
+            self.reserved.remove(&uid);
+        }
     }
 
     /// After a relist that began at `since`: reservations made before it
@@ -214,9 +283,9 @@ impl Extender {
     pub fn new(client: Client, key: DecisionKey, default_policy: Policy) -> Arc<Extender> {
         Arc::new(Extender {
             client,
+            view: Mutex::new(View::new(key.verifier())),
             key,
             default_policy,
-            view: Mutex::new(View::default()),
             node_locks: Mutex::new(HashMap::new()),
             pods_synced: AtomicBool::new(false),
             nodes_synced: AtomicBool::new(false),
@@ -317,12 +386,9 @@ impl Extender {
                 .filter(|n| !node_gpus(n).is_empty())
                 .count() as i64,
         );
-        self.metrics.pods.set(
-            view.pods
-                .values()
-                .filter(|p| !pod_gpu_use(p).is_empty())
-                .count() as i64,
-        );
+        self.metrics
+            .pods
+            .set(view.pods.values().filter(|p| view.holds(p)).count() as i64);
         self.metrics.reserved.set(view.reserved.len() as i64);
     }
 
@@ -331,11 +397,24 @@ impl Extender {
         self.pods_synced.load(Ordering::Acquire) && self.nodes_synced.load(Ordering::Acquire)
     }
 
+    /// Publishes the public key of the decisions (see [`crate::signing`]).
+    pub async fn publish_public_key(&self, namespace: &str) -> Result<(), String> {
+        self.key.publish(&self.client, namespace).await
+    }
+
+    /// The routes: cgpu's, and gpushare's beside them (same handlers), so a
+    /// scheduler configured for gpushare's extender needs no change.
     pub fn router(self: &Arc<Self>) -> Router {
         Router::new()
             .route("/filter", post(filter))
             .route("/prioritize", post(prioritize))
             .route("/bind", post(bind))
+            .route("/gpushare-scheduler/filter", post(filter))
+            .route("/gpushare-scheduler/prioritize", post(prioritize))
+            .route("/gpushare-scheduler/bind", post(bind))
+            .route("/gpushare-scheduler/inspect", get(inspect_all))
+            .route("/gpushare-scheduler/inspect/{node}", get(inspect_node))
+            .route("/version", get(|| async { env!("CARGO_PKG_VERSION") }))
             .route("/healthz", get(|| async { "ok" }))
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics))
@@ -343,7 +422,33 @@ impl Extender {
     }
 
     /// The filter's answer for one pod over the given nodes.
+    /// The filter's answer for one pod over the given nodes, in the form
+    /// the scheduler asked in: node names for node names (`nodeCacheCapable:
+    /// true`), node objects for node objects.
     pub fn filter(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
+        let mut out = self.filter_names(args);
+        let pass = out.node_names.take().unwrap_or_default();
+        match (&args.node_names, &args.nodes) {
+            (None, Some(list)) => {
+                out.nodes = Some(NodeList {
+                    items: list
+                        .items
+                        .iter()
+                        .filter(|n| {
+                            n["metadata"]["name"]
+                                .as_str()
+                                .is_some_and(|name| pass.iter().any(|p| p == name))
+                        })
+                        .cloned()
+                        .collect(),
+                });
+            }
+            _ => out.node_names = Some(pass),
+        }
+        out
+    }
+
+    fn filter_names(&self, args: &ExtenderArgs) -> ExtenderFilterResult {
         let names = node_names(args);
         let mut out = ExtenderFilterResult::default();
         let req = match pod_request(&args.pod) {
@@ -363,11 +468,21 @@ impl Extender {
         }
         let view = self.view.lock();
         for n in names {
-            let Some((_, usage)) = view.usage(&n) else {
+            let Some((gpus, usage)) = view.usage_for(&n, &args.pod) else {
                 out.failed_and_unresolvable_nodes
                     .insert(n, "the node is unknown to cgpu-scheduler-extender".into());
                 continue;
             };
+            if usage.is_empty() && !gpus.is_empty() {
+                out.failed_and_unresolvable_nodes.insert(
+                    n,
+                    format!(
+                        "no GPU of the node matches the pod's {}",
+                        gpu_constraints(&args.pod)
+                    ),
+                );
+                continue;
+            }
             if usage.is_empty() {
                 out.failed_and_unresolvable_nodes.insert(
                     n,
@@ -400,7 +515,7 @@ impl Extender {
                     .as_ref()
                     .filter(|r| r.wants_gpu_mem())
                     .and_then(|r| {
-                        let (_, usage) = view.usage(&n)?;
+                        let (_, usage) = view.usage_for(&n, &args.pod)?;
                         placement::score(
                             &usage,
                             r,
@@ -459,7 +574,7 @@ impl Extender {
         if req.wants_gpu_mem() {
             let (decision, per) = {
                 let mut view = self.view.lock();
-                let (gpus, usage) = view.usage(&args.node).ok_or_else(|| {
+                let (gpus, usage) = view.usage_for(&args.node, &pod).ok_or_else(|| {
                     format!("node {} is unknown to cgpu-scheduler-extender", args.node)
                 })?;
                 let policy = view.policy(&args.node, self.default_policy);
@@ -496,6 +611,7 @@ impl Extender {
                 let idx = per.keys().next().expect("one GPU");
                 annotations.insert(ANN_GPUSHARE_IDX.into(), json!(idx.to_string()));
             }
+            annotations.insert(ANN_GPUSHARE_DEV.into(), json!(decision.gpu_gib.to_string()));
             annotations.insert(
                 ANN_GPUSHARE_POD.into(),
                 json!(decision
@@ -584,29 +700,55 @@ fn node_names(args: &ExtenderArgs) -> Vec<String> {
         .unwrap_or_default()
 }
 
-async fn filter(
-    State(x): State<Arc<Extender>>,
-    Json(args): Json<ExtenderArgs>,
-) -> Json<ExtenderFilterResult> {
+/// Decodes a scheduler request; what cannot be decoded is answered with
+/// HTTP 200 and the reason in `Error` (as gpushare does), so the scheduler
+/// logs the reason rather than a bare status code.
+fn decode<T: serde::de::DeserializeOwned>(verb: &str, body: &Bytes) -> Result<T, String> {
+    serde_json::from_slice(body).map_err(|e| {
+        let msg = format!("cgpu-scheduler-extender cannot decode the {verb} request: {e}");
+        tracing::warn!("{msg}");
+        msg
+    })
+}
+
+async fn filter(State(x): State<Arc<Extender>>, body: Bytes) -> Json<ExtenderFilterResult> {
+    let args: ExtenderArgs = match decode("filter", &body) {
+        Ok(a) => a,
+        Err(error) => {
+            x.metrics.count("filter", "error");
+            return Json(ExtenderFilterResult {
+                error,
+                ..Default::default()
+            });
+        }
+    };
     let r = x.filter(&args);
-    let passed = r.node_names.as_ref().is_some_and(|n| !n.is_empty());
+    let passed = r.node_names.as_ref().is_some_and(|n| !n.is_empty())
+        || r.nodes.as_ref().is_some_and(|n| !n.items.is_empty());
     x.metrics
         .count("filter", if passed { "fit" } else { "no_fit" });
     Json(r)
 }
 
-async fn prioritize(
-    State(x): State<Arc<Extender>>,
-    Json(args): Json<ExtenderArgs>,
-) -> Json<Vec<HostPriority>> {
+async fn prioritize(State(x): State<Arc<Extender>>, body: Bytes) -> Json<Vec<HostPriority>> {
+    // The priority list has no error member: an undecodable request scores
+    // no node (the scheduler then ranks by its own plugins).
+    let Ok(args) = decode::<ExtenderArgs>("prioritize", &body) else {
+        x.metrics.count("prioritize", "error");
+        return Json(Vec::new());
+    };
     x.metrics.count("prioritize", "ok");
     Json(x.prioritize(&args))
 }
 
-async fn bind(
-    State(x): State<Arc<Extender>>,
-    Json(args): Json<ExtenderBindingArgs>,
-) -> Json<ExtenderBindingResult> {
+async fn bind(State(x): State<Arc<Extender>>, body: Bytes) -> Json<ExtenderBindingResult> {
+    let args: ExtenderBindingArgs = match decode("bind", &body) {
+        Ok(a) => a,
+        Err(error) => {
+            x.metrics.count("bind", "error");
+            return Json(ExtenderBindingResult { error });
+        }
+    };
     match x.bind(&args).await {
         Ok(()) => {
             x.metrics.count("bind", "ok");
@@ -623,6 +765,109 @@ async fn bind(
             Json(ExtenderBindingResult { error })
         }
     }
+}
+
+/// gpushare's `/gpushare-scheduler/inspect` answer: per node, its GPUs and
+/// the pods on each (GiB).
+#[derive(serde::Serialize)]
+struct GpushareInspect {
+    nodes: Vec<GpushareNode>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    error: String,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GpushareNode {
+    name: String,
+    #[serde(rename = "totalGPU")]
+    total_gpu: u64,
+    #[serde(rename = "usedGPU")]
+    used_gpu: u64,
+    devs: Vec<GpushareDev>,
+}
+
+#[derive(serde::Serialize)]
+struct GpushareDev {
+    id: u32,
+    #[serde(rename = "totalGPU")]
+    total_gpu: u64,
+    #[serde(rename = "usedGPU")]
+    used_gpu: u64,
+    pods: Vec<GpusharePod>,
+}
+
+#[derive(serde::Serialize)]
+struct GpusharePod {
+    name: String,
+    namespace: String,
+    #[serde(rename = "usedGPU")]
+    used_gpu: u64,
+}
+
+impl Extender {
+    fn gpushare_inspect(&self, only: Option<&str>) -> GpushareInspect {
+        let view = self.view.lock();
+        let mut names: Vec<&String> = view
+            .nodes
+            .keys()
+            .filter(|n| only.is_none_or(|o| o == n.as_str()))
+            .collect();
+        names.sort();
+        let mut nodes = Vec::new();
+        for name in names {
+            let Some((_, usage)) = view.usage(name) else {
+                continue;
+            };
+            if usage.is_empty() {
+                continue;
+            }
+            let devs: Vec<GpushareDev> = usage
+                .iter()
+                .map(|g| GpushareDev {
+                    id: g.index,
+                    total_gpu: g.total,
+                    used_gpu: g.used,
+                    pods: view
+                        .pods
+                        .values()
+                        .filter(|p| p["spec"]["nodeName"].as_str() == Some(name.as_str()))
+                        .filter_map(|p| {
+                            let gib =
+                                *pod_gpu_use(p, &|d| view.verifier.verify(d)).get(&g.index)?;
+                            Some(GpusharePod {
+                                name: p["metadata"]["name"].as_str().unwrap_or("").into(),
+                                namespace: p["metadata"]["namespace"].as_str().unwrap_or("").into(),
+                                used_gpu: gib,
+                            })
+                        })
+                        .collect(),
+                })
+                .collect();
+            nodes.push(GpushareNode {
+                name: name.clone(),
+                total_gpu: usage.iter().map(|g| g.total).sum(),
+                used_gpu: usage.iter().map(|g| g.used).sum(),
+                devs,
+            });
+        }
+        let error = match only {
+            Some(n) if nodes.is_empty() => format!("node {n} has no shared GPUs in the view"),
+            _ => String::new(),
+        };
+        GpushareInspect { nodes, error }
+    }
+}
+
+async fn inspect_all(State(x): State<Arc<Extender>>) -> Json<GpushareInspect> {
+    Json(x.gpushare_inspect(None))
+}
+
+async fn inspect_node(
+    State(x): State<Arc<Extender>>,
+    Path(node): Path<String>,
+) -> Json<GpushareInspect> {
+    Json(x.gpushare_inspect(Some(&node)))
 }
 
 async fn readyz(State(x): State<Arc<Extender>>) -> impl IntoResponse {
@@ -642,6 +887,48 @@ async fn metrics(State(x): State<Arc<Extender>>) -> impl IntoResponse {
         let view = x.view.lock();
         x.metrics.gpu_allocated.clear();
         x.metrics.gpu_total.clear();
+        x.metrics.gpu_pods.clear();
+        x.metrics.ns_allocated.clear();
+        x.metrics.ns_requested.clear();
+        let mut allocated: BTreeMap<String, u64> = BTreeMap::new();
+        let mut requested: BTreeMap<String, u64> = BTreeMap::new();
+        for p in view.pods.values() {
+            let phase = p["status"]["phase"].as_str().unwrap_or("");
+            if phase == "Succeeded" || phase == "Failed" {
+                continue;
+            }
+            let ns = p["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            let held: u64 = pod_gpu_use(p, &|d| view.verifier.verify(d)).values().sum();
+            if held > 0 {
+                *allocated.entry(ns.clone()).or_default() += held;
+            }
+            if let Ok(r) = pod_request(p) {
+                let app: u64 = r.containers.iter().filter(|c| !c.init).map(|c| c.mem).sum();
+                let init = r
+                    .containers
+                    .iter()
+                    .filter(|c| c.init)
+                    .map(|c| c.mem)
+                    .max()
+                    .unwrap_or(0);
+                if app.max(init) > 0 {
+                    *requested.entry(ns).or_default() += app.max(init);
+                }
+            }
+        }
+        for (metric, values) in [
+            (&x.metrics.ns_allocated, allocated),
+            (&x.metrics.ns_requested, requested),
+        ] {
+            for (namespace, gib) in values {
+                metric
+                    .get_or_create(&NamespaceLabels { namespace })
+                    .set(gib as i64);
+            }
+        }
         for node in view.nodes.keys() {
             let Some((_, usage)) = view.usage(node) else {
                 continue;
@@ -653,6 +940,7 @@ async fn metrics(State(x): State<Arc<Extender>>) -> impl IntoResponse {
                 };
                 x.metrics.gpu_allocated.get_or_create(&l).set(g.used as i64);
                 x.metrics.gpu_total.get_or_create(&l).set(g.total as i64);
+                x.metrics.gpu_pods.get_or_create(&l).set(i64::from(g.pods));
             }
         }
     }

@@ -2,7 +2,7 @@
 //! pods' recorded decisions (ours, ACK's or gpushare's annotations).
 
 use cgpu_cluster_core::decision::{
-    node_gpus, node_ip, pod_gpu_use, pod_holds_gpu, pod_key, pod_request,
+    node_gpus, node_ip, pod_gpu_use, pod_holds_gpu, pod_key, pod_request, Verify,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -23,9 +23,15 @@ pub struct NodeView {
     pub gpus: Vec<GpuView>,
     pub allocated: u64,
     pub total: u64,
-    /// Pods bound here that ask for GPU memory but hold no recorded
-    /// decision (scheduled without the extender): they get no GPU memory.
+    /// Pods bound here that ask for GPU memory but hold no decision that
+    /// counts (scheduled without the extender, or carrying a copied or
+    /// forged one): they get no GPU memory, though the kubelet has set
+    /// their `aliyun.com/gpu-mem` aside.
     pub undecided: Vec<String>,
+    /// The same pods with what they ask for: gpushare's "pending" column.
+    /// They hold no GPU memory, so `allocated` leaves them out (gpushare,
+    /// whose pending pods get memory later, counts them in).
+    pub pending: Vec<PodShare>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -45,8 +51,10 @@ pub struct PodShare {
 }
 
 /// Builds the view from node and pod objects (Kubernetes JSON). Nodes with
-/// no shared GPUs are left out; nodes are sorted by name.
-pub fn view(nodes: &[Value], pods: &[Value]) -> ClusterView {
+/// no shared GPUs are left out; nodes are sorted by name. A decision counts
+/// only for the pod it names, on its node, and when `verify` accepts its
+/// signature; a pod whose decision does not count is listed as undecided.
+pub fn view(nodes: &[Value], pods: &[Value], verify: Verify) -> ClusterView {
     let mut out = Vec::new();
     for node in nodes {
         let gpus = node_gpus(node);
@@ -65,14 +73,39 @@ pub fn view(nodes: &[Value], pods: &[Value]) -> ClusterView {
             })
             .collect();
         let mut undecided = Vec::new();
+        let mut pending: Vec<PodShare> = Vec::new();
         for pod in pods
             .iter()
             .filter(|p| p["spec"]["nodeName"].as_str() == Some(name.as_str()))
         {
-            let used = pod_gpu_use(pod);
+            let used = pod_gpu_use(pod, verify);
             if used.is_empty() {
-                if pod_holds_gpu(pod) && pod_request(pod).is_ok_and(|r| r.wants_gpu_mem()) {
-                    undecided.push(pod_key(pod));
+                if let Ok(r) = pod_request(pod) {
+                    if pod_holds_gpu(pod) && r.wants_gpu_mem() {
+                        undecided.push(pod_key(pod));
+                        let asked = r
+                            .containers
+                            .iter()
+                            .filter(|c| !c.init)
+                            .map(|c| c.mem)
+                            .sum::<u64>()
+                            .max(
+                                r.containers
+                                    .iter()
+                                    .filter(|c| c.init)
+                                    .map(|c| c.mem)
+                                    .max()
+                                    .unwrap_or(0),
+                            );
+                        pending.push(PodShare {
+                            namespace: pod["metadata"]["namespace"]
+                                .as_str()
+                                .unwrap_or("")
+                                .to_string(),
+                            name: pod["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                            allocated: asked,
+                        });
+                    }
                 }
                 continue;
             }
@@ -97,6 +130,7 @@ pub fn view(nodes: &[Value], pods: &[Value]) -> ClusterView {
             gpus: gv,
             name,
             undecided,
+            pending,
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -137,14 +171,22 @@ fn table(rows: &[Vec<String>]) -> String {
 }
 
 const RULE: &str = "---------------------------------------------------------------------";
+/// The rule under each node of the `-d` layout (gpushare's is longer).
+const DETAILS_RULE: &str =
+    "------------------------------------------------------------------------";
 
 /// The summary table (one row per node, one column per GPU index up to the
-/// largest GPU count, `0/0` where a node has fewer).
+/// largest GPU count, `0/0` where a node has fewer; gpushare's
+/// `PENDING(Allocated)` column when some node has pending pods).
 pub fn render(v: &ClusterView) -> String {
     let columns = v.nodes.iter().map(|n| n.gpus.len()).max().unwrap_or(0);
+    let any_pending = v.nodes.iter().any(|n| !n.pending.is_empty());
     let mut rows = Vec::new();
     let mut head = vec!["NAME".to_string(), "IPADDRESS".to_string()];
     head.extend((0..columns).map(|i| format!("GPU{i}(Allocated/Total)")));
+    if any_pending {
+        head.push("PENDING(Allocated)".into());
+    }
     head.push("GPU Memory(GiB)".into());
     rows.push(head);
     for n in &v.nodes {
@@ -154,6 +196,15 @@ pub fn render(v: &ClusterView) -> String {
                 Some(g) => format!("{}/{}", g.allocated, g.total),
                 None => "0/0".into(),
             });
+        }
+        if any_pending {
+            r.push(
+                n.pending
+                    .iter()
+                    .map(|p| p.allocated)
+                    .sum::<u64>()
+                    .to_string(),
+            );
         }
         r.push(format!("{}/{}", n.allocated, n.total));
         rows.push(r);
@@ -166,51 +217,68 @@ pub fn render(v: &ClusterView) -> String {
     s
 }
 
-/// `-d`: per node, the pods on each GPU.
+/// `-d`: per node, the pods on each GPU, in gpushare's layout: a
+/// `Pending(Allocated)` column when the node has pending pods, and the
+/// node's `Allocated :`/`Total :` rows aligned with the pod names.
 pub fn render_details(v: &ClusterView) -> String {
     let mut s = String::new();
     for n in &v.nodes {
-        s.push_str(&format!(
-            "\nNAME:       {}\nIPADDRESS:  {}\n\n",
-            n.name, n.ip
-        ));
+        s.push_str(&table(&[
+            vec![],
+            vec!["NAME:".into(), n.name.clone()],
+            vec!["IPADDRESS:".into(), n.ip.clone()],
+            vec![],
+        ]));
+        let with_pending = !n.pending.is_empty();
         let mut rows = Vec::new();
         let mut head = vec!["NAME".to_string(), "NAMESPACE".to_string()];
         head.extend(n.gpus.iter().map(|g| format!("GPU{}(Allocated)", g.index)));
+        if with_pending {
+            head.push("Pending(Allocated)".into());
+        }
         rows.push(head);
         let mut pods: Vec<(String, String)> = n
             .gpus
             .iter()
             .flat_map(|g| g.pods.iter().map(|p| (p.namespace.clone(), p.name.clone())))
+            .chain(
+                n.pending
+                    .iter()
+                    .map(|p| (p.namespace.clone(), p.name.clone())),
+            )
             .collect();
         pods.sort();
         pods.dedup();
         for (ns, name) in &pods {
             let mut r = vec![name.clone(), ns.clone()];
-            for g in &n.gpus {
-                let a: u64 = g
-                    .pods
-                    .iter()
+            let mine = |list: &[PodShare]| -> u64 {
+                list.iter()
                     .filter(|p| &p.namespace == ns && &p.name == name)
                     .map(|p| p.allocated)
-                    .sum();
-                r.push(a.to_string());
+                    .sum()
+            };
+            for g in &n.gpus {
+                r.push(mine(&g.pods).to_string());
+            }
+            if with_pending {
+                r.push(mine(&n.pending).to_string());
             }
             rows.push(r);
         }
-        s.push_str(&table(&rows));
         let pct = (n.allocated * 100).checked_div(n.total).unwrap_or(0);
-        s.push_str(&format!(
-            "Allocated :  {} ({}%)\nTotal :      {}\n",
-            n.allocated, pct, n.total
-        ));
+        rows.push(vec![
+            "Allocated :".into(),
+            format!("{} ({}%)", n.allocated, pct),
+        ]);
+        rows.push(vec!["Total :".into(), n.total.to_string()]);
+        s.push_str(&table(&rows));
+        s.push_str(DETAILS_RULE);
+        s.push('\n');
         for p in &n.undecided {
             s.push_str(&format!(
-                "Not allocated: {p} asks for aliyun.com/gpu-mem but holds no scheduler decision (no GPU memory)\n"
+                "Not allocated: {p} asks for aliyun.com/gpu-mem but holds no valid scheduler decision (no GPU memory)\n"
             ));
         }
-        s.push_str(RULE);
-        s.push('\n');
     }
     s.push_str(&format!(
         "\nAllocated/Total GPU Memory In Cluster:  {}/{} ({}%)\n",
@@ -240,7 +308,7 @@ mod tests {
         let pod = json!({"metadata": {"name": "disable-cgpu-x", "namespace": "default",
             "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "3"}},
             "spec": {"nodeName": "cn-beijing.192.16x.x.xx3"}, "status": {"phase": "Running"}});
-        let v = view(&nodes, &[pod]);
+        let v = view(&nodes, &[pod], &|_| true);
         assert_eq!(
             render(&v),
             "NAME                      IPADDRESS      GPU0(Allocated/Total)  GPU Memory(GiB)\n\
@@ -259,7 +327,7 @@ mod tests {
         let pod = json!({"metadata": {"name": "p", "namespace": "ml",
             "annotations": {"scheduler.framework.gpushare.allocation": "{\"0\":{\"0\":4,\"1\":4}}"}},
             "spec": {"nodeName": "a"}, "status": {"phase": "Running"}});
-        let v = view(&nodes, &[pod]);
+        let v = view(&nodes, &[pod], &|_| true);
         let out = render(&v);
         assert!(
             out.contains("b     10.0.0.2   0/15                   0/0                    0/15\n"),
@@ -267,7 +335,45 @@ mod tests {
         );
         assert!(out.ends_with("8/45 (17%)\n"), "{out}");
         let d = render_details(&v);
-        assert!(d.contains("p     ml         4                4\n"), "{d}");
-        assert!(d.contains("Allocated :  8 (26%)"), "{d}");
+        assert!(
+            d.contains("p            ml         4                4\n"),
+            "{d}"
+        );
+        assert!(d.contains("Allocated :  8 (26%)\nTotal :      30\n"), "{d}");
+    }
+
+    /// gpushare's `-d` layout, as printed on a node with a pending pod
+    /// (whose 4 GiB gpushare would count in `Allocated`).
+    #[test]
+    fn details_in_gpushare_layout_with_a_pending_pod() {
+        let nodes = vec![node("nlu-framework-worker-1", "192.168.0.53", 1, 47)];
+        let placed = json!({"metadata": {"name": "gpu-share-pod3", "namespace": "default",
+            "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "11"}},
+            "spec": {"nodeName": "nlu-framework-worker-1"}, "status": {"phase": "Running"}});
+        let pending = json!({"metadata": {"name": "jupyter-admin888", "namespace": "jupyterhub"},
+            "spec": {"nodeName": "nlu-framework-worker-1", "containers": [{"name": "c",
+                "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]}, "status": {"phase": "Pending"}});
+        let v = view(&nodes, &[placed, pending], &|_| true);
+        let d = render_details(&v);
+        assert!(
+            d.starts_with(
+                "\nNAME:       nlu-framework-worker-1\nIPADDRESS:  192.168.0.53\n\n\
+                 NAME              NAMESPACE   GPU0(Allocated)  Pending(Allocated)\n\
+                 gpu-share-pod3    default     11               0\n\
+                 jupyter-admin888  jupyterhub  0                4\n\
+                 Allocated :       11 (23%)\n\
+                 Total :           47\n\
+                 ------------------------------------------------------------------------\n"
+            ),
+            "{d}"
+        );
+        let out = render(&v);
+        assert!(
+            out.starts_with(
+                "NAME                    IPADDRESS     GPU0(Allocated/Total)  PENDING(Allocated)  GPU Memory(GiB)\n\
+                 nlu-framework-worker-1  192.168.0.53  11/47                  4                   11/47\n"
+            ),
+            "{out}"
+        );
     }
 }

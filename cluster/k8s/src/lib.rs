@@ -3,6 +3,7 @@
 
 pub mod device_plugin;
 pub mod extender;
+pub mod h2_authority;
 pub mod inspect;
 pub mod kube_io;
 pub mod nvml;

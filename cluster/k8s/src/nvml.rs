@@ -65,11 +65,13 @@ impl Nvml {
 impl GpuSource for Nvml {
     fn gpus(&self, stated_gib: Option<u64>) -> Result<Vec<NodeGpu>, String> {
         // SAFETY: each symbol is looked up with its NVML C signature.
-        let (count, handle, uuid, mem) = unsafe {
+        let (count, handle, uuid, name, mem) = unsafe {
             (
                 self.sym::<CountFn>(b"nvmlDeviceGetCount_v2\0")?,
                 self.sym::<HandleFn>(b"nvmlDeviceGetHandleByIndex_v2\0")?,
                 self.sym::<UuidFn>(b"nvmlDeviceGetUUID\0")?,
+                // nvmlDeviceGetName has the same signature as GetUUID.
+                self.sym::<UuidFn>(b"nvmlDeviceGetName\0")?,
                 self.sym::<MemFn>(b"nvmlDeviceGetMemoryInfo\0")?,
             )
         };
@@ -99,6 +101,16 @@ impl GpuSource for Nvml {
             let u = unsafe { CStr::from_ptr(buf.as_ptr()) }
                 .to_string_lossy()
                 .into_owned();
+            let mut nbuf = [0 as c_char; 96];
+            // SAFETY: nbuf holds nbuf.len() bytes; NVML NUL-terminates within it.
+            let model = if unsafe { name(dev, nbuf.as_mut_ptr(), nbuf.len() as c_uint) } == 0 {
+                // SAFETY: NVML wrote a NUL-terminated string into nbuf (zeroed).
+                unsafe { CStr::from_ptr(nbuf.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned()
+            } else {
+                String::new()
+            };
             let mut m = MemoryInfo::default();
             // SAFETY: m is a valid nvmlMemory_t out-parameter.
             let rc = unsafe { mem(dev, &mut m) };
@@ -113,6 +125,7 @@ impl GpuSource for Nvml {
                 uuid: u,
                 memory_mib: mib,
                 gib: gpu_gib(mib, stated_gib),
+                model,
             });
         }
         Ok(out)

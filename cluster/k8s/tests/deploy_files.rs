@@ -49,7 +49,7 @@ fn device_plugin_mounts_what_it_uses() {
         "/var/lib/kubelet/pod-resources",
         "/run/cgpu",
         "/run/cgpu-alloc",
-        "/etc/cgpu/decision-key",
+        "/var/run/cdi",
     ] {
         assert!(
             ds.contains(&format!("mountPath: {path}")),
@@ -58,12 +58,63 @@ fn device_plugin_mounts_what_it_uses() {
     }
     let std = cgpu_cluster::device_plugin::PluginConfig::standard("n");
     assert_eq!(std.alloc_dir.to_str(), Some("/run/cgpu-alloc"));
+    assert_eq!(std.cdi_dir.to_str(), Some("/var/run/cdi"));
     assert_eq!(std.library_on_host.to_str(), Some("/opt/cgpu/libcgpu.so"));
     assert!(ds.contains("/host/opt/cgpu/libcgpu.so"));
     assert_eq!(
         cgpu_cluster::signing::DEFAULT_KEY_FILE,
         "/etc/cgpu/decision-key/key"
     );
+    // The plugins verify with the public key: no signing key on any node.
+    assert!(!ds.contains("secretName: cgpu-decision-key"), "{ds}");
+    assert!(!ds.contains("mountPath: /etc/cgpu/decision-key"), "{ds}");
+    let ext = read("scheduler-extender.yaml");
+    assert!(ext.contains("mountPath: /etc/cgpu/decision-key"));
+    assert!(ext.contains("secretName: cgpu-decision-key"));
+}
+
+/// Every container runs with the runtime's seccomp profile, no privilege
+/// escalation, no capabilities and a read-only root filesystem; the
+/// extender (which needs no root) as a non-root user.
+#[test]
+fn manifests_are_hardened() {
+    for f in ["device-plugin.yaml", "scheduler-extender.yaml"] {
+        let text = read(f);
+        let containers = text.matches("image: ").count();
+        for needle in [
+            "allowPrivilegeEscalation: false",
+            "readOnlyRootFilesystem: true",
+            "capabilities: {drop: [ALL]}",
+        ] {
+            assert_eq!(text.matches(needle).count(), containers, "{f}: {needle}");
+        }
+        assert_eq!(value(&text, "seccompProfile"), "{type: RuntimeDefault}");
+    }
+    let ext = read("scheduler-extender.yaml");
+    assert_eq!(value(&ext, "runAsNonRoot"), "true");
+    assert_eq!(value(&ext, "runAsUser"), "65532");
+}
+
+/// The plugin may read only the public key's ConfigMap, and a policy
+/// limits its node and pod patches to its own node and annotations.
+#[test]
+fn the_plugin_reads_the_public_key_and_patches_only_its_node() {
+    use cgpu_cluster_core::names::*;
+    let rbac = read("rbac.yaml");
+    let role = rbac
+        .split("\n---\n")
+        .find(|d| d.contains("kind: Role\n") && d.contains("name: cgpu-device-plugin\n"))
+        .expect("the plugin's Role");
+    assert!(role.contains(&format!("resourceNames: [{CONFIGMAP_DECISION_KEY}]")));
+    assert!(role.contains("verbs: [get]"));
+    let policy = rbac
+        .split("\n---\n")
+        .find(|d| d.contains("kind: ValidatingAdmissionPolicy\n"))
+        .expect("the policy");
+    assert!(policy.contains("system:serviceaccount:kube-system:cgpu-device-plugin"));
+    assert!(policy.contains(&format!("'{ANN_NODE_GPUS}'")));
+    assert!(policy.contains(&format!("'{ANN_GPUSHARE_ASSIGNED}'")));
+    assert!(policy.contains("authentication.kubernetes.io/node-name"));
 }
 
 /// `libcgpu.so` is injected into every job: none of the cluster crates'

@@ -51,6 +51,12 @@ fn scratch(name: &str) -> PathBuf {
 
 impl Cluster {
     async fn new(name: &str, gpus: &[&str], labels: Value) -> Cluster {
+        Cluster::with_kubelet(name, gpus, labels, false).await
+    }
+
+    /// `old_kubelet`: the kubelet dials plugins with the socket path as
+    /// `:authority` (kubelets before 1.26).
+    async fn with_kubelet(name: &str, gpus: &[&str], labels: Value, old_kubelet: bool) -> Cluster {
         let dir = scratch(name);
         let api = ApiServer::start().await;
         api.write_kubeconfig(&dir.join("kubeconfig"));
@@ -58,13 +64,20 @@ impl Cluster {
         api.put("nodes", json!({"metadata": {"name": NODE, "labels": labels},
                                 "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.11"}]}}));
         let sim = SimEnv::new().gpus(&gpus.join(","));
-        let kubelet = Kubelet::start(&dir.join("device-plugins")).await;
+        let kubelet = if old_kubelet {
+            Kubelet::start_old(&dir.join("device-plugins")).await
+        } else {
+            Kubelet::start(&dir.join("device-plugins")).await
+        };
         let client = kube::Client::try_from(kube::Config::new(api.url().parse().unwrap())).unwrap();
         let extender = Extender::new(
             client,
             DecisionKey::from_bytes(KEY).unwrap(),
             Policy::Binpack,
         );
+        // The plugin holds no signing key: it verifies with the public key
+        // the extender publishes.
+        extender.publish_public_key("kube-system").await.unwrap();
         extender.spawn_watches();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let ext_url = listener.local_addr().unwrap().to_string();
@@ -92,12 +105,12 @@ impl Cluster {
             .command(a.bin("cgpu-device-plugin"))
             .env("NODE_NAME", NODE)
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
-            .env("CGPU_DECISION_KEY_FILE", self.dir.join("key"))
             .env("CGPU_KUBELET_DIR", &self.kubelet.dir)
             .env("CGPU_POD_RESOURCES_SOCKET", &self.kubelet.pod_resources)
             .env("CGPU_LIBRARY", &a.libcgpu)
             .env("CGPU_LEDGER_DIR", self.dir.join("ledger"))
             .env("CGPU_ALLOC_DIR", self.dir.join("alloc"))
+            .env("CGPU_CDI_DIR", &self.kubelet.cdi_dir)
             .env("CGPU_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -251,6 +264,31 @@ async fn seed_000_two_v100s_give_two_gpus_of_4309_mib() {
         .mounts
         .iter()
         .any(|m| m.container_path == started.envs["CGPU_ALLOC_FILE"] && m.read_only));
+    // The plugin labelled the node with its GPUs' model and memory.
+    let node = c.api.get("nodes", "", NODE).unwrap();
+    assert_eq!(
+        node["metadata"]["labels"]["cgpu.io/gpu-model"],
+        "Tesla-V100-SXM2-16GB"
+    );
+    assert_eq!(
+        node["metadata"]["labels"]["cgpu.io/gpu-memory-mib"],
+        "16160"
+    );
+    // The runtime is told the pod's two GPUs, not all of the node's.
+    let d = Decision::from_pod(&c.get("tensorflow-mnist-multigpu")).unwrap();
+    let uuids: Vec<&str> = d.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    assert_eq!(uuids.len(), 2);
+    assert_eq!(started.envs["NVIDIA_VISIBLE_DEVICES"], uuids.join(","));
+    // /etc/ld.so.preload names the library as the container sees it, so a
+    // program that clears LD_PRELOAD still loads it.
+    assert!(started
+        .mounts
+        .iter()
+        .any(|m| m.container_path == "/etc/ld.so.preload" && m.read_only));
+    assert_eq!(
+        std::fs::read_to_string(started.host_path("/etc/ld.so.preload")).unwrap(),
+        format!("{}\n", started.envs["LD_PRELOAD"])
+    );
 
     // The container's process sees two GPUs of 4309 MiB.
     let out = c.exec(&started, &["devcount", "meminfo"]);
@@ -343,6 +381,15 @@ async fn without_the_extender_or_with_a_forged_decision_no_gpu_memory() {
         .unwrap_or_else(|| panic!("no event for the pod: {events:?}"));
     assert_eq!(ev["reason"], "CgpuAllocationRefused");
     assert_eq!(ev["type"], "Warning");
+    // Timestamps, so `kubectl describe` shows the event's age.
+    for t in ["firstTimestamp", "lastTimestamp"] {
+        let v = ev[t].as_str().unwrap_or_else(|| panic!("no {t}: {ev}"));
+        assert!(v.starts_with("20") && v.ends_with('Z'), "{t}={v}");
+    }
+    assert!(
+        ev["eventTime"].as_str().is_some_and(|v| v.contains('.')),
+        "{ev}"
+    );
     assert!(
         ev["message"]
             .as_str()
@@ -400,6 +447,8 @@ async fn without_the_extender_or_with_a_forged_decision_no_gpu_memory() {
             .collect(),
         mounts: Vec::new(),
     };
+    // ... and the runtime no GPU device (no CDI spec: not even created).
+    assert_eq!(never.envs["NVIDIA_VISIBLE_DEVICES"], "none");
     let mut cmd = c.sim.command(cuclient(LinkMode::Link));
     for (k, v) in never.env_on_host() {
         cmd.env(k, v);
@@ -457,6 +506,7 @@ async fn a_hundred_pods_admitted_in_random_order_each_get_their_own() {
             file,
             format!("CGPU_CONTAINER_ID=default/{n}/main\nALIYUN_COM_GPU_MEM_CONTAINER=1\nALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES={uuid}\n")
         );
+        assert_eq!(s.envs["NVIDIA_VISIBLE_DEVICES"], uuid);
         *per_gpu.entry(uuid).or_default() += 1;
     }
     // Binpack filled GPUs one after another: 15 + 15 + ... + 10.
@@ -657,4 +707,123 @@ async fn an_init_container_gets_its_own_share_though_podresources_does_not_list_
             "{file}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copied_decision_never_refuses_the_rightful_pods() {
+    let c = Cluster::new("copied", &[V100], json!({})).await;
+    c.ready(15).await;
+    let big = c.pod("big", json!([gpu_container("main", 12)]), 1);
+    c.api.patch(
+        "pods",
+        "default",
+        "big",
+        &json!({"metadata": {"annotations": {"cgpu.io/high-priority": "true"}}}),
+    );
+    c.schedule(&big).await.unwrap();
+    // Bound by spec.nodeName with every annotation of big: the GPU would
+    // hold 24 of 15 GiB if the copied decision counted, and big would be
+    // refused as over-committed.
+    let ann = c.get("big")["metadata"]["annotations"].clone();
+    c.api.put(
+        "pods",
+        json!({"metadata": {"name": "copycat", "namespace": "default", "annotations": ann},
+               "spec": {"nodeName": NODE, "containers": [gpu_container("main", 2)]},
+               "status": {"phase": "Running"}}),
+    );
+    let started = c.run_pod("big", "main").await.unwrap();
+    // Its annotation asked for high priority: the runtime sets it.
+    assert_eq!(started.envs["ALIYUN_COM_GPU_HIGH_PRIO"], "1");
+    let out = c.exec(&started, &["meminfo"]);
+    assert_eq!(
+        mib(field(line(&out, "meminfo"), "total").unwrap()),
+        16160 * 12 / 15,
+        "{out}"
+    );
+    let err = c.run_pod("copycat", "main").await.unwrap_err();
+    assert!(err.contains("was made for pod uid"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_kubelet_that_sends_the_socket_path_as_authority() {
+    let c = Cluster::with_kubelet("old-kubelet", &[V100, V100], json!({}), true).await;
+    c.ready(30).await;
+    let pod = c.pod("old", json!([gpu_container("main", 4)]), 2);
+    c.schedule(&pod).await.unwrap();
+    let started = c.run_pod("old", "main").await.unwrap();
+    let out = c.exec(&started, &["devcount", "meminfo"]);
+    assert_eq!(field(line(&out, "devcount"), "n"), Some("2"), "{out}");
+    assert_eq!(
+        mib(field(line(&out, "meminfo"), "total").unwrap()),
+        16160 * 2 / 15,
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpushare_cluster_moves_over_without_touching_pods_or_scheduler_config() {
+    use cgpu_cluster_testkit::scheduler::Scheduler;
+    // gpushare's node label for sharing without isolation.
+    let c = Cluster::new(
+        "gpushare",
+        &[V100, V100],
+        json!({"cgpu.disable.isolation": "true"}),
+    )
+    .await;
+    // Pods placed by gpushare's extender and ACK's scheduler, running.
+    c.api.put(
+        "pods",
+        json!({"metadata": {"name": "old-gpushare", "namespace": "default",
+                            "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "10",
+                                            "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}},
+               "spec": {"nodeName": NODE, "containers": [gpu_container("main", 10)]},
+               "status": {"phase": "Running"}}),
+    );
+    c.api.put(
+        "pods",
+        json!({"metadata": {"name": "old-ack", "namespace": "default",
+                            "annotations": {"scheduler.framework.gpushare.allocation": "{\"0\":{\"1\":3}}"}},
+               "spec": {"nodeName": NODE, "containers": [gpu_container("main", 3)]},
+               "status": {"phase": "Running"}}),
+    );
+    c.ready(30).await;
+    // kube-scheduler still configured for gpushare's extender paths.
+    let s = Scheduler::new(&c.ext_url, true).with_prefix("/gpushare-scheduler");
+    let node = c.api.get("nodes", "", NODE).unwrap();
+    let pod = c.pod("new", json!([gpu_container("main", 10)]), 1);
+    // The extender's view has the two running pods.
+    for _ in 0..60000 {
+        if c.extender.metrics.pods.get() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(c.extender.metrics.pods.get(), 2);
+    let f = s.filter(&pod, std::slice::from_ref(&node)).await.unwrap();
+    assert_eq!(f.nodes, [NODE], "{f:?}");
+    s.bind(&pod, NODE).await.unwrap();
+    // GPU0 has 5 GiB left, GPU1 12: the new pod goes to GPU1.
+    let d = Decision::from_pod(&c.get("new")).unwrap();
+    assert_eq!(d.gpus[0].index, 1);
+    let ann = &c.get("new")["metadata"]["annotations"];
+    assert_eq!(ann["ALIYUN_COM_GPU_MEM_IDX"], "1");
+    assert_eq!(ann["ALIYUN_COM_GPU_MEM_DEV"], "15");
+    let started = c.run_pod("new", "main").await.unwrap();
+    // The environment gpushare's plugin gives, and only GPU1 for the runtime.
+    for (k, v) in [
+        ("ALIYUN_COM_GPU_MEM_IDX", "1"),
+        ("ALIYUN_COM_GPU_MEM_POD", "10"),
+        ("ALIYUN_COM_GPU_MEM_CONTAINER", "10"),
+        ("ALIYUN_COM_GPU_MEM_DEV", "15"),
+        ("NVIDIA_VISIBLE_DEVICES", d.gpus[0].uuid.as_str()),
+    ] {
+        assert_eq!(started.envs[k], v, "{k}");
+    }
+    let file =
+        std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
+    assert!(file.ends_with("CGPU_DISABLE=true\n"), "{file}");
+    // A further 6 GiB pod fits neither GPU (5 and 2 GiB left).
+    let late = c.pod("late", json!([gpu_container("main", 6)]), 1);
+    let f = s.filter(&late, std::slice::from_ref(&node)).await.unwrap();
+    assert!(f.nodes.is_empty(), "{f:?}");
 }

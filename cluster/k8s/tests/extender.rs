@@ -99,6 +99,7 @@ fn gpu_node(api: &ApiServer, name: &str, gpus: u32, mib: u64) {
             uuid: format!("GPU-{name}-{i}"),
             memory_mib: mib,
             gib: mib / 1024,
+            model: "Tesla V100-SXM2-16GB".into(),
         })
         .collect();
     api.put(
@@ -431,6 +432,29 @@ async fn health_readiness_and_metrics() {
         parsed.contains("cgpu_extender_gpu_total_gib n1 1 15.0\n"),
         "{parsed}"
     );
+    assert!(
+        parsed.contains("cgpu_extender_gpu_pods n1 0 1.0\n"),
+        "{parsed}"
+    );
+    // Per namespace: a holds 4 GiB; a second pod asks 6 more, not placed.
+    gpu_pod(&api, "waiting", 6, 1);
+    let mut text = String::new();
+    for _ in 0..6000 {
+        text = http(&r.url, "GET", "/metrics", "").await.1;
+        if text.contains("requested_gib{namespace=\"default\"} 10\n") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let parsed = openmetrics_parse(&text);
+    assert!(
+        parsed.contains("cgpu_extender_namespace_gpu_memory_allocated_gib default 4.0\n"),
+        "{parsed}"
+    );
+    assert!(
+        parsed.contains("cgpu_extender_namespace_gpu_memory_requested_gib default 10.0\n"),
+        "{parsed}"
+    );
     r.server.abort();
 }
 
@@ -464,4 +488,312 @@ fn openmetrics_parse(text: &str) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Node objects as the scheduler holds them.
+fn nodes(api: &ApiServer, names: &[&str]) -> Vec<Value> {
+    names
+        .iter()
+        .map(|n| api.get("nodes", "", n).unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scheduler_gets_its_answer_in_the_mode_it_asked() {
+    use cgpu_cluster_testkit::scheduler::Scheduler;
+    let api = ApiServer::start().await;
+    gpu_node(&api, "two-v100", 2, 16160);
+    gpu_node(&api, "one-v100", 1, 16160);
+    api.put("nodes", json!({"metadata": {"name": "cpu"}}));
+    let r = start_extender(&api, Policy::Binpack).await;
+    let all = nodes(&api, &["two-v100", "one-v100", "cpu"]);
+    // Both modes, and gpushare's paths in front of the same handlers.
+    for (i, s) in [
+        Scheduler::new(&r.url, true),
+        Scheduler::new(&r.url, false),
+        Scheduler::new(&r.url, false).with_prefix("/gpushare-scheduler"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let pod = gpu_pod(&api, &format!("multi-{i}"), 8, 2);
+        let f = s.filter(&pod, &all).await.unwrap();
+        assert_eq!(f.nodes, ["two-v100"], "{s:?}");
+        assert!(f.unresolvable["one-v100"].contains("asks for 2 GPUs"));
+        assert!(f.unresolvable["cpu"].contains("no shared GPUs"));
+        if s.prefix.is_empty() {
+            let p = s.prioritize(&pod, &all[..2]).await.unwrap();
+            assert_eq!(p[0].0, "two-v100");
+            assert!(p[0].1 > p[1].1, "{p:?}");
+        }
+        s.bind(&pod, "two-v100").await.unwrap();
+        let d = decision(&api, &format!("multi-{i}")).unwrap();
+        assert_eq!((d.node.as_str(), d.per_gpu), ("two-v100", 4));
+        // A pod that asks for no GPU memory passes every node.
+        let plain = api.put(
+            "pods",
+            json!({"metadata": {"name": format!("plain-{i}"), "namespace": "default"},
+                   "spec": {"containers": [{"name": "c"}]}}),
+        );
+        assert_eq!(
+            s.filter(&plain, &all).await.unwrap().nodes,
+            ["two-v100", "one-v100", "cpu"]
+        );
+    }
+    // 3 pods of 4+4: 12 GiB of each 15 GiB GPU; a 4 GiB pod fits no more.
+    settled(&r, 3).await;
+    let s = Scheduler::new(&r.url, false);
+    let late = gpu_pod(&api, "late", 4, 1);
+    let f = s.filter(&late, &all[..1]).await.unwrap();
+    assert!(f.nodes.is_empty(), "{f:?}");
+    assert!(f.failed["two-v100"].contains("not enough free GPU memory"));
+    r.server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_get_200_and_the_reason() {
+    let api = ApiServer::start().await;
+    let r = start_extender(&api, Policy::Binpack).await;
+    for path in ["/filter", "/gpushare-scheduler/filter"] {
+        let (code, body) = http(&r.url, "POST", path, "{\"Pod\": [not json").await;
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert!(
+            v["Error"]
+                .as_str()
+                .unwrap()
+                .contains("cannot decode the filter request"),
+            "{v}"
+        );
+    }
+    let (code, body) = http(&r.url, "POST", "/bind", "{\"PodName\": 7}").await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        v["Error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot decode the bind request"),
+        "{v}"
+    );
+    let (code, body) = http(&r.url, "POST", "/prioritize", "nonsense").await;
+    assert_eq!((code, body.as_str()), (200, "[]"));
+    r.server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpushare_version_inspect_labels_and_annotations() {
+    let api = ApiServer::start().await;
+    gpu_node(&api, "n1", 2, 16160);
+    // ACK's placement label chooses spread though the default is binpack.
+    api.patch(
+        "nodes",
+        "",
+        "n1",
+        &json!({"metadata": {"labels": {LABEL_NODE_PLACEMENT_ACK: "spread"}}}),
+    );
+    let r = start_extender(&api, Policy::Binpack).await;
+    assert_eq!(
+        http(&r.url, "GET", "/version", "").await,
+        (200, env!("CARGO_PKG_VERSION").to_string())
+    );
+    let a = gpu_pod(&api, "a", 2, 1);
+    let b = gpu_pod(&api, "b", 3, 1);
+    for p in [&a, &b] {
+        let res = post(&r.url, "/gpushare-scheduler/bind", &bind_args(p, "n1")).await;
+        assert_eq!(res, json!({"Error": ""}));
+    }
+    let (da, db) = (decision(&api, "a").unwrap(), decision(&api, "b").unwrap());
+    assert_eq!((da.gpus[0].index, db.gpus[0].index), (0, 1), "spread");
+    let ann = &api.get("pods", "default", "b").unwrap()["metadata"]["annotations"];
+    assert_eq!(ann[ANN_GPUSHARE_IDX], "1");
+    assert_eq!(ann[ANN_GPUSHARE_POD], "3");
+    assert_eq!(ann[ANN_GPUSHARE_DEV], "15");
+    assert_eq!(ann[ANN_GPUSHARE_ASSIGNED], "false");
+    settled(&r, 2).await;
+    let (code, body) = http(&r.url, "GET", "/gpushare-scheduler/inspect", "").await;
+    assert_eq!(code, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v,
+        json!({"nodes": [{"name": "n1", "totalGPU": 30, "usedGPU": 5, "devs": [
+            {"id": 0, "totalGPU": 15, "usedGPU": 2, "pods": [{"name": "a", "namespace": "default", "usedGPU": 2}]},
+            {"id": 1, "totalGPU": 15, "usedGPU": 3, "pods": [{"name": "b", "namespace": "default", "usedGPU": 3}]}]}]})
+    );
+    let (_, one) = http(&r.url, "GET", "/gpushare-scheduler/inspect/n1", "").await;
+    assert_eq!(serde_json::from_str::<Value>(&one).unwrap(), v);
+    let (_, none) = http(&r.url, "GET", "/gpushare-scheduler/inspect/ghost", "").await;
+    let none: Value = serde_json::from_str(&none).unwrap();
+    assert_eq!(none["nodes"], json!([]));
+    assert!(none["error"].as_str().unwrap().contains("ghost"));
+    r.server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copied_and_forged_decisions_count_for_nothing() {
+    let api = ApiServer::start().await;
+    gpu_node(&api, "n1", 1, 16160); // 15 GiB
+    let a = gpu_pod(&api, "a", 10, 1);
+    let r = start_extender(&api, Policy::Binpack).await;
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&a, "n1")).await,
+        json!({"Error": ""})
+    );
+    settled(&r, 1).await;
+    // A pod bound by spec.nodeName carrying a's annotations, all of them.
+    let ann = api.get("pods", "default", "a").unwrap()["metadata"]["annotations"].clone();
+    api.put(
+        "pods",
+        json!({"metadata": {"name": "copycat", "namespace": "default", "annotations": ann},
+               "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU_MEM: "10"}}}]},
+               "status": {"phase": "Running"}}),
+    );
+    // A pod with a decision for itself, signed by another key.
+    let forger = api.put(
+        "pods",
+        json!({"metadata": {"name": "forger", "namespace": "default"},
+               "spec": {"nodeName": "n1", "containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU_MEM: "5"}}}]},
+               "status": {"phase": "Running"}}),
+    );
+    let mut forged = decision(&api, "a").unwrap();
+    forged.pod_uid = forger["metadata"]["uid"].as_str().unwrap().into();
+    forged.per_gpu = 5;
+    forged.containers.insert("main".into(), 5);
+    DecisionKey::from_bytes(b"the forger's own key, 16+ bytes")
+        .unwrap()
+        .sign(&mut forged);
+    api.patch(
+        "pods",
+        "default",
+        "forger",
+        &json!({"metadata": {"annotations": {ANN_ALLOCATION: serde_json::to_string(&forged).unwrap()}}}),
+    );
+    // The watch delivers changes in order: once it shows a pod bound after
+    // them, the view has seen the copy and the forgery.
+    let marker = gpu_pod(&api, "marker", 1, 1);
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&marker, "n1")).await,
+        json!({"Error": ""})
+    );
+    settled(&r, 2).await;
+    // 4 GiB are still free for the rightful pods.
+    let b = gpu_pod(&api, "b", 4, 1);
+    let f = post(&r.url, "/filter", &json!({"Pod": b, "NodeNames": ["n1"]})).await;
+    assert_eq!(f["NodeNames"], json!(["n1"]), "{f}");
+    assert_eq!(
+        post(&r.url, "/bind", &bind_args(&b, "n1")).await,
+        json!({"Error": ""})
+    );
+    let (_, text) = http(&r.url, "GET", "/metrics", "").await;
+    assert!(
+        text.contains("cgpu_extender_gpu_allocated_gib{node=\"n1\",gpu=\"0\"} 15\n"),
+        "{text}"
+    );
+    r.server.abort();
+}
+
+/// A node still served by gpushare's device plugin with `--memory-unit=MiB`
+/// advertises `aliyun.com/gpu-mem` in MiB and its pods ask in MiB: the
+/// extender counts in the node's own unit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gpushare_nodes_in_mib_are_counted_in_mib() {
+    let api = ApiServer::start().await;
+    api.put(
+        "nodes",
+        json!({"metadata": {"name": "mib"},
+               "status": {"capacity": {RESOURCE_GPU_COUNT: "2", RESOURCE_GPU_MEM: "32320"}}}),
+    );
+    // Running under gpushare: 10000 MiB on GPU0.
+    api.put(
+        "pods",
+        json!({"metadata": {"name": "old", "namespace": "default",
+                            "annotations": {ANN_GPUSHARE_IDX: "0", ANN_GPUSHARE_POD: "10000"}},
+               "spec": {"nodeName": "mib", "containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU_MEM: "10000"}}}]},
+               "status": {"phase": "Running"}}),
+    );
+    let r = start_extender(&api, Policy::Binpack).await;
+    settled(&r, 1).await;
+    let a = gpu_pod(&api, "a", 6000, 1);
+    assert_eq!(
+        post(&r.url, "/gpushare-scheduler/bind", &bind_args(&a, "mib")).await,
+        json!({"Error": ""})
+    );
+    let d = decision(&api, "a").unwrap();
+    // 16160 - 10000 = 6160 MiB left on GPU0: binpack puts it there.
+    assert_eq!((d.gpus[0].index, d.per_gpu, d.gpu_gib), (0, 6000, 16160));
+    settled(&r, 2).await;
+    let b = gpu_pod(&api, "b", 200, 1);
+    let f = post(&r.url, "/filter", &json!({"Pod": b, "NodeNames": ["mib"]})).await;
+    assert_eq!(f["NodeNames"], json!(["mib"]));
+    let big = gpu_pod(&api, "big", 16161, 1);
+    let f = post(
+        &r.url,
+        "/filter",
+        &json!({"Pod": big, "NodeNames": ["mib"]}),
+    )
+    .await;
+    assert!(f["FailedAndUnresolvableNodes"]["mib"].is_string(), "{f}");
+    r.server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_choose_gpus_by_model_and_uuid() {
+    let api = ApiServer::start().await;
+    let list = vec![
+        NodeGpu {
+            index: 0,
+            uuid: "GPU-t4".into(),
+            memory_mib: 15360,
+            gib: 15,
+            model: "Tesla T4".into(),
+        },
+        NodeGpu {
+            index: 1,
+            uuid: "GPU-a10".into(),
+            memory_mib: 23028,
+            gib: 22,
+            model: "NVIDIA A10".into(),
+        },
+    ];
+    api.put(
+        "nodes",
+        json!({"metadata": {"name": "n1", "annotations": {ANN_NODE_GPUS: serde_json::to_string(&list).unwrap()}}}),
+    );
+    let r = start_extender(&api, Policy::Binpack).await;
+    let cases = [
+        ("use-a10", json!({ANN_USE_GPUTYPE: "a10"}), Some(1)),
+        ("avoid-a10", json!({ANN_NOUSE_GPUTYPE: "A10,H100"}), Some(0)),
+        ("by-uuid", json!({ANN_USE_GPUUUID: "GPU-a10"}), Some(1)),
+        ("not-t4-uuid", json!({ANN_NOUSE_GPUUUID: "GPU-t4"}), Some(1)),
+        ("h100", json!({ANN_USE_GPUTYPE: "H100"}), None),
+    ];
+    for (name, ann, want) in cases {
+        let pod = api.put(
+            "pods",
+            json!({"metadata": {"name": name, "namespace": "default", "annotations": ann},
+                   "spec": {"containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU_MEM: "2"}}}]}}),
+        );
+        let f = post(&r.url, "/filter", &json!({"Pod": pod, "NodeNames": ["n1"]})).await;
+        let b = post(&r.url, "/bind", &bind_args(&pod, "n1")).await;
+        match want {
+            Some(idx) => {
+                assert_eq!(f["NodeNames"], json!(["n1"]), "{name}: {f}");
+                assert_eq!(b, json!({"Error": ""}), "{name}");
+                assert_eq!(decision(&api, name).unwrap().gpus[0].index, idx, "{name}");
+            }
+            None => {
+                assert!(
+                    f["FailedAndUnresolvableNodes"]["n1"]
+                        .as_str()
+                        .unwrap()
+                        .contains(
+                            "no GPU of the node matches the pod's nvidia.com/use-gputype=H100"
+                        ),
+                    "{f}"
+                );
+                assert!(b["Error"].as_str().unwrap() != "", "{b}");
+            }
+        }
+    }
+    r.server.abort();
 }

@@ -136,9 +136,12 @@ fn details_and_json_through_kubectl() {
     assert!(
         out.contains(
             "NAME:       cn-beijing.192.16x.x.xx1\nIPADDRESS:  192.16x.x.xx1\n\n\
-                      NAME              NAMESPACE  GPU0(Allocated)\n\
-                      old-gpushare-pod  ml         5\n\
-                      Allocated :  5 (33%)\nTotal :      15\n"
+                      NAME              NAMESPACE  GPU0(Allocated)  Pending(Allocated)\n\
+                      no-extender       ml         0                2\n\
+                      old-gpushare-pod  ml         5                0\n\
+                      Allocated :       5 (33%)\n\
+                      Total :           15\n\
+                      ------------------------------------------------------------------------\n"
         ),
         "{out}"
     );
@@ -181,4 +184,86 @@ fn unreachable_api_server_is_one_clear_error() {
         err.contains("kubectl inspect cgpu: cannot list nodes"),
         "{err}"
     );
+}
+
+#[test]
+fn only_decisions_of_their_own_pod_with_the_extenders_signature_count() {
+    use cgpu_cluster::signing::DecisionKey;
+    use cgpu_cluster_core::decision::{Decision, DecisionGpu};
+    use std::collections::BTreeMap;
+    let (api, dir) = setup("signed");
+    let key = DecisionKey::from_bytes(b"inspect test key, 32 bytes long!").unwrap();
+    api.put(
+        "configmaps",
+        json!({"metadata": {"name": "cgpu-decision-key", "namespace": "kube-system"},
+               "data": {"ed25519.pub": key.verifier().to_hex()}}),
+    );
+    let node = "cn-beijing.192.16x.x.xx2";
+    let pod = |name: &str, ann: serde_json::Value| {
+        api.put(
+            "pods",
+            json!({"metadata": {"name": name, "namespace": "default", "annotations": ann},
+                   "spec": {"nodeName": node, "containers": [{"name": "main",
+                            "resources": {"limits": {"aliyun.com/gpu-mem": "10"}}}]},
+                   "status": {"phase": "Running"}}),
+        )
+    };
+    let owner = pod("owner", json!({}));
+    let decide = |uid: &str, key: &DecisionKey| {
+        let mut d = Decision {
+            node: node.into(),
+            pod_uid: uid.into(),
+            gpus: vec![DecisionGpu {
+                index: 0,
+                uuid: String::new(),
+            }],
+            gpu_gib: 15,
+            per_gpu: 10,
+            containers: BTreeMap::from([("main".to_string(), 10)]),
+            sig: String::new(),
+        };
+        key.sign(&mut d);
+        serde_json::to_string(&d).unwrap()
+    };
+    let signed = decide(owner["metadata"]["uid"].as_str().unwrap(), &key);
+    api.patch(
+        "pods",
+        "default",
+        "owner",
+        &json!({"metadata": {"annotations": {"cgpu.io/allocation": signed,
+                 "ALIYUN_COM_GPU_MEM_IDX": "0", "ALIYUN_COM_GPU_MEM_POD": "10"}}}),
+    );
+    // A copy of all of owner's annotations, and a decision signed by
+    // another key for the pod itself.
+    let ann = api.get("pods", "default", "owner").unwrap()["metadata"]["annotations"].clone();
+    pod("copycat", ann);
+    let forger = pod("forger", json!({}));
+    let other = DecisionKey::from_bytes(b"someone else's key, 16+ bytes").unwrap();
+    api.patch(
+        "pods",
+        "default",
+        "forger",
+        &json!({"metadata": {"annotations": {"cgpu.io/allocation":
+                 decide(forger["metadata"]["uid"].as_str().unwrap(), &other)}}}),
+    );
+    let (out, err, ok) = kubectl(&dir, &["inspect", "cgpu"]);
+    assert!(ok, "{err}");
+    assert!(err.is_empty(), "{err}");
+    assert!(
+        out.contains(
+            "cn-beijing.192.16x.x.xx2  192.16x.x.xx2  10/15                  20                  10/15\n"
+        ),
+        "{out}"
+    );
+    assert!(out.ends_with("10/45 (22%)\n"), "{out}");
+    let (out, _, ok) = kubectl(&dir, &["inspect", "cgpu", "-d"]);
+    assert!(ok);
+    assert!(out.contains("Not allocated: default/copycat"), "{out}");
+    assert!(out.contains("Not allocated: default/forger"), "{out}");
+    // Without the public key, decisions are still checked for their pod.
+    api.finalize("configmaps", "kube-system", "cgpu-decision-key");
+    let (out, err, ok) = kubectl(&dir, &["inspect", "cgpu"]);
+    assert!(ok, "{err}");
+    assert!(err.contains("signatures not checked"), "{err}");
+    assert!(out.ends_with("20/45 (44%)\n"), "{out}");
 }

@@ -1,3 +1,4 @@
 //! Test doubles for cgpu's cluster layer.
 
 pub mod apiserver;
+pub mod scheduler;

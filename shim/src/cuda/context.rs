@@ -298,6 +298,9 @@ fn sync_ctx(c: &Ctx) {
 pub unsafe extern "C" fn cuCtxSynchronize() -> CUresult {
     guard(|| {
         let d = cu()?;
+        if crate::exec::in_host_fn() {
+            return Err(CUDA_ERROR_NOT_PERMITTED);
+        }
         let (h, c) = d.cur_ctx()?;
         if d.invalidate_captures(h) {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);

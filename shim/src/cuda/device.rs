@@ -165,6 +165,9 @@ pub fn attribute(
                 0
             }
         }
+        // MEMPOOL_SUPPORTED_HANDLE_TYPES: pools export as POSIX file
+        // descriptors (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR).
+        119 => 1,
         84 => 0,            // MULTI_GPU_BOARD
         85 => index as i32, // MULTI_GPU_BOARD_GROUP_ID
         a if a > 0 && a < CU_DEVICE_ATTRIBUTE_MAX => 0,

@@ -18,7 +18,10 @@
 //! | CONTEXT_CHECKS | 4 | [2] success with 0, [3] 0 |
 //! | INTEGRITY_CHECK | 3 | [1] the runtime's integrity check (`crate::integrity`) |
 //! | TOOLS_CONTEXT | 95 | [4] the context's id; [39] and [51] success without output (stubs) |
+//! | CUPTI | size word 8 | none: CUPTI takes the empty table as a driver without its support |
 
+// The `[n]` in the table above are slot numbers, not links.
+#![allow(rustdoc::broken_intra_doc_links)]
 use crate::driver::{cu, Obj, CTX_STACK};
 use crate::integrity;
 use crate::{guard, put};
@@ -53,8 +56,9 @@ const CLS: usize = 3;
 const CHECKS: usize = 4;
 const INTEGRITY: usize = 5;
 const TOOLS_CTX: usize = 6;
+const CUPTI: usize = 7;
 
-const NAMES: [&str; 7] = [
+const NAMES: [&str; 8] = [
     "CUDART_INTERFACE",
     "TOOLS_RUNTIME_CALLBACK_HOOKS",
     "TOOLS_TLS",
@@ -62,10 +66,11 @@ const NAMES: [&str; 7] = [
     "CONTEXT_CHECKS",
     "INTEGRITY_CHECK",
     "TOOLS_CONTEXT",
+    "CUPTI",
 ];
 
 /// Table ids (the UUID's 16 bytes in the order the runtime passes them).
-const IDS: [[u8; 16]; 7] = [
+const IDS: [[u8; 16]; 8] = [
     uuid("6bd5fb6c-5bf4-e74a-8987-d93912fd9df9"),
     uuid("a094798c-2e74-2e74-93f2-0800200c0a66"),
     uuid("42d85a81-23f6-cb47-8298-f6e78a3aecdc"),
@@ -73,6 +78,7 @@ const IDS: [[u8; 16]; 7] = [
     uuid("263e8860-7cd2-6143-92f6-bbd5006dfa7e"),
     uuid("d4082055-bde6-704b-8d34-ba123c66e1f2"),
     uuid("21318c60-9714-3248-8ca6-41ff7324c8f2"),
+    uuid("7cb63f9b-9ca4-8e42-a484-beb66e6aed7f"),
 ];
 
 const fn hex(c: u8) -> u8 {
@@ -103,7 +109,7 @@ const fn uuid(s: &str) -> [u8; 16] {
 // ------------------------------------------------------------ missing slots
 
 /// Whether (table, index) was already reported.
-static REPORTED: [[AtomicBool; 96]; 7] = [const { [const { AtomicBool::new(false) }; 96] }; 7];
+static REPORTED: [[AtomicBool; 96]; 8] = [const { [const { AtomicBool::new(false) }; 96] }; 8];
 
 fn missing_slot(table: usize, index: usize) -> CUresult {
     let name = NAMES[table];
@@ -206,6 +212,19 @@ static TOOLS_CTX_TABLE: Table<95> = Table({
     set(t, 51, tools_ctx_51 as Slot)
 });
 
+/// The table CUPTI (NVIDIA's profiling library) asks for: its size word
+/// counts no function (slot 0 alone), which CUPTI 13 takes as a driver
+/// without its support (every CUPTI call then fails with
+/// `CUPTI_ERROR_UNKNOWN`, and CUDA goes on working). Refusing the id made
+/// CUPTI 13.2 ask again and again until its stack overflowed. Slots past
+/// the size word still hold functions that fail cleanly, for a reader that
+/// does not check the size.
+static CUPTI_TABLE: Table<96> = Table({
+    let mut t = all_missing!(CUPTI);
+    t[0] = std::mem::size_of::<Slot>() as Slot;
+    t
+});
+
 fn table(i: usize) -> *const c_void {
     match i {
         CUDART => CUDART_TABLE.ptr(),
@@ -214,6 +233,7 @@ fn table(i: usize) -> *const c_void {
         CLS => CLS_TABLE.ptr(),
         CHECKS => CHECKS_TABLE.ptr(),
         INTEGRITY => INTEGRITY_TABLE.ptr(),
+        CUPTI => CUPTI_TABLE.ptr(),
         _ => TOOLS_CTX_TABLE.ptr(),
     }
 }
@@ -595,6 +615,9 @@ mod tests {
         assert_eq!(CUDART_TABLE.0[0] as usize, 13 * 8);
         assert_eq!(TOOLS_CTX_TABLE.0[0] as usize, 95 * 8);
         assert_eq!(INTEGRITY_TABLE.0[0] as usize, 3 * 8);
+        // CUPTI's table counts no function, yet no slot is NULL.
+        assert_eq!(CUPTI_TABLE.0[0] as usize, 8);
+        assert!(CUPTI_TABLE.0[1..].iter().all(|p| !p.is_null()));
         // The CLS table has no size word: slot 0 is `put`.
         assert_eq!(CLS_TABLE.0[0], cls_put as Slot);
         // No slot is NULL, and unimplemented ones are distinct functions.

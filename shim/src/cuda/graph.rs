@@ -8,7 +8,7 @@
 //! ready nodes) and flattens child graphs; a launch runs that list on the
 //! stream: kernels take device time on the executor, copies, memsets and
 //! events happen at the launch (in order, like the sim's async copies), host
-//! nodes run on a helper thread once the stream's earlier work is done.
+//! nodes are queued in stream order, as `cuLaunchHostFunc` is.
 //!
 //! Graph memory (`cuGraphAddMemAllocNode`): the node fixes the address when
 //! it is added (a real mapping, so the address is valid). The device memory
@@ -152,6 +152,9 @@ pub const NODE_CONDITIONAL: u32 = 13;
 pub struct KernelData {
     pub run: KernelNode,
     pub params: KernelNodeParams,
+    /// `kern` and `ctx` of `CUDA_KERNEL_NODE_PARAMS_v2` (NULL when given v1).
+    pub kern: usize,
+    pub ctx: usize,
     pub attrs: HashMap<u32, [u8; 64]>,
 }
 
@@ -169,10 +172,15 @@ pub struct GraphAlloc {
     pub execs: AtomicU32,
     /// Its node is gone: the address range goes once the memory is freed.
     pub orphan: std::sync::atomic::AtomicBool,
+    /// Managed memory (`CU_MEM_ALLOCATION_TYPE_MANAGED` in the node's pool
+    /// properties, or captured from a managed pool).
+    pub managed: bool,
 }
 
 /// A conditional handle (`cuGraphConditionalHandleCreate`).
 pub struct CondHandle {
+    /// The graph it was created for: only its conditional nodes may use it.
+    pub graph: usize,
     pub default: u32,
     pub assign_default: bool,
     pub value: AtomicU32,
@@ -471,19 +479,54 @@ fn add_node(
     }
     graph_of(g as usize)?;
     let deps = read_nodes(deps, ndeps)?;
-    let h = add_node_kind(g as usize, &deps, kind()?)?;
+    let kind = kind()?;
+    // A conditional node takes a handle created for its own graph, as the
+    // driver checks (its bodies, made by cond_data, go with the refusal).
+    if let NodeKind::Cond(h, _, bodies) = &kind {
+        let ok = cond_handles()
+            .lock()
+            .get(h)
+            .is_some_and(|c| c.graph == g as usize);
+        if !ok {
+            for b in bodies {
+                let _ = destroy_graph(cu()?, *b);
+            }
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let h = add_node_kind(g as usize, &deps, kind)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(pn, h as CUgraphNode, CUDA_ERROR_INVALID_VALUE) }
 }
 
-fn kernel_data(p: *const KernelNodeParams) -> Result<NodeKind, CUresult> {
+/// A kernel node's data from `CUDA_KERNEL_NODE_PARAMS` (`v2`: the `_v2`/`_v3`
+/// layout, which adds `kern` and `ctx`). With `v2`, a NULL `func` and a
+/// `CUkernel` in `kern` name the kernel (the runtime passes its kernels so).
+fn kernel_data(p: *const KernelNodeParams, v2: bool) -> Result<NodeKind, CUresult> {
     let d = cu()?;
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: non-null params from the caller (the v1 prefix of v2/v3).
     let kp = unsafe { p.read_unaligned() };
-    let func: Arc<Func> = d.func(kp.func as usize)?;
+    let (kern, ctx) = if v2 {
+        // SAFETY: the caller's CUDA_KERNEL_NODE_PARAMS_v2 (checked non-null).
+        let v = unsafe { (p as *const KernelNodeParamsV2).read_unaligned() };
+        (v.kern as usize, v.ctx as usize)
+    } else {
+        (0, 0)
+    };
+    // (`ctx` is ignored when `func` is set.)
+    if kp.func.is_null() && ctx != 0 {
+        d.ctx(ctx)?;
+    }
+    let handle = if kp.func.is_null() {
+        kern
+    } else {
+        kp.func as usize
+    };
+    // (A CUkernel is a function handle in the sim.)
+    let func: Arc<Func> = d.func(handle)?;
     if kp.grid.contains(&0) || kp.block.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -493,6 +536,8 @@ fn kernel_data(p: *const KernelNodeParams) -> Result<NodeKind, CUresult> {
     Ok(NodeKind::Kernel(KernelData {
         run: KernelNode { func, ns },
         params: kp,
+        kern,
+        ctx,
         attrs: HashMap::new(),
     }))
 }
@@ -545,16 +590,25 @@ fn event_data(e: CUevent, record: bool) -> Result<NodeKind, CUresult> {
     })
 }
 
+/// A node as `clone_graph` copies it: handle, kind, dependencies.
+type NodeCopy = (usize, NodeKind, Vec<usize>);
+
 /// A deep copy of graph `src` as a new graph; returns (handle, map from
-/// old node handles to new ones).
+/// old node handles to new ones). The copy holds references of its own to
+/// the user objects `src` holds, as the driver's clones do.
 fn clone_graph(src: usize) -> Result<(usize, HashMap<usize, usize>), CUresult> {
     let d = cu()?;
-    let nodes: Vec<(usize, NodeKind, Vec<usize>)> = graph_of(src)?
-        .lock()
-        .nodes
-        .iter()
-        .map(|n| (n.h, n.kind.clone(), n.deps.clone()))
-        .collect();
+    let (nodes, uobjs): (Vec<NodeCopy>, HashMap<usize, u32>) = {
+        let gr = graph_of(src)?;
+        let gr = gr.lock();
+        (
+            gr.nodes
+                .iter()
+                .map(|n| (n.h, n.kind.clone(), n.deps.clone()))
+                .collect(),
+            gr.user_objs.clone(),
+        )
+    };
     // Graphs with memory nodes cannot be cloned or embedded (the driver
     // refuses: an allocation belongs to one graph).
     if nodes
@@ -564,18 +618,30 @@ fn clone_graph(src: usize) -> Result<(usize, HashMap<usize, usize>), CUresult> {
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
     let g = new_graph(d);
+    for (u, c) in &uobjs {
+        if let Ok(o) = user_obj(*u) {
+            o.refs.fetch_add(*c, AcqRel);
+        }
+    }
+    if let Ok(gr) = graph_of(g) {
+        gr.lock().user_objs = uobjs;
+    }
     let mut map = HashMap::new();
     for (old, kind, deps) in nodes {
         let kind = match kind {
             NodeKind::Child(c) => NodeKind::Child(clone_graph(c)?.0),
-            NodeKind::Cond(h, t, bodies) => NodeKind::Cond(
-                h,
-                t,
-                bodies
+            NodeKind::Cond(h, t, bodies) => {
+                let copies: Vec<usize> = bodies
                     .iter()
                     .map(|b| clone_graph(*b).map(|x| x.0))
-                    .collect::<Result<_, _>>()?,
-            ),
+                    .collect::<Result<_, _>>()?;
+                for b in &copies {
+                    if let Ok(gr) = graph_of(*b) {
+                        gr.lock().owned_by_node = true;
+                    }
+                }
+                NodeKind::Cond(h, t, copies)
+            }
             k => k,
         };
         let deps: Vec<usize> = deps.iter().filter_map(|x| map.get(x).copied()).collect();
@@ -622,7 +688,12 @@ const GRAPH_MEM_GRANULE: u64 = 2 << 20;
 
 /// A graph allocation of `size` bytes on `dev`: its address range, mapped
 /// now, charged when a launch allocates it.
-pub fn new_graph_alloc(d: &Driver, dev: usize, size: u64) -> Result<Arc<GraphAlloc>, CUresult> {
+pub fn new_graph_alloc(
+    d: &Driver,
+    dev: usize,
+    size: u64,
+    managed: bool,
+) -> Result<Arc<GraphAlloc>, CUresult> {
     let pooled = size
         .checked_next_multiple_of(GRAPH_MEM_GRANULE)
         .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -638,16 +709,17 @@ pub fn new_graph_alloc(d: &Driver, dev: usize, size: u64) -> Result<Arc<GraphAll
         live: std::sync::atomic::AtomicBool::new(false),
         execs: AtomicU32::new(0),
         orphan: std::sync::atomic::AtomicBool::new(false),
+        managed,
     });
     graph_allocs().lock().insert(ptr, Arc::clone(&ga));
     Ok(ga)
 }
 
-/// (start, size, device) of the graph allocation holding address `p`.
-pub fn graph_alloc_at(p: u64) -> Option<(u64, u64, usize)> {
+/// (start, size, device, managed) of the graph allocation holding `p`.
+pub fn graph_alloc_at(p: u64) -> Option<(u64, u64, usize, bool)> {
     let allocs = graph_allocs().lock();
     let (start, ga) = allocs.range(..=p).next_back()?;
-    (p < start + ga.size).then_some((*start, ga.size, ga.dev))
+    (p < start + ga.size).then_some((*start, ga.size, ga.dev, ga.managed))
 }
 
 /// Whether `p` starts a graph allocation.
@@ -662,11 +734,16 @@ fn mem_alloc_data(p: *mut MemAllocNodeParams) -> Result<NodeKind, CUresult> {
     }
     // SAFETY: non-null params from the caller.
     let mp = unsafe { p.read_unaligned() };
-    if mp.bytesize == 0 || mp.pool_props.allocType != 1 || mp.pool_props.location.type_ != 1 {
+    // Pinned (1) or managed (2) memory of a device.
+    if mp.bytesize == 0
+        || !(1..=2).contains(&mp.pool_props.allocType)
+        || mp.pool_props.location.type_ != 1
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let dev = d.check_dev(mp.pool_props.location.id)?;
-    let ga = new_graph_alloc(d, dev, mp.bytesize as u64)?;
+    let managed = mp.pool_props.allocType == 2;
+    let ga = new_graph_alloc(d, dev, mp.bytesize as u64, managed)?;
     // SAFETY: the caller's params (checked non-null): dptr is an output.
     unsafe { std::ptr::addr_of_mut!((*p).dptr).write_unaligned(ga.ptr) };
     Ok(NodeKind::MemAlloc(ga))
@@ -704,10 +781,17 @@ pub fn graph_mem_free(p: u64) -> Option<CuRes> {
         let mut m = graph_mem(ga.dev).lock();
         m.used = m.used.saturating_sub(ga.pooled);
     }
-    if ga.orphan.load(Acquire) {
-        drop_range(&ga);
-    }
+    drop_range_if_unused(&ga);
     Some(Ok(()))
+}
+
+/// Unmaps a graph allocation's address range once nothing can use it: its
+/// node is gone, no executable graph made from it is left, and its memory
+/// is not allocated.
+fn drop_range_if_unused(ga: &GraphAlloc) {
+    if ga.orphan.load(Acquire) && ga.execs.load(Acquire) == 0 && !ga.live.load(Acquire) {
+        drop_range(ga);
+    }
 }
 
 /// Unmaps a graph allocation's address range (its node is gone and the
@@ -905,11 +989,12 @@ fn forget_node(d: &Driver, n: Node) {
     d.objs.lock().remove(n.h);
     match n.kind {
         NodeKind::MemAlloc(a) => {
-            // Memory still allocated stays until it is freed (cuMemFree).
+            // Memory still allocated stays until it is freed (cuMemFree),
+            // and an executable graph made from the node keeps allocating
+            // it at each launch (PyTorch destroys the graph once it is
+            // instantiated).
             a.orphan.store(true, Release);
-            if !a.live.load(Acquire) {
-                drop_range(&a);
-            }
+            drop_range_if_unused(&a);
         }
         NodeKind::Child(c) => {
             let _ = destroy_graph(d, c);
@@ -1169,6 +1254,32 @@ fn flatten(g: usize, out: &mut Vec<Step>) -> CuRes {
     Ok(())
 }
 
+/// The user object references graph `g` holds, with those of its child and
+/// body graphs (an executable graph takes them all).
+fn collect_user_objs(g: usize, out: &mut HashMap<usize, u32>) {
+    let Ok(graph) = graph_of(g) else { return };
+    let (own, subs): (HashMap<usize, u32>, Vec<usize>) = {
+        let gr = graph.lock();
+        (
+            gr.user_objs.clone(),
+            gr.nodes
+                .iter()
+                .flat_map(|n| match &n.kind {
+                    NodeKind::Child(c) => vec![*c],
+                    NodeKind::Cond(_, _, b) => b.clone(),
+                    _ => Vec::new(),
+                })
+                .collect(),
+        )
+    };
+    for (u, c) in own {
+        *out.entry(u).or_insert(0) += c;
+    }
+    for s in subs {
+        collect_user_objs(s, out);
+    }
+}
+
 fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     let d = cu()?;
     if pe.is_null() {
@@ -1179,7 +1290,7 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     if flags & !0xf != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let graph = graph_of(g as usize)?;
+    graph_of(g as usize)?;
     let mut steps = Vec::new();
     flatten(g as usize, &mut steps)?;
     // A graph with memory nodes has one executable at a time.
@@ -1196,7 +1307,8 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     for a in &allocs {
         a.execs.fetch_add(1, AcqRel);
     }
-    let user_objs = graph.lock().user_objs.clone();
+    let mut user_objs = HashMap::new();
+    collect_user_objs(g as usize, &mut user_objs);
     for (u, c) in &user_objs {
         if let Ok(o) = user_obj(*u) {
             o.refs.fetch_add(*c, AcqRel);
@@ -1338,6 +1450,7 @@ fn exec_destroy(e: CUgraphExec) -> CuRes {
             let _ = a
                 .execs
                 .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(1)));
+            drop_range_if_unused(a);
         }
     }
     for (u, c) in &ge.user_objs {
@@ -1441,6 +1554,7 @@ fn cond_handle_create(out: *mut u64, g: CUgraph, default: u32, flags: u32) -> Cu
     cond_handles().lock().insert(
         id,
         Arc::new(CondHandle {
+            graph: g as usize,
             default,
             assign_default: flags & 1 != 0,
             value: AtomicU32::new(default),
@@ -1485,7 +1599,7 @@ fn generic_kind(p: *mut GraphNodeParams) -> Result<NodeKind, CUresult> {
     // SAFETY: non-null params from the caller; the union starts at `u`.
     let (t, u) = unsafe { ((*p).type_, std::ptr::addr_of_mut!((*p).u) as *mut u8) };
     match t {
-        NODE_KERNEL => kernel_data(u as *const KernelNodeParams),
+        NODE_KERNEL => kernel_data(u as *const KernelNodeParams, true),
         NODE_MEMCPY => {
             // SAFETY: the union holds a CUDA_MEMCPY_NODE_PARAMS.
             let mp = unsafe { (u as *const MemcpyNodeParams).read_unaligned() };
@@ -1521,12 +1635,35 @@ fn mem_free_data(p: CUdeviceptr) -> Result<NodeKind, CUresult> {
     }
 }
 
-fn get_kernel_params(n: CUgraphNode, out: *mut KernelNodeParams) -> CuRes {
+/// The node's parameters as given (`v2`: with `kern` and `ctx`).
+fn get_kernel_params(n: CUgraphNode, out: *mut KernelNodeParams, v2: bool) -> CuRes {
     match node_kind(n)? {
-        // SAFETY: out pointer from the caller (the v1 prefix of v2).
+        NodeKind::Kernel(k) if v2 => {
+            let v = KernelNodeParamsV2 {
+                v1: k.params,
+                kern: k.kern as CUkernel,
+                ctx: k.ctx as CUcontext,
+            };
+            // SAFETY: out pointer from the caller (a CUDA_KERNEL_NODE_PARAMS_v2).
+            unsafe { put(out as *mut KernelNodeParamsV2, v, CUDA_ERROR_INVALID_VALUE) }
+        }
+        // SAFETY: out pointer from the caller (a CUDA_KERNEL_NODE_PARAMS).
         NodeKind::Kernel(k) => unsafe { put(out, k.params, CUDA_ERROR_INVALID_VALUE) },
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
+}
+
+/// `cuGraphKernelNodeSetParams(_v2)`: new parameters, the launch attributes kept.
+fn set_kernel_params(n: CUgraphNode, p: *const KernelNodeParams, v2: bool) -> CuRes {
+    let attrs = match node_kind(n)? {
+        NodeKind::Kernel(k) => k.attrs,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    let mut k = kernel_data(p, v2)?;
+    if let NodeKind::Kernel(x) = &mut k {
+        x.attrs = attrs;
+    }
+    set_node_kind(n, k)
 }
 
 fn get_id(p: *mut u32, id: u32) -> CuRes {
@@ -1574,9 +1711,10 @@ exports! {
         // SAFETY: out pointer from the caller.
         unsafe { put(pn, h as CUgraphNode, CUDA_ERROR_INVALID_VALUE) }
     };
-    cuGraphAddKernelNode | cuGraphAddKernelNode_v2
-        (pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const KernelNodeParams)
-        => add_node(pn, g, deps, ndeps, || kernel_data(p));
+    cuGraphAddKernelNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const KernelNodeParams)
+        => add_node(pn, g, deps, ndeps, || kernel_data(p, false));
+    cuGraphAddKernelNode_v2(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const KernelNodeParams)
+        => add_node(pn, g, deps, ndeps, || kernel_data(p, true));
     cuGraphAddEmptyNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize)
         => add_node(pn, g, deps, ndeps, || Ok(NodeKind::Empty));
     cuGraphAddMemsetNode(pn: NodeOut, g: CUgraph, deps: Nodes, ndeps: usize, p: *const MemsetNodeParams, _ctx: CUcontext)
@@ -1660,15 +1798,10 @@ exports! {
         // SAFETY: out pointer from the caller.
         unsafe { put(pg, gh as CUgraph, CUDA_ERROR_INVALID_VALUE) }
     };
-    cuGraphKernelNodeGetParams | cuGraphKernelNodeGetParams_v2(n: CUgraphNode, p: *mut KernelNodeParams)
-        => get_kernel_params(n, p);
-    cuGraphKernelNodeSetParams | cuGraphKernelNodeSetParams_v2(n: CUgraphNode, p: *const KernelNodeParams)
-        => {
-            let attrs = match node_kind(n)? { NodeKind::Kernel(k) => k.attrs, _ => return Err(CUDA_ERROR_INVALID_VALUE) };
-            let mut k = kernel_data(p)?;
-            if let NodeKind::Kernel(x) = &mut k { x.attrs = attrs; }
-            set_node_kind(n, k)
-        };
+    cuGraphKernelNodeGetParams(n: CUgraphNode, p: *mut KernelNodeParams) => get_kernel_params(n, p, false);
+    cuGraphKernelNodeGetParams_v2(n: CUgraphNode, p: *mut KernelNodeParams) => get_kernel_params(n, p, true);
+    cuGraphKernelNodeSetParams(n: CUgraphNode, p: *const KernelNodeParams) => set_kernel_params(n, p, false);
+    cuGraphKernelNodeSetParams_v2(n: CUgraphNode, p: *const KernelNodeParams) => set_kernel_params(n, p, true);
     cuGraphKernelNodeGetAttribute(n: CUgraphNode, attr: u32, out: *mut [u8; 64]) => match node_kind(n)? {
         NodeKind::Kernel(k) => {
             if !(1..=32).contains(&attr) { return Err(CUDA_ERROR_INVALID_VALUE) }
@@ -1693,8 +1826,10 @@ exports! {
         }
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     };
-    cuGraphExecKernelNodeSetParams | cuGraphExecKernelNodeSetParams_v2
-        (e: CUgraphExec, n: CUgraphNode, p: *const KernelNodeParams) => exec_set(e, n, kernel_data(p)?);
+    cuGraphExecKernelNodeSetParams(e: CUgraphExec, n: CUgraphNode, p: *const KernelNodeParams)
+        => exec_set(e, n, kernel_data(p, false)?);
+    cuGraphExecKernelNodeSetParams_v2(e: CUgraphExec, n: CUgraphNode, p: *const KernelNodeParams)
+        => exec_set(e, n, kernel_data(p, true)?);
     cuGraphMemsetNodeGetParams(n: CUgraphNode, p: *mut MemsetNodeParams) => match node_kind(n)? {
         // SAFETY: out pointer from the caller.
         NodeKind::Memset(m) => unsafe { put(p, m, CUDA_ERROR_INVALID_VALUE) },
@@ -1773,7 +1908,7 @@ exports! {
             if p.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) }
             // SAFETY: zeroed is valid for this plain C struct.
             let mut out: MemAllocNodeParams = unsafe { std::mem::zeroed() };
-            out.pool_props.allocType = 1;
+            out.pool_props.allocType = if a.managed { 2 } else { 1 };
             out.pool_props.location.type_ = 1;
             out.pool_props.location.id = a.dev as i32;
             out.bytesize = a.size as usize;
@@ -1916,13 +2051,29 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let kind = node_kind(n)?;
+    // A conditional node hands out its own list of body graphs (the array
+    // `cuGraphAddNode` gave, valid while the node lives), not a copy.
+    let bodies_ptr = {
+        let (_, graph) = owner_of(n)?;
+        let gr = graph.lock();
+        match gr.node(n as usize).map(|x| &x.kind) {
+            Some(NodeKind::Cond(_, _, b)) => b.as_ptr() as *mut CUgraph,
+            _ => std::ptr::null_mut(),
+        }
+    };
     // SAFETY: non-null params from the caller: a 256-byte CUgraphNodeParams.
     unsafe {
         std::ptr::write_bytes(p as *mut u8, 0, std::mem::size_of::<GraphNodeParams>());
         (*p).type_ = kind.type_code();
         let u = std::ptr::addr_of_mut!((*p).u) as *mut u8;
         match kind {
-            NodeKind::Kernel(k) => (u as *mut KernelNodeParams).write_unaligned(k.params),
+            NodeKind::Kernel(k) => {
+                (u as *mut KernelNodeParamsV2).write_unaligned(KernelNodeParamsV2 {
+                    v1: k.params,
+                    kern: k.kern as CUkernel,
+                    ctx: k.ctx as CUcontext,
+                })
+            }
             NodeKind::Memset(m) => (u as *mut MemsetNodeParams).write_unaligned(m),
             NodeKind::Memcpy(m) => (u.add(16) as *mut super::array::Memcpy3D).write_unaligned(m),
             NodeKind::Host(f, x) => {
@@ -1936,7 +2087,11 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
             NodeKind::MemFree(x) => (u as *mut u64).write_unaligned(x),
             NodeKind::MemAlloc(a) => {
                 let m = u as *mut MemAllocNodeParams;
-                std::ptr::addr_of_mut!((*m).pool_props.allocType).write_unaligned(1);
+                std::ptr::addr_of_mut!((*m).pool_props.allocType).write_unaligned(if a.managed {
+                    2
+                } else {
+                    1
+                });
                 std::ptr::addr_of_mut!((*m).pool_props.location.type_).write_unaligned(1);
                 std::ptr::addr_of_mut!((*m).pool_props.location.id).write_unaligned(a.dev as i32);
                 std::ptr::addr_of_mut!((*m).bytesize).write_unaligned(a.size as usize);
@@ -1947,11 +2102,19 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
                 std::ptr::addr_of_mut!((*c).handle).write_unaligned(h);
                 std::ptr::addr_of_mut!((*c).type_).write_unaligned(t);
                 std::ptr::addr_of_mut!((*c).size).write_unaligned(bodies.len() as u32);
+                std::ptr::addr_of_mut!((*c).graph_out).write_unaligned(bodies_ptr);
             }
             NodeKind::BatchMemOp(b) => {
                 (u as *mut BatchNodeParams).write_unaligned(b.params());
             }
-            NodeKind::Empty | NodeKind::MemOp(_) => {}
+            NodeKind::MemOp(m) => match super::stream::mem_op_node(m) {
+                NodeKind::Memcpy(c) => {
+                    (u.add(16) as *mut super::array::Memcpy3D).write_unaligned(c)
+                }
+                NodeKind::Memset(m) => (u as *mut MemsetNodeParams).write_unaligned(m),
+                _ => {}
+            },
+            NodeKind::Empty => {}
         }
     }
     Ok(())

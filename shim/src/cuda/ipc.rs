@@ -21,6 +21,14 @@
 //! exports an allocation of the pool (64 bytes, as an IPC handle) and
 //! `cuMemPoolImportPointer` maps it; the importer frees it with `cuMemFree`
 //! or `cuMemFreeAsync`.
+//!
+//! Interprocess events (`CU_EVENT_INTERPROCESS`): the event's state is two
+//! counters in a one-page `memfd` (records made, last record completed), so
+//! every process that has the event sees each record: `cuIpcGetEventHandle`
+//! names the creator's pid and descriptor (as a memory handle does),
+//! `cuIpcOpenEventHandle` maps the same page. A record in any process
+//! completes in that process's stream order; `cuEventQuery`,
+//! `cuEventSynchronize` and `cuStreamWaitEvent` anywhere wait for it.
 
 use crate::driver::{cu, Alloc, AllocKind, Driver, Obj, Pool};
 use crate::{exports, put, CuRes};
@@ -334,6 +342,7 @@ fn import_pool(out: *mut usize, os: *mut c_void, ty: i32, flags: u64) -> CuRes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let h = d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
+        managed: false,
         dev,
         attrs: Mutex::new(HashMap::new()),
         handle_types: HANDLE_TYPE_POSIX_FD,
@@ -404,4 +413,88 @@ exports! {
     cuIpcGetMemHandle(out: *mut IpcMemHandle, dptr: CUdeviceptr) => get_handle(out, dptr);
     cuIpcOpenMemHandle | cuIpcOpenMemHandle_v2(out: *mut CUdeviceptr, h: IpcMemHandle, flags: u32) => open_handle(out, h, flags);
     cuIpcCloseMemHandle(dptr: CUdeviceptr) => close_handle(dptr);
+}
+
+// ------------------------------------------------------------------ events
+
+const EVENT_MAGIC: &[u8; 8] = b"cgIPCevt";
+
+/// `CUipcEventHandle` (64 bytes): magic, creator pid, creator's descriptor.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IpcEventHandle {
+    magic: [u8; 8],
+    pid: u32,
+    fd: i32,
+    pad: [u8; 48],
+}
+
+const _: () = assert!(std::mem::size_of::<IpcEventHandle>() == 64);
+
+/// The shared state of a new interprocess event (a zeroed page in a memfd).
+pub fn new_event_state() -> Result<crate::exec::IpcEventState, CUresult> {
+    let name = c"cgpu-sim-ipc-event";
+    // SAFETY: memfd_create with a NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    // SAFETY: sizing our fresh memfd.
+    if unsafe { libc::ftruncate(fd, crate::exec::IPC_EVENT_BYTES as i64) } != 0 {
+        // SAFETY: closing the memfd we just made.
+        unsafe { libc::close(fd) };
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    crate::exec::IpcEventState::map(fd).ok_or(CUDA_ERROR_OUT_OF_MEMORY)
+}
+
+fn get_event_handle(out: *mut IpcEventHandle, ev: CUevent) -> CuRes {
+    let d = cu()?;
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let e = d.event(ev as usize)?;
+    let state = e.times.ipc.as_ref().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let h = IpcEventHandle {
+        magic: *EVENT_MAGIC,
+        pid: std::process::id(),
+        fd: state.fd,
+        pad: [0; 48],
+    };
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(out, h, CUDA_ERROR_INVALID_VALUE) }
+}
+
+fn open_event_handle(pev: *mut CUevent, h: IpcEventHandle) -> CuRes {
+    let d = cu()?;
+    if pev.is_null() || h.magic != *EVENT_MAGIC {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (_, c) = d.cur_ctx()?;
+    let path = std::ffi::CString::new(format!("/proc/{}/fd/{}", h.pid, h.fd))
+        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY: opening a path we built (NUL-terminated).
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        // The creator is gone (or not ours to reach).
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let state = crate::exec::IpcEventState::map(fd).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    let e = crate::driver::Event {
+        dev: std::sync::atomic::AtomicU32::new(c.dev as u32),
+        flags: CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING,
+        times: Arc::new(crate::exec::EventTimes {
+            ipc: Some(state),
+            ..Default::default()
+        }),
+        captured: Mutex::new(None),
+    };
+    let handle = d.objs.lock().insert(Obj::Event(Arc::new(e)));
+    // SAFETY: out pointer from the caller (checked non-null).
+    unsafe { put(pev, handle as CUevent, CUDA_ERROR_INVALID_VALUE) }
+}
+
+exports! {
+    cuIpcGetEventHandle(out: *mut IpcEventHandle, ev: CUevent) => get_event_handle(out, ev);
+    cuIpcOpenEventHandle(pev: *mut CUevent, h: IpcEventHandle) => open_event_handle(pev, h);
 }

@@ -270,9 +270,10 @@ fn pool_get_access(flags: *mut u32, pool: CUmemoryPool, loc: *const CUmemLocatio
 }
 
 /// The device a (location, allocation type) names, for the CUDA 13
-/// pool-by-location calls: only pinned device pools are simulated.
+/// pool-by-location calls: pinned (1) and managed (2) pools of a device are
+/// simulated.
 fn pool_location(d: &Driver, loc: *const CUmemLocation, ty: u32) -> Result<usize, CUresult> {
-    if loc.is_null() || ty != 1 {
+    if loc.is_null() || !(1..=2).contains(&ty) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     // SAFETY: non-null location from the caller.
@@ -295,10 +296,11 @@ fn get_mem_pool(
 ) -> CuRes {
     let d = cu()?;
     let dev = pool_location(d, loc, ty)?;
-    let h = if default {
-        super::memory::default_pool(d, dev)
-    } else {
-        super::memory::current_pool_pub(d, dev)
+    let h = match (ty == 2, default) {
+        (true, true) => super::memory::default_managed_pool(d, dev),
+        (true, false) => super::memory::current_managed_pool(d, dev),
+        (false, true) => super::memory::default_pool(d, dev),
+        (false, false) => super::memory::current_pool_pub(d, dev),
     };
     // SAFETY: out pointer from the caller.
     unsafe { put(out, h as CUmemoryPool, CUDA_ERROR_INVALID_VALUE) }
@@ -308,10 +310,14 @@ fn set_mem_pool(loc: *const CUmemLocation, ty: u32, pool: CUmemoryPool) -> CuRes
     let d = cu()?;
     let dev = pool_location(d, loc, ty)?;
     let p = pool_of(d, pool as usize)?;
-    if p.dev != dev {
+    if p.dev != dev || p.managed != (ty == 2) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    *d.current_pools[dev].lock() = pool as usize;
+    if p.managed {
+        *d.current_managed_pools[dev].lock() = pool as usize;
+    } else {
+        *d.current_pools[dev].lock() = pool as usize;
+    }
     Ok(())
 }
 

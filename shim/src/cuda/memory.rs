@@ -174,15 +174,52 @@ pub fn find_dev(d: &Driver, p: u64, len: u64) -> Option<bool> {
             }
         }
     }
-    {
-        let maps = d.vmm_maps.lock();
-        if let Some((start, (mlen, _))) = maps.range(..=p).next_back() {
-            if p < start + mlen {
-                return Some(p.checked_add(len).is_some_and(|e| e <= start + mlen));
-            }
-        }
+    if let Some(ok) = vmm_range(d, p, len) {
+        return Some(ok);
     }
     super::graph::graph_mem_range(p, len)
+}
+
+/// `[p, p+len)` in VMM memory: `Some(true)` when every byte is mapped
+/// with read-write access, `Some(false)` when `p` is mapped but the range
+/// runs past the mappings or into one without access (which would fault:
+/// refused instead), `None` when `p` is not mapped. Mappings side by side
+/// (expandable segments map a growing range chunk by chunk) form one range,
+/// as on a GPU.
+pub fn vmm_range(d: &Driver, p: u64, len: u64) -> Option<bool> {
+    let maps = d.vmm_maps.lock();
+    let (start, (mlen, _)) = maps.range(..=p).next_back()?;
+    let mut end = start + mlen;
+    if p >= end {
+        return None;
+    }
+    if !super::vmm::mapping_writable(*start) {
+        return Some(false);
+    }
+    let Some(want) = p.checked_add(len) else {
+        return Some(false);
+    };
+    while end < want {
+        match maps.get(&end) {
+            Some((l, _)) if super::vmm::mapping_writable(end) => end += l,
+            _ => return Some(false),
+        }
+    }
+    Some(true)
+}
+
+/// The VMM mapping that holds `p`: (start, length, physical allocation).
+fn vmm_mapping_at(d: &Driver, p: u64) -> Option<(u64, u64, Arc<crate::driver::PhysMem>)> {
+    let (start, len, h) = {
+        let maps = d.vmm_maps.lock();
+        let (s, (l, h)) = maps.range(..=p).next_back()?;
+        if p >= s + l {
+            return None;
+        }
+        (*s, *l, *h)
+    };
+    let phys = d.phys.lock().get(&h).cloned()?;
+    Some((start, len, phys))
 }
 
 /// A device range that must be ours.
@@ -512,11 +549,20 @@ pub unsafe extern "C" fn cuMemGetAddressRange_v2(
     guard(|| {
         let d = cu()?;
         let a = d.allocs.lock();
-        let (s, al) = match a.range(..=dptr).next_back() {
-            Some((s, al)) if dptr < s + al.size && al.kind != AllocKind::Host => (*s, al.size),
-            _ => return Err(CUDA_ERROR_NOT_FOUND),
+        let found = match a.range(..=dptr).next_back() {
+            Some((s, al)) if dptr < s + al.size && al.kind != AllocKind::Host => {
+                Some((*s, al.size))
+            }
+            _ => None,
         };
         drop(a);
+        // VMM memory: the mapping that holds it.
+        let (s, al) = match found {
+            Some(x) => x,
+            None => vmm_mapping_at(d, dptr)
+                .map(|(s, l, _)| (s, l))
+                .ok_or(CUDA_ERROR_NOT_FOUND)?,
+        };
         if !pbase.is_null() {
             // SAFETY: non-null out pointer from the caller.
             unsafe { put(pbase, s, CUDA_ERROR_INVALID_VALUE)? };
@@ -541,12 +587,37 @@ pub fn pool_of(d: &Driver, h: usize) -> Result<Arc<Pool>, CUresult> {
 pub fn default_pool(d: &Driver, dev: usize) -> usize {
     *d.default_pools[dev].get_or_init(|| {
         d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
+            managed: false,
             dev,
             attrs: parking_lot::Mutex::new(HashMap::new()),
             handle_types: 0,
             imported_from: 0,
         })))
     })
+}
+
+/// The device's default managed memory pool (CUDA 13's `cuMemGetMemPool`
+/// with `CU_MEM_ALLOCATION_TYPE_MANAGED`).
+pub fn default_managed_pool(d: &Driver, dev: usize) -> usize {
+    *d.default_managed_pools[dev].get_or_init(|| {
+        d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
+            managed: true,
+            dev,
+            attrs: parking_lot::Mutex::new(HashMap::new()),
+            handle_types: 0,
+            imported_from: 0,
+        })))
+    })
+}
+
+/// The device's current managed memory pool.
+pub fn current_managed_pool(d: &Driver, dev: usize) -> usize {
+    let cur = *d.current_managed_pools[dev].lock();
+    if cur != 0 {
+        cur
+    } else {
+        default_managed_pool(d, dev)
+    }
 }
 
 /// The device's current pool (`cuDeviceGetMemPool`).
@@ -577,16 +648,16 @@ fn alloc_async(
     let (ctx, _) = d.cur_ctx()?;
     // A pool of another device may be used from this stream: the memory is
     // on the pool's device.
-    let (pool, dev) = match pool {
+    let (pool, dev, managed) = match pool {
         Some(h) => {
             let p = pool_of(d, h)?;
             // An imported pool only maps what its owner exports.
             if p.imported_from != 0 {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
-            (h, p.dev)
+            (h, p.dev, p.managed)
         }
-        None => (current_pool(d, sdev), sdev),
+        None => (current_pool(d, sdev), sdev, false),
     };
     if size == 0 {
         // The driver succeeds and returns NULL (which cuMemFreeAsync accepts).
@@ -597,7 +668,7 @@ fn alloc_async(
     // its address now, its memory when the graph is launched.
     let mut captured = Err(CUDA_ERROR_UNKNOWN);
     let recorded = super::stream::record_node_if_capturing(stream as usize, || {
-        match super::graph::new_graph_alloc(d, dev, size as u64) {
+        match super::graph::new_graph_alloc(d, dev, size as u64, managed) {
             Ok(ga) => {
                 captured = Ok(ga.ptr);
                 super::graph::NodeKind::MemAlloc(ga)
@@ -613,7 +684,13 @@ fn alloc_async(
         // SAFETY: out pointer from the caller (checked non-null).
         return unsafe { put(dptr, captured, CUDA_ERROR_INVALID_VALUE) };
     }
-    let p = alloc_on(d, ctx, dev, size as u64, AllocKind::Async, pool)?;
+    // A managed pool's allocations are managed memory.
+    let kind = if managed {
+        AllocKind::Managed
+    } else {
+        AllocKind::Async
+    };
+    let p = alloc_on(d, ctx, dev, size as u64, kind, pool)?;
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(dptr, p, CUDA_ERROR_INVALID_VALUE) }
 }
@@ -667,11 +744,15 @@ pub unsafe extern "C" fn cuMemPoolCreate(
         }
         // SAFETY: non-null pointer to CUmemPoolProps from the caller.
         let pr = unsafe { props.read_unaligned() };
-        if pr.allocType != 1 || pr.location.type_ != 1 {
+        // Pinned (1) or managed (2) memory on a device; a managed pool
+        // cannot be exported.
+        let managed = pr.allocType == 2;
+        if !(pr.allocType == 1 || managed && pr.handleTypes == 0) || pr.location.type_ != 1 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let dev = d.check_dev(pr.location.id)?;
         let h = d.objs.lock().insert(Obj::Pool(Arc::new(Pool {
+            managed,
             dev,
             attrs: parking_lot::Mutex::new(HashMap::new()),
             handle_types: pr.handleTypes,
@@ -688,7 +769,9 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
         let d = cu()?;
         let h = pool as usize;
         let p = pool_of(d, h)?;
-        if d.default_pools[p.dev].get() == Some(&h) {
+        if d.default_pools[p.dev].get() == Some(&h)
+            || d.default_managed_pools[p.dev].get() == Some(&h)
+        {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // Allocations still out are freed with the pool.
@@ -700,11 +783,13 @@ pub unsafe extern "C" fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult {
             .map(|(k, _)| *k)
             .collect();
         for k in keys {
-            let _ = free_dev(d, k, &[AllocKind::Async]);
+            let _ = free_dev(d, k, &[AllocKind::Async, AllocKind::Managed]);
         }
-        let mut cur = d.current_pools[p.dev].lock();
-        if *cur == h {
-            *cur = 0;
+        for cur in [&d.current_pools[p.dev], &d.current_managed_pools[p.dev]] {
+            let mut cur = cur.lock();
+            if *cur == h {
+                *cur = 0;
+            }
         }
         d.objs.lock().remove(h);
         Ok(())
@@ -1246,9 +1331,12 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
         };
         let (start, a) = match a {
             Some(x) => x,
-            // Graph memory: device memory of the graph's device.
+            None if vmm_mapping_at(d, ptr).is_some() => {
+                return vmm_pointer_attr(d, data, attr, ptr)
+            }
+            // Graph memory: device (or managed) memory of the graph's device.
             None => {
-                let (start, size, dev) =
+                let (start, size, dev, managed) =
                     super::graph::graph_alloc_at(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
                 (
                     start,
@@ -1257,7 +1345,11 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                         charged: 0,
                         dev,
                         ctx: d.cur_ctx().map(|c| c.0).unwrap_or(0),
-                        kind: AllocKind::Device,
+                        kind: if managed {
+                            AllocKind::Managed
+                        } else {
+                            AllocKind::Device
+                        },
                         map_len: 0,
                         pool: 0,
                     },
@@ -1289,7 +1381,7 @@ pub unsafe extern "C" fn cuPointerGetAttribute(
                 14 => (data as *mut u64).write_unaligned(0),
                 // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
                 16 => (data as *mut u32).write_unaligned(3),
-                17 if a.kind == AllocKind::Async => (data as *mut usize).write_unaligned(a.pool),
+                17 if a.pool != 0 => (data as *mut usize).write_unaligned(a.pool),
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }
@@ -1309,6 +1401,33 @@ pub unsafe extern "C" fn cuMemHostGetFlags(flags: *mut u32, p: *mut c_void) -> C
         // SAFETY: out pointer from the caller.
         unsafe { put(flags, 0, CUDA_ERROR_INVALID_VALUE) }
     })
+}
+
+/// `cuPointerGetAttribute` on memory mapped with `cuMemMap`: device memory
+/// of the physical allocation's device, with no context (as the driver
+/// answers for memory that belongs to no context), its range the mapping.
+fn vmm_pointer_attr(d: &Driver, data: *mut c_void, attr: u32, ptr: u64) -> CuRes {
+    let (start, len, phys) = vmm_mapping_at(d, ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    // SAFETY (all writes below): data points to storage of the attribute's
+    // documented type, by the caller's contract (checked non-null).
+    unsafe {
+        match attr {
+            1 => (data as *mut usize).write_unaligned(0),
+            2 => (data as *mut u32).write_unaligned(2), // CU_MEMORYTYPE_DEVICE
+            3 => (data as *mut u64).write_unaligned(ptr),
+            6 => (data as *mut u32).write_unaligned(0),
+            7 => (data as *mut u64).write_unaligned(start),
+            8 | 10 | 15 => (data as *mut u32).write_unaligned(0),
+            9 => (data as *mut i32).write_unaligned(phys.dev as i32),
+            11 => (data as *mut u64).write_unaligned(start),
+            12 => (data as *mut usize).write_unaligned(len as usize),
+            13 => (data as *mut u32).write_unaligned(1),
+            14 => (data as *mut u64).write_unaligned(phys.handle_types as u64),
+            16 => (data as *mut u32).write_unaligned(3),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+    }
+    Ok(())
 }
 
 /// Size of each `CUpointer_attribute` value (for NULL defaults).

@@ -639,8 +639,6 @@ pub const STUBS: &[&str] = &[
     "cuGraphicsVDPAURegisterVideoSurface",
     "cuImportExternalMemory",
     "cuImportExternalSemaphore",
-    "cuIpcGetEventHandle",
-    "cuIpcOpenEventHandle",
     "cuLogicalEndpointAddDevice",
     "cuLogicalEndpointBindAddr",
     "cuLogicalEndpointBindMem",

@@ -109,6 +109,9 @@ fn refuse_if_capturing(h: CUstream) -> CuRes {
 
 fn synchronize(h: CUstream) -> CuRes {
     let d = cu()?;
+    if crate::exec::in_host_fn() {
+        return Err(CUDA_ERROR_NOT_PERMITTED);
+    }
     refuse_if_capturing(h)?;
     let (dev, seq) = stream_target(h)?;
     if seq > 0 {
@@ -169,8 +172,34 @@ fn wait_event(h: CUstream, ev: CUevent, flags: u32) -> CuRes {
         }
         return Ok(());
     }
+    // An interprocess event another process may record: the stream's later
+    // work waits, in stream order, for the records made so far.
+    if let Some(state) = &e.times.ipc {
+        let target = state.words().recorded.load(Acquire);
+        if state.words().done.load(Acquire) < target {
+            let times = Arc::clone(&e.times);
+            return queue_host(
+                h as usize,
+                Box::new(move || {
+                    if let Some(st) = &times.ipc {
+                        wait_ipc(|| st.words().done.load(Acquire) >= target);
+                    }
+                }),
+            );
+        }
+    }
     // Submission order already puts the stream's later work after the record.
     Ok(())
+}
+
+/// Polls `done` until it holds (an interprocess event recorded by another
+/// process completes in that process's executor).
+fn wait_ipc(done: impl Fn() -> bool) {
+    let mut nap = 20u64;
+    while !done() {
+        std::thread::sleep(std::time::Duration::from_micros(nap));
+        nap = (nap * 2).min(1000);
+    }
 }
 
 exports! {
@@ -236,7 +265,7 @@ exports! {
     cuStreamGetId | cuStreamGetId_ptsz(h: CUstream, id: *mut u64) => get_id(h, id);
 }
 
-/// Host callback: runs once the stream's prior work is done (on a helper thread).
+/// Host callback: runs once the stream's prior work is done.
 pub type CUhostFn = Option<unsafe extern "C" fn(*mut c_void)>;
 
 fn launch_host_func(h: CUstream, f: CUhostFn, data: *mut c_void) -> CuRes {
@@ -244,24 +273,39 @@ fn launch_host_func(h: CUstream, f: CUhostFn, data: *mut c_void) -> CuRes {
     host_func_after(h as usize, f, data as usize)
 }
 
-/// Runs `f(data)` on a helper thread once `h`'s work so far is done.
+/// `cuLaunchHostFunc` on stream `h`: into a capturing stream a host node
+/// (it runs at each launch of the graph); otherwise `f(data)` is queued in
+/// stream order on the device's executor, so that the stream's later work,
+/// a stream, event or context synchronisation wait for it, as on a GPU.
 pub fn host_func_after(h: usize, f: unsafe extern "C" fn(*mut c_void), data: usize) -> CuRes {
+    if record_node_if_capturing(h, || NodeKind::Host(f as usize, data))? {
+        return Ok(());
+    }
+    queue_host(
+        h,
+        Box::new(move || {
+            // SAFETY: the user's callback with the user's data, as CUDA calls it.
+            unsafe { f(data as *mut c_void) }
+        }),
+    )
+}
+
+/// Queues `f` after the work submitted so far on stream `h`; the stream's
+/// later work and its synchronisation wait for its return.
+fn queue_host(h: usize, f: crate::exec::HostFn) -> CuRes {
     let d = cu()?;
-    let h = h as CUstream;
-    let (dev, seq) = stream_target(h)?;
-    let e = Arc::clone(d.exec(dev));
-    std::thread::spawn(move || {
-        e.wait(seq);
-        // SAFETY: the user's callback with the user's data, as CUDA calls it.
-        unsafe { f(data as *mut c_void) };
-    });
+    let (dev, s) = d.stream(h)?;
+    let seq = d.exec(dev).host(f);
+    if let Some(s) = s {
+        s.last_seq.fetch_max(seq, AcqRel);
+    }
     Ok(())
 }
 
 exports! {
     cuLaunchHostFunc | cuLaunchHostFunc_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void) => launch_host_func(h, f, data);
-    // CUDA 13.1: a sync mode (blocking 0 / non-blocking 1); the sim's host
-    // functions never block the stream's device work either way.
+    // CUDA 13.1: a sync mode (blocking 0 / non-blocking 1); either way the
+    // sim queues the function in stream order, as cuLaunchHostFunc does.
     cuLaunchHostFunc_v2 | cuLaunchHostFunc_v2_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void, mode: u32) => {
         if mode > 1 {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -283,10 +327,20 @@ pub unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: u32) -> CUresult
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (_, c) = d.cur_ctx()?;
+        // An interprocess event keeps its state in shared memory from the
+        // start: a record made before its handle is taken counts too.
+        let ipc = if flags & CU_EVENT_INTERPROCESS != 0 {
+            Some(super::ipc::new_event_state()?)
+        } else {
+            None
+        };
         let e = Event {
             dev: AtomicU32::new(c.dev as u32),
             flags,
-            times: Arc::new(EventTimes::default()),
+            times: Arc::new(EventTimes {
+                ipc,
+                ..EventTimes::default()
+            }),
             captured: Mutex::new(None),
         };
         let h = d.objs.lock().insert(Obj::Event(Arc::new(e)));
@@ -359,10 +413,9 @@ exports! {
 fn event_done(e: &Event) -> Result<bool, CUresult> {
     let d = cu()?;
     let seq = e.times.seq.load(Acquire);
-    if seq == 0 {
-        return Ok(true);
-    }
-    Ok(d.exec(e.dev.load(Relaxed) as usize).reached(seq))
+    let local = seq == 0 || d.exec(e.dev.load(Relaxed) as usize).reached(seq);
+    // An interprocess event: also every record other processes made.
+    Ok(local && e.times.ipc.as_ref().is_none_or(|s| s.complete()))
 }
 
 #[unsafe(no_mangle)]
@@ -381,10 +434,16 @@ pub unsafe extern "C" fn cuEventQuery(h: CUevent) -> CUresult {
 pub unsafe extern "C" fn cuEventSynchronize(h: CUevent) -> CUresult {
     guard(|| {
         let d = cu()?;
+        if crate::exec::in_host_fn() {
+            return Err(CUDA_ERROR_NOT_PERMITTED);
+        }
         let e = d.event(h as usize)?;
         let seq = e.times.seq.load(Acquire);
         if seq > 0 {
             d.exec(e.dev.load(Relaxed) as usize).wait(seq);
+        }
+        if let Some(s) = &e.times.ipc {
+            wait_ipc(|| s.complete());
         }
         Ok(())
     })
@@ -491,15 +550,18 @@ fn add_callback(h: CUstream, cb: CUstreamCallback, data: *mut c_void, flags: u32
     if flags != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let (dev, seq) = stream_target(h)?;
+    d.stream(h as usize)?;
+    // The driver refuses a stream callback during capture (host functions
+    // are the capturable kind), and the capture is invalidated.
+    refuse_if_capturing(h)?;
     let (hs, data) = (h as usize, data as usize);
-    let e = Arc::clone(d.exec(dev));
-    std::thread::spawn(move || {
-        e.wait(seq);
-        // SAFETY: the user's callback with the user's arguments, as CUDA calls it.
-        unsafe { cb(hs as CUstream, CUDA_SUCCESS, data as *mut c_void) };
-    });
-    Ok(())
+    queue_host(
+        hs,
+        Box::new(move || {
+            // SAFETY: the user's callback with the user's arguments, as CUDA calls it.
+            unsafe { cb(hs as CUstream, CUDA_SUCCESS, data as *mut c_void) }
+        }),
+    )
 }
 
 exports! {
@@ -781,6 +843,8 @@ pub fn record_if_capturing(stream: usize, k: &KernelNode) -> Result<bool, CUresu
                 kernel_params: std::ptr::null_mut(),
                 extra: std::ptr::null_mut(),
             },
+            kern: 0,
+            ctx: 0,
             attrs: Default::default(),
         })
     })
@@ -827,7 +891,7 @@ pub fn capture_mem_ops(stream: usize, f: impl FnOnce() -> CuRes) -> CuRes {
 }
 
 /// The graph node of a captured copy or memset.
-fn mem_op_node(op: MemOp) -> NodeKind {
+pub(crate) fn mem_op_node(op: MemOp) -> NodeKind {
     match op {
         // Unified addressing (4) on both sides: device or host memory.
         MemOp::Copy { dst, src, len } => NodeKind::Memcpy(crate::cuda::array::Memcpy3D {
@@ -913,11 +977,25 @@ pub unsafe extern "C" fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) -> CU
     })
 }
 
+thread_local! {
+    /// The edge data `cuStreamGetCaptureInfo_v3` hands out: one zeroed
+    /// `CUgraphEdgeData` (8 bytes: default edges) per dependency, valid
+    /// until the thread's next capture query.
+    static EDGE_DATA: std::cell::RefCell<Vec<u64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Capture info: status, id, the capture's graph, and the stream's current
 /// dependencies (a pointer valid until the stream's next captured work, as
-/// with the driver); edge data is NULL (all edges are default edges).
+/// with the driver) with their edge data (every edge the sim makes is a
+/// default edge: zeroed `CUgraphEdgeData`, one per dependency; the array is
+/// valid until the thread's next capture query). With no dependencies, or
+/// no capture, the arrays are NULL and the count 0.
 /// `outs` = [id, graph, deps, edge data, count], absent ones NULL.
 fn capture_info(h: CUstream, status: *mut u32, outs: &[*mut u64]) -> CuRes {
+    // The driver requires the dependencies with the edge data.
+    if outs.len() > 3 && !outs[3].is_null() && outs[2].is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     let (st, id) = capture_state(h)?;
     // SAFETY: out pointer from the caller.
     unsafe { put(status, st, CUDA_ERROR_INVALID_VALUE) }?;
@@ -928,10 +1006,22 @@ fn capture_info(h: CUstream, status: *mut u32, outs: &[*mut u64]) -> CuRes {
             .as_ref()
             .map(|c| (c.shared.lock().graph, c.deps.as_ptr() as u64, c.deps.len()))
     }) {
+        Some((g, _, 0)) if st == 1 => (g, 0, 0),
         Some(x) if st == 1 => x,
         _ => (0, 0, 0),
     };
-    let vals = [id, graph as u64, deps_ptr, 0, ndeps as u64];
+    let edges_ptr = if ndeps == 0 {
+        0
+    } else {
+        EDGE_DATA.with(|e| {
+            let mut e = e.borrow_mut();
+            if e.len() < ndeps {
+                e.resize(ndeps, 0);
+            }
+            e.as_ptr() as u64
+        })
+    };
+    let vals = [id, graph as u64, deps_ptr, edges_ptr, ndeps as u64];
     for (i, &o) in outs.iter().enumerate() {
         if !o.is_null() {
             // SAFETY: non-null out pointer (id, graph, deps, edge data or count).

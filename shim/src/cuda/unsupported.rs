@@ -38,9 +38,8 @@ stub_fns! {
         cuTexRefSetMipmapLevelClamp, cuTexRefSetMipmappedArray, cuSurfRefGetArray,
         cuSurfRefSetArray, cuModuleGetTexRef, cuModuleGetSurfRef, cuParamSetTexRef, cuProfilerInitialize;
     CUresult = CUDA_ERROR_NOT_SUPPORTED =>
-        // Interprocess events, external memory and
-        // semaphores (Vulkan/DirectX/NvSci objects), dma-buf handles.
-        cuIpcGetEventHandle, cuIpcOpenEventHandle,
+        // External memory and semaphores (Vulkan/DirectX/NvSci
+        // objects), dma-buf handles.
         cuImportExternalMemory, cuDestroyExternalMemory, cuExternalMemoryGetMappedBuffer,
         cuExternalMemoryGetMappedMipmappedArray, cuImportExternalSemaphore,
         cuDestroyExternalSemaphore, cuSignalExternalSemaphoresAsync, cuWaitExternalSemaphoresAsync,
@@ -104,9 +103,10 @@ fn device_properties(p: *mut DevProp, dev: CUdevice) -> CuRes {
 }
 
 /// Parameters of a function: from its PTX `.entry` (offsets as the driver
-/// packs them), or the one `u64` of the sim's own `cgpu_sim_spin*` kernels;
-/// a kernel from a binary image has no parameter list in the sim (a counted
-/// stub call).
+/// packs them) or its cubin's `.nv.info.<kernel>` section, or the one `u64`
+/// of the sim's own `cgpu_sim_spin*` kernels; a kernel of an image that
+/// describes none (an unreadable part) has no parameter list in the sim (a
+/// counted stub call).
 fn param_list(f: usize) -> Result<Vec<(u64, u64)>, CUresult> {
     let d = cu()?;
     let func = d.func(f)?;

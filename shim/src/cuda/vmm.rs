@@ -25,6 +25,22 @@ use std::sync::Arc;
 
 pub const GRANULARITY: u64 = 2 << 20;
 
+/// The access `cuMemSetAccess` gave each mapping (by its start): the
+/// protection of its pages. A mapping without an entry has no access yet
+/// (its pages are `PROT_NONE`): copies and memsets into it are refused
+/// instead of faulting the client.
+static ACCESS: parking_lot::Mutex<Option<std::collections::HashMap<u64, i32>>> =
+    parking_lot::Mutex::new(None);
+
+/// Whether the mapping starting at `start` may be read and written.
+pub fn mapping_writable(start: u64) -> bool {
+    ACCESS
+        .lock()
+        .as_ref()
+        .and_then(|m| m.get(&start))
+        .is_some_and(|p| *p == libc::PROT_READ | libc::PROT_WRITE)
+}
+
 fn read_prop(d: &Driver, prop: *const CUmemAllocationProp) -> Result<usize, CUresult> {
     if prop.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -276,6 +292,9 @@ fn unmap(d: &Driver, ptr: u64, size: u64) -> CuRes {
         d.vmm_maps.lock().insert(ptr, (len, h));
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    if let Some(acc) = ACCESS.lock().as_mut() {
+        acc.remove(&ptr);
+    }
     // SAFETY: the range was our mapping; put a PROT_NONE reservation back.
     unsafe {
         libc::mmap(
@@ -333,15 +352,24 @@ pub unsafe extern "C" fn cuMemSetAccess(
         let maps = d.vmm_maps.lock();
         let mut cur = ptr;
         let end = ptr + size as u64;
+        let mut starts = Vec::new();
         while cur < end {
             match maps.range(..=cur).next_back() {
-                Some((s, (l, _))) if cur < s + l => cur = s + l,
+                Some((s, (l, _))) if cur < s + l => {
+                    starts.push(*s);
+                    cur = s + l;
+                }
                 _ => return Err(CUDA_ERROR_INVALID_VALUE),
             }
         }
         // SAFETY: the whole range is our mapped memory.
         if unsafe { libc::mprotect(ptr as *mut c_void, size, prot) } != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut acc = ACCESS.lock();
+        let acc = acc.get_or_insert_with(std::collections::HashMap::new);
+        for s in starts {
+            acc.insert(s, prot);
         }
         Ok(())
     })

@@ -19,6 +19,7 @@ COMMANDS:
     tree                  the ledgers as cGPU's /proc/cgpu_km tree
     inspect               allocated/total GPU memory (`kubectl inspect cgpu`)
     gc                    reclaim the slots of dead processes now
+    settings ID [K=V...]  a container's settings, written on the host
     exporter              serve Prometheus metrics over HTTP
     version               library and ledger format versions
     help [COMMAND]        this help, or a command's
@@ -127,6 +128,128 @@ a library file found has no cgpu version in it or cannot be read.
 
     --lib PATH            the library file to read instead of looking
 ";
+
+const HELP_SETTINGS: &str = "\
+cgpuctl settings CONTAINER-ID [KEY=VALUE...] [--rm] [--settings-dir DIR]
+
+Give a container its settings from the host (docker without Kubernetes):
+writes DIR/CONTAINER-ID.env, which every process of that container reads at
+its first GPU use, whatever its own environment; its values win over the
+container's environment. Mount DIR read-only into the containers at
+/etc/cgpu/containers (docker run -v /etc/cgpu/containers:/etc/cgpu/containers:ro).
+Write it before the container starts (docker create, then docker start) or
+after: processes that start later read it, and a single-value
+ALIYUN_COM_GPU_MEM_CONTAINER also becomes the memsize of the container on
+every GPU where it runs now.
+
+CONTAINER-ID is the runtime's full id, 64 hex digits
+(docker inspect -f '{{.Id}}' NAME). Without KEY=VALUE, prints the file.
+Keys: ALIYUN_COM_GPU_MEM_CONTAINER (required), ALIYUN_COM_GPU_MEM_DEV,
+ALIYUN_COM_GPU_VISIBLE_DEVICES, ALIYUN_COM_GPU_SCHD_WEIGHT,
+ALIYUN_COM_GPU_HIGH_PRIO, CGPU_DISABLE, CGPU_CONTAINER_ID (the name shown).
+
+    --rm                  remove the file (processes that start later run
+                          without host settings)
+    --settings-dir DIR    default: $CGPU_SETTINGS_DIR, else /etc/cgpu/containers
+";
+
+/// `cgpuctl settings`.
+fn cmd_settings(mut a: Args, ledger_dir: Option<PathBuf>) {
+    let rm = a.flag(&["--rm"]);
+    let dir = a
+        .value(&["--settings-dir"])
+        .unwrap_or_else(|e| usage(e))
+        .or_else(|| {
+            std::env::var("CGPU_SETTINGS_DIR")
+                .ok()
+                .filter(|d| !d.is_empty())
+        })
+        .unwrap_or_else(|| cgpu::config::DEFAULT_SETTINGS_DIR.to_string());
+    let Some(id) = a.positional() else {
+        usage("settings: the container's id is missing (see cgpuctl help settings)".into())
+    };
+    let id = id.to_ascii_lowercase();
+    if id.len() != 64 || !id.bytes().all(|c| c.is_ascii_hexdigit()) {
+        usage(format!(
+            "settings: `{id}` is not a container id of 64 hex digits (docker inspect -f '{{{{.Id}}}}' NAME)"
+        ));
+    }
+    let mut kv = Vec::new();
+    while let Some(p) = a.positional() {
+        kv.push(p);
+    }
+    a.finish().unwrap_or_else(|e| usage(e));
+    let path = Path::new(&dir).join(format!("{id}.env"));
+    if rm {
+        match std::fs::remove_file(&path) {
+            Ok(()) => println!("removed {}", path.display()),
+            Err(e) => die(1, &format!("{}: {e}", path.display())),
+        }
+        return;
+    }
+    if kv.is_empty() {
+        match std::fs::read_to_string(&path) {
+            Ok(t) => print!("{t}"),
+            Err(e) => die(1, &format!("{}: {e}", path.display())),
+        }
+        return;
+    }
+    let text = kv.join("\n") + "\n";
+    let vals = cgpu::config::parse_settings_file(&text)
+        .unwrap_or_else(|e| usage(format!("settings: {e}")));
+    let get = |k: &str| vals.iter().find(|(h, _)| h == k).map(|(_, v)| v.clone());
+    let c = cgpu::config::from_lookup(&get, None);
+    if !c.errors.is_empty() {
+        usage(format!("settings: {}", c.errors.join("; ")));
+    }
+    if let Err(e) = write_settings(Path::new(&dir), &path, &text) {
+        die(1, &format!("{}: {e}", path.display()));
+    }
+    println!("wrote {}", path.display());
+    // Containers running now: a single quota value is their memsize on
+    // every GPU where they are.
+    let (Some(ldir), [gib]) = (ledger_dir, c.mem_container.as_slice()) else {
+        return;
+    };
+    let key = cgpu::identity::key_of_container_id(&id);
+    for p in Ledger::list(&ldir) {
+        let Ok(l) = Ledger::open(&p) else { continue };
+        let f = l.file();
+        let physical = f.header.physical_total;
+        for (ci, slot) in l.containers() {
+            if slot.current_key() != key {
+                continue;
+            }
+            let bytes = match gib {
+                0 => 0,
+                g => cgpu::config::visible_total(physical, *g, c.mem_dev),
+            };
+            match l.set_memsize(ci, bytes) {
+                Ok(()) => println!(
+                    "{}: container {} memsize {bytes}",
+                    p.display(),
+                    slot.id_str()
+                ),
+                Err(e) => eprintln!("cgpuctl: {}: {e}", p.display()),
+            }
+        }
+    }
+}
+
+/// Writes the settings file whole (a reader never sees half of it),
+/// readable by everyone, writable by its owner only.
+fn write_settings(dir: &Path, path: &Path, text: &str) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, text)?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))?;
+    std::fs::rename(&tmp, path)
+}
 
 fn die(code: i32, msg: &str) -> ! {
     eprintln!("cgpuctl: error: {msg}");
@@ -570,6 +693,7 @@ fn main() {
             Some("gc") => print!("{HELP_GC}"),
             Some("exporter") => print!("{HELP_EXPORTER}"),
             Some("version") => print!("{HELP_VERSION}"),
+            Some("settings") => print!("{HELP_SETTINGS}"),
             _ => {
                 if cmd.is_none() && !a.flag(&["-h", "--help"]) {
                     eprint!("{HELP}");
@@ -585,6 +709,7 @@ fn main() {
         Some("version") => cmd_version(a, &dir()),
         Some("gc") => cmd_gc(a, &dir()),
         Some("exporter") => cmd_exporter(a, &dir()),
+        Some("settings") => cmd_settings(a, cgpu_tools::ledger_dir(dir_arg.as_deref()).ok()),
         Some(other) => usage(format!("unknown command `{other}` (see cgpuctl --help)")),
     }
 }

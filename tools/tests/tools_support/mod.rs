@@ -213,6 +213,7 @@ pub fn client_main_if_asked() -> bool {
     let m = l
         .join(&JoinRequest {
             container_id: &id,
+            key: 0,
             quota: e("T_QUOTA").parse().unwrap(),
             weight: e("T_WEIGHT").parse().unwrap(),
             highprio: e("T_HIGHPRIO") == "1",

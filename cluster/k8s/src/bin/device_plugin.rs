@@ -2,7 +2,7 @@
 //! (runs on every GPU node, as a DaemonSet).
 
 use cgpu_cluster::device_plugin::{self, Plugin, PluginConfig};
-use cgpu_cluster::{kube_io, nvml::Nvml, signing::DecisionKey};
+use cgpu_cluster::{kube_io, nvml::Nvml};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -10,13 +10,17 @@ use std::sync::Arc;
 const USAGE: &str = "usage: cgpu-device-plugin\n\
   Configured by environment:\n\
   NODE_NAME                  this node (from the downward API; required)\n\
-  CGPU_DECISION_KEY_FILE     the extender's decision key (default /etc/cgpu/decision-key/key)\n\
+  CGPU_NAMESPACE             where the extender publishes its public key (default kube-system)\n\
+  CGPU_DECISION_PUBKEY_FILE  the extender's public key (hex), instead of its ConfigMap\n\
   CGPU_NVML_LIB              NVML to load (default libnvidia-ml.so.1)\n\
   CGPU_KUBELET_DIR           the kubelet's device-plugin directory (default /var/lib/kubelet/device-plugins)\n\
   CGPU_POD_RESOURCES_SOCKET  default /var/lib/kubelet/pod-resources/kubelet.sock\n\
   CGPU_LIBRARY               libcgpu.so on the node and in containers (default /opt/cgpu/libcgpu.so)\n\
   CGPU_LEDGER_DIR            the ledger directory on the node and in containers (default /run/cgpu)\n\
-  CGPU_ALLOC_DIR             allocation files (default /run/cgpu-alloc; outside the ledger directory)\n";
+  CGPU_ALLOC_DIR             allocation files (default /run/cgpu-alloc; outside the ledger directory)\n\
+  CGPU_CDI_DIR               where the runtime reads CDI specs (default /var/run/cdi)\n\
+  CGPU_EXPOSE_ALL_GPUS       true: NVIDIA_VISIBLE_DEVICES=all instead of each container's GPUs\n\
+                             through CDI (runtimes without CDI)\n";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -55,6 +59,11 @@ async fn main() -> ExitCode {
         cfg.ledger_on_host = l.clone();
         cfg.ledger_in_container = l;
     }
+    if let Some(d) = env_path("CGPU_CDI_DIR") {
+        cfg.cdi_dir = d;
+    }
+    cfg.expose_all_gpus =
+        std::env::var("CGPU_EXPOSE_ALL_GPUS").is_ok_and(|v| v == "true" || v == "1");
     if let Some(a) = env_path("CGPU_ALLOC_DIR") {
         cfg.alloc_dir = a.clone();
         cfg.alloc_dir_on_host = a;
@@ -62,10 +71,6 @@ async fn main() -> ExitCode {
     let fail = |e: String| {
         eprintln!("cgpu-device-plugin: {e}");
         ExitCode::FAILURE
-    };
-    let key = match DecisionKey::load() {
-        Ok(k) => k,
-        Err(e) => return fail(e),
     };
     let nvml = match Nvml::load() {
         Ok(n) => n,
@@ -75,7 +80,7 @@ async fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let plugin = match Plugin::new(cfg, client, key, &nvml).await {
+    let plugin = match Plugin::new(cfg, client, &nvml).await {
         Ok(p) => Arc::new(p),
         Err(e) => return fail(e),
     };

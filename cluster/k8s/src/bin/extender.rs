@@ -11,7 +11,8 @@ const USAGE: &str =
   --listen   where to serve (default 0.0.0.0:32766; env CGPU_EXTENDER_LISTEN)\n\
   --policy   GPU choice on a node unless its label cgpu.io/gpu-policy says otherwise\n\
              (default binpack; env CGPU_GPU_POLICY)\n\
-  The decision key is read from $CGPU_DECISION_KEY_FILE (default /etc/cgpu/decision-key/key).\n";
+  The decision key is read from $CGPU_DECISION_KEY_FILE (default /etc/cgpu/decision-key/key);\n\
+  its public key is published in the ConfigMap cgpu-decision-key of $CGPU_NAMESPACE (default kube-system).\n";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -59,6 +60,12 @@ async fn main() -> ExitCode {
         }
     };
     let ext = Extender::new(client, key, policy);
+    let ns = cgpu_cluster::signing::namespace();
+    // Plugins verify decisions with the public key published here.
+    if let Err(e) = ext.publish_public_key(&ns).await {
+        eprintln!("cgpu-scheduler-extender: {e}");
+        return ExitCode::FAILURE;
+    }
     ext.spawn_watches();
     let listener = match tokio::net::TcpListener::bind(&listen).await {
         Ok(l) => l,

@@ -33,7 +33,26 @@ async fn main() -> ExitCode {
         let client = kube_io::client().await?;
         let nodes = kube_io::list_nodes(&client).await?;
         let pods = kube_io::list_pods(&client, None).await?;
-        Ok::<_, String>(inspect::view(&nodes, &pods))
+        // Decisions count only with a signature the extender's public key
+        // verifies; without the key, they are checked for pod and node only.
+        let any = pods.iter().any(|p| {
+            !p["metadata"]["annotations"][cgpu_cluster_core::names::ANN_ALLOCATION].is_null()
+        });
+        let verifier = if !any {
+            None
+        } else {
+            match cgpu_cluster::signing::DecisionVerifier::load(&client).await {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    eprintln!("kubectl inspect cgpu: {e}; signatures not checked");
+                    None
+                }
+            }
+        };
+        let verify = |d: &cgpu_cluster_core::decision::Decision| {
+            verifier.as_ref().is_none_or(|v| v.verify(d))
+        };
+        Ok::<_, String>(inspect::view(&nodes, &pods, &verify))
     }
     .await;
     match result {

@@ -10,6 +10,17 @@
 //! directory (as the kubelet does) and serves `kubelet.sock` anew, keeping
 //! the checkpoint.
 //!
+//! [`Kubelet::start_old`] speaks as kubelets before 1.26 do: every call to
+//! a plugin carries the socket path as its HTTP/2 `:authority`,
+//! Huffman-coded and indexed in the HPACK dynamic table (as grpc-go's
+//! encoder sends it), instead of `localhost`.
+//!
+//! When it creates a container it resolves the CDI devices the plugin
+//! named at `Allocate` as a CDI-enabled runtime (containerd 1.7+, CRI-O)
+//! does: from the specs in [`Kubelet::cdi_dir`] as they are at that moment
+//! (after `PreStartContainer`), applying their environment edits over the
+//! container's; a device without a spec fails the start.
+//!
 //! It cannot bind-mount (no mount namespace here): [`Started::host_path`]
 //! maps a path as the container would see it to the host path mounted
 //! there, and [`Started::check_mounts`] checks every mount's source exists.
@@ -50,10 +61,48 @@ struct State {
     readers: Vec<tokio::task::AbortHandle>,
     generation: u64,
     seed: u64,
+    /// Dial plugins with the socket path as `:authority`.
+    old_authority: bool,
+}
+
+/// A channel to a plugin's socket, as this kubelet dials it.
+async fn dial(path: &Path, old_authority: bool) -> Result<tonic::transport::Channel, String> {
+    if !old_authority {
+        return uds_channel(path).await.map_err(|e| e.to_string());
+    }
+    use cgpu_cluster::h2_authority::{relay, Field, IndexingEncoder};
+    let path = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://[::1]:1")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let unix = tokio::net::UnixStream::connect(&path).await?;
+                let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                let authority = path.display().to_string();
+                let mut encoder = IndexingEncoder::new(4096);
+                tokio::spawn(relay(
+                    theirs,
+                    unix,
+                    move |mut fields: Vec<Field>, out: &mut Vec<u8>| {
+                        for f in &mut fields {
+                            if f.name == b":authority" {
+                                f.value = authority.as_bytes().to_vec();
+                            }
+                        }
+                        encoder.encode(&fields, out);
+                    },
+                ));
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(ours))
+            }
+        }))
+        .await
+        .map_err(|e| e.to_string())
 }
 
 pub struct Kubelet {
     pub dir: PathBuf,
+    /// The runtime's CDI spec directory.
+    pub cdi_dir: PathBuf,
     pub pod_resources: PathBuf,
     state: Arc<Mutex<State>>,
     stop: Option<tokio::sync::watch::Sender<bool>>,
@@ -87,8 +136,9 @@ impl dp::registration_server::Registration for RegistrationSvc {
         // Like the kubelet: connect back asynchronously, then list.
         let dir = self.dir.clone();
         let state = self.state.clone();
+        let old = self.state.lock().old_authority;
         let reader = tokio::spawn(async move {
-            let Ok(ch) = uds_channel(&dir.join(&r.endpoint)).await else {
+            let Ok(ch) = dial(&dir.join(&r.endpoint), old).await else {
                 return;
             };
             let mut c = dp::device_plugin_client::DevicePluginClient::new(ch);
@@ -247,12 +297,25 @@ fn container_requests(pod: &Value) -> Vec<(String, u64, bool)> {
 
 impl Kubelet {
     pub async fn start(dir: &Path) -> Kubelet {
+        Kubelet::start_with(dir, false).await
+    }
+
+    /// A kubelet before 1.26 (socket path as `:authority`).
+    pub async fn start_old(dir: &Path) -> Kubelet {
+        Kubelet::start_with(dir, true).await
+    }
+
+    async fn start_with(dir: &Path, old_authority: bool) -> Kubelet {
         std::fs::create_dir_all(dir).unwrap();
+        let cdi_dir = dir.parent().unwrap_or(dir).join("cdi");
+        std::fs::create_dir_all(&cdi_dir).unwrap();
         let mut k = Kubelet {
+            cdi_dir,
             dir: dir.to_path_buf(),
             pod_resources: dir.join("pod-resources.sock"),
             state: Arc::new(Mutex::new(State {
                 seed: 0x9e37_79b9_7f4a_7c15,
+                old_authority,
                 ..Default::default()
             })),
             stop: None,
@@ -349,16 +412,16 @@ impl Kubelet {
         ),
         String,
     > {
-        let reg = self
-            .state
-            .lock()
-            .plugins
-            .get(resource)
-            .cloned()
-            .ok_or_else(|| format!("no device plugin for {resource}"))?;
-        let ch = uds_channel(&self.dir.join(&reg.endpoint))
-            .await
-            .map_err(|e| e.to_string())?;
+        let (reg, old) = {
+            let st = self.state.lock();
+            let reg = st
+                .plugins
+                .get(resource)
+                .cloned()
+                .ok_or_else(|| format!("no device plugin for {resource}"))?;
+            (reg, st.old_authority)
+        };
+        let ch = dial(&self.dir.join(&reg.endpoint), old).await?;
         Ok((
             dp::device_plugin_client::DevicePluginClient::new(ch),
             reg.options.pre_start_required,
@@ -504,12 +567,49 @@ impl Kubelet {
         // kubelet's order: the container spec's value wins a clash).
         let mut merged: BTreeMap<String, String> = allocated.envs.clone().into_iter().collect();
         merged.extend(envs);
+        // The runtime applies the CDI devices' edits last.
+        for dev in &allocated.cdi_devices {
+            for (k, v) in self.cdi_env(&dev.name)? {
+                merged.insert(k, v);
+            }
+        }
         let s = Started {
             envs: merged,
             mounts: allocated.mounts.clone(),
         };
         s.check_mounts()?;
         Ok(s)
+    }
+
+    /// The environment edits of CDI device `kind=name`, from the specs now
+    /// in the CDI directory.
+    fn cdi_env(&self, qualified: &str) -> Result<Vec<(String, String)>, String> {
+        let (kind, name) = qualified
+            .split_once('=')
+            .ok_or_else(|| format!("CDI device {qualified:?} is not kind=name"))?;
+        for e in std::fs::read_dir(&self.cdi_dir).unwrap().flatten() {
+            let Ok(text) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            let Ok(spec) = serde_json::from_str::<Value>(&text) else {
+                continue;
+            };
+            if spec["kind"] != kind {
+                continue;
+            }
+            for d in spec["devices"].as_array().into_iter().flatten() {
+                if d["name"] == name {
+                    return Ok(d["containerEdits"]["env"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|v| v.as_str()?.split_once('='))
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect());
+                }
+            }
+        }
+        Err(format!("unresolvable CDI devices {qualified}"))
     }
 
     /// The pod is gone: its devices are free again.

@@ -1,0 +1,674 @@
+//! `cgpu-agent`: the node agent. On the host, beside the jobs, it reads
+//! what each process really holds on each GPU (NVML, the device's own
+//! books), maps each process to its container (the same identity the
+//! library gives it, worked out from `/proc/<pid>` on the host), sums per
+//! container per GPU and compares with that container's quota in the GPU's
+//! ledger. A container holding more than its quota by a path the library
+//! cannot see (a process without the preload, a static binary) is reported
+//! and, by policy, its offending processes are stopped or killed.
+
+pub mod nvml;
+
+use cgpu::identity::{self, Identity, Source};
+use cgpu::ledger::{Ledger, Snapshot};
+use nvml::{DeviceProcess, Nvml};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+/// What the agent does to a container over its quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Log and write the status file only.
+    Report,
+    /// `SIGSTOP` its offending processes (they keep what they hold; an
+    /// operator resumes them with `SIGCONT` or ends them).
+    Stop,
+    /// `SIGKILL` its offending processes (the device frees what they held).
+    Kill,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s {
+            "report" => Some(Policy::Report),
+            "stop" => Some(Policy::Stop),
+            "kill" => Some(Policy::Kill),
+            _ => None,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Report => "report",
+            Policy::Stop => "stop",
+            Policy::Kill => "kill",
+        }
+    }
+}
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub ledger_dir: PathBuf,
+    pub policy: Policy,
+    /// Also judge processes outside any container (the host's), by the
+    /// host rule: `CGPU_CONTAINER_ID` in their environment, else the
+    /// hostname.
+    pub include_host: bool,
+}
+
+/// One process on one GPU, as the agent sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcUse {
+    pub pid: u32,
+    pub bytes: u64,
+    /// The process is in the ledger (it runs under the library).
+    pub registered: bool,
+    /// Already stopped (`T` in `/proc/<pid>/stat`).
+    pub stopped: bool,
+    /// Start time (clock ticks after boot, `/proc/<pid>/stat`): checked
+    /// again before a signal, so a reused pid is never signalled.
+    pub start_time: u64,
+    /// What the agent did to it in this pass.
+    pub action: Option<&'static str>,
+}
+
+/// One container on one GPU.
+#[derive(Debug, Clone)]
+pub struct ContainerUse {
+    pub identity: Identity,
+    /// Its ledger row, when it has one on this GPU.
+    pub slot: Option<usize>,
+    /// Bytes; 0: no quota (not limited, or no row).
+    pub quota: u64,
+    /// What the ledger counts for it.
+    pub ledger_used: u64,
+    /// Its row records without enforcing (the library's record mode): the
+    /// quota is not a limit.
+    pub enforce_off: bool,
+    /// What the device says its processes hold.
+    pub device_bytes: u64,
+    pub procs: Vec<ProcUse>,
+}
+
+impl ContainerUse {
+    pub fn is_over(&self) -> bool {
+        self.quota > 0 && !self.enforce_off && self.device_bytes > self.quota
+    }
+}
+
+/// One GPU (one ledger file).
+#[derive(Debug, Clone, Default)]
+pub struct GpuUse {
+    pub uuid: String,
+    pub ledger: PathBuf,
+    pub containers: Vec<ContainerUse>,
+    /// Processes outside any container (not judged without
+    /// `--include-host`), and processes gone before they could be read.
+    pub outside: Vec<ProcUse>,
+    /// Why this GPU could not be checked.
+    pub error: Option<String>,
+}
+
+/// One pass over every GPU that has a ledger.
+#[derive(Debug, Clone, Default)]
+pub struct Pass {
+    pub gpus: Vec<GpuUse>,
+    /// Lines to log: one per event (a container found over its quota, or
+    /// back within it, and each signal sent).
+    pub events: Vec<String>,
+}
+
+impl Pass {
+    pub fn any_over(&self) -> bool {
+        self.gpus
+            .iter()
+            .any(|g| g.containers.iter().any(ContainerUse::is_over))
+    }
+    pub fn any_error(&self) -> bool {
+        self.gpus.iter().any(|g| g.error.is_some())
+    }
+}
+
+/// `(state, start time)` from `/proc/<pid>/stat`.
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command may hold spaces and parentheses: fields follow the last ')'.
+    let rest = &s[s.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state); start time is field 22.
+    let state = f.first()?.chars().next()?;
+    let start = f.get(19)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// `(pid in its own namespace, that namespace's inode)`, as the ledger
+/// names a process.
+fn ns_pid(pid: u32) -> Option<(i32, u64)> {
+    let status = identity::read_proc(&format!("/proc/{pid}/status"))?;
+    let nspid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|v| v.parse().ok())?;
+    let ns = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    let inode = ns
+        .to_str()?
+        .strip_prefix("pid:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()?;
+    Some((nspid, inode))
+}
+
+/// `CGPU_CONTAINER_ID` in a host process's environment (the host rule of
+/// the library: how jobs of a host without containers are told apart).
+/// Read only for processes whose identity is the host's, and only with
+/// `--include-host`: in a container the identity comes from what the
+/// kernel shows of it, never from a variable.
+fn host_rule_name(pid: u32) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|&b| b == 0).find_map(|kv| {
+        let v = kv.strip_prefix(b"CGPU_CONTAINER_ID=")?;
+        let v = String::from_utf8_lossy(v);
+        cgpu::config::parse_container_id(&v).ok()
+    })
+}
+
+/// The identity of a host pid: `None` for a process outside any container
+/// when the host is not judged (or a process gone meanwhile).
+fn identity_of(pid: u32, include_host: bool) -> Option<Identity> {
+    let facts = identity::ProcessFacts::read(pid)?;
+    let id = facts.resolve(None);
+    if id.source != Source::Host {
+        return Some(id);
+    }
+    if !include_host {
+        return None;
+    }
+    let name = host_rule_name(pid);
+    Some(facts.resolve(name.as_deref()))
+}
+
+/// Checks one GPU: the device's processes against the ledger `l`.
+pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> GpuUse {
+    let snap: Snapshot = l.snapshot();
+    // Live processes of the ledger, by (pid in their namespace, namespace):
+    // their container's slot.
+    let registered: HashMap<(i32, u64), usize> = snap
+        .processes
+        .iter()
+        .filter(|p| p.alive)
+        .map(|p| ((p.pid, p.pidns), p.container))
+        .collect();
+    let mut by_key: BTreeMap<u64, ContainerUse> = BTreeMap::new();
+    let mut outside = Vec::new();
+    for d in device {
+        let Some((state, start_time)) = proc_stat(d.pid) else {
+            continue; // gone
+        };
+        if state == 'Z' || state == 'X' {
+            continue; // exited: what it held is being freed, nothing to signal
+        }
+        let mut p = ProcUse {
+            pid: d.pid,
+            bytes: d.bytes.unwrap_or(0),
+            registered: false,
+            stopped: state == 'T',
+            start_time,
+            action: None,
+        };
+        let in_ledger = ns_pid(d.pid).and_then(|k| registered.get(&k).copied());
+        p.registered = in_ledger.is_some();
+        let Some(id) = identity_of(d.pid, include_host) else {
+            outside.push(p);
+            continue;
+        };
+        let c = by_key.entry(id.key).or_insert_with(|| ContainerUse {
+            slot: l.find_container_keyed(id.key, &id.name),
+            quota: 0,
+            ledger_used: 0,
+            enforce_off: false,
+            device_bytes: 0,
+            procs: Vec::new(),
+            identity: id.clone(),
+        });
+        // A process under the library names its container's row itself.
+        c.slot = c.slot.or(in_ledger);
+        c.device_bytes += p.bytes;
+        c.procs.push(p);
+    }
+    for c in by_key.values_mut() {
+        if let Some(row) = c
+            .slot
+            .and_then(|s| snap.containers.iter().find(|r| r.slot == s))
+        {
+            c.quota = row.quota;
+            c.ledger_used = row.used;
+            c.enforce_off = row.enforce_off;
+        }
+    }
+    GpuUse {
+        uuid: snap.uuid.clone(),
+        ledger: l.path().to_owned(),
+        containers: by_key.into_values().collect(),
+        outside,
+        error: None,
+    }
+}
+
+/// The processes to signal in a container over its quota: those not in
+/// the ledger (they hold memory around the library), biggest first, until
+/// what is left (not counting processes already stopped, under `stop`)
+/// fits the quota. The library's own processes are never signalled: it
+/// holds them to the quota itself, and a quota lowered below what they
+/// hold refuses their next allocations, it never takes memory from under
+/// a job (nor lets whoever lowered it have them killed). Pure: indexes
+/// into `c.procs`.
+pub fn offenders(c: &ContainerUse, policy: Policy) -> Vec<usize> {
+    if !c.is_over() || policy == Policy::Report {
+        return Vec::new();
+    }
+    let mut order: Vec<usize> = (0..c.procs.len()).collect();
+    order.sort_by_key(|&i| {
+        let p = &c.procs[i];
+        (p.registered, std::cmp::Reverse(p.bytes), p.pid)
+    });
+    let mut left = c.device_bytes;
+    if policy == Policy::Stop {
+        left -= c
+            .procs
+            .iter()
+            .filter(|p| p.stopped)
+            .map(|p| p.bytes)
+            .sum::<u64>();
+    }
+    let mut out = Vec::new();
+    for i in order {
+        if left <= c.quota {
+            break;
+        }
+        let p = &c.procs[i];
+        if p.registered {
+            break; // the rest run under the library
+        }
+        if policy == Policy::Stop && p.stopped {
+            continue;
+        }
+        out.push(i);
+        left = left.saturating_sub(p.bytes);
+    }
+    out
+}
+
+/// Sends `sig` to `p` if it is still the process that was read (same
+/// start time).
+fn signal(p: &ProcUse, sig: i32) -> Result<(), String> {
+    match proc_stat(p.pid) {
+        Some((_, start)) if start == p.start_time => {}
+        _ => return Err("gone before the signal".into()),
+    }
+    // SAFETY: kill(2) with a pid and a signal number; no memory is shared.
+    if unsafe { libc::kill(p.pid as libc::pid_t, sig) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().to_string())
+    }
+}
+
+fn describe(c: &ContainerUse) -> String {
+    let procs: Vec<String> = c
+        .procs
+        .iter()
+        .map(|p| {
+            format!(
+                "{}:{}{}",
+                p.pid,
+                p.bytes,
+                if p.registered { "" } else { "(unregistered)" }
+            )
+        })
+        .collect();
+    format!(
+        "container {} (key {:016x}) device {} bytes ({}), quota {} bytes ({}), pids {}",
+        c.identity.name,
+        c.identity.key,
+        c.device_bytes,
+        cgpu::ledger::human_bytes(c.device_bytes),
+        c.quota,
+        cgpu::ledger::human_bytes(c.quota),
+        procs.join(" ")
+    )
+}
+
+/// The agent between passes: NVML, and which containers were over quota
+/// at the last pass (so that each event is logged once).
+pub struct Agent {
+    pub opts: Options,
+    nvml: Nvml,
+    over: HashMap<(String, u64), Vec<u32>>,
+    /// Why each ledger's GPU could not be checked at the last pass.
+    errors: HashMap<PathBuf, String>,
+}
+
+impl Agent {
+    pub fn new(opts: Options) -> Result<Agent, String> {
+        Ok(Agent {
+            nvml: Nvml::open()?,
+            opts,
+            over: HashMap::new(),
+            errors: HashMap::new(),
+        })
+    }
+
+    /// One pass: reads every GPU with a ledger, acts by policy, returns
+    /// what it saw and the events to log.
+    pub fn pass(&mut self) -> Pass {
+        let mut pass = Pass::default();
+        let mut now_over = HashMap::new();
+        for path in Ledger::list(&self.opts.ledger_dir) {
+            let l = match Ledger::open(&path) {
+                Ok(l) => l,
+                Err(e) => {
+                    pass.gpus.push(GpuUse {
+                        ledger: path.clone(),
+                        error: Some(format!("cannot read the ledger: {e}")),
+                        ..GpuUse::default()
+                    });
+                    continue;
+                }
+            };
+            let uuid = l.uuid();
+            let device = match self.nvml.processes(&uuid) {
+                Ok(d) => d,
+                Err(e) => {
+                    pass.gpus.push(GpuUse {
+                        uuid,
+                        ledger: path.clone(),
+                        error: Some(e),
+                        ..GpuUse::default()
+                    });
+                    continue;
+                }
+            };
+            let mut g = check_gpu(&l, &device, self.opts.include_host);
+            for c in &mut g.containers {
+                if !c.is_over() {
+                    continue;
+                }
+                let k = (g.uuid.clone(), c.identity.key);
+                let mut pids: Vec<u32> = c.procs.iter().map(|p| p.pid).collect();
+                pids.sort_unstable();
+                if self.over.get(&k) != Some(&pids) {
+                    pass.events.push(format!(
+                        "cgpu-agent: over quota on GPU {}: {}",
+                        g.uuid,
+                        describe(c)
+                    ));
+                }
+                let sig = match self.opts.policy {
+                    Policy::Report => None,
+                    Policy::Stop => Some((libc::SIGSTOP, "stopped")),
+                    Policy::Kill => Some((libc::SIGKILL, "killed")),
+                };
+                if let Some((sig, what)) = sig {
+                    for i in offenders(c, self.opts.policy) {
+                        let p = &mut c.procs[i];
+                        match signal(p, sig) {
+                            Ok(()) => {
+                                p.action = Some(what);
+                                pass.events.push(format!(
+                                    "cgpu-agent: {what} pid {} ({} bytes on GPU {}, {}) of container {} over its quota",
+                                    p.pid,
+                                    p.bytes,
+                                    g.uuid,
+                                    if p.registered { "under the library" } else { "not in the ledger" },
+                                    c.identity.name
+                                ));
+                            }
+                            Err(e) => pass.events.push(format!(
+                                "cgpu-agent: could not signal pid {} of container {}: {e}",
+                                p.pid, c.identity.name
+                            )),
+                        }
+                    }
+                }
+                now_over.insert(k, pids);
+            }
+            pass.gpus.push(g);
+        }
+        for ((uuid, key), _) in self.over.iter() {
+            if !now_over.contains_key(&(uuid.clone(), *key)) {
+                pass.events.push(format!(
+                    "cgpu-agent: container key {key:016x} on GPU {uuid} is within its quota again (or gone)"
+                ));
+            }
+        }
+        self.over = now_over;
+        let mut errors = HashMap::new();
+        for g in &pass.gpus {
+            if let Some(e) = &g.error {
+                if self.errors.get(&g.ledger) != Some(e) {
+                    pass.events.push(format!(
+                        "cgpu-agent: GPU {} ({}) not checked: {e}",
+                        g.uuid,
+                        g.ledger.display()
+                    ));
+                }
+                errors.insert(g.ledger.clone(), e.clone());
+            }
+        }
+        self.errors = errors;
+        pass
+    }
+}
+
+fn proc_json(p: &ProcUse) -> Value {
+    json!({
+        "pid": p.pid,
+        "bytes": p.bytes,
+        "registered": p.registered,
+        "stopped": p.stopped || p.action == Some("stopped"),
+        "action": p.action,
+    })
+}
+
+fn source_name(s: Source) -> &'static str {
+    match s {
+        Source::Kubelet => "kubelet",
+        Source::RuntimeBind => "runtime-bind",
+        Source::Cgroup => "cgroup",
+        Source::Overlay => "overlay",
+        Source::Pod => "pod",
+        Source::PidNamespace => "pid-namespace",
+        Source::Host => "host",
+    }
+}
+
+/// The status document (`--status-file`, and `--once`'s output).
+pub fn status_json(opts: &Options, pass: &Pass, time_ns: u64) -> Value {
+    let gpus: Vec<Value> = pass
+        .gpus
+        .iter()
+        .map(|g| {
+            json!({
+                "uuid": g.uuid,
+                "ledger": g.ledger.display().to_string(),
+                "error": g.error,
+                "containers": g.containers.iter().map(|c| json!({
+                    "name": c.identity.name,
+                    "key": format!("{:016x}", c.identity.key),
+                    "source": source_name(c.identity.source),
+                    "container_id": c.identity.container_id,
+                    "in_ledger": c.slot.is_some(),
+                    "quota": c.quota,
+                    "ledger_used": c.ledger_used,
+                    "enforce_off": c.enforce_off,
+                    "device_bytes": c.device_bytes,
+                    "over": c.is_over(),
+                    "processes": c.procs.iter().map(proc_json).collect::<Vec<_>>(),
+                })).collect::<Vec<_>>(),
+                "outside_containers": g.outside.iter().map(proc_json).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    json!({
+        "schema_version": 1,
+        "time_ns": time_ns,
+        "ledger_dir": opts.ledger_dir.display().to_string(),
+        "policy": opts.policy.name(),
+        "include_host": opts.include_host,
+        "over": pass.gpus.iter().flat_map(|g| &g.containers).filter(|c| c.is_over()).count(),
+        "gpus": gpus,
+    })
+}
+
+/// Writes `text` to `path` atomically (a temporary file beside it, then
+/// rename): a reader sees the old document or the new one, never half. A
+/// link put at `path` is replaced, never followed.
+pub fn write_atomic(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(
+        ".{}.{}.tmp",
+        name.as_deref().unwrap_or("agent.json"),
+        std::process::id()
+    ));
+    // A new file only (O_EXCL: never through a link or a file someone put
+    // there: the ledger directory may be writable by containers).
+    let create = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+    };
+    let mut f = match create() {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::remove_file(&tmp)?;
+            create()?
+        }
+        r => r?,
+    };
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    drop(f);
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc(pid: u32, gib: u64, registered: bool, stopped: bool) -> ProcUse {
+        ProcUse {
+            pid,
+            bytes: gib << 30,
+            registered,
+            stopped,
+            start_time: 0,
+            action: None,
+        }
+    }
+
+    fn container(quota_gib: u64, procs: Vec<ProcUse>) -> ContainerUse {
+        ContainerUse {
+            identity: Identity {
+                key: 1,
+                name: "c".into(),
+                source: Source::Host,
+                container_id: None,
+            },
+            slot: Some(0),
+            quota: quota_gib << 30,
+            ledger_used: 0,
+            enforce_off: false,
+            device_bytes: procs.iter().map(|p| p.bytes).sum(),
+            procs,
+        }
+    }
+
+    #[test]
+    fn unregistered_processes_go_first_and_only_until_the_quota_fits() {
+        // 1 GiB under the library, 2 and 1 GiB outside it, quota 2 GiB.
+        let c = container(
+            2,
+            vec![
+                proc(10, 1, true, false),
+                proc(11, 1, false, false),
+                proc(12, 2, false, false),
+            ],
+        );
+        assert!(c.is_over());
+        // 4 GiB held: the 2 GiB bypasser goes, 2 GiB left fits.
+        assert_eq!(offenders(&c, Policy::Kill), vec![2]);
+        assert_eq!(offenders(&c, Policy::Report), Vec::<usize>::new());
+        // Quota 1 GiB: both bypassers, the library's process stays.
+        let c = container(1, c.procs.clone());
+        assert_eq!(offenders(&c, Policy::Kill), vec![2, 1]);
+    }
+
+    #[test]
+    fn the_librarys_processes_are_never_signalled() {
+        // Over only through the library's processes (a quota lowered below
+        // what they hold): nobody.
+        let c = container(1, vec![proc(10, 1, true, false), proc(11, 2, true, false)]);
+        assert!(c.is_over());
+        assert!(offenders(&c, Policy::Kill).is_empty());
+        // Killing the bypasser is not enough: still only the bypasser.
+        let c = container(1, vec![proc(10, 2, true, false), proc(11, 1, false, false)]);
+        assert_eq!(offenders(&c, Policy::Kill), vec![1]);
+    }
+
+    #[test]
+    fn a_container_within_its_quota_or_without_one_is_never_touched() {
+        let within = container(4, vec![proc(10, 1, true, false), proc(11, 3, false, false)]);
+        assert!(!within.is_over());
+        assert!(offenders(&within, Policy::Kill).is_empty());
+        let mut recorded = container(1, vec![proc(11, 9, false, false)]);
+        recorded.enforce_off = true;
+        assert!(!recorded.is_over());
+        assert!(offenders(&recorded, Policy::Kill).is_empty());
+        let unlimited = container(0, vec![proc(11, 9, false, false)]);
+        assert!(!unlimited.is_over());
+        assert!(offenders(&unlimited, Policy::Kill).is_empty());
+    }
+
+    #[test]
+    fn under_stop_processes_already_stopped_count_as_dealt_with() {
+        let c = container(1, vec![proc(10, 1, true, false), proc(11, 2, false, true)]);
+        assert!(offenders(&c, Policy::Stop).is_empty());
+        // Under kill, a stopped process still holds its memory: it goes.
+        assert_eq!(offenders(&c, Policy::Kill), vec![1]);
+    }
+
+    #[test]
+    fn the_status_file_is_replaced_never_written_through_a_link() {
+        let dir = std::env::temp_dir().join(format!("cgpu-agent-ut-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let path = dir.join("agent.json");
+        let tmp = dir.join(format!(".agent.json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &tmp).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        write_atomic(&path, "{}").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}");
+        assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn own_stat_is_read() {
+        let (state, start) = proc_stat(std::process::id()).unwrap();
+        assert!(state == 'R' || state == 'S', "{state}");
+        assert!(start > 0);
+        assert!(ns_pid(std::process::id()).is_some());
+    }
+}

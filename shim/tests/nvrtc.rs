@@ -1,0 +1,100 @@
+//! Cubins made by NVIDIA's NVRTC (the runtime compiler frameworks use for
+//! their own kernels) on the simulated driver: a template kernel, a weak
+//! symbol in the cubin, is found by its lowered name, and every kernel's
+//! parameters (`cuFuncGetParamCount`/`cuFuncGetParamInfo`) are read from the
+//! image (`.nv.info.<kernel>`), as the driver reads them.
+//!
+//! NVRTC (pinned) comes from PyPI into `target/test-deps/nvrtc`, through the
+//! test venv's pip, once.
+
+use cgpu_testkit::{artifacts, test_deps, workspace_root, SimEnv};
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::process::Command;
+
+const NVRTC: &str = "nvidia-cuda-nvrtc-cu12==12.9.86";
+
+/// Installs NVRTC (once, under a lock); returns `libnvrtc.so.12`.
+fn nvrtc() -> PathBuf {
+    let deps = test_deps();
+    let base = deps.venv.parent().expect("test-deps dir").join("nvrtc");
+    std::fs::create_dir_all(&base).expect("create the nvrtc dir");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(base.join(".lock"))
+        .expect("open the lock");
+    // SAFETY: flock on a descriptor we own; released when `lock` closes.
+    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    let dir = base.join(NVRTC.replace("==", "-"));
+    if !dir.join(".done").exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        let o = Command::new(deps.venv.join("bin/pip"))
+            .args([
+                "install",
+                "--disable-pip-version-check",
+                "-q",
+                "--no-deps",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg(NVRTC)
+            .output()
+            .expect("run pip");
+        assert!(
+            o.status.success(),
+            "could not install {NVRTC} from PyPI (make PyPI reachable or set PIP_INDEX_URL):\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::write(dir.join(".done"), "").expect("mark the install done");
+    }
+    dir.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
+}
+
+#[test]
+fn nvrtc_cubins_weak_template_kernels_and_parameters() {
+    let a = artifacts();
+    let include = test_deps().venv.join("cuda13/nvidia/cu13/include");
+    let out = a.profile_dir.join("c-clients");
+    std::fs::create_dir_all(&out).expect("create c-clients dir");
+    let bin = out.join(format!("nvrtc_client.tmp{}", std::process::id()));
+    let o = Command::new("gcc")
+        .args(["-O1", "-g", "-Wall", "-Werror"])
+        .arg(format!("-I{}", include.display()))
+        .arg(workspace_root().join("shim/tests/c/nvrtc_client.c"))
+        .arg("-o")
+        .arg(&bin)
+        .arg(format!("-L{}", a.sim_lib_dir.display()))
+        .args(["-lcuda", "-ldl"])
+        .output()
+        .expect("run gcc");
+    assert!(
+        o.status.success(),
+        "gcc nvrtc_client.c:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let final_bin = out.join("nvrtc_client");
+    std::fs::rename(&bin, &final_bin).expect("rename the client");
+    let lib = nvrtc();
+    let env = SimEnv::new().gpus("23028:NVIDIA A10");
+    let o = env.run(&final_bin, &[lib.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{:?}\n{stdout}\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    // scale<float>(float *, float, int); plain(float *, double, char, int); none().
+    assert!(
+        stdout.contains("_Z5scaleIfEvPT_S0_i ok params=0:8,8:4,12:4"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("plain ok params=0:8,8:8,16:1,20:4"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("none ok params=-"), "{stdout}");
+    assert!(stdout.contains("not_there ok"), "{stdout}");
+}
