@@ -62,7 +62,7 @@ fn main() {
         highprio: false,
         enforce_off: false,
     };
-    let acct = Account::open(&dir, uuid, 0, 16 * GIB, "GPU bench".into(), spec, Some(GIB));
+    let acct = Account::open(&dir, uuid, 0, 16 * GIB, "GPU bench".into(), spec);
     assert!(acct.is_shared());
     // Fill the quota so that 1 MiB more is refused.
     siblings[0]

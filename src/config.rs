@@ -3,10 +3,16 @@
 //! Every parser here is a pure function of the variable's value, with unit
 //! tests for the test vectors (T4, V100, A10 with `ALIYUN_COM_GPU_MEM_DEV`). [`get`] reads the process environment the first
 //! time it is called (lazily, from the first hooked call, never from a
-//! library constructor) and logs one clear error per bad value. Any bad value
-//! switches the whole library to pass-through ("isolation OFF"), which is
-//! the safe behaviour the README promises: the job runs unchanged, and the log
-//! says that nothing is enforced.
+//! library constructor) and logs one clear error per bad value. A bad value
+//! fails closed: the container asked for isolation and cgpu cannot tell
+//! what it asked for, so no GPU is visible to it (no GPU memory at all)
+//! until the value is fixed, and the log says which value and why. It never
+//! turns isolation off.
+//!
+//! Booleans have one grammar everywhere (`CGPU_DISABLE`,
+//! `ALIYUN_COM_GPU_HIGH_PRIO`, the allocation file): `1`, `true`, `yes`,
+//! `on` and `0`, `false`, `no`, `off`, in any case; empty is the same as
+//! unset.
 
 use std::ffi::CString;
 use std::sync::OnceLock;
@@ -23,8 +29,7 @@ pub const MAX_CONTAINER_ID: usize = 63;
 /// What the library does with memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// No isolation: every call passes through unchanged (unset variables, or
-    /// a bad value anywhere).
+    /// No isolation: every call passes through unchanged (no quota set).
     PassThrough,
     /// Quotas enforced.
     Enforce,
@@ -68,6 +73,9 @@ pub struct Config {
     pub real_libnvml: CString,
     /// One line per bad value (already logged).
     pub errors: Vec<String>,
+    /// Environment values overridden by the host's allocation file (logged
+    /// as warnings).
+    pub ignored: Vec<String>,
 }
 
 impl Config {
@@ -151,11 +159,35 @@ pub fn visible_total(physical_bytes: u64, container_gib: u64, dev_gib: Option<u6
     }
 }
 
-/// Parse `ALIYUN_COM_GPU_MEM_CONTAINER`: comma-separated whole GiB.
+/// Why `p` is not a whole number of GiB, with what to write instead when
+/// that can be guessed (`4GiB`, `4G`, `2.0`, `4096MiB`).
+fn not_gib(p: &str) -> String {
+    let low = p.to_ascii_lowercase();
+    let digits: String = low.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let unit = low[digits.len()..].trim();
+    let hint = match (digits.parse::<u64>(), unit) {
+        (Ok(n), "gib" | "gb" | "g" | "gi") => format!(": write {n} (the unit is always GiB)"),
+        (Ok(n), "mib" | "mb" | "m" | "mi") if n % 1024 == 0 && n > 0 => {
+            format!(": write {} (whole GiB)", n / 1024)
+        }
+        (Ok(_), "mib" | "mb" | "m" | "mi") => ": quotas are whole GiB".to_string(),
+        (Ok(n), u) if u.starts_with('.') && u[1..].chars().all(|c| c == '0') => {
+            format!(": write {n}")
+        }
+        _ => String::new(),
+    };
+    format!("'{p}' is not a whole number of GiB{hint}")
+}
+
+/// Parse `ALIYUN_COM_GPU_MEM_CONTAINER`: comma-separated whole GiB. Empty is
+/// an error (not "no limit": unset the variable for that).
 pub fn parse_mem_container(v: &str) -> Result<Vec<u64>, String> {
     let v = v.trim();
     if v.is_empty() {
-        return Ok(Vec::new());
+        return Err(
+            "empty: give whole GiB per GPU (e.g. 4, or 4,2), 0 for a GPU without a limit; unset the variable for no limit at all"
+                .into(),
+        );
     }
     v.split(',')
         .map(|p| {
@@ -163,7 +195,7 @@ pub fn parse_mem_container(v: &str) -> Result<Vec<u64>, String> {
             p.parse::<u64>()
                 .ok()
                 .filter(|g| *g <= 1 << 20)
-                .ok_or_else(|| format!("'{p}' is not a whole number of GiB"))
+                .ok_or_else(|| not_gib(p))
         })
         .collect()
 }
@@ -172,22 +204,29 @@ pub fn parse_mem_container(v: &str) -> Result<Vec<u64>, String> {
 pub fn parse_mem_dev(v: &str) -> Result<u64, String> {
     match v.trim().parse::<u64>() {
         Ok(g) if (1..=1 << 20).contains(&g) => Ok(g),
-        _ => Err("expected the GPU's total as a whole number of GiB (≥ 1)".into()),
+        _ => Err(format!(
+            "expected the GPU's total as a whole number of GiB (≥ 1){}",
+            not_gib(v.trim())
+                .split_once(": ")
+                .map(|(_, h)| format!("; {h}"))
+                .unwrap_or_default()
+        )),
     }
 }
 
-/// Parse a boolean (`CGPU_DISABLE`): `true`/`1`/`yes`/`on`, `false`/`0`/`no`/`off`, empty = false.
+/// Parse a boolean, the one grammar of every cgpu boolean: `1`/`true`/`yes`/
+/// `on` and `0`/`false`/`no`/`off`, any case; empty = false (as unset).
 pub fn parse_bool(v: &str) -> Result<bool, String> {
     match v.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" | "" => Ok(false),
-        _ => Err("expected true/1 or false/0".into()),
+        _ => Err("expected a boolean: 1, true, yes, on or 0, false, no, off".into()),
     }
 }
 
-/// Parse `ALIYUN_COM_GPU_HIGH_PRIO`: `0` or `1` (also true/false).
+/// Parse `ALIYUN_COM_GPU_HIGH_PRIO` (a boolean, see [`parse_bool`]).
 pub fn parse_high_prio(v: &str) -> Result<bool, String> {
-    parse_bool(v).map_err(|_| "expected 0 or 1".into())
+    parse_bool(v)
 }
 
 /// Parse `ALIYUN_COM_GPU_SCHD_WEIGHT`: integer `1..=25`.
@@ -364,17 +403,19 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
     }
 
     let any_limit = mem_container.iter().any(|&g| g > 0);
-    let mode = if !errors.is_empty() || !any_limit {
+    let mode = if !errors.is_empty() {
+        // A bad value anywhere: the container asked for isolation and we
+        // cannot tell what it asked; it gets no GPU (nothing visible, so
+        // no memory at all) rather than the whole GPU.
+        visible = Some(Vec::new());
+        Mode::Enforce
+    } else if !any_limit {
         Mode::PassThrough
     } else if disable {
         Mode::Record
     } else {
         Mode::Enforce
     };
-    if !errors.is_empty() {
-        // A bad value anywhere: pass everything through, devices included.
-        visible = None;
-    }
     Config {
         mode,
         mem_container,
@@ -387,19 +428,69 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
         real_libcuda,
         real_libnvml,
         errors,
+        ignored: Vec::new(),
     }
 }
 
 /// `CGPU_ALLOC_FILE`: the values the cluster's device plugin decides only
 /// after the kubelet's `Allocate` (at `PreStartContainer`), in a read-only
 /// file of `KEY=VALUE` lines. Its keys, all required but `CGPU_DISABLE`:
-pub const ALLOC_FILE_KEYS: [&str; 5] = [
+pub const ALLOC_FILE_KEYS: [&str; 7] = [
     "CGPU_CONTAINER_ID",
     "ALIYUN_COM_GPU_MEM_CONTAINER",
     "ALIYUN_COM_GPU_MEM_DEV",
     "ALIYUN_COM_GPU_VISIBLE_DEVICES",
     "CGPU_DISABLE",
+    "ALIYUN_COM_GPU_SCHD_WEIGHT",
+    "ALIYUN_COM_GPU_HIGH_PRIO",
 ];
+
+/// Largest allocation file read (a real one is a few hundred bytes).
+pub const ALLOC_FILE_MAX: u64 = 64 * 1024;
+
+/// Read an allocation file: a regular file (a FIFO, a device such as
+/// `/dev/zero`, a directory are refused without reading: none can block
+/// or grow without bound) of at most [`ALLOC_FILE_MAX`] bytes, in UTF-8.
+/// Symbolic links are followed (Kubernetes mounts files through them).
+pub fn read_alloc_file(path: &str) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let m = f.metadata().map_err(|e| e.to_string())?;
+    let t = m.file_type();
+    if !t.is_file() {
+        let what = if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else if t.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(format!("{what}, not a regular file: not read"));
+    }
+    if m.len() > ALLOC_FILE_MAX {
+        return Err(format!(
+            "{} bytes, more than an allocation file can be ({ALLOC_FILE_MAX}): not read",
+            m.len()
+        ));
+    }
+    let mut buf = Vec::new();
+    f.take(ALLOC_FILE_MAX + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| e.to_string())?;
+    if buf.len() as u64 > ALLOC_FILE_MAX {
+        return Err(format!(
+            "longer than an allocation file can be ({ALLOC_FILE_MAX} bytes): not read"
+        ));
+    }
+    String::from_utf8(buf).map_err(|_| "not UTF-8 text".to_string())
+}
 
 /// Parses an allocation file: `KEY=VALUE` lines with the keys of
 /// [`ALLOC_FILE_KEYS`] (blank lines and `#` comments allowed; an unknown or
@@ -432,10 +523,14 @@ pub fn parse_alloc_file(text: &str) -> Result<Vec<(String, String)>, String> {
 }
 
 /// The configuration when `CGPU_ALLOC_FILE` is set: `file` is its text (or
-/// why it could not be read). A valid file's values take precedence over
-/// the environment; a missing or invalid one (or values that do not parse)
-/// leave the container no GPU at all (no device visible), never the whole
-/// GPU. Returns the configuration and, on failure, the message to log.
+/// why it could not be read). The file is the host's word: its settings
+/// (every key of [`ALLOC_FILE_KEYS`]) come from it alone, and the
+/// container's own environment cannot override them (a key the file does
+/// not carry takes its default, never the environment's value; an
+/// environment value that differs is named in [`Config::ignored`]). A
+/// missing or invalid file (or values that do not parse) leaves the
+/// container no GPU at all (no device visible), never the whole GPU.
+/// Returns the configuration and, on failure, the message to log.
 pub fn with_alloc_file(
     get: &dyn Fn(&str) -> Option<String>,
     cgroup: Option<&str>,
@@ -445,14 +540,30 @@ pub fn with_alloc_file(
     let parsed = file.and_then(|t| parse_alloc_file(&t));
     let failure = match parsed {
         Ok(vals) => {
-            let merged = |k: &str| {
+            let from_file = |k: &str| {
                 vals.iter()
                     .find(|(have, _)| have == k)
                     .map(|(_, v)| v.clone())
-                    .or_else(|| get(k))
             };
-            let c = from_lookup(&merged, cgroup);
+            let merged = |k: &str| {
+                if ALLOC_FILE_KEYS.contains(&k) {
+                    from_file(k)
+                } else {
+                    get(k)
+                }
+            };
+            let mut c = from_lookup(&merged, cgroup);
             if c.errors.is_empty() && c.mode != Mode::PassThrough {
+                for k in ALLOC_FILE_KEYS {
+                    if let Some(v) = get(k) {
+                        if from_file(k).as_deref() != Some(v.as_str()) {
+                            c.ignored.push(format!(
+                                "{k}='{v}' in the environment is ignored: the host's allocation file {path} decides ({})",
+                                from_file(k).map_or("not set there: the default".to_string(), |f| format!("'{f}'"))
+                            ));
+                        }
+                    }
+                }
                 return (c, None);
             }
             if c.errors.is_empty() {
@@ -674,7 +785,7 @@ pub fn get() -> &'static Config {
                 }
             },
             Some(path) => {
-                let text = read_settings_text(&path);
+                let text = read_alloc_file(&path);
                 let (c, failure) = with_alloc_file(&env, cgroup.as_deref(), &path, text);
                 if let Some(msg) = failure {
                     tracing::error!("{msg}");
@@ -683,12 +794,15 @@ pub fn get() -> &'static Config {
                 c
             }
         };
+        for w in &c.ignored {
+            tracing::warn!("cgpu: {w}");
+        }
         for e in &c.errors {
             tracing::error!("cgpu: bad environment: {e}");
         }
         if !c.errors.is_empty() {
             tracing::error!(
-                "cgpu: isolation OFF: every CUDA and NVML call passes through unchanged (fix the variable above)"
+                "cgpu: no GPU is visible to this container (no GPU memory) until the value above is fixed: cgpu cannot tell what it asked for, and never turns isolation off"
             );
         } else {
             match c.mode {
@@ -798,21 +912,21 @@ mod tests {
             cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "0")]).mode,
             Mode::PassThrough
         );
-        assert_eq!(
-            cfg(&[("ALIYUN_COM_GPU_MEM_CONTAINER", "")]).mode,
-            Mode::PassThrough
-        );
         assert_eq!(cfg(&[]).quota_bytes(0, GIB), None);
         assert!(cfg(&[]).errors.is_empty());
     }
 
     #[test]
-    fn bad_values_name_variable_and_value_and_pass_through() {
+    fn bad_values_name_variable_and_value_and_leave_no_gpu() {
         let cases: &[(&str, &str)] = &[
             ("ALIYUN_COM_GPU_MEM_CONTAINER", "abc"),
             ("ALIYUN_COM_GPU_MEM_CONTAINER", "3,,1"),
             ("ALIYUN_COM_GPU_MEM_CONTAINER", "-1"),
             ("ALIYUN_COM_GPU_MEM_CONTAINER", "1.5"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "2.0"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", "4GiB"),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", ""),
+            ("ALIYUN_COM_GPU_MEM_CONTAINER", " "),
             ("ALIYUN_COM_GPU_MEM_DEV", "0"),
             ("ALIYUN_COM_GPU_MEM_DEV", "15GiB"),
             ("CGPU_DISABLE", "maybe"),
@@ -822,22 +936,83 @@ mod tests {
             ("ALIYUN_COM_GPU_SCHD_WEIGHT", "26"),
             ("ALIYUN_COM_GPU_SCHD_WEIGHT", "x"),
             ("ALIYUN_COM_GPU_HIGH_PRIO", "2"),
+            ("CGPU_CONTAINER_ID", &"x".repeat(64)),
         ];
         for (k, v) in cases {
             let mut vars = vec![("ALIYUN_COM_GPU_MEM_CONTAINER", "4")];
             vars.retain(|(n, _)| n != k);
             vars.push((k, v));
             let c = cfg(&vars);
-            assert_eq!(c.mode, Mode::PassThrough, "{k}={v}");
+            // Never isolation off: nothing visible, so no GPU memory at all.
+            assert_eq!(c.mode, Mode::Enforce, "{k}={v}");
+            assert_eq!(c.visible, Some(vec![]), "{k}={v}");
             assert_eq!(c.errors.len(), 1, "{k}={v}: {:?}", c.errors);
             assert!(
-                c.errors[0].contains(k) && c.errors[0].contains(v),
+                c.errors[0].contains(k) && c.errors[0].contains(v.trim()),
                 "{:?}",
                 c.errors
             );
-            assert_eq!(c.quota_bytes(0, 16 * GIB), None);
-            assert!(c.visible.is_none());
         }
+    }
+
+    #[test]
+    fn quota_mistakes_say_what_to_write() {
+        let e = parse_mem_container("4GiB").unwrap_err();
+        assert!(e.contains("write 4"), "{e}");
+        let e = parse_mem_container("2.0").unwrap_err();
+        assert!(e.contains("write 2"), "{e}");
+        let e = parse_mem_container("4096MiB").unwrap_err();
+        assert!(e.contains("write 4"), "{e}");
+        let e = parse_mem_container("").unwrap_err();
+        assert!(e.contains("unset the variable"), "{e}");
+    }
+
+    #[test]
+    fn one_boolean_grammar() {
+        for (v, b) in [
+            ("1", true),
+            ("true", true),
+            ("YES", true),
+            ("on", true),
+            ("0", false),
+            ("False", false),
+            ("no", false),
+            ("off", false),
+            ("", false),
+        ] {
+            assert_eq!(parse_bool(v), Ok(b), "{v}");
+            assert_eq!(parse_high_prio(v), Ok(b), "{v}");
+        }
+        for v in ["2", "y", "enabled"] {
+            assert!(parse_bool(v).is_err() && parse_high_prio(v).is_err(), "{v}");
+        }
+    }
+
+    #[test]
+    fn the_allocation_file_is_read_bounded_and_regular_only() {
+        assert!(read_alloc_file("/dev/zero")
+            .unwrap_err()
+            .contains("a device"));
+        assert!(read_alloc_file("/").unwrap_err().contains("a directory"));
+        let dir = std::env::temp_dir().join(format!("cgpu-alloc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Opening a FIFO with no writer would block without O_NONBLOCK.
+        assert!(read_alloc_file(fifo.to_str().unwrap())
+            .unwrap_err()
+            .contains("a FIFO"));
+        let big = dir.join("big");
+        std::fs::write(&big, vec![b'#'; ALLOC_FILE_MAX as usize + 1]).unwrap();
+        assert!(read_alloc_file(big.to_str().unwrap())
+            .unwrap_err()
+            .contains("more than"));
+        let ok = dir.join("ok");
+        std::fs::write(&ok, GOOD).unwrap();
+        assert_eq!(read_alloc_file(ok.to_str().unwrap()).unwrap(), GOOD);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -973,13 +1148,26 @@ mod tests {
                 DeviceSel::Uuid("gpu-0b".into())
             ])
         );
-        // Keys the file does not carry still come from the environment.
-        assert_eq!(c.weight, Some(2));
-        // The pod's own CGPU_DISABLE=true still opts out (usage recorded).
+        // Settings the file does not carry take their defaults: the pod's
+        // own environment cannot override the host's allocation.
+        assert_eq!(c.weight, None);
+        assert_eq!(c.ignored.len(), 2, "{:?}", c.ignored);
+        assert!(c.ignored[0].contains("ALIYUN_COM_GPU_MEM_CONTAINER='15'"));
         let (c, _) = alloc(&[("CGPU_DISABLE", "true")], Ok(GOOD));
-        assert_eq!(c.mode, Mode::Record);
-        let (c, _) = alloc(&[], Ok(&format!("{GOOD}CGPU_DISABLE=true\n")));
-        assert_eq!(c.mode, Mode::Record);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert!(
+            c.ignored[0].contains("CGPU_DISABLE='true'"),
+            "{:?}",
+            c.ignored
+        );
+        // The host may say so itself.
+        let (c, _) = alloc(
+            &[],
+            Ok(&format!(
+                "{GOOD}CGPU_DISABLE=true\nALIYUN_COM_GPU_SCHD_WEIGHT=3\n"
+            )),
+        );
+        assert_eq!((c.mode, c.weight), (Mode::Record, Some(3)));
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! - A GPU is joined lazily, at the first call that needs it: its UUID and
 //!   physical total come from the real driver (CUDA or NVML, whichever the
 //!   process uses first), its quota from the config, its ledger from
-//!   [`Ledger::open_or_create`]. A ledger that cannot be used falls back to
-//!   enforcing within this process alone, with a clear warning (never
-//!   silently unenforced).
+//!   [`Ledger::open_or_create`]. While the ledger cannot be used, new
+//!   allocations are refused with one clear error naming the cause and the
+//!   fix, and the process joins by itself once it can (never granted on
+//!   this process's word alone).
 //! - Reserve before the real allocator; give back on its failure; over quota
 //!   → `CUDA_ERROR_OUT_OF_MEMORY` without calling the driver.
 //! - Stream-ordered pools: an allocation is charged when `cuMemAllocAsync` /
@@ -41,8 +42,8 @@ pub struct Gpu {
     pub quota: Option<u64>,
     /// Refuse allocations past the quota (false with `CGPU_DISABLE`).
     pub enforce: bool,
-    /// This process's account on the GPU's ledger (joined, waiting to
-    /// join: allocations refused, or alone: see `ledger::Account`).
+    /// This process's account on the GPU's ledger (joined, or waiting to
+    /// join: allocations refused; see `ledger::Account`).
     acct: Account,
     left: AtomicBool,
     /// Primary-context retains by this process (what the primary context
@@ -56,8 +57,12 @@ impl Gpu {
     /// Reserve `bytes`; false = over quota, or not joined to the ledger
     /// yet (nothing taken).
     pub fn reserve(&self, bytes: u64) -> bool {
-        if bytes == 0 || self.left.load(Ordering::Relaxed) {
+        if bytes == 0 {
             return true;
+        }
+        if self.left.load(Ordering::Relaxed) {
+            // The exit handler ran: nothing can be charged any more.
+            return false;
         }
         self.acct.reserve(bytes)
     }
@@ -80,7 +85,8 @@ impl Gpu {
         self.acct.process_used()
     }
 
-    /// Is accounting shared through the ledger (vs. this process alone)?
+    /// Is this process joined to the GPU's ledger (allocations are charged
+    /// to the container)?
     pub fn shared(&self) -> bool {
         self.acct.is_shared()
     }
@@ -414,7 +420,7 @@ fn peek_ledger(uuid: &str) -> Option<&'static Ledger> {
     if let Some((_, l)) = opened.iter().find(|(u, _)| u.eq_ignore_ascii_case(uuid)) {
         return Some(l);
     }
-    let path = Ledger::path_for(&Ledger::default_dir(), uuid);
+    let path = Ledger::live_path(&Ledger::default_dir(), uuid);
     if !path.exists() {
         return None;
     }
@@ -545,14 +551,14 @@ fn container_settings(l: &Ledger) -> Option<JoinSpec> {
 /// that is the first of its container there): the same quota, never the
 /// whole GPU.
 fn container_settings_elsewhere(dir: &std::path::Path, uuid: &str) -> Option<JoinSpec> {
-    let here = Ledger::path_for(dir, uuid);
+    let here = Ledger::live_path(dir, uuid);
     Ledger::list(dir)
         .into_iter()
         .filter(|p| *p != here)
         .find_map(|p| container_settings(&Ledger::open(&p).ok()?))
 }
 
-/// Join the ledger for one GPU (or fall back to enforcing locally).
+/// Join the ledger for one GPU (or wait to join, refusing allocations).
 fn join(info: GpuInfo) -> Option<Gpu> {
     let cfg = config::get();
     let me = container();
@@ -572,7 +578,7 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         (q, cfg.mode == Mode::Enforce)
     } else if cfg.unset() {
         let dir = Ledger::default_dir();
-        let l = Ledger::open(&Ledger::path_for(&dir, &info.uuid)).ok();
+        let l = Ledger::open(&Ledger::live_path(&dir, &info.uuid)).ok();
         let here = l.as_ref().and_then(container_settings);
         if let Some(theirs) = here.or_else(|| container_settings_elsewhere(&dir, &info.uuid)) {
             // No settings of its own: the container's, whatever this
@@ -603,7 +609,6 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         tracing::warn!("{w}");
     }
     let name = format!("GPU {} ({})", info.visible_index, info.uuid);
-    let alone_limit = if enforce { quota } else { None };
     let acct = Account::open(
         &Ledger::default_dir(),
         &info.uuid,
@@ -611,7 +616,6 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         info.physical_total,
         name,
         spec,
-        alone_limit,
     );
     if let Some((ledger, _)) = acct.ledger() {
         tracing::info!(
@@ -678,7 +682,7 @@ mod tests {
             physical_total: 100,
             quota,
             enforce,
-            acct: Account::alone("GPU test".into(), if enforce { quota } else { None }),
+            acct: Account::local("GPU test".into(), if enforce { quota } else { None }),
             left: AtomicBool::new(false),
             primary_refs: AtomicU32::new(0),
             primary_ctx: AtomicUsize::new(0),
@@ -836,6 +840,6 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(g.container_used(), 0);
-        assert!(g.acct.alone_peak() <= 1000);
+        assert!(g.acct.local_peak() <= 1000);
     }
 }

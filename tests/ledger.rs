@@ -261,8 +261,9 @@ fn corrupt_version_and_unwritable() {
     }
 
     // Garbage, even while a live process holds a lock on it (or has it
-    // mapped): nobody can use it, so it is set aside and recreated (its
-    // users notice and move to the new file, see `Account`).
+    // mapped): nobody can use it, so the next generation is built beside
+    // it (never renamed: in a sticky directory only its owner could), and
+    // its users notice and move to the new file (see `Account`).
     std::fs::write(&path, vec![0xAB; size]).unwrap();
     let holder = std::fs::OpenOptions::new()
         .read(true)
@@ -288,14 +289,17 @@ fn corrupt_version_and_unwritable() {
     ));
     let l = open(&d);
     assert_eq!(l.file().header.magic, LEDGER_MAGIC);
-    let aside: Vec<_> = std::fs::read_dir(&d)
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_string_lossy().contains(".corrupt-"))
-        .collect();
-    assert_eq!(aside.len(), 1);
+    let g1 = d.join("GPU-test-0.g1.ledger");
+    assert_eq!(l.path(), g1);
+    assert_eq!(Ledger::live_path(&d, "GPU-test-0"), g1);
+    assert_eq!(
+        Ledger::list(&d),
+        vec![g1.clone()],
+        "only the live generation is listed"
+    );
     drop(l);
     drop(holder);
+    std::fs::remove_file(&g1).unwrap();
 
     // Truncated file: Corrupt from open().
     std::fs::write(&path, b"CGPULEDG").unwrap();

@@ -539,7 +539,10 @@ fn kill9_random_points(seed: u64) {
                 if pause.load(Ordering::Acquire) {
                     my_held.store(held.iter().sum(), Ordering::Release);
                     paused.store(1, Ordering::Release);
-                    while pause.load(Ordering::Acquire) {
+                    // A failed round sets `stop` while paused: the thread
+                    // must end then, or the scope would wait for it for
+                    // ever instead of failing.
+                    while pause.load(Ordering::Acquire) && !stop.load(Ordering::Relaxed) {
                         std::thread::sleep(Duration::from_micros(200));
                     }
                     paused.store(0, Ordering::Release);

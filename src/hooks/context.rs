@@ -266,25 +266,97 @@ fn measured(
     create: impl FnOnce() -> CUresult,
     new_ctx: impl FnOnce() -> CUcontext,
 ) -> (CUresult, Option<u64>, Option<Measuring>) {
+    measured_as(gpu, create, new_ctx, true)
+}
+
+/// [`measured`]; `a_context`: `create` makes a context (without NVML, what
+/// a context reserves is then known from the driver's own count, see
+/// [`probe_reservation`]; for anything else nothing is known then).
+fn measured_as(
+    gpu: &Gpu,
+    create: impl FnOnce() -> CUresult,
+    new_ctx: impl FnOnce() -> CUcontext,
+    a_context: bool,
+) -> (CUresult, Option<u64>, Option<Measuring>) {
     let m = Measuring::start();
     let nvml = NvmlRef::acquire();
     let before = sample(gpu, &nvml);
     let rc = create();
+    let created = if rc == CUDA_SUCCESS {
+        new_ctx()
+    } else {
+        std::ptr::null_mut()
+    };
     let mut after = sample(gpu, &nvml);
     if rc == CUDA_SUCCESS && nvml.0 && after.mine.is_none() && !own_pid_found() {
         // Not listed under getpid() although it has a context now: a PID namespace.
-        let c = new_ctx();
+        let c = created;
         if !c.is_null() && find_own_pid(gpu, c).is_some() {
             after = sample(gpu, &nvml);
         }
     }
-    let delta = reserved(before, after);
+    let mut delta = reserved(before, after);
+    if delta.is_none() && rc == CUDA_SUCCESS && a_context {
+        // NVML unavailable: what a context of this GPU reserves, measured
+        // by the driver itself once (see `probe_reservation`), then reused.
+        delta = match PROBED.load(Ordering::Acquire) {
+            0 => {
+                let c = created;
+                let d = (!c.is_null()).then(|| probe_reservation(c)).flatten();
+                if let Some(d) = d {
+                    PROBED.store(d.max(1), Ordering::Release);
+                    tracing::info!(
+                        "cgpu: NVML unavailable: a context reserves {d} bytes (measured with a second context); charged for each context"
+                    );
+                }
+                d
+            }
+            d => Some(d),
+        };
+    }
     if delta.is_none() && !WARNED.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
-            "cgpu: cannot measure what a context reserves (NVML unavailable); context reservations are not counted"
+        tracing::error!(
+            "cgpu: cannot measure what a context reserves (NVML unavailable, and the driver's own count failed); context reservations are not counted"
         );
     }
     (rc, delta, m)
+}
+
+/// What a context reserves, as the driver itself counts it, once NVML is
+/// unavailable (0: not measured yet).
+static PROBED: AtomicU64 = AtomicU64::new(0);
+
+/// Without NVML: the device's free memory as the driver reports it
+/// through `ctx`, before and after creating a second, temporary context on
+/// the same device (destroyed at once); the difference is what a context
+/// reserves there. Under the measurement's exclusive hold, so none of this
+/// process's allocations blur it (other processes' may, as with NVML's
+/// device count).
+fn probe_reservation(ctx: CUcontext) -> Option<u64> {
+    if super::call_real!(real::cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS {
+        return None;
+    }
+    let got = (|| {
+        let mut dev: CUdevice = 0;
+        if super::call_real!(real::cuCtxGetDevice, &mut dev) != CUDA_SUCCESS {
+            return None;
+        }
+        let (mut f1, mut t) = (0usize, 0usize);
+        if super::call_real!(real::cuMemGetInfo_v2, &mut f1, &mut t) != CUDA_SUCCESS {
+            return None;
+        }
+        let mut tmp: CUcontext = std::ptr::null_mut();
+        if super::call_real!(real::cuCtxCreate_v2, &mut tmp, 0, dev) != CUDA_SUCCESS {
+            return None;
+        }
+        let mut f2 = 0usize;
+        let rc = super::call_real!(real::cuMemGetInfo_v2, &mut f2, &mut t);
+        super::call_real!(real::cuCtxDestroy_v2, tmp);
+        (rc == CUDA_SUCCESS && f1 > f2).then(|| (f1 - f2) as u64)
+    })();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    super::call_real!(real::cuCtxPopCurrent_v2, &mut popped);
+    got
 }
 
 /// Run `call` (a module's load, a global's look-up) in the current
@@ -295,7 +367,12 @@ pub(super) fn measured_call(
     gpu: &Gpu,
     call: impl FnOnce() -> CUresult,
 ) -> (CUresult, Option<u64>, Option<Measuring>) {
-    measured(gpu, call, || super::memory::current_ctx() as CUcontext)
+    measured_as(
+        gpu,
+        call,
+        || super::memory::current_ctx() as CUcontext,
+        false,
+    )
 }
 
 /// Reads the context a successful creation wrote to `ctx` (null if none).

@@ -2,13 +2,25 @@
 //! its allocations are charged to its container, and what happens when that
 //! membership cannot be had or is lost.
 //!
+//! The rule: **when cgpu cannot account for an allocation together with the
+//! rest of the container, it refuses it, and says so.** An allocation is
+//! never granted on this process's word alone.
+//!
 //! | situation | state | allocations |
 //! |---|---|---|
 //! | joined | `Joined` | charged to the container's shared quota |
-//! | the slot-table lock is held by a process that does not let go (stopped by `SIGSTOP`, `docker pause`, a debugger; swapped out) | `Waiting` | **refused** (`CUDA_ERROR_OUT_OF_MEMORY`) until the join succeeds; retried at most every [`RETRY_INTERVAL`] without waiting |
+//! | the slot-table lock is held by a process that does not let go (stopped by `SIGSTOP`, `docker pause`, a debugger; swapped out) | `Waiting` | **refused** (`CUDA_ERROR_OUT_OF_MEMORY`) until the join succeeds |
 //! | no free container or process slot | `Waiting` | refused likewise, until a slot frees |
-//! | the ledger cannot be used at all (directory not writable, filesystem full, another format version) | `Alone` | charged to this process alone against the quota, with an error (always printed) saying the container's other processes are not counted |
-//! | the joined ledger was truncated, wiped, deleted or replaced while in use | `Rejoin` | charged within this process against the quota last seen, counting from what the whole container held when last seen; every [`RETRY_INTERVAL`] (and from a watcher thread every [`WATCH_INTERVAL`]) the GPU's ledger is opened again (a corrupt one is set aside and rebuilt) and joined, and what this process holds is re-registered there |
+//! | the ledger cannot be used at all (directory missing, not a directory, not writable or read-only, filesystem full, no descriptor left, a format version this build cannot share, a damaged file being rebuilt) | `Waiting` | refused likewise, with one error (always printed) naming the cause and the fix, until it can be used |
+//! | the joined ledger was truncated, wiped, deleted, replaced or damaged while in use | `Waiting` | refused likewise; the GPU's ledger is opened again (a damaged one is rebuilt as a new generation) and joined, and what this process holds is re-registered there |
+//!
+//! While waiting, a join is tried again at most every [`RETRY_INTERVAL`]
+//! from the allocation path and every [`WATCH_INTERVAL`] from a watcher
+//! thread, so a process heals by itself (space back, descriptors back,
+//! directory fixed) even when it does not allocate. A process whose ledger
+//! keeps being lost soon after each join backs off (up to
+//! [`MAX_REJOIN_BACKOFF`] between joins), so another process rewriting its
+//! slot cannot make it re-map the file without bound.
 //!
 //! Waiting never lets an allocation through uncharged: a stalled process
 //! can delay other processes' first allocation on that GPU (by at most
@@ -22,19 +34,28 @@ use std::sync::atomic::{AtomicPtr, AtomicU8};
 /// holder keeps it for microseconds; a holder that keeps it longer is
 /// stalled, and the process then refuses allocations until it can join.
 pub const JOIN_WAIT: Duration = Duration::from_millis(500);
-/// Least time between two join attempts while waiting or rejoining (each
-/// is one attempt that does not wait for the lock).
+/// Least time between two join attempts while waiting (each is one attempt
+/// that does not wait for the lock).
 pub const RETRY_INTERVAL: Duration = Duration::from_millis(10);
 /// How often the watcher thread checks that each joined ledger is still
-/// the file its path names, and intact.
+/// the file its path names, and intact, and tries again to join where a
+/// join is awaited.
 pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);
+/// Longest wait between joins for a process whose ledger keeps being lost
+/// within a second of each join (the wait doubles from [`RETRY_INTERVAL`]).
+pub const MAX_REJOIN_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Why a joined ledger was given up when its path names another file.
+const REPLACED: &str = "was deleted or replaced by another file";
 
 const JOINED: u8 = 0;
 const WAITING: u8 = 1;
-const ALONE: u8 = 2;
-const REJOIN: u8 = 3;
-/// Left at exit: the watcher and later calls leave the ledger alone.
+/// Left at exit: the watcher and later calls leave the ledger alone, and
+/// allocations are refused.
 const LEFT: u8 = 4;
+/// Unit tests of callers only: accounting within the process.
+#[cfg(test)]
+const LOCAL: u8 = 5;
 
 /// What this process asks of a GPU's ledger (owned [`JoinRequest`]).
 #[derive(Debug, Clone)]
@@ -84,7 +105,8 @@ impl ShareLink {
 }
 
 /// A ledger joined (never freed once published: other threads may still
-/// hold references to it after it was replaced).
+/// hold references to it after it was replaced; its mapping is then
+/// swapped for private memory, see [`Ledger::retire`]).
 struct Joined {
     ledger: Ledger,
     m: Membership,
@@ -104,29 +126,40 @@ pub struct Account {
     gpu: String,
     place: Option<Place>,
     spec: JoinSpec,
-    /// The limit used when alone (`None`: not limited).
-    alone_limit: Option<u64>,
+    /// The limit of a [`LOCAL`] account (unit tests).
+    #[cfg(test)]
+    local_limit: Option<u64>,
     state: AtomicU8,
-    /// The ledger being joined while waiting (leaked, never freed).
+    /// The ledger opened but not joined yet, while waiting (a box owned by
+    /// the account; read and replaced only under `joining`).
     opened: AtomicPtr<Ledger>,
     /// The ledger joined (leaked, never freed; replaced after a rejoin).
     joined: AtomicPtr<Joined>,
-    /// Serialises join attempts and the switch in and out of `Rejoin`.
+    /// Serialises join attempts, the switch out of `Joined`, and releases
+    /// while waiting (so that what is re-registered at a join is exact).
     joining: parking_lot::Mutex<()>,
     /// CLOCK_MONOTONIC ns before which no new join attempt is made.
     next_try_ns: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the last join, and the wait before the next
+    /// join after a loss (see [`MAX_REJOIN_BACKOFF`]).
+    joined_ns: AtomicU64,
+    backoff_ns: AtomicU64,
+    /// (device, inode) of the ledger file last lost to damage: opened
+    /// again, it is rebuilt whatever it claims to be (see `file::open_or_create`).
+    lost: parking_lot::Mutex<Option<(u64, u64)>>,
     /// Refusals while waiting (the first, then every 1000th, is logged).
     refused: AtomicU64,
-    /// Used when alone or rejoining (the count enforced within the process).
+    /// A hash of the last cause logged while waiting (each new cause is
+    /// logged once, as an error).
+    said: AtomicU64,
+    /// Used by a [`LOCAL`] account (unit tests).
+    #[cfg(test)]
     used: AtomicU64,
+    #[cfg(test)]
     peak: AtomicU64,
-    /// Bytes this process holds through this account, whatever the state.
+    /// Bytes this process holds through this account, whatever the state
+    /// (re-registered at each join).
     mine: AtomicU64,
-    /// The container's quota (0: none) and enforcement, and what it held,
-    /// when the joined ledger was last seen intact.
-    seen_quota: AtomicU64,
-    seen_enforce: AtomicBool,
-    seen_used: AtomicU64,
 }
 
 impl std::fmt::Debug for Account {
@@ -138,11 +171,49 @@ impl std::fmt::Debug for Account {
     }
 }
 
+/// The fix to suggest for a ledger that cannot be used.
+fn fix_for(e: &LedgerError, dir: &Path) -> String {
+    let dir = dir.display();
+    match e {
+        LedgerError::Io { err, .. } => {
+            use std::io::ErrorKind as K;
+            match (err.raw_os_error(), err.kind()) {
+                (Some(libc::ENOSPC) | Some(libc::EDQUOT), _) | (_, K::StorageFull) => {
+                    format!("free space on the filesystem of {dir}")
+                }
+                (Some(libc::EMFILE) | Some(libc::ENFILE), _) => {
+                    "raise the process's descriptor limit (ulimit -n) or close descriptors".into()
+                }
+                (Some(libc::ENOTDIR) | Some(libc::ENOENT), _) | (_, K::NotADirectory | K::NotFound) => {
+                    format!("make {dir} a directory (mode 1777) or point CGPU_LEDGER_DIR at one")
+                }
+                (_, K::TimedOut) => "resume or end the stopped process that holds the lock".into(),
+                (Some(libc::EROFS) | Some(libc::EACCES) | Some(libc::EPERM), _)
+                | (_, K::ReadOnlyFilesystem | K::PermissionDenied | K::InvalidInput) => format!(
+                    "make {dir} a real directory (not a symbolic link) owned by root, mode 1777, writable by every container's uid and not mounted read-only; or point CGPU_LEDGER_DIR at an absolute path of one"
+                ),
+                _ => format!("make {dir} usable (a writable directory on a filesystem with space)"),
+            }
+        }
+        LedgerError::Version { .. } => {
+            "run one cgpu version on this GPU: let the jobs of the other version finish, or upgrade them".into()
+        }
+        LedgerError::Corrupt { .. } => "none needed: a new ledger is being built".into(),
+        LedgerError::Full { .. } => "wait for containers or processes on this GPU to end".into(),
+    }
+}
+
+fn hash(s: &str) -> u64 {
+    // FNV-1a: only to tell one message from the next.
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
 impl Account {
     /// Open (or create) the GPU's ledger in `dir` and join it, waiting at
     /// most [`JOIN_WAIT`] for the table lock. Never fails: see the states
-    /// in the module docs. `alone_limit` is the quota applied if the ledger
-    /// cannot be used at all.
+    /// in the module docs.
     pub fn open(
         dir: &Path,
         uuid: &str,
@@ -150,7 +221,6 @@ impl Account {
         physical_total: u64,
         gpu: String,
         spec: JoinSpec,
-        alone_limit: Option<u64>,
     ) -> Account {
         let place = Place {
             dir: dir.to_owned(),
@@ -158,21 +228,15 @@ impl Account {
             gpu_index,
             physical_total,
         };
-        let a = Account::new(gpu, Some(place), spec, alone_limit, WAITING);
-        match a.open_ledger() {
-            Ok(l) => {
-                a.opened
-                    .store(Box::into_raw(Box::new(l)), Ordering::Release);
-                a.try_join(JOIN_WAIT);
-            }
-            Err(e) => a.go_alone(&e),
-        }
+        let a = Account::new(gpu, Some(place), spec, WAITING);
+        a.try_join(JOIN_WAIT);
         a
     }
 
-    /// An account that is alone from the start (tests, and callers that
-    /// know no ledger can be used).
-    pub fn alone(gpu: String, alone_limit: Option<u64>) -> Account {
+    /// An account that charges within the process only, against `limit`
+    /// (unit tests of callers; never used outside tests).
+    #[cfg(test)]
+    pub fn local(gpu: String, limit: Option<u64>) -> Account {
         let spec = JoinSpec {
             container_id: String::new(),
             key: 0,
@@ -181,33 +245,33 @@ impl Account {
             highprio: false,
             enforce_off: false,
         };
-        Account::new(gpu, None, spec, alone_limit, ALONE)
+        let mut a = Account::new(gpu, None, spec, LOCAL);
+        a.local_limit = limit;
+        a
     }
 
-    fn new(
-        gpu: String,
-        place: Option<Place>,
-        spec: JoinSpec,
-        alone_limit: Option<u64>,
-        state: u8,
-    ) -> Account {
+    fn new(gpu: String, place: Option<Place>, spec: JoinSpec, state: u8) -> Account {
         Account {
             gpu,
             place,
             spec,
-            alone_limit,
+            #[cfg(test)]
+            local_limit: None,
             state: AtomicU8::new(state),
             opened: AtomicPtr::new(std::ptr::null_mut()),
             joined: AtomicPtr::new(std::ptr::null_mut()),
             joining: parking_lot::Mutex::new(()),
             next_try_ns: AtomicU64::new(0),
+            joined_ns: AtomicU64::new(0),
+            backoff_ns: AtomicU64::new(RETRY_INTERVAL.as_nanos() as u64),
+            lost: parking_lot::Mutex::new(None),
             refused: AtomicU64::new(0),
+            said: AtomicU64::new(0),
+            #[cfg(test)]
             used: AtomicU64::new(0),
+            #[cfg(test)]
             peak: AtomicU64::new(0),
             mine: AtomicU64::new(0),
-            seen_quota: AtomicU64::new(0),
-            seen_enforce: AtomicBool::new(false),
-            seen_used: AtomicU64::new(0),
         }
     }
 
@@ -218,8 +282,9 @@ impl Account {
                 std::io::Error::other("no ledger"),
             ));
         };
+        let lost = *self.lost.lock();
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            Ledger::open_or_create(&p.dir, &p.uuid, p.gpu_index, p.physical_total)
+            file::open_or_create(&p.dir, &p.uuid, p.gpu_index, p.physical_total, lost)
         }))
         .unwrap_or_else(|_| {
             Err(LedgerError::io(
@@ -229,16 +294,22 @@ impl Account {
         })
     }
 
-    fn go_alone(&self, e: &LedgerError) {
-        let limit = match self.alone_limit {
-            Some(q) => format!("its quota ({})", human_bytes(q)),
-            None => "no limit (none was set)".to_string(),
-        };
-        tracing::error!(
-            "{}: the ledger cannot be used ({e}); enforcing {limit} within this process alone: the container's other processes on this GPU are NOT counted against it",
-            self.gpu
+    /// While waiting: say why allocations are refused, once per cause (an
+    /// error, printed whatever the log level).
+    fn say_waiting(&self, e: &LedgerError) {
+        let dir = self
+            .place
+            .as_ref()
+            .map_or(Path::new("-"), |p| p.dir.as_path());
+        let msg = format!(
+            "{}: allocations on this GPU are refused (out of memory) until this process can join the GPU's ledger: {e}; fix: {}. cgpu retries on its own and accepts allocations again as soon as it joins",
+            self.gpu,
+            fix_for(e, dir)
         );
-        self.state.store(ALONE, Ordering::Release);
+        let h = hash(&msg);
+        if self.said.swap(h, Ordering::Relaxed) != h {
+            tracing::error!("{msg}");
+        }
     }
 
     fn joined(&self) -> Option<&Joined> {
@@ -247,33 +318,50 @@ impl Account {
         (!p.is_null()).then(|| unsafe { &*p })
     }
 
-    fn publish(&self, l: Ledger, m: Membership) {
-        let j = Box::into_raw(Box::new(Joined { ledger: l, m }));
-        self.joined.store(j, Ordering::Release);
-        // SAFETY: just published, never freed.
-        self.note_seen(unsafe { &*j });
-        self.state.store(JOINED, Ordering::Release);
+    /// Drop the ledger opened while waiting (under `joining`).
+    fn drop_opened(&self) {
+        let p = self.opened.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() {
+            // SAFETY: `opened` holds boxes made by `try_join`, read and
+            // replaced only under `joining` (held by the caller): nobody
+            // else references this one.
+            drop(unsafe { Box::from_raw(p) });
+        }
     }
 
-    /// One join attempt on the opened ledger (waiting at most `wait`).
+    /// One join attempt (waiting at most `wait` for the table lock): open
+    /// the ledger if not open yet, join it, re-register what this process
+    /// holds. Rate-limited (see [`RETRY_INTERVAL`], [`MAX_REJOIN_BACKOFF`]).
     fn try_join(&self, wait: Duration) -> bool {
-        let p = self.opened.load(Ordering::Acquire);
-        if p.is_null() {
-            return false;
-        }
-        let Some(_g) = self.joining.try_lock() else {
+        // Another thread's attempt (the watcher's, say) is waited for, so
+        // that an allocation made just as the ledger becomes usable is not
+        // refused for having met it halfway.
+        let Some(_g) = self.joining.try_lock_for(JOIN_WAIT) else {
             return self.state.load(Ordering::Acquire) == JOINED;
         };
         if self.state.load(Ordering::Acquire) != WAITING {
             return self.state.load(Ordering::Acquire) == JOINED;
         }
-        // SAFETY: `opened` holds a leaked box, never freed.
-        let l: &Ledger = unsafe { &*p };
-        let first = self.next_try_ns.load(Ordering::Relaxed) == 0;
-        self.next_try_ns.store(
-            monotonic_ns() + RETRY_INTERVAL.as_nanos() as u64,
-            Ordering::Relaxed,
-        );
+        let now = monotonic_ns();
+        if now < self.next_try_ns.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.next_try_ns
+            .store(now + RETRY_INTERVAL.as_nanos() as u64, Ordering::Relaxed);
+        if self.opened.load(Ordering::Acquire).is_null() {
+            match self.open_ledger() {
+                Ok(l) => self
+                    .opened
+                    .store(Box::into_raw(Box::new(l)), Ordering::Release),
+                Err(e) => {
+                    self.say_waiting(&e);
+                    return false;
+                }
+            }
+        }
+        // SAFETY: `opened` holds a box owned by the account, replaced only
+        // under `joining`, which we hold.
+        let l: &Ledger = unsafe { &*self.opened.load(Ordering::Acquire) };
         let joined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             l.join_within(&self.spec.request(), wait)
         }))
@@ -285,60 +373,54 @@ impl Account {
         });
         match joined {
             Ok(m) => {
-                // Hand the handle over to `joined` (the leaked box in
-                // `opened` is never read again).
-                self.opened.store(std::ptr::null_mut(), Ordering::Release);
-                // SAFETY: `p` came from Box::into_raw and nobody else takes it.
+                let p = self.opened.swap(std::ptr::null_mut(), Ordering::AcqRel);
+                // SAFETY: `p` came from Box::into_raw; we hold `joining`
+                // and just took it out of `opened`.
                 let l = *unsafe { Box::from_raw(p) };
+                // Under `joining`: releases while waiting take it too, and
+                // reservations are refused, so `mine` is exact here.
+                let mine = self.mine.load(Ordering::Acquire);
+                l.register_held(&m, mine);
                 let path = l.path().display().to_string();
-                self.publish(l, m);
-                if !first {
+                let again = self.said.swap(0, Ordering::Relaxed) != 0
+                    || !self.joined.load(Ordering::Acquire).is_null();
+                let j = Box::into_raw(Box::new(Joined { ledger: l, m }));
+                self.joined.store(j, Ordering::Release);
+                self.joined_ns.store(monotonic_ns(), Ordering::Relaxed);
+                self.state.store(JOINED, Ordering::Release);
+                if again {
                     tracing::warn!(
-                        "{}: joined ledger {path} after waiting; allocations are accepted again",
-                        self.gpu
+                        "{}: joined ledger {path}; re-registered the {} this process holds; allocations are accepted again",
+                        self.gpu,
+                        human_bytes(mine)
                     );
                 }
                 true
             }
-            Err(e) if e.is_busy() || e.is_full() => {
-                if first {
-                    tracing::error!(
-                        "{}: cannot join ledger {} yet ({e}); allocations on this GPU are refused (out of memory) until it can",
-                        self.gpu,
-                        l.path().display()
-                    );
-                }
-                false
-            }
             Err(e) => {
-                self.go_alone(&e);
+                self.say_waiting(&e);
+                if !(e.is_busy() || e.is_full()) {
+                    // Open again next time (the file may be rebuilt or
+                    // replaced meanwhile).
+                    self.drop_opened();
+                }
                 false
             }
         }
     }
 
-    /// Remember the container's quota and use, for a possible `Rejoin`.
-    #[inline]
-    fn note_seen(&self, j: &Joined) {
-        let c = j.ledger.container_of(&j.m);
-        let q = c.quota.load(Ordering::Acquire);
-        self.seen_quota.store(q, Ordering::Relaxed);
-        self.seen_enforce.store(
-            c.enforce_off.load(Ordering::Relaxed) == 0,
-            Ordering::Relaxed,
-        );
-        self.seen_used
-            .store(c.used.load(Ordering::Acquire), Ordering::Relaxed);
-    }
-
     /// Is the joined ledger still one we can trust?
     #[inline]
-    fn healthy(j: &Joined) -> bool {
-        !j.ledger.is_damaged() && j.ledger.membership_intact(&j.m)
+    fn healthy(&self, j: &Joined) -> bool {
+        j.ledger.header_intact()
+            && j.ledger.membership_intact(&j.m)
+            && j.ledger.container_of(&j.m).is(&self.spec.container_id)
     }
 
-    /// The joined ledger `j` is damaged or replaced: enforce what was known
-    /// within the process, drop our locks on it, and look for a usable one.
+    /// The joined ledger `j` is damaged or replaced: stop using it (its
+    /// mapping is swapped for private memory and its locks dropped, so a
+    /// damaged file can be rebuilt), refuse until a usable one is joined,
+    /// and try to join now.
     fn lose(&self, j: &Joined, why: &str) {
         {
             let _g = self.joining.lock();
@@ -347,67 +429,39 @@ impl Account {
             {
                 return; // another thread did it
             }
-            let mine = self.mine.load(Ordering::Acquire);
-            let start = self.seen_used.load(Ordering::Relaxed).max(mine);
-            self.used.store(start, Ordering::Release);
-            self.state.store(REJOIN, Ordering::Release);
-            let q = self.seen_quota.load(Ordering::Relaxed);
+            self.state.store(WAITING, Ordering::Release);
+            // Reservations in flight on `j` finish (and count in `mine`)
+            // before `mine` is read for the next join; later ones see
+            // WAITING.
+            j.m.retire();
             tracing::error!(
-                "{}: ledger {} {why} while in use; holding this process to the last known quota ({}) counting from what the container held ({}; this process {}) until a usable ledger is back",
+                "{}: ledger {} {why} while in use; allocations on this GPU are refused (out of memory) until a usable ledger is joined and the {} this process holds is re-registered there",
                 self.gpu,
                 j.ledger.path().display(),
-                if q == 0 { "none".to_string() } else { human_bytes(q) },
-                human_bytes(start),
-                human_bytes(mine)
+                human_bytes(self.mine.load(Ordering::Acquire))
             );
+            if why != REPLACED {
+                *self.lost.lock() = Some(j.ledger.ino);
+            }
             j.ledger.abandon();
-            self.next_try_ns.store(0, Ordering::Relaxed);
+            j.ledger.retire();
+            // Lost again within a second of joining: back off.
+            let now = monotonic_ns();
+            let quick = now.saturating_sub(self.joined_ns.load(Ordering::Relaxed)) < 1_000_000_000;
+            let b = if quick {
+                (self.backoff_ns.load(Ordering::Relaxed) * 2)
+                    .min(MAX_REJOIN_BACKOFF.as_nanos() as u64)
+            } else {
+                RETRY_INTERVAL.as_nanos() as u64
+            };
+            self.backoff_ns.store(b, Ordering::Relaxed);
+            self.next_try_ns
+                .store(if quick { now + b } else { 0 }, Ordering::Relaxed);
         }
-        self.try_rejoin();
+        self.try_join(Duration::ZERO);
     }
 
-    /// In `Rejoin`: open the GPU's ledger again (a corrupt file is set
-    /// aside and rebuilt), join it, re-register what this process holds.
-    fn try_rejoin(&self) -> bool {
-        let now = monotonic_ns();
-        if now < self.next_try_ns.load(Ordering::Relaxed) {
-            return false;
-        }
-        self.next_try_ns
-            .store(now + RETRY_INTERVAL.as_nanos() as u64, Ordering::Relaxed);
-        let Ok(l) = self.open_ledger() else {
-            return false;
-        };
-        let Ok(m) = l.join_within(&self.spec.request(), Duration::ZERO) else {
-            return false;
-        };
-        let _g = self.joining.lock();
-        if self.state.load(Ordering::Acquire) != REJOIN {
-            drop(_g);
-            l.leave(&m);
-            return self.state.load(Ordering::Acquire) == JOINED;
-        }
-        let mine = self.mine.load(Ordering::Acquire);
-        l.register_held(&m, mine);
-        let path = l.path().display().to_string();
-        self.publish(l, m);
-        tracing::warn!(
-            "{}: joined ledger {path} again; re-registered the {} this process holds",
-            self.gpu,
-            human_bytes(mine)
-        );
-        true
-    }
-
-    /// While waiting: try again if the retry interval has passed.
-    fn retry(&self) -> bool {
-        if monotonic_ns() < self.next_try_ns.load(Ordering::Relaxed) {
-            return false;
-        }
-        self.try_join(Duration::ZERO)
-    }
-
-    /// Charge `bytes`; false = refused (over quota, or waiting to join).
+    /// Charge `bytes`; false = refused (over quota, or not joined).
     pub fn reserve(&self, bytes: u64) -> bool {
         if bytes == 0 {
             return true;
@@ -416,30 +470,40 @@ impl Account {
             match self.state.load(Ordering::Acquire) {
                 JOINED => {
                     let Some(j) = self.joined() else { return false };
-                    if !Self::healthy(j) {
-                        self.lose(j, "was truncated, wiped or overwritten");
+                    if !self.healthy(j) {
+                        self.lose(j, "was truncated, wiped, overwritten or damaged");
                         continue;
                     }
+                    // Counted in flight on `j.m`: a loss of `j` waits for
+                    // this reservation, so that what it adds to `mine` is
+                    // re-registered on the next ledger.
+                    let Some(_in) = j.m.enter() else {
+                        if self.state.load(Ordering::Acquire) == LEFT {
+                            return false;
+                        }
+                        std::thread::yield_now();
+                        continue;
+                    };
                     let mut ok = j.ledger.try_reserve(&j.m, bytes).is_ok();
                     // A dead sibling may still hold bytes: take them back
                     // now, then try once more.
                     if !ok && j.ledger.reclaim_for(&j.m) {
                         ok = j.ledger.try_reserve(&j.m, bytes).is_ok();
                     }
-                    if !Self::healthy(j) {
-                        // Whatever happened went to memory we no longer
-                        // trust: decide again from what we know.
-                        self.lose(j, "was truncated, wiped or overwritten");
-                        continue;
-                    }
                     if ok {
                         self.mine.fetch_add(bytes, Ordering::AcqRel);
                     }
-                    self.note_seen(j);
+                    drop(_in);
+                    if !self.healthy(j) {
+                        // Whatever happened went to memory we no longer
+                        // trust: what we hold is re-registered at the next
+                        // join (this reservation included when granted).
+                        self.lose(j, "was truncated, wiped, overwritten or damaged");
+                    }
                     return ok;
                 }
                 WAITING => {
-                    if self.retry() {
+                    if self.try_join(Duration::ZERO) {
                         continue;
                     }
                     if self.state.load(Ordering::Acquire) != WAITING {
@@ -448,7 +512,7 @@ impl Account {
                     let n = self.refused.fetch_add(1, Ordering::Relaxed);
                     if n % 1000 == 0 {
                         tracing::warn!(
-                            "{}: allocation of {} refused: not joined to the GPU's ledger yet ({} refused so far)",
+                            "{}: allocation of {} refused: not joined to the GPU's ledger ({} refused so far)",
                             self.gpu,
                             human_bytes(bytes),
                             n + 1
@@ -456,33 +520,21 @@ impl Account {
                     }
                     return false;
                 }
-                REJOIN => {
-                    if self.try_rejoin() {
-                        continue;
-                    }
-                    let _g = self.joining.lock();
-                    if self.state.load(Ordering::Acquire) != REJOIN {
-                        continue;
-                    }
-                    let q = self.seen_quota.load(Ordering::Relaxed);
-                    let limit = (q != 0 && self.seen_enforce.load(Ordering::Relaxed)).then_some(q);
-                    let ok = self.reserve_local(bytes, limit);
+                #[cfg(test)]
+                LOCAL => {
+                    let ok = self.reserve_local(bytes, self.local_limit);
                     if ok {
                         self.mine.fetch_add(bytes, Ordering::AcqRel);
                     }
                     return ok;
                 }
-                _ => {
-                    let ok = self.reserve_local(bytes, self.alone_limit);
-                    if ok {
-                        self.mine.fetch_add(bytes, Ordering::AcqRel);
-                    }
-                    return ok;
-                }
+                // Left: the process is exiting; nothing may be charged.
+                _ => return false,
             }
         }
     }
 
+    #[cfg(test)]
     fn reserve_local(&self, bytes: u64, limit: Option<u64>) -> bool {
         let limit = limit.unwrap_or(u64::MAX);
         let mut cur = self.used.load(Ordering::Relaxed);
@@ -512,27 +564,43 @@ impl Account {
             match self.state.load(Ordering::Acquire) {
                 JOINED => {
                     let Some(j) = self.joined() else { return };
-                    if !Self::healthy(j) {
-                        self.lose(j, "was truncated, wiped or overwritten");
+                    if !self.healthy(j) {
+                        self.lose(j, "was truncated, wiped, overwritten or damaged");
                         continue;
                     }
+                    let Some(_in) = j.m.enter() else {
+                        if self.state.load(Ordering::Acquire) == LEFT {
+                            return;
+                        }
+                        std::thread::yield_now();
+                        continue;
+                    };
                     j.ledger.release(&j.m, bytes);
+                    sat_sub(&self.mine, bytes);
+                    return;
                 }
-                // Nothing was charged while waiting.
-                WAITING => return,
-                REJOIN => {
+                WAITING => {
+                    // Nothing is charged anywhere while waiting; what this
+                    // process holds is re-registered at the next join, under
+                    // the same lock.
                     let _g = self.joining.lock();
-                    if self.state.load(Ordering::Acquire) != REJOIN {
+                    if self.state.load(Ordering::Acquire) != WAITING {
                         continue;
                     }
+                    sat_sub(&self.mine, bytes);
+                    return;
+                }
+                #[cfg(test)]
+                LOCAL => {
                     sat_sub(&self.used, bytes);
+                    sat_sub(&self.mine, bytes);
+                    return;
                 }
                 _ => {
-                    sat_sub(&self.used, bytes);
+                    sat_sub(&self.mine, bytes);
+                    return;
                 }
             }
-            sat_sub(&self.mine, bytes);
-            return;
         }
     }
 
@@ -593,22 +661,21 @@ impl Account {
         self.ledger().is_some()
     }
 
-    /// Not joined yet, allocations refused until it is.
+    /// Not joined, allocations refused until it is.
     pub fn is_waiting(&self) -> bool {
         self.state.load(Ordering::Acquire) == WAITING
     }
 
-    /// Lost its ledger and enforcing what it knew until it joins again.
-    pub fn is_rejoining(&self) -> bool {
-        self.state.load(Ordering::Acquire) == REJOIN
-    }
-
     /// Bytes held by the whole container (as far as this process knows when
-    /// not joined).
+    /// not joined: what it holds itself).
     pub fn container_used(&self) -> u64 {
+        #[cfg(test)]
+        if self.state.load(Ordering::Acquire) == LOCAL {
+            return self.used.load(Ordering::Acquire);
+        }
         match self.ledger() {
             Some((l, m)) => l.container_of(m).used.load(Ordering::Acquire),
-            None => self.used.load(Ordering::Acquire),
+            None => self.mine.load(Ordering::Acquire),
         }
     }
 
@@ -617,8 +684,9 @@ impl Account {
         self.mine.load(Ordering::Acquire)
     }
 
-    /// Highest use when alone.
-    pub fn alone_peak(&self) -> u64 {
+    /// Highest use of a local (unit-test) account.
+    #[cfg(test)]
+    pub fn local_peak(&self) -> u64 {
         self.peak.load(Ordering::Relaxed)
     }
 
@@ -631,7 +699,7 @@ impl Account {
 
     /// One check (the watcher thread, every [`WATCH_INTERVAL`]): is the
     /// joined ledger intact and still the file its path names? If not,
-    /// move on (see `Rejoin`); when rejoining, try again.
+    /// move on; when waiting, try again to join.
     pub fn check(&self) {
         match self.state.load(Ordering::Acquire) {
             JOINED => {
@@ -639,16 +707,17 @@ impl Account {
                 if j.ledger.is_stale() {
                     return; // a forked child's copy
                 }
-                if !Self::healthy(j) {
-                    self.lose(j, "was truncated, wiped or overwritten");
+                if !self.healthy(j) {
+                    self.lose(j, "was truncated, wiped, overwritten or damaged");
                 } else if j.ledger.is_replaced() {
-                    self.lose(j, "was deleted or replaced by another file");
+                    self.lose(j, REPLACED);
                 } else {
-                    self.note_seen(j);
+                    j.ledger
+                        .repair_counts(&j.m, self.mine.load(Ordering::Acquire));
                 }
             }
-            REJOIN => {
-                self.try_rejoin();
+            WAITING => {
+                self.try_join(Duration::ZERO);
             }
             _ => {}
         }
@@ -657,28 +726,34 @@ impl Account {
     /// Check this account every [`WATCH_INTERVAL`] from a watcher thread
     /// (one per process, started on first use, again in a forked child),
     /// so that a process that does not allocate still notices a damaged or
-    /// replaced ledger and re-registers what it holds.
+    /// replaced ledger, re-registers what it holds, and joins once a
+    /// ledger it could not use becomes usable.
     pub fn watch(&'static self) {
         watcher::add(self);
     }
 
-    /// Leave the ledger (exit handler). Safe while other threads allocate.
-    /// The account is LEFT first, so that the watcher thread (and any call
-    /// still made during a long teardown) does not take the slot we just
-    /// gave up for a damaged ledger and register the process again.
+    /// Leave the ledger (exit handler). Safe while other threads allocate:
+    /// their later allocations are refused. The account is LEFT first, so
+    /// that the watcher thread (and any call still made during a long
+    /// teardown) does not take the slot we just gave up for a damaged
+    /// ledger and register the process again.
     pub fn leave(&self) {
+        // Waits at most LEAVE_WAIT for a join in progress: an exit never hangs.
+        let _g = self.joining.try_lock_for(LEAVE_WAIT);
         let joined = self.ledger();
         self.state.store(LEFT, Ordering::Release);
         if let Some((l, m)) = joined {
             l.leave(m);
         }
+        self.drop_opened();
     }
 
     /// `pthread_atfork` child handler: async-signal-safe.
     pub fn after_fork_child(&self) {
         let p = self.opened.load(Ordering::Acquire);
         if !p.is_null() {
-            // SAFETY: leaked box, never freed.
+            // SAFETY: a box owned by the account; the child is single
+            // threaded here, nobody replaces it meanwhile.
             unsafe { &*p }.after_fork_child();
         }
         if let Some(j) = self.joined() {

@@ -5,6 +5,14 @@
 //! (which fails if another process got there first; we then use theirs). So
 //! a file at the final name is always complete, and `ready` is set before it
 //! gets that name.
+//!
+//! A damaged file is never renamed or removed to make room (in a sticky
+//! directory only its owner could): the next **generation** is built
+//! beside it instead. A GPU's ledgers are `<uuid>.ledger` (generation 0)
+//! and `<uuid>.g<n>.ledger`; the live one is the highest generation, and
+//! every process and tool looks for it the same way. The damaged
+//! generation is kept for a post-mortem; older ones are removed where the
+//! directory allows it (else left, and ignored).
 
 use super::*;
 use std::ffi::CString;
@@ -33,6 +41,105 @@ pub(super) fn ensure_dir(dir: &Path) -> io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
     Ok(())
+}
+
+/// Can ledgers be kept in `dir`? An absolute path to a directory (created
+/// if missing) that this process can write; a default directory must also
+/// be trusted ([`trusted_dir`]). Each failure names what is wrong.
+pub(super) fn usable_dir(dir: &Path) -> Result<(), LedgerError> {
+    let err = |kind: io::ErrorKind, os: Option<i32>, why: String| {
+        let e = match os {
+            Some(code) => {
+                let base = io::Error::from_raw_os_error(code);
+                io::Error::new(base.kind(), format!("{why} ({base})"))
+            }
+            None => io::Error::new(kind, why),
+        };
+        LedgerError::io(dir, e)
+    };
+    if !dir.is_absolute() {
+        return Err(err(
+            io::ErrorKind::InvalidInput,
+            None,
+            format!(
+                "CGPU_LEDGER_DIR='{}' is a relative path (it would name another directory in each working directory)",
+                dir.display()
+            ),
+        ));
+    }
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => {
+            return Err(err(
+                io::ErrorKind::NotADirectory,
+                Some(libc::ENOTDIR),
+                "not a directory".into(),
+            ));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Err(e) = ensure_dir(dir) {
+                return Err(LedgerError::io(
+                    dir,
+                    io::Error::new(e.kind(), format!("missing, and cannot be created ({e})")),
+                ));
+            }
+        }
+        Err(e) => return Err(LedgerError::io(dir, e)),
+    }
+    if DEFAULT_DIRS.iter().any(|d| Path::new(d) == dir) {
+        trusted_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
+    }
+    if !writable(dir) {
+        let e = io::Error::last_os_error();
+        let code = e.raw_os_error().unwrap_or(libc::EACCES);
+        let why = if code == libc::EROFS {
+            "on a read-only filesystem"
+        } else {
+            "not writable by this process"
+        };
+        return Err(err(io::ErrorKind::PermissionDenied, Some(code), why.into()));
+    }
+    Ok(())
+}
+
+/// The file name of `uuid`'s ledger generation `g`.
+pub(super) fn generation_path(dir: &Path, uuid: &str, g: u64) -> PathBuf {
+    if g == 0 {
+        dir.join(format!("{uuid}.ledger"))
+    } else {
+        dir.join(format!("{uuid}.g{g}.ledger"))
+    }
+}
+
+/// `(uuid, generation)` of a ledger file name; `None` for other names
+/// (hidden temporary files included).
+pub(super) fn parse_name(name: &str) -> Option<(String, u64)> {
+    if name.starts_with('.') {
+        return None;
+    }
+    let stem = name.strip_suffix(".ledger")?;
+    if let Some((uuid, g)) = stem.rsplit_once(".g") {
+        if !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()) && !uuid.is_empty() {
+            return g
+                .parse()
+                .ok()
+                .filter(|g| *g > 0)
+                .map(|g| (uuid.to_string(), g));
+        }
+    }
+    (!stem.is_empty()).then(|| (stem.to_string(), 0))
+}
+
+/// The highest generation of `uuid`'s ledger present in `dir` as a regular
+/// file (`None`: none).
+pub(super) fn live_generation(dir: &Path, uuid: &str) -> Option<u64> {
+    let rd = std::fs::read_dir(dir).ok()?;
+    rd.filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter_map(|e| parse_name(&e.file_name().to_string_lossy()))
+        .filter(|(u, _)| u == uuid)
+        .map(|(_, g)| g)
+        .max()
 }
 
 /// May a default ledger directory be trusted? It must be a real directory
@@ -282,7 +389,18 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     unsafe { libc::fstat(fd, &mut st) };
+    let generation = path
+        .file_name()
+        .and_then(|n| parse_name(&n.to_string_lossy()))
+        .map_or(0, |(_, g)| g);
+    // SAFETY: the mapping is valid and of the right size (validated above);
+    // the uuid bytes are atomics.
+    let uuid0 = unsafe { map.as_ref() }.header.uuid_bytes();
     let l = Ledger {
+        generation,
+        uuid0,
+        weight_try_ns: AtomicU64::new(0),
+        weightless: AtomicU32::new(0),
         path: path.to_owned(),
         map,
         fd: AtomicI32::new(fd),
@@ -301,62 +419,94 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     Ok(l)
 }
 
+/// Open `uuid`'s live ledger in `dir`, creating it if absent, or building
+/// the next generation past a damaged one. `damaged`: (device, inode) of a
+/// file this process had joined and saw damaged in use: whatever it now
+/// claims to be (another format version included: no live file changes
+/// version), it is damaged.
 pub(super) fn open_or_create(
     dir: &Path,
     uuid: &str,
     gpu_index: u32,
     physical_total: u64,
+    damaged: Option<(u64, u64)>,
 ) -> Result<Ledger, LedgerError> {
-    let path = Ledger::path_for(dir, uuid);
     if uuid.is_empty()
         || uuid.len() >= UUID_LEN
         || uuid.contains(['/', '\0'])
         || uuid.starts_with('.')
     {
         return Err(LedgerError::io(
-            &path,
+            &generation_path(dir, uuid, 0),
             io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("bad GPU uuid {uuid:?}"),
             ),
         ));
     }
-    ensure_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
-    if DEFAULT_DIRS.iter().any(|d| Path::new(d) == dir) {
-        trusted_dir(dir).map_err(|e| LedgerError::io(dir, e))?;
-    }
-    // Each round either opens the file, creates it, or moves a dead corrupt
-    // one aside; a few rounds cover losing races to other creators.
+    usable_dir(dir)?;
+    // Each round either opens the live generation, creates it, or builds
+    // the next generation past a damaged one; a few rounds cover losing
+    // races to other creators.
     let mut last = None;
     for _ in 0..5 {
-        match open(&path) {
-            Ok(l) => {
-                if l.uuid() != uuid {
-                    return Err(LedgerError::Corrupt {
-                        path,
-                        why: format!("holds GPU {:?}, expected {uuid:?}", l.uuid()),
-                    });
-                }
-                return Ok(l);
-            }
+        let g = live_generation(dir, uuid).unwrap_or(0);
+        let path = generation_path(dir, uuid, g);
+        let damaged = match open(&path) {
+            Ok(l) if l.uuid() == uuid => return Ok(l),
+            Ok(l) => LedgerError::Corrupt {
+                path: path.clone(),
+                why: format!("holds GPU {:?}, expected {uuid:?}", l.uuid()),
+            },
             Err(LedgerError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
                 create(dir, &path, uuid, gpu_index, physical_total)?;
+                continue;
             }
-            Err(e @ LedgerError::Corrupt { .. }) => {
-                if !set_aside_if_dead(&path)? {
-                    return Err(e);
+            Err(e @ LedgerError::Corrupt { .. }) => e,
+            Err(LedgerError::Version { found, .. })
+                if damaged.is_some()
+                    && std::fs::metadata(&path).is_ok_and(|m| Some((m.dev(), m.ino())) == damaged) =>
+            {
+                LedgerError::Corrupt {
+                    path: path.clone(),
+                    why: format!(
+                        "its version field changed to {found} while in use (damage: no live ledger changes version)"
+                    ),
                 }
-                last = Some(e);
             }
             Err(e) => return Err(e),
-        }
+        };
+        let next = generation_path(dir, uuid, g + 1);
+        create(dir, &next, uuid, gpu_index, physical_total)?;
+        tracing::warn!(
+            "{damaged}: built the next generation {} (processes still using the damaged one move to it, re-registering what they hold)",
+            next.display()
+        );
+        remove_older(dir, uuid, g);
+        last = Some(damaged);
     }
     Err(last.unwrap_or_else(|| {
         LedgerError::io(
-            &path,
+            &generation_path(dir, uuid, 0),
             io::Error::other("ledger kept changing while opening it"),
         )
     }))
+}
+
+/// Remove `uuid`'s generations older than `keep` where the directory
+/// allows it (a sticky directory keeps other users' files: they stay, and
+/// are ignored).
+fn remove_older(dir: &Path, uuid: &str, keep: u64) {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.filter_map(|e| e.ok()) {
+        if let Some((u, g)) = parse_name(&e.file_name().to_string_lossy()) {
+            if u == uuid && g < keep {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
 }
 
 /// Build a complete ledger under a temporary name and link it into place.
@@ -382,7 +532,7 @@ fn create(
         }
         // Every page is given its space now: a file with holes would get
         // SIGBUS on the first write to a hole once the filesystem is full.
-        reserve_space(&tmp, fd, true)?;
+        reserve_space(path, fd, true)?;
         let map = map_fd(&tmp, fd)?;
         // SAFETY: the file is private to us until linked; the fresh pages are
         // zero, which is a valid value of every field.
@@ -429,63 +579,6 @@ unsafe fn init(f: *mut LedgerFile, uuid: &str, gpu_index: u32, physical_total: u
     h.prio_ratio.store(DEFAULT_PRIO_RATIO, Ordering::Relaxed);
     h.additions.store(ADDITIONS, Ordering::Relaxed);
     h.ready.store(1, Ordering::Release);
-}
-
-/// Byte range (far past the end of any ledger) locked by a process that
-/// sets a corrupt file aside: keeps two recoverers off one inode. Nobody
-/// else ever locks there.
-const RECOVERY_LOCK: (u64, u64) = (1 << 40, 1);
-
-/// Move a corrupt file aside so that a fresh one can be created, even while
-/// processes still have it mapped: a corrupt file (wrong size, magic or
-/// `ready`) is of no use to anyone, and every process using it notices
-/// (its accesses fault or its checks fail) and moves to the new file,
-/// re-registering what it holds. Under the recovery lock, check that the
-/// name still refers to this inode and that it is still corrupt, and rename
-/// it to `<name>.corrupt-<ns>`. A file of another version is never moved.
-/// `Ok(true)`: moved, or being moved or already replaced by someone else:
-/// retry opening.
-fn set_aside_if_dead(path: &Path) -> Result<bool, LedgerError> {
-    let fd = match open_fd(path, libc::O_RDWR) {
-        Ok(fd) => fd,
-        Err(LedgerError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
-            return Ok(true)
-        }
-        Err(e) => return Err(e),
-    };
-    let result = (|| {
-        if !lock::try_lock(fd, RECOVERY_LOCK.0, RECOVERY_LOCK.1)
-            .map_err(|e| LedgerError::io(path, e))?
-        {
-            std::thread::sleep(Duration::from_millis(1));
-            return Ok(true); // another process is moving it
-        }
-        // SAFETY: valid out-pointer for fstat on our fd.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        if unsafe { libc::fstat(fd, &mut st) } != 0 {
-            return Err(LedgerError::io(path, io::Error::last_os_error()));
-        }
-        match std::fs::metadata(path) {
-            Ok(m) if m.ino() == st.st_ino && m.dev() == st.st_dev => {}
-            _ => return Ok(true), // replaced meanwhile
-        }
-        // Still corrupt? (Only a corrupt file is ever moved; a file of
-        // another version never is.)
-        if !matches!(validate_fd(path, fd), Err(LedgerError::Corrupt { .. })) {
-            return Ok(true);
-        }
-        let aside = PathBuf::from(format!("{}.corrupt-{}", path.display(), realtime_ns()));
-        std::fs::rename(path, &aside).map_err(|e| LedgerError::io(path, e))?;
-        tracing::warn!(
-            "ledger {} was corrupt: moved to {} and recreated (processes still using it move to the new one)",
-            path.display(),
-            aside.display()
-        );
-        Ok(true)
-    })();
-    close(fd);
-    result
 }
 
 /// (pid, pid-namespace inode, start time in clock ticks since boot) of this

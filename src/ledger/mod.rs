@@ -80,8 +80,11 @@ pub const POLICY_MAX: u32 = 5;
 pub const MAX_INST_RANGE: std::ops::RangeInclusive<u32> = 1..=25;
 pub const PRIO_RATIO_RANGE: std::ops::RangeInclusive<u32> = 20..=99;
 
-/// The directories used when `CGPU_LEDGER_DIR` is not set, in order.
-pub const DEFAULT_DIRS: [&str; 2] = ["/run/cgpu", "/dev/shm/cgpu"];
+/// The directory used when `CGPU_LEDGER_DIR` is not set: one per node, the
+/// same for every process of every uid.
+pub const DEFAULT_DIR: &str = "/run/cgpu";
+/// [`DEFAULT_DIR`], as a list.
+pub const DEFAULT_DIRS: [&str; 1] = [DEFAULT_DIR];
 
 /// `JoinRequest::quota` value meaning "explicitly not limited" (a `0` inside
 /// `ALIYUN_COM_GPU_MEM_CONTAINER`'s list); a plain 0 means "no quota set",
@@ -305,6 +308,16 @@ impl Membership {
     pub fn has_left(&self) -> bool {
         self.left.load(Ordering::SeqCst)
     }
+    /// Stop charging through this membership (its ledger is being given
+    /// up): later reservations are refused, and the ones in flight finish
+    /// before this returns (waiting at most [`LEAVE_WAIT`]).
+    pub fn retire(&self) {
+        self.left.store(true, Ordering::SeqCst);
+        let t0 = std::time::Instant::now();
+        while self.inflight.load(Ordering::SeqCst) != 0 && t0.elapsed() < LEAVE_WAIT {
+            std::thread::yield_now();
+        }
+    }
     /// Enter a reserve/release; `None` once left. The `SeqCst` pair
     /// (increment, then read `left`) against `leave`'s (set `left`, then read
     /// the count) makes sure one of the two sees the other.
@@ -417,6 +430,45 @@ fn store_bytes<const N: usize>(field: &[AtomicU8; N], value: &[u8]) {
     for (i, b) in field.iter().enumerate() {
         b.store(value.get(i).copied().unwrap_or(0), Ordering::Relaxed);
     }
+}
+
+/// Reads of the header's plain fields. They are written once, before the
+/// file gets its name, but another process (or damage) may write them
+/// while this one reads: read them as volatile loads of whole words (as
+/// `Ledger::is_damaged` does), never through a plain shared reference.
+macro_rules! header_reads {
+    ($($(#[$m:meta])* $name:ident: $field:ident -> $t:ty;)*) => {
+        impl LedgerHeader {
+            $(
+                $(#[$m])*
+                #[inline]
+                pub fn $name(&self) -> $t {
+                    // SAFETY: an aligned field of a live mapping; a
+                    // volatile load of a whole word observes some value
+                    // another process wrote, never a torn one on the
+                    // platforms cgpu runs on (x86-64, aarch64).
+                    unsafe { std::ptr::read_volatile(std::ptr::addr_of!(self.$field)) }
+                }
+            )*
+        }
+    };
+}
+
+header_reads! {
+    /// `magic`.
+    read_magic: magic -> u64;
+    /// `version`.
+    read_version: version -> u32;
+    /// `header_size`.
+    read_header_size: header_size -> u32;
+    /// `file_size`.
+    read_file_size: file_size -> u64;
+    /// `gpu_index`.
+    read_gpu_index: gpu_index -> u32;
+    /// `physical_total`.
+    read_physical_total: physical_total -> u64;
+    /// `created_ns`.
+    read_created_ns: created_ns -> u64;
 }
 
 impl LedgerHeader {
@@ -571,6 +623,16 @@ pub struct Ledger {
     guard: usize,
     /// (device, inode) of the file it maps.
     ino: (u64, u64),
+    /// Its generation (see [`Ledger::live_path`]).
+    generation: u64,
+    /// The header's GPU uuid bytes when opened.
+    uuid0: [u8; UUID_LEN],
+    /// CLOCK_MONOTONIC ns of the last [`Ledger::take_free_weight`] attempt.
+    weight_try_ns: AtomicU64,
+    /// 1 + the container slot this process claimed with weight 0 because
+    /// none was free (0: none): only such a container takes a weight by
+    /// itself later; a weight 0 an operator set is left alone.
+    weightless: AtomicU32,
 }
 
 // SAFETY: everything mutable in the mapping is an atomic or is written only
@@ -681,41 +743,35 @@ fn sat_sub(a: &AtomicU64, v: u64) -> u64 {
 }
 
 impl Ledger {
-    /// `CGPU_LEDGER_DIR`, else `/run/cgpu` if writable (created), else `/dev/shm/cgpu`.
-    ///
-    /// A relative `CGPU_LEDGER_DIR` would name a different directory for
-    /// each working directory (two processes of one container would keep
-    /// separate books): it is refused with an error and the default used.
-    /// The default directories are used only when they are real directories
-    /// (not symbolic links) owned by root or by this user (see
-    /// [`Ledger::open_or_create`]).
+    /// `CGPU_LEDGER_DIR` when set, else [`DEFAULT_DIR`]: the same choice
+    /// for every process of every uid, so that the processes of a
+    /// container never keep their books in two places. Whether the
+    /// directory can be used is decided when a ledger is opened
+    /// ([`Ledger::open_or_create`]): a relative path, a path that is not a
+    /// directory, a directory that is not writable, or a default directory
+    /// that is a symbolic link or owned by another user is an error there,
+    /// for everyone, and allocations are refused until it is fixed.
     pub fn default_dir() -> PathBuf {
-        if let Some(d) = std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
-            let d = PathBuf::from(d);
-            if d.is_absolute() {
-                return d;
-            }
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                tracing::error!(
-                    "bad environment: CGPU_LEDGER_DIR='{}' is a relative path (it would name another directory in each working directory); ignored, using the default directory",
-                    d.display()
-                )
-            });
+        match std::env::var_os("CGPU_LEDGER_DIR").filter(|d| !d.is_empty()) {
+            Some(d) => PathBuf::from(d),
+            None => PathBuf::from(DEFAULT_DIR),
         }
-        let run = Path::new(DEFAULT_DIRS[0]);
-        if file::ensure_dir(run).is_ok() && file::trusted_dir(run).is_ok() && file::writable(run) {
-            return run.to_owned();
-        }
-        PathBuf::from(DEFAULT_DIRS[1])
     }
-    /// `<dir>/<uuid>.ledger`.
+    /// `<dir>/<uuid>.ledger`: the name of a GPU's first ledger generation.
     pub fn path_for(dir: &Path, uuid: &str) -> PathBuf {
-        dir.join(format!("{uuid}.ledger"))
+        file::generation_path(dir, uuid, 0)
     }
-    /// All ledger files in `dir`, sorted: regular files only (symbolic
-    /// links, FIFOs and device nodes named `*.ledger` are skipped, never
-    /// followed or opened).
+    /// The GPU's live ledger in `dir`: its highest generation
+    /// (`<uuid>.ledger`, then `<uuid>.g<n>.ledger` for each rebuild),
+    /// whether or not it exists yet.
+    pub fn live_path(dir: &Path, uuid: &str) -> PathBuf {
+        file::generation_path(dir, uuid, file::live_generation(dir, uuid).unwrap_or(0))
+    }
+    /// The live ledger file of each GPU in `dir`, sorted: regular files
+    /// only (symbolic links, FIFOs and device nodes named `*.ledger` are
+    /// skipped, never followed or opened), and of each GPU only its highest
+    /// generation (older ones are damaged files kept where they could not
+    /// be removed).
     ///
     /// A default directory that is not trusted (a symbolic link, or owned
     /// by another user) lists nothing.
@@ -726,19 +782,20 @@ impl Ledger {
         let Ok(rd) = std::fs::read_dir(dir) else {
             return Vec::new();
         };
-        let mut v: Vec<PathBuf> = rd
-            .filter_map(|e| e.ok())
-            .filter(|e| {
-                let n = e.file_name();
-                let n = n.to_string_lossy();
-                !n.starts_with('.')
-                    && n.ends_with(".ledger")
-                    && e.file_type().is_ok_and(|t| t.is_file())
-            })
-            .map(|e| e.path())
-            .collect();
-        v.sort();
-        v
+        let mut live: std::collections::BTreeMap<String, u64> = Default::default();
+        for e in rd.filter_map(|e| e.ok()) {
+            if !e.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            let n = e.file_name();
+            if let Some((uuid, g)) = file::parse_name(&n.to_string_lossy()) {
+                let cur = live.entry(uuid).or_insert(g);
+                *cur = (*cur).max(g);
+            }
+        }
+        live.into_iter()
+            .map(|(uuid, g)| file::generation_path(dir, &uuid, g))
+            .collect()
     }
     /// Open the GPU's ledger, creating and initialising it if absent.
     pub fn open_or_create(
@@ -747,7 +804,7 @@ impl Ledger {
         gpu_index: u32,
         physical_total: u64,
     ) -> Result<Ledger, LedgerError> {
-        file::open_or_create(dir, uuid, gpu_index, physical_total)
+        file::open_or_create(dir, uuid, gpu_index, physical_total, None)
     }
     /// Open an existing ledger for reading and knob writes (tools). Validates
     /// magic, version and size; never creates, never joins.
@@ -909,6 +966,7 @@ impl Ledger {
         let fw = free_weight(f);
         let want = req.weight.max(1);
         let weight = if fw == 0 {
+            self.weightless.store(c as u32 + 1, Ordering::Release);
             tracing::warn!(
                 "container {}: free_weight is 0 on GPU {} (max_inst {} taken): it gets weight 0 and no compute until weight frees up",
                 req.container_id,
@@ -1435,15 +1493,50 @@ impl Ledger {
             return true;
         }
         let h = &self.file().header;
-        // SAFETY: plain fields of the header, read through raw pointers
-        // with volatile loads (another process may rewrite them).
-        let (magic, version) = unsafe {
-            (
-                std::ptr::read_volatile(std::ptr::addr_of!(h.magic)),
-                std::ptr::read_volatile(std::ptr::addr_of!(h.version)),
+        // Volatile loads: another process may rewrite them.
+        let (magic, version, header_size, file_size) = (
+            h.read_magic(),
+            h.read_version(),
+            h.read_header_size(),
+            h.read_file_size(),
+        );
+        magic != LEDGER_MAGIC
+            || version != FORMAT_VERSION
+            || header_size as usize != std::mem::size_of::<LedgerHeader>()
+            || file_size as usize != std::mem::size_of::<LedgerFile>()
+            || h.ready.load(Ordering::Acquire) != 1
+    }
+
+    /// Are the header's identity fields as they were when this handle was
+    /// opened (the GPU's uuid), besides [`Ledger::is_damaged`]'s checks?
+    /// For the allocation path and the watcher (it reads the uuid's bytes).
+    pub fn header_intact(&self) -> bool {
+        !self.is_damaged() && self.file().header.uuid_bytes() == self.uuid0
+    }
+
+    /// Stop referring to the file at all (after [`Ledger::abandon`], when
+    /// the handle is replaced by another): its mapping is swapped, in
+    /// place, for private zeroed memory (every pointer into it stays valid
+    /// and reads a damaged ledger), and its SIGBUS guard slot is freed for
+    /// the live mapping. A handle that is dropped instead is unmapped.
+    pub fn retire(&self) {
+        // SAFETY: `[map, map + size)` is our own mapping; replacing it in
+        // place keeps every reference into it valid (zeroed memory is a
+        // valid value of every field). It is never unmapped while
+        // references may exist (retired handles are never dropped).
+        let p = unsafe {
+            libc::mmap(
+                self.map.as_ptr().cast(),
+                std::mem::size_of::<LedgerFile>(),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
             )
         };
-        magic != LEDGER_MAGIC || version != FORMAT_VERSION || h.ready.load(Ordering::Acquire) != 1
+        if p == self.map.as_ptr().cast() {
+            guard::unregister(self.guard);
+        }
     }
 
     /// Can this handle still be used for shared state (scheduling)? False
@@ -1472,9 +1565,16 @@ impl Ledger {
     pub fn is_replaced(&self) -> bool {
         use std::os::unix::fs::MetadataExt;
         match std::fs::metadata(&self.path) {
-            Ok(m) => (m.dev(), m.ino()) != self.ino,
-            Err(_) => true,
+            Ok(m) if (m.dev(), m.ino()) == self.ino => {}
+            _ => return true,
         }
+        // A newer generation was built (this one was found damaged).
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        let Some((uuid, _)) = file::parse_name(&name) else {
+            return false;
+        };
+        let dir = self.path.parent().unwrap_or(Path::new("/"));
+        file::generation_path(dir, &uuid, self.generation + 1).exists()
     }
 
     /// Stop using this handle because its file is damaged or replaced:
@@ -1492,6 +1592,68 @@ impl Ledger {
                 unsafe { libc::close(fd) };
             }
         }
+    }
+
+    /// Put this process's own counter back to `truth` (what it holds, as
+    /// it knows) if damage changed it, and have the container recounted
+    /// from its processes' counters (see `resync`). Only while no
+    /// reservation of this process is in flight. While an entry of the
+    /// table of shared allocations names this process, a counter above
+    /// `truth` is left alone (it may carry what an exporter that died
+    /// passed on and this process has not adopted yet; a count too high
+    /// only refuses more). Returns whether anything was wrong. For the
+    /// watcher: the books converge to what the processes hold after stray
+    /// writes.
+    pub fn repair_counts(&self, m: &Membership, truth: u64) -> bool {
+        let Some(_in) = m.enter() else { return false };
+        if m.inflight.load(Ordering::SeqCst) != 1 {
+            return false; // another thread is reserving: look next time
+        }
+        let f = self.file();
+        let p = &f.processes[m.process];
+        let c = &f.containers[m.container];
+        if p.pending.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        let seen = p.used.load(Ordering::SeqCst);
+        let me = m.process as u32;
+        let sharing = f.shared.iter().any(|e| {
+            e.state.load(Ordering::Acquire) != SLOT_FREE
+                && (e.holder.load(Ordering::Acquire) == me
+                    || e.exporter.load(Ordering::Acquire) == me)
+        });
+        let own_wrong = seen < truth || (seen > truth && !sharing);
+        if own_wrong
+            && p.used
+                .compare_exchange(seen, truth, Ordering::SeqCst, Ordering::SeqCst)
+                .is_err()
+        {
+            return false;
+        }
+        // The container's count must equal the sum of its processes'; a
+        // recount is cheap under the table lock and exact (`resync`).
+        let sum: u64 = self
+            .processes_of(m.container)
+            .map(|(_, p)| p.used.load(Ordering::SeqCst))
+            .fold(0u64, |a, b| a.saturating_add(b));
+        let busy = self
+            .processes_of(m.container)
+            .any(|(_, p)| p.pending.load(Ordering::SeqCst) != 0);
+        let container_wrong = !busy && c.used.load(Ordering::SeqCst) != sum;
+        if !own_wrong && !container_wrong {
+            return false;
+        }
+        drop(_in);
+        c.suspect.fetch_add(1, Ordering::SeqCst);
+        if let Some(_g) = self.try_lock_table() {
+            self.resync(m.container);
+        }
+        tracing::warn!(
+            "ledger {}: container {}'s counts were damaged (this process's slot said {seen}, it holds {truth}); recounted from its processes",
+            self.path.display(),
+            c.id_str()
+        );
+        true
     }
 
     /// Charge `bytes` that this process already holds on the device to
@@ -1692,6 +1854,52 @@ impl Ledger {
         self.weight_switches_policy(w);
         self.bump();
         Ok(())
+    }
+    /// Container slot `c` has weight 0 because this process claimed it
+    /// when none was free: give it weight 1 if one is free now (a weight 0
+    /// an operator set is never overridden). One attempt at the table lock,
+    /// never waiting; rate-limited per GPU handle (at most every 10 ms), so
+    /// a waiting launch may call it on each turn of its wait. True when it
+    /// took a weight.
+    pub fn take_free_weight(&self, c: usize) -> bool {
+        if self.weightless.load(Ordering::Acquire) != c as u32 + 1 {
+            return false; // not a container that arrived with no weight free
+        }
+        let now = crate::process::clock::monotonic_ns();
+        let last = self.weight_try_ns.load(Ordering::Relaxed);
+        if now < last.saturating_add(10_000_000)
+            || self
+                .weight_try_ns
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        let Some(_g) = self.try_lock_table() else {
+            return false;
+        };
+        let Ok(slot) = self.live_container(c) else {
+            return false;
+        };
+        if slot.weight.load(Ordering::Acquire) != 0 {
+            // It got weight another way (an operator): from now on a
+            // weight 0 is theirs to give.
+            self.weightless.store(0, Ordering::Release);
+            return false;
+        }
+        if free_weight(self.file()) == 0 {
+            // A container that held weight may have died: reap first.
+            if self.needs_reap() {
+                self.reap_locked();
+            }
+            if free_weight(self.file()) == 0 {
+                return false;
+            }
+        }
+        slot.weight.store(1, Ordering::Release);
+        self.weightless.store(0, Ordering::Release);
+        self.bump();
+        true
     }
     /// Quota in bytes of container slot `c` (0 = not limited).
     pub fn set_memsize(&self, c: usize, bytes: u64) -> Result<(), String> {

@@ -44,7 +44,18 @@ pub fn visible_list(
         match found {
             Some(i) if !out.contains(&i) => out.push(i),
             Some(_) => {}
-            None => errors.push(format!("{sel:?}")),
+            None => errors.push(match sel {
+                DeviceSel::Index(i) => format!(
+                    "GPU index {i}, but this host has {count} GPU{} ({})",
+                    if count == 1 { "" } else { "s" },
+                    if count == 0 {
+                        "none".to_string()
+                    } else {
+                        format!("indices 0 to {}", count - 1)
+                    }
+                ),
+                DeviceSel::Uuid(u) => format!("GPU {u}"),
+            }),
         }
     }
     (out, errors)

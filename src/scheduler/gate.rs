@@ -564,13 +564,22 @@ impl Gate {
                 // Re-assert (a racing last-waiter-leaves may have cleared it).
                 self.set_bit(cw::WANT, self.container, true);
             }
-            if self.slot(self.container).weight.load(Relaxed) == 0
-                && !self.warned_weight0.swap(true, Relaxed)
-            {
-                tracing::warn!(
-                    "cgpu: container {} has compute weight 0 (it arrived when free_weight was 0, or an operator set it): its kernel launches wait until an operator gives it weight (`cgpuctl set weight`)",
-                    id_of(self.slot(self.container))
-                );
+            if self.slot(self.container).weight.load(Relaxed) == 0 {
+                if !self.warned_weight0.swap(true, Relaxed) {
+                    tracing::warn!(
+                        "cgpu: container {} has compute weight 0 (it arrived when free_weight was 0, or an operator set it): its kernel launches wait until an operator gives it weight (`cgpuctl set weight`), or, if it arrived when none was free, until one frees up (it then takes weight 1 by itself)",
+                        id_of(self.slot(self.container))
+                    );
+                }
+                // On this waiting path only (never a launch that goes
+                // through): take weight 1 as soon as one is free.
+                if self.ledger.take_free_weight(self.container) {
+                    tracing::warn!(
+                        "cgpu: container {}: weight freed up, it took compute weight 1; its launches go on",
+                        id_of(self.slot(self.container))
+                    );
+                    continue;
+                }
             }
             let timeout = self.step(t, now, &mut watch);
             if timeout > 0 {

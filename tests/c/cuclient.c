@@ -61,6 +61,7 @@
  *   graph_launch_last         instantiate the last captured graph, cuGraphLaunch it on the capture
  *                             stream, cuStreamSynchronize: graph_launch_last ok wall_ns=W | err=E
  *   sleep MS                  sleep ok
+ *   wait_file PATH            waits until PATH exists (at most 120 s): wait_file ok | wait_file err=timeout
  *   fork_sleep S              fork a child that sleeps S seconds then _exit(0)s
  *                             without touching CUDA: fork_sleep ok child=<pid>
  *   ready                     prints "ready" (a synchronisation point for tests)
@@ -244,13 +245,16 @@ static CUcontext primary, created;
 static int cuda_ready, nvml_ready;
 static CUresult init_err;
 
+/* Retried by the next CUDA command until it succeeds (a refused primary
+ * context may be granted later, once cgpu can account for it). */
 static int cuda_init(void) {
-    if (cuda_ready) return init_err == CUDA_SUCCESS;
-    cuda_ready = 1;
-    load_cuda();
+    static int loaded;
+    if (cuda_ready) return 1;
+    if (!loaded) { loaded = 1; load_cuda(); }
     if ((init_err = cu.Init(0)) || (init_err = cu.DeviceGet(&dev, dev_ordinal)) ||
         (init_err = cu.DevicePrimaryCtxRetain(&primary, dev)) || (init_err = cu.CtxSetCurrent(primary)))
         return 0;
+    cuda_ready = 1;
     return 1;
 }
 
@@ -679,6 +683,13 @@ int main(int argc, char **argv) {
             }
             if (r) printf("graph_launch_last err=%d\n", r);
             else printf("graph_launch_last ok wall_ns=%llu\n", (unsigned long long)(now_ns() - t0));
+        } else if (!strcmp(c, "wait_file")) {
+            NEED(1);
+            const char *path = argv[++i];
+            int n = 0;
+            while (access(path, F_OK) && n++ < 120000) usleep(1000);
+            if (access(path, F_OK)) printf("wait_file err=timeout\n");
+            else printf("wait_file ok\n");
         } else if (!strcmp(c, "sleep")) {
             NEED(1);
             long ms = atol(argv[++i]);

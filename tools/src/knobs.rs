@@ -74,7 +74,7 @@ impl Knob {
             Knob::FreeWeight => "read-only",
             Knob::Weight => "1..max_inst, the sum over live containers at most max_inst",
             Knob::Memsize => "GiB (plain number) or bytes with a suffix (B, K, M, G, KiB, MiB, GiB); at least 1 byte",
-            Knob::Highprio => "0 or 1",
+            Knob::Highprio => "a boolean: 1, true, yes, on or 0, false, no, off",
         }
     }
 
@@ -84,6 +84,10 @@ impl Knob {
     pub fn parse_value(self, s: &str) -> Result<u64, String> {
         match self {
             Knob::DefaultMemsize | Knob::Memsize => parse_size(s),
+            // The one boolean grammar of cgpu (as `ALIYUN_COM_GPU_HIGH_PRIO`).
+            Knob::Highprio => cgpu::config::parse_bool(s)
+                .map(u64::from)
+                .map_err(|e| format!("highprio: `{s}`: {e}")),
             _ => s
                 .trim()
                 .parse::<u64>()
@@ -216,7 +220,7 @@ pub fn check(f: &LedgerFile, k: Knob, c: Option<usize>, v: u64) -> Result<(), St
             Ok(())
         }
         Knob::DefaultMemsize => {
-            let phys = f.header.physical_total;
+            let phys = f.header.read_physical_total();
             if v > phys {
                 return Err(format!(
                     "default_memsize {v} bytes is more than the GPU's {phys} bytes"
@@ -225,7 +229,7 @@ pub fn check(f: &LedgerFile, k: Knob, c: Option<usize>, v: u64) -> Result<(), St
             Ok(())
         }
         Knob::Memsize => {
-            let phys = f.header.physical_total;
+            let phys = f.header.read_physical_total();
             if v == 0 {
                 return Err("memsize must be at least 1 byte".into());
             }
@@ -270,6 +274,22 @@ mod tests {
     use super::super::testutil::*;
     use super::super::MIB;
     use super::*;
+
+    #[test]
+    fn highprio_takes_the_one_boolean_grammar() {
+        for (v, b) in [
+            ("1", 1),
+            ("yes", 1),
+            ("ON", 1),
+            ("true", 1),
+            ("0", 0),
+            ("no", 0),
+            ("off", 0),
+        ] {
+            assert_eq!(Knob::Highprio.parse_value(v), Ok(b), "{v}");
+        }
+        assert!(Knob::Highprio.parse_value("2").is_err());
+    }
 
     #[test]
     fn set_through_ledger() {

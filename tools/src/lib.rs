@@ -239,7 +239,7 @@ pub fn read_file(
     if !(20..=99).contains(&prio_ratio) {
         return corrupt(format!("prio_ratio {prio_ratio} is not 20..99"));
     }
-    let physical = h.physical_total;
+    let physical = h.read_physical_total();
     let mut containers = Vec::new();
     for (i, s) in f.containers.iter().enumerate() {
         if !container_live(s) {
@@ -305,10 +305,10 @@ pub fn read_file(
         }
     }
     Ok(GpuInfo {
-        index: h.gpu_index,
+        index: h.read_gpu_index(),
         uuid,
         physical_total_bytes: physical,
-        created_ns: h.created_ns,
+        created_ns: h.read_created_ns(),
         policy,
         policy_explicit: h.policy_explicit.load(Acquire) != 0,
         max_inst,
@@ -477,13 +477,13 @@ fn apply_ledger_util(prev: &Sample, cur: &mut Sample) {
 }
 
 /// The ledger directory for the tools: `--dir`, else `CGPU_LEDGER_DIR`,
-/// else whichever of the jobs' defaults (`/run/cgpu`, `/dev/shm/cgpu`) holds
-/// ledgers. Jobs that cannot write `/run/cgpu` use `/dev/shm/cgpu`; a tool
-/// run by root must still find them. Creates nothing.
+/// else the jobs' one default, `/run/cgpu` (every job of every uid uses
+/// the same directory; one that cannot be used is an error for the jobs,
+/// never a fallback elsewhere). Creates nothing.
 ///
 /// A directory named by the operator (`--dir` or `CGPU_LEDGER_DIR`) must
 /// exist and be readable: a typo is an error naming it, not an empty
-/// listing. The defaults may both be absent (no job has run on this host).
+/// listing. The default may be absent (no job has run on this host).
 pub fn ledger_dir(arg: Option<&str>) -> Result<PathBuf, String> {
     let named = match arg {
         Some(d) => Some((PathBuf::from(d), "--dir")),
@@ -508,12 +508,7 @@ pub fn ledger_dir(arg: Option<&str>) -> Result<PathBuf, String> {
             )),
         };
     }
-    let candidates = [Path::new("/run/cgpu"), Path::new("/dev/shm/cgpu")];
-    Ok(candidates
-        .iter()
-        .find(|d| !Ledger::list(d).is_empty())
-        .unwrap_or(&candidates[0])
-        .to_path_buf())
+    Ok(PathBuf::from(cgpu::ledger::DEFAULT_DIR))
 }
 
 /// Bytes to whole MiB (floor).

@@ -376,7 +376,7 @@ fn ranges_are_refused() {
         (&["set", "weight", "2"], "give --container"),
         (
             &["set", "highprio", "2", "--container", "alpha"],
-            "out of range 0..1",
+            "expected a boolean",
         ),
         (
             &["set", "memsize", "0", "--container", "alpha"],

@@ -20,7 +20,7 @@ OPTIONS:
                           refresh
         --instant         do not wait 1 s to measure utilisation (shows `-`)
         --dir DIR         ledger directory (default: $CGPU_LEDGER_DIR, else
-                          /run/cgpu or /dev/shm/cgpu, whichever has ledgers)
+                          /run/cgpu)
     -h, --help            this help
     -V, --version         print the version
 

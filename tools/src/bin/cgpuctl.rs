@@ -26,7 +26,7 @@ COMMANDS:
 
 OPTIONS:
     --dir DIR             ledger directory (default: $CGPU_LEDGER_DIR, else
-                          /run/cgpu or /dev/shm/cgpu, whichever has ledgers)
+                          /run/cgpu)
     -h, --help            help
 
 Exit status: 0 done, 1 failed (e.g. a corrupt ledger), 2 usage or range
@@ -68,7 +68,7 @@ knobs within 100 ms). Every target is checked before any is written.
                       suffix (512M, 1073741824B). Lowering it below what the
                       container holds refuses its further allocations; it
                       never frees memory under a job
-    highprio          per container, 0 or 1
+    highprio          per container, a boolean (1/true/yes/on, 0/false/no/off)
 
     --gpu N|UUID          only this GPU (default: every GPU; for per-container
                           knobs, every GPU the container is on)
@@ -569,7 +569,7 @@ fn cmd_version(mut a: Args, dir: &Path) {
     println!("ledger format: {FORMAT_VERSION}");
     for p in Ledger::list(dir) {
         let what = match Ledger::open(&p) {
-            Ok(l) => format!("format {}", l.file().header.version),
+            Ok(l) => format!("format {}", l.file().header.read_version()),
             Err(cgpu::ledger::LedgerError::Version { found, .. }) => {
                 format!("format {found} (not readable by this version)")
             }
