@@ -1,5 +1,8 @@
 //! What `cgpu-agent` last saw: the device's own numbers per container, read
-//! from the agent's status file (`<ledger dir>/agent.json` by default).
+//! from the agent's status file: `$CGPU_AGENT_STATUS` when set, else the
+//! first of `/run/cgpu-agent/agent.json` (where the shipped systemd unit
+//! writes it, a directory only root can write) and `<ledger dir>/agent.json`
+//! (the agent's default) that exists.
 //!
 //! The file lives in a directory containers may be able to write, so it is
 //! read with suspicion: opened without following a link (`O_NOFOLLOW`),
@@ -335,9 +338,27 @@ pub fn load(path: &Path, r: &Report) -> Option<AgentView> {
     })
 }
 
-/// The status file for ledger directory `dir`.
-pub fn default_path(dir: &Path) -> PathBuf {
-    dir.join(STATUS_FILE)
+/// Where the shipped systemd unit has the agent write its status.
+pub const SYSTEMD_STATUS: &str = "/run/cgpu-agent/agent.json";
+/// Names the status file, instead of the places looked at by default.
+pub const STATUS_ENV: &str = "CGPU_AGENT_STATUS";
+
+/// The status files to look for, in order, for ledger directory `dir`.
+pub fn status_paths(dir: &Path) -> Vec<PathBuf> {
+    match std::env::var_os(STATUS_ENV).filter(|v| !v.is_empty()) {
+        Some(p) => vec![PathBuf::from(p)],
+        None => vec![PathBuf::from(SYSTEMD_STATUS), dir.join(STATUS_FILE)],
+    }
+}
+
+/// The agent's status for report `r` of ledger directory `dir`: from the
+/// first of [`status_paths`] that exists.
+pub fn find(dir: &Path, r: &Report) -> Option<AgentView> {
+    let paths = status_paths(dir);
+    let path = paths
+        .iter()
+        .find(|p| std::fs::symlink_metadata(p).is_ok())?;
+    load(path, r)
 }
 
 #[cfg(test)]
@@ -367,6 +388,14 @@ mod tests {
         assert!(read_bounded(&big).unwrap_err().contains("bytes"));
         assert_eq!(read_bounded(&dir.join("none")).unwrap(), None);
         assert_eq!(read_bounded(&target).unwrap().unwrap(), b"{}");
+        // SAFETY: geteuid(2) takes nothing and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            // Written by someone else (a container's user): not the agent.
+            let c = std::ffi::CString::new(target.to_str().unwrap()).unwrap();
+            // SAFETY: chown(2) with a NUL-terminated path.
+            assert_eq!(unsafe { libc::chown(c.as_ptr(), 12345, 12345) }, 0);
+            assert!(read_bounded(&target).unwrap_err().contains("uid 12345"));
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

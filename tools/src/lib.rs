@@ -190,7 +190,7 @@ pub struct Report {
     pub util_window_ms: Option<u64>,
     pub gpus: Vec<GpuEntry>,
     /// What `cgpu-agent` last saw (the device's own numbers), when its
-    /// status file is in the ledger directory; absent otherwise.
+    /// status file is there ([`agent::status_paths`]); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<agent::AgentView>,
 }
@@ -405,7 +405,7 @@ pub fn sample_dir(dir: &Path) -> Sample {
         gpus,
         agent: None,
     };
-    report.agent = agent::load(&agent::default_path(dir), &report);
+    report.agent = agent::find(dir, &report);
     Sample { report, at }
 }
 

@@ -712,4 +712,12 @@ fn smi_and_exporter_show_what_the_agent_saw() {
     assert!(stderr(&o).contains("symbolic link"), "{}", stderr(&o));
     let v: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v.get("agent").is_none(), "{v}");
+    // CGPU_AGENT_STATUS names the file (as `--status-file` put it elsewhere).
+    let mut c = smi();
+    c.env("CGPU_AGENT_STATUS", &elsewhere);
+    let o = run(c, &s.dir, &["--json", "--instant"]);
+    assert_eq!(stderr(&o), "");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["agent"]["path"], elsewhere.display().to_string());
+    assert_eq!(v["agent"]["stale"], true);
 }

@@ -32,7 +32,8 @@ COLUMNS:
                memory when it has none)
 
 CGPU-AGENT:
-    When cgpu-agent's status file (agent.json in the ledger directory) is
+    When cgpu-agent's status file ($CGPU_AGENT_STATUS, else
+    /run/cgpu-agent/agent.json, else agent.json in the ledger directory) is
     fresh, a container whose memory on the device differs from the ledger's
     count gets a line `the device holds N MiB`, and each container over its
     quota by the device's numbers a line under the table:
