@@ -416,4 +416,41 @@ mod tests {
         assert!(parse(b"[1,2]").is_err());
         assert!(parse(doc(20, true).replace(":1,\"time", ":2,\"time").as_bytes()).is_err());
     }
+
+    #[test]
+    fn fresh_within_five_seconds_or_three_stated_intervals() {
+        let dir = std::env::temp_dir().join(format!("cgpu-agent-age-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(STATUS_FILE);
+        let now = 1_000_000_000_000u64;
+        let r = Report {
+            schema_version: 1,
+            cgpu_version: "0".into(),
+            ledger_format: 1,
+            ledger_dir: dir.display().to_string(),
+            timestamp_ns: now,
+            util_window_ms: None,
+            gpus: vec![],
+            agent: None,
+        };
+        let stale = |time_ns: u64, interval: &str| {
+            std::fs::write(
+                &path,
+                format!(r#"{{"schema_version":1,"time_ns":{time_ns},"policy":"kill"{interval},"gpus":[]}}"#),
+            )
+            .unwrap();
+            let a = load(&path, &r).unwrap();
+            assert_eq!(a.age_ms, now.saturating_sub(time_ns) / 1_000_000);
+            a.stale
+        };
+        let s = 1_000_000_000;
+        assert!(!stale(now - 4 * s, ""));
+        assert!(stale(now - 6 * s, ""));
+        assert!(!stale(now + s, ""), "a clock a little ahead");
+        assert!(stale(now + 60 * s, ""), "a time far in the future");
+        assert!(!stale(now - 20 * s, r#","interval_ms":10000"#));
+        assert!(stale(now - 31 * s, r#","interval_ms":10000"#));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
