@@ -139,8 +139,41 @@ pub fn render(r: &Report) -> String {
         "1 for a high-priority container.",
         CONTAINER,
     );
+    let agent_age = gauge(
+        &reg,
+        "CGPU_AGENT_STATUS_AGE_SECONDS",
+        "Age of cgpu-agent's status file (in s); the device gauges are left out when it is stale.",
+        &[],
+    );
+    let device_used = gauge(
+        &reg,
+        "CGPU_DEVICE_FB_USED",
+        "GPU memory the device says the container's processes hold, by cgpu-agent, including processes outside the library (in MiB).",
+        CONTAINER,
+    );
+    let over_quota = gauge(
+        &reg,
+        "CGPU_OVER_QUOTA",
+        "1 if the container holds more than its quota by the device's numbers (cgpu-agent), else 0.",
+        CONTAINER,
+    );
 
     let mb = |b: u64| b as f64 / MIB as f64;
+    if let Some(a) = &r.agent {
+        agent_age
+            .with_label_values::<&str>(&[])
+            .set(a.age_ms as f64 / 1000.0);
+        for c in a.containers.iter().filter(|_| !a.stale) {
+            let gi = c.gpu.map(|i| i.to_string()).unwrap_or_default();
+            let cl = [gi.as_str(), c.uuid.as_str(), c.id.as_str()];
+            // Added, not set: one container is one series even if a
+            // document lists it twice.
+            device_used.with_label_values(&cl).add(mb(c.device_bytes));
+            over_quota
+                .with_label_values(&cl)
+                .set(if c.over { 1.0 } else { 0.0 });
+        }
+    }
     for e in &r.gpus {
         ledger_up
             .with_label_values(&[e.path.as_str(), e.status.as_str()])

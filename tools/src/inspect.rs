@@ -224,6 +224,7 @@ mod tests {
             ledger_dir: "/run/cgpu".into(),
             timestamp_ns: 0,
             util_window_ms: None,
+            agent: None,
             gpus: vec![ok(g), ok(g2)],
         };
         let s = render(&r, false, "node1", "10.0.0.1", Some(15));

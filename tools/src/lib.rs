@@ -14,6 +14,7 @@
 //! The JSON schema (`cgpu-smi --json`), the metric names of the exporter and
 //! the tree layout are documented in `docs/tools.md`.
 
+pub mod agent;
 pub mod args;
 pub mod exporter;
 pub mod inspect;
@@ -188,6 +189,10 @@ pub struct Report {
     /// Length of the utilisation window, ms (`null`: one sample only).
     pub util_window_ms: Option<u64>,
     pub gpus: Vec<GpuEntry>,
+    /// What `cgpu-agent` last saw (the device's own numbers), when its
+    /// status file is there ([`agent::status_paths`]); absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<agent::AgentView>,
 }
 
 impl Report {
@@ -390,18 +395,18 @@ pub fn sample_dir(dir: &Path) -> Sample {
     let at = Instant::now();
     let mut gpus: Vec<GpuEntry> = Ledger::list(dir).iter().map(|p| read_path(p)).collect();
     sort_entries(&mut gpus);
-    Sample {
-        report: Report {
-            schema_version: SCHEMA_VERSION,
-            cgpu_version: CGPU_VERSION.into(),
-            ledger_format: ledger::FORMAT_VERSION,
-            ledger_dir: dir.display().to_string(),
-            timestamp_ns: cgpu::process::clock::realtime_ns(),
-            util_window_ms: None,
-            gpus,
-        },
-        at,
-    }
+    let mut report = Report {
+        schema_version: SCHEMA_VERSION,
+        cgpu_version: CGPU_VERSION.into(),
+        ledger_format: ledger::FORMAT_VERSION,
+        ledger_dir: dir.display().to_string(),
+        timestamp_ns: cgpu::process::clock::realtime_ns(),
+        util_window_ms: None,
+        gpus,
+        agent: None,
+    };
+    report.agent = agent::find(dir, &report);
+    Sample { report, at }
 }
 
 /// Fill `cur`'s `util_percent` from the GPU time charged since `prev`.
@@ -627,6 +632,7 @@ mod tests {
             ledger_dir: "/x".into(),
             timestamp_ns: 1,
             util_window_ms: Some(1000),
+            agent: None,
             gpus: vec![
                 GpuEntry {
                     path: "/x/GPU-bbbb.ledger".into(),

@@ -26,8 +26,15 @@ fn wide(out: &mut String, s: &str) {
 }
 
 /// Render the table. `detail` adds per-process lines (cGPU's `meminfo`).
+///
+/// With a fresh status from `cgpu-agent`, a container whose memory on the
+/// device differs from what the ledger counts gets a line saying what the
+/// device holds, and each container over its quota by the device's numbers
+/// a marker line (`! GPU container: …`) under the table. A stale status is
+/// one line saying so; no status, nothing.
 pub fn render(r: &Report, detail: bool) -> String {
     let mut out = String::new();
+    let agent = r.agent.as_ref().filter(|a| !a.stale);
     let title = format!("  cgpu {CGPU_VERSION}");
     let _ = writeln!(out, "|{title:<36}ledger format: {FORMAT_VERSION}");
     let _ = writeln!(out, "{SEP}");
@@ -83,6 +90,17 @@ pub fn render(r: &Report, detail: bool) -> String {
                 format!("{util}/{:>3}", c.limit_percent),
                 format!("{}/{}", mib(c.used_bytes), mib(c.total_bytes)),
             );
+            if let Some(d) = agent.and_then(|a| a.container(&g.uuid, &c.id)) {
+                if mib(d.device_bytes) != mib(c.used_bytes) {
+                    wide(
+                        &mut out,
+                        &format!(
+                            "   the device holds {} MiB (cgpu-agent)",
+                            mib(d.device_bytes)
+                        ),
+                    );
+                }
+            }
             // A container held back for lack of weight is always shown as
             // such; one waiting for its turn only in the detailed view.
             if let Some(w) = c.waiting.as_deref().filter(|_| detail || c.weight == 0) {
@@ -120,6 +138,25 @@ pub fn render(r: &Report, detail: bool) -> String {
         }
     }
     let _ = writeln!(out, "{SEP}");
+    match &r.agent {
+        Some(a) if a.stale => {
+            let _ = writeln!(
+                out,
+                "cgpu-agent status {} is stale (written {} s ago): the device's numbers are not shown",
+                a.path,
+                a.age_ms / 1000
+            );
+        }
+        Some(a) => {
+            for c in a.over() {
+                let _ = writeln!(out, "{}", crate::agent::over_line(c));
+            }
+            for e in &a.gpu_errors {
+                let _ = writeln!(out, "cgpu-agent could not check {e}");
+            }
+        }
+        None => {}
+    }
     out
 }
 
@@ -144,6 +181,7 @@ mod tests {
             ledger_dir: "/x".into(),
             timestamp_ns: 0,
             util_window_ms: Some(1000),
+            agent: None,
             gpus: vec![
                 GpuEntry {
                     path: "x".into(),
@@ -185,6 +223,7 @@ mod tests {
             ledger_dir: "/run/cgpu".into(),
             timestamp_ns: 0,
             util_window_ms: None,
+            agent: None,
             gpus: vec![],
         };
         let t = render(&r, false);
@@ -225,6 +264,7 @@ mod tests {
             ledger_dir: "/x".into(),
             timestamp_ns: 0,
             util_window_ms: None,
+            agent: None,
             gpus: vec![GpuEntry {
                 path: "x".into(),
                 status: Status::Ok,

@@ -216,6 +216,7 @@ mod tests {
             ledger_dir: "/run/cgpu".into(),
             timestamp_ns: 0,
             util_window_ms: None,
+            agent: None,
             gpus: vec![GpuEntry {
                 path: "x".into(),
                 status: Status::Ok,

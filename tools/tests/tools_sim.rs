@@ -469,3 +469,260 @@ fn native_policy_utilisation_comes_from_nvml() {
         }
     }
 }
+
+/// Env var that turns this test binary into one pass of the agent.
+const AGENT_ENV: &str = "CGPU_TOOLS_TEST_AGENT_DIR";
+
+/// Not a test: one pass of `cgpu-agent` (its library: the pass, the status
+/// document and the atomic write its binary makes, with `--include-host`
+/// since the sim's processes are host processes), in a process of its own
+/// that reaches the simulated driver's NVML. Writes `<dir>/agent.json`.
+#[test]
+fn agent_pass_process() {
+    let Some(dir) = std::env::var_os(AGENT_ENV) else {
+        return;
+    };
+    let opts = cgpu_agent::Options {
+        ledger_dir: dir.into(),
+        policy: cgpu_agent::Policy::Report,
+        include_host: true,
+    };
+    let mut agent = cgpu_agent::Agent::new(opts.clone()).expect("the sim's NVML");
+    let pass = agent.pass();
+    let doc = cgpu_agent::status_json(&opts, &pass, cgpu::process::clock::realtime_ns());
+    cgpu_agent::write_atomic(
+        &opts.ledger_dir.join("agent.json"),
+        &serde_json::to_string_pretty(&doc).unwrap(),
+    )
+    .unwrap();
+    std::process::exit(0);
+}
+
+/// Runs one agent pass over the sim's ledgers.
+fn agent_pass(s: &Sim) {
+    let o = s
+        .env
+        .command(std::env::current_exe().unwrap())
+        .args([
+            "agent_pass_process",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(AGENT_ENV, &s.dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "agent pass: {}", stderr(&o));
+}
+
+/// What `cgpu-agent` writes is shown by `cgpu-smi` (table and JSON) and the
+/// exporter: the device's bytes per container, and a container over its
+/// quota through a process outside the library, with that process's pid.
+/// A stale status is said to be stale and its numbers are left out; a
+/// malformed one, or a link, is one warning and nothing else; no status,
+/// nothing new at all.
+#[test]
+fn smi_and_exporter_show_what_the_agent_saw() {
+    let s = Sim::new("agent");
+    let lib_bytes = 500 * MIB;
+    let mut lib = KillOnDrop(s.client(
+        "team-1",
+        "2",
+        "1",
+        &["pid", "alloc", &lib_bytes.to_string(), "hold"],
+    ));
+    let (plib, _) = wait_for(&mut lib.0, "holding");
+    // The same container, without the library: the ledger never sees it.
+    let mut bare = KillOnDrop(
+        s.env
+            .command(cuclient(LinkMode::Link))
+            .env_remove("LD_PRELOAD")
+            .env("CGPU_CONTAINER_ID", "team-1")
+            .args(["pid", "alloc", &(2 * GIB).to_string(), "hold"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let (pbare, _) = wait_for(&mut bare.0, "holding");
+    let mut beta = KillOnDrop(s.client("beta", "2", "1", &["pid", "alloc", "104857600", "hold"]));
+    let (pbeta, _) = wait_for(&mut beta.0, "holding");
+
+    // No agent status: nothing about it, anywhere.
+    let plain = run(smi(), &s.dir, &["--instant"]);
+    assert!(plain.status.success(), "{}", stderr(&plain));
+    let t = stdout(&plain);
+    assert!(!t.contains("device holds") && !t.contains("agent"), "{t}");
+    assert_eq!(stderr(&plain), "");
+    let v: Value =
+        serde_json::from_slice(&run(smi(), &s.dir, &["--json", "--instant"]).stdout).unwrap();
+    assert!(v.get("agent").is_none(), "{v}");
+    let body = cgpu_tools::exporter::render(&cgpu_tools::sample_dir(&s.dir).report);
+    assert!(
+        !body.contains("CGPU_AGENT") && !body.contains("CGPU_DEVICE"),
+        "{body}"
+    );
+
+    agent_pass(&s);
+    // The status says its agent passes every 10 minutes (a status may
+    // state its interval; three of them count as fresh): what follows is
+    // judged fresh however slowly this machine runs it.
+    let path = s.dir.join("agent.json");
+    let mut doc: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    doc["interval_ms"] = 600_000.into();
+    std::fs::write(&path, serde_json::to_string(&doc).unwrap()).unwrap();
+    let st = s.env.stats();
+    let held = |pid: u32| st.process(pid, 0).expect("sim knows the pid").mem_bytes;
+    let device = held(plib) + held(pbare);
+    assert_eq!(device, 2 * CTX + lib_bytes + 2 * GIB, "the sim's books");
+    let ledger_used = CTX + lib_bytes;
+
+    // JSON: the agent's numbers, as the sim counts them.
+    let o = run(smi(), &s.dir, &["--json", "--instant"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let a = &v["agent"];
+    assert_eq!(a["stale"], false, "{a}");
+    assert_eq!(a["policy"], "report");
+    assert_eq!(a["path"], s.dir.join("agent.json").display().to_string());
+    let cs = a["containers"].as_array().unwrap();
+    let team = cs.iter().find(|c| c["id"] == "team-1").expect("team-1");
+    assert_eq!(team["gpu"], 0);
+    assert_eq!(team["uuid"], st.devices[0].uuid.as_str());
+    assert_eq!(team["device_bytes"], device);
+    assert_eq!(team["ledger_used_bytes"], ledger_used);
+    assert_eq!(team["quota_bytes"], 2 * GIB);
+    assert_eq!(team["over"], true);
+    let outside: Vec<u64> = team["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["in_library"] == false)
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect();
+    assert_eq!(outside, vec![u64::from(pbare)]);
+    let b = cs.iter().find(|c| c["id"] == "beta").expect("beta");
+    assert_eq!(b["device_bytes"], held(pbeta));
+    assert_eq!(b["over"], false);
+
+    // The table: what the device holds under team-1's row, and the marker.
+    let o = run(smi(), &s.dir, &["--instant"]);
+    let t = stdout(&o);
+    let lines: Vec<&str> = t.lines().collect();
+    let r = lines.iter().position(|l| l.contains("| team-1 ")).unwrap();
+    assert!(
+        lines[r + 1].contains(&format!("the device holds {} MiB", device / MIB)),
+        "{t}"
+    );
+    let rb = lines.iter().position(|l| l.contains("| beta ")).unwrap();
+    assert!(
+        !lines[rb + 1].contains("device holds"),
+        "beta: same as the ledger\n{t}"
+    );
+    let marker = format!(
+        "! 0 team-1: the device holds {} MiB, quota 2048 MiB: 1 process outside the library (pid {pbare})",
+        device / MIB
+    );
+    assert_eq!(
+        t.lines().filter(|l| l.starts_with('!')).collect::<Vec<_>>(),
+        vec![marker.as_str()],
+        "{t}"
+    );
+
+    // The exporter, read by the reference parser.
+    let body = cgpu_tools::exporter::render(&cgpu_tools::sample_dir(&s.dir).report);
+    let (samples, types) = parse_prometheus(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+    for n in [
+        "CGPU_DEVICE_FB_USED",
+        "CGPU_OVER_QUOTA",
+        "CGPU_AGENT_STATUS_AGE_SECONDS",
+    ] {
+        assert_eq!(
+            types.get(n).map(String::as_str),
+            Some("gauge"),
+            "{n}\n{body}"
+        );
+    }
+    let uuid = st.devices[0].uuid.as_str();
+    let at = |name: &str, c: &str| {
+        find(
+            &samples,
+            name,
+            &[("gpu", "0"), ("UUID", uuid), ("container", c)],
+        )
+        .unwrap_or_else(|| panic!("{name} {c}\n{body}"))
+        .value
+    };
+    assert_eq!(
+        at("CGPU_DEVICE_FB_USED", "team-1"),
+        device as f64 / MIB as f64
+    );
+    assert_eq!(
+        at("CGPU_DEVICE_FB_USED", "beta"),
+        held(pbeta) as f64 / MIB as f64
+    );
+    assert_eq!(at("CGPU_OVER_QUOTA", "team-1"), 1.0);
+    assert_eq!(at("CGPU_OVER_QUOTA", "beta"), 0.0);
+    let age = find(&samples, "CGPU_AGENT_STATUS_AGE_SECONDS", &[])
+        .unwrap()
+        .value;
+    assert!((0.0..600.0).contains(&age), "{age}");
+
+    // Stale (older than three intervals): said once, numbers left out.
+    let old = doc["time_ns"].as_u64().unwrap() - 3600 * 1_000_000_000;
+    doc["time_ns"] = old.into();
+    std::fs::write(&path, serde_json::to_string(&doc).unwrap()).unwrap();
+    let o = run(smi(), &s.dir, &["--instant"]);
+    let t = stdout(&o);
+    assert!(t.contains("is stale (written 3"), "{t}");
+    assert!(
+        !t.contains("device holds") && !t.lines().any(|l| l.starts_with('!')),
+        "{t}"
+    );
+    let v: Value =
+        serde_json::from_slice(&run(smi(), &s.dir, &["--json", "--instant"]).stdout).unwrap();
+    assert_eq!(v["agent"]["stale"], true);
+    let body = cgpu_tools::exporter::render(&cgpu_tools::sample_dir(&s.dir).report);
+    let (samples, _) = parse_prometheus(&body).unwrap();
+    assert!(
+        find(&samples, "CGPU_AGENT_STATUS_AGE_SECONDS", &[])
+            .unwrap()
+            .value
+            >= 3600.0
+    );
+    assert!(
+        find(&samples, "CGPU_DEVICE_FB_USED", &[]).is_none(),
+        "{body}"
+    );
+
+    // Malformed, then a link to a good one: one warning, nothing shown.
+    let good = serde_json::to_string(&doc).unwrap();
+    std::fs::write(&path, "{\"schema_version\": 1, \"gpus\": [").unwrap();
+    let o = run(smi(), &s.dir, &["--instant"]);
+    assert!(o.status.success());
+    assert_eq!(
+        stderr(&o).matches("agent status").count(),
+        1,
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stdout(&o).contains("agent") && !stdout(&o).contains("device holds"));
+    let elsewhere = s.dir.join("elsewhere.json");
+    std::fs::write(&elsewhere, good).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
+    let o = run(smi(), &s.dir, &["--json", "--instant"]);
+    assert!(stderr(&o).contains("symbolic link"), "{}", stderr(&o));
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v.get("agent").is_none(), "{v}");
+    // CGPU_AGENT_STATUS names the file (as `--status-file` put it elsewhere).
+    let mut c = smi();
+    c.env("CGPU_AGENT_STATUS", &elsewhere);
+    let o = run(c, &s.dir, &["--json", "--instant"]);
+    assert_eq!(stderr(&o), "");
+    let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["agent"]["path"], elsewhere.display().to_string());
+    assert_eq!(v["agent"]["stale"], true);
+}

@@ -31,6 +31,15 @@ COLUMNS:
     GPU Memory Usage/Total   MiB held / the container's quota (or the GPU's
                memory when it has none)
 
+CGPU-AGENT:
+    When cgpu-agent's status file ($CGPU_AGENT_STATUS, else
+    /run/cgpu-agent/agent.json, else agent.json in the ledger directory) is
+    fresh, a container whose memory on the device differs from the ledger's
+    count gets a line `the device holds N MiB`, and each container over its
+    quota by the device's numbers a line under the table:
+    ! GPU CONTAINER: the device holds N MiB, quota Q MiB: ... (pid P)
+    An old status is reported as stale; no status, nothing is added.
+
 Never blocks or alters a job. A ledger that is corrupt or of another format
 version is shown as such and none of its numbers are used; the exit status is
 then 3 (0 otherwise; 2 for usage errors, a --loop out of range, or a ledger
