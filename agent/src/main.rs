@@ -139,7 +139,10 @@ fn main() {
         for e in &pass.events {
             eprintln!("{e}");
         }
-        let doc = status_json(&args.opts, &pass, cgpu::process::clock::realtime_ns());
+        let mut doc = status_json(&args.opts, &pass, cgpu::process::clock::realtime_ns());
+        // Readers (cgpu-smi, the exporter) judge the file stale after three
+        // intervals: say how long one is.
+        doc["interval_ms"] = serde_json::json!(args.interval.as_millis() as u64);
         let text = serde_json::to_string_pretty(&doc).expect("JSON of plain values");
         // --once prints its document; it writes the status file only when asked.
         if !args.once || args.status_file.is_some() {
