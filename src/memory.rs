@@ -617,7 +617,10 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         name,
         spec,
     );
-    if let Some((ledger, _)) = acct.ledger() {
+    if let Some((ledger, m)) = acct.ledger() {
+        // Right after the join: whether the container arrived with no
+        // weight free (then any of its processes may later take one).
+        crate::scheduler::words::note_arrival(ledger.file(), m.container);
         tracing::info!(
             "GPU {} ({}): container {}, quota {}, ledger {}",
             info.visible_index,

@@ -25,8 +25,12 @@ use super::decide::{allowance, decide, update_estimate, Decision, Entry, Params}
 use super::guest_clock::{EventOps, GuestClock};
 use super::policy::Knobs;
 use super::sys::{futex_wait, futex_wake, now_ns};
-use super::words::{container as cw, gpu as gw, Token, DECIDING, DRAINING, IDLE, RUNNING};
-use crate::ledger::{ContainerSlot, Ledger, LedgerFile, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE};
+use super::words::{
+    container as cw, gpu as gw, weightless_bit, Token, DECIDING, DRAINING, IDLE, RUNNING,
+};
+use crate::ledger::{
+    free_weight, ContainerSlot, Ledger, LedgerFile, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE,
+};
 use cgpu_ffi::CUresult;
 use std::cell::Cell;
 use std::ffi::c_void;
@@ -78,6 +82,9 @@ pub const GUEST_BELOW: f64 = 0.75;
 /// A container owing more than this (a bucket in debt) waits for its own
 /// slice rather than run beside the holder as its guest.
 pub const GUEST_DEBT_NS: i64 = SLICE_NS as i64;
+/// Least time between two attempts of one process to take a free weight
+/// for its weightless container.
+const WEIGHT_TRY_NS: u64 = 10_000_000;
 /// Longest single sleep of any waiter: every wait re-checks the world.
 const MAX_SLEEP_NS: u64 = 50_000_000;
 
@@ -117,6 +124,9 @@ pub struct Gate {
     undrained: AtomicU64,
     pub(crate) stop: AtomicBool,
     warned_weight0: AtomicBool,
+    /// When this process last tried to take a free weight for its
+    /// weightless container (see [`Gate::take_free_weight`]).
+    weight_try: AtomicU64,
     /// The stream this process launched on since its work was last seen
     /// done ([`NO_STREAM`]: none; [`MIXED`]: several), so that a
     /// `cuStreamSynchronize` of that stream tells its queue is empty.
@@ -186,6 +196,7 @@ impl Gate {
             undrained: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             warned_weight0: AtomicBool::new(false),
+            weight_try: AtomicU64::new(0),
             last_stream: AtomicUsize::new(NO_STREAM),
             guest_since: AtomicU64::new(0),
             guest_launches: AtomicU32::new(0),
@@ -573,13 +584,18 @@ impl Gate {
                 }
                 // On this waiting path only (never a launch that goes
                 // through): take weight 1 as soon as one is free.
-                if self.ledger.take_free_weight(self.container) {
+                if self.take_free_weight() {
                     tracing::warn!(
                         "cgpu: container {}: weight freed up, it took compute weight 1; its launches go on",
                         id_of(self.slot(self.container))
                     );
                     continue;
                 }
+            } else if self.arrived_weightless() {
+                // It has a weight now: a weight 0 from here on is an
+                // operator's, never taken back by itself.
+                let (word, bit) = weightless_bit(self.container);
+                self.g(word).fetch_and(!bit, AcqRel);
             }
             let timeout = self.step(t, now, &mut watch);
             if timeout > 0 {
@@ -595,6 +611,49 @@ impl Gate {
                 .fetch_add(now_ns().saturating_sub(s), Relaxed);
         }
         admitted
+    }
+
+    /// My container has weight 0 and a thread of this process waits to
+    /// launch: if the container arrived when no weight was free (the
+    /// process that claimed it knows it, see [`Ledger::take_free_weight`];
+    /// every other process reads it in the GPU's `WEIGHTLESS` set) and
+    /// a weight is free now, give it weight 1. A dead container's weight is
+    /// reclaimed first. At most one attempt every 10 ms per process; never
+    /// for a weight 0 an operator set. True when it took a weight.
+    fn take_free_weight(&self) -> bool {
+        if self.ledger.take_free_weight(self.container) {
+            return true;
+        }
+        if !self.arrived_weightless() {
+            return false;
+        }
+        let now = now_ns();
+        let last = self.weight_try.load(Relaxed);
+        if now < last.saturating_add(WEIGHT_TRY_NS)
+            || self
+                .weight_try
+                .compare_exchange(last, now, AcqRel, Relaxed)
+                .is_err()
+        {
+            return false;
+        }
+        if free_weight(self.file()) == 0 {
+            // The container that held the weight may have died.
+            self.ledger
+                .maybe_reap(std::time::Duration::from_nanos(WEIGHT_TRY_NS));
+            if free_weight(self.file()) == 0 {
+                return false;
+            }
+        }
+        self.slot(self.container).weight.load(Acquire) == 0
+            && self.ledger.set_weight(self.container, 1).is_ok()
+    }
+
+    /// Did my container arrive with weight 0 because none was free (and
+    /// has it had no weight since)?
+    fn arrived_weightless(&self) -> bool {
+        let (word, bit) = weightless_bit(self.container);
+        self.g(word).load(Acquire) & bit != 0
     }
 
     /// My container holds the token: announce this thread (and process)
