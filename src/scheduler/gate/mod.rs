@@ -29,7 +29,8 @@
 //! - [`guest`]: running beside another container's slice: the one guest
 //!   seat, who may be a guest, and what a guest is charged;
 //! - [`idle`]: the holder's idle gaps (its queue seen empty by a
-//!   synchronise) and what of its slice it did not use;
+//!   synchronise), telling a busy holder from an idle one, and what of its
+//!   slice it did not use;
 //! - [`token`]: the token's transitions (end, renew, void a slice; decide
 //!   the next holder), charging a slice, and the process sets (WANT, DRAIN)
 //!   they read;
