@@ -429,6 +429,110 @@ fn every_launch_path_is_gated() {
     );
 }
 
+/// A container that arrived when no compute weight was free (`max_inst` 1,
+/// taken by a container that holds it) waits; the process that claimed it
+/// exits, a sibling keeps trying to launch; then the holder exits: the
+/// sibling takes the freed weight by itself and its launches go on. Before:
+/// only the claiming process could take a weight, so the sibling waited for
+/// an operator for ever. Judged by events (processes joined and gone, a
+/// thread waiting in the ledger's set, the launches' completion line);
+/// the timeouts only guard against a hang.
+#[test]
+fn a_weightless_container_heals_after_its_claiming_process_exits() {
+    use cgpu::scheduler::words::container as cw;
+    use std::sync::atomic::Ordering::Acquire;
+    let _serial = serial();
+    let tag = std::process::id();
+    let go = |n: &str| std::env::temp_dir().join(format!("cgpu-weightless-{n}-{tag}"));
+    let (claim, join, leave) = (go("claim"), go("join"), go("leave"));
+    for f in [&claim, &join, &leave] {
+        let _ = std::fs::remove_file(f);
+    }
+    let p = |f: &std::path::Path| f.to_str().unwrap().to_string();
+    let (claim_s, join_s, leave_s) = (p(&claim), p(&join), p(&leave));
+    let mut s = Scenario::start(&[
+        Ctr::new("holder", 1).idle(),
+        Ctr::new("late", 1).cmd(&[
+            "ready",
+            "wait_file",
+            &claim_s,
+            "init",
+            "wait_file",
+            &leave_s,
+        ]),
+        Ctr::new("late", 1).cmd(&[
+            "ready",
+            "wait_file",
+            &join_s,
+            "init",
+            "spin",
+            "100000",
+            "5",
+            "hold",
+        ]),
+    ]);
+    let l = s.ledger();
+    l.set_max_inst(1).unwrap();
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let end = Instant::now() + Duration::from_secs(60);
+        while !f() {
+            assert!(Instant::now() < end, "{what} (60 s)");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let nprocs = |l: &cgpu::ledger::Ledger| {
+        l.find_container("late")
+            .map(|c| l.file().containers[c].nprocs.load(Acquire))
+    };
+    // The first process claims the container: no weight is free.
+    std::fs::write(&claim, b"go").unwrap();
+    wait("the claiming process joined", &|| nprocs(&l) == Some(1));
+    let c = l.find_container("late").unwrap();
+    let slot = &l.file().containers[c];
+    assert_eq!(
+        slot.weight.load(Acquire),
+        0,
+        "it arrived with no weight free"
+    );
+    // A sibling joins and tries to launch: it waits.
+    std::fs::write(&join, b"go").unwrap();
+    wait("the sibling joined", &|| nprocs(&l) == Some(2));
+    wait("the sibling waits to launch", &|| {
+        (0..cw::SET_WORDS).any(|w| slot.sched[cw::WANT + w].load(Acquire) != 0)
+    });
+    // The claiming process exits.
+    std::fs::write(&leave, b"go").unwrap();
+    let end = Instant::now() + Duration::from_secs(60);
+    while s.procs[1].child.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < end,
+            "the claiming process never exited (60 s)"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    wait("the claiming process left", &|| nprocs(&l) == Some(1));
+    assert_eq!(slot.weight.load(Acquire), 0, "no weight freed yet");
+    assert!(
+        !s.procs[2]
+            .drain_lines()
+            .iter()
+            .any(|x| x.text.starts_with("spin")),
+        "the sibling launched with weight 0"
+    );
+    // The holder exits: its weight frees up.
+    let _ = s.procs[0].child.kill();
+    let _ = s.procs[0].child.wait();
+    let line = s.procs[2]
+        .wait_line("spin", Duration::from_secs(60))
+        .map(|x| x.text.clone());
+    for f in [&claim, &join, &leave] {
+        let _ = std::fs::remove_file(f);
+    }
+    let line = line.expect("the sibling's launches never went on after the holder exited (60 s)");
+    assert!(line.starts_with("spin ok count=5"), "{line}");
+    assert_eq!(slot.weight.load(Acquire), 1, "it took the freed weight");
+}
+
 /// Processes of one container killed at random points, again and again
 /// (holding the GPU, draining, deciding or waiting): the other container
 /// never stalls and gets the whole GPU once they are gone.

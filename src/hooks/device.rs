@@ -12,9 +12,9 @@ use super::types::*;
 use crate::config;
 use crate::driver::RealFn;
 
+pub use crate::memory::{cuda_gpu, cuda_view_quota, current_gpu};
 pub use crate::process::gpus::{
-    cuda_gpu, cuda_view_quota, cuda_visible, cuda_visible_index, current_device, current_gpu,
-    host_device_for_location, visible_list,
+    cuda_visible, cuda_visible_index, current_device, host_device_for_location, visible_list,
 };
 
 fn filtering() -> bool {

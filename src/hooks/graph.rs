@@ -69,7 +69,7 @@ static OVERFLOWED: AtomicUsize = AtomicUsize::new(0);
 /// This process's execs with alloc nodes, one table per fork generation: a
 /// child never waits on a lock a parent thread held, nor keeps the parent's
 /// execs (unusable after a fork). The charge itself is the device's graph
-/// pool's, in `process::charges` (`Charges::graph_pools`, also per
+/// pool's, in `memory::charges` (`Charges::graph_pools`, also per
 /// generation).
 struct State {
     generation: u64,
@@ -335,7 +335,7 @@ fn charged_around(needs: &[(CUdevice, u64)], launch: impl FnOnce() -> CUresult) 
     let mut map = crate::memory::proc_state().charges.graph_pools().lock();
     let mut taken: Vec<(CUdevice, &'static Gpu, u64)> = Vec::with_capacity(needs.len());
     for &(dev, bytes) in needs {
-        let Some(gpu) = crate::process::gpus::cuda_gpu(dev) else {
+        let Some(gpu) = crate::memory::cuda_gpu(dev) else {
             continue;
         };
         let spare = match (attr(dev, ATTR_RESERVED), attr(dev, ATTR_USED)) {
@@ -358,7 +358,7 @@ fn charged_around(needs: &[(CUdevice, u64)], launch: impl FnOnce() -> CUresult) 
     // Execs whose graph could not be read: charge what the launch reserved.
     if needs.is_empty() {
         if let Some(dev) = crate::process::gpus::current_device() {
-            if let Some(gpu) = crate::process::gpus::cuda_gpu(dev) {
+            if let Some(gpu) = crate::memory::cuda_gpu(dev) {
                 taken.push((dev, gpu, 0));
             }
         }
@@ -378,7 +378,7 @@ fn resettled(dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
     let mut map = crate::memory::proc_state().charges.graph_pools().lock();
     let rc = call();
     if rc == CUDA_SUCCESS && map.contains_key(&dev) {
-        if let Some(gpu) = crate::process::gpus::cuda_gpu(dev) {
+        if let Some(gpu) = crate::memory::cuda_gpu(dev) {
             settle(&mut map, dev, gpu, 0);
         }
     }

@@ -9,8 +9,9 @@ use super::types::*;
 use crate::config;
 use crate::driver::RealFn;
 
+use crate::memory::nvml_peek;
 use crate::process::gpus::{
-    nvml_handle_host_index as host_index, nvml_peek, nvml_visible, nvml_visible_index,
+    nvml_handle_host_index as host_index, nvml_visible, nvml_visible_index,
 };
 
 fn filtering() -> bool {

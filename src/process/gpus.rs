@@ -1,4 +1,4 @@
-//! GPU identity and visibility, and lazy joining.
+//! GPU identity and visibility (joining a GPU's ledger is `crate::memory`'s).
 //!
 //! - Visibility: `ALIYUN_COM_GPU_VISIBLE_DEVICES` lists the GPUs the
 //!   container sees, by host index or UUID; [`visible_list`] turns it into
@@ -7,11 +7,8 @@
 //! - Identity: one table of the visible GPUs, container index ↔ UUID
 //!   (`GPU-…`) ↔ CUDA ordinal ↔ NVML index, whose CUDA and NVML columns are
 //!   filled by the same rule when each API is first asked
-//!   ([`cuda_visible`], [`nvml_visible`]); [`cuda_info`] and `nvml_peek`
-//!   read UUIDs from it.
-//! - Joining: [`cuda_gpu`] joins the GPU's ledger on first use and is only
-//!   for calls that use the GPU (allocate, create a context, launch);
-//!   [`cuda_view_quota`] and `nvml_peek` answer views without joining.
+//!   ([`cuda_visible`], [`nvml_visible`]); [`cuda_info`] and
+//!   `nvml_identity` read UUIDs from it.
 
 use std::ffi::c_char;
 use std::sync::OnceLock;
@@ -19,7 +16,6 @@ use std::sync::OnceLock;
 use super::real;
 use super::types::*;
 use crate::config::{self, DeviceSel};
-use crate::memory::{self, Gpu, GpuInfo, Peek};
 
 /// Which host devices the container sees, in container order. Pure.
 /// `count` host devices; `uuid_of(i)` the UUID of host device `i`.
@@ -142,7 +138,7 @@ fn cuda_uuid(dev: CUdevice) -> Option<String> {
         Some(f) => unsafe { f(&mut u, dev) },
         None => crate::process::call_real!(real::cuDeviceGetUuid, &mut u, dev),
     };
-    (rc == CUDA_SUCCESS).then(|| memory::format_uuid(&u.bytes))
+    (rc == CUDA_SUCCESS).then(|| format_uuid(&u.bytes))
 }
 
 /// The CUDA column of the identity table, or `Err` with the driver's code
@@ -195,28 +191,6 @@ pub fn cuda_info(dev: CUdevice) -> Option<GpuInfo> {
     })
 }
 
-/// The tracked GPU for CUDA device `dev`, joining it on first use
-/// (`None`: pass-through, or hidden). Only for calls that use the GPU
-/// (allocate, create a context, launch); views use [`cuda_view_quota`].
-pub fn cuda_gpu(dev: CUdevice) -> Option<&'static Gpu> {
-    if !crate::memory::tracking() {
-        return None;
-    }
-    memory::proc_state().gpu_for_cuda(dev, || cuda_info(dev))
-}
-
-/// The quota CUDA device `dev` shows (`None`: the physical view), without
-/// joining it.
-pub fn cuda_view_quota(dev: CUdevice) -> Option<u64> {
-    if !crate::memory::tracking() {
-        return None;
-    }
-    match memory::proc_state().joined_cuda(dev) {
-        Some(g) => g.view_quota(),
-        None => memory::peek(&cuda_info(dev)?)?.quota,
-    }
-}
-
 /// A device `id` in a memory location (`CUmemLocation`), as the driver must
 /// see it. Clients pass either the `CUdevice` our `cuDeviceGet` returned (a
 /// host device: kept) or a device ordinal as the container counts them
@@ -240,14 +214,6 @@ pub fn host_device_for_location(id: i32) -> i32 {
 pub fn current_device() -> Option<CUdevice> {
     let mut d: CUdevice = -1;
     (crate::process::call_real!(real::cuCtxGetDevice, &mut d) == CUDA_SUCCESS).then_some(d)
-}
-
-/// The tracked GPU of the current context.
-pub fn current_gpu() -> Option<&'static Gpu> {
-    if !crate::memory::tracking() {
-        return None;
-    }
-    cuda_gpu(current_device()?)
 }
 
 fn filtering() -> bool {
@@ -305,30 +271,34 @@ pub(crate) fn nvml_handle_host_index(h: nvmlDevice_t) -> Option<u32> {
     (crate::process::call_real!(real::nvmlDeviceGetIndex, h, &mut i) == NVML_SUCCESS).then_some(i)
 }
 
-/// What the container sees of the GPU behind an NVML handle (`None`:
-/// pass-through or hidden). NVML calls only look: they never join the GPU;
-/// a GPU this process joined answers from its membership, another from the
-/// configuration and the ledger.
-pub(crate) fn nvml_peek(h: nvmlDevice_t) -> Option<Peek> {
-    if !crate::memory::tracking() {
-        return None;
-    }
+/// The GPU behind NVML handle `h` as (host index, container-visible
+/// index, UUID); `None` if hidden or unknown.
+pub(crate) fn nvml_identity(h: nvmlDevice_t) -> Option<(u32, usize, String)> {
     let host = nvml_handle_host_index(h)?;
     let visible_index = nvml_visible_index(host)?;
     let uuid = Table::uuid(nvml_column().ok()?, visible_index)?;
-    if let Some(g) = memory::proc_state().gpu_by_uuid(&uuid) {
-        return Some(g.peek());
-    }
-    let mut m = nvmlMemory_t::default();
-    if crate::process::call_real!(real::nvmlDeviceGetMemoryInfo, h, &mut m) != NVML_SUCCESS {
-        return None;
-    }
-    memory::peek(&GpuInfo {
-        uuid,
-        host_index: host,
-        visible_index,
-        physical_total: m.total,
-    })
+    Some((host, visible_index, uuid))
+}
+
+/// Identity of a GPU as the driver reports it.
+pub struct GpuInfo {
+    pub uuid: String,
+    pub host_index: u32,
+    pub visible_index: usize,
+    pub physical_total: u64,
+}
+
+/// Format a CUDA UUID as NVML prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_uuid(b: &[u8; 16]) -> String {
+    let h = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    )
 }
 
 #[cfg(test)]

@@ -1,22 +1,18 @@
-//! The layer below the hooks: what this process knows of the driver and its
-//! GPUs, used by memory accounting (`crate::memory`), the scheduler and the
-//! hooks (which translate C calls into it), and never calling back into the
-//! hooks.
+//! The layer below the hooks, memory accounting and the scheduler: what
+//! this process knows of the driver and its GPUs. It calls none of them
+//! (and never the hooks): they call it.
 //!
 //! - [`driver`]: loading the real driver; [`table`]: its function table
 //!   (`real::<name>`, `sig::<name>`), generated from the declaration list;
 //! - [`gpus`]: GPU identity and visibility (one table of the visible GPUs by
-//!   UUID, host CUDA ordinal, NVML index, for the CUDA and the NVML hooks)
-//!   and lazy joining (a GPU is joined when the process allocates, creates
-//!   a context or launches there; asking about it never joins);
+//!   UUID, host CUDA ordinal, NVML index, for the CUDA and the NVML hooks);
+//!   joining a GPU's ledger lazily (when the process allocates, creates a
+//!   context or launches there; asking about it never joins) is
+//!   `crate::memory`'s;
 //! - [`clock`]: the one clock (monotonic and wall time); [`cstr`]: text
 //!   in fixed C buffers;
 //! - [`fork`]: the fork generation (bumped in a forked child; caches made
 //!   before a fork check it);
-//! - [`charges`]: which object owns each memory charge (context, pool,
-//!   device, handle, mapping, graph pool) and what gives it back; the
-//!   accounting against the ledger (`crate::memory::Gpu`) is done by
-//!   `crate::memory`;
 //! - [`types`]: the C types of the declaration list.
 //!
 //! Lock order: the capture lock (`hooks::stream`: stream-ordered
@@ -45,7 +41,6 @@ macro_rules! call_real {
 }
 pub(crate) use call_real;
 
-pub mod charges;
 pub mod clock;
 pub mod cstr;
 pub mod driver;

@@ -228,7 +228,7 @@ fn attach_lazily(seen: u64, generation: u64) -> *const Gate {
         return gate_of_current_context();
     }
     let r = std::panic::catch_unwind(|| {
-        let gpu = crate::process::gpus::current_gpu()?;
+        let gpu = crate::memory::current_gpu()?;
         let (ledger, m) = gpu.ledger()?;
         Some(attach(ledger, m, driver_ops()?))
     });
@@ -287,7 +287,7 @@ fn gate_of_current_context() -> *const Gate {
             .is_ok()
     {
         let r = std::panic::catch_unwind(|| {
-            let gpu = crate::process::gpus::cuda_gpu(dev)?;
+            let gpu = crate::memory::cuda_gpu(dev)?;
             let (ledger, m) = gpu.ledger()?;
             Some(make_gate(ledger, m, driver_ops()?))
         });

@@ -51,6 +51,12 @@ pub mod gpu {
     /// held the seat in them, ns: the GPU's idle time in the slice, as far
     /// as measured (no work of the holder's queued, no guest's running).
     pub const GAP_IDLE_NS: usize = 16;
+    /// Bit set of container slots that arrived with weight 0 because no
+    /// weight was free ([`WEIGHTLESS_WORDS`] words): any of their processes
+    /// takes weight 1 by itself once one frees up (see
+    /// [`super::note_arrival`]). A weight 0 an operator set is not in it.
+    pub const WEIGHTLESS: usize = 17;
+    pub const WEIGHTLESS_WORDS: usize = crate::ledger::MAX_CONTAINERS / 64;
 }
 
 /// Per-container words (`ContainerSlot::sched[..]`).
@@ -105,6 +111,38 @@ pub mod container {
     pub const LAST_SLICE_NS: usize = OWED_NS + 8;
     /// Words of a process bit set (one bit per process slot).
     pub const SET_WORDS: usize = crate::ledger::MAX_PROCESSES / 64;
+}
+
+/// A process's join was a claim of container slot `c` with no other
+/// process in it (`nprocs` 1, claimed within the last second): record in
+/// the GPU's [`gpu::WEIGHTLESS`] set whether it arrived with weight 0 (the
+/// ledger gives weight 0 at a claim only when none is free). Any other
+/// join leaves the set alone: a process that joins a container claimed
+/// earlier and finds weight 0 cannot tell an operator's 0 from an
+/// arrival's, and leaving it alone never takes a weight an operator took
+/// away.
+pub fn note_arrival(f: &crate::ledger::LedgerFile, c: usize) {
+    use std::sync::atomic::Ordering::{AcqRel, Acquire};
+    let Some(slot) = f.containers.get(c) else {
+        return;
+    };
+    let now = crate::process::clock::realtime_ns();
+    let created = slot.created_ns.load(Acquire);
+    if slot.nprocs.load(Acquire) != 1 || created > now || now - created > 1_000_000_000 {
+        return;
+    }
+    let (word, bit) = weightless_bit(c);
+    if slot.weight.load(Acquire) == 0 {
+        f.header.sched[word].fetch_or(bit, AcqRel);
+    } else {
+        f.header.sched[word].fetch_and(!bit, AcqRel);
+    }
+}
+
+/// Container slot `c`'s word and bit in [`gpu::WEIGHTLESS`].
+#[inline]
+pub fn weightless_bit(c: usize) -> (usize, u64) {
+    (gpu::WEIGHTLESS + c / 64, 1u64 << (c % 64))
 }
 
 /// Token states.
@@ -228,6 +266,7 @@ mod tests {
         );
         assert_eq!(container::DRAIN + container::SET_WORDS, container::OWED_NS);
         const { assert!(container::LAST_SLICE_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
+        const { assert!(gpu::WEIGHTLESS + gpu::WEIGHTLESS_WORDS <= crate::ledger::SCHED_GPU_WORDS) };
         const { assert!(gpu::DRAIN_COUNT < crate::ledger::SCHED_GPU_WORDS) };
         // Any process may write the token: an out-of-range holder is no slot.
         let last = crate::ledger::MAX_CONTAINERS - 1;

@@ -1,6 +1,8 @@
 //! The memory quota: per-GPU accounting against the ledger and the quota
 //! view of memory info. Which object owns each charge (so that every free
-//! path gives back exactly what was taken, once) is `process::charges`.
+//! path gives back exactly what was taken, once) is [`charges`]; which tracked
+//! GPU a CUDA device or an NVML handle is (joining on first use) is
+//! `lookup`.
 //!
 //! - A GPU is joined lazily, at the first call that needs it: its UUID and
 //!   physical total come from the real driver (CUDA or NVML, whichever the
@@ -25,7 +27,13 @@ use parking_lot::Mutex;
 
 use crate::config::{self, Mode};
 use crate::ledger::{Account, JoinSpec, Ledger, Membership, ShareLink, QUOTA_UNLIMITED};
-pub use crate::process::charges::{Charges, Entry, Kind, Owner, PoolPlace};
+pub mod charges;
+mod lookup;
+
+pub use crate::process::gpus::{format_uuid, GpuInfo};
+pub use charges::{Charges, Entry, Kind, Owner, PoolPlace};
+pub(crate) use lookup::nvml_peek;
+pub use lookup::{cuda_gpu, cuda_view_quota, current_gpu};
 
 /// Most GPUs per host we track (CUDA ordinals above are passed through).
 pub const MAX_GPUS: usize = 64;
@@ -47,7 +55,7 @@ pub struct Gpu {
     acct: Account,
     left: AtomicBool,
     /// Primary-context retains by this process (what the primary context
-    /// reserved is charged to it in `process::charges`).
+    /// reserved is charged to it in [`charges`]).
     pub primary_refs: AtomicU32,
     /// The primary context's handle (0 = none yet).
     pub primary_ctx: AtomicUsize,
@@ -304,14 +312,6 @@ pub fn proc_state() -> &'static Proc {
 /// Sentinel in `by_cuda`: this device is decided not to be tracked.
 fn not_tracked() -> *mut Gpu {
     std::ptr::dangling_mut::<Gpu>()
-}
-
-/// Identity of a GPU as the driver reports it.
-pub struct GpuInfo {
-    pub uuid: String,
-    pub host_index: u32,
-    pub visible_index: usize,
-    pub physical_total: u64,
 }
 
 impl Proc {
@@ -617,7 +617,10 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         name,
         spec,
     );
-    if let Some((ledger, _)) = acct.ledger() {
+    if let Some((ledger, m)) = acct.ledger() {
+        // Right after the join: whether the container arrived with no
+        // weight free (then any of its processes may later take one).
+        crate::scheduler::words::note_arrival(ledger.file(), m.container);
         tracing::info!(
             "GPU {} ({}): container {}, quota {}, ledger {}",
             info.visible_index,
@@ -639,19 +642,6 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         primary_refs: AtomicU32::new(0),
         primary_ctx: AtomicUsize::new(0),
     })
-}
-
-/// Format a CUDA UUID as NVML prints it: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
-pub fn format_uuid(b: &[u8; 16]) -> String {
-    let h = |r: std::ops::Range<usize>| b[r].iter().map(|x| format!("{x:02x}")).collect::<String>();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h(0..4),
-        h(4..6),
-        h(6..8),
-        h(8..10),
-        h(10..16)
-    )
 }
 
 #[cfg(test)]

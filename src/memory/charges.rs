@@ -26,8 +26,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use parking_lot::Mutex;
 
+use super::Gpu;
 use crate::ledger::{ShareLink, SharePayer};
-use crate::memory::Gpu;
 
 /// What a bookkeeping entry is keyed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
