@@ -1371,6 +1371,159 @@ fn random_values_in_live_counters_converge_to_the_device() {
     }
 }
 
+/// Fault: one random byte of a live ledger's identity and bookkeeping
+/// structure (the header's identity fields, the container slot's state,
+/// id, key, creation stamps and `id_sum`, the process slot's state and
+/// container) is flipped or overwritten, seeded and bounded to those
+/// fields (knobs an operator may write, such as the quota, and the byte
+/// counters, which `random_values_in_live_counters_converge_to_the_device`
+/// covers, are left out: any value there is a legal one). At once a
+/// newcomer of the container allocates 128 MiB blocks until refused; a
+/// second one does the same once the books have converged. Before: a
+/// newcomer that met a damaged id, key or state started fresh books
+/// (1984 MiB on the device under 1 GiB). Now: every such damage is found
+/// (the id is checked against `id_sum`; a live process outside a live
+/// container, or a held slot not marked live, is damage), the newcomer is
+/// refused while the books are unusable, the next generation is built,
+/// and the live job re-registers there before newcomers join it.
+#[test]
+fn random_damage_to_identity_fields_never_lets_a_newcomer_pass_the_quota() {
+    let mut held_seeds = 0;
+    let seeds = 1..=24u64;
+    let total = seeds.clone().count();
+    for seed in seeds {
+        let rig = Rig::new(&format!("rnd{seed}"));
+        let mut p1 = rig.client(
+            "rnd",
+            1,
+            &[],
+            &["pid", "alloc", "134217728", "ready", "hold"],
+        );
+        let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+        let lines = read_until(&mut out1, "ready");
+        let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
+        let held = (300 + 128) * MIB;
+        assert_eq!(ledger_used(&rig.dir, "rnd"), Some(held), "seed {seed}");
+        let path = rig.ledger_path();
+        let l = Ledger::open(&path).unwrap();
+        let c = l.find_container("rnd").unwrap();
+        let p = l
+            .file()
+            .processes
+            .iter()
+            .position(|p| p.pid.load(Ordering::Acquire) == pid1 as i32)
+            .unwrap();
+        drop(l);
+        let h = std::mem::offset_of!(LedgerFile, header);
+        let cs =
+            std::mem::offset_of!(LedgerFile, containers) + c * std::mem::size_of::<ContainerSlot>();
+        let ps =
+            std::mem::offset_of!(LedgerFile, processes) + p * std::mem::size_of::<ProcessSlot>();
+        use std::mem::offset_of as off;
+        let targets: [(&str, usize, usize); 15] = [
+            ("header magic", h + off!(LedgerHeader, magic), 8),
+            ("header version", h + off!(LedgerHeader, version), 4),
+            ("header header_size", h + off!(LedgerHeader, header_size), 4),
+            ("header file_size", h + off!(LedgerHeader, file_size), 8),
+            ("header ready", h + off!(LedgerHeader, ready), 4),
+            ("header uuid", h + off!(LedgerHeader, uuid), 16),
+            ("container state", cs + off!(ContainerSlot, state), 4),
+            ("container id", cs + off!(ContainerSlot, id), 4),
+            ("container key", cs + off!(ContainerSlot, key), 8),
+            (
+                "container key_created",
+                cs + off!(ContainerSlot, key_created),
+                8,
+            ),
+            (
+                "container created_ns",
+                cs + off!(ContainerSlot, created_ns),
+                8,
+            ),
+            ("container id_sum", cs + off!(ContainerSlot, id_sum), 8),
+            ("process state", ps + off!(ProcessSlot, state), 4),
+            ("process container", ps + off!(ProcessSlot, container), 4),
+            (
+                "container id (padding)",
+                cs + off!(ContainerSlot, id) + 4,
+                60,
+            ),
+        ];
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (name, start, len) = targets[(next() % targets.len() as u64) as usize];
+        let at = (start + (next() % len as u64) as usize) as u64;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let mut b = [0u8; 1];
+        {
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut b, at).unwrap();
+            let was = b[0];
+            b[0] = if next() & 1 == 0 {
+                was ^ (1 << (next() % 8))
+            } else {
+                match next() as u8 {
+                    v if v == was => !was,
+                    v => v,
+                }
+            };
+            f.write_all_at(&b, at).unwrap();
+            println!(
+                "seed {seed}: {name} byte at {at}: {was:#04x} -> {:#04x}",
+                b[0]
+            );
+        }
+        drop(f);
+        // At once: a newcomer is refused or kept within the quota.
+        let mut p2 = rig.client(
+            "rnd",
+            1,
+            &[],
+            &["pid", "alloc_until_oom", "134217728", "hold"],
+        );
+        let mut out2 = BufReader::new(p2.stdout.take().unwrap());
+        let lines2 = read_until(&mut out2, "holding");
+        let pid2 = field(&lines2, "pid", "pid").unwrap() as u32;
+        let early = rig.device_bytes(&[pid1, pid2]);
+        // The books converge: the live job's bytes are on the live books.
+        let t = wait_for(Duration::from_secs(10), || {
+            ledger_used(&rig.dir, "rnd").is_some_and(|u| u >= held)
+        });
+        let mut p3 = rig.client(
+            "rnd",
+            1,
+            &[],
+            &["pid", "alloc_until_oom", "134217728", "hold"],
+        );
+        let mut out3 = BufReader::new(p3.stdout.take().unwrap());
+        let lines3 = read_until(&mut out3, "holding");
+        let pid3 = field(&lines3, "pid", "pid").unwrap() as u32;
+        let late = rig.device_bytes(&[pid1, pid2, pid3]);
+        let ok = early <= GIB && late <= GIB && t.is_some();
+        println!(
+            "seed {seed}: {name}: at once {} MiB, after convergence ({t:?}) {} MiB on the device under 1024: {}",
+            early / MIB,
+            late / MIB,
+            if ok { "held" } else { "FAILED" }
+        );
+        held_seeds += ok as usize;
+        kill_and_check(p1, "the live job");
+        kill_and_check(p2, "the first newcomer");
+        kill_and_check(p3, "the second newcomer");
+    }
+    println!("{held_seeds} of {total} seeds held");
+    assert_eq!(held_seeds, total, "seeds that held");
+}
+
 /// Fault: the ledger file is deleted, or wiped (truncated and grown back
 /// to size, all zeros), while an idle job holds memory under it. Before:
 /// new processes made a new ledger without the idle job's bytes (deleted),

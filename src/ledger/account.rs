@@ -415,6 +415,7 @@ impl Account {
         j.ledger.header_intact()
             && j.ledger.membership_intact(&j.m)
             && j.ledger.container_of(&j.m).is(&self.spec.container_id)
+            && j.ledger.container_of(&j.m).id_intact() != Some(false)
     }
 
     /// The joined ledger `j` is damaged or replaced: stop using it (its

@@ -453,7 +453,13 @@ pub(super) fn open_or_create(
         let g = live_generation(dir, uuid).unwrap_or(0);
         let path = generation_path(dir, uuid, g);
         let damaged = match open(&path) {
-            Ok(l) if l.uuid() == uuid => return Ok(l),
+            Ok(l) if l.uuid() == uuid => match l.identity_damage_within(IDENTITY_CHECK_WAIT) {
+                None => return Ok(l),
+                Some(why) => LedgerError::Corrupt {
+                    path: path.clone(),
+                    why,
+                },
+            },
             Ok(l) => LedgerError::Corrupt {
                 path: path.clone(),
                 why: format!("holds GPU {:?}, expected {uuid:?}", l.uuid()),
@@ -491,6 +497,23 @@ pub(super) fn open_or_create(
             io::Error::other("ledger kept changing while opening it"),
         )
     }))
+}
+
+/// How long opening waits for the table lock to check the container
+/// slots' identities (busy: the join checks them under the lock).
+const IDENTITY_CHECK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Does a process still hold its liveness lock in the ledger file at
+/// `path` (one lock query over the whole process table)? False when the
+/// file is gone or cannot be read.
+pub(super) fn has_live_processes(path: &Path) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let start = std::mem::offset_of!(LedgerFile, processes) as u64;
+    let len = std::mem::size_of::<[super::ProcessSlot; super::MAX_PROCESSES]>() as u64;
+    super::lock::is_locked(f.as_raw_fd(), start, len).unwrap_or(false)
 }
 
 /// Remove `uuid`'s generations older than `keep` where the directory
