@@ -2,7 +2,7 @@
  * cgpu.h: the layout of a cgpu per-GPU ledger file (format version 3).
  *
  * One file per physical GPU, `<dir>/<uuid>.ledger` (dir: $CGPU_LEDGER_DIR,
- * else /run/cgpu, else /dev/shm/cgpu), exactly sizeof(struct cgpu_ledger)
+ * else /run/cgpu; the live generation is the highest `<uuid>.g<n>.ledger`), exactly sizeof(struct cgpu_ledger)
  * bytes, little-endian, mapped MAP_SHARED by every process using the GPU.
  * Mirrors src/ledger/mod.rs and shared.rs; tests/ledger_header.rs checks
  * every offset.
