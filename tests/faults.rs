@@ -447,6 +447,188 @@ fn leave_while_other_threads_allocate_loses_nothing() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+fn account_in(dir: &Path, uuid: &str, id: &str) -> Account {
+    Account::open(
+        dir,
+        uuid,
+        0,
+        16 * GIB,
+        format!("GPU {uuid}"),
+        JoinSpec {
+            container_id: id.into(),
+            key: 0,
+            quota: GIB,
+            weight: 1,
+            highprio: false,
+            enforce_off: false,
+        },
+    )
+}
+
+/// Fault: threads of a process go on allocating after its exit handler
+/// left the ledger (an `atexit` handler runs while other threads still
+/// work). Before: such an allocation was granted uncharged. Now: every
+/// allocation that starts after the leave is refused, and the container's
+/// books hold nothing of the process (the other process of the container,
+/// which keeps it alive, reads them).
+#[test]
+fn allocations_after_the_exit_handler_are_refused_never_unaccounted() {
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    let dir = std::env::temp_dir().join(format!("cgpu-faults-exit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let uuid = "GPU-exit-0";
+    let keep = account_in(&dir, uuid, "c");
+    assert!(keep.is_shared());
+    for round in 0..20u64 {
+        let a = account_in(&dir, uuid, "c");
+        assert!(a.is_shared(), "round {round}");
+        let left = AtomicBool::new(false);
+        let after = AtomicU64::new(0);
+        let granted_after = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    // Until well after the leave.
+                    let mut n_after = 0;
+                    while n_after < 2000 {
+                        let was_left = left.load(Ordering::Acquire);
+                        let ok = a.reserve(4096);
+                        if was_left {
+                            n_after += 1;
+                            after.fetch_add(1, Ordering::Relaxed);
+                            if ok {
+                                granted_after.fetch_add(1, Ordering::Relaxed);
+                            }
+                        } else if ok && n_after % 2 == 0 {
+                            a.release(4096);
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_micros(300 + round * 100));
+            a.leave();
+            left.store(true, Ordering::Release);
+        });
+        assert_eq!(
+            granted_after.load(Ordering::Relaxed),
+            0,
+            "round {round}: allocations granted after the exit handler ({} tried)",
+            after.load(Ordering::Relaxed)
+        );
+        assert!(after.load(Ordering::Relaxed) >= 6000, "round {round}");
+        assert_eq!(
+            keep.container_used(),
+            0,
+            "round {round}: bytes of a process that left stay on its container's books"
+        );
+    }
+    keep.leave();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Fault: the ledger is damaged (one byte of its magic) while threads of
+/// a process reserve and release, so that reservations race the re-join
+/// to the next generation. Before: a reservation granted on the damaged
+/// ledger just as the process moved could be missing from what it
+/// re-registered. Now: reservations run inside the old membership's
+/// in-flight count, the loss waits for them before it reads what the
+/// process holds, and later ones wait for the join: on the new
+/// generation the process's and the container's books are exactly what
+/// the threads hold.
+#[test]
+fn a_reservation_racing_a_re_join_is_counted_on_the_new_ledger() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    let dir = std::env::temp_dir().join(format!("cgpu-faults-rejoin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let uuid = "GPU-rejoin-0";
+    let a = account_in(&dir, uuid, "c");
+    assert!(a.is_shared());
+    let magic =
+        std::mem::offset_of!(LedgerFile, header) + std::mem::offset_of!(LedgerHeader, magic);
+    const ROUNDS: u64 = 10;
+    let mut moved = 0;
+    for round in 0..ROUNDS {
+        let path = Ledger::list(&dir).into_iter().next().expect("a ledger");
+        let stop = AtomicBool::new(false);
+        let held = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for t in 0..3u64 {
+                let (stop, held, a) = (&stop, &held, &a);
+                s.spawn(move || {
+                    let mut mine = 0u64;
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Acquire) {
+                        i += 1;
+                        let n = 4096 * (1 + (i + t) % 4);
+                        if a.reserve(n) {
+                            mine += n;
+                        }
+                        if i % 3 == 0 && mine >= 4096 {
+                            a.release(4096);
+                            mine -= 4096;
+                        }
+                        // Stay well under the quota.
+                        if mine > 64 * MIB {
+                            a.release(mine);
+                            mine = 0;
+                        }
+                    }
+                    held.fetch_add(mine, Ordering::AcqRel);
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            f.write_all_at(&[0xff], magic as u64).unwrap();
+            drop(f);
+            // Until the threads' allocations moved them to another file.
+            let t = wait_for(Duration::from_secs(20), || {
+                Ledger::list(&dir).first().is_some_and(|p| *p != path) && !a.is_waiting()
+            });
+            assert!(t.is_some(), "round {round}: never re-joined");
+            std::thread::sleep(Duration::from_millis(5));
+            stop.store(true, Ordering::Release);
+        });
+        // Threads have stopped: nothing is in flight.
+        let live = Ledger::list(&dir).into_iter().next().unwrap();
+        if live != path {
+            moved += 1;
+        }
+        let held = held.load(Ordering::Acquire);
+        assert_eq!(
+            a.process_used(),
+            held,
+            "round {round}: what the process knows it holds"
+        );
+        let (jl, jm) = a.ledger().expect("joined");
+        assert_eq!(jl.path(), live.as_path(), "round {round}");
+        assert_eq!(
+            jl.process_of(jm).used.load(Ordering::Acquire),
+            held,
+            "round {round}: the process's slot on {live:?}"
+        );
+        let l = Ledger::open(&live).unwrap();
+        let c = l.find_container("c").unwrap();
+        assert_eq!(
+            l.file().containers[c].used.load(Ordering::Acquire),
+            held,
+            "round {round}: the container's books on the new generation"
+        );
+        drop(l);
+        a.release(held);
+    }
+    println!("{moved} of {ROUNDS} rounds moved to a new generation while 3 threads reserved");
+    assert_eq!(moved, ROUNDS);
+    a.leave();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Fault: logging at exit and in a forked child, and a `CGPU_LOG` that is
 /// not a level. Before: every process run with `CGPU_LOG=debug` panicked in
 /// the exit handler (its ledger exit cut short), `CGPU_LOG=off` or
