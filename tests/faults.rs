@@ -340,6 +340,7 @@ fn reclaim_after_kill_is_immediate() {
 fn full_tables_refuse_instead_of_running_unaccounted() {
     let dir = std::env::temp_dir().join(format!("cgpu-faults-full-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
     let l = Ledger::open_or_create(&dir, "GPU-full-0", 0, 16 * GIB).unwrap();
     let mut members = Vec::new();
     loop {
@@ -394,6 +395,7 @@ fn full_tables_refuse_instead_of_running_unaccounted() {
 fn leave_while_other_threads_allocate_loses_nothing() {
     let dir = std::env::temp_dir().join(format!("cgpu-faults-leave-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
     let mut completed = 0;
     for round in 0..40 {
         let l = Ledger::open_or_create(&dir, "GPU-leave-0", 0, 16 * GIB).unwrap();
@@ -1857,6 +1859,73 @@ fn untrusted_or_relative_ledger_directories_are_refused() {
         &format!("touch /run/afile && \"$CUCLIENT\" alloc 1048576{shm}"),
         "not a directory",
     );
+}
+
+/// Fault: the ledger directory does not exist (the host never made it,
+/// or the container was started without it mounted). Before: the first
+/// process created it, inside its own container, where no other
+/// container could see it: books no one else shares. Now: the library
+/// never creates it; allocations are refused with one error naming the
+/// fix (the host's `systemd-tmpfiles --create`, or `mkdir -m 1777`, and
+/// the mount), and the job joins as soon as the directory appears.
+#[test]
+fn a_missing_ledger_directory_is_never_created_and_refuses() {
+    let rig = Rig::new("missing");
+    let missing = rig.sim.state_dir.join("no-ledger-dir");
+    let go = rig.sim.state_dir.join("missing-go");
+    let mut p = rig.client(
+        "missing",
+        1,
+        &[("CGPU_LEDGER_DIR", missing.to_str().unwrap())],
+        &[
+            "alloc",
+            "1048576",
+            "ready",
+            "wait_file",
+            go.to_str().unwrap(),
+            "sleep",
+            "50",
+            "alloc",
+            "1048576",
+            "ready",
+            "hold",
+        ],
+    );
+    let mut out = BufReader::new(p.stdout.take().unwrap());
+    let lines = read_until(&mut out, "ready");
+    assert!(
+        lines.iter().any(|l| l.starts_with("alloc err=2")),
+        "refused while the directory is missing: {lines:?}"
+    );
+    assert!(
+        !missing.exists(),
+        "the library created the ledger directory"
+    );
+    std::fs::create_dir_all(&missing).unwrap();
+    std::fs::write(&go, "").unwrap();
+    let lines = read_until(&mut out, "ready");
+    assert!(
+        lines.iter().any(|l| l.starts_with("alloc ok")),
+        "joined once the directory exists: {lines:?}"
+    );
+    assert_eq!(Ledger::list(&missing).len(), 1);
+    let err = kill_and_check(p, "the job");
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("missing (the host creates it"))
+        .collect();
+    assert_eq!(said.len(), 1, "one error line: {err}");
+    for fix in [
+        "systemd-tmpfiles --create",
+        "mkdir -m 1777",
+        "mount it into the container",
+    ] {
+        assert!(
+            said[0].contains(fix),
+            "the error names {fix:?}: {}",
+            said[0]
+        );
+    }
 }
 
 /// Fault: `/run/cgpu` is root's and not writable by the container's
