@@ -2,7 +2,7 @@
  * cgpu.h: the layout of a cgpu per-GPU ledger file (format version 3).
  *
  * One file per physical GPU, `<dir>/<uuid>.ledger` (dir: $CGPU_LEDGER_DIR,
- * else /run/cgpu, else /dev/shm/cgpu), exactly sizeof(struct cgpu_ledger)
+ * else /run/cgpu; the live generation is the highest `<uuid>.g<n>.ledger`), exactly sizeof(struct cgpu_ledger)
  * bytes, little-endian, mapped MAP_SHARED by every process using the GPU.
  * Mirrors src/ledger/mod.rs and shared.rs; tests/ledger_header.rs checks
  * every offset.
@@ -42,6 +42,7 @@
  */
 #define CGPU_ADD_CONTAINER_KEY (1ULL << 0) /* cgpu_container.key */
 #define CGPU_ADD_HOST_PID (1ULL << 1)      /* cgpu_process.host_pid */
+#define CGPU_ADD_ID_SUM (1ULL << 2)        /* cgpu_container.id_sum */
 
 /* Slot states (containers and processes). */
 #define CGPU_SLOT_FREE 0u
@@ -103,7 +104,9 @@ struct cgpu_container {
     uint64_t recounts;        /* [atomic] times reap recounted used after such a death */
     uint64_t key;             /* identity key (CGPU_ADD_CONTAINER_KEY), written while claiming; 0 = unknown: match by id */
     uint64_t key_created;     /* created_ns written with key; differs: key is stale (claimed since by an older writer), as 0 */
-    uint64_t reserved[4];
+    uint64_t id_sum;          /* CGPU_ADD_ID_SUM, written while claiming: FNV-1a 64 over id[64], key, key_created (LE), 0 mapped to 1.
+                                 0, or key_created != created_ns: unknown. Any other mismatch: the slot is damaged (rebuild) */
+    uint64_t reserved[3];
 };
 
 struct cgpu_process {

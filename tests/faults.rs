@@ -340,6 +340,7 @@ fn reclaim_after_kill_is_immediate() {
 fn full_tables_refuse_instead_of_running_unaccounted() {
     let dir = std::env::temp_dir().join(format!("cgpu-faults-full-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
     let l = Ledger::open_or_create(&dir, "GPU-full-0", 0, 16 * GIB).unwrap();
     let mut members = Vec::new();
     loop {
@@ -394,6 +395,7 @@ fn full_tables_refuse_instead_of_running_unaccounted() {
 fn leave_while_other_threads_allocate_loses_nothing() {
     let dir = std::env::temp_dir().join(format!("cgpu-faults-leave-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
     let mut completed = 0;
     for round in 0..40 {
         let l = Ledger::open_or_create(&dir, "GPU-leave-0", 0, 16 * GIB).unwrap();
@@ -444,6 +446,188 @@ fn leave_while_other_threads_allocate_loses_nothing() {
     }
     println!("leave race: {completed} of 40 rounds left while 3 threads allocated");
     assert!(completed > 0, "no round ever completed its leave");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn account_in(dir: &Path, uuid: &str, id: &str) -> Account {
+    Account::open(
+        dir,
+        uuid,
+        0,
+        16 * GIB,
+        format!("GPU {uuid}"),
+        JoinSpec {
+            container_id: id.into(),
+            key: 0,
+            quota: GIB,
+            weight: 1,
+            highprio: false,
+            enforce_off: false,
+        },
+    )
+}
+
+/// Fault: threads of a process go on allocating after its exit handler
+/// left the ledger (an `atexit` handler runs while other threads still
+/// work). Before: such an allocation was granted uncharged. Now: every
+/// allocation that starts after the leave is refused, and the container's
+/// books hold nothing of the process (the other process of the container,
+/// which keeps it alive, reads them).
+#[test]
+fn allocations_after_the_exit_handler_are_refused_never_unaccounted() {
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    let dir = std::env::temp_dir().join(format!("cgpu-faults-exit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let uuid = "GPU-exit-0";
+    let keep = account_in(&dir, uuid, "c");
+    assert!(keep.is_shared());
+    for round in 0..20u64 {
+        let a = account_in(&dir, uuid, "c");
+        assert!(a.is_shared(), "round {round}");
+        let left = AtomicBool::new(false);
+        let after = AtomicU64::new(0);
+        let granted_after = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    // Until well after the leave.
+                    let mut n_after = 0;
+                    while n_after < 2000 {
+                        let was_left = left.load(Ordering::Acquire);
+                        let ok = a.reserve(4096);
+                        if was_left {
+                            n_after += 1;
+                            after.fetch_add(1, Ordering::Relaxed);
+                            if ok {
+                                granted_after.fetch_add(1, Ordering::Relaxed);
+                            }
+                        } else if ok && n_after % 2 == 0 {
+                            a.release(4096);
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_micros(300 + round * 100));
+            a.leave();
+            left.store(true, Ordering::Release);
+        });
+        assert_eq!(
+            granted_after.load(Ordering::Relaxed),
+            0,
+            "round {round}: allocations granted after the exit handler ({} tried)",
+            after.load(Ordering::Relaxed)
+        );
+        assert!(after.load(Ordering::Relaxed) >= 6000, "round {round}");
+        assert_eq!(
+            keep.container_used(),
+            0,
+            "round {round}: bytes of a process that left stay on its container's books"
+        );
+    }
+    keep.leave();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Fault: the ledger is damaged (one byte of its magic) while threads of
+/// a process reserve and release, so that reservations race the re-join
+/// to the next generation. Before: a reservation granted on the damaged
+/// ledger just as the process moved could be missing from what it
+/// re-registered. Now: reservations run inside the old membership's
+/// in-flight count, the loss waits for them before it reads what the
+/// process holds, and later ones wait for the join: on the new
+/// generation the process's and the container's books are exactly what
+/// the threads hold.
+#[test]
+fn a_reservation_racing_a_re_join_is_counted_on_the_new_ledger() {
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::{AtomicBool, AtomicU64};
+    let dir = std::env::temp_dir().join(format!("cgpu-faults-rejoin-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let uuid = "GPU-rejoin-0";
+    let a = account_in(&dir, uuid, "c");
+    assert!(a.is_shared());
+    let magic =
+        std::mem::offset_of!(LedgerFile, header) + std::mem::offset_of!(LedgerHeader, magic);
+    const ROUNDS: u64 = 10;
+    let mut moved = 0;
+    for round in 0..ROUNDS {
+        let path = Ledger::list(&dir).into_iter().next().expect("a ledger");
+        let stop = AtomicBool::new(false);
+        let held = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for t in 0..3u64 {
+                let (stop, held, a) = (&stop, &held, &a);
+                s.spawn(move || {
+                    let mut mine = 0u64;
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Acquire) {
+                        i += 1;
+                        let n = 4096 * (1 + (i + t) % 4);
+                        if a.reserve(n) {
+                            mine += n;
+                        }
+                        if i % 3 == 0 && mine >= 4096 {
+                            a.release(4096);
+                            mine -= 4096;
+                        }
+                        // Stay well under the quota.
+                        if mine > 64 * MIB {
+                            a.release(mine);
+                            mine = 0;
+                        }
+                    }
+                    held.fetch_add(mine, Ordering::AcqRel);
+                });
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .unwrap();
+            f.write_all_at(&[0xff], magic as u64).unwrap();
+            drop(f);
+            // Until the threads' allocations moved them to another file.
+            let t = wait_for(Duration::from_secs(20), || {
+                Ledger::list(&dir).first().is_some_and(|p| *p != path) && !a.is_waiting()
+            });
+            assert!(t.is_some(), "round {round}: never re-joined");
+            std::thread::sleep(Duration::from_millis(5));
+            stop.store(true, Ordering::Release);
+        });
+        // Threads have stopped: nothing is in flight.
+        let live = Ledger::list(&dir).into_iter().next().unwrap();
+        if live != path {
+            moved += 1;
+        }
+        let held = held.load(Ordering::Acquire);
+        assert_eq!(
+            a.process_used(),
+            held,
+            "round {round}: what the process knows it holds"
+        );
+        let (jl, jm) = a.ledger().expect("joined");
+        assert_eq!(jl.path(), live.as_path(), "round {round}");
+        assert_eq!(
+            jl.process_of(jm).used.load(Ordering::Acquire),
+            held,
+            "round {round}: the process's slot on {live:?}"
+        );
+        let l = Ledger::open(&live).unwrap();
+        let c = l.find_container("c").unwrap();
+        assert_eq!(
+            l.file().containers[c].used.load(Ordering::Acquire),
+            held,
+            "round {round}: the container's books on the new generation"
+        );
+        drop(l);
+        a.release(held);
+    }
+    println!("{moved} of {ROUNDS} rounds moved to a new generation while 3 threads reserved");
+    assert_eq!(moved, ROUNDS);
+    a.leave();
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -1371,6 +1555,159 @@ fn random_values_in_live_counters_converge_to_the_device() {
     }
 }
 
+/// Fault: one random byte of a live ledger's identity and bookkeeping
+/// structure (the header's identity fields, the container slot's state,
+/// id, key, creation stamps and `id_sum`, the process slot's state and
+/// container) is flipped or overwritten, seeded and bounded to those
+/// fields (knobs an operator may write, such as the quota, and the byte
+/// counters, which `random_values_in_live_counters_converge_to_the_device`
+/// covers, are left out: any value there is a legal one). At once a
+/// newcomer of the container allocates 128 MiB blocks until refused; a
+/// second one does the same once the books have converged. Before: a
+/// newcomer that met a damaged id, key or state started fresh books
+/// (1984 MiB on the device under 1 GiB). Now: every such damage is found
+/// (the id is checked against `id_sum`; a live process outside a live
+/// container, or a held slot not marked live, is damage), the newcomer is
+/// refused while the books are unusable, the next generation is built,
+/// and the live job re-registers there before newcomers join it.
+#[test]
+fn random_damage_to_identity_fields_never_lets_a_newcomer_pass_the_quota() {
+    let mut held_seeds = 0;
+    let seeds = 1..=24u64;
+    let total = seeds.clone().count();
+    for seed in seeds {
+        let rig = Rig::new(&format!("rnd{seed}"));
+        let mut p1 = rig.client(
+            "rnd",
+            1,
+            &[],
+            &["pid", "alloc", "134217728", "ready", "hold"],
+        );
+        let mut out1 = BufReader::new(p1.stdout.take().unwrap());
+        let lines = read_until(&mut out1, "ready");
+        let pid1 = field(&lines, "pid", "pid").unwrap() as u32;
+        let held = (300 + 128) * MIB;
+        assert_eq!(ledger_used(&rig.dir, "rnd"), Some(held), "seed {seed}");
+        let path = rig.ledger_path();
+        let l = Ledger::open(&path).unwrap();
+        let c = l.find_container("rnd").unwrap();
+        let p = l
+            .file()
+            .processes
+            .iter()
+            .position(|p| p.pid.load(Ordering::Acquire) == pid1 as i32)
+            .unwrap();
+        drop(l);
+        let h = std::mem::offset_of!(LedgerFile, header);
+        let cs =
+            std::mem::offset_of!(LedgerFile, containers) + c * std::mem::size_of::<ContainerSlot>();
+        let ps =
+            std::mem::offset_of!(LedgerFile, processes) + p * std::mem::size_of::<ProcessSlot>();
+        use std::mem::offset_of as off;
+        let targets: [(&str, usize, usize); 15] = [
+            ("header magic", h + off!(LedgerHeader, magic), 8),
+            ("header version", h + off!(LedgerHeader, version), 4),
+            ("header header_size", h + off!(LedgerHeader, header_size), 4),
+            ("header file_size", h + off!(LedgerHeader, file_size), 8),
+            ("header ready", h + off!(LedgerHeader, ready), 4),
+            ("header uuid", h + off!(LedgerHeader, uuid), 16),
+            ("container state", cs + off!(ContainerSlot, state), 4),
+            ("container id", cs + off!(ContainerSlot, id), 4),
+            ("container key", cs + off!(ContainerSlot, key), 8),
+            (
+                "container key_created",
+                cs + off!(ContainerSlot, key_created),
+                8,
+            ),
+            (
+                "container created_ns",
+                cs + off!(ContainerSlot, created_ns),
+                8,
+            ),
+            ("container id_sum", cs + off!(ContainerSlot, id_sum), 8),
+            ("process state", ps + off!(ProcessSlot, state), 4),
+            ("process container", ps + off!(ProcessSlot, container), 4),
+            (
+                "container id (padding)",
+                cs + off!(ContainerSlot, id) + 4,
+                60,
+            ),
+        ];
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (name, start, len) = targets[(next() % targets.len() as u64) as usize];
+        let at = (start + (next() % len as u64) as usize) as u64;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let mut b = [0u8; 1];
+        {
+            use std::os::unix::fs::FileExt;
+            f.read_exact_at(&mut b, at).unwrap();
+            let was = b[0];
+            b[0] = if next() & 1 == 0 {
+                was ^ (1 << (next() % 8))
+            } else {
+                match next() as u8 {
+                    v if v == was => !was,
+                    v => v,
+                }
+            };
+            f.write_all_at(&b, at).unwrap();
+            println!(
+                "seed {seed}: {name} byte at {at}: {was:#04x} -> {:#04x}",
+                b[0]
+            );
+        }
+        drop(f);
+        // At once: a newcomer is refused or kept within the quota.
+        let mut p2 = rig.client(
+            "rnd",
+            1,
+            &[],
+            &["pid", "alloc_until_oom", "134217728", "hold"],
+        );
+        let mut out2 = BufReader::new(p2.stdout.take().unwrap());
+        let lines2 = read_until(&mut out2, "holding");
+        let pid2 = field(&lines2, "pid", "pid").unwrap() as u32;
+        let early = rig.device_bytes(&[pid1, pid2]);
+        // The books converge: the live job's bytes are on the live books.
+        let t = wait_for(Duration::from_secs(10), || {
+            ledger_used(&rig.dir, "rnd").is_some_and(|u| u >= held)
+        });
+        let mut p3 = rig.client(
+            "rnd",
+            1,
+            &[],
+            &["pid", "alloc_until_oom", "134217728", "hold"],
+        );
+        let mut out3 = BufReader::new(p3.stdout.take().unwrap());
+        let lines3 = read_until(&mut out3, "holding");
+        let pid3 = field(&lines3, "pid", "pid").unwrap() as u32;
+        let late = rig.device_bytes(&[pid1, pid2, pid3]);
+        let ok = early <= GIB && late <= GIB && t.is_some();
+        println!(
+            "seed {seed}: {name}: at once {} MiB, after convergence ({t:?}) {} MiB on the device under 1024: {}",
+            early / MIB,
+            late / MIB,
+            if ok { "held" } else { "FAILED" }
+        );
+        held_seeds += ok as usize;
+        kill_and_check(p1, "the live job");
+        kill_and_check(p2, "the first newcomer");
+        kill_and_check(p3, "the second newcomer");
+    }
+    println!("{held_seeds} of {total} seeds held");
+    assert_eq!(held_seeds, total, "seeds that held");
+}
+
 /// Fault: the ledger file is deleted, or wiped (truncated and grown back
 /// to size, all zeros), while an idle job holds memory under it. Before:
 /// new processes made a new ledger without the idle job's bytes (deleted),
@@ -1522,6 +1859,73 @@ fn untrusted_or_relative_ledger_directories_are_refused() {
         &format!("touch /run/afile && \"$CUCLIENT\" alloc 1048576{shm}"),
         "not a directory",
     );
+}
+
+/// Fault: the ledger directory does not exist (the host never made it,
+/// or the container was started without it mounted). Before: the first
+/// process created it, inside its own container, where no other
+/// container could see it: books no one else shares. Now: the library
+/// never creates it; allocations are refused with one error naming the
+/// fix (the host's `systemd-tmpfiles --create`, or `mkdir -m 1777`, and
+/// the mount), and the job joins as soon as the directory appears.
+#[test]
+fn a_missing_ledger_directory_is_never_created_and_refuses() {
+    let rig = Rig::new("missing");
+    let missing = rig.sim.state_dir.join("no-ledger-dir");
+    let go = rig.sim.state_dir.join("missing-go");
+    let mut p = rig.client(
+        "missing",
+        1,
+        &[("CGPU_LEDGER_DIR", missing.to_str().unwrap())],
+        &[
+            "alloc",
+            "1048576",
+            "ready",
+            "wait_file",
+            go.to_str().unwrap(),
+            "sleep",
+            "50",
+            "alloc",
+            "1048576",
+            "ready",
+            "hold",
+        ],
+    );
+    let mut out = BufReader::new(p.stdout.take().unwrap());
+    let lines = read_until(&mut out, "ready");
+    assert!(
+        lines.iter().any(|l| l.starts_with("alloc err=2")),
+        "refused while the directory is missing: {lines:?}"
+    );
+    assert!(
+        !missing.exists(),
+        "the library created the ledger directory"
+    );
+    std::fs::create_dir_all(&missing).unwrap();
+    std::fs::write(&go, "").unwrap();
+    let lines = read_until(&mut out, "ready");
+    assert!(
+        lines.iter().any(|l| l.starts_with("alloc ok")),
+        "joined once the directory exists: {lines:?}"
+    );
+    assert_eq!(Ledger::list(&missing).len(), 1);
+    let err = kill_and_check(p, "the job");
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.contains("missing (the host creates it"))
+        .collect();
+    assert_eq!(said.len(), 1, "one error line: {err}");
+    for fix in [
+        "systemd-tmpfiles --create",
+        "mkdir -m 1777",
+        "mount it into the container",
+    ] {
+        assert!(
+            said[0].contains(fix),
+            "the error names {fix:?}: {}",
+            said[0]
+        );
+    }
 }
 
 /// Fault: `/run/cgpu` is root's and not writable by the container's

@@ -121,7 +121,7 @@ fn c_header_matches_rust_layout() {
         }
         "cgpu_container" ContainerSlot {
             state, highprio, id, quota, used, peak, weight, nprocs, oom_count, created_ns,
-            enforce_off, ops, sched, suspect, recounts, key, key_created, reserved,
+            enforce_off, ops, sched, suspect, recounts, key, key_created, id_sum, reserved,
         }
         "cgpu_process" ProcessSlot {
             state, container, pid, _pad, pidns, start_time, used, pending, gpu_time_ns,
@@ -147,6 +147,7 @@ fn c_header_matches_rust_layout() {
         ("CGPU_SHARED_BYTES", SHARED_BYTES),
         ("CGPU_ADD_CONTAINER_KEY", ADD_CONTAINER_KEY),
         ("CGPU_ADD_HOST_PID", ADD_HOST_PID),
+        ("CGPU_ADD_ID_SUM", ADD_ID_SUM),
         ("CGPU_SLOT_FREE", SLOT_FREE as u64),
         ("CGPU_SLOT_CLAIMING", SLOT_CLAIMING as u64),
         ("CGPU_SLOT_LIVE", SLOT_LIVE as u64),

@@ -184,7 +184,10 @@ fn fix_for(e: &LedgerError, dir: &Path) -> String {
                 (Some(libc::EMFILE) | Some(libc::ENFILE), _) => {
                     "raise the process's descriptor limit (ulimit -n) or close descriptors".into()
                 }
-                (Some(libc::ENOTDIR) | Some(libc::ENOENT), _) | (_, K::NotADirectory | K::NotFound) => {
+                (Some(libc::ENOENT), _) | (_, K::NotFound) => format!(
+                    "create it on the host (`systemd-tmpfiles --create` with cgpu's tmpfiles.d entry, or `mkdir -m 1777 {dir}`) and mount it into the container (-v {dir}:{dir})"
+                ),
+                (Some(libc::ENOTDIR), _) | (_, K::NotADirectory) => {
                     format!("make {dir} a directory (mode 1777) or point CGPU_LEDGER_DIR at one")
                 }
                 (_, K::TimedOut) => "resume or end the stopped process that holds the lock".into(),
@@ -415,6 +418,7 @@ impl Account {
         j.ledger.header_intact()
             && j.ledger.membership_intact(&j.m)
             && j.ledger.container_of(&j.m).is(&self.spec.container_id)
+            && j.ledger.container_of(&j.m).id_intact() != Some(false)
     }
 
     /// The joined ledger `j` is damaged or replaced: stop using it (its

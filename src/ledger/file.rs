@@ -18,7 +18,7 @@ use super::*;
 use std::ffi::CString;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 
 const SIZE: usize = std::mem::size_of::<LedgerFile>();
 
@@ -31,20 +31,10 @@ fn cpath(path: &Path) -> Result<CString, LedgerError> {
     })
 }
 
-/// Create `dir` (and parents) if missing; a directory we create is made
-/// world-writable and sticky (`1777`, like `/tmp`) so that containers
-/// running as different uids can all create and open ledgers in it.
-pub(super) fn ensure_dir(dir: &Path) -> io::Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    std::fs::create_dir_all(dir)?;
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777));
-    Ok(())
-}
-
-/// Can ledgers be kept in `dir`? An absolute path to a directory (created
-/// if missing) that this process can write; a default directory must also
+/// Can ledgers be kept in `dir`? An absolute path to an existing directory
+/// that this process can write (never created here: the host makes it,
+/// `deploy/host/cgpu.tmpfiles.conf`, and mounts it into containers; made
+/// by a job, it would be a directory only that container sees); a default directory must also
 /// be trusted ([`trusted_dir`]). Each failure names what is wrong.
 pub(super) fn usable_dir(dir: &Path) -> Result<(), LedgerError> {
     let err = |kind: io::ErrorKind, os: Option<i32>, why: String| {
@@ -77,12 +67,11 @@ pub(super) fn usable_dir(dir: &Path) -> Result<(), LedgerError> {
         }
         Ok(_) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            if let Err(e) = ensure_dir(dir) {
-                return Err(LedgerError::io(
-                    dir,
-                    io::Error::new(e.kind(), format!("missing, and cannot be created ({e})")),
-                ));
-            }
+            return Err(err(
+                io::ErrorKind::NotFound,
+                Some(libc::ENOENT),
+                "missing (the host creates it; cgpu never does)".into(),
+            ));
         }
         Err(e) => return Err(LedgerError::io(dir, e)),
     }
@@ -453,7 +442,13 @@ pub(super) fn open_or_create(
         let g = live_generation(dir, uuid).unwrap_or(0);
         let path = generation_path(dir, uuid, g);
         let damaged = match open(&path) {
-            Ok(l) if l.uuid() == uuid => return Ok(l),
+            Ok(l) if l.uuid() == uuid => match l.identity_damage_within(IDENTITY_CHECK_WAIT) {
+                None => return Ok(l),
+                Some(why) => LedgerError::Corrupt {
+                    path: path.clone(),
+                    why,
+                },
+            },
             Ok(l) => LedgerError::Corrupt {
                 path: path.clone(),
                 why: format!("holds GPU {:?}, expected {uuid:?}", l.uuid()),
@@ -491,6 +486,23 @@ pub(super) fn open_or_create(
             io::Error::other("ledger kept changing while opening it"),
         )
     }))
+}
+
+/// How long opening waits for the table lock to check the container
+/// slots' identities (busy: the join checks them under the lock).
+const IDENTITY_CHECK_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Does a process still hold its liveness lock in the ledger file at
+/// `path` (one lock query over the whole process table)? False when the
+/// file is gone or cannot be read.
+pub(super) fn has_live_processes(path: &Path) -> bool {
+    use std::os::unix::io::AsRawFd;
+    let Ok(f) = std::fs::File::open(path) else {
+        return false;
+    };
+    let start = std::mem::offset_of!(LedgerFile, processes) as u64;
+    let len = std::mem::size_of::<[super::ProcessSlot; super::MAX_PROCESSES]>() as u64;
+    super::lock::is_locked(f.as_raw_fd(), start, len).unwrap_or(false)
 }
 
 /// Remove `uuid`'s generations older than `keep` where the directory

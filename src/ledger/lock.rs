@@ -66,6 +66,15 @@ pub(crate) fn is_locked(fd: RawFd, start: u64, len: u64) -> io::Result<bool> {
     Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
 }
 
+/// One lock another open file description holds overlapping the range, as
+/// `(start, len)` (`len` 0: to the end of the file); `None`: none.
+pub(crate) fn held_lock(fd: RawFd, start: u64, len: u64) -> io::Result<Option<(u64, u64)>> {
+    let mut fl = flock(libc::F_WRLCK, start, len);
+    fcntl_lock(fd, libc::F_OFD_GETLK, &mut fl)?;
+    Ok((fl.l_type != libc::F_UNLCK as libc::c_short)
+        .then_some((fl.l_start.max(0) as u64, fl.l_len.max(0) as u64)))
+}
+
 /// Take a write lock, waiting at most `timeout`. Polls with `F_OFD_SETLK`
 /// and short sleeps rather than `F_OFD_SETLKW`, so that a live but stuck
 /// holder costs us `timeout`, never forever.

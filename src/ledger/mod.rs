@@ -63,8 +63,10 @@ pub const SCHED_CONTAINER_WORDS: usize = 48;
 pub const ADD_CONTAINER_KEY: u64 = 1 << 0;
 /// [`ProcessSlot::host_pid`].
 pub const ADD_HOST_PID: u64 = 1 << 1;
+/// [`ContainerSlot::id_sum`].
+pub const ADD_ID_SUM: u64 = 1 << 2;
 /// Every addition this build understands.
-pub const ADDITIONS: u64 = ADD_CONTAINER_KEY | ADD_HOST_PID;
+pub const ADDITIONS: u64 = ADD_CONTAINER_KEY | ADD_HOST_PID | ADD_ID_SUM;
 
 /// Slot states (containers and processes).
 pub const SLOT_FREE: u32 = 0;
@@ -179,7 +181,12 @@ pub struct ContainerSlot {
     /// process that does not know keys (it rewrites `created_ns`, never
     /// `key`) has another `created_ns`: its `key` is stale, as if 0.
     pub key_created: AtomicU64,
-    pub reserved: [u64; 4],
+    /// Check of the slot's identity ([`id_sum`] of `id`, `key` and
+    /// `key_created`), written with them while the slot is claimed. 0, or
+    /// `key_created` not this `created_ns` (claimed since by a process
+    /// that does not know it): unknown. Any other mismatch is damage.
+    pub id_sum: AtomicU64,
+    pub reserved: [u64; 3],
 }
 
 /// One process using this GPU.
@@ -590,6 +597,17 @@ impl ContainerSlot {
             0
         }
     }
+    /// Does the slot's identity check out? `None` when it cannot be told
+    /// (no `id_sum`, or a stale one: see [`ContainerSlot::id_sum`]);
+    /// `Some(false)`: its id, key or sum was damaged.
+    pub fn id_intact(&self) -> Option<bool> {
+        let sum = self.id_sum.load(Ordering::Acquire);
+        let created = self.key_created.load(Ordering::Acquire);
+        if sum == 0 || created != self.created_ns.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(sum == id_sum(&self.id_bytes(), self.key.load(Ordering::Acquire), created))
+    }
     /// Live and named `id`?
     fn is(&self, id: &str) -> bool {
         if self.state.load(Ordering::Acquire) != SLOT_LIVE || id.len() > ID_LEN {
@@ -598,6 +616,26 @@ impl ContainerSlot {
         let b = self.id_bytes();
         b[..id.len()] == *id.as_bytes() && b.get(id.len()).is_none_or(|&c| c == 0)
     }
+}
+
+/// How long after a generation is built its joins wait for the processes
+/// of the damaged one to move ([`Ledger::previous_generation_settled`]).
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(1);
+
+/// The check written in [`ContainerSlot::id_sum`]: FNV-1a (64 bit) of
+/// the 64 id bytes, then `key` and `key_created` (little-endian); never 0
+/// (0 means unknown).
+pub fn id_sum(id: &[u8; ID_LEN], key: u64, key_created: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in id
+        .iter()
+        .chain(&key.to_le_bytes())
+        .chain(&key_created.to_le_bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h.max(1)
 }
 
 /// One mapped GPU ledger.
@@ -909,9 +947,16 @@ impl Ledger {
         }
         let fd = self.fd()?;
         self.check_required()?;
+        self.previous_generation_settled()?;
         let key = req.key();
         let _g = self.lock_table_within(wait)?;
         self.reap_locked();
+        if let Some(why) = self.identity_damage() {
+            return Err(LedgerError::Corrupt {
+                path: self.path.clone(),
+                why,
+            });
+        }
         let f = self.file();
 
         let (c, created) = match f.containers.iter().position(|c| c.is_container(key, id)) {
@@ -998,6 +1043,8 @@ impl Ledger {
         slot.created_ns.store(now, Ordering::Relaxed);
         slot.key.store(req.key(), Ordering::Relaxed);
         slot.key_created.store(now, Ordering::Relaxed);
+        slot.id_sum
+            .store(id_sum(&slot.id_bytes(), req.key(), now), Ordering::Relaxed);
         slot.quota.store(quota, Ordering::Relaxed);
         slot.used.store(0, Ordering::Relaxed);
         slot.peak.store(0, Ordering::Relaxed);
@@ -1505,6 +1552,129 @@ impl Ledger {
             || header_size as usize != std::mem::size_of::<LedgerHeader>()
             || file_size as usize != std::mem::size_of::<LedgerFile>()
             || h.ready.load(Ordering::Acquire) != 1
+    }
+
+    /// A live container slot whose identity fails its check
+    /// ([`ContainerSlot::id_intact`]): why, for the error. Under the table
+    /// lock (claims are made under it, so no slot is seen half-written).
+    fn identity_damage(&self) -> Option<String> {
+        let f = self.file();
+        // A live process (dead ones are reaped first) always belongs to a
+        // live container: otherwise a container's state was damaged, and
+        // its processes' bytes would be missing from a fresh slot's books.
+        let orphan = f.processes.iter().enumerate().find_map(|(i, p)| {
+            if p.state.load(Ordering::Acquire) != SLOT_LIVE {
+                return None;
+            }
+            let c = p.container.load(Ordering::Acquire) as usize;
+            let live = f
+                .containers
+                .get(c)
+                .is_some_and(|s| s.state.load(Ordering::Acquire) == SLOT_LIVE);
+            (!live).then(|| {
+                format!("live process slot {i} belongs to container slot {c}, which is not live (damaged)")
+            })
+        });
+        if orphan.is_some() {
+            return orphan;
+        }
+        // A process holding its liveness lock on a slot that does not say
+        // LIVE: that slot's state was damaged (its bytes would be reaped
+        // from the books while it holds them).
+        let mut unlisted = None;
+        self.locked_slots(0, MAX_PROCESSES, &mut |i| {
+            if f.processes[i].state.load(Ordering::Acquire) != SLOT_LIVE {
+                unlisted = Some(format!(
+                    "process slot {i} is held by a live process but is not marked live (damaged)"
+                ));
+            }
+            unlisted.is_none()
+        });
+        if unlisted.is_some() {
+            return unlisted;
+        }
+        f.containers.iter().enumerate().find_map(|(i, c)| {
+            (c.state.load(Ordering::Acquire) == SLOT_LIVE && c.id_intact() == Some(false)).then(
+                || {
+                    format!(
+                        "container slot {i} ({:?}): its id or key does not match its id_sum (damaged)",
+                        c.id_str()
+                    )
+                },
+            )
+        })
+    }
+
+    /// Calls `each` with every process slot in `[lo, hi)` whose liveness
+    /// lock a process holds (our own included: probed through `probe_fd`),
+    /// until it returns false. One lock query per held slot and per gap
+    /// between them, not one per slot.
+    fn locked_slots(&self, lo: usize, hi: usize, each: &mut dyn FnMut(usize) -> bool) -> bool {
+        let fd = self.probe_fd.load(Ordering::Acquire);
+        if lo >= hi || fd < 0 {
+            return true;
+        }
+        let size = std::mem::size_of::<ProcessSlot>() as u64;
+        let start = process_slot_offset(lo);
+        let Ok(Some((s, len))) = lock::held_lock(fd, start, (hi - lo) as u64 * size) else {
+            return true;
+        };
+        let base = process_slot_offset(0);
+        let first = (s.max(start) - base) / size;
+        let end = if len == 0 {
+            hi as u64
+        } else {
+            (s + len - base).div_ceil(size)
+        };
+        let (first, end) = (first as usize, (end as usize).clamp(first as usize + 1, hi));
+        self.locked_slots(lo, first, each)
+            && (first..end).all(&mut *each)
+            && self.locked_slots(end, hi, each)
+    }
+
+    /// [`Ledger::identity_damage`], taking the table lock for at most
+    /// `wait` (`None` also when it could not be taken: the join checks
+    /// again under the lock).
+    pub(super) fn identity_damage_within(&self, wait: Duration) -> Option<String> {
+        let _g = self.lock_table_within(wait).ok()?;
+        self.reap_locked();
+        self.identity_damage()
+    }
+
+    /// A new generation is joined only once the processes still mapped to
+    /// the damaged one it replaced have moved (each leaves it within one
+    /// watcher period and re-registers what it holds here): joined before,
+    /// a newcomer would see books without their bytes. Waited for at most
+    /// [`SETTLE_LIMIT`] after the generation was built (a stopped process
+    /// does not hold newcomers back for longer). `Err` ([`LedgerError::is_busy`]):
+    /// refuse, and try again later.
+    fn previous_generation_settled(&self) -> Result<(), LedgerError> {
+        if self.generation == 0 {
+            return Ok(());
+        }
+        let created = self.file().header.created_ns;
+        if realtime_ns().saturating_sub(created) > SETTLE_LIMIT.as_nanos() as u64 {
+            return Ok(());
+        }
+        let dir = self.path.parent().unwrap_or(Path::new("/"));
+        let name = self.path.file_name().unwrap_or_default().to_string_lossy();
+        let Some((uuid, _)) = file::parse_name(&name) else {
+            return Ok(());
+        };
+        let prev = file::generation_path(dir, &uuid, self.generation - 1);
+        if !file::has_live_processes(&prev) {
+            return Ok(());
+        }
+        Err(LedgerError::io(
+            &self.path,
+            std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "was just built past the damaged {}, whose processes have not all moved here yet",
+                    prev.display()
+                ),
+            ),
+        ))
     }
 
     /// Are the header's identity fields as they were when this handle was
