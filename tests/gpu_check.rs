@@ -24,11 +24,22 @@ const ALL_ROWS: &[&str] = &[
 ];
 
 /// Rows that must PASS with what is on main now: all of them (memory hooks
-/// and scheduler landed) but the SKIP rows of frameworks the venv lacks.
+/// and scheduler landed) but the SKIP rows of frameworks the venv lacks and
+/// the rows of [`HOST_TIMED`].
 const MUST_PASS: &[&str] = &[
     "1a", "1b", "1c", "1d", "1e", "1f", "1g", "1h", "1i", "2a", "2b", "2c", "2d", "2g", "3a", "3b",
-    "3c", "4a", "4b", "5a", "5b", "8a",
+    "3c", "4a", "5a", "5b", "8a",
 ];
+
+/// Rows judged by the throughput a loop gets over a wall-clock window
+/// against the same loop alone (4b: a busy container beside an idle one):
+/// on a host whose CPUs are busy with other work the loop itself is starved,
+/// so here they must run to a verdict (PASS or FAIL, never a crash or a
+/// timeout) and are printed, not judged. What they check holds at any load
+/// and is asserted by `tests/sched.rs` (`preemptive_one_busy_one_idle`: the
+/// busy container is held back at most 1% of its GPU time); on a real GPU
+/// the script judges them.
+const HOST_TIMED: &[&str] = &["4b"];
 
 /// The simulated GPU's physical total (`15109:Tesla T4`, the script's default).
 const T4_BYTES: u64 = 15109 << 20;
@@ -185,8 +196,26 @@ fn gpu_check_script_runs_on_the_sim() {
             r.name, r.expected, r.measured
         );
     }
+    let mut host_failed = false;
+    for id in HOST_TIMED {
+        let r = &run.rows[*id];
+        eprintln!(
+            "gpu-check row {id} (host-timed, not judged here): {} {} (expected {})",
+            r.status, r.measured, r.expected
+        );
+        assert!(
+            r.status == "PASS" || r.status == "FAIL",
+            "row {id} must come to a verdict: {r:?}\n{ctx}"
+        );
+        host_failed |= r.status == "FAIL";
+    }
     assert!(run.stdout.contains("cgpuctl:") && !run.stdout.contains("cgpuctl:        not found"));
-    assert_eq!(run.out.status.code(), Some(0), "all PASS: exit 0\n{ctx}");
+    let want = if host_failed { 1 } else { 0 };
+    assert_eq!(
+        run.out.status.code(),
+        Some(want),
+        "exit 0 when every row passed, 1 when only a host-timed row failed\n{ctx}"
+    );
 }
 
 /// A preloaded library that does nothing (libm) must not pass: the memory
