@@ -1,4 +1,4 @@
-//! The container's environment (README: the environment table), parsed once.
+//! The container's settings (README: the settings table), parsed once.
 //!
 //! Every parser here is a pure function of the variable's value, with unit
 //! tests for the test vectors (T4, V100, A10 with `ALIYUN_COM_GPU_MEM_DEV`). [`get`] reads the process environment the first

@@ -11,7 +11,7 @@ use interpose_common::*;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The memory test vectors of the README's environment table: (physical MiB, DEV, CONTAINER, expected MiB).
+/// The worked examples of docs/memory.md: (physical MiB, DEV, CONTAINER, expected MiB).
 const SEEDS: &[(u64, &str, &str, u64)] = &[
     (15109, "15", "6", 6043),
     (16160, "15", "4", 4309),

@@ -9,7 +9,7 @@
 //! Each test states the fault, what cgpu does about it, and asserts:
 //! - no container ever holds more than its quota on the device;
 //! - no process dies of a signal it was not sent;
-//! - the delay imposed on others stays within the bound the README states.
+//! - the delay imposed on others stays within the bound docs/faults.md states.
 
 use cgpu::ledger::*;
 use cgpu_testkit::{artifacts, cuclient, LinkMode, SimEnv};
@@ -222,7 +222,7 @@ fn stalled_table_lock_holder_never_unlimits_a_container() {
         held <= GIB,
         "container held {held} bytes on the device with a 1 GiB quota"
     );
-    // The README's bound: a joining process is held up at most 0.5 s per
+    // docs/faults.md's bound: a joining process is held up at most 0.5 s per
     // GPU before it is refused (plus process start-up on a loaded machine).
     println!("stalled lock: clients refused after {waited:?} (both started together)");
     assert!(waited < Duration::from_secs(10), "{waited:?}");
