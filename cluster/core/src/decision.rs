@@ -30,6 +30,10 @@ pub struct NodeGpu {
     /// The model as NVML names it (`Tesla V100-SXM2-16GB`); empty when unknown.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model: String,
+    /// The device plugin saw the GPU fail (a critical XID error, or the GPU
+    /// lost): no new pod is placed on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unhealthy: bool,
 }
 
 fn list(pod: &Value, key: &str) -> Vec<String> {
@@ -97,6 +101,7 @@ pub fn node_gpus(node: &Value) -> Vec<NodeGpu> {
             memory_mib: 0,
             gib: mem / count,
             model: String::new(),
+            unhealthy: false,
         })
         .collect()
 }
@@ -445,6 +450,7 @@ mod tests {
                 memory_mib: 16160,
                 gib: 15,
                 model: String::new(),
+                unhealthy: false,
             },
             NodeGpu {
                 index: 1,
@@ -452,6 +458,7 @@ mod tests {
                 memory_mib: 16160,
                 gib: 15,
                 model: String::new(),
+                unhealthy: false,
             },
         ];
         json!({"metadata": {"name": "n1", "annotations": {ANN_NODE_GPUS: serde_json::to_string(&gpus).unwrap()}},

@@ -189,13 +189,13 @@ impl View {
         !pod_gpu_use(pod, &|d| self.verifier.verify(d)).is_empty()
     }
 
-    /// The node's GPUs the pod may use (its model/UUID annotations), with
-    /// what they hold.
+    /// The node's GPUs the pod may use (healthy, and allowed by its
+    /// model/UUID annotations), with what they hold.
     fn usage_for(&self, node: &str, pod: &Value) -> Option<(Vec<NodeGpu>, Vec<Gpu>)> {
         let (gpus, mut usage) = self.usage(node)?;
         usage.retain(|u| {
             gpus.iter()
-                .any(|g| g.index == u.index && gpu_allowed(pod, g))
+                .any(|g| g.index == u.index && !g.unhealthy && gpu_allowed(pod, g))
         });
         Some((gpus, usage))
     }
