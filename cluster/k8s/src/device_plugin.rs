@@ -21,7 +21,9 @@ use crate::kubelet_api::deviceplugin as dp;
 use crate::kubelet_api::podresources as pr;
 use crate::nvml::GpuSource;
 use crate::signing::DecisionVerifier;
-use cgpu_cluster_core::decision::{pod_gpu_use, valid_decision, ContainerAlloc, Decision, NodeGpu};
+use cgpu_cluster_core::decision::{
+    compute_weight, pod_gpu_use, pod_request, valid_decision, ContainerAlloc, Decision, NodeGpu,
+};
 use cgpu_cluster_core::names::*;
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -661,8 +663,21 @@ impl Plugin {
             high_prio: pod["metadata"]["annotations"][ANN_HIGH_PRIORITY]
                 .as_str()
                 .is_some_and(|v| v.trim() == "true" || v.trim() == "1"),
+            weight: self.weight(&d, &pod, &who)?,
         };
         Ok((format!("{ns}/{name}"), alloc))
+    }
+
+    /// The weight each GPU container of the pod gets from the compute
+    /// share in its signed decision (see [`compute_weight`]).
+    fn weight(&self, d: &Decision, pod: &Value, who: &str) -> Result<Option<u32>, String> {
+        if d.compute == 0 {
+            return Ok(None);
+        }
+        let req = pod_request(pod).map_err(|e| format!("{who}: {e}"))?;
+        compute_weight(d.compute, &req)
+            .map(Some)
+            .map_err(|e| format!("{who}: {e}"))
     }
 
     /// `PreStartContainer`: resolve, check, write the container's file.

@@ -971,3 +971,82 @@ async fn a_gpu_that_fails_takes_no_new_pod() {
     assert!(out.contains("Unhealthy: GPU2 (GPU-"), "{out}");
     assert!(!out.contains("Unhealthy: GPU0"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compute_shares_never_sum_past_a_whole_gpu() {
+    let c = Cluster::new("gpu-core", &[V100], json!({})).await;
+    c.ready(15).await;
+    let with_core = |name: &str, core: &str| {
+        c.pod(name, json!([gpu_container("main", 4)]), 1);
+        c.api.patch(
+            "pods",
+            "default",
+            name,
+            &json!({"metadata": {"annotations": {"cgpu.io/gpu-core": core}}}),
+        );
+        c.get(name)
+    };
+    let a = with_core("a", "60");
+    c.schedule(&a).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("a")).unwrap().compute, 60);
+    // 60 + 50 > 100 though the memory fits: refused, resolvable by
+    // preemption, with the reason.
+    let b = with_core("b", "50");
+    let f = post(
+        &c.ext_url,
+        "/filter",
+        &json!({"Pod": b, "NodeNames": [NODE]}),
+    )
+    .await;
+    assert_eq!(f["NodeNames"], json!([]), "{f}");
+    assert!(
+        f["FailedNodes"][NODE]
+            .as_str()
+            .unwrap()
+            .contains("no GPU of the node has 50% of its compute free"),
+        "{f}"
+    );
+    // Less than one of the GPU's 16 time slices: never placeable.
+    let tiny = with_core("tiny", "5");
+    let f = post(
+        &c.ext_url,
+        "/filter",
+        &json!({"Pod": tiny, "NodeNames": [NODE]}),
+    )
+    .await;
+    assert!(
+        f["FailedAndUnresolvableNodes"][NODE]
+            .as_str()
+            .unwrap()
+            .contains("ask for at least 7"),
+        "{f}"
+    );
+    let d = with_core("d", "40");
+    c.schedule(&d).await.unwrap();
+    // The shares reach the library as weights of the GPU's 16 slices, in
+    // the allocation file it reads.
+    for (pod, weight) in [("a", 9), ("d", 6)] {
+        let started = c.run_pod(pod, "main").await.unwrap();
+        let file =
+            std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
+        assert!(
+            file.contains(&format!("\nALIYUN_COM_GPU_SCHD_WEIGHT={weight}\n")),
+            "{file}"
+        );
+        // The library accepts the file: the container sees its 4 GiB.
+        let out = c.exec(&started, &["meminfo"]);
+        assert_eq!(
+            mib(field(line(&out, "meminfo"), "total").unwrap()),
+            16160 * 4 / 15,
+            "{out}"
+        );
+    }
+    // A pod without a share gets no weight key; it still fits (compute is
+    // not asked for, memory is free).
+    let plain = c.pod("plain", json!([gpu_container("main", 4)]), 1);
+    c.schedule(&plain).await.unwrap();
+    let started = c.run_pod("plain", "main").await.unwrap();
+    let file =
+        std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
+    assert!(!file.contains("WEIGHT"), "{file}");
+}

@@ -790,8 +790,8 @@ async fn pods_choose_gpus_by_model_and_uuid() {
                         .as_str()
                         .unwrap()
                         .contains(
-                            "no GPU of the node matches the pod's nvidia.com/use-gputype=H100"
-                        ),
+                        "no healthy GPU of the node matches the pod's nvidia.com/use-gputype=H100"
+                    ),
                     "{f}"
                 );
                 assert!(b["Error"].as_str().unwrap() != "", "{b}");
