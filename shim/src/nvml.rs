@@ -223,6 +223,9 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .iter()
             .position(|x| x.uuid.trim_start_matches("GPU-").eq_ignore_ascii_case(want))
             .ok_or(NVML_ERROR_NOT_FOUND)?;
+        if gpu_lost(d, i) {
+            return Err(NVML_ERROR_GPU_IS_LOST);
+        }
         // SAFETY: out pointer from the caller.
         unsafe { put(h, handle(i), NVML_ERROR_INVALID_ARGUMENT) }
     })
@@ -245,6 +248,9 @@ fn by_pci(id: *const c_char, h: *mut nvmlDevice_t) -> NvRes {
             nvml_bus_id(x.pci_bus) == s || crate::cuda::device::pci_bus_id(x.pci_bus) == s
         })
         .ok_or(NVML_ERROR_NOT_FOUND)?;
+    if gpu_lost(d, i) {
+        return Err(NVML_ERROR_GPU_IS_LOST);
+    }
     // SAFETY: out pointer from the caller.
     unsafe { put(h, handle(i), NVML_ERROR_INVALID_ARGUMENT) }
 }

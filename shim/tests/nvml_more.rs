@@ -76,5 +76,6 @@ fn a_failing_gpu_through_pynvml() {
     assert_eq!(v["count"], 2, "{v:#}");
     assert_eq!(v["handle1"], "GPU is lost", "{v:#}");
     assert_eq!(v["memory1"], "GPU is lost", "{v:#}");
+    assert_eq!(v["uuid1"], "GPU is lost", "{v:#}");
     assert_eq!(v["name0"], "NVIDIA A10", "{v:#}");
 }

@@ -19,6 +19,7 @@ out = {}
 n.nvmlInit()
 h0 = n.nvmlDeviceGetHandleByIndex(0)
 h1 = n.nvmlDeviceGetHandleByIndex(1)
+uuid1 = n.nvmlDeviceGetUUID(h1)
 es = n.nvmlEventSetCreate()
 # An error reported before the registration is not delivered.
 with open(os.path.join(state, "gpu0.xid"), "w") as f:
@@ -40,6 +41,7 @@ out["events"] = events
 out["count"] = n.nvmlDeviceGetCount()
 for name, f in [("handle1", lambda: n.nvmlDeviceGetHandleByIndex(1)),
                 ("memory1", lambda: n.nvmlDeviceGetMemoryInfo(h1)),
+                ("uuid1", lambda: n.nvmlDeviceGetHandleByUUID(uuid1)),
                 ("name0", lambda: n.nvmlDeviceGetName(h0))]:
     try:
         r = f()
