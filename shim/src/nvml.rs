@@ -34,7 +34,33 @@ pub(crate) fn dev_of(d: &Driver, h: nvmlDevice_t) -> Result<usize, nvmlReturn_t>
     if p < base || p >= base + d.devs.len() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
+    if gpu_lost(d, p - base) {
+        return Err(NVML_ERROR_GPU_IS_LOST);
+    }
     Ok(p - base)
+}
+
+/// Whether GPU `i` fell off the bus: the file `gpu<i>.lost` exists in the
+/// state directory. Its handle then answers `NVML_ERROR_GPU_IS_LOST` to
+/// every query, as the real driver does after XID 79.
+pub(crate) fn gpu_lost(d: &Driver, i: usize) -> bool {
+    d.cfg.state_dir.join(format!("gpu{i}.lost")).exists()
+}
+
+/// The XID errors the driver reported on GPU `i`, oldest first: one
+/// number a line in the state directory's `gpu<i>.xid` (lines that are not
+/// a number are skipped). A lost GPU ends with XID 79 ("GPU has fallen off
+/// the bus").
+pub(crate) fn gpu_xids(d: &Driver, i: usize) -> Vec<u64> {
+    let mut xids: Vec<u64> = std::fs::read_to_string(d.cfg.state_dir.join(format!("gpu{i}.xid")))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    if gpu_lost(d, i) {
+        xids.push(79);
+    }
+    xids
 }
 
 fn init(flags: u32) -> NvRes {
@@ -162,6 +188,9 @@ fn by_index(i: u32, h: *mut nvmlDevice_t) -> NvRes {
     if i as usize >= d.devs.len() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
+    if gpu_lost(d, i as usize) {
+        return Err(NVML_ERROR_GPU_IS_LOST);
+    }
     // SAFETY: out pointer from the caller.
     unsafe { put(h, handle(i as usize), NVML_ERROR_INVALID_ARGUMENT) }
 }
@@ -194,6 +223,9 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .iter()
             .position(|x| x.uuid.trim_start_matches("GPU-").eq_ignore_ascii_case(want))
             .ok_or(NVML_ERROR_NOT_FOUND)?;
+        if gpu_lost(d, i) {
+            return Err(NVML_ERROR_GPU_IS_LOST);
+        }
         // SAFETY: out pointer from the caller.
         unsafe { put(h, handle(i), NVML_ERROR_INVALID_ARGUMENT) }
     })
@@ -216,6 +248,9 @@ fn by_pci(id: *const c_char, h: *mut nvmlDevice_t) -> NvRes {
             nvml_bus_id(x.pci_bus) == s || crate::cuda::device::pci_bus_id(x.pci_bus) == s
         })
         .ok_or(NVML_ERROR_NOT_FOUND)?;
+    if gpu_lost(d, i) {
+        return Err(NVML_ERROR_GPU_IS_LOST);
+    }
     // SAFETY: out pointer from the caller.
     unsafe { put(h, handle(i), NVML_ERROR_INVALID_ARGUMENT) }
 }

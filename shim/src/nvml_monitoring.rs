@@ -8,7 +8,9 @@
 //! Values are those of an idle data-centre GPU of the simulated model,
 //! except where the sim knows better: energy grows with the device time the
 //! executors charged, BAR1 and the clocks follow the device's name, and
-//! the event set waits for its timeout (no XID errors ever happen).
+//! the event set delivers the XID errors of a GPU made to fail (the state
+//! directory's `gpu<i>.xid` and `gpu<i>.lost`) and otherwise waits for its
+//! timeout.
 
 use crate::nvml::{dev_of, driver_version_string, handle, nv, put_str, NvRes};
 use crate::{nvml_guard, put, read_cstr};
@@ -221,16 +223,88 @@ fn by_serial(s: *const c_char, h: *mut Dev) -> NvRes {
     out(h, handle(i))
 }
 
+/// What one event set waits for: per registered GPU, the event types and
+/// how many of its XID errors the set has delivered.
+#[derive(Default)]
+struct EventSet {
+    devs: Vec<(usize, u64, usize)>,
+}
+
+static EVENT_SET_STATE: parking_lot::Mutex<Vec<(usize, EventSet)>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// `nvmlEventTypeXidCriticalError`.
+const EVENT_XID: u64 = 0x8;
+
+/// The next XID error not yet delivered to `set`, taken.
+fn next_xid(d: &crate::driver::Driver, set: usize) -> Option<(usize, u64)> {
+    let mut sets = EVENT_SET_STATE.lock();
+    let (_, es) = sets.iter_mut().find(|(s, _)| *s == set)?;
+    for (dev, types, seen) in es.devs.iter_mut() {
+        if *types & EVENT_XID == 0 {
+            continue;
+        }
+        if let Some(&xid) = crate::nvml::gpu_xids(d, *dev).get(*seen) {
+            *seen += 1;
+            return Some((*dev, xid));
+        }
+    }
+    None
+}
+
+fn register_events(h: Dev, types: u64, set: usize) -> NvRes {
+    let i = dev(h)?;
+    if set == 0 || types & !0x0f_u64 & !0x1000 & !0x2000 != 0 {
+        return Err(NVML_ERROR_NOT_SUPPORTED);
+    }
+    let d = nv()?;
+    let mut sets = EVENT_SET_STATE.lock();
+    let pos = match sets.iter().position(|(s, _)| *s == set) {
+        Some(p) => p,
+        None => {
+            sets.push((set, EventSet::default()));
+            sets.len() - 1
+        }
+    };
+    let es = &mut sets[pos].1;
+    // Errors reported before the registration are not delivered.
+    let already = crate::nvml::gpu_xids(d, i).len();
+    match es.devs.iter_mut().find(|(x, _, _)| *x == i) {
+        Some(e) => e.1 |= types,
+        None => es.devs.push((i, types, already)),
+    }
+    Ok(())
+}
+
 fn event_set_wait(set: usize, data: *mut EventData, timeout_ms: u32) -> NvRes {
-    nv()?;
+    let d = nv()?;
     if set == 0 || data.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    // No event ever happens in the sim: wait out the timeout (capped).
-    std::thread::sleep(std::time::Duration::from_millis(
-        timeout_ms.min(10_000) as u64
-    ));
-    Err(NVML_ERROR_TIMEOUT)
+    // The only events that happen in the sim are the XID errors of a GPU
+    // made to fail (`gpu<i>.xid`, `gpu<i>.lost` in the state directory);
+    // otherwise wait out the timeout (capped).
+    let deadline =
+        std::time::Instant::now() + std::time::Duration::from_millis(timeout_ms.min(10_000) as u64);
+    loop {
+        if let Some((i, xid)) = next_xid(d, set) {
+            return out(
+                data,
+                EventData {
+                    device: handle(i),
+                    event_type: EVENT_XID,
+                    event_data: xid,
+                    gpu_instance_id: 0xffff_ffff,
+                    compute_instance_id: 0xffff_ffff,
+                },
+            );
+        }
+        let now = std::time::Instant::now();
+        if now >= deadline {
+            return Err(NVML_ERROR_TIMEOUT);
+        }
+        std::thread::sleep((deadline - now).min(std::time::Duration::from_millis(50)));
+    }
 }
 
 static EVENT_SETS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -361,14 +435,15 @@ nvml_fns! {
         nv()?;
         out(set, 0x7e00_0000_0000 + (EVENT_SETS.fetch_add(1, Relaxed) + 1) * 0x40)
     };
-    nvmlDeviceRegisterEvents(h: Dev, types: u64, set: usize) => {
-        dev(h)?;
-        if set == 0 || types & !0x0f_u64 & !0x1000 & !0x2000 != 0 { return Err(NVML_ERROR_NOT_SUPPORTED) }
-        Ok(())
-    };
+    nvmlDeviceRegisterEvents(h: Dev, types: u64, set: usize) => register_events(h, types, set);
     nvmlEventSetWait_v2(set: usize, data: *mut EventData, timeout_ms: u32) => event_set_wait(set, data, timeout_ms);
     nvmlEventSetWait(set: usize, data: *mut EventData, timeout_ms: u32) => event_set_wait(set, data, timeout_ms);
-    nvmlEventSetFree(set: usize) => { nv()?; if set == 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) } Ok(()) };
+    nvmlEventSetFree(set: usize) => {
+        nv()?;
+        if set == 0 { return Err(NVML_ERROR_INVALID_ARGUMENT) }
+        EVENT_SET_STATE.lock().retain(|(s, _)| *s != set);
+        Ok(())
+    };
 }
 
 // ------------------------------------------------ affinity, topology, fields

@@ -53,3 +53,29 @@ fn more_nvml_queries_through_pynvml() {
     let st = snapshot(&env.state_dir).unwrap();
     assert!(st.stubs.is_empty(), "stubs were hit: {:?}", st.stubs);
 }
+
+/// A GPU made to fail through the state directory's `gpu<i>.xid` and
+/// `gpu<i>.lost`: the XID errors reported after registration arrive as
+/// critical-error events in order, the lost GPU's XID 79 last, and the lost
+/// GPU's handle answers NVML_ERROR_GPU_IS_LOST while the other GPU works.
+#[test]
+fn a_failing_gpu_through_pynvml() {
+    let env = SimEnv::new().gpus("23028:NVIDIA A10,23028:NVIDIA A10");
+    let script = workspace_root().join("shim/tests/py/nvml_failing_gpu_client.py");
+    let o = env.run(
+        &test_deps().python,
+        &[script.to_str().unwrap(), env.state_dir.to_str().unwrap()],
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{:?}\n{stdout}\n{stderr}", o.status);
+    let v: Value = serde_json::from_str(stdout.lines().last().unwrap_or(""))
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    assert_eq!(v["events"], json!([[0, 8, 48], [1, 8, 79]]), "{v:#}");
+    assert_eq!(v["last_wait"], "Timeout", "{v:#}");
+    assert_eq!(v["count"], 2, "{v:#}");
+    assert_eq!(v["handle1"], "GPU is lost", "{v:#}");
+    assert_eq!(v["memory1"], "GPU is lost", "{v:#}");
+    assert_eq!(v["uuid1"], "GPU is lost", "{v:#}");
+    assert_eq!(v["name0"], "NVIDIA A10", "{v:#}");
+}

@@ -30,6 +30,10 @@ pub struct NodeGpu {
     /// The model as NVML names it (`Tesla V100-SXM2-16GB`); empty when unknown.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub model: String,
+    /// The device plugin saw the GPU fail (a critical XID error, or the GPU
+    /// lost): no new pod is placed on it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unhealthy: bool,
 }
 
 fn list(pod: &Value, key: &str) -> Vec<String> {
@@ -97,6 +101,7 @@ pub fn node_gpus(node: &Value) -> Vec<NodeGpu> {
             memory_mib: 0,
             gib: mem / count,
             model: String::new(),
+            unhealthy: false,
         })
         .collect()
 }
@@ -179,6 +184,51 @@ pub fn pod_key(pod: &Value) -> String {
     )
 }
 
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// The pod's compute share (annotation `cgpu.io/gpu-core`, percent of each
+/// of its GPUs; 0 when absent) and the weight each of its containers that
+/// asks for GPU memory gets: the share's [`GPU_CORE_SLICES`] time slices
+/// split evenly among its app containers. Refused when it is not a whole
+/// number 1..=100, or too small to give each app container a slice.
+pub fn pod_compute(pod: &Value, req: &Request) -> Result<(u32, u32), String> {
+    let Some(v) = pod["metadata"]["annotations"][ANN_GPU_CORE].as_str() else {
+        return Ok((0, 0));
+    };
+    let p: u32 = v
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .ok()
+        .filter(|p| (1..=100).contains(p))
+        .ok_or_else(|| format!("{ANN_GPU_CORE}={v:?} is not a whole percent 1..100"))?;
+    Ok((p, compute_weight(p, req)?))
+}
+
+/// The weight each container of a pod with a compute share of `p` percent
+/// gets: the share's [`GPU_CORE_SLICES`] time slices split evenly among its
+/// app containers that ask for GPU memory (an init container, which runs
+/// before them, gets the same).
+pub fn compute_weight(p: u32, req: &Request) -> Result<u32, String> {
+    let apps = req
+        .containers
+        .iter()
+        .filter(|c| !c.init && c.mem > 0)
+        .count()
+        .max(1) as u32;
+    let weight = p.min(100) * GPU_CORE_SLICES / 100 / apps;
+    if weight == 0 {
+        return Err(format!(
+            "{ANN_GPU_CORE}={p} gives each of the pod's {apps} GPU containers less than one of a \
+             GPU's {GPU_CORE_SLICES} time slices; ask for at least {}",
+            (100 * apps).div_ceil(GPU_CORE_SLICES)
+        ));
+    }
+    Ok(weight)
+}
+
 /// The scheduler's decision for one pod, recorded on it as the annotation
 /// `cgpu.io/allocation` at bind, before the Binding is created.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,6 +246,10 @@ pub struct Decision {
     pub per_gpu: u64,
     /// Per container name: its GiB on each chosen GPU.
     pub containers: BTreeMap<String, u64>,
+    /// The pod's share of each chosen GPU's compute, in percent (annotation
+    /// `cgpu.io/gpu-core`); 0 when it asked for none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compute: u32,
     /// Ed25519 signature (hex) of [`Decision::signed_bytes`] by the
     /// extender's private key: only the extender can write a decision that
     /// device plugins and `kubectl inspect cgpu` accept; they hold the
@@ -230,6 +284,7 @@ impl Decision {
             gpu_gib: p.gpu_total,
             per_gpu: p.per_gpu,
             containers: p.containers.iter().cloned().collect(),
+            compute: 0,
             sig: String::new(),
         }
     }
@@ -346,6 +401,17 @@ pub fn pod_gpu_use(pod: &Value, verify: Verify) -> BTreeMap<u32, u64> {
     out
 }
 
+/// The compute share (percent) a pod holds on each GPU of its node, by its
+/// decision when that counts.
+pub fn pod_compute_use(pod: &Value, verify: Verify) -> BTreeMap<u32, u32> {
+    match valid_decision(pod, verify) {
+        Some(d) if d.compute > 0 && pod_holds_gpu(pod) => {
+            d.gpus.iter().map(|g| (g.index, d.compute)).collect()
+        }
+        _ => BTreeMap::new(),
+    }
+}
+
 /// A node's GPUs with what its pods hold (the input to placement).
 pub fn node_usage<'a>(
     gpus: &[NodeGpu],
@@ -389,6 +455,9 @@ pub struct ContainerAlloc {
     pub pod_total: u64,
     /// The pod asked for high priority (annotation `cgpu.io/high-priority`).
     pub high_prio: bool,
+    /// Compute weight on each GPU (`ALIYUN_COM_GPU_SCHD_WEIGHT`), from the
+    /// pod's compute share; `None` when it asked for none.
+    pub weight: Option<u32>,
 }
 
 impl ContainerAlloc {
@@ -407,6 +476,9 @@ impl ContainerAlloc {
         );
         if self.disable {
             s.push_str(&format!("{ENV_DISABLE}=true\n"));
+        }
+        if let Some(w) = self.weight {
+            s.push_str(&format!("ALIYUN_COM_GPU_SCHD_WEIGHT={w}\n"));
         }
         s
     }
@@ -445,6 +517,7 @@ mod tests {
                 memory_mib: 16160,
                 gib: 15,
                 model: String::new(),
+                unhealthy: false,
             },
             NodeGpu {
                 index: 1,
@@ -452,10 +525,58 @@ mod tests {
                 memory_mib: 16160,
                 gib: 15,
                 model: String::new(),
+                unhealthy: false,
             },
         ];
         json!({"metadata": {"name": "n1", "annotations": {ANN_NODE_GPUS: serde_json::to_string(&gpus).unwrap()}},
                "status": {"addresses": [{"type": "Hostname", "address": "n1"}, {"type": "InternalIP", "address": "10.0.0.3"}]}})
+    }
+
+    #[test]
+    fn compute_shares_become_weights_of_16_slices() {
+        let pod = |core: &str| json!({"metadata": {"annotations": {ANN_GPU_CORE: core}}});
+        let one = Request::single(4, 1);
+        assert_eq!(pod_compute(&json!({}), &one), Ok((0, 0)));
+        assert_eq!(pod_compute(&pod("60"), &one), Ok((60, 9)));
+        assert_eq!(pod_compute(&pod("100%"), &one), Ok((100, 16)));
+        assert_eq!(pod_compute(&pod("7"), &one), Ok((7, 1)));
+        assert!(pod_compute(&pod("6"), &one)
+            .unwrap_err()
+            .contains("at least 7"));
+        for bad in ["0", "101", "x", "-5", "1.5"] {
+            assert!(pod_compute(&pod(bad), &one).is_err(), "{bad}");
+        }
+        // Two app containers split the slices; an init container adds none.
+        let mut two = Request::single(4, 1);
+        two.containers.push(ContainerRequest {
+            name: "b".into(),
+            mem: 2,
+            init: false,
+        });
+        two.containers.push(ContainerRequest {
+            name: "i".into(),
+            mem: 4,
+            init: true,
+        });
+        assert_eq!(pod_compute(&pod("50"), &two), Ok((50, 4)));
+        assert!(pod_compute(&pod("12"), &two)
+            .unwrap_err()
+            .contains("at least 13"));
+        // A decision without a share signs the same bytes as before shares
+        // existed; one with a share signs it too.
+        let p = Placement {
+            gpus: vec![0],
+            per_gpu: 4,
+            gpu_total: 15,
+            containers: vec![("main".into(), 4)],
+            free_after: 11,
+        };
+        let mut d = Decision::new("n", "u", &p, &[]);
+        let bytes = String::from_utf8(d.signed_bytes()).unwrap();
+        assert!(!bytes.contains("compute"), "{bytes}");
+        d.compute = 60;
+        let bytes = String::from_utf8(d.signed_bytes()).unwrap();
+        assert!(bytes.contains(r#""compute":60"#), "{bytes}");
     }
 
     #[test]
@@ -562,6 +683,7 @@ mod tests {
             gpu_indices: vec![0, 1],
             pod_total: 8,
             high_prio: false,
+            weight: None,
         };
         assert_eq!(
             a.to_file(),

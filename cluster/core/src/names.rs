@@ -30,6 +30,14 @@ pub const LABEL_NODE_DISABLE_ISOLATION: &str = "cgpu.disable.isolation";
 /// interposer (`ALIYUN_COM_GPU_MEM_DEV`) then all use this number.
 pub const LABEL_NODE_GPU_MEM_DEV: &str = "cgpu.io/gpu-mem-dev";
 
+/// Pod annotation asking for a share of each of the pod's GPUs' compute, in
+/// percent (`"30"`): the extender keeps every GPU's shares at or under 100.
+pub const ANN_GPU_CORE: &str = "cgpu.io/gpu-core";
+/// The time slices of a GPU (`max_inst`, the ledger's default) that a
+/// compute share is counted in: a share of p % is a weight of
+/// `floor(p * 16 / 100)`, so the smallest share is 7 %.
+pub const GPU_CORE_SLICES: u32 = 16;
+
 /// Pod annotations choosing GPUs by model or UUID (HAMi's names):
 /// comma-separated model name parts (case-insensitive) or UUIDs.
 pub const ANN_USE_GPUTYPE: &str = "nvidia.com/use-gputype";

@@ -21,7 +21,9 @@ use crate::kubelet_api::deviceplugin as dp;
 use crate::kubelet_api::podresources as pr;
 use crate::nvml::GpuSource;
 use crate::signing::DecisionVerifier;
-use cgpu_cluster_core::decision::{pod_gpu_use, valid_decision, ContainerAlloc, Decision, NodeGpu};
+use cgpu_cluster_core::decision::{
+    compute_weight, pod_gpu_use, pod_request, valid_decision, ContainerAlloc, Decision, NodeGpu,
+};
 use cgpu_cluster_core::names::*;
 use k8s_openapi::api::core::v1::{Event, EventSource, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
@@ -175,6 +177,42 @@ pub fn label_value(s: &str) -> String {
         .to_string()
 }
 
+/// A device's health as the kubelet reads it.
+fn health(g: &NodeGpu) -> &'static str {
+    if g.unhealthy {
+        "Unhealthy"
+    } else {
+        "Healthy"
+    }
+}
+
+/// Watches the GPUs' health through `source` on a thread of its own (NVML's
+/// event wait blocks): a GPU that fails gets its devices marked unhealthy
+/// in every `ListAndWatch` stream and is published as unhealthy on the
+/// node, so neither the kubelet nor the scheduler extender places a new
+/// pod on it. Must be called inside the Tokio runtime.
+pub fn spawn_health_watch(plugin: Arc<Plugin>, source: Arc<dyn GpuSource>) {
+    let rt = tokio::runtime::Handle::current();
+    std::thread::Builder::new()
+        .name("gpu-health".into())
+        .spawn(move || {
+            let mut published = plugin.failed.borrow().clone();
+            loop {
+                for (index, why) in source.check_health(&plugin.gpus_now(), 1000) {
+                    plugin.mark_failed(index, &why);
+                }
+                let now = plugin.failed.borrow().clone();
+                if now != published {
+                    match rt.block_on(plugin.publish_health()) {
+                        Ok(()) => published = now,
+                        Err(e) => tracing::warn!("{e}; retrying"),
+                    }
+                }
+            }
+        })
+        .expect("spawn the GPU health thread");
+}
+
 /// Name, in the allocation directory, of the file mounted on every GPU
 /// container's `/etc/ld.so.preload`.
 pub const LD_SO_PRELOAD: &str = "ld.so.preload";
@@ -186,6 +224,9 @@ pub struct Plugin {
     /// The extender's public key, once read.
     verifier: parking_lot::Mutex<Option<DecisionVerifier>>,
     pub node: NodeState,
+    /// The GPUs that failed (lost, or a critical XID error), with why. A
+    /// failed GPU stays failed until the plugin restarts.
+    failed: tokio::sync::watch::Sender<BTreeMap<u32, String>>,
 }
 
 impl Plugin {
@@ -262,12 +303,67 @@ impl Plugin {
                 None
             }
         };
+        let failed = gpus
+            .iter()
+            .filter(|g| g.unhealthy)
+            .map(|g| (g.index, "GPU is lost (NVML_ERROR_GPU_IS_LOST)".to_string()))
+            .collect();
         Ok(Plugin {
             cfg,
             client,
             verifier: parking_lot::Mutex::new(verifier),
             node: NodeState { gpus, share_only },
+            failed: tokio::sync::watch::channel(failed).0,
         })
+    }
+
+    /// The node's GPUs, each marked unhealthy once it failed.
+    pub fn gpus_now(&self) -> Vec<NodeGpu> {
+        let failed = self.failed.borrow();
+        self.node
+            .gpus
+            .iter()
+            .map(|g| NodeGpu {
+                unhealthy: g.unhealthy || failed.contains_key(&g.index),
+                ..g.clone()
+            })
+            .collect()
+    }
+
+    /// Records GPU `index` as failed; true when it was healthy until now.
+    pub fn mark_failed(&self, index: u32, why: &str) -> bool {
+        self.failed.send_if_modified(|f| {
+            if f.contains_key(&index) || !self.node.gpus.iter().any(|g| g.index == index) {
+                return false;
+            }
+            tracing::error!(
+                "GPU{index} failed ({why}): its devices are unhealthy, no new pod is placed on it"
+            );
+            f.insert(index, why.to_string());
+            true
+        })
+    }
+
+    /// Publishes the GPUs with their health on the node (annotation
+    /// `cgpu.io/gpus`), for the scheduler extender and `kubectl inspect`.
+    pub async fn publish_health(&self) -> Result<(), String> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let gpus = serde_json::to_string(&self.gpus_now()).expect("GPUs serialise");
+        let patch = serde_json::json!({"metadata": {"annotations": {ANN_NODE_GPUS: gpus}}});
+        nodes
+            .patch(
+                &self.cfg.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                format!(
+                    "cannot publish the GPUs' health on node {}: {e}",
+                    self.cfg.node_name
+                )
+            })
     }
 
     /// The extender's public key: the one read before, or read now (also
@@ -284,24 +380,29 @@ impl Plugin {
         Ok(v)
     }
 
+    /// One GiB device per GiB of the node's GPUs, numbered GPU after GPU:
+    /// the devices in a failed GPU's range are unhealthy, so the kubelet
+    /// offers that much less `aliyun.com/gpu-mem`.
     fn mem_devices(&self) -> Vec<dp::Device> {
-        let total: u64 = self.node.gpus.iter().map(|g| g.gib).sum();
-        (0..total)
-            .map(|i| dp::Device {
-                id: format!("cgpu-mem-{i}"),
-                health: "Healthy".into(),
-                topology: None,
-            })
-            .collect()
+        let mut out = Vec::new();
+        for g in self.gpus_now() {
+            for _ in 0..g.gib {
+                out.push(dp::Device {
+                    id: format!("cgpu-mem-{}", out.len()),
+                    health: health(&g).into(),
+                    topology: None,
+                });
+            }
+        }
+        out
     }
 
     fn count_devices(&self) -> Vec<dp::Device> {
-        self.node
-            .gpus
+        self.gpus_now()
             .iter()
             .map(|g| dp::Device {
                 id: format!("cgpu-gpu-{}", g.index),
-                health: "Healthy".into(),
+                health: health(g).into(),
                 topology: None,
             })
             .collect()
@@ -562,8 +663,21 @@ impl Plugin {
             high_prio: pod["metadata"]["annotations"][ANN_HIGH_PRIORITY]
                 .as_str()
                 .is_some_and(|v| v.trim() == "true" || v.trim() == "1"),
+            weight: self.weight(&d, &pod, &who)?,
         };
         Ok((format!("{ns}/{name}"), alloc))
+    }
+
+    /// The weight each GPU container of the pod gets from the compute
+    /// share in its signed decision (see [`compute_weight`]).
+    fn weight(&self, d: &Decision, pod: &Value, who: &str) -> Result<Option<u32>, String> {
+        if d.compute == 0 {
+            return Ok(None);
+        }
+        let req = pod_request(pod).map_err(|e| format!("{who}: {e}"))?;
+        compute_weight(d.compute, &req)
+            .map(Some)
+            .map_err(|e| format!("{who}: {e}"))
     }
 
     /// `PreStartContainer`: resolve, check, write the container's file.
@@ -784,25 +898,35 @@ impl dp::device_plugin_server::DevicePlugin for Service {
         &self,
         _: Request<dp::Empty>,
     ) -> Result<Response<DeviceStream>, Status> {
-        let devices = if self.mem {
-            self.plugin.mem_devices()
-        } else {
-            self.plugin.count_devices()
-        };
-        let first = futures::stream::once(async move { Ok(dp::ListAndWatchResponse { devices }) });
-        // The list does not change while the plugin runs: keep the stream
+        // The list now, then again whenever a GPU fails; the stream stays
         // open (the kubelet treats its end as the plugin going away) until
         // this server stops.
-        let mut stopping = self.stopping.clone();
-        let rest = futures::StreamExt::filter_map(
-            futures::stream::once(async move {
-                let _ = stopping.wait_for(|s| *s).await;
-            }),
-            |()| async { None },
+        let plugin = self.plugin.clone();
+        let mem = self.mem;
+        let failed = self.plugin.failed.subscribe();
+        let stopping = self.stopping.clone();
+        let stream = futures::stream::unfold(
+            (plugin, failed, stopping, true),
+            move |(plugin, mut failed, mut stopping, first)| async move {
+                if !first {
+                    tokio::select! {
+                        r = failed.changed() => r.ok()?,
+                        _ = stopping.wait_for(|s| *s) => return None,
+                    }
+                }
+                failed.borrow_and_update();
+                let devices = if mem {
+                    plugin.mem_devices()
+                } else {
+                    plugin.count_devices()
+                };
+                Some((
+                    Ok(dp::ListAndWatchResponse { devices }),
+                    (plugin, failed, stopping, false),
+                ))
+            },
         );
-        Ok(Response::new(Box::pin(futures::StreamExt::chain(
-            first, rest,
-        ))))
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn get_preferred_allocation(

@@ -20,8 +20,8 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use cgpu_cluster_core::decision::{
-    gpu_allowed, gpu_constraints, node_gpus, node_usage, pod_gpu_use, pod_request, Decision,
-    NodeGpu,
+    gpu_allowed, gpu_constraints, node_gpus, node_usage, pod_compute, pod_compute_use, pod_gpu_use,
+    pod_request, Decision, NodeGpu,
 };
 use cgpu_cluster_core::names::*;
 use cgpu_cluster_core::placement::{self, Gpu, Policy};
@@ -171,6 +171,8 @@ struct View {
 struct Reservation {
     node: String,
     per_gpu: BTreeMap<u32, u64>,
+    /// Compute share (percent) on each of its GPUs.
+    compute: u32,
     seq: u64,
 }
 
@@ -189,15 +191,41 @@ impl View {
         !pod_gpu_use(pod, &|d| self.verifier.verify(d)).is_empty()
     }
 
-    /// The node's GPUs the pod may use (its model/UUID annotations), with
+    /// The node's GPUs the pod may use (healthy, allowed by its model/UUID
+    /// annotations, with `compute` percent of their compute free), with
     /// what they hold.
-    fn usage_for(&self, node: &str, pod: &Value) -> Option<(Vec<NodeGpu>, Vec<Gpu>)> {
+    fn usage_for(&self, node: &str, pod: &Value, compute: u32) -> Option<(Vec<NodeGpu>, Vec<Gpu>)> {
         let (gpus, mut usage) = self.usage(node)?;
+        let busy = if compute > 0 {
+            self.compute_used(node)
+        } else {
+            BTreeMap::new()
+        };
         usage.retain(|u| {
             gpus.iter()
-                .any(|g| g.index == u.index && gpu_allowed(pod, g))
+                .any(|g| g.index == u.index && !g.unhealthy && gpu_allowed(pod, g))
+                && busy.get(&u.index).copied().unwrap_or(0) + compute <= 100
         });
         Some((gpus, usage))
+    }
+
+    /// The compute shares (percent) held on each GPU of the node.
+    fn compute_used(&self, node: &str) -> BTreeMap<u32, u32> {
+        let mut out: BTreeMap<u32, u32> = BTreeMap::new();
+        for (uid, p) in &self.pods {
+            if self.reserved.contains_key(uid) || p["spec"]["nodeName"].as_str() != Some(node) {
+                continue;
+            }
+            for (i, c) in pod_compute_use(p, &|d| self.verifier.verify(d)) {
+                *out.entry(i).or_default() += c;
+            }
+        }
+        for r in self.reserved.values().filter(|r| r.node == node) {
+            for i in r.per_gpu.keys() {
+                *out.entry(*i).or_default() += r.compute;
+            }
+        }
+        out
     }
 
     fn usage(&self, node: &str) -> Option<(Vec<NodeGpu>, Vec<Gpu>)> {
@@ -466,21 +494,47 @@ impl Extender {
             out.node_names = Some(names);
             return out;
         }
+        let compute = match pod_compute(&args.pod, &req) {
+            Ok((c, _)) => c,
+            Err(reason) => {
+                for n in names {
+                    out.failed_and_unresolvable_nodes.insert(n, reason.clone());
+                }
+                out.node_names = Some(Vec::new());
+                return out;
+            }
+        };
         let view = self.view.lock();
         for n in names {
-            let Some((gpus, usage)) = view.usage_for(&n, &args.pod) else {
+            let Some((gpus, usage)) = view.usage_for(&n, &args.pod, compute) else {
                 out.failed_and_unresolvable_nodes
                     .insert(n, "the node is unknown to cgpu-scheduler-extender".into());
                 continue;
             };
             if usage.is_empty() && !gpus.is_empty() {
-                out.failed_and_unresolvable_nodes.insert(
-                    n,
-                    format!(
-                        "no GPU of the node matches the pod's {}",
-                        gpu_constraints(&args.pod)
-                    ),
-                );
+                let compute_only = compute > 0
+                    && view
+                        .usage_for(&n, &args.pod, 0)
+                        .is_some_and(|(_, u)| !u.is_empty());
+                if compute_only {
+                    out.failed_nodes.insert(
+                        n,
+                        format!(
+                            "no GPU of the node has {compute}% of its compute free \
+                             ({ANN_GPU_CORE}); evicting pods from this node would make room"
+                        ),
+                    );
+                } else {
+                    let constraints = gpu_constraints(&args.pod);
+                    out.failed_and_unresolvable_nodes.insert(
+                        n,
+                        if constraints.is_empty() {
+                            "every GPU of the node is unhealthy".to_string()
+                        } else {
+                            format!("no healthy GPU of the node matches the pod's {constraints}")
+                        },
+                    );
+                }
                 continue;
             }
             if usage.is_empty() {
@@ -515,7 +569,8 @@ impl Extender {
                     .as_ref()
                     .filter(|r| r.wants_gpu_mem())
                     .and_then(|r| {
-                        let (_, usage) = view.usage_for(&n, &args.pod)?;
+                        let compute = pod_compute(&args.pod, r).ok()?.0;
+                        let (_, usage) = view.usage_for(&n, &args.pod, compute)?;
                         placement::score(
                             &usage,
                             r,
@@ -569,17 +624,19 @@ impl Extender {
             };
         }
         let req = pod_request(&pod)?;
+        let (compute, _) = pod_compute(&pod, &req)?;
         let mut annotations = serde_json::Map::new();
         let mut reserved = None;
         if req.wants_gpu_mem() {
             let (decision, per) = {
                 let mut view = self.view.lock();
-                let (gpus, usage) = view.usage_for(&args.node, &pod).ok_or_else(|| {
+                let (gpus, usage) = view.usage_for(&args.node, &pod, compute).ok_or_else(|| {
                     format!("node {} is unknown to cgpu-scheduler-extender", args.node)
                 })?;
                 let policy = view.policy(&args.node, self.default_policy);
                 let p = placement::place(&usage, &req, policy).map_err(|r| r.reason)?;
                 let mut d = Decision::new(&args.node, &uid, &p, &gpus);
+                d.compute = compute;
                 self.key.sign(&mut d);
                 let per: BTreeMap<u32, u64> = p.gpus.iter().map(|&i| (i, p.per_gpu)).collect();
                 // Reserve before releasing the view: a concurrent bind on
@@ -592,6 +649,7 @@ impl Extender {
                     Reservation {
                         node: args.node.clone(),
                         per_gpu: per.clone(),
+                        compute,
                         seq,
                     },
                 );

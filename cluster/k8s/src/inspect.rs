@@ -41,6 +41,8 @@ pub struct GpuView {
     pub allocated: u64,
     pub total: u64,
     pub pods: Vec<PodShare>,
+    /// The device plugin saw the GPU fail: no new pod is placed on it.
+    pub unhealthy: bool,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -70,6 +72,7 @@ pub fn view(nodes: &[Value], pods: &[Value], verify: Verify) -> ClusterView {
                 allocated: 0,
                 total: g.gib,
                 pods: Vec::new(),
+                unhealthy: g.unhealthy,
             })
             .collect();
         let mut undecided = Vec::new();
@@ -193,6 +196,7 @@ pub fn render(v: &ClusterView) -> String {
         let mut r = vec![n.name.clone(), n.ip.clone()];
         for i in 0..columns {
             r.push(match n.gpus.get(i) {
+                Some(g) if g.unhealthy => format!("{}/{}(Unhealthy)", g.allocated, g.total),
                 Some(g) => format!("{}/{}", g.allocated, g.total),
                 None => "0/0".into(),
             });
@@ -274,6 +278,17 @@ pub fn render_details(v: &ClusterView) -> String {
         s.push_str(&table(&rows));
         s.push_str(DETAILS_RULE);
         s.push('\n');
+        for g in n.gpus.iter().filter(|g| g.unhealthy) {
+            s.push_str(&format!(
+                "Unhealthy: GPU{} {}failed; no new pod is placed on it\n",
+                g.index,
+                if g.uuid.is_empty() {
+                    String::new()
+                } else {
+                    format!("({}) ", g.uuid)
+                }
+            ));
+        }
         for p in &n.undecided {
             s.push_str(&format!(
                 "Not allocated: {p} asks for aliyun.com/gpu-mem but holds no valid scheduler decision (no GPU memory)\n"

@@ -10,11 +10,48 @@ pub trait GpuSource: Send + Sync {
     /// The GPUs in NVML order; `stated_gib` overrides each one's size in GiB
     /// (the node's `cgpu.io/gpu-mem-dev` label).
     fn gpus(&self, stated_gib: Option<u64>) -> Result<Vec<NodeGpu>, String>;
+
+    /// One health check of `gpus`, taking up to about `wait_ms`: the GPUs
+    /// that failed, each with why (a GPU lost, or a critical XID error
+    /// reported since the last check). The default: GPUs never fail.
+    fn check_health(&self, gpus: &[NodeGpu], wait_ms: u32) -> Vec<(u32, String)> {
+        let _ = gpus;
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms.into()));
+        Vec::new()
+    }
 }
+
+/// `NVML_ERROR_GPU_IS_LOST`.
+const NVML_ERROR_GPU_IS_LOST: c_int = 15;
+/// `nvmlEventTypeXidCriticalError`.
+const EVENT_XID_CRITICAL: u64 = 0x8;
+
+/// XID errors caused by an application, not by the GPU (NVIDIA's device
+/// plugin skips the same ones): a GPU stays healthy after them.
+pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// NVML from `libnvidia-ml.so.1` (or the path in `CGPU_NVML_LIB`).
 pub struct Nvml {
     lib: libloading::Library,
+    /// The event set the GPUs' XID errors arrive on, with the handles
+    /// registered (made at the first health check; `None` inside when NVML
+    /// offers no events).
+    events: parking_lot::Mutex<Option<Option<EventSet>>>,
+}
+
+struct EventSet {
+    set: usize,
+    handles: Vec<(usize, u32)>,
+}
+
+/// `nvmlEventData_t`.
+#[repr(C)]
+struct EventData {
+    device: Device,
+    event_type: c_ulonglong,
+    event_data: c_ulonglong,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
 }
 
 #[repr(C)]
@@ -31,6 +68,9 @@ type CountFn = unsafe extern "C" fn(*mut c_uint) -> c_int;
 type HandleFn = unsafe extern "C" fn(c_uint, *mut Device) -> c_int;
 type UuidFn = unsafe extern "C" fn(Device, *mut c_char, c_uint) -> c_int;
 type MemFn = unsafe extern "C" fn(Device, *mut MemoryInfo) -> c_int;
+type SetCreateFn = unsafe extern "C" fn(*mut usize) -> c_int;
+type RegisterFn = unsafe extern "C" fn(Device, c_ulonglong, usize) -> c_int;
+type WaitFn = unsafe extern "C" fn(usize, *mut EventData, c_uint) -> c_int;
 
 impl Nvml {
     pub fn load() -> Result<Nvml, String> {
@@ -40,13 +80,53 @@ impl Nvml {
         let lib = unsafe { libloading::Library::new(&path) }.map_err(|e| {
             format!("cannot load NVML ({path}): {e}; is the NVIDIA driver installed on this node?")
         })?;
-        let n = Nvml { lib };
+        let n = Nvml {
+            lib,
+            events: parking_lot::Mutex::new(None),
+        };
         // SAFETY: nvmlInit_v2 has the signature declared by InitFn.
         let rc = unsafe { n.sym::<InitFn>(b"nvmlInit_v2\0")?() };
         if rc != 0 {
             return Err(format!("nvmlInit_v2 failed: NVML error {rc}"));
         }
         Ok(n)
+    }
+
+    /// The event set for `gpus`' XID errors, made on first use.
+    fn event_set(&self, gpus: &[NodeGpu]) -> Option<(usize, Vec<(usize, u32)>)> {
+        let mut ev = self.events.lock();
+        let made = ev.get_or_insert_with(|| {
+            // SAFETY: each symbol is looked up with its NVML C signature.
+            let (create, handle, register) = unsafe {
+                (
+                    self.sym::<SetCreateFn>(b"nvmlEventSetCreate\0").ok()?,
+                    self.sym::<HandleFn>(b"nvmlDeviceGetHandleByIndex_v2\0")
+                        .ok()?,
+                    self.sym::<RegisterFn>(b"nvmlDeviceRegisterEvents\0").ok()?,
+                )
+            };
+            let mut set = 0usize;
+            // SAFETY: set is a valid out-parameter.
+            if unsafe { create(&mut set) } != 0 {
+                tracing::warn!("NVML offers no event set: XID errors are not watched");
+                return None;
+            }
+            let mut handles = Vec::new();
+            for g in gpus.iter().filter(|g| !g.unhealthy) {
+                let mut dev: Device = std::ptr::null_mut();
+                // SAFETY: dev is a valid out-parameter; set was made above.
+                let ok = unsafe {
+                    handle(g.index, &mut dev) == 0 && register(dev, EVENT_XID_CRITICAL, set) == 0
+                };
+                if ok {
+                    handles.push((dev as usize, g.index));
+                } else {
+                    tracing::warn!("GPU{}: XID errors cannot be watched", g.index);
+                }
+            }
+            Some(EventSet { set, handles })
+        });
+        made.as_ref().map(|e| (e.set, e.handles.clone()))
     }
 
     /// # Safety
@@ -86,6 +166,19 @@ impl GpuSource for Nvml {
             let mut dev: Device = std::ptr::null_mut();
             // SAFETY: dev is a valid out-parameter; i < count.
             let rc = unsafe { handle(i, &mut dev) };
+            if rc == NVML_ERROR_GPU_IS_LOST {
+                // A GPU lost before the plugin started offers nothing.
+                tracing::warn!("GPU{i} is lost (NVML_ERROR_GPU_IS_LOST): marked unhealthy");
+                out.push(NodeGpu {
+                    index: i,
+                    uuid: String::new(),
+                    memory_mib: 0,
+                    gib: 0,
+                    model: String::new(),
+                    unhealthy: true,
+                });
+                continue;
+            }
             if rc != 0 {
                 return Err(format!(
                     "nvmlDeviceGetHandleByIndex_v2({i}) failed: NVML error {rc}"
@@ -126,9 +219,57 @@ impl GpuSource for Nvml {
                 memory_mib: mib,
                 gib: gpu_gib(mib, stated_gib),
                 model,
+                unhealthy: false,
             });
         }
         Ok(out)
+    }
+
+    fn check_health(&self, gpus: &[NodeGpu], wait_ms: u32) -> Vec<(u32, String)> {
+        let mut failed = Vec::new();
+        // SAFETY: looked up with its NVML C signature.
+        if let Ok(handle) = unsafe { self.sym::<HandleFn>(b"nvmlDeviceGetHandleByIndex_v2\0") } {
+            for g in gpus.iter().filter(|g| !g.unhealthy) {
+                let mut dev: Device = std::ptr::null_mut();
+                // SAFETY: dev is a valid out-parameter.
+                if unsafe { handle(g.index, &mut dev) } == NVML_ERROR_GPU_IS_LOST {
+                    failed.push((g.index, "GPU is lost (NVML_ERROR_GPU_IS_LOST)".to_string()));
+                }
+            }
+        }
+        // SAFETY: looked up with its NVML C signature.
+        let wait = unsafe { self.sym::<WaitFn>(b"nvmlEventSetWait_v2\0") };
+        match (self.event_set(gpus), wait) {
+            (Some((set, handles)), Ok(wait)) => {
+                let mut e = EventData {
+                    device: std::ptr::null_mut(),
+                    event_type: 0,
+                    event_data: 0,
+                    gpu_instance_id: 0,
+                    compute_instance_id: 0,
+                };
+                // SAFETY: e is a valid nvmlEventData_t; set is NVML's.
+                let rc = unsafe { wait(set, &mut e, wait_ms) };
+                // Neither an event nor NVML_ERROR_TIMEOUT: NVML cannot wait,
+                // so pace the checks here.
+                if rc != 0 && rc != 10 {
+                    std::thread::sleep(std::time::Duration::from_millis(wait_ms.into()));
+                }
+                if rc == 0
+                    && e.event_type & EVENT_XID_CRITICAL != 0
+                    && !APPLICATION_XIDS.contains(&e.event_data)
+                {
+                    // An event for no GPU in particular concerns them all.
+                    for (h, i) in &handles {
+                        if e.device.is_null() || *h == e.device as usize {
+                            failed.push((*i, format!("critical XID error {}", e.event_data)));
+                        }
+                    }
+                }
+            }
+            _ => std::thread::sleep(std::time::Duration::from_millis(wait_ms.into())),
+        }
+        failed
     }
 }
 

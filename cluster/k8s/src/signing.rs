@@ -195,6 +195,7 @@ mod tests {
             gpu_gib: 15,
             per_gpu: 4,
             containers: BTreeMap::from([("main".to_string(), 4)]),
+            compute: 0,
             sig: String::new(),
         };
         assert!(!public.verify(&d));

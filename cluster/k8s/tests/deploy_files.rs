@@ -74,8 +74,9 @@ fn device_plugin_mounts_what_it_uses() {
 }
 
 /// Every container runs with the runtime's seccomp profile, no privilege
-/// escalation, no capabilities and a read-only root filesystem; the
-/// extender (which needs no root) as a non-root user.
+/// escalation, no capabilities (the agent: only the two it needs) and a
+/// read-only root filesystem; the extender (which needs no root) as a
+/// non-root user.
 #[test]
 fn manifests_are_hardened() {
     for f in ["device-plugin.yaml", "scheduler-extender.yaml"] {
@@ -84,10 +85,21 @@ fn manifests_are_hardened() {
         for needle in [
             "allowPrivilegeEscalation: false",
             "readOnlyRootFilesystem: true",
-            "capabilities: {drop: [ALL]}",
+            "capabilities: {drop: [ALL]",
         ] {
             assert_eq!(text.matches(needle).count(), containers, "{f}: {needle}");
         }
+        let added: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("capabilities:") && l.contains("add:"))
+            .map(str::trim)
+            .collect();
+        let expect: &[&str] = if f == "device-plugin.yaml" {
+            &["capabilities: {drop: [ALL], add: [SYS_PTRACE, KILL]}"]
+        } else {
+            &[]
+        };
+        assert_eq!(added, expect, "{f}");
         assert_eq!(value(&text, "seccompProfile"), "{type: RuntimeDefault}");
     }
     let ext = read("scheduler-extender.yaml");
@@ -161,4 +173,48 @@ fn the_interposer_links_no_cluster_crate() {
             "libcgpu.so depends on {c}:\n{tree}"
         );
     }
+}
+
+/// The node agent runs beside the plugin: in the host's PID namespace, on
+/// the same ledger directory as the plugin hands to containers, with NVML,
+/// its status file on the host, and the flags the agent accepts.
+#[test]
+fn the_agent_runs_beside_the_plugin() {
+    let ds = read("device-plugin.yaml");
+    assert_eq!(value(&ds, "hostPID"), "true");
+    let agent = ds
+        .split("- name: agent\n")
+        .nth(1)
+        .expect("an agent container")
+        .split("\n      volumes:")
+        .next()
+        .unwrap();
+    let command: Vec<&str> = value(agent, "command")
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(", ")
+        .collect();
+    let ledger = cgpu_cluster::device_plugin::PluginConfig::standard("n").ledger_on_host;
+    assert_eq!(
+        command,
+        [
+            "cgpu-agent",
+            "--ledger-dir",
+            ledger.to_str().unwrap(),
+            "--interval",
+            "500ms",
+            "--policy",
+            "report",
+            "--status-file",
+            "/run/cgpu-agent/agent.json"
+        ]
+    );
+    assert!(agent.contains("{name: host-run-cgpu, mountPath: /run/cgpu}"));
+    assert!(agent.contains("{name: host-run-cgpu-agent, mountPath: /run/cgpu-agent}"));
+    assert!(agent.contains("{name: NVIDIA_DRIVER_CAPABILITIES, value: utility}"));
+    assert!(ds.contains(
+        "{name: host-run-cgpu-agent, hostPath: {path: /run/cgpu-agent, type: DirectoryOrCreate}}"
+    ));
+    // The node image ships the binary.
+    let image = read("docker/node.Dockerfile");
+    assert!(image.contains("dist/cgpu-agent"));
 }

@@ -827,3 +827,226 @@ async fn a_gpushare_cluster_moves_over_without_touching_pods_or_scheduler_config
     let f = s.filter(&late, std::slice::from_ref(&node)).await.unwrap();
     assert!(f.nodes.is_empty(), "{f:?}");
 }
+
+impl Cluster {
+    /// Waits until the kubelet lists `n` healthy devices of `resource`.
+    async fn healthy_devices(&self, resource: &str, n: usize) {
+        for _ in 0..12000 {
+            if self
+                .kubelet
+                .devices(resource, Duration::from_secs(60))
+                .await
+                .len()
+                == n
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the kubelet never saw {n} healthy {resource} devices");
+    }
+
+    /// Whether the extender lets the pod onto the node.
+    async fn passes_filter(&self, pod: &Value) -> bool {
+        let f = post(
+            &self.ext_url,
+            "/filter",
+            &json!({"Pod": pod, "NodeNames": [NODE]}),
+        )
+        .await;
+        f["NodeNames"] == json!([NODE])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_that_fails_takes_no_new_pod() {
+    let c = Cluster::new("unhealthy", &[V100, V100, V100], json!({})).await;
+    c.ready(45).await;
+    let before = c.pod("before", json!([gpu_container("main", 10)]), 1);
+    c.schedule(&before).await.unwrap();
+    assert_eq!(
+        Decision::from_pod(&c.get("before")).unwrap().gpus[0].index,
+        0
+    );
+    c.run_pod("before", "main").await.unwrap();
+    let big = c.pod("big", json!([gpu_container("main", 6)]), 1);
+    assert!(c.passes_filter(&big).await);
+
+    // The simulated driver reports an application's XID 13 on GPU0 (the
+    // GPU stays healthy), then a double-bit ECC error (XID 48) on GPU1;
+    // GPU2 falls off the bus. The plugin sees them in this order.
+    let state = &c.sim.state_dir;
+    std::fs::write(state.join("gpu0.xid"), "13\n").unwrap();
+    std::fs::write(state.join("gpu1.xid"), "48\n").unwrap();
+    c.healthy_devices("aliyun.com/gpu-count", 2).await;
+    std::fs::write(state.join("gpu2.lost"), "").unwrap();
+    c.healthy_devices("aliyun.com/gpu-count", 1).await;
+    assert_eq!(
+        c.kubelet
+            .devices("aliyun.com/gpu-count", Duration::from_secs(60))
+            .await,
+        ["cgpu-gpu-0"]
+    );
+    // GPU0's 15 GiB devices stay healthy, the others' are not offered.
+    c.healthy_devices("aliyun.com/gpu-mem", 15).await;
+    let mem = c
+        .kubelet
+        .devices("aliyun.com/gpu-mem", Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        mem,
+        (0..15).map(|i| format!("cgpu-mem-{i}")).collect::<Vec<_>>()
+    );
+
+    // The node says which GPUs failed; the extender then places nothing on
+    // them: 6 GiB fit on no healthy GPU, 4 GiB go to GPU0.
+    let mut published = false;
+    for _ in 0..12000 {
+        let gpus: Vec<Value> = serde_json::from_str(
+            c.api.get("nodes", "", NODE).unwrap()["metadata"]["annotations"]["cgpu.io/gpus"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        if gpus[1]["unhealthy"] == json!(true) && gpus[2]["unhealthy"] == json!(true) {
+            assert_eq!(gpus[0].get("unhealthy"), None);
+            published = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(published, "the plugin never published the failed GPUs");
+    let mut refused = false;
+    for _ in 0..12000 {
+        if !c.passes_filter(&big).await {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(refused, "the extender still places 6 GiB on the node");
+    let small = c.pod("small", json!([gpu_container("main", 4)]), 1);
+    c.schedule(&small).await.unwrap();
+    assert_eq!(
+        Decision::from_pod(&c.get("small")).unwrap().gpus[0].index,
+        0
+    );
+    c.run_pod("small", "main").await.unwrap();
+
+    // kubectl inspect cgpu (the real kubectl) shows them.
+    let bin = c.dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_kubectl-inspect-cgpu"),
+        bin.join("kubectl-inspect-cgpu"),
+    )
+    .unwrap();
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new("kubectl")
+            .args(args)
+            .env(
+                "PATH",
+                format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+            )
+            .env("KUBECONFIG", c.dir.join("kubeconfig"))
+            .env("HOME", &c.dir)
+            .output()
+            .expect("kubectl is installed");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = kubectl(&["inspect", "cgpu"]);
+    assert!(
+        out.contains(
+            "gpu-node-1  10.0.0.11  14/15                  0/15(Unhealthy)        0/15(Unhealthy)        14/45\n"
+        ),
+        "{out}"
+    );
+    let out = kubectl(&["inspect", "cgpu", "-d"]);
+    assert!(out.contains("Unhealthy: GPU1 (GPU-"), "{out}");
+    assert!(out.contains("Unhealthy: GPU2 (GPU-"), "{out}");
+    assert!(!out.contains("Unhealthy: GPU0"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compute_shares_never_sum_past_a_whole_gpu() {
+    let c = Cluster::new("gpu-core", &[V100], json!({})).await;
+    c.ready(15).await;
+    let with_core = |name: &str, core: &str| {
+        c.pod(name, json!([gpu_container("main", 4)]), 1);
+        c.api.patch(
+            "pods",
+            "default",
+            name,
+            &json!({"metadata": {"annotations": {"cgpu.io/gpu-core": core}}}),
+        );
+        c.get(name)
+    };
+    let a = with_core("a", "60");
+    c.schedule(&a).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("a")).unwrap().compute, 60);
+    // 60 + 50 > 100 though the memory fits: refused, resolvable by
+    // preemption, with the reason.
+    let b = with_core("b", "50");
+    let f = post(
+        &c.ext_url,
+        "/filter",
+        &json!({"Pod": b, "NodeNames": [NODE]}),
+    )
+    .await;
+    assert_eq!(f["NodeNames"], json!([]), "{f}");
+    assert!(
+        f["FailedNodes"][NODE]
+            .as_str()
+            .unwrap()
+            .contains("no GPU of the node has 50% of its compute free"),
+        "{f}"
+    );
+    // Less than one of the GPU's 16 time slices: never placeable.
+    let tiny = with_core("tiny", "5");
+    let f = post(
+        &c.ext_url,
+        "/filter",
+        &json!({"Pod": tiny, "NodeNames": [NODE]}),
+    )
+    .await;
+    assert!(
+        f["FailedAndUnresolvableNodes"][NODE]
+            .as_str()
+            .unwrap()
+            .contains("ask for at least 7"),
+        "{f}"
+    );
+    let d = with_core("d", "40");
+    c.schedule(&d).await.unwrap();
+    // The shares reach the library as weights of the GPU's 16 slices, in
+    // the allocation file it reads.
+    for (pod, weight) in [("a", 9), ("d", 6)] {
+        let started = c.run_pod(pod, "main").await.unwrap();
+        let file =
+            std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
+        assert!(
+            file.contains(&format!("\nALIYUN_COM_GPU_SCHD_WEIGHT={weight}\n")),
+            "{file}"
+        );
+        // The library accepts the file: the container sees its 4 GiB.
+        let out = c.exec(&started, &["meminfo"]);
+        assert_eq!(
+            mib(field(line(&out, "meminfo"), "total").unwrap()),
+            16160 * 4 / 15,
+            "{out}"
+        );
+    }
+    // A pod without a share gets no weight key; it still fits (compute is
+    // not asked for, memory is free).
+    let plain = c.pod("plain", json!([gpu_container("main", 4)]), 1);
+    c.schedule(&plain).await.unwrap();
+    let started = c.run_pod("plain", "main").await.unwrap();
+    let file =
+        std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
+    assert!(!file.contains("WEIGHT"), "{file}");
+}

@@ -100,6 +100,7 @@ fn gpu_node(api: &ApiServer, name: &str, gpus: u32, mib: u64) {
             memory_mib: mib,
             gib: mib / 1024,
             model: "Tesla V100-SXM2-16GB".into(),
+            unhealthy: false,
         })
         .collect();
     api.put(
@@ -746,6 +747,7 @@ async fn pods_choose_gpus_by_model_and_uuid() {
             memory_mib: 15360,
             gib: 15,
             model: "Tesla T4".into(),
+            unhealthy: false,
         },
         NodeGpu {
             index: 1,
@@ -753,6 +755,7 @@ async fn pods_choose_gpus_by_model_and_uuid() {
             memory_mib: 23028,
             gib: 22,
             model: "NVIDIA A10".into(),
+            unhealthy: false,
         },
     ];
     api.put(
@@ -787,8 +790,8 @@ async fn pods_choose_gpus_by_model_and_uuid() {
                         .as_str()
                         .unwrap()
                         .contains(
-                            "no GPU of the node matches the pod's nvidia.com/use-gputype=H100"
-                        ),
+                        "no healthy GPU of the node matches the pod's nvidia.com/use-gputype=H100"
+                    ),
                     "{f}"
                 );
                 assert!(b["Error"].as_str().unwrap() != "", "{b}");

@@ -80,10 +80,12 @@ async fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fail(e),
     };
-    let plugin = match Plugin::new(cfg, client, &nvml).await {
+    let nvml = Arc::new(nvml);
+    let plugin = match Plugin::new(cfg, client, nvml.as_ref()).await {
         Ok(p) => Arc::new(p),
         Err(e) => return fail(e),
     };
+    device_plugin::spawn_health_watch(plugin.clone(), nvml);
     tracing::info!(
         "node {node}: {} GPUs, {} GiB of {}",
         plugin.node.gpus.len(),
