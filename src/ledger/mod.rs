@@ -619,7 +619,7 @@ impl ContainerSlot {
 }
 
 /// How long after a generation is built its joins wait for the processes
-/// of the damaged one to move ([`Ledger::previous_generation_settled`]).
+/// of the damaged one to move (`Ledger::previous_generation_settled`).
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(1);
 
 /// The check written in [`ContainerSlot::id_sum`]: FNV-1a (64 bit) of
