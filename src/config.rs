@@ -492,10 +492,15 @@ pub fn read_alloc_file(path: &str) -> Result<String, String> {
     String::from_utf8(buf).map_err(|_| "not UTF-8 text".to_string())
 }
 
-/// Parses an allocation file: `KEY=VALUE` lines with the keys of
-/// [`ALLOC_FILE_KEYS`] (blank lines and `#` comments allowed; an unknown or
-/// repeated key, or a missing required one, is an error).
-pub fn parse_alloc_file(text: &str) -> Result<Vec<(String, String)>, String> {
+/// Parses `KEY=VALUE` lines whose keys are among `keys` (blank lines and
+/// `#` comments allowed; an unknown or repeated key, or a missing one of
+/// `required`, is an error): the allocation file and the host's settings
+/// files.
+fn parse_key_file(
+    text: &str,
+    keys: &[&str],
+    required: &[&str],
+) -> Result<Vec<(String, String)>, String> {
     let mut out: Vec<(String, String)> = Vec::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -506,7 +511,7 @@ pub fn parse_alloc_file(text: &str) -> Result<Vec<(String, String)>, String> {
             return Err(format!("line {}: expected KEY=VALUE", n + 1));
         };
         let k = k.trim();
-        if !ALLOC_FILE_KEYS.contains(&k) {
+        if !keys.contains(&k) {
             return Err(format!("line {}: unknown key {k}", n + 1));
         }
         if out.iter().any(|(have, _)| have == k) {
@@ -514,12 +519,18 @@ pub fn parse_alloc_file(text: &str) -> Result<Vec<(String, String)>, String> {
         }
         out.push((k.to_string(), v.trim().to_string()));
     }
-    for k in &ALLOC_FILE_KEYS[..4] {
+    for k in required {
         if !out.iter().any(|(have, _)| have == k) {
             return Err(format!("{k} is missing"));
         }
     }
     Ok(out)
+}
+
+/// Parses an allocation file: the keys of [`ALLOC_FILE_KEYS`], the first
+/// four required.
+pub fn parse_alloc_file(text: &str) -> Result<Vec<(String, String)>, String> {
+    parse_key_file(text, &ALLOC_FILE_KEYS, &ALLOC_FILE_KEYS[..4])
 }
 
 /// The configuration when `CGPU_ALLOC_FILE` is set: `file` is its text (or
@@ -638,33 +649,10 @@ pub fn read_settings_text(path: &str) -> Result<String, String> {
     Ok(text)
 }
 
-/// Parses a host-written settings file: `KEY=VALUE` lines with the keys of
-/// [`SETTINGS_FILE_KEYS`] (blank lines and `#` comments allowed; an
-/// unknown or repeated key, or a missing `ALIYUN_COM_GPU_MEM_CONTAINER`,
-/// is an error).
+/// Parses a host-written settings file: the keys of
+/// [`SETTINGS_FILE_KEYS`], `ALIYUN_COM_GPU_MEM_CONTAINER` required.
 pub fn parse_settings_file(text: &str) -> Result<Vec<(String, String)>, String> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let Some((k, v)) = line.split_once('=') else {
-            return Err(format!("line {}: expected KEY=VALUE", n + 1));
-        };
-        let k = k.trim();
-        if !SETTINGS_FILE_KEYS.contains(&k) {
-            return Err(format!("line {}: unknown key {k}", n + 1));
-        }
-        if out.iter().any(|(have, _)| have == k) {
-            return Err(format!("line {}: {k} given twice", n + 1));
-        }
-        out.push((k.to_string(), v.trim().to_string()));
-    }
-    if !out.iter().any(|(k, _)| k == SETTINGS_FILE_KEYS[0]) {
-        return Err(format!("{} is missing", SETTINGS_FILE_KEYS[0]));
-    }
-    Ok(out)
+    parse_key_file(text, &SETTINGS_FILE_KEYS, &SETTINGS_FILE_KEYS[..1])
 }
 
 /// The configuration when the host wrote settings for this container
