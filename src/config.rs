@@ -130,7 +130,7 @@ impl Config {
         if let Some(q) = self.quota_bytes(i, physical) {
             if q > physical {
                 out.push(format!(
-                    "ALIYUN_COM_GPU_MEM_CONTAINER gives GPU {i} a quota of {:.2} GiB, more than the GPU's {gpu_gib:.2} GiB: the quota is kept, the GPU itself is the limit",
+                    "ALIYUN_COM_GPU_MEM_CONTAINER gives GPU {i} a quota of {:.2} GiB, more than the GPU's {gpu_gib:.2} GiB: the container is shown the GPU's own size, and the GPU itself is the limit",
                     q as f64 / GIB as f64
                 ));
             }

@@ -2134,7 +2134,7 @@ fn conflicting_and_implausible_settings_get_one_readable_warning() {
             "conf-big",
             40,
             &[("ALIYUN_COM_GPU_SCHD_WEIGHT", "25")],
-            &["alloc", "1048576"],
+            &["totalmem", "alloc", "1048576", "meminfo"],
         )
         .wait_with_output()
         .unwrap();
@@ -2142,6 +2142,16 @@ fn conflicting_and_implausible_settings_get_one_readable_warning() {
     assert!(
         err.contains("a quota of 40.00 GiB, more than the GPU's 14.75 GiB"),
         "{err}"
+    );
+    // The container is shown the GPU's own size, not a 40 GiB GPU.
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!("totalmem ok bytes={}", 15109u64 << 20)),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("total={}\n", 15109u64 << 20)),
+        "{out}"
     );
     assert!(
         err.contains("asked for weight 25") && err.contains("more than the GPU's max_inst 16"),

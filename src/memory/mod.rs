@@ -104,10 +104,18 @@ impl Gpu {
         self.acct.ledger()
     }
 
-    /// The quota view: `Some(quota)` when the container sees its slice,
+    /// The quota view: `Some(total)` when the container sees its slice (its
+    /// quota, never more than the GPU: [`shown_total`]),
     /// `None` for the physical view (not limited, or `CGPU_DISABLE`). Read
     /// live from the ledger, so `cgpuctl` changing `memsize` shows at once.
     pub fn view_quota(&self) -> Option<u64> {
+        self.ledger_quota()
+            .map(|q| shown_total(q, self.physical_total))
+    }
+
+    /// The quota the container's row holds now (or the configured one
+    /// before joining); `None` for the physical view.
+    fn ledger_quota(&self) -> Option<u64> {
         if !self.enforce {
             return None;
         }
@@ -201,6 +209,18 @@ impl Gpu {
         if let Some((ledger, m)) = self.acct.ledger() {
             ledger.process_of(m).set_host_pid(pid);
         }
+    }
+}
+
+/// The total a container is shown for a quota of `quota` bytes on a GPU of
+/// `physical` bytes: the quota, but never more than the GPU has (a quota
+/// larger than the GPU, or one not limited, shows the GPU's own size).
+/// `physical` 0: not known, the quota as it is.
+pub fn shown_total(quota: u64, physical: u64) -> u64 {
+    if physical == 0 {
+        quota
+    } else {
+        quota.min(physical)
     }
 }
 
@@ -484,7 +504,11 @@ pub fn peek(info: &GpuInfo) -> Option<Peek> {
             }
         }
     }
-    p.quota = if enforce { quota } else { None };
+    p.quota = if enforce {
+        quota.map(|q| shown_total(q, info.physical_total))
+    } else {
+        None
+    };
     Some(p)
 }
 
