@@ -612,16 +612,30 @@ fn multi_threaded_process_shares_one_bucket() {
     ];
     let (m, b) = scenarios::measure_side_by_side(&Opts::test(), &ctrs, 2, None, None);
     let bare = b.utilisation();
-    check(
-        "policy 2, 1:1, four-thread process",
-        m.of_busy("threads"),
-        0.5,
-    );
-    check(
-        "policy 2, 1:1, one-thread process",
-        m.of_busy("single"),
-        0.5,
-    );
+    // Over whole rounds, within the tolerance widened by two of the
+    // container's slices in the window (the window's edges cut one, and a
+    // slice whose launching threads get no CPU for the idle grace ends
+    // early), as every share judged at any load.
+    for (id, what) in [
+        ("threads", "policy 2, 1:1, four-thread process"),
+        ("single", "policy 2, 1:1, one-thread process"),
+    ] {
+        let n = m.slices.get(id).copied().unwrap_or(0).max(1) as f64;
+        let got = m.of_busy(id);
+        let e = rel_err(got, 0.5);
+        let bound = TOL + 2.0 / n;
+        eprintln!(
+            "{what}: target 0.5000 achieved {got:.4} error {:.1}% (bound {:.1}%, {n} slices)",
+            e * 100.0,
+            bound * 100.0
+        );
+        assert!(
+            e <= bound,
+            "{what}: achieved {got:.4}, target 0.5000 (error {:.1}% > {:.1}%)",
+            e * 100.0,
+            bound * 100.0
+        );
+    }
     let u = m.utilisation();
     eprintln!("policy 2, 1:1 with threads: utilisation {u:.4}, without cgpu {bare:.4}");
     assert!(
