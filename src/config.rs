@@ -445,14 +445,16 @@ pub const ALLOC_FILE_KEYS: [&str; 7] = [
     "ALIYUN_COM_GPU_HIGH_PRIO",
 ];
 
-/// Largest allocation file read (a real one is a few hundred bytes).
-pub const ALLOC_FILE_MAX: u64 = 64 * 1024;
+/// Largest settings file read: the allocation file, `/etc/cgpu/alloc.env`,
+/// a host's per-container settings (a real one is a few hundred bytes).
+pub const SETTINGS_FILE_MAX: u64 = 64 * 1024;
 
-/// Read an allocation file: a regular file (a FIFO, a device such as
+/// Read one of the settings files (the allocation file, the host's
+/// per-container settings): a regular file (a FIFO, a device such as
 /// `/dev/zero`, a directory are refused without reading: none can block
-/// or grow without bound) of at most [`ALLOC_FILE_MAX`] bytes, in UTF-8.
+/// or grow without bound) of at most [`SETTINGS_FILE_MAX`] bytes, in UTF-8.
 /// Symbolic links are followed (Kubernetes mounts files through them).
-pub fn read_alloc_file(path: &str) -> Result<String, String> {
+pub fn read_settings_file(path: &str) -> Result<String, String> {
     use std::io::Read;
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let f = std::fs::OpenOptions::new()
@@ -474,19 +476,19 @@ pub fn read_alloc_file(path: &str) -> Result<String, String> {
         };
         return Err(format!("{what}, not a regular file: not read"));
     }
-    if m.len() > ALLOC_FILE_MAX {
+    if m.len() > SETTINGS_FILE_MAX {
         return Err(format!(
-            "{} bytes, more than an allocation file can be ({ALLOC_FILE_MAX}): not read",
+            "{} bytes, more than a settings file can be ({SETTINGS_FILE_MAX}): not read",
             m.len()
         ));
     }
     let mut buf = Vec::new();
-    f.take(ALLOC_FILE_MAX + 1)
+    f.take(SETTINGS_FILE_MAX + 1)
         .read_to_end(&mut buf)
         .map_err(|e| e.to_string())?;
-    if buf.len() as u64 > ALLOC_FILE_MAX {
+    if buf.len() as u64 > SETTINGS_FILE_MAX {
         return Err(format!(
-            "longer than an allocation file can be ({ALLOC_FILE_MAX} bytes): not read"
+            "longer than a settings file can be ({SETTINGS_FILE_MAX} bytes): not read"
         ));
     }
     String::from_utf8(buf).map_err(|_| "not UTF-8 text".to_string())
@@ -620,35 +622,6 @@ pub const SETTINGS_FILE_KEYS: [&str; 7] = [
     "CGPU_CONTAINER_ID",
 ];
 
-/// Most bytes read of a settings or allocation file (a few lines).
-pub const MAX_SETTINGS_FILE: u64 = 64 << 10;
-
-/// The text of a small settings file: only a regular file (never a FIFO,
-/// a device or a directory: opened without blocking and checked before
-/// reading), at most [`MAX_SETTINGS_FILE`] bytes (a longer one is an
-/// error, never read without bound).
-pub fn read_settings_text(path: &str) -> Result<String, String> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    let md = f.metadata().map_err(|e| e.to_string())?;
-    if !md.is_file() {
-        return Err("not a regular file".into());
-    }
-    let mut text = String::new();
-    f.take(MAX_SETTINGS_FILE + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| e.to_string())?;
-    if text.len() as u64 > MAX_SETTINGS_FILE {
-        return Err(format!("longer than {MAX_SETTINGS_FILE} bytes"));
-    }
-    Ok(text)
-}
-
 /// Parses a host-written settings file: the keys of
 /// [`SETTINGS_FILE_KEYS`], `ALIYUN_COM_GPU_MEM_CONTAINER` required.
 pub fn parse_settings_file(text: &str) -> Result<Vec<(String, String)>, String> {
@@ -756,7 +729,7 @@ pub fn get() -> &'static Config {
             None => match settings_file_path(&env) {
                 None => from_lookup(&env, cgroup.as_deref()),
                 Some(path) => {
-                    let text = read_settings_text(&path);
+                    let text = read_settings_file(&path);
                     let ignored = ignored_by_settings_file(&env, text.as_deref().unwrap_or(""));
                     let (c, failure) = with_settings_file(&env, cgroup.as_deref(), &path, text);
                     if let Some(msg) = failure {
@@ -773,7 +746,7 @@ pub fn get() -> &'static Config {
                 }
             },
             Some(path) => {
-                let text = read_alloc_file(&path);
+                let text = read_settings_file(&path);
                 let (c, failure) = with_alloc_file(&env, cgroup.as_deref(), &path, text);
                 if let Some(msg) = failure {
                     tracing::error!("{msg}");
@@ -977,11 +950,11 @@ mod tests {
     }
 
     #[test]
-    fn the_allocation_file_is_read_bounded_and_regular_only() {
-        assert!(read_alloc_file("/dev/zero")
+    fn settings_files_are_read_bounded_and_regular_only() {
+        assert!(read_settings_file("/dev/zero")
             .unwrap_err()
             .contains("a device"));
-        assert!(read_alloc_file("/").unwrap_err().contains("a directory"));
+        assert!(read_settings_file("/").unwrap_err().contains("a directory"));
         let dir = std::env::temp_dir().join(format!("cgpu-alloc-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let fifo = dir.join("fifo");
@@ -989,17 +962,17 @@ mod tests {
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         // Opening a FIFO with no writer would block without O_NONBLOCK.
-        assert!(read_alloc_file(fifo.to_str().unwrap())
+        assert!(read_settings_file(fifo.to_str().unwrap())
             .unwrap_err()
             .contains("a FIFO"));
         let big = dir.join("big");
-        std::fs::write(&big, vec![b'#'; ALLOC_FILE_MAX as usize + 1]).unwrap();
-        assert!(read_alloc_file(big.to_str().unwrap())
+        std::fs::write(&big, vec![b'#'; SETTINGS_FILE_MAX as usize + 1]).unwrap();
+        assert!(read_settings_file(big.to_str().unwrap())
             .unwrap_err()
             .contains("more than"));
         let ok = dir.join("ok");
         std::fs::write(&ok, GOOD).unwrap();
-        assert_eq!(read_alloc_file(ok.to_str().unwrap()).unwrap(), GOOD);
+        assert_eq!(read_settings_file(ok.to_str().unwrap()).unwrap(), GOOD);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1176,38 +1149,6 @@ mod tests {
             assert_eq!(c.visible, Some(vec![]), "{file:?}");
             assert_eq!(c.mode, Mode::Enforce);
         }
-    }
-
-    #[test]
-    fn settings_files_are_read_bounded_and_only_when_regular() {
-        assert_eq!(
-            read_settings_text("/dev/zero").unwrap_err(),
-            "not a regular file"
-        );
-        assert!(read_settings_text("/proc/self").is_err(), "a directory");
-        let dir = std::env::temp_dir().join(format!("cgpu-settings-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let fifo = dir.join("fifo");
-        let c = CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a valid C string path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
-        // Opened without blocking (no writer) and refused.
-        assert_eq!(
-            read_settings_text(fifo.to_str().unwrap()).unwrap_err(),
-            "not a regular file"
-        );
-        let big = dir.join("big");
-        std::fs::write(&big, vec![b'#'; MAX_SETTINGS_FILE as usize + 1]).unwrap();
-        assert!(read_settings_text(big.to_str().unwrap())
-            .unwrap_err()
-            .contains("longer than"));
-        let ok = dir.join("ok.env");
-        std::fs::write(&ok, "ALIYUN_COM_GPU_MEM_CONTAINER=2\n").unwrap();
-        assert_eq!(
-            read_settings_text(ok.to_str().unwrap()).unwrap(),
-            "ALIYUN_COM_GPU_MEM_CONTAINER=2\n"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
