@@ -7,10 +7,8 @@
 //! The CUPTI wheels (pinned) come from PyPI into `target/test-deps/cupti`,
 //! through the test venv's pip, once.
 
-use cgpu_testkit::{compile_cudart_client, cudart_rows, test_deps, workspace_root, SimEnv};
-use std::os::fd::AsRawFd;
+use cgpu_testkit::{compile_cudart_client, cudart_rows, workspace_root, SimEnv};
 use std::path::PathBuf;
-use std::process::Command;
 
 /// (package, the CUDA major of its runtime, its library inside the install).
 const CUPTI: [(&str, u32, &str); 3] = [
@@ -31,42 +29,9 @@ const CUPTI: [(&str, u32, &str); 3] = [
     ),
 ];
 
-/// Installs `pkg` (once, under a lock) and returns its directory.
+/// Installs `pkg` (once) and returns its directory.
 fn install(pkg: &str) -> PathBuf {
-    let deps = test_deps();
-    let base = deps.venv.parent().expect("test-deps dir").join("cupti");
-    std::fs::create_dir_all(&base).expect("create the cupti dir");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(base.join(".lock"))
-        .expect("open the lock");
-    // SAFETY: flock on a descriptor we own; released when `lock` closes.
-    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-    let dir = base.join(pkg.replace("==", "-"));
-    if !dir.join(".done").exists() {
-        let _ = std::fs::remove_dir_all(&dir);
-        let o = Command::new(deps.venv.join("bin/pip"))
-            .args([
-                "install",
-                "--disable-pip-version-check",
-                "-q",
-                "--no-deps",
-                "--target",
-            ])
-            .arg(&dir)
-            .arg(pkg)
-            .output()
-            .expect("run pip");
-        assert!(
-            o.status.success(),
-            "could not install {pkg} from PyPI (make PyPI reachable or set PIP_INDEX_URL):\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        std::fs::write(dir.join(".done"), "").expect("mark the install done");
-    }
-    dir
+    cgpu_testkit::pip_target("cupti", pkg)
 }
 
 #[test]

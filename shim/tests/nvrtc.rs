@@ -8,48 +8,14 @@
 //! test venv's pip, once.
 
 use cgpu_testkit::{artifacts, test_deps, workspace_root, SimEnv};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::process::Command;
 
 const NVRTC: &str = "nvidia-cuda-nvrtc-cu12==12.9.86";
 
-/// Installs NVRTC (once, under a lock); returns `libnvrtc.so.12`.
+/// Installs NVRTC (once); returns `libnvrtc.so.12`.
 fn nvrtc() -> PathBuf {
-    let deps = test_deps();
-    let base = deps.venv.parent().expect("test-deps dir").join("nvrtc");
-    std::fs::create_dir_all(&base).expect("create the nvrtc dir");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(base.join(".lock"))
-        .expect("open the lock");
-    // SAFETY: flock on a descriptor we own; released when `lock` closes.
-    unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
-    let dir = base.join(NVRTC.replace("==", "-"));
-    if !dir.join(".done").exists() {
-        let _ = std::fs::remove_dir_all(&dir);
-        let o = Command::new(deps.venv.join("bin/pip"))
-            .args([
-                "install",
-                "--disable-pip-version-check",
-                "-q",
-                "--no-deps",
-                "--target",
-            ])
-            .arg(&dir)
-            .arg(NVRTC)
-            .output()
-            .expect("run pip");
-        assert!(
-            o.status.success(),
-            "could not install {NVRTC} from PyPI (make PyPI reachable or set PIP_INDEX_URL):\n{}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        std::fs::write(dir.join(".done"), "").expect("mark the install done");
-    }
-    dir.join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
+    cgpu_testkit::pip_target("nvrtc", NVRTC).join("nvidia/cuda_nvrtc/lib/libnvrtc.so.12")
 }
 
 #[test]

@@ -273,6 +273,41 @@ pub fn test_deps() -> &'static TestDeps {
     }
 }
 
+/// Installs the pinned PyPI package `pkg` (`name==version`, no
+/// dependencies) once, under a lock shared by all tests, into
+/// `target/test-deps/<group>/<name-version>/`, and returns that directory:
+/// libraries the simulated driver is tested with (CUPTI, NVRTC) that the
+/// test venv does not carry.
+pub fn pip_target(group: &str, pkg: &str) -> PathBuf {
+    let deps = test_deps();
+    let base = deps.venv.parent().expect("test-deps dir").join(group);
+    std::fs::create_dir_all(&base).expect("create the package dir");
+    let _lock = flock(&base.join(".lock"));
+    let dir = base.join(pkg.replace("==", "-"));
+    if !dir.join(".done").exists() {
+        let _ = std::fs::remove_dir_all(&dir);
+        let o = Command::new(deps.venv.join("bin/pip"))
+            .args([
+                "install",
+                "--disable-pip-version-check",
+                "-q",
+                "--no-deps",
+                "--target",
+            ])
+            .arg(&dir)
+            .arg(pkg)
+            .output()
+            .expect("run pip");
+        assert!(
+            o.status.success(),
+            "could not install {pkg} from PyPI (make PyPI reachable or set PIP_INDEX_URL):\n{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        std::fs::write(dir.join(".done"), "").expect("mark the install done");
+    }
+    dir
+}
+
 // ------------------------------------------------------------------ C clients
 
 /// How a C client reaches the driver.
