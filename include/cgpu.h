@@ -4,7 +4,7 @@
  * One file per physical GPU, `<dir>/<uuid>.ledger` (dir: $CGPU_LEDGER_DIR,
  * else /run/cgpu; the live generation is the highest `<uuid>.g<n>.ledger`), exactly sizeof(struct cgpu_ledger)
  * bytes, little-endian, mapped MAP_SHARED by every process using the GPU.
- * Mirrors src/ledger/mod.rs and shared.rs; tests/ledger_header.rs checks
+ * Mirrors ledger/src/layout.rs and shared.rs; tests/ledger_header.rs checks
  * every offset.
  *
  * Concurrency: fields marked [atomic] are read and written by several

@@ -10,10 +10,8 @@
 #   dist/debug/*.debug           the debug info of each, linked back with .gnu_debuglink
 # The linker is zig through cargo-zigbuild (a glibc version target), both
 # installed from PyPI at pinned versions into target/dist-tools/venv (nothing
-# system-wide). The tools link the interposer crate for its ledger code; they
-# are built with `--cfg cgpu_embedded`, under which it defines no `dlsym`, so
-# the executables export no hook (tools/build.rs), in a target directory of
-# their own (target/dist-build) so that the two builds never rebuild each other.
+# system-wide). The tools and the agent share the ledger's crate with the
+# library (`cgpu-ledger`), never the interposer itself: they export no hook.
 # deploy/docker/ has the Dockerfiles that package dist/ as the node and
 # extender images.
 #
@@ -76,12 +74,11 @@ step() { echo "build-dist: [$(( $(date +%s) - start )) s] $*" >&2; }
 # invocation).
 step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu --lib"
 cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu --lib
-step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu-tools -p cgpu-agent --bins (--cfg cgpu_embedded, target/dist-build)"
-RUSTFLAGS="${RUSTFLAGS:-} --cfg cgpu_embedded" CARGO_TARGET_DIR="$ROOT/target/dist-build" \
-  cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu-tools -p cgpu-agent --bins
+step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu-tools -p cgpu-agent --bins"
+cargo zigbuild --release --target "$TRIPLE.$GLIBC" -p cgpu-tools -p cgpu-agent --bins
 FILES="libcgpu.so:target/$TRIPLE/release"
 for b in cgpu-smi cgpuctl cgpu-agent; do
-  FILES="$FILES $b:target/dist-build/$TRIPLE/release"
+  FILES="$FILES $b:target/$TRIPLE/release"
 done
 if [ "$CLUSTER" = 1 ]; then
   step "cargo zigbuild --release --target $TRIPLE.$GLIBC -p cgpu-cluster --bins (long the first time)"

@@ -17,7 +17,7 @@ RUST_LIB=$(field Cargo.toml rust-version)
 RUST_ALL=$(for f in Cargo.toml cluster/*/Cargo.toml; do field "$f" rust-version; done | sort -V | tail -1)
 VERSION=$(field Cargo.toml version)
 GLIBC=$(sed -n 's/^GLIBC=//p' scripts/build-dist.sh)
-FORMAT=$(sed -n 's/^pub const FORMAT_VERSION: u32 = \([0-9]*\);/\1/p' src/ledger/mod.rs)
+FORMAT=$(sed -n 's/^pub const FORMAT_VERSION: u32 = \([0-9]*\);/\1/p' ledger/src/lib.rs)
 K8S=$(sed -n 's/^VERSIONS="\(.*\)"/\1/p' scripts/check-deploy.sh)
 K8S_MIN=$(echo "$K8S" | tr ' ' '\n' | sort -V | head -1 | sed 's/\.0$//')
 # The worked memory examples: (physical MiB, DEV, CONTAINER, expected MiB).
@@ -29,7 +29,7 @@ printf '%-58s %s\n' \
   "Rust for the whole workspace (Kubernetes crates): $RUST_ALL" "rust-version, cluster/*/Cargo.toml" \
   "cgpu version: $VERSION" "Cargo.toml" \
   "glibc floor of every file in dist/: $GLIBC" "GLIBC=, scripts/build-dist.sh" \
-  "ledger format: $FORMAT" "FORMAT_VERSION, src/ledger/mod.rs" \
+  "ledger format: $FORMAT" "FORMAT_VERSION, ledger/src/lib.rs" \
   "Kubernetes schemas deploy/ is checked against: $K8S" "scripts/check-deploy.sh" \
   "T4 (15109 MiB), DEV 15, 6 GiB -> $T4 MiB" "tests/entry_paths.rs" \
   "V100 (16160 MiB), DEV 15, 4 GiB -> $V100 MiB" "tests/entry_paths.rs"

@@ -3,12 +3,15 @@
 mod api;
 pub mod config;
 pub mod hooks;
-pub mod identity;
-pub mod ledger;
 pub mod log;
 pub mod memory;
 pub mod process;
 pub mod scheduler;
+
+/// The books shared with every process and tool on the host (crate
+/// `cgpu-ledger`), by the names the library's modules use.
+pub use cgpu_ledger as ledger;
+pub use cgpu_ledger::identity;
 
 /// The real driver's loader (kept at its old path: `process::driver`).
 pub use process::driver;
@@ -28,5 +31,4 @@ pub static CGPU_LIBRARY_VERSION: [u8; VERSION_TAG.len()] = {
     out
 };
 
-/// See [`CGPU_LIBRARY_VERSION`].
-pub const VERSION_TAG: &str = concat!("\0cgpu-library-version=", env!("CARGO_PKG_VERSION"), "\0");
+pub use cgpu_ledger::VERSION_TAG;

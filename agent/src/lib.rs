@@ -9,8 +9,8 @@
 
 pub mod nvml;
 
-use cgpu::identity::{self, Identity, Source};
-use cgpu::ledger::{Ledger, Snapshot};
+use cgpu_ledger::identity::{self, Identity, Source};
+use cgpu_ledger::{Ledger, Snapshot};
 use nvml::{DeviceProcess, Nvml};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -171,7 +171,7 @@ fn host_rule_name(pid: u32) -> Option<String> {
     env.split(|&b| b == 0).find_map(|kv| {
         let v = kv.strip_prefix(b"CGPU_CONTAINER_ID=")?;
         let v = String::from_utf8_lossy(v);
-        cgpu::config::parse_container_id(&v).ok()
+        cgpu_ledger::settings::parse_container_id(&v).ok()
     })
 }
 
@@ -334,9 +334,9 @@ fn describe(c: &ContainerUse) -> String {
         c.identity.name,
         c.identity.key,
         c.device_bytes,
-        cgpu::ledger::human_bytes(c.device_bytes),
+        cgpu_ledger::human_bytes(c.device_bytes),
         c.quota,
-        cgpu::ledger::human_bytes(c.quota),
+        cgpu_ledger::human_bytes(c.quota),
         procs.join(" ")
     )
 }

@@ -89,7 +89,7 @@ fn parse_args() -> Result<Args, String> {
             _ => return Err(format!("unknown argument {arg}")),
         }
     }
-    a.opts.ledger_dir = ledger_dir.unwrap_or_else(cgpu::ledger::Ledger::default_dir);
+    a.opts.ledger_dir = ledger_dir.unwrap_or_else(cgpu_ledger::Ledger::default_dir);
     if !a.opts.ledger_dir.is_absolute() {
         return Err(format!(
             "--ledger-dir {}: expected an absolute path",
@@ -139,7 +139,7 @@ fn main() {
         for e in &pass.events {
             eprintln!("{e}");
         }
-        let mut doc = status_json(&args.opts, &pass, cgpu::process::clock::realtime_ns());
+        let mut doc = status_json(&args.opts, &pass, cgpu_ledger::clock::realtime_ns());
         // Readers (cgpu-smi, the exporter) judge the file stale after three
         // intervals: say how long one is.
         doc["interval_ms"] = serde_json::json!(args.interval.as_millis() as u64);

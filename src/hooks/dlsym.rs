@@ -109,10 +109,7 @@ pub unsafe extern "C" fn dlsym_name_is_hooked(name: *const c_char) -> bool {
 /// # Safety
 /// `dlsym`'s contract.
 #[unsafe(naked)]
-// Not under `--cfg cgpu_embedded`: the tools link this crate into their own
-// executables, where a `dlsym` of ours would be exported to every library
-// they load (scripts/build-dist.sh; see tools/build.rs).
-#[cfg_attr(not(cgpu_embedded), unsafe(no_mangle))]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
         // RTLD_NEXT (-1): straight to the real dlsym.
@@ -150,10 +147,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
 /// # Safety
 /// `dlsym`'s contract.
 #[unsafe(naked)]
-// Not under `--cfg cgpu_embedded`: the tools link this crate into their own
-// executables, where a `dlsym` of ours would be exported to every library
-// they load (scripts/build-dist.sh; see tools/build.rs).
-#[cfg_attr(not(cgpu_embedded), unsafe(no_mangle))]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
         "cmn x0, #1",
@@ -186,10 +180,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
 ///
 /// # Safety
 /// `dlsym`'s contract.
-// Not under `--cfg cgpu_embedded`: the tools link this crate into their own
-// executables, where a `dlsym` of ours would be exported to every library
-// they load (scripts/build-dist.sh; see tools/build.rs).
-#[cfg_attr(not(cgpu_embedded), unsafe(no_mangle))]
+#[unsafe(no_mangle)]
 pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     // SAFETY: same contract.
     unsafe { dlsym_impl(handle, name) }

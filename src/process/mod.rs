@@ -41,12 +41,11 @@ macro_rules! call_real {
 }
 pub(crate) use call_real;
 
-pub mod clock;
-pub mod cstr;
 pub mod driver;
 pub mod fork;
 pub mod gpus;
 pub mod table;
 pub mod types;
 
+pub use cgpu_ledger::{clock, cstr};
 pub use table::{real, sig};

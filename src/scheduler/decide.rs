@@ -18,10 +18,7 @@ pub struct Params {
     pub floor_ns: i64,
 }
 
-/// Base slice: long enough that a handover (a drain and a wake-up, tens to
-/// hundreds of µs) costs well under 1% of the GPU, short enough that 20 ms
-/// kernels still alternate many times per second.
-pub const SLICE_NS: u64 = 40_000_000;
+pub use crate::scheduler::policy::SLICE_NS;
 
 impl Params {
     pub fn for_knobs(k: &Knobs) -> Params {

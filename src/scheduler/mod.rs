@@ -18,20 +18,21 @@ pub mod capture;
 mod decide;
 mod gate;
 mod guest_clock;
-pub mod policy;
 mod sys;
-pub mod words;
 
+pub use cgpu_ledger::words::{
+    container_stats, knobs, limit_percent, waiting, ContainerSchedStats, Waiting,
+};
+pub use cgpu_ledger::{policy, words};
 pub use decide::{allowance, Params, SLICE_NS};
 pub use gate::{CUcontext, DriverOps, Gate, Synced};
 pub use guest_clock::EventOps;
 
-use crate::ledger::{ContainerSlot, Ledger, LedgerFile, Membership, MAX_CONTAINERS, SLOT_LIVE};
+use crate::ledger::{Ledger, Membership};
 use crate::process::fork;
 use cgpu_ffi::CUresult;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicU8, Ordering::*};
-use words::container as cw;
 
 /// Opaque `CUstream` as the launch hooks see it.
 pub type Stream = *mut std::ffi::c_void;
@@ -509,98 +510,6 @@ fn register_handlers() {
     });
 }
 
-/// Per-container compute counters kept in the ledger.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct ContainerSchedStats {
-    /// GPU time charged to the container since it joined, ns.
-    pub gpu_time_ns: u64,
-    /// Time its threads spent held back in launch hooks, ns (summed over threads).
-    pub throttled_ns: u64,
-    /// Launches admitted.
-    pub launches: u64,
-}
-
-/// Counters of one container slot.
-pub fn container_stats(slot: &ContainerSlot) -> ContainerSchedStats {
-    ContainerSchedStats {
-        gpu_time_ns: slot.sched[cw::GPU_NS].load(Relaxed),
-        throttled_ns: slot.sched[cw::THROTTLED_NS].load(Relaxed),
-        launches: slot.sched[cw::LAUNCHES].load(Relaxed),
-    }
-}
-
-/// Why a container's launches are held back now, for the tools.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Waiting {
-    /// A thread of it waits for its turn on the GPU.
-    Turn,
-    /// A thread of it waits and it has compute weight 0 (it arrived when
-    /// `free_weight` was 0, or an operator set it): it waits until an
-    /// operator gives it weight.
-    NoWeight,
-}
-
-impl Waiting {
-    /// One line for operators.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Waiting::Turn => "waiting for its turn",
-            Waiting::NoWeight => {
-                "waiting: weight 0 (free_weight was 0 when it arrived, or set to 0)"
-            }
-        }
-    }
-}
-
-/// Does container slot `container` wait to launch now, and why (`None`: it
-/// holds the GPU, or no thread of it waits)? Read from the ledger's WANT
-/// set and weight; any process may call it.
-pub fn waiting(file: &LedgerFile, container: usize) -> Option<Waiting> {
-    let s = file.containers.get(container)?;
-    if s.state.load(Relaxed) != SLOT_LIVE {
-        return None;
-    }
-    let wants = (0..cw::SET_WORDS).any(|i| s.sched[cw::WANT + i].load(Relaxed) != 0);
-    if !wants {
-        return None;
-    }
-    if s.weight.load(Relaxed) == 0 {
-        return Some(Waiting::NoWeight);
-    }
-    let t = words::Token::unpack(file.header.sched[words::gpu::TOKEN].load(Relaxed));
-    if t.state == words::RUNNING && t.holder_slot() == Some(container) {
-        None
-    } else {
-        Some(Waiting::Turn)
-    }
-}
-
-/// The GPU's knobs, range-clamped.
-pub fn knobs(file: &LedgerFile) -> policy::Knobs {
-    let h = &file.header;
-    policy::Knobs::sanitized(
-        h.policy.load(Relaxed),
-        h.max_inst.load(Relaxed),
-        h.prio_ratio.load(Relaxed),
-    )
-}
-
-/// The compute limit, in percent of the GPU, that the GPU's policy and the
-/// container's weight give container slot `container` right now, counting
-/// every live container as busy (what `cgpu-smi` shows as "Limit").
-pub fn limit_percent(file: &LedgerFile, container: usize) -> u32 {
-    let mut ms = [policy::Member::default(); MAX_CONTAINERS];
-    for (i, s) in file.containers.iter().enumerate() {
-        ms[i] = policy::Member {
-            live: s.state.load(Relaxed) == SLOT_LIVE,
-            weight: s.weight.load(Relaxed),
-            highprio: s.highprio.load(Relaxed) != 0,
-            active: false,
-        };
-    }
-    policy::limit_percent(&knobs(file), &ms, container)
-}
-
 #[cfg(test)]
 mod tests {
     use super::words::{gpu as gw, Token, DRAINING, RUNNING};
@@ -743,7 +652,7 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let in_sync = &f.processes[m.process].sched_in_sync;
-        let want = &f.containers[m.container].sched[cw::WANT + m.process / 64];
+        let want = &f.containers[m.container].sched[words::container::WANT + m.process / 64];
         let v = in_child(|| {
             let t0 = Instant::now();
             admit_launch(std::ptr::null_mut());

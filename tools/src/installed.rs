@@ -1,6 +1,6 @@
 //! The installed `libcgpu.so` and its version (`cgpuctl version`), read from
 //! the file without loading it: the library carries
-//! `\0cgpu-library-version=X.Y.Z\0` (`cgpu::VERSION_TAG`, exported as
+//! `\0cgpu-library-version=X.Y.Z\0` (`cgpu_ledger::VERSION_TAG`, exported as
 //! `CGPU_LIBRARY_VERSION` so the linker keeps it, stripped or not).
 
 use std::path::{Path, PathBuf};
@@ -102,7 +102,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("lib.so");
         let mut bytes = vec![7u8; 1000];
-        bytes.extend_from_slice(cgpu::VERSION_TAG.as_bytes());
+        bytes.extend_from_slice(cgpu_ledger::VERSION_TAG.as_bytes());
         bytes.extend_from_slice(&[9u8; 100]);
         std::fs::write(&f, &bytes).unwrap();
         assert_eq!(

@@ -4,10 +4,10 @@
 //! A write is one atomic store into the header or the container slot,
 //! followed by a bump of `knob_generation` (running jobs watch it). Writing
 //! `policy` also sets `policy_explicit`, so that a container's weight > 1 no
-//! longer switches the GPU to policy 2 (see `cgpu::ledger`).
+//! longer switches the GPU to policy 2 (see `cgpu_ledger`).
 
 use super::{container_live, cstr, GIB};
-use cgpu::ledger::{free_weight, Ledger, LedgerFile};
+use cgpu_ledger::{free_weight, Ledger, LedgerFile};
 use std::sync::atomic::Ordering::Acquire;
 
 /// A knob (a cGPU `/proc/cgpu_km` node).
@@ -85,7 +85,7 @@ impl Knob {
         match self {
             Knob::DefaultMemsize | Knob::Memsize => parse_size(s),
             // The one boolean grammar of cgpu (as `ALIYUN_COM_GPU_HIGH_PRIO`).
-            Knob::Highprio => cgpu::config::parse_bool(s)
+            Knob::Highprio => cgpu_ledger::settings::parse_bool(s)
                 .map(u64::from)
                 .map_err(|e| format!("highprio: `{s}`: {e}")),
             _ => s
@@ -298,7 +298,7 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         let l = Ledger::open_or_create(&d, "GPU-k", 0, 16 * GIB).unwrap();
         let m = l
-            .join(&cgpu::ledger::JoinRequest {
+            .join(&cgpu_ledger::JoinRequest {
                 container_id: "abc",
                 key: 0,
                 quota: GIB,

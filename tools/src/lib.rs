@@ -24,10 +24,10 @@ pub mod nvml;
 pub mod table;
 pub mod tree;
 
-use cgpu::ledger::{
-    self, ContainerSlot, Ledger, LedgerError, LedgerFile, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE,
+use cgpu_ledger::words as scheduler;
+use cgpu_ledger::{
+    ContainerSlot, Ledger, LedgerError, LedgerFile, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE,
 };
-use cgpu::scheduler;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -210,7 +210,7 @@ pub struct Sample {
 }
 
 /// NUL-padded bytes to a string; `None` if not UTF-8.
-pub use cgpu::process::cstr::text as cstr;
+pub use cgpu_ledger::cstr::text as cstr;
 
 /// Is container slot `c` in use?
 pub fn container_live(s: &ContainerSlot) -> bool {
@@ -319,7 +319,7 @@ pub fn read_file(
         max_inst,
         prio_ratio,
         default_memsize_bytes: h.default_memsize.load(Acquire),
-        free_weight: ledger::free_weight(f),
+        free_weight: cgpu_ledger::free_weight(f),
         knob_generation: h.knob_generation.load(Acquire),
         containers,
     })
@@ -334,7 +334,7 @@ pub fn open_error(e: &LedgerError) -> (Status, String) {
             Status::Version,
             format!(
                 "ledger format {found}, this cgpu reads format {}: not trusted",
-                ledger::FORMAT_VERSION
+                cgpu_ledger::FORMAT_VERSION
             ),
         ),
         LedgerError::Full { what, .. } => (Status::Io, format!("no free {what} slot")),
@@ -398,9 +398,9 @@ pub fn sample_dir(dir: &Path) -> Sample {
     let mut report = Report {
         schema_version: SCHEMA_VERSION,
         cgpu_version: CGPU_VERSION.into(),
-        ledger_format: ledger::FORMAT_VERSION,
+        ledger_format: cgpu_ledger::FORMAT_VERSION,
         ledger_dir: dir.display().to_string(),
-        timestamp_ns: cgpu::process::clock::realtime_ns(),
+        timestamp_ns: cgpu_ledger::clock::realtime_ns(),
         util_window_ms: None,
         gpus,
         agent: None,
@@ -513,7 +513,7 @@ pub fn ledger_dir(arg: Option<&str>) -> Result<PathBuf, String> {
             )),
         };
     }
-    Ok(PathBuf::from(cgpu::ledger::DEFAULT_DIR))
+    Ok(PathBuf::from(cgpu_ledger::DEFAULT_DIR))
 }
 
 /// Bytes to whole MiB (floor).
@@ -531,8 +531,8 @@ pub(crate) mod testutil {
         // SAFETY: LedgerFile is repr(C) plain integers, atomics and arrays of
         // them; all-zero bytes are a valid value of each.
         let mut f: Box<LedgerFile> = unsafe { Box::new_zeroed().assume_init() };
-        f.header.magic = ledger::LEDGER_MAGIC;
-        f.header.version = ledger::FORMAT_VERSION;
+        f.header.magic = cgpu_ledger::LEDGER_MAGIC;
+        f.header.version = cgpu_ledger::FORMAT_VERSION;
         f.header.gpu_index = index;
         f.header.set_uuid(uuid);
         f.header.physical_total = physical;
@@ -628,7 +628,7 @@ mod tests {
         let r = Report {
             schema_version: SCHEMA_VERSION,
             cgpu_version: CGPU_VERSION.into(),
-            ledger_format: ledger::FORMAT_VERSION,
+            ledger_format: cgpu_ledger::FORMAT_VERSION,
             ledger_dir: "/x".into(),
             timestamp_ns: 1,
             util_window_ms: Some(1000),

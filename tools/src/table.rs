@@ -1,7 +1,7 @@
 //! The `cgpu-smi` table (the layout of cGPU's `cgpu-smi`).
 
 use super::{mib, Report, CGPU_VERSION};
-use cgpu::ledger::FORMAT_VERSION;
+use cgpu_ledger::FORMAT_VERSION;
 use std::fmt::Write;
 
 const SEP: &str = "+---+----------------+----------+----------------+-----------------------+";
@@ -239,7 +239,7 @@ mod tests {
     /// with the reason; one waiting for its turn only with `-d`.
     #[test]
     fn waiting_containers_say_why() {
-        use cgpu::scheduler::words::container as cw;
+        use cgpu_ledger::words::container as cw;
         use std::sync::atomic::Ordering::Relaxed;
         let mut f = fake_file(0, "GPU-aaaa", 16 * GIB);
         add_container(&mut f, 0, "noweight", GIB, 0, 0);
@@ -251,7 +251,7 @@ mod tests {
         let g = read_file(&f, &|_| true).unwrap();
         assert_eq!(
             g.containers[0].waiting.as_deref(),
-            Some(cgpu::scheduler::Waiting::NoWeight.reason())
+            Some(cgpu_ledger::words::Waiting::NoWeight.reason())
         );
         assert_eq!(
             g.containers[1].waiting.as_deref(),

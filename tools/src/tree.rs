@@ -17,7 +17,7 @@
 //! (like `grep -r . /proc/cgpu_km`).
 
 use super::{GpuInfo, Report, CGPU_VERSION};
-use cgpu::ledger::FORMAT_VERSION;
+use cgpu_ledger::FORMAT_VERSION;
 
 /// A node: name, value lines (empty for a directory), children.
 struct Node {

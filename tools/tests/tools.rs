@@ -5,7 +5,7 @@
 
 mod tools_support;
 
-use cgpu::ledger::{Ledger, LedgerFile, LedgerHeader};
+use cgpu_ledger::{Ledger, LedgerFile, LedgerHeader};
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -78,7 +78,7 @@ fn smi_numbers_equal_the_ledger() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v = json(&o);
     assert_eq!(v["schema_version"], 1);
-    assert_eq!(v["ledger_format"], cgpu::ledger::FORMAT_VERSION);
+    assert_eq!(v["ledger_format"], cgpu_ledger::FORMAT_VERSION);
     let gpus = v["gpus"].as_array().unwrap();
     assert_eq!(gpus.len(), 2);
     for (gi, uuid) in [(0, "GPU-t0"), (1, "GPU-t1")] {
@@ -92,9 +92,9 @@ fn smi_numbers_equal_the_ledger() {
         let f: &LedgerFile = l.file();
         assert_eq!(g["policy"], f.header.policy.load(Acquire));
         assert_eq!(g["max_inst"], f.header.max_inst.load(Acquire));
-        assert_eq!(g["free_weight"], cgpu::ledger::free_weight(f));
+        assert_eq!(g["free_weight"], cgpu_ledger::free_weight(f));
         assert_eq!(g["physical_total_bytes"], 16 * GIB);
-        let live: Vec<(usize, &cgpu::ledger::ContainerSlot)> = l.containers().collect();
+        let live: Vec<(usize, &cgpu_ledger::ContainerSlot)> = l.containers().collect();
         let cs = g["containers"].as_array().unwrap();
         assert_eq!(cs.len(), live.len());
         for (slot, s) in live {
@@ -105,7 +105,10 @@ fn smi_numbers_equal_the_ledger() {
             assert_eq!(c["weight"], s.weight.load(Acquire));
             assert_eq!(c["highprio"], s.highprio.load(Acquire) == 1);
             assert_eq!(c["nprocs"], s.nprocs.load(Acquire));
-            assert_eq!(c["limit_percent"], cgpu::scheduler::limit_percent(f, slot));
+            assert_eq!(
+                c["limit_percent"],
+                cgpu_ledger::words::limit_percent(f, slot)
+            );
             let procs = c["processes"].as_array().unwrap();
             let mine: Vec<_> = l.processes_of(slot).collect();
             assert_eq!(procs.len(), mine.len());
@@ -146,7 +149,7 @@ fn smi_numbers_equal_the_ledger() {
     assert_eq!(r[2], "0");
     let l0 = ledger(&dir, "GPU-t0");
     let a = l0.find_container("alpha").unwrap();
-    let lim = cgpu::scheduler::limit_percent(l0.file(), a);
+    let lim = cgpu_ledger::words::limit_percent(l0.file(), a);
     let (u, limit) = r[3].split_once('/').unwrap();
     assert_eq!(limit.trim(), lim.to_string());
     assert!(u.trim().parse::<u32>().is_ok(), "util measured: {}", r[3]);
@@ -466,7 +469,7 @@ fn help_for_every_command() {
         format!(
             "cgpuctl {} (ledger format {})\n",
             env!("CARGO_PKG_VERSION"),
-            cgpu::ledger::FORMAT_VERSION
+            cgpu_ledger::FORMAT_VERSION
         )
     );
     let o = smi().arg("--help").output().unwrap();
@@ -779,9 +782,9 @@ fn exporter_scraped_over_loopback() {
         assert_eq!(get("CGPU_WEIGHT"), s.weight.load(Acquire) as f64);
         assert_eq!(
             get("CGPU_UTIL_LIMIT"),
-            cgpu::scheduler::limit_percent(f, c.container) as f64
+            cgpu_ledger::words::limit_percent(f, c.container) as f64
         );
-        let st = cgpu::scheduler::container_stats(s);
+        let st = cgpu_ledger::words::container_stats(s);
         assert_eq!(
             get("CGPU_GPU_TIME_SECONDS_TOTAL"),
             st.gpu_time_ns as f64 / 1e9
@@ -868,7 +871,7 @@ fn tree_inspect_version_gc() {
         format!(
             "version: {} (ledger format {})",
             env!("CARGO_PKG_VERSION"),
-            cgpu::ledger::FORMAT_VERSION
+            cgpu_ledger::FORMAT_VERSION
         ),
     ] {
         assert!(t.lines().any(|l| l == want), "missing `{want}` in:\n{t}");
@@ -902,7 +905,7 @@ fn tree_inspect_version_gc() {
 
     let o = run(ctl(), &dir, &["version"]);
     let t = stdout(&o);
-    let v = cgpu::ledger::FORMAT_VERSION;
+    let v = cgpu_ledger::FORMAT_VERSION;
     assert!(t.contains(&format!("ledger format: {v}")), "{t}");
     assert!(t.contains(&format!("GPU-x1.ledger: format {v}")), "{t}");
 
@@ -1087,7 +1090,7 @@ fn version_is_read_from_the_installed_library() {
         .expect("objcopy (binutils)");
     assert!(st.success());
     let mut bytes = std::fs::read(&other).unwrap();
-    let tag = cgpu::VERSION_TAG.as_bytes();
+    let tag = cgpu_ledger::VERSION_TAG.as_bytes();
     let at = bytes
         .windows(tag.len())
         .position(|w| w == tag)

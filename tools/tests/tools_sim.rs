@@ -5,7 +5,7 @@
 
 mod tools_support;
 
-use cgpu::ledger::Ledger;
+use cgpu_ledger::Ledger;
 use cgpu_testkit::{artifacts, cuclient, field, read_until, LinkMode, SimEnv};
 use serde_json::Value;
 use std::process::{Child, Stdio};
@@ -313,7 +313,7 @@ fn utilisation_equals_the_sims_device_time() {
     // A slice is charged when its drain completes: one slice budget plus the
     // 1 ms kernels still queued when it ends (policy 1's charged slices
     // average 45 ms for a 40 ms budget; 8 kernels bound that tail).
-    let slice = cgpu::scheduler::SLICE_NS as f64 + 8e6;
+    let slice = cgpu_ledger::policy::SLICE_NS as f64 + 8e6;
     for w in docs.windows(2) {
         let (d0, d1) = (&w[0], &w[1]);
         let window_ms = d1.v["util_window_ms"].as_u64().unwrap() as f64;
@@ -489,7 +489,7 @@ fn agent_pass_process() {
     };
     let mut agent = cgpu_agent::Agent::new(opts.clone()).expect("the sim's NVML");
     let pass = agent.pass();
-    let doc = cgpu_agent::status_json(&opts, &pass, cgpu::process::clock::realtime_ns());
+    let doc = cgpu_agent::status_json(&opts, &pass, cgpu_ledger::clock::realtime_ns());
     cgpu_agent::write_atomic(
         &opts.ledger_dir.join("agent.json"),
         &serde_json::to_string_pretty(&doc).unwrap(),

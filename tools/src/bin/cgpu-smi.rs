@@ -65,7 +65,7 @@ fn parse() -> Result<Option<Opts>, String> {
         println!(
             "cgpu-smi {} (ledger format {})",
             cgpu_tools::CGPU_VERSION,
-            cgpu::ledger::FORMAT_VERSION
+            cgpu_ledger::FORMAT_VERSION
         );
         return Ok(None);
     }

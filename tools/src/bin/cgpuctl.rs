@@ -1,7 +1,7 @@
 //! `cgpuctl`: cGPU's `/proc/cgpu_km` knobs, tree, inspect view, gc and a
 //! Prometheus exporter, over the ledgers of this host.
 
-use cgpu::ledger::{Ledger, FORMAT_VERSION};
+use cgpu_ledger::{Ledger, FORMAT_VERSION};
 use cgpu_tools::knobs::{self, Knob};
 use cgpu_tools::{args::Args, exporter, inspect, installed, tree, GpuInfo};
 use std::path::{Path, PathBuf};
@@ -164,7 +164,7 @@ fn cmd_settings(mut a: Args, ledger_dir: Option<PathBuf>) {
                 .ok()
                 .filter(|d| !d.is_empty())
         })
-        .unwrap_or_else(|| cgpu::config::DEFAULT_SETTINGS_DIR.to_string());
+        .unwrap_or_else(|| cgpu_ledger::settings::DEFAULT_SETTINGS_DIR.to_string());
     let Some(id) = a.positional() else {
         usage("settings: the container's id is missing (see cgpuctl help settings)".into())
     };
@@ -195,10 +195,10 @@ fn cmd_settings(mut a: Args, ledger_dir: Option<PathBuf>) {
         return;
     }
     let text = kv.join("\n") + "\n";
-    let vals = cgpu::config::parse_settings_file(&text)
+    let vals = cgpu_ledger::settings::parse_settings_file(&text)
         .unwrap_or_else(|e| usage(format!("settings: {e}")));
     let get = |k: &str| vals.iter().find(|(h, _)| h == k).map(|(_, v)| v.clone());
-    let c = cgpu::config::from_lookup(&get, None);
+    let c = cgpu_ledger::settings::from_lookup(&get, None);
     if !c.errors.is_empty() {
         usage(format!("settings: {}", c.errors.join("; ")));
     }
@@ -211,7 +211,7 @@ fn cmd_settings(mut a: Args, ledger_dir: Option<PathBuf>) {
     let (Some(ldir), [gib]) = (ledger_dir, c.mem_container.as_slice()) else {
         return;
     };
-    let key = cgpu::identity::key_of_container_id(&id);
+    let key = cgpu_ledger::identity::key_of_container_id(&id);
     for p in Ledger::list(&ldir) {
         let Ok(l) = Ledger::open(&p) else { continue };
         let f = l.file();
@@ -222,7 +222,7 @@ fn cmd_settings(mut a: Args, ledger_dir: Option<PathBuf>) {
             }
             let bytes = match gib {
                 0 => 0,
-                g => cgpu::config::visible_total(physical, *g, c.mem_dev),
+                g => cgpu_ledger::settings::visible_total(physical, *g, c.mem_dev),
             };
             match l.set_memsize(ci, bytes) {
                 Ok(()) => println!(
@@ -570,7 +570,7 @@ fn cmd_version(mut a: Args, dir: &Path) {
     for p in Ledger::list(dir) {
         let what = match Ledger::open(&p) {
             Ok(l) => format!("format {}", l.file().header.read_version()),
-            Err(cgpu::ledger::LedgerError::Version { found, .. }) => {
+            Err(cgpu_ledger::LedgerError::Version { found, .. }) => {
                 format!("format {found} (not readable by this version)")
             }
             Err(e) => cgpu_tools::open_error(&e).1,

@@ -2,7 +2,7 @@
 //! binaries, and the reference Prometheus text parser (Python `prometheus_client`).
 #![allow(dead_code)]
 
-use cgpu::ledger::{JoinRequest, Ledger};
+use cgpu_ledger::{JoinRequest, Ledger};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -207,7 +207,7 @@ pub fn client_main_if_asked() -> bool {
     let id = e("T_ID");
     if let Ok(ms) = std::env::var("T_JOIN_PAUSE_MS") {
         // hold the ledger's table lock this long in the middle of joining
-        cgpu::ledger::TEST_JOIN_PAUSE_MS
+        cgpu_ledger::TEST_JOIN_PAUSE_MS
             .store(ms.parse().unwrap(), std::sync::atomic::Ordering::Relaxed);
     }
     let m = l

@@ -27,7 +27,7 @@
 //! [`JOIN_WAIT`], then they are refused), never make the container pass its
 //! quota.
 use super::*;
-use crate::process::clock::monotonic_ns;
+use crate::clock::monotonic_ns;
 use std::sync::atomic::{AtomicPtr, AtomicU8};
 
 /// Longest the first join on a GPU waits for the slot-table lock. A live
@@ -54,7 +54,7 @@ const WAITING: u8 = 1;
 /// allocations are refused.
 const LEFT: u8 = 4;
 /// Unit tests of callers only: accounting within the process.
-#[cfg(test)]
+#[cfg(any(test, feature = "test-local"))]
 const LOCAL: u8 = 5;
 
 /// What this process asks of a GPU's ledger (owned [`JoinRequest`]).
@@ -127,7 +127,7 @@ pub struct Account {
     place: Option<Place>,
     spec: JoinSpec,
     /// The limit of a [`LOCAL`] account (unit tests).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-local"))]
     local_limit: Option<u64>,
     state: AtomicU8,
     /// The ledger opened but not joined yet, while waiting (a box owned by
@@ -153,9 +153,9 @@ pub struct Account {
     /// logged once, as an error).
     said: AtomicU64,
     /// Used by a [`LOCAL`] account (unit tests).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-local"))]
     used: AtomicU64,
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-local"))]
     peak: AtomicU64,
     /// Bytes this process holds through this account, whatever the state
     /// (re-registered at each join).
@@ -238,7 +238,7 @@ impl Account {
 
     /// An account that charges within the process only, against `limit`
     /// (unit tests of callers; never used outside tests).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-local"))]
     pub fn local(gpu: String, limit: Option<u64>) -> Account {
         let spec = JoinSpec {
             container_id: String::new(),
@@ -258,7 +258,7 @@ impl Account {
             gpu,
             place,
             spec,
-            #[cfg(test)]
+            #[cfg(any(test, feature = "test-local"))]
             local_limit: None,
             state: AtomicU8::new(state),
             opened: AtomicPtr::new(std::ptr::null_mut()),
@@ -270,9 +270,9 @@ impl Account {
             lost: parking_lot::Mutex::new(None),
             refused: AtomicU64::new(0),
             said: AtomicU64::new(0),
-            #[cfg(test)]
+            #[cfg(any(test, feature = "test-local"))]
             used: AtomicU64::new(0),
-            #[cfg(test)]
+            #[cfg(any(test, feature = "test-local"))]
             peak: AtomicU64::new(0),
             mine: AtomicU64::new(0),
         }
@@ -524,7 +524,7 @@ impl Account {
                     }
                     return false;
                 }
-                #[cfg(test)]
+                #[cfg(any(test, feature = "test-local"))]
                 LOCAL => {
                     let ok = self.reserve_local(bytes, self.local_limit);
                     if ok {
@@ -538,7 +538,7 @@ impl Account {
         }
     }
 
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-local"))]
     fn reserve_local(&self, bytes: u64, limit: Option<u64>) -> bool {
         let limit = limit.unwrap_or(u64::MAX);
         let mut cur = self.used.load(Ordering::Relaxed);
@@ -594,7 +594,7 @@ impl Account {
                     sat_sub(&self.mine, bytes);
                     return;
                 }
-                #[cfg(test)]
+                #[cfg(any(test, feature = "test-local"))]
                 LOCAL => {
                     sat_sub(&self.used, bytes);
                     sat_sub(&self.mine, bytes);
@@ -673,7 +673,7 @@ impl Account {
     /// Bytes held by the whole container (as far as this process knows when
     /// not joined: what it holds itself).
     pub fn container_used(&self) -> u64 {
-        #[cfg(test)]
+        #[cfg(any(test, feature = "test-local"))]
         if self.state.load(Ordering::Acquire) == LOCAL {
             return self.used.load(Ordering::Acquire);
         }
@@ -689,7 +689,7 @@ impl Account {
     }
 
     /// Highest use of a local (unit-test) account.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "test-local"))]
     pub fn local_peak(&self) -> u64 {
         self.peak.load(Ordering::Relaxed)
     }

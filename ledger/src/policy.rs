@@ -1,5 +1,10 @@
 //! Shares by policy (docs/scheduling.md): pure functions, no clock, no ledger.
 
+/// Base slice: long enough that a handover (a drain and a wake-up, tens to
+/// hundreds of µs) costs well under 1% of the GPU, short enough that 20 ms
+/// kernels still alternate many times per second.
+pub const SLICE_NS: u64 = 40_000_000;
+
 /// `<gpu>/policy` values.
 pub const FAIR_SHARE: u32 = 0;
 pub const PREEMPTIVE: u32 = 1;

@@ -4,6 +4,14 @@
 //! All words are `AtomicU64`; signed quantities are stored as `i64 as u64`.
 //! Times are `CLOCK_MONOTONIC` nanoseconds (one clock for every process on
 //! the host, whatever its PID namespace).
+//!
+//! The readers at the end ([`waiting`], [`limit_percent`], ...) say what
+//! the words mean for one container; any process or tool may call them.
+
+use self::container as cw;
+use crate::policy;
+use crate::{ContainerSlot, LedgerFile, MAX_CONTAINERS, SLOT_LIVE};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Per-GPU words (`LedgerHeader::sched[..]`).
 pub mod gpu {
@@ -56,7 +64,7 @@ pub mod gpu {
     /// takes weight 1 by itself once one frees up (see
     /// [`super::note_arrival`]). A weight 0 an operator set is not in it.
     pub const WEIGHTLESS: usize = 17;
-    pub const WEIGHTLESS_WORDS: usize = crate::ledger::MAX_CONTAINERS / 64;
+    pub const WEIGHTLESS_WORDS: usize = crate::MAX_CONTAINERS / 64;
 }
 
 /// Per-container words (`ContainerSlot::sched[..]`).
@@ -110,7 +118,7 @@ pub mod container {
     /// that fills its slices is busy, never a guest.
     pub const LAST_SLICE_NS: usize = OWED_NS + 8;
     /// Words of a process bit set (one bit per process slot).
-    pub const SET_WORDS: usize = crate::ledger::MAX_PROCESSES / 64;
+    pub const SET_WORDS: usize = crate::MAX_PROCESSES / 64;
 }
 
 /// A process's join was a claim of container slot `c` with no other
@@ -121,12 +129,12 @@ pub mod container {
 /// earlier and finds weight 0 cannot tell an operator's 0 from an
 /// arrival's, and leaving it alone never takes a weight an operator took
 /// away.
-pub fn note_arrival(f: &crate::ledger::LedgerFile, c: usize) {
+pub fn note_arrival(f: &crate::LedgerFile, c: usize) {
     use std::sync::atomic::Ordering::{AcqRel, Acquire};
     let Some(slot) = f.containers.get(c) else {
         return;
     };
-    let now = crate::process::clock::realtime_ns();
+    let now = crate::clock::realtime_ns();
     let created = slot.created_ns.load(Acquire);
     if slot.nprocs.load(Acquire) != 1 || created > now || now - created > 1_000_000_000 {
         return;
@@ -196,7 +204,7 @@ impl Token {
     /// goes through here.
     #[inline]
     pub fn holder_slot(&self) -> Option<usize> {
-        self.holder.filter(|&h| h < crate::ledger::MAX_CONTAINERS)
+        self.holder.filter(|&h| h < crate::MAX_CONTAINERS)
     }
     /// The next state, with the sequence number advanced.
     #[inline]
@@ -208,6 +216,100 @@ impl Token {
             aux,
         }
     }
+}
+
+// ---- What the words say, for any process or tool ----
+
+/// Per-container compute counters kept in the ledger.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ContainerSchedStats {
+    /// GPU time charged to the container since it joined, ns.
+    pub gpu_time_ns: u64,
+    /// Time its threads spent held back in launch hooks, ns (summed over threads).
+    pub throttled_ns: u64,
+    /// Launches admitted.
+    pub launches: u64,
+}
+
+/// Counters of one container slot.
+pub fn container_stats(slot: &ContainerSlot) -> ContainerSchedStats {
+    ContainerSchedStats {
+        gpu_time_ns: slot.sched[cw::GPU_NS].load(Relaxed),
+        throttled_ns: slot.sched[cw::THROTTLED_NS].load(Relaxed),
+        launches: slot.sched[cw::LAUNCHES].load(Relaxed),
+    }
+}
+
+/// Why a container's launches are held back now, for the tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// A thread of it waits for its turn on the GPU.
+    Turn,
+    /// A thread of it waits and it has compute weight 0 (it arrived when
+    /// `free_weight` was 0, or an operator set it): it waits until an
+    /// operator gives it weight.
+    NoWeight,
+}
+
+impl Waiting {
+    /// One line for operators.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Waiting::Turn => "waiting for its turn",
+            Waiting::NoWeight => {
+                "waiting: weight 0 (free_weight was 0 when it arrived, or set to 0)"
+            }
+        }
+    }
+}
+
+/// Does container slot `container` wait to launch now, and why (`None`: it
+/// holds the GPU, or no thread of it waits)? Read from the ledger's WANT
+/// set and weight; any process may call it.
+pub fn waiting(file: &LedgerFile, container: usize) -> Option<Waiting> {
+    let s = file.containers.get(container)?;
+    if s.state.load(Relaxed) != SLOT_LIVE {
+        return None;
+    }
+    let wants = (0..cw::SET_WORDS).any(|i| s.sched[cw::WANT + i].load(Relaxed) != 0);
+    if !wants {
+        return None;
+    }
+    if s.weight.load(Relaxed) == 0 {
+        return Some(Waiting::NoWeight);
+    }
+    let t = Token::unpack(file.header.sched[gpu::TOKEN].load(Relaxed));
+    if t.state == RUNNING && t.holder_slot() == Some(container) {
+        None
+    } else {
+        Some(Waiting::Turn)
+    }
+}
+
+/// The GPU's knobs, range-clamped.
+pub fn knobs(file: &LedgerFile) -> policy::Knobs {
+    let h = &file.header;
+    policy::Knobs::sanitized(
+        h.policy.load(Relaxed),
+        h.max_inst.load(Relaxed),
+        h.prio_ratio.load(Relaxed),
+    )
+}
+
+/// The compute limit, in percent of the GPU, that the GPU's policy and the
+/// container's weight give container slot `container` right now, counting
+/// every live container as busy (what `cgpu-smi` shows as "Limit").
+pub fn limit_percent(file: &LedgerFile, container: usize) -> u32 {
+    let mut ms = [policy::Member::default(); MAX_CONTAINERS];
+    for (i, s) in file.containers.iter().enumerate() {
+        ms[i] = policy::Member {
+            live: s.state.load(Relaxed) == SLOT_LIVE,
+            weight: s.weight.load(Relaxed),
+            highprio: s.highprio.load(Relaxed) != 0,
+            active: false,
+        };
+    }
+    policy::limit_percent(&knobs(file), &ms, container)
 }
 
 #[cfg(test)]
@@ -265,11 +367,11 @@ mod tests {
             .pack()
         );
         assert_eq!(container::DRAIN + container::SET_WORDS, container::OWED_NS);
-        const { assert!(container::LAST_SLICE_NS < crate::ledger::SCHED_CONTAINER_WORDS) };
-        const { assert!(gpu::WEIGHTLESS + gpu::WEIGHTLESS_WORDS <= crate::ledger::SCHED_GPU_WORDS) };
-        const { assert!(gpu::DRAIN_COUNT < crate::ledger::SCHED_GPU_WORDS) };
+        const { assert!(container::LAST_SLICE_NS < crate::SCHED_CONTAINER_WORDS) };
+        const { assert!(gpu::WEIGHTLESS + gpu::WEIGHTLESS_WORDS <= crate::SCHED_GPU_WORDS) };
+        const { assert!(gpu::DRAIN_COUNT < crate::SCHED_GPU_WORDS) };
         // Any process may write the token: an out-of-range holder is no slot.
-        let last = crate::ledger::MAX_CONTAINERS - 1;
+        let last = crate::MAX_CONTAINERS - 1;
         let t = Token::unpack(Token::running(1, last) + (1u64 << 40));
         assert_eq!(t.holder, Some(last + 1));
         assert_eq!(t.holder_slot(), None);
@@ -277,6 +379,6 @@ mod tests {
         let t = Token::unpack(Token::running(1, last));
         assert_eq!(t.holder_slot(), Some(last));
         // The holder field (8 bits, holder + 1) can name every slot.
-        const { assert!(crate::ledger::MAX_CONTAINERS < 0xff) };
+        const { assert!(crate::MAX_CONTAINERS < 0xff) };
     }
 }

@@ -140,3 +140,64 @@ impl Snapshot {
         }
     }
 }
+
+/// Lookups any process or tool may make.
+impl Ledger {
+    /// True after `after_fork_child`: this handle must be replaced.
+    pub fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
+
+    /// The container slot of a membership.
+    #[inline]
+    pub fn container_of(&self, m: &Membership) -> &ContainerSlot {
+        &self.file().containers[m.container]
+    }
+
+    /// The process slot of a membership.
+    #[inline]
+    pub fn process_of(&self, m: &Membership) -> &ProcessSlot {
+        &self.file().processes[m.process]
+    }
+
+    /// Live containers (slot index, slot).
+    pub fn containers(&self) -> impl Iterator<Item = (usize, &ContainerSlot)> {
+        self.file()
+            .containers
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.state.load(Ordering::Acquire) == SLOT_LIVE)
+    }
+
+    /// Live container slot named `id`.
+    pub fn find_container(&self, id: &str) -> Option<usize> {
+        self.file().containers.iter().position(|c| c.is(id))
+    }
+
+    /// The live container slot a process of identity `key` and name `id`
+    /// joins (see [`ContainerSlot::is_container`]).
+    pub fn find_container_keyed(&self, key: u64, id: &str) -> Option<usize> {
+        self.file()
+            .containers
+            .iter()
+            .position(|c| c.is_container(key, id))
+    }
+
+    /// Process slots in use by container `c` (slot index, slot). Includes
+    /// slots of processes that died and were not reaped yet (`is_alive`).
+    pub fn processes_of(&self, c: usize) -> impl Iterator<Item = (usize, &ProcessSlot)> {
+        self.file()
+            .processes
+            .iter()
+            .enumerate()
+            .filter(move |(_, p)| {
+                p.state.load(Ordering::Acquire) == SLOT_LIVE
+                    && p.container.load(Ordering::Relaxed) as usize == c
+            })
+    }
+
+    /// Plain-data copy of the whole ledger for tools.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::take(self)
+    }
+}
