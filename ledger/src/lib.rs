@@ -38,6 +38,7 @@ pub mod cstr;
 pub mod identity;
 pub mod policy;
 pub mod settings;
+pub mod wire;
 pub mod words;
 
 /// `cgpu-library-version=X.Y.Z` between NULs, as `libcgpu.so` carries it in
