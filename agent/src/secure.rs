@@ -291,13 +291,30 @@ impl Server {
         }
         let mut gpus = Vec::new();
         for info in infos {
-            let ledger = Ledger::open_or_create_mode(
-                &opts.ledger_dir,
-                &info.uuid,
-                info.index,
-                info.total,
-                AGENT_MODE,
-            )
+            // An existing ledger is opened as it is (opening to create
+            // reaps, and the rows of running processes whose agent was this
+            // one's predecessor must be taken over first: nobody holds
+            // their liveness locks now).
+            let live = Ledger::live_path(&opts.ledger_dir, &info.uuid);
+            let ledger = match std::fs::symlink_metadata(&live) {
+                Ok(_) => Ledger::open(&live).and_then(|l| {
+                    if l.uuid() == info.uuid {
+                        Ok(l)
+                    } else {
+                        Err(cgpu_ledger::LedgerError::Corrupt {
+                            path: live.clone(),
+                            why: format!("holds GPU {:?}", l.uuid()),
+                        })
+                    }
+                }),
+                Err(_) => Ledger::open_or_create_mode(
+                    &opts.ledger_dir,
+                    &info.uuid,
+                    info.index,
+                    info.total,
+                    AGENT_MODE,
+                ),
+            }
             .map_err(|e| format!("GPU {}: {e}", info.uuid))?;
             // A ledger left by the cooperative mode is every uid's: make it
             // the agent's.
@@ -837,47 +854,66 @@ fn raise_fd_limit() {
 /// container and for tests. Commands: `hello UUID`, `reserve UUID BYTES`,
 /// `release UUID BYTES`, `raw HEX` (send these bytes as one message),
 /// `flood N` (open N more connections, say Hello on each to `UUID` given
-/// by the last hello, print how many were answered), `open-write PATH`
-/// (try to open a file for writing, print the errno).
+/// by the last hello, print how many were answered), `unflood` (close
+/// them), `reconnect`, `open-write PATH` (try to open a file for writing,
+/// print the errno). It connects at its first command.
 pub fn client(sock: &Path) -> i32 {
     use std::io::{BufRead, Write};
-    let fd = match connect_to(sock) {
-        Ok(fd) => fd,
-        Err(e) => {
-            eprintln!("cgpu-agent client: connect {}: {e}", sock.display());
-            return 1;
-        }
-    };
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     let mut seq = 0u64;
     let mut last_gpu = String::new();
     let mut extra: Vec<i32> = Vec::new();
+    // Connected at the first command that needs it (and again after
+    // `reconnect`), so that the process can be placed first.
+    let mut fd: Option<i32> = None;
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
         let w: Vec<&str> = line.split_whitespace().collect();
         seq += 1;
+        if matches!(w.first(), Some(&"reconnect")) {
+            if let Some(old) = fd.take() {
+                // SAFETY: our descriptor.
+                unsafe { libc::close(old) };
+            }
+        }
+        let needs = matches!(
+            w.first(),
+            Some(&("hello" | "reserve" | "release" | "raw" | "reconnect"))
+        );
+        if needs && fd.is_none() {
+            match connect_to(sock) {
+                Ok(c) => fd = Some(c),
+                Err(e) => {
+                    let _ = writeln!(out, "error connect: {e}");
+                    let _ = out.flush();
+                    continue;
+                }
+            }
+        }
+        let c = fd.unwrap_or(-1);
         let text = match w.as_slice() {
+            ["reconnect"] => "connected".to_string(),
             ["hello", gpu] => {
                 last_gpu = gpu.to_string();
-                exchange_req(fd, Op::Hello, seq, gpu, 0)
+                exchange_req(c, Op::Hello, seq, gpu, 0)
             }
-            ["reserve", gpu, n] => exchange_req(fd, Op::Reserve, seq, gpu, n.parse().unwrap_or(0)),
-            ["release", gpu, n] => exchange_req(fd, Op::Release, seq, gpu, n.parse().unwrap_or(0)),
+            ["reserve", gpu, n] => exchange_req(c, Op::Reserve, seq, gpu, n.parse().unwrap_or(0)),
+            ["release", gpu, n] => exchange_req(c, Op::Release, seq, gpu, n.parse().unwrap_or(0)),
             ["raw", hex] => {
                 let bytes: Vec<u8> = (0..hex.len() / 2)
                     .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
                     .collect();
-                exchange(fd, &bytes)
+                exchange(c, &bytes)
             }
             ["flood", n] => {
                 let n: usize = n.parse().unwrap_or(0);
                 let (mut answered, mut refused) = (0, 0);
                 for _ in 0..n {
                     match connect_to(sock) {
-                        Ok(c) => {
-                            extra.push(c);
-                            let r = exchange_req(c, Op::Hello, seq, &last_gpu, 0);
+                        Ok(x) => {
+                            extra.push(x);
+                            let r = exchange_req(x, Op::Hello, seq, &last_gpu, 0);
                             if r.starts_with("reply") {
                                 answered += 1;
                             } else {
@@ -888,6 +924,13 @@ pub fn client(sock: &Path) -> i32 {
                     }
                 }
                 format!("flood answered={answered} refused={refused}")
+            }
+            ["unflood"] => {
+                for x in extra.drain(..) {
+                    // SAFETY: our descriptors.
+                    unsafe { libc::close(x) };
+                }
+                "unflooded".to_string()
             }
             ["open-write", path] => match std::fs::OpenOptions::new().write(true).open(path) {
                 Ok(_) => "open ok".to_string(),
