@@ -605,3 +605,25 @@ fn a_directory_others_can_write_is_refused() {
         "nothing made there"
     );
 }
+
+#[test]
+fn cgpu_smi_says_which_mode_the_gpus_are_in() {
+    let mut rig = Rig::new();
+    let smi = |rig: &Rig| {
+        let o = Command::new(artifacts().bin("cgpu-smi"))
+            .arg("--dir")
+            .arg(&rig.dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["gpus"][0]["gpu"]["uuid"], rig.uuid.as_str());
+        v["mode"].as_str().unwrap().to_string()
+    };
+    assert_eq!(smi(&rig), "secure");
+    rig.kill_agent();
+    // The socket is still there; nobody answers on it.
+    assert!(rig.sock().exists());
+    assert_eq!(smi(&rig), "cooperative");
+}
