@@ -627,3 +627,42 @@ fn cgpu_smi_says_which_mode_the_gpus_are_in() {
     assert!(rig.sock().exists());
     assert_eq!(smi(&rig), "cooperative");
 }
+
+#[test]
+fn a_reader_s_locks_do_not_stall_the_agent() {
+    let mut rig = Rig::new();
+    let (a, b) = (container_id(), container_id());
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    rig.settings_for(&b, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    let gpu = rig.uuid.clone();
+    let path = Ledger::live_path(&rig.dir, &gpu);
+    let locks = Ledger::lock_file_path(&path);
+    let m = std::fs::metadata(&locks).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600));
+    // A tenant holds a read lock on the whole ledger (the table lock's
+    // bytes and every process slot's among them) and cannot open the
+    // agent's lock file.
+    let mut locker = rig.client(Some(&a));
+    assert_eq!(
+        locker.cmd(&format!("lock-read {}", path.display())),
+        "locked"
+    );
+    assert_eq!(
+        locker.cmd(&format!("lock-read {}", locks.display())),
+        "lock errno=13"
+    );
+    for _ in 0..3 {
+        let mut c = rig.client(Some(&b));
+        assert_eq!(c.ask(&format!("hello {gpu}")).status, "Ok");
+        assert_eq!(
+            c.ask(&format!("reserve {gpu} {}", 100 * MIB)).used,
+            100 * MIB
+        );
+        c.kill();
+        let t0 = Instant::now();
+        while rig.used(&b) != 0 && t0.elapsed() < PATIENCE {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rig.used(&b), 0);
+    }
+}
