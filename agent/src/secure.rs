@@ -885,7 +885,8 @@ fn raise_fd_limit() {
 /// `release UUID BYTES`, `raw HEX` (send these bytes as one message),
 /// `flood N` (open N more connections, say Hello on each to `UUID` given
 /// by the last hello, print how many were answered), `unflood` (close
-/// them), `reconnect`, `lock-read PATH` (hold a read lock on all of a
+/// them), `reconnect`, `bench UUID N` (N timed round trips of a Reserve
+/// and a Release of 4 KiB: p50, p99, max), `lock-read PATH` (hold a read lock on all of a
 /// file, as any reader may), `open-write PATH` (try to open a file for writing,
 /// print the errno). It connects at its first command.
 pub fn client(sock: &Path) -> i32 {
@@ -910,7 +911,7 @@ pub fn client(sock: &Path) -> i32 {
         }
         let needs = matches!(
             w.first(),
-            Some(&("hello" | "reserve" | "release" | "raw" | "reconnect"))
+            Some(&("hello" | "reserve" | "release" | "raw" | "reconnect" | "bench"))
         );
         if needs && fd.is_none() {
             match connect_to(sock) {
@@ -962,6 +963,31 @@ pub fn client(sock: &Path) -> i32 {
                     unsafe { libc::close(x) };
                 }
                 "unflooded".to_string()
+            }
+            ["bench", gpu, n] => {
+                // Round trips of a Reserve and its Release, each timed.
+                let n: usize = n.parse().unwrap_or(0).max(1);
+                let mut ns = Vec::with_capacity(2 * n);
+                let mut bad = 0usize;
+                for i in 0..n {
+                    for op in [Op::Reserve, Op::Release] {
+                        let t0 = Instant::now();
+                        let r = exchange_req(c, op, i as u64, gpu, 4096);
+                        ns.push(t0.elapsed().as_nanos() as u64);
+                        if !r.contains("status=Ok") {
+                            bad += 1;
+                        }
+                    }
+                }
+                ns.sort_unstable();
+                let q = |f: f64| ns[((ns.len() - 1) as f64 * f) as usize];
+                format!(
+                    "bench n={} bad={bad} p50_ns={} p99_ns={} max_ns={}",
+                    ns.len(),
+                    q(0.5),
+                    q(0.99),
+                    ns[ns.len() - 1]
+                )
             }
             ["lock-read", path] => match lock_read(path) {
                 Ok(l) => {

@@ -666,3 +666,19 @@ fn a_reader_s_locks_do_not_stall_the_agent() {
         assert_eq!(rig.used(&b), 0);
     }
 }
+
+/// Not a timing assertion: prints what a round trip to the agent costs
+/// here, and checks that every one was served and the books are back.
+#[test]
+fn round_trips_are_served_and_timed() {
+    let mut rig = Rig::new();
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    let gpu = rig.uuid.clone();
+    let mut c = rig.client(Some(&a));
+    assert_eq!(c.ask(&format!("hello {gpu}")).status, "Ok");
+    let out = c.cmd(&format!("bench {gpu} 5000"));
+    assert!(out.starts_with("bench n=10000 bad=0 "), "{out}");
+    assert_eq!(rig.used(&a), 0);
+    eprintln!("Reserve or Release round trip through the agent: {out}");
+}
