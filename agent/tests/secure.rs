@@ -550,6 +550,7 @@ fn a_restarted_agent_keeps_the_rows_of_running_processes() {
     let gpu = rig.uuid.clone();
     let mut stays = rig.client(Some(&a));
     let mut dies = rig.client(Some(&a));
+    let mut late = rig.client(Some(&a));
     assert_eq!(stays.ask(&format!("hello {gpu}")).status, "Ok");
     let r = stays.ask(&format!("reserve {gpu} {}", 300 * MIB));
     let slot = r.process;
@@ -558,20 +559,32 @@ fn a_restarted_agent_keeps_the_rows_of_running_processes() {
         dies.ask(&format!("reserve {gpu} {}", 100 * MIB)).used,
         400 * MIB
     );
+    assert_eq!(late.ask(&format!("hello {gpu}")).status, "Ok");
+    assert_eq!(
+        late.ask(&format!("reserve {gpu} {}", 50 * MIB)).used,
+        450 * MIB
+    );
 
     rig.kill_agent();
     // The connections went with the agent; the books did not.
     assert_eq!(stays.cmd(&format!("reserve {gpu} 1")), "closed");
-    assert_eq!(rig.used(&a), 400 * MIB);
+    assert_eq!(rig.used(&a), 450 * MIB);
     dies.kill();
 
     let log = rig.start_agent(&[]);
     assert!(
         log.iter()
-            .any(|l| l.contains("1 rows of running processes taken over")),
+            .any(|l| l.contains("2 rows of running processes taken over")),
         "{log:?}"
     );
-    // The dead process's bytes are back; the live one's stay counted.
+    // The dead process's bytes are back; the live ones' stay counted.
+    assert_eq!(rig.used(&a), 350 * MIB);
+    // One that ends before it says Hello again gives back too.
+    late.kill();
+    let t0 = Instant::now();
+    while rig.used(&a) != 300 * MIB && t0.elapsed() < PATIENCE {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(rig.used(&a), 300 * MIB);
     // It says Hello again on a new connection and gets its row back.
     assert_eq!(stays.cmd("reconnect"), "connected");
