@@ -687,22 +687,6 @@ impl Server {
         p.pidns.store(peer.pidns, Release);
         p.start_time.store(peer.start, Release);
         p.set_host_pid(peer.pid);
-        // The host's settings are the row's: a quota changed on the host
-        // since the row was made applies from now on.
-        let want = match req.quota {
-            QUOTA_UNLIMITED => Some(0),
-            0 => None,
-            q => Some(q),
-        };
-        if let Some(q) = want {
-            if f.containers[m.container]
-                .quota
-                .load(std::sync::atomic::Ordering::Acquire)
-                != q
-            {
-                let _ = gpu.ledger.set_memsize(m.container, q);
-            }
-        }
         let r = numbers(&gpu.ledger, &m, Status::Ok, seq);
         if let Some(c) = self.conns.get_mut(&fd) {
             c.joined.push(Joined { gpu: g, m });

@@ -507,6 +507,20 @@ fn the_books_are_the_hosts() {
             .trim(),
         "ALIYUN_COM_GPU_MEM_CONTAINER=1"
     );
+    // The host's operator changes them (root, on the host).
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=3"]);
+    let r = c.ask(&format!("reserve {gpu} {}", 2 * GIB));
+    assert_eq!((r.status.as_str(), r.quota), ("Ok", 3 * GIB));
+    let o = Command::new(artifacts().bin("cgpuctl"))
+        .arg("--dir")
+        .arg(&rig.dir)
+        .args(["set", "memsize", "1", "--container", &a[..12]])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = c.ask(&format!("reserve {gpu} 1"));
+    assert_eq!((r.status.as_str(), r.quota), ("OverQuota", GIB));
+    assert_eq!(c.ask(&format!("release {gpu} {}", 2 * GIB)).used, 0);
 }
 
 #[test]
