@@ -173,6 +173,12 @@ pub(super) fn writable(dir: &Path) -> bool {
 /// is closed again and refused; a device node is refused before it is
 /// opened, unless swapped in between).
 fn open_fd(path: &Path, flags: libc::c_int) -> Result<i32, LedgerError> {
+    open_fd_mode(path, flags, 0o666)
+}
+
+/// [`open_fd`], creating (with `O_CREAT`) a file of permissions `mode`
+/// (less the umask).
+fn open_fd_mode(path: &Path, flags: libc::c_int, mode: u32) -> Result<i32, LedgerError> {
     let c = cpath(path)?;
     let not_regular = || {
         LedgerError::io(
@@ -193,7 +199,7 @@ fn open_fd(path: &Path, flags: libc::c_int) -> Result<i32, LedgerError> {
         libc::open(
             c.as_ptr(),
             flags | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0o666 as libc::c_uint,
+            mode as libc::c_uint,
         )
     };
     if fd < 0 {
@@ -378,6 +384,21 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     unsafe { libc::fstat(fd, &mut st) };
+    // A ledger the node agent owns keeps its locks in a private file
+    // beside it: the two lock descriptors are that file's (the mapping
+    // stays the ledger's).
+    let (fd, probe) = match private_locks(path) {
+        None => (fd, probe),
+        Some(Ok(pair)) => {
+            close(fd);
+            close(probe);
+            pair
+        }
+        Some(Err(e)) => {
+            unmap(map);
+            return done(e);
+        }
+    };
     let generation = path
         .file_name()
         .and_then(|n| parse_name(&n.to_string_lossy()))
@@ -419,6 +440,7 @@ pub(super) fn open_or_create(
     gpu_index: u32,
     physical_total: u64,
     damaged: Option<(u64, u64)>,
+    mode: u32,
 ) -> Result<Ledger, LedgerError> {
     if uuid.is_empty()
         || uuid.len() >= UUID_LEN
@@ -454,7 +476,7 @@ pub(super) fn open_or_create(
                 why: format!("holds GPU {:?}, expected {uuid:?}", l.uuid()),
             },
             Err(LedgerError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
-                create(dir, &path, uuid, gpu_index, physical_total)?;
+                create(dir, &path, uuid, gpu_index, physical_total, mode)?;
                 continue;
             }
             Err(e @ LedgerError::Corrupt { .. }) => e,
@@ -472,7 +494,7 @@ pub(super) fn open_or_create(
             Err(e) => return Err(e),
         };
         let next = generation_path(dir, uuid, g + 1);
-        create(dir, &next, uuid, gpu_index, physical_total)?;
+        create(dir, &next, uuid, gpu_index, physical_total, mode)?;
         tracing::warn!(
             "{damaged}: built the next generation {} (processes still using the damaged one move to it, re-registering what they hold)",
             next.display()
@@ -497,12 +519,42 @@ const IDENTITY_CHECK_WAIT: std::time::Duration = std::time::Duration::from_milli
 /// file is gone or cannot be read.
 pub(super) fn has_live_processes(path: &Path) -> bool {
     use std::os::unix::io::AsRawFd;
-    let Ok(f) = std::fs::File::open(path) else {
+    let locks = lock_path(path);
+    let at = if locks.exists() { &locks } else { path };
+    let Ok(f) = std::fs::File::open(at) else {
         return false;
     };
     let start = std::mem::offset_of!(LedgerFile, processes) as u64;
     let len = std::mem::size_of::<[super::ProcessSlot; super::MAX_PROCESSES]>() as u64;
     super::lock::is_locked(f.as_raw_fd(), start, len).unwrap_or(false)
+}
+
+/// The private lock file of the ledger at `path`: `.<name>.locks` beside
+/// it (never a ledger's name).
+pub(super) fn lock_path(path: &Path) -> PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.locks"))
+}
+
+/// The two lock descriptors of a ledger that has a private lock file
+/// (`None`: it has none; its locks are on the ledger itself). The node
+/// agent makes one (root's, 0600) for the ledgers it owns: locks on a file
+/// only root can open are locks no tenant can take, whereas any reader of
+/// the ledger could hold read locks on it and stall the agent.
+fn private_locks(path: &Path) -> Option<Result<(i32, i32), LedgerError>> {
+    let locks = lock_path(path);
+    std::fs::symlink_metadata(&locks).ok()?;
+    let a = match open_fd(&locks, libc::O_RDWR) {
+        Ok(a) => a,
+        Err(e) => return Some(Err(e)),
+    };
+    Some(match open_fd(&locks, libc::O_RDWR) {
+        Ok(b) => Ok((a, b)),
+        Err(e) => {
+            close(a);
+            Err(e)
+        }
+    })
 }
 
 /// Remove `uuid`'s generations older than `keep` where the directory
@@ -521,26 +573,30 @@ fn remove_older(dir: &Path, uuid: &str, keep: u64) {
     }
 }
 
-/// Build a complete ledger under a temporary name and link it into place.
-/// `Ok` also when another process created it first.
+/// Build a complete ledger of permissions `mode` under a temporary name
+/// and link it into place. `Ok` also when another process created it first.
 fn create(
     dir: &Path,
     path: &Path,
     uuid: &str,
     gpu_index: u32,
     physical_total: u64,
+    mode: u32,
 ) -> Result<(), LedgerError> {
     let tmp = dir.join(format!(
         ".{uuid}.ledger.tmp-{}-{}",
         std::process::id(),
         realtime_ns()
     ));
-    let fd = open_fd(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)?;
+    // Created for its owner alone, then given its mode: whoever the mode
+    // leaves out never opens it for writing, not even under its
+    // temporary name.
+    let fd = open_fd_mode(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600)?;
     let result = (|| {
         // SAFETY: plain syscalls on the fd we just created.
         unsafe {
-            // Readable and writable by every uid, whatever the umask.
-            libc::fchmod(fd, 0o666);
+            // `mode` exactly, whatever the umask.
+            libc::fchmod(fd, mode as libc::mode_t);
         }
         // Every page is given its space now: a file with holes would get
         // SIGBUS on the first write to a hole once the filesystem is full.

@@ -64,7 +64,28 @@ impl Ledger {
         gpu_index: u32,
         physical_total: u64,
     ) -> Result<Ledger, LedgerError> {
-        file::open_or_create(dir, uuid, gpu_index, physical_total, None)
+        file::open_or_create(dir, uuid, gpu_index, physical_total, None, SHARED_MODE)
+    }
+    /// [`Ledger::open_or_create`], creating the file (and any later
+    /// generation) with permissions `mode`: [`SHARED_MODE`] for the
+    /// cooperative mode, [`AGENT_MODE`] for a ledger only its owner (the
+    /// node agent) writes. An existing file keeps its permissions.
+    pub fn open_or_create_mode(
+        dir: &Path,
+        uuid: &str,
+        gpu_index: u32,
+        physical_total: u64,
+        mode: u32,
+    ) -> Result<Ledger, LedgerError> {
+        file::open_or_create(dir, uuid, gpu_index, physical_total, None, mode)
+    }
+    /// The private lock file of the ledger at `path`. When it exists, every
+    /// handle that opens the ledger for writing takes its table and
+    /// liveness locks there instead of on the ledger: the node agent makes
+    /// it (root's, mode 0600) beside each ledger it owns, so that processes
+    /// that may only read a ledger cannot lock what the agent locks.
+    pub fn lock_file_path(path: &Path) -> PathBuf {
+        file::lock_path(path)
     }
     /// Open an existing ledger for reading and knob writes (tools). Validates
     /// magic, version and size; never creates, never joins.
