@@ -30,6 +30,8 @@ struct Cluster {
     plugin: Option<Child>,
     extender: Arc<Extender>,
     ext_url: String,
+    /// Environment the plugin is started with, besides the layout's.
+    plugin_env: Vec<(String, String)>,
 }
 
 impl Drop for Cluster {
@@ -57,6 +59,16 @@ impl Cluster {
     /// `old_kubelet`: the kubelet dials plugins with the socket path as
     /// `:authority` (kubelets before 1.26).
     async fn with_kubelet(name: &str, gpus: &[&str], labels: Value, old_kubelet: bool) -> Cluster {
+        Cluster::build(name, gpus, labels, old_kubelet, &[]).await
+    }
+
+    async fn build(
+        name: &str,
+        gpus: &[&str],
+        labels: Value,
+        old_kubelet: bool,
+        plugin_env: &[(&str, &str)],
+    ) -> Cluster {
         let dir = scratch(name);
         let api = ApiServer::start().await;
         api.write_kubeconfig(&dir.join("kubeconfig"));
@@ -93,6 +105,10 @@ impl Cluster {
             plugin: None,
             extender,
             ext_url,
+            plugin_env: plugin_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         c.start_plugin();
         c
@@ -112,6 +128,7 @@ impl Cluster {
             .env("CGPU_ALLOC_DIR", self.dir.join("alloc"))
             .env("CGPU_CDI_DIR", &self.kubelet.cdi_dir)
             .env("CGPU_LOG", "warn")
+            .envs(self.plugin_env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -970,6 +987,188 @@ async fn a_gpu_that_fails_takes_no_new_pod() {
     assert!(out.contains("Unhealthy: GPU1 (GPU-"), "{out}");
     assert!(out.contains("Unhealthy: GPU2 (GPU-"), "{out}");
     assert!(!out.contains("Unhealthy: GPU0"), "{out}");
+}
+
+/// The events the plugin recorded on the node: (reason, message, eventTime).
+fn node_events(c: &Cluster) -> Vec<(String, String, String)> {
+    c.api
+        .list("events")
+        .into_iter()
+        .filter(|e| e["involvedObject"]["kind"] == "Node" && e["involvedObject"]["name"] == NODE)
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+            (s("reason"), s("message"), s("eventTime"))
+        })
+        .collect()
+}
+
+/// Waits for an event on the node with this reason whose message starts
+/// with `prefix`; returns its eventTime.
+async fn node_event(c: &Cluster, reason: &str, prefix: &str) -> String {
+    for _ in 0..12000 {
+        if let Some(e) = node_events(c)
+            .into_iter()
+            .find(|(r, m, _)| r == reason && m.starts_with(prefix))
+        {
+            return e.2;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "no {reason} event {prefix:?} on the node: {:?}",
+        node_events(c)
+    );
+}
+
+async fn get_text(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Waits until the extender's metrics hold `line`.
+async fn metric_line(c: &Cluster, line: &str) {
+    let mut text = String::new();
+    for _ in 0..12000 {
+        text = get_text(&c.ext_url, "/metrics").await;
+        if text.contains(line) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the metrics never showed {line:?}:\n{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_that_is_healthy_again_takes_pods_again() {
+    // A GPU failed by a critical XID error is trusted again 3 s after its
+    // last one; a lost GPU as soon as it answers.
+    let hold = Duration::from_secs(3);
+    let c = Cluster::build(
+        "recovers",
+        &[V100, V100],
+        json!({}),
+        false,
+        &[("CGPU_XID_HOLD", "3s")],
+    )
+    .await;
+    c.ready(30).await;
+    // a (4 GiB) goes to GPU0; b (12 GiB) fits only on GPU1.
+    let a = c.pod("a", json!([gpu_container("main", 4)]), 1);
+    c.schedule(&a).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("a")).unwrap().gpus[0].index, 0);
+    c.run_pod("a", "main").await.unwrap();
+    let b = c.pod("b", json!([gpu_container("main", 12)]), 1);
+    c.schedule(&b).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("b")).unwrap().gpus[0].index, 1);
+    let b = c.get("b");
+    let alloc = c.kubelet.admit(&b).await.unwrap();
+    let started = c
+        .kubelet
+        .start_container(&b, "main", &alloc["main"])
+        .await
+        .unwrap();
+    let quota = mib(field(line(&c.exec(&started, &["meminfo"]), "meminfo"), "total").unwrap());
+    assert!(quota > 12 * 1000, "{quota} MiB");
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"1\"} 1\n",
+    )
+    .await;
+
+    // GPU1 falls off the bus: unhealthy, an event on the node, a metric.
+    let state = &c.sim.state_dir;
+    std::fs::write(state.join("gpu1.lost"), "").unwrap();
+    c.healthy_devices("aliyun.com/gpu-count", 1).await;
+    c.healthy_devices("aliyun.com/gpu-mem", 15).await;
+    node_event(&c, "CgpuGpuUnhealthy", "GPU1 (GPU-").await;
+    let msgs: Vec<String> = node_events(&c).into_iter().map(|e| e.1).collect();
+    assert!(
+        msgs.iter().any(|m| m.starts_with("GPU1 ")
+            && m.ends_with("failed: the GPU fell off the bus (lost); no new pod is placed on it")),
+        "{msgs:?}"
+    );
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"1\"} 0\n",
+    )
+    .await;
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"0\"} 1\n",
+    )
+    .await;
+
+    // b's container starts again (a restart) while GPU1 is unhealthy: the
+    // plugin refuses it, saying why.
+    let refused = c
+        .kubelet
+        .start_container(&b, "main", &alloc["main"])
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains(
+            "default/b container main: the decision places it on GPU1, which is unhealthy now \
+             (the GPU fell off the bus (lost)); the container is not started"
+        ),
+        "{refused}"
+    );
+
+    // GPU1 answers again: healthy without a plugin restart, and b starts
+    // with its quota.
+    std::fs::remove_file(state.join("gpu1.lost")).unwrap();
+    c.healthy_devices("aliyun.com/gpu-count", 2).await;
+    c.healthy_devices("aliyun.com/gpu-mem", 30).await;
+    node_event(&c, "CgpuGpuHealthy", "GPU1 (GPU-").await;
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"1\"} 1\n",
+    )
+    .await;
+    let started = c
+        .kubelet
+        .start_container(&b, "main", &alloc["main"])
+        .await
+        .unwrap();
+    assert_eq!(
+        mib(field(line(&c.exec(&started, &["meminfo"]), "meminfo"), "total").unwrap()),
+        quota
+    );
+
+    // A double-bit ECC error (XID 48) on GPU0: unhealthy, then trusted
+    // again once the hold has passed without another.
+    let before_xid = k8s_openapi::jiff::Timestamp::now();
+    std::fs::write(state.join("gpu0.xid"), "48\n").unwrap();
+    node_event(&c, "CgpuGpuUnhealthy", "GPU0 (GPU-").await;
+    let msgs: Vec<String> = node_events(&c).into_iter().map(|e| e.1).collect();
+    assert!(
+        msgs.iter().any(|m| m.starts_with("GPU0 ")
+            && m.ends_with("failed: critical XID error 48; no new pod is placed on it")),
+        "{msgs:?}"
+    );
+    let back: k8s_openapi::jiff::Timestamp = node_event(&c, "CgpuGpuHealthy", "GPU0 (GPU-")
+        .await
+        .parse()
+        .unwrap();
+    let waited = back.duration_since(before_xid);
+    assert!(
+        waited >= k8s_openapi::jiff::SignedDuration::try_from(hold).unwrap(),
+        "GPU0 was trusted again {waited:?} after its XID error"
+    );
+    c.healthy_devices("aliyun.com/gpu-count", 2).await;
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"0\"} 1\n",
+    )
+    .await;
+    let d = c.pod("d", json!([gpu_container("main", 8)]), 1);
+    c.schedule(&d).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("d")).unwrap().gpus[0].index, 0);
+    c.run_pod("d", "main").await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -437,6 +437,10 @@ async fn health_readiness_and_metrics() {
         parsed.contains("cgpu_extender_gpu_pods n1 0 1.0\n"),
         "{parsed}"
     );
+    assert!(
+        parsed.contains("cgpu_extender_gpu_healthy n1 1 1.0\n"),
+        "{parsed}"
+    );
     // Per namespace: a holds 4 GiB; a second pod asks 6 more, not placed.
     gpu_pod(&api, "waiting", 6, 1);
     let mut text = String::new();
