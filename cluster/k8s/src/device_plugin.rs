@@ -159,6 +159,9 @@ pub struct NodeState {
     pub gpus: parking_lot::RwLock<Vec<NodeGpu>>,
     /// The size in GiB the node's label states for each GPU, if any.
     pub stated_gib: Option<u64>,
+    /// The node counts `aliyun.com/gpu-mem` in MiB (label
+    /// `cgpu.io/gpu-mem-unit=MiB`): one device per MiB.
+    pub mib: bool,
     /// The node is labelled for sharing without isolation.
     pub share_only: bool,
 }
@@ -179,6 +182,33 @@ pub fn label_value(s: &str) -> String {
         .collect();
     v.trim_matches(|c: char| !c.is_ascii_alphanumeric())
         .to_string()
+}
+
+/// The node's unit for `aliyun.com/gpu-mem` from its label: MiB or GiB.
+pub fn unit_is_mib(label: Option<&str>) -> Result<bool, String> {
+    match label.map(str::trim) {
+        None => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("GiB") => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("MiB") => Ok(true),
+        Some(v) => Err(format!(
+            "node label {LABEL_NODE_MEM_UNIT}={v:?} is neither GiB nor MiB"
+        )),
+    }
+}
+
+/// The GPUs counted in the node's unit: on a MiB node each GPU's size is
+/// its memory in MiB as NVML reports it (the GiB label does not apply).
+pub fn in_unit(gpus: Vec<NodeGpu>, mib: bool) -> Vec<NodeGpu> {
+    if !mib {
+        return gpus;
+    }
+    gpus.into_iter()
+        .map(|g| NodeGpu {
+            gib: g.memory_mib,
+            mib: true,
+            ..g
+        })
+        .collect()
 }
 
 /// A device's health as the kubelet reads it.
@@ -332,7 +362,14 @@ impl Plugin {
             || labels
                 .get(LABEL_NODE_DISABLE_ISOLATION)
                 .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-        let gpus = gpus.gpus(stated)?;
+        let mib = unit_is_mib(labels.get(LABEL_NODE_MEM_UNIT).map(String::as_str))?;
+        if mib && stated.is_some() {
+            tracing::warn!(
+                "node {}: {LABEL_NODE_GPU_MEM_DEV} does not apply on a node counting in MiB: each GPU offers its memory in MiB as NVML reports it",
+                cfg.node_name
+            );
+        }
+        let gpus = in_unit(gpus.gpus(stated)?, mib);
         // The GPUs for the extender, and model and memory as labels for
         // node selectors and affinities.
         let mut models: Vec<String> = gpus
@@ -393,6 +430,7 @@ impl Plugin {
             node: NodeState {
                 gpus: parking_lot::RwLock::new(gpus),
                 stated_gib: stated,
+                mib,
                 share_only,
             },
             failed: tokio::sync::watch::channel(failed).0,
@@ -448,7 +486,9 @@ impl Plugin {
             return true;
         }
         let fresh = match source.gpus(self.node.stated_gib) {
-            Ok(all) => all.into_iter().find(|g| g.index == index && !g.unhealthy),
+            Ok(all) => in_unit(all, self.node.mib)
+                .into_iter()
+                .find(|g| g.index == index && !g.unhealthy),
             Err(e) => {
                 tracing::warn!("GPU{index} answers again but cannot be read: {e}");
                 None
@@ -748,6 +788,16 @@ impl Plugin {
                 d.node, self.cfg.node_name
             ));
         }
+        if d.mib != self.node.mib {
+            let unit = |m: bool| if m { "MiB" } else { "GiB" };
+            return Err(format!(
+                "{who}: the decision counts GPU memory in {}, but node {} counts it in {} now \
+                 ({LABEL_NODE_MEM_UNIT}); delete the pod to have it scheduled again",
+                unit(d.mib),
+                self.cfg.node_name,
+                unit(self.node.mib)
+            ));
+        }
         let gpus_now = self.gpus_now();
         let mut uuids = Vec::new();
         for g in &d.gpus {
@@ -839,6 +889,7 @@ impl Plugin {
                 .as_str()
                 .is_some_and(|v| v.trim() == "true" || v.trim() == "1"),
             weight: self.weight(&d, &pod, &who)?,
+            mib: d.mib,
         };
         Ok((format!("{ns}/{name}"), alloc))
     }
@@ -1307,6 +1358,30 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, alloc_file_name(&["cgpu-mem-1".into()]));
         assert!(a.ends_with(".env") && a.len() == 24 + 4);
+    }
+
+    #[test]
+    fn node_units() {
+        assert_eq!(unit_is_mib(None), Ok(false));
+        assert_eq!(unit_is_mib(Some("GiB")), Ok(false));
+        assert_eq!(unit_is_mib(Some(" mib ")), Ok(true));
+        let e = unit_is_mib(Some("MB")).unwrap_err();
+        assert!(
+            e.contains("cgpu.io/gpu-mem-unit=\"MB\" is neither GiB nor MiB"),
+            "{e}"
+        );
+        let g = NodeGpu {
+            index: 0,
+            uuid: "GPU-a".into(),
+            memory_mib: 15109,
+            gib: 15,
+            model: String::new(),
+            unhealthy: false,
+            mib: false,
+        };
+        assert_eq!(in_unit(vec![g.clone()], false), vec![g.clone()]);
+        let m = in_unit(vec![g], true);
+        assert_eq!((m[0].gib, m[0].mib), (15109, true));
     }
 
     #[test]

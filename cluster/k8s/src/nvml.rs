@@ -227,6 +227,7 @@ impl GpuSource for Nvml {
                     gib: 0,
                     model: String::new(),
                     unhealthy: true,
+                    mib: false,
                 });
                 continue;
             }
@@ -271,6 +272,7 @@ impl GpuSource for Nvml {
                 gib: gpu_gib(mib, stated_gib),
                 model,
                 unhealthy: false,
+                mib: false,
             });
         }
         Ok(out)

@@ -1171,6 +1171,88 @@ async fn a_gpu_that_is_healthy_again_takes_pods_again() {
     c.run_pod("d", "main").await.unwrap();
 }
 
+/// A node labelled `cgpu.io/gpu-mem-unit=MiB`: the plugin offers one device
+/// per MiB, the extender places MiB, and the container's quota is exactly
+/// the MiB it asked for, in bytes, enforced by the library.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_on_a_mib_node_gets_its_quota_in_exact_bytes() {
+    const T4: &str = "15109:Tesla T4";
+    let c = Cluster::new("mib", &[T4, T4], json!({"cgpu.io/gpu-mem-unit": "MiB"})).await;
+    c.ready(2 * 15109).await;
+    let gpus: Vec<Value> = serde_json::from_str(
+        c.api.get("nodes", "", NODE).unwrap()["metadata"]["annotations"]["cgpu.io/gpus"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(gpus[0]["gib"], 15109, "{gpus:?}");
+    assert_eq!(gpus[0]["mib"], true, "{gpus:?}");
+    // 3000 MiB, then 12000 MiB: binpack puts both on GPU0 (15000 of 15109);
+    // 200 MiB more do not fit there and go to GPU1.
+    let a = c.pod("a", json!([gpu_container("main", 3000)]), 1);
+    c.schedule(&a).await.unwrap();
+    let d = Decision::from_pod(&c.get("a")).unwrap();
+    assert_eq!(
+        (d.mib, d.gpu_gib, d.containers["main"]),
+        (true, 15109, 3000)
+    );
+    assert_eq!(d.gpus[0].index, 0);
+    let b = c.pod("b", json!([gpu_container("main", 12000)]), 1);
+    c.schedule(&b).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("b")).unwrap().gpus[0].index, 0);
+    let e = c.pod("e", json!([gpu_container("main", 200)]), 1);
+    c.schedule(&e).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("e")).unwrap().gpus[0].index, 1);
+
+    let started = c.run_pod("a", "main").await.unwrap();
+    let file = std::fs::read_to_string(started.host_path("/etc/cgpu/alloc.env")).unwrap();
+    assert!(
+        file.contains("\nALIYUN_COM_GPU_MEM_CONTAINER=3\nALIYUN_COM_GPU_MEM_DEV=14\n")
+            && file.ends_with("\nCGPU_MEM_CONTAINER_MIB=3000\n"),
+        "{file}"
+    );
+    // The process sees exactly 3000 MiB, and the library refuses past them.
+    let out = c.exec(&started, &["meminfo"]);
+    let total: u64 = field(line(&out, "meminfo"), "total")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(total, 3000 << 20, "{out}");
+    // What its context leaves free is what it gets, to the MiB.
+    let out = c.exec(&started, &["meminfo", "alloc_until_oom", "1048576"]);
+    let free: u64 = field(line(&out, "meminfo"), "free")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let l = line(&out, "alloc_until_oom");
+    assert_eq!(field(l, "err"), Some("2"), "{out}");
+    let got: u64 = field(l, "bytes").unwrap().parse().unwrap();
+    assert!(got <= free && free - got < 1 << 20, "{out}");
+    // A pod's own environment cannot raise it.
+    let mut cmd = c.sim.command(cuclient(LinkMode::Link));
+    for (k, v) in started.env_on_host() {
+        cmd.env(k, v);
+    }
+    let out = cmd
+        .env("CGPU_MEM_CONTAINER_MIB", "15000")
+        .env("ALIYUN_COM_GPU_MEM_CONTAINER", "15")
+        .arg("meminfo")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let total: u64 = field(line(&text, "meminfo"), "total")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(total, 3000 << 20, "{text}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("CGPU_MEM_CONTAINER_MIB='15000' in the environment is ignored"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compute_shares_never_sum_past_a_whole_gpu() {
     let c = Cluster::new("gpu-core", &[V100], json!({})).await;

@@ -101,6 +101,7 @@ fn gpu_node(api: &ApiServer, name: &str, gpus: u32, mib: u64) {
             gib: mib / 1024,
             model: "Tesla V100-SXM2-16GB".into(),
             unhealthy: false,
+            mib: false,
         })
         .collect();
     api.put(
@@ -752,6 +753,7 @@ async fn pods_choose_gpus_by_model_and_uuid() {
             gib: 15,
             model: "Tesla T4".into(),
             unhealthy: false,
+            mib: false,
         },
         NodeGpu {
             index: 1,
@@ -760,6 +762,7 @@ async fn pods_choose_gpus_by_model_and_uuid() {
             gib: 22,
             model: "NVIDIA A10".into(),
             unhealthy: false,
+            mib: false,
         },
     ];
     api.put(

@@ -101,9 +101,10 @@ async fn main() -> ExitCode {
     };
     device_plugin::spawn_health_watch(plugin.clone(), nvml, recovery);
     tracing::info!(
-        "node {node}: {} GPUs, {} GiB of {}",
+        "node {node}: {} GPUs, {} {} of {}",
         plugin.node.gpus.read().len(),
         plugin.node.gpus.read().iter().map(|g| g.gib).sum::<u64>(),
+        if plugin.node.mib { "MiB" } else { "GiB" },
         cgpu_cluster_core::names::RESOURCE_GPU_MEM
     );
     match plugin.clean_alloc_dir().await {
