@@ -322,6 +322,36 @@ pub fn spawn_health_watch(plugin: Arc<Plugin>, source: Arc<dyn GpuSource>, recov
         .expect("spawn the GPU health thread");
 }
 
+/// One device per unit (GiB, or MiB on a MiB node) of the GPUs, numbered
+/// GPU after GPU: the devices in a failed GPU's range are unhealthy, so the
+/// kubelet offers that much less `aliyun.com/gpu-mem`.
+pub fn mem_device_list(gpus: &[NodeGpu]) -> Vec<dp::Device> {
+    let mut out = Vec::new();
+    for g in gpus {
+        for _ in 0..g.gib {
+            out.push(dp::Device {
+                id: format!("cgpu-mem-{}", out.len()),
+                health: health(g).into(),
+                topology: None,
+            });
+        }
+    }
+    out
+}
+
+/// The size of the `ListAndWatch` message listing `gpus`' memory devices.
+pub fn list_message_len(gpus: &[NodeGpu]) -> usize {
+    use prost::Message;
+    dp::ListAndWatchResponse {
+        devices: mem_device_list(gpus),
+    }
+    .encoded_len()
+}
+
+/// The largest gRPC message the kubelet's device-plugin client reads
+/// (grpc-go's default receive limit).
+pub const KUBELET_MAX_MESSAGE: usize = 4 * 1024 * 1024;
+
 /// Name, in the allocation directory, of the file mounted on every GPU
 /// container's `/etc/ld.so.preload`.
 pub const LD_SO_PRELOAD: &str = "ld.so.preload";
@@ -582,21 +612,23 @@ impl Plugin {
         Ok(v)
     }
 
-    /// One GiB device per GiB of the node's GPUs, numbered GPU after GPU:
-    /// the devices in a failed GPU's range are unhealthy, so the kubelet
-    /// offers that much less `aliyun.com/gpu-mem`.
+    /// The node's `aliyun.com/gpu-mem` devices now (see [`mem_device_list`]).
     fn mem_devices(&self) -> Vec<dp::Device> {
-        let mut out = Vec::new();
-        for g in self.gpus_now() {
-            for _ in 0..g.gib {
-                out.push(dp::Device {
-                    id: format!("cgpu-mem-{}", out.len()),
-                    health: health(&g).into(),
-                    topology: None,
-                });
-            }
-        }
-        out
+        mem_device_list(&self.gpus_now())
+    }
+
+    /// Why the kubelet cannot read this node's `aliyun.com/gpu-mem` device
+    /// list, if it cannot: the kubelet's gRPC client takes messages of at
+    /// most 4 MiB, and a node counting in MiB lists one device per MiB.
+    pub fn device_list_too_large(&self) -> Option<String> {
+        let n = list_message_len(&self.gpus_now());
+        (n > KUBELET_MAX_MESSAGE).then(|| {
+            format!(
+                "the {RESOURCE_GPU_MEM} device list is {n} bytes, more than the {KUBELET_MAX_MESSAGE} \
+                 the kubelet reads in one message: it will not see this node's devices. Count this \
+                 node in GiB (remove the label {LABEL_NODE_MEM_UNIT})"
+            )
+        })
     }
 
     fn count_devices(&self) -> Vec<dp::Device> {
@@ -1380,8 +1412,18 @@ mod tests {
             mib: false,
         };
         assert_eq!(in_unit(vec![g.clone()], false), vec![g.clone()]);
-        let m = in_unit(vec![g], true);
+        let m = in_unit(vec![g.clone()], true);
         assert_eq!((m[0].gib, m[0].mib), (15109, true));
+        // Two T4s in MiB fit the kubelet's message; two 80 GiB GPUs do not.
+        assert!(list_message_len(&[m[0].clone(), m[0].clone()]) < KUBELET_MAX_MESSAGE);
+        let big = in_unit(
+            vec![NodeGpu {
+                memory_mib: 81920,
+                ..g
+            }],
+            true,
+        );
+        assert!(list_message_len(&[big[0].clone(), big[0].clone()]) > KUBELET_MAX_MESSAGE);
     }
 
     #[test]

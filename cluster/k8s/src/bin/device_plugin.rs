@@ -100,6 +100,9 @@ async fn main() -> ExitCode {
         Err(e) => return fail(e),
     };
     device_plugin::spawn_health_watch(plugin.clone(), nvml, recovery);
+    if let Some(e) = plugin.device_list_too_large() {
+        tracing::error!("{e}");
+    }
     tracing::info!(
         "node {node}: {} GPUs, {} {} of {}",
         plugin.node.gpus.read().len(),
