@@ -9,6 +9,7 @@
 
 pub mod nvml;
 pub mod secure;
+pub mod unseen;
 
 use cgpu_ledger::identity::{self, Identity, Source};
 use cgpu_ledger::{Ledger, Snapshot};
@@ -70,6 +71,12 @@ pub struct ProcUse {
     /// Start time (clock ticks after boot, `/proc/<pid>/stat`): checked
     /// again before a signal, so a reused pid is never signalled.
     pub start_time: u64,
+    /// What the ledger charges this process (its own process slots).
+    pub ledger_bytes: u64,
+    /// What the device shows it holding beyond that (contexts, modules,
+    /// memory taken around the library): charged to its container's row
+    /// in secure mode.
+    pub unseen: u64,
     /// What the agent did to it in this pass.
     pub action: Option<&'static str>,
 }
@@ -89,12 +96,24 @@ pub struct ContainerUse {
     pub enforce_off: bool,
     /// What the device says its processes hold.
     pub device_bytes: u64,
+    /// What its processes hold on the device beyond what the ledger
+    /// charges them (the sum of [`ProcUse::unseen`]).
+    pub unseen_bytes: u64,
+    /// Of that, what the agent charges to its row now (secure mode; 0
+    /// otherwise, or without a row the agent may charge).
+    pub charged: u64,
     pub procs: Vec<ProcUse>,
 }
 
 impl ContainerUse {
     pub fn is_over(&self) -> bool {
         self.quota > 0 && !self.enforce_off && self.device_bytes > self.quota
+    }
+    /// Its row counts more than its quota once what the library cannot
+    /// see is charged (secure mode): its allocations are refused until it
+    /// holds less.
+    pub fn is_over_in_books(&self) -> bool {
+        self.charged > 0 && self.quota > 0 && !self.enforce_off && self.ledger_used > self.quota
     }
 }
 
@@ -202,6 +221,17 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
         .filter(|p| p.alive)
         .map(|p| ((p.pid, p.pidns), p.container))
         .collect();
+    // What the ledger charges each live process, by its host pid when the
+    // slot names one (secure mode stamps it), else by (pid, namespace).
+    let mut by_host: HashMap<u32, u64> = HashMap::new();
+    let mut by_ns: HashMap<(i32, u64), u64> = HashMap::new();
+    let slots = &l.file().processes;
+    for p in snap.processes.iter().filter(|p| p.alive) {
+        match slots.get(p.slot).and_then(|s| s.host_pid()) {
+            Some(h) => *by_host.entry(h).or_default() += p.used,
+            None => *by_ns.entry((p.pid, p.pidns)).or_default() += p.used,
+        }
+    }
     let mut by_key: BTreeMap<u64, ContainerUse> = BTreeMap::new();
     let mut outside = Vec::new();
     for d in device {
@@ -217,10 +247,16 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
             registered: false,
             stopped: state == 'T',
             start_time,
+            ledger_bytes: 0,
+            unseen: 0,
             action: None,
         };
-        let in_ledger = ns_pid(d.pid).and_then(|k| registered.get(&k).copied());
+        let ns = ns_pid(d.pid);
+        let in_ledger = ns.and_then(|k| registered.get(&k).copied());
         p.registered = in_ledger.is_some();
+        p.ledger_bytes = by_host.get(&d.pid).copied().unwrap_or(0)
+            + ns.and_then(|k| by_ns.get(&k).copied()).unwrap_or(0);
+        p.unseen = p.bytes.saturating_sub(p.ledger_bytes);
         let Some(id) = identity_of(d.pid, include_host) else {
             outside.push(p);
             continue;
@@ -231,12 +267,15 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
             ledger_used: 0,
             enforce_off: false,
             device_bytes: 0,
+            unseen_bytes: 0,
+            charged: 0,
             procs: Vec::new(),
             identity: id.clone(),
         });
         // A process under the library names its container's row itself.
         c.slot = c.slot.or(in_ledger);
         c.device_bytes += p.bytes;
+        c.unseen_bytes += p.unseen;
         c.procs.push(p);
     }
     for c in by_key.values_mut() {
@@ -350,6 +389,11 @@ pub struct Agent {
     over: HashMap<(String, u64), Vec<u32>>,
     /// Why each ledger's GPU could not be checked at the last pass.
     errors: HashMap<PathBuf, String>,
+    /// Secure mode: the device charges the agent keeps in the books.
+    books: Option<unseen::Books>,
+    /// Containers charged for bytes the library cannot see at the last
+    /// pass (so that each start and end is logged once).
+    charged: HashMap<(String, u64), u64>,
 }
 
 impl Agent {
@@ -359,7 +403,17 @@ impl Agent {
             opts,
             over: HashMap::new(),
             errors: HashMap::new(),
+            books: None,
+            charged: HashMap::new(),
         })
+    }
+
+    /// Secure mode: from now on each pass also charges, to each
+    /// container's row, what its processes hold on the device beyond what
+    /// the ledger charges them (rows missing are made from the host's
+    /// settings in `settings_dir`). See [`unseen`].
+    pub fn charge_unseen(&mut self, settings_dir: PathBuf) {
+        self.books = Some(unseen::Books::new(settings_dir));
     }
 
     /// One pass: reads every GPU with a ledger, acts by policy, returns
@@ -367,8 +421,17 @@ impl Agent {
     pub fn pass(&mut self) -> Pass {
         let mut pass = Pass::default();
         let mut now_over = HashMap::new();
+        let mut now_charged = HashMap::new();
         for path in Ledger::list(&self.opts.ledger_dir) {
-            let l = match Ledger::open(&path) {
+            let opened;
+            let l = match &mut self.books {
+                Some(b) => b.ledger(&path).map_err(|e| e.to_string()),
+                None => {
+                    opened = Ledger::open(&path).map_err(|e| e.to_string());
+                    opened.as_ref().map_err(Clone::clone)
+                }
+            };
+            let l = match l {
                 Ok(l) => l,
                 Err(e) => {
                     pass.gpus.push(GpuUse {
@@ -392,7 +455,26 @@ impl Agent {
                     continue;
                 }
             };
-            let mut g = check_gpu(&l, &device, self.opts.include_host);
+            let mut g = check_gpu(l, &device, self.opts.include_host);
+            if let Some(b) = &mut self.books {
+                b.settle(&mut g);
+            }
+            for c in g.containers.iter().filter(|c| c.charged > 0) {
+                let k = (g.uuid.clone(), c.identity.key);
+                if !self.charged.contains_key(&k) {
+                    pass.events.push(format!(
+                        "cgpu-agent: charged {} bytes ({}) the library cannot see on GPU {} to container {} (key {:016x}): now {} of quota {}",
+                        c.charged,
+                        cgpu_ledger::human_bytes(c.charged),
+                        g.uuid,
+                        c.identity.name,
+                        c.identity.key,
+                        cgpu_ledger::human_bytes(c.ledger_used),
+                        cgpu_ledger::human_bytes(c.quota),
+                    ));
+                }
+                now_charged.insert(k, c.charged);
+            }
             for c in &mut g.containers {
                 if !c.is_over() {
                     continue;
@@ -446,6 +528,14 @@ impl Agent {
             }
         }
         self.over = now_over;
+        for (uuid, key) in self.charged.keys() {
+            if !now_charged.contains_key(&(uuid.clone(), *key)) {
+                pass.events.push(format!(
+                    "cgpu-agent: container key {key:016x} on GPU {uuid}: nothing the library cannot see is charged any more"
+                ));
+            }
+        }
+        self.charged = now_charged;
         let mut errors = HashMap::new();
         for g in &pass.gpus {
             if let Some(e) = &g.error {
@@ -469,6 +559,8 @@ fn proc_json(p: &ProcUse) -> Value {
         "pid": p.pid,
         "bytes": p.bytes,
         "registered": p.registered,
+        "ledger_bytes": p.ledger_bytes,
+        "unseen_bytes": p.unseen,
         "stopped": p.stopped || p.action == Some("stopped"),
         "action": p.action,
     })
@@ -506,7 +598,10 @@ pub fn status_json(opts: &Options, pass: &Pass, time_ns: u64) -> Value {
                     "ledger_used": c.ledger_used,
                     "enforce_off": c.enforce_off,
                     "device_bytes": c.device_bytes,
+                    "unseen_bytes": c.unseen_bytes,
+                    "unseen_charged": c.charged,
                     "over": c.is_over(),
+                    "over_in_books": c.is_over_in_books(),
                     "processes": c.procs.iter().map(proc_json).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
                 "outside_containers": g.outside.iter().map(proc_json).collect::<Vec<_>>(),
@@ -572,6 +667,8 @@ mod tests {
             registered,
             stopped,
             start_time: 0,
+            ledger_bytes: 0,
+            unseen: 0,
             action: None,
         }
     }
@@ -589,6 +686,8 @@ mod tests {
             ledger_used: 0,
             enforce_off: false,
             device_bytes: procs.iter().map(|p| p.bytes).sum(),
+            unseen_bytes: 0,
+            charged: 0,
             procs,
         }
     }

@@ -184,6 +184,9 @@ fn main() {
             args.max_per_container,
             server.orphans()
         );
+        // The agent owns the books: what the device shows and they do not
+        // is charged to the container's row every pass.
+        agent.charge_unseen(settings_dir.clone());
         std::thread::Builder::new()
             .name("cgpu-secure".into())
             .spawn(move || server.run())
