@@ -77,6 +77,10 @@ pub struct ProcUse {
     /// memory taken around the library): charged to its container's row
     /// in secure mode.
     pub unseen: u64,
+    /// Device time its kernels ran since the agent first saw it (NVML's
+    /// per-process utilization, integrated over the passes); `None` when
+    /// NVML does not give it.
+    pub gpu_time_ns: Option<u64>,
     /// What the agent did to it in this pass.
     pub action: Option<&'static str>,
 }
@@ -102,6 +106,9 @@ pub struct ContainerUse {
     /// Of that, what the agent charges to its row now (secure mode; 0
     /// otherwise, or without a row the agent may charge).
     pub charged: u64,
+    /// Device time of its processes since the agent started (those that
+    /// ended included), as [`ProcUse::gpu_time_ns`].
+    pub gpu_time_ns: Option<u64>,
     pub procs: Vec<ProcUse>,
 }
 
@@ -249,6 +256,7 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
             start_time,
             ledger_bytes: 0,
             unseen: 0,
+            gpu_time_ns: None,
             action: None,
         };
         let ns = ns_pid(d.pid);
@@ -269,6 +277,7 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
             device_bytes: 0,
             unseen_bytes: 0,
             charged: 0,
+            gpu_time_ns: None,
             procs: Vec::new(),
             identity: id.clone(),
         });
@@ -394,6 +403,69 @@ pub struct Agent {
     /// Containers charged for bytes the library cannot see at the last
     /// pass (so that each start and end is logged once).
     charged: HashMap<(String, u64), u64>,
+    /// Device time per GPU (by UUID).
+    clocks: HashMap<String, DeviceClock>,
+}
+
+/// Device time on one GPU, integrated from NVML's per-process
+/// utilization samples: each sample's percent times the time since the
+/// previous sample of that process (or since the previous query, for a
+/// process seen for the first time).
+#[derive(Default)]
+struct DeviceClock {
+    /// The newest sample's end (or the query's time when there was none),
+    /// µs since the epoch; 0 before the first query.
+    last_us: u64,
+    /// Per host pid: (its newest sample's end, its device time).
+    per_pid: HashMap<u32, (u64, u64)>,
+    /// Per container key: its device time.
+    per_key: HashMap<u64, u64>,
+}
+
+impl DeviceClock {
+    /// Adds `samples` to the processes and containers of `g`, and writes
+    /// their device times into it.
+    fn add(&mut self, samples: &mut [nvml::Utilization], g: &mut GpuUse, now_us: u64) {
+        let mut key_of: HashMap<u32, u64> = HashMap::new();
+        for c in &g.containers {
+            for p in &c.procs {
+                key_of.insert(p.pid, c.identity.key);
+            }
+        }
+        samples.sort_by_key(|s| s.time_us);
+        let first = self.last_us == 0;
+        let mut newest = self.last_us;
+        for s in samples.iter() {
+            let since = self.per_pid.get(&s.pid).map_or(self.last_us, |e| e.0);
+            newest = newest.max(s.time_us);
+            let e = self.per_pid.entry(s.pid).or_default();
+            if first || s.time_us <= since {
+                e.0 = e.0.max(s.time_us);
+                continue; // no earlier sample to measure the period from
+            }
+            let ns = (s.time_us - since) * 1000 * u64::from(s.sm_percent) / 100;
+            *e = (s.time_us, e.1 + ns);
+            if let Some(k) = key_of.get(&s.pid) {
+                *self.per_key.entry(*k).or_default() += ns;
+            }
+        }
+        self.last_us = if samples.is_empty() { now_us } else { newest };
+        // Processes no longer on the device: their time stays with their
+        // containers.
+        let on: std::collections::HashSet<u32> = g
+            .containers
+            .iter()
+            .flat_map(|c| c.procs.iter().map(|p| p.pid))
+            .chain(g.outside.iter().map(|p| p.pid))
+            .collect();
+        self.per_pid.retain(|pid, _| on.contains(pid));
+        for c in &mut g.containers {
+            c.gpu_time_ns = Some(self.per_key.get(&c.identity.key).copied().unwrap_or(0));
+            for p in &mut c.procs {
+                p.gpu_time_ns = Some(self.per_pid.get(&p.pid).map_or(0, |e| e.1));
+            }
+        }
+    }
 }
 
 impl Agent {
@@ -405,6 +477,7 @@ impl Agent {
             errors: HashMap::new(),
             books: None,
             charged: HashMap::new(),
+            clocks: HashMap::new(),
         })
     }
 
@@ -458,6 +531,18 @@ impl Agent {
             let mut g = check_gpu(l, &device, self.opts.include_host);
             if let Some(b) = &mut self.books {
                 b.settle(&mut g);
+            }
+            let clock = self.clocks.entry(g.uuid.clone()).or_default();
+            match self.nvml.utilization(&g.uuid, clock.last_us) {
+                Ok(Some(mut samples)) => {
+                    let now_us = cgpu_ledger::clock::realtime_ns() / 1000;
+                    clock.add(&mut samples, &mut g, now_us);
+                }
+                Ok(None) => {}
+                Err(e) => pass.events.push(format!(
+                    "cgpu-agent: GPU {}: no per-process device time this pass: {e}",
+                    g.uuid
+                )),
             }
             for c in g.containers.iter().filter(|c| c.charged > 0) {
                 let k = (g.uuid.clone(), c.identity.key);
@@ -561,6 +646,7 @@ fn proc_json(p: &ProcUse) -> Value {
         "registered": p.registered,
         "ledger_bytes": p.ledger_bytes,
         "unseen_bytes": p.unseen,
+        "device_time_ns": p.gpu_time_ns,
         "stopped": p.stopped || p.action == Some("stopped"),
         "action": p.action,
     })
@@ -602,6 +688,7 @@ pub fn status_json(opts: &Options, pass: &Pass, time_ns: u64) -> Value {
                     "unseen_charged": c.charged,
                     "over": c.is_over(),
                     "over_in_books": c.is_over_in_books(),
+                    "device_time_ns": c.gpu_time_ns,
                     "processes": c.procs.iter().map(proc_json).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
                 "outside_containers": g.outside.iter().map(proc_json).collect::<Vec<_>>(),
@@ -669,6 +756,7 @@ mod tests {
             start_time: 0,
             ledger_bytes: 0,
             unseen: 0,
+            gpu_time_ns: None,
             action: None,
         }
     }
@@ -688,6 +776,7 @@ mod tests {
             device_bytes: procs.iter().map(|p| p.bytes).sum(),
             unseen_bytes: 0,
             charged: 0,
+            gpu_time_ns: None,
             procs,
         }
     }

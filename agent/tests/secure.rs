@@ -473,6 +473,11 @@ fn the_books_are_the_hosts() {
 
     let mut c = rig.client(Some(&a));
     assert_eq!(c.ask(&format!("hello {gpu}")).quota, GIB);
+    // The agent's first pass has written its status file.
+    let t0 = Instant::now();
+    while !rig.dir.join("agent.json").exists() && t0.elapsed() < PATIENCE {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // The file cannot be opened for writing, nor anything created beside it.
     assert_eq!(
         c.cmd(&format!("open-write {}", path.display())),
@@ -905,4 +910,91 @@ fn what_the_device_shows_and_the_books_do_not_is_charged() {
     lib.kill();
     wait_used(&rig, &a, 600 * MIB);
     assert_eq!(tenant.ask(&format!("release {gpu} {}", 600 * MIB)).used, 0);
+}
+
+/// The device's own per-process time, as the agent reads it (NVML's
+/// per-process utilization, integrated over its passes), per container:
+/// a process of the container without the library runs 1 s of kernels;
+/// the agent's number for the container is the simulated driver's own
+/// count for that process, to within the rounding of its percentages.
+/// Prints both.
+#[test]
+fn the_device_time_of_a_container_is_reported() {
+    let mut rig = Rig::new();
+    rig.kill_agent();
+    rig.start_agent(&["--interval", "200ms"]);
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=2"]);
+    let cuclient = cgpu_testkit::cuclient(cgpu_testkit::LinkMode::Link);
+    let cg = rig.cgroup(&a);
+    let mut bare = rig
+        .sim
+        .command("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec {} alloc {} spin 2000000 500 hold",
+            cg.display(),
+            cuclient.display(),
+            MIB
+        ))
+        .env("CUCLIENT_HOLD_MAX_S", "120")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = cgpu_testkit::read_until(&mut bare, "holding", PATIENCE);
+    assert!(out.iter().any(|l| l.starts_with("spin ok")), "{out:?}");
+    let done_ns = cgpu_ledger::clock::realtime_ns();
+    // Two passes written after the kernels ended: the second one's read
+    // of the device began after they ended.
+    let t0 = Instant::now();
+    let mut after = Vec::new();
+    let c = loop {
+        let doc: Option<serde_json::Value> = std::fs::read(rig.dir.join("agent.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        if let Some(d) = doc {
+            let t = d["time_ns"].as_u64().unwrap_or(0);
+            if t > done_ns && !after.contains(&t) {
+                after.push(t);
+            }
+            if after.len() >= 2 {
+                break d["gpus"][0]["containers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|c| c["container_id"] == a.as_str())
+                    .cloned()
+                    .unwrap_or_else(|| panic!("{a} not in {d}"));
+            }
+        }
+        assert!(t0.elapsed() < PATIENCE, "no status after the kernels");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let sim: u64 = rig
+        .sim
+        .stats()
+        .processes
+        .iter()
+        .filter(|p| p.pid == bare.id())
+        .map(|p| p.device_time_ns)
+        .sum();
+    assert_eq!(sim, 1_000_000_000, "the sim ran 500 kernels of 2 ms");
+    let agent = c["device_time_ns"].as_u64().expect("device_time_ns");
+    let p = &c["processes"][0];
+    assert_eq!(p["pid"], bare.id());
+    assert_eq!(p["device_time_ns"], agent, "{c}");
+    eprintln!(
+        "device time of the container: agent {agent} ns (NVML per-process utilization, every 200ms), simulated driver {sim} ns"
+    );
+    // Each percentage is rounded (half a percent of each period) and a
+    // period's share is capped at 100%: a tenth either way is far beyond
+    // that, and far from 0 or double.
+    assert!(
+        agent >= sim * 9 / 10 && agent <= sim * 11 / 10,
+        "agent {agent} ns, sim {sim} ns: {c}"
+    );
+    let _ = bare.kill();
+    let _ = bare.wait();
 }
