@@ -888,6 +888,38 @@ fn what_the_device_shows_and_the_books_do_not_is_charged() {
             (&false.into(), &bare_dev.into()),
             "{c}"
         );
+        // cgpu-smi (root, on the host) shows it too.
+        let o = Command::new(artifacts().bin("cgpu-smi"))
+            .arg("--dir")
+            .arg(&rig.dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let seen = v["agent"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == c["name"])
+            .cloned()
+            .unwrap_or_else(|| panic!("{v}"));
+        assert_eq!(
+            seen["unseen_bytes"],
+            lib_dev - 512 * MIB + bare_dev,
+            "{seen}"
+        );
+        let o = Command::new(artifacts().bin("cgpu-smi"))
+            .arg("--dir")
+            .arg(&rig.dir)
+            .output()
+            .unwrap();
+        let table = String::from_utf8_lossy(&o.stdout);
+        let line = format!(
+            "{} MiB unseen by the library, charged by cgpu-agent",
+            (lib_dev - 512 * MIB + bare_dev) / MIB
+        );
+        assert!(table.contains(&line), "{line:?} not in\n{table}");
 
         // It ends: its part goes back at the next pass.
         let _ = bare.kill();
