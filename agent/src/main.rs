@@ -31,11 +31,14 @@ and serves <ledger dir>/agent.sock, through which the processes of
 containers ask it for memory. A container's settings come from the host's
 file <settings dir>/<container id>.env (default CGPU_SETTINGS_DIR, else
 /etc/cgpu/containers; written by cgpuctl settings). --max-per-container:
-connections one container may hold open (default 256).
+connections one container may hold open (default 256). Every pass it also
+charges to each container's row what its processes hold on the device
+beyond what the ledger charges them (contexts, modules, memory taken
+around the library); the row's quota then refuses what no longer fits.
 
 client SOCKET: speaks to a secure agent's socket, one command per line on
-standard input (hello UUID, reserve UUID BYTES, release UUID BYTES), one
-reply per line on standard output.";
+standard input (hello UUID, reserve UUID BYTES, release UUID BYTES, exec
+PROGRAM ARGS...), one reply per line on standard output.";
 
 struct Args {
     once: bool,
