@@ -420,6 +420,8 @@ struct DeviceClock {
     per_pid: HashMap<u32, (u64, u64)>,
     /// Per container key: its device time.
     per_key: HashMap<u64, u64>,
+    /// Why the last query failed (logged when it changes).
+    error: Option<String>,
 }
 
 impl DeviceClock {
@@ -537,12 +539,18 @@ impl Agent {
                 Ok(Some(mut samples)) => {
                     let now_us = cgpu_ledger::clock::realtime_ns() / 1000;
                     clock.add(&mut samples, &mut g, now_us);
+                    clock.error = None;
                 }
                 Ok(None) => {}
-                Err(e) => pass.events.push(format!(
-                    "cgpu-agent: GPU {}: no per-process device time this pass: {e}",
-                    g.uuid
-                )),
+                Err(e) => {
+                    if clock.error.as_ref() != Some(&e) {
+                        pass.events.push(format!(
+                            "cgpu-agent: GPU {}: no per-process device time: {e}",
+                            g.uuid
+                        ));
+                    }
+                    clock.error = Some(e);
+                }
             }
             for c in g.containers.iter().filter(|c| c.charged > 0) {
                 let k = (g.uuid.clone(), c.identity.key);
@@ -851,6 +859,41 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}");
         assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn device_time_is_each_samples_share_of_the_time_since_the_previous() {
+        let mut g = GpuUse {
+            containers: vec![container(1, vec![proc(10, 1, true, false)])],
+            ..GpuUse::default()
+        };
+        g.containers[0].procs.push(proc(11, 1, false, false));
+        let s = |pid, time_us, sm_percent| nvml::Utilization {
+            pid,
+            time_us,
+            sm_percent,
+        };
+        let mut clock = DeviceClock::default();
+        // The first query only sets where time starts.
+        clock.add(&mut [s(10, 1_000_000, 100)], &mut g, 1_000_000);
+        assert_eq!(g.containers[0].gpu_time_ns, Some(0));
+        // 0.5 s at 40 % for pid 10; pid 11's first sample counts from the
+        // previous query: 0.5 s at 100 %.
+        clock.add(
+            &mut [s(10, 1_500_000, 40), s(11, 1_500_000, 100)],
+            &mut g,
+            1_500_000,
+        );
+        let c = &g.containers[0];
+        assert_eq!(c.procs[0].gpu_time_ns, Some(200_000_000));
+        assert_eq!(c.procs[1].gpu_time_ns, Some(500_000_000));
+        assert_eq!(c.gpu_time_ns, Some(700_000_000));
+        // A sample seen again (not newer) adds nothing; a process gone
+        // keeps its time in its container.
+        g.containers[0].procs.truncate(1);
+        clock.add(&mut [s(10, 1_500_000, 40)], &mut g, 1_600_000);
+        assert_eq!(g.containers[0].gpu_time_ns, Some(700_000_000));
+        assert!(!clock.per_pid.contains_key(&11));
     }
 
     #[test]
