@@ -180,6 +180,14 @@ fn main() {
         for (index, uuid, path) in server.gpus() {
             eprintln!("cgpu-agent: secure: GPU {index} {uuid}: {}", path.display());
         }
+        // The agent owns the books: what the device shows and they do not
+        // is charged to the container's row every pass, the first one
+        // before any request is served (after a restart, the charges of
+        // the previous agent went with it).
+        agent.charge_unseen(settings_dir.clone());
+        for e in &agent.pass().events {
+            eprintln!("{e}");
+        }
         eprintln!(
             "cgpu-agent: secure: serving {} (settings from {}, at most {} connections per container, {} rows of running processes taken over)",
             args.opts.ledger_dir.join(cgpu_ledger::wire::SOCKET_NAME).display(),
@@ -187,9 +195,6 @@ fn main() {
             args.max_per_container,
             server.orphans()
         );
-        // The agent owns the books: what the device shows and they do not
-        // is charged to the container's row every pass.
-        agent.charge_unseen(settings_dir.clone());
         std::thread::Builder::new()
             .name("cgpu-secure".into())
             .spawn(move || server.run())

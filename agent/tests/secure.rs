@@ -937,6 +937,18 @@ fn what_the_device_shows_and_the_books_do_not_is_charged() {
         times.len()
     );
 
+    // The agent restarts: the rows of running processes are taken over
+    // and what the device shows beyond them is charged again before the
+    // new agent serves anyone.
+    rig.kill_agent();
+    rig.start_agent(&["--interval", "500ms"]);
+    assert_eq!(rig.used(&a), lib_dev + 600 * MIB);
+    assert_eq!(tenant.cmd("reconnect"), "connected");
+    assert_eq!(
+        tenant.ask(&format!("hello {gpu}")).used,
+        lib_dev + 600 * MIB
+    );
+
     // The process under the agent ends: what it was granted goes back at
     // once, its context at the next pass; the tenant's 600 MiB stay.
     lib.kill();
