@@ -9,6 +9,7 @@
 
 pub mod nvml;
 pub mod secure;
+pub mod unseen;
 
 use cgpu_ledger::identity::{self, Identity, Source};
 use cgpu_ledger::{Ledger, Snapshot};
@@ -70,6 +71,16 @@ pub struct ProcUse {
     /// Start time (clock ticks after boot, `/proc/<pid>/stat`): checked
     /// again before a signal, so a reused pid is never signalled.
     pub start_time: u64,
+    /// What the ledger charges this process (its own process slots).
+    pub ledger_bytes: u64,
+    /// What the device shows it holding beyond that (contexts, modules,
+    /// memory taken around the library): charged to its container's row
+    /// in secure mode.
+    pub unseen: u64,
+    /// Device time its kernels ran since the agent first saw it (NVML's
+    /// per-process utilization, integrated over the passes); `None` when
+    /// NVML does not give it.
+    pub gpu_time_ns: Option<u64>,
     /// What the agent did to it in this pass.
     pub action: Option<&'static str>,
 }
@@ -89,12 +100,27 @@ pub struct ContainerUse {
     pub enforce_off: bool,
     /// What the device says its processes hold.
     pub device_bytes: u64,
+    /// What its processes hold on the device beyond what the ledger
+    /// charges them (the sum of [`ProcUse::unseen`]).
+    pub unseen_bytes: u64,
+    /// Of that, what the agent charges to its row now (secure mode; 0
+    /// otherwise, or without a row the agent may charge).
+    pub charged: u64,
+    /// Device time of its processes since the agent started (those that
+    /// ended included), as [`ProcUse::gpu_time_ns`].
+    pub gpu_time_ns: Option<u64>,
     pub procs: Vec<ProcUse>,
 }
 
 impl ContainerUse {
     pub fn is_over(&self) -> bool {
         self.quota > 0 && !self.enforce_off && self.device_bytes > self.quota
+    }
+    /// Its row counts more than its quota once what the library cannot
+    /// see is charged (secure mode): its allocations are refused until it
+    /// holds less.
+    pub fn is_over_in_books(&self) -> bool {
+        self.charged > 0 && self.quota > 0 && !self.enforce_off && self.ledger_used > self.quota
     }
 }
 
@@ -202,6 +228,17 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
         .filter(|p| p.alive)
         .map(|p| ((p.pid, p.pidns), p.container))
         .collect();
+    // What the ledger charges each live process, by its host pid when the
+    // slot names one (secure mode stamps it), else by (pid, namespace).
+    let mut by_host: HashMap<u32, u64> = HashMap::new();
+    let mut by_ns: HashMap<(i32, u64), u64> = HashMap::new();
+    let slots = &l.file().processes;
+    for p in snap.processes.iter().filter(|p| p.alive) {
+        match slots.get(p.slot).and_then(|s| s.host_pid()) {
+            Some(h) => *by_host.entry(h).or_default() += p.used,
+            None => *by_ns.entry((p.pid, p.pidns)).or_default() += p.used,
+        }
+    }
     let mut by_key: BTreeMap<u64, ContainerUse> = BTreeMap::new();
     let mut outside = Vec::new();
     for d in device {
@@ -217,10 +254,17 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
             registered: false,
             stopped: state == 'T',
             start_time,
+            ledger_bytes: 0,
+            unseen: 0,
+            gpu_time_ns: None,
             action: None,
         };
-        let in_ledger = ns_pid(d.pid).and_then(|k| registered.get(&k).copied());
+        let ns = ns_pid(d.pid);
+        let in_ledger = ns.and_then(|k| registered.get(&k).copied());
         p.registered = in_ledger.is_some();
+        p.ledger_bytes = by_host.get(&d.pid).copied().unwrap_or(0)
+            + ns.and_then(|k| by_ns.get(&k).copied()).unwrap_or(0);
+        p.unseen = p.bytes.saturating_sub(p.ledger_bytes);
         let Some(id) = identity_of(d.pid, include_host) else {
             outside.push(p);
             continue;
@@ -231,12 +275,16 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
             ledger_used: 0,
             enforce_off: false,
             device_bytes: 0,
+            unseen_bytes: 0,
+            charged: 0,
+            gpu_time_ns: None,
             procs: Vec::new(),
             identity: id.clone(),
         });
         // A process under the library names its container's row itself.
         c.slot = c.slot.or(in_ledger);
         c.device_bytes += p.bytes;
+        c.unseen_bytes += p.unseen;
         c.procs.push(p);
     }
     for c in by_key.values_mut() {
@@ -350,6 +398,76 @@ pub struct Agent {
     over: HashMap<(String, u64), Vec<u32>>,
     /// Why each ledger's GPU could not be checked at the last pass.
     errors: HashMap<PathBuf, String>,
+    /// Secure mode: the device charges the agent keeps in the books.
+    books: Option<unseen::Books>,
+    /// Containers charged for bytes the library cannot see at the last
+    /// pass (so that each start and end is logged once).
+    charged: HashMap<(String, u64), u64>,
+    /// Device time per GPU (by UUID).
+    clocks: HashMap<String, DeviceClock>,
+}
+
+/// Device time on one GPU, integrated from NVML's per-process
+/// utilization samples: each sample's percent times the time since the
+/// previous sample of that process (or since the previous query, for a
+/// process seen for the first time).
+#[derive(Default)]
+struct DeviceClock {
+    /// The newest sample's end (or the query's time when there was none),
+    /// µs since the epoch; 0 before the first query.
+    last_us: u64,
+    /// Per host pid: (its newest sample's end, its device time).
+    per_pid: HashMap<u32, (u64, u64)>,
+    /// Per container key: its device time.
+    per_key: HashMap<u64, u64>,
+    /// Why the last query failed (logged when it changes).
+    error: Option<String>,
+}
+
+impl DeviceClock {
+    /// Adds `samples` to the processes and containers of `g`, and writes
+    /// their device times into it.
+    fn add(&mut self, samples: &mut [nvml::Utilization], g: &mut GpuUse, now_us: u64) {
+        let mut key_of: HashMap<u32, u64> = HashMap::new();
+        for c in &g.containers {
+            for p in &c.procs {
+                key_of.insert(p.pid, c.identity.key);
+            }
+        }
+        samples.sort_by_key(|s| s.time_us);
+        let first = self.last_us == 0;
+        let mut newest = self.last_us;
+        for s in samples.iter() {
+            let since = self.per_pid.get(&s.pid).map_or(self.last_us, |e| e.0);
+            newest = newest.max(s.time_us);
+            let e = self.per_pid.entry(s.pid).or_default();
+            if first || s.time_us <= since {
+                e.0 = e.0.max(s.time_us);
+                continue; // no earlier sample to measure the period from
+            }
+            let ns = (s.time_us - since) * 1000 * u64::from(s.sm_percent) / 100;
+            *e = (s.time_us, e.1 + ns);
+            if let Some(k) = key_of.get(&s.pid) {
+                *self.per_key.entry(*k).or_default() += ns;
+            }
+        }
+        self.last_us = if samples.is_empty() { now_us } else { newest };
+        // Processes no longer on the device: their time stays with their
+        // containers.
+        let on: std::collections::HashSet<u32> = g
+            .containers
+            .iter()
+            .flat_map(|c| c.procs.iter().map(|p| p.pid))
+            .chain(g.outside.iter().map(|p| p.pid))
+            .collect();
+        self.per_pid.retain(|pid, _| on.contains(pid));
+        for c in &mut g.containers {
+            c.gpu_time_ns = Some(self.per_key.get(&c.identity.key).copied().unwrap_or(0));
+            for p in &mut c.procs {
+                p.gpu_time_ns = Some(self.per_pid.get(&p.pid).map_or(0, |e| e.1));
+            }
+        }
+    }
 }
 
 impl Agent {
@@ -359,7 +477,18 @@ impl Agent {
             opts,
             over: HashMap::new(),
             errors: HashMap::new(),
+            books: None,
+            charged: HashMap::new(),
+            clocks: HashMap::new(),
         })
+    }
+
+    /// Secure mode: from now on each pass also charges, to each
+    /// container's row, what its processes hold on the device beyond what
+    /// the ledger charges them (rows missing are made from the host's
+    /// settings in `settings_dir`). See [`unseen`].
+    pub fn charge_unseen(&mut self, settings_dir: PathBuf) {
+        self.books = Some(unseen::Books::new(settings_dir));
     }
 
     /// One pass: reads every GPU with a ledger, acts by policy, returns
@@ -367,8 +496,17 @@ impl Agent {
     pub fn pass(&mut self) -> Pass {
         let mut pass = Pass::default();
         let mut now_over = HashMap::new();
+        let mut now_charged = HashMap::new();
         for path in Ledger::list(&self.opts.ledger_dir) {
-            let l = match Ledger::open(&path) {
+            let opened;
+            let l = match &mut self.books {
+                Some(b) => b.ledger(&path).map_err(|e| e.to_string()),
+                None => {
+                    opened = Ledger::open(&path).map_err(|e| e.to_string());
+                    opened.as_ref().map_err(Clone::clone)
+                }
+            };
+            let l = match l {
                 Ok(l) => l,
                 Err(e) => {
                     pass.gpus.push(GpuUse {
@@ -392,7 +530,44 @@ impl Agent {
                     continue;
                 }
             };
-            let mut g = check_gpu(&l, &device, self.opts.include_host);
+            let mut g = check_gpu(l, &device, self.opts.include_host);
+            if let Some(b) = &mut self.books {
+                b.settle(&mut g);
+            }
+            let clock = self.clocks.entry(g.uuid.clone()).or_default();
+            match self.nvml.utilization(&g.uuid, clock.last_us) {
+                Ok(Some(mut samples)) => {
+                    let now_us = cgpu_ledger::clock::realtime_ns() / 1000;
+                    clock.add(&mut samples, &mut g, now_us);
+                    clock.error = None;
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    if clock.error.as_ref() != Some(&e) {
+                        pass.events.push(format!(
+                            "cgpu-agent: GPU {}: no per-process device time: {e}",
+                            g.uuid
+                        ));
+                    }
+                    clock.error = Some(e);
+                }
+            }
+            for c in g.containers.iter().filter(|c| c.charged > 0) {
+                let k = (g.uuid.clone(), c.identity.key);
+                if !self.charged.contains_key(&k) {
+                    pass.events.push(format!(
+                        "cgpu-agent: charged {} bytes ({}) the library cannot see on GPU {} to container {} (key {:016x}): now {} of quota {}",
+                        c.charged,
+                        cgpu_ledger::human_bytes(c.charged),
+                        g.uuid,
+                        c.identity.name,
+                        c.identity.key,
+                        cgpu_ledger::human_bytes(c.ledger_used),
+                        cgpu_ledger::human_bytes(c.quota),
+                    ));
+                }
+                now_charged.insert(k, c.charged);
+            }
             for c in &mut g.containers {
                 if !c.is_over() {
                     continue;
@@ -446,6 +621,14 @@ impl Agent {
             }
         }
         self.over = now_over;
+        for (uuid, key) in self.charged.keys() {
+            if !now_charged.contains_key(&(uuid.clone(), *key)) {
+                pass.events.push(format!(
+                    "cgpu-agent: container key {key:016x} on GPU {uuid}: nothing the library cannot see is charged any more"
+                ));
+            }
+        }
+        self.charged = now_charged;
         let mut errors = HashMap::new();
         for g in &pass.gpus {
             if let Some(e) = &g.error {
@@ -469,6 +652,9 @@ fn proc_json(p: &ProcUse) -> Value {
         "pid": p.pid,
         "bytes": p.bytes,
         "registered": p.registered,
+        "ledger_bytes": p.ledger_bytes,
+        "unseen_bytes": p.unseen,
+        "device_time_ns": p.gpu_time_ns,
         "stopped": p.stopped || p.action == Some("stopped"),
         "action": p.action,
     })
@@ -506,7 +692,11 @@ pub fn status_json(opts: &Options, pass: &Pass, time_ns: u64) -> Value {
                     "ledger_used": c.ledger_used,
                     "enforce_off": c.enforce_off,
                     "device_bytes": c.device_bytes,
+                    "unseen_bytes": c.unseen_bytes,
+                    "unseen_charged": c.charged,
                     "over": c.is_over(),
+                    "over_in_books": c.is_over_in_books(),
+                    "device_time_ns": c.gpu_time_ns,
                     "processes": c.procs.iter().map(proc_json).collect::<Vec<_>>(),
                 })).collect::<Vec<_>>(),
                 "outside_containers": g.outside.iter().map(proc_json).collect::<Vec<_>>(),
@@ -572,6 +762,9 @@ mod tests {
             registered,
             stopped,
             start_time: 0,
+            ledger_bytes: 0,
+            unseen: 0,
+            gpu_time_ns: None,
             action: None,
         }
     }
@@ -589,6 +782,9 @@ mod tests {
             ledger_used: 0,
             enforce_off: false,
             device_bytes: procs.iter().map(|p| p.bytes).sum(),
+            unseen_bytes: 0,
+            charged: 0,
+            gpu_time_ns: None,
             procs,
         }
     }
@@ -663,6 +859,41 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "{}");
         assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn device_time_is_each_samples_share_of_the_time_since_the_previous() {
+        let mut g = GpuUse {
+            containers: vec![container(1, vec![proc(10, 1, true, false)])],
+            ..GpuUse::default()
+        };
+        g.containers[0].procs.push(proc(11, 1, false, false));
+        let s = |pid, time_us, sm_percent| nvml::Utilization {
+            pid,
+            time_us,
+            sm_percent,
+        };
+        let mut clock = DeviceClock::default();
+        // The first query only sets where time starts.
+        clock.add(&mut [s(10, 1_000_000, 100)], &mut g, 1_000_000);
+        assert_eq!(g.containers[0].gpu_time_ns, Some(0));
+        // 0.5 s at 40 % for pid 10; pid 11's first sample counts from the
+        // previous query: 0.5 s at 100 %.
+        clock.add(
+            &mut [s(10, 1_500_000, 40), s(11, 1_500_000, 100)],
+            &mut g,
+            1_500_000,
+        );
+        let c = &g.containers[0];
+        assert_eq!(c.procs[0].gpu_time_ns, Some(200_000_000));
+        assert_eq!(c.procs[1].gpu_time_ns, Some(500_000_000));
+        assert_eq!(c.gpu_time_ns, Some(700_000_000));
+        // A sample seen again (not newer) adds nothing; a process gone
+        // keeps its time in its container.
+        g.containers[0].procs.truncate(1);
+        clock.add(&mut [s(10, 1_500_000, 40)], &mut g, 1_600_000);
+        assert_eq!(g.containers[0].gpu_time_ns, Some(700_000_000));
+        assert!(!clock.per_pid.contains_key(&11));
     }
 
     #[test]

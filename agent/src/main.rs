@@ -31,11 +31,14 @@ and serves <ledger dir>/agent.sock, through which the processes of
 containers ask it for memory. A container's settings come from the host's
 file <settings dir>/<container id>.env (default CGPU_SETTINGS_DIR, else
 /etc/cgpu/containers; written by cgpuctl settings). --max-per-container:
-connections one container may hold open (default 256).
+connections one container may hold open (default 256). Every pass it also
+charges to each container's row what its processes hold on the device
+beyond what the ledger charges them (contexts, modules, memory taken
+around the library); the row's quota then refuses what no longer fits.
 
 client SOCKET: speaks to a secure agent's socket, one command per line on
-standard input (hello UUID, reserve UUID BYTES, release UUID BYTES), one
-reply per line on standard output.";
+standard input (hello UUID, reserve UUID BYTES, release UUID BYTES, exec
+PROGRAM ARGS...), one reply per line on standard output.";
 
 struct Args {
     once: bool,
@@ -176,6 +179,14 @@ fn main() {
         };
         for (index, uuid, path) in server.gpus() {
             eprintln!("cgpu-agent: secure: GPU {index} {uuid}: {}", path.display());
+        }
+        // The agent owns the books: what the device shows and they do not
+        // is charged to the container's row every pass, the first one
+        // before any request is served (after a restart, the charges of
+        // the previous agent went with it).
+        agent.charge_unseen(settings_dir.clone());
+        for e in &agent.pass().events {
+            eprintln!("{e}");
         }
         eprintln!(
             "cgpu-agent: secure: serving {} (settings from {}, at most {} connections per container, {} rows of running processes taken over)",

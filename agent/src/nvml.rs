@@ -17,7 +17,21 @@ struct ProcessInfo {
     compute_instance_id: u32,
 }
 
+/// `nvmlProcessUtilizationSample_t`: one process's use of the GPU over
+/// one sample period, ending at `time_stamp` (µs since the epoch).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct UtilSample {
+    pid: u32,
+    time_stamp: u64,
+    sm_util: u32,
+    mem_util: u32,
+    enc_util: u32,
+    dec_util: u32,
+}
+
 const SUCCESS: u32 = 0;
+const ERROR_NOT_FOUND: u32 = 6;
 const ERROR_INSUFFICIENT_SIZE: u32 = 7;
 /// `NVML_VALUE_NOT_AVAILABLE` in `usedGpuMemory`.
 const NOT_AVAILABLE: u64 = u64::MAX;
@@ -28,6 +42,7 @@ type GetCount = unsafe extern "C" fn(*mut u32) -> u32;
 type GetHandleByIndex = unsafe extern "C" fn(u32, *mut Device) -> u32;
 type GetUuid = unsafe extern "C" fn(Device, *mut c_char, u32) -> u32;
 type GetMemoryInfo = unsafe extern "C" fn(Device, *mut Memory) -> u32;
+type ProcessUtilization = unsafe extern "C" fn(Device, *mut UtilSample, *mut u32, u64) -> u32;
 
 /// `nvmlMemory_t`.
 #[repr(C)]
@@ -57,8 +72,21 @@ pub struct Nvml {
     by_index: GetHandleByIndex,
     uuid_of: GetUuid,
     memory: GetMemoryInfo,
+    /// `nvmlDeviceGetProcessUtilization`, when the library has it.
+    utilization: Option<ProcessUtilization>,
     /// Keeps the functions above loaded.
     _lib: Library,
+}
+
+/// One process's use of one GPU's compute (SMs) over one sample period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Utilization {
+    /// In the host's PID namespace.
+    pub pid: u32,
+    /// End of the sample period, µs since the epoch.
+    pub time_us: u64,
+    /// Percent of the period its kernels ran.
+    pub sm_percent: u32,
 }
 
 /// One process on one GPU, as the device counts it.
@@ -109,6 +137,10 @@ impl Nvml {
             let memory = *lib
                 .get::<GetMemoryInfo>(b"nvmlDeviceGetMemoryInfo\0")
                 .map_err(|e| e.to_string())?;
+            let utilization = lib
+                .get::<ProcessUtilization>(b"nvmlDeviceGetProcessUtilization\0")
+                .ok()
+                .map(|f| *f);
             Ok(Nvml {
                 handle_by_uuid,
                 running,
@@ -116,6 +148,7 @@ impl Nvml {
                 by_index,
                 uuid_of,
                 memory,
+                utilization,
                 _lib: lib,
             })
         }
@@ -164,6 +197,75 @@ impl Nvml {
             });
         }
         Ok(out)
+    }
+
+    /// The device's per-process utilization samples on the GPU `uuid`
+    /// newer than `since_us` (µs since the epoch; 0: all it keeps).
+    /// `Ok(None)`: this NVML has no per-process utilization.
+    pub fn utilization(
+        &self,
+        uuid: &str,
+        since_us: u64,
+    ) -> Result<Option<Vec<Utilization>>, String> {
+        let Some(get) = self.utilization else {
+            return Ok(None);
+        };
+        let dev = self.device(uuid)?;
+        let mut n = 0u32;
+        // SAFETY: a null buffer with a valid count pointer asks for the
+        // number of samples.
+        let rc = unsafe { get(dev, std::ptr::null_mut(), &mut n, since_us) };
+        match rc {
+            SUCCESS | ERROR_NOT_FOUND => return Ok(Some(Vec::new())),
+            ERROR_INSUFFICIENT_SIZE => {}
+            rc => {
+                return Err(format!(
+                    "nvmlDeviceGetProcessUtilization({uuid}) returned {rc}"
+                ))
+            }
+        }
+        for _ in 0..4 {
+            // Room for processes that come between the two calls.
+            let mut buf = vec![UtilSample::default(); (n as usize + 8).min(1 << 16)];
+            let mut m = buf.len() as u32;
+            // SAFETY: `buf` holds `m` writable samples.
+            let rc = unsafe { get(dev, buf.as_mut_ptr(), &mut m, since_us) };
+            match rc {
+                SUCCESS => {
+                    buf.truncate(m as usize);
+                    return Ok(Some(
+                        buf.iter()
+                            .map(|s| Utilization {
+                                pid: s.pid,
+                                time_us: s.time_stamp,
+                                sm_percent: s.sm_util.min(100),
+                            })
+                            .collect(),
+                    ));
+                }
+                ERROR_NOT_FOUND => return Ok(Some(Vec::new())),
+                ERROR_INSUFFICIENT_SIZE => n = m.max(n * 2),
+                rc => {
+                    return Err(format!(
+                        "nvmlDeviceGetProcessUtilization({uuid}) returned {rc}"
+                    ))
+                }
+            }
+        }
+        Err(format!(
+            "nvmlDeviceGetProcessUtilization({uuid}): the list kept growing"
+        ))
+    }
+
+    fn device(&self, uuid: &str) -> Result<Device, String> {
+        let c = CString::new(uuid).map_err(|_| format!("bad GPU uuid {uuid:?}"))?;
+        let mut dev: Device = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated string and a valid out-pointer.
+        let rc = unsafe { (self.handle_by_uuid)(c.as_ptr(), &mut dev) };
+        if rc != SUCCESS {
+            return Err(format!("nvmlDeviceGetHandleByUUID({uuid}) returned {rc}"));
+        }
+        Ok(dev)
     }
 
     /// The compute processes on the GPU `uuid` and what each holds, or
@@ -220,5 +322,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<ProcessInfo>(), 24);
         assert_eq!(std::mem::offset_of!(ProcessInfo, used_gpu_memory), 8);
         assert_eq!(std::mem::offset_of!(ProcessInfo, compute_instance_id), 20);
+        assert_eq!(std::mem::size_of::<UtilSample>(), 32);
+        assert_eq!(std::mem::offset_of!(UtilSample, time_stamp), 8);
+        assert_eq!(std::mem::offset_of!(UtilSample, sm_util), 16);
     }
 }

@@ -872,7 +872,9 @@ fn raise_fd_limit() {
 /// them), `reconnect`, `bench UUID N` (N timed round trips of a Reserve
 /// and a Release of 4 KiB: p50, p99, max), `lock-read PATH` (hold a read lock on all of a
 /// file, as any reader may), `open-write PATH` (try to open a file for writing,
-/// print the errno). It connects at its first command.
+/// print the errno), `exec PROGRAM ARGS...` (become that program, the
+/// connection kept open: the same process then uses the GPU with what the
+/// agent granted it still charged to it). It connects at its first command.
 pub fn client(sock: &Path) -> i32 {
     use std::io::{BufRead, Write};
     let stdin = std::io::stdin();
@@ -984,6 +986,19 @@ pub fn client(sock: &Path) -> i32 {
                 Ok(_) => "open ok".to_string(),
                 Err(e) => format!("open errno={}", e.raw_os_error().unwrap_or(0)),
             },
+            ["exec", prog, args @ ..] => {
+                // The connection stays open across the exec (same process,
+                // same pid): what it was granted stays this process's.
+                if let Some(c) = fd {
+                    // SAFETY: fcntl on our own descriptor.
+                    unsafe { libc::fcntl(c, libc::F_SETFD, 0) };
+                }
+                let _ = out.flush();
+                let e = std::os::unix::process::CommandExt::exec(
+                    std::process::Command::new(prog).args(args),
+                );
+                format!("exec error {e}")
+            }
             _ => "error unknown command".to_string(),
         };
         let _ = writeln!(out, "{text}");

@@ -191,10 +191,20 @@ impl Rig {
     /// host process).
     fn client(&mut self, id: Option<&str>) -> Client {
         let mut c = Command::new(agent_bin());
+        c.uid(NOBODY).gid(NOBODY);
+        self.client_from(c, id)
+    }
+
+    /// A client process of root in container `id` that reaches the
+    /// simulated GPU (it may `exec` a program that uses it).
+    fn gpu_client(&mut self, id: &str) -> Client {
+        let c = self.sim.command(agent_bin());
+        self.client_from(c, Some(id))
+    }
+
+    fn client_from(&mut self, mut c: Command, id: Option<&str>) -> Client {
         c.arg("client")
             .arg(self.sock())
-            .uid(NOBODY)
-            .gid(NOBODY)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
@@ -463,6 +473,11 @@ fn the_books_are_the_hosts() {
 
     let mut c = rig.client(Some(&a));
     assert_eq!(c.ask(&format!("hello {gpu}")).quota, GIB);
+    // The agent's first pass has written its status file.
+    let t0 = Instant::now();
+    while !rig.dir.join("agent.json").exists() && t0.elapsed() < PATIENCE {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     // The file cannot be opened for writing, nor anything created beside it.
     assert_eq!(
         c.cmd(&format!("open-write {}", path.display())),
@@ -708,4 +723,350 @@ fn round_trips_are_served_and_timed() {
     assert!(out.starts_with("bench n=10000 bad=0 "), "{out}");
     assert_eq!(rig.used(&a), 0);
     eprintln!("Reserve or Release round trip through the agent: {out}");
+}
+
+/// What the simulated driver says live process `pid` holds.
+fn sim_bytes(rig: &Rig, pid: u32) -> u64 {
+    rig.sim
+        .stats()
+        .processes
+        .iter()
+        .filter(|p| p.alive && p.pid == pid)
+        .map(|p| p.mem_bytes)
+        .sum()
+}
+
+/// Waits until the ledger counts `want` for container `id` (at most
+/// [`PATIENCE`]); how long it took.
+fn wait_used(rig: &Rig, id: &str, want: u64) -> Duration {
+    let t0 = Instant::now();
+    while rig.used(id) != want && t0.elapsed() < PATIENCE {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(rig.used(id), want, "container {}", &id[..12]);
+    t0.elapsed()
+}
+
+/// The container named `id[..12]` in the agent's status file once a pass
+/// shows `field` == `want` (at most [`PATIENCE`]).
+fn status_of(rig: &Rig, id: &str, field: &str, want: u64) -> serde_json::Value {
+    let t0 = Instant::now();
+    loop {
+        let doc: Option<serde_json::Value> = std::fs::read(rig.dir.join("agent.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let c = doc.and_then(|d| {
+            d["gpus"][0]["containers"]
+                .as_array()?
+                .iter()
+                .find(|c| c["container_id"].as_str().is_some_and(|x| x == id))
+                .cloned()
+        });
+        match c {
+            Some(c) if c[field] == want => return c,
+            c if t0.elapsed() > PATIENCE => panic!("no {field}={want} for {id}: {c:?}"),
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+impl Client {
+    /// Reads lines until one starts with `prefix`; all of them.
+    fn until(&mut self, prefix: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            let l = self
+                .rx
+                .recv_timeout(PATIENCE)
+                .unwrap_or_else(|_| panic!("no {prefix:?} after {lines:?}"));
+            let done = l.starts_with(prefix);
+            lines.push(l);
+            if done {
+                return lines;
+            }
+        }
+    }
+}
+
+/// The device's truth in the books: a process under the agent holds its
+/// context beyond what it was granted, and processes of the same
+/// container without the library allocate on the device; the agent
+/// charges both to the container's row at its next pass, the row then
+/// refuses what its quota no longer holds, and the bytes go back when the
+/// processes end. The simulated driver's own books give the numbers.
+/// Prints how long each detection took (not asserted).
+#[test]
+fn what_the_device_shows_and_the_books_do_not_is_charged() {
+    let mut rig = Rig::new();
+    rig.kill_agent();
+    rig.start_agent(&["--interval", "500ms"]);
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=2"]);
+    let gpu = rig.uuid.clone();
+    let cuclient = cgpu_testkit::cuclient(cgpu_testkit::LinkMode::Link);
+
+    // A process of the container granted 512 MiB by the agent allocates
+    // them on the device: its context (and nothing else) is unseen.
+    let mut lib = rig.gpu_client(&a);
+    assert_eq!(lib.ask(&format!("hello {gpu}")).status, "Ok");
+    assert_eq!(
+        lib.ask(&format!("reserve {gpu} {}", 512 * MIB)).used,
+        512 * MIB
+    );
+    writeln!(
+        lib.stdin.as_mut().unwrap(),
+        "exec {} alloc {} hold",
+        cuclient.display(),
+        512 * MIB
+    )
+    .unwrap();
+    lib.stdin.as_mut().unwrap().flush().unwrap();
+    let out = lib.until("holding");
+    assert!(out.iter().any(|l| l.starts_with("alloc ok")), "{out:?}");
+    let lib_dev = sim_bytes(&rig, lib.child.id());
+    assert!(lib_dev > 512 * MIB, "the sim counts its context: {lib_dev}");
+    wait_used(&rig, &a, lib_dev);
+    let c = status_of(&rig, &a, "unseen_charged", lib_dev - 512 * MIB);
+    let p = &c["processes"][0];
+    assert_eq!(p["ledger_bytes"], 512 * MIB, "{c}");
+    assert_eq!(p["unseen_bytes"], lib_dev - 512 * MIB, "{c}");
+
+    // Another of its processes holds 600 MiB it was granted (no device
+    // memory yet).
+    let mut tenant = rig.client(Some(&a));
+    assert_eq!(tenant.ask(&format!("hello {gpu}")).status, "Ok");
+    let r = tenant.ask(&format!("reserve {gpu} {}", 600 * MIB));
+    assert_eq!((r.status.as_str(), r.used), ("Ok", lib_dev + 600 * MIB));
+
+    // Processes without the library allocate 512 MiB each, one at a
+    // time: charged at the agent's next pass.
+    let cg = rig.cgroup(&a);
+    let mut times = Vec::new();
+    for i in 0..4 {
+        // Started at different points between two passes.
+        std::thread::sleep(Duration::from_millis(125 * i));
+        let mut bare = rig
+            .sim
+            .command("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo $$ > {}/cgroup.procs && exec {} alloc {} hold",
+                cg.display(),
+                cuclient.display(),
+                512 * MIB
+            ))
+            .env("CUCLIENT_HOLD_MAX_S", "120")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = cgpu_testkit::read_until(&mut bare, "holding", PATIENCE);
+        let t0 = Instant::now();
+        assert!(out.iter().any(|l| l.starts_with("alloc ok")), "{out:?}");
+        let bare_dev = sim_bytes(&rig, bare.id());
+        assert!(bare_dev >= 512 * MIB, "{bare_dev}");
+        let want = lib_dev + 600 * MIB + bare_dev;
+        wait_used(&rig, &a, want);
+        times.push(t0.elapsed());
+        // Over its quota in the books (the device alone shows less than
+        // the quota): refused, and reported.
+        assert!(lib_dev + bare_dev <= 2 * GIB && want > 2 * GIB);
+        let r = tenant.ask(&format!("reserve {gpu} {MIB}"));
+        assert_eq!((r.status.as_str(), r.used), ("OverQuota", want));
+        let c = status_of(&rig, &a, "unseen_charged", lib_dev - 512 * MIB + bare_dev);
+        assert_eq!(c["over_in_books"], true, "{c}");
+        assert_eq!(c["over"], false, "{c}");
+        assert_eq!(c["ledger_used"], want, "{c}");
+        let p = c["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["pid"] == bare.id())
+            .cloned()
+            .unwrap();
+        assert_eq!(
+            (&p["registered"], &p["unseen_bytes"]),
+            (&false.into(), &bare_dev.into()),
+            "{c}"
+        );
+        // cgpu-smi (root, on the host) shows it too.
+        let o = Command::new(artifacts().bin("cgpu-smi"))
+            .arg("--dir")
+            .arg(&rig.dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let seen = v["agent"]["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["id"] == c["name"])
+            .cloned()
+            .unwrap_or_else(|| panic!("{v}"));
+        assert_eq!(
+            seen["unseen_bytes"],
+            lib_dev - 512 * MIB + bare_dev,
+            "{seen}"
+        );
+        let o = Command::new(artifacts().bin("cgpu-smi"))
+            .arg("--dir")
+            .arg(&rig.dir)
+            .output()
+            .unwrap();
+        let table = String::from_utf8_lossy(&o.stdout);
+        let line = format!(
+            "{} MiB unseen by the library, charged by cgpu-agent",
+            (lib_dev - 512 * MIB + bare_dev) / MIB
+        );
+        assert!(table.contains(&line), "{line:?} not in\n{table}");
+
+        // It ends: its part goes back at the next pass.
+        let _ = bare.kill();
+        let _ = bare.wait();
+        wait_used(&rig, &a, lib_dev + 600 * MIB);
+        assert_eq!(tenant.ask(&format!("reserve {gpu} {MIB}")).status, "Ok");
+        assert_eq!(tenant.ask(&format!("release {gpu} {MIB}")).status, "Ok");
+    }
+    times.sort();
+    eprintln!(
+        "memory the library cannot see (a process without it allocating 512 MiB) to the agent's charge in the books, --interval 500ms: min {:?}, median {:?}, max {:?} ({} runs)",
+        times[0],
+        times[times.len() / 2],
+        times[times.len() - 1],
+        times.len()
+    );
+
+    // The agent restarts: the rows of running processes are taken over
+    // and what the device shows beyond them is charged again before the
+    // new agent serves anyone.
+    rig.kill_agent();
+    rig.start_agent(&["--interval", "500ms"]);
+    assert_eq!(rig.used(&a), lib_dev + 600 * MIB);
+    assert_eq!(tenant.cmd("reconnect"), "connected");
+    assert_eq!(
+        tenant.ask(&format!("hello {gpu}")).used,
+        lib_dev + 600 * MIB
+    );
+
+    // The process under the agent ends: what it was granted goes back at
+    // once, its context at the next pass; the tenant's 600 MiB stay.
+    lib.kill();
+    wait_used(&rig, &a, 600 * MIB);
+    assert_eq!(tenant.ask(&format!("release {gpu} {}", 600 * MIB)).used, 0);
+}
+
+/// The status file now, if there is a whole one.
+fn status(rig: &Rig) -> Option<serde_json::Value> {
+    std::fs::read(rig.dir.join("agent.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+}
+
+/// The device's own per-process time, as the agent reads it (NVML's
+/// per-process utilization, integrated over its passes), per container:
+/// a process of the container without the library runs 200 kernels of
+/// 2 ms, one at a time with 8 ms pauses; the agent's number for the
+/// container is the simulated driver's own count for that process, to
+/// within the rounding of NVML's percentages. Prints both.
+#[test]
+fn the_device_time_of_a_container_is_reported() {
+    let mut rig = Rig::new();
+    rig.kill_agent();
+    rig.start_agent(&["--interval", "200ms"]);
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=2"]);
+    let cuclient = cgpu_testkit::cuclient(cgpu_testkit::LinkMode::Link);
+    let cg = rig.cgroup(&a);
+    // Where the agent's last pass before the process ended: the process's
+    // first period starts after it.
+    let t0 = Instant::now();
+    let before = loop {
+        if let Some(t) = status(&rig).and_then(|d| d["time_ns"].as_u64()) {
+            break t;
+        }
+        assert!(t0.elapsed() < PATIENCE, "no status");
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    // Synchronised one by one with pauses: the device is busy a fifth of
+    // the time, so no sample period is ever full (a full one is capped at
+    // 100 % and says less than the device ran).
+    let work = " spin 2000000 1 sleep 8".repeat(200);
+    let mut bare = rig
+        .sim
+        .command("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec {} alloc {}{work} hold",
+            cg.display(),
+            cuclient.display(),
+            MIB
+        ))
+        .env("CUCLIENT_HOLD_MAX_S", "120")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = cgpu_testkit::read_until(&mut bare, "holding", PATIENCE);
+    assert_eq!(
+        out.iter().filter(|l| l.starts_with("spin ok")).count(),
+        200,
+        "{out:?}"
+    );
+    let done_ns = cgpu_ledger::clock::realtime_ns();
+    // Two passes written after the kernels ended: the second one's read
+    // of the device began after they ended.
+    let t0 = Instant::now();
+    let mut after = Vec::new();
+    let (c, last) = loop {
+        if let Some(d) = status(&rig) {
+            let t = d["time_ns"].as_u64().unwrap_or(0);
+            if t > done_ns && !after.contains(&t) {
+                after.push(t);
+            }
+            if after.len() >= 2 {
+                let c = d["gpus"][0]["containers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|c| c["container_id"] == a.as_str())
+                    .cloned()
+                    .unwrap_or_else(|| panic!("{a} not in {d}"));
+                break (c, t);
+            }
+        }
+        assert!(t0.elapsed() < PATIENCE, "no status after the kernels");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let sim: u64 = rig
+        .sim
+        .stats()
+        .processes
+        .iter()
+        .filter(|p| p.pid == bare.id())
+        .map(|p| p.device_time_ns)
+        .sum();
+    assert_eq!(sim, 400_000_000, "the sim ran 200 kernels of 2 ms");
+    let agent = c["device_time_ns"].as_u64().expect("device_time_ns");
+    let p = &c["processes"][0];
+    assert_eq!(p["pid"], bare.id());
+    assert_eq!(p["device_time_ns"], agent, "{c}");
+    // NVML's percentages are whole: each sample period is off by at most
+    // half a percent of its length, and the periods lie between the pass
+    // before the process began (at most a second before the status file
+    // read then said) and the last one read.
+    let watched = last - before + 1_000_000_000;
+    let slack = watched / 200 + 1_000_000;
+    eprintln!(
+        "device time of the container: agent {agent} ns (NVML per-process utilization, every 200ms), simulated driver {sim} ns, allowed ±{slack} ns"
+    );
+    assert!(
+        agent + slack >= sim && agent <= sim + slack,
+        "agent {agent} ns, sim {sim} ns, ±{slack}: {c}"
+    );
+    let _ = bare.kill();
+    let _ = bare.wait();
 }

@@ -58,6 +58,12 @@ struct FileContainer {
     enforce_off: bool,
     device_bytes: u64,
     over: bool,
+    /// Secure mode: bytes its processes hold on the device beyond what the
+    /// ledger charged them, charged to its row by the agent.
+    #[serde(default)]
+    unseen_charged: u64,
+    #[serde(default)]
+    device_time_ns: Option<u64>,
     processes: Vec<FileProcess>,
 }
 
@@ -105,6 +111,15 @@ pub struct AgentContainer {
     pub enforce_off: bool,
     /// It holds more than its quota by the device's numbers.
     pub over: bool,
+    /// Bytes its processes hold on the device that the library did not
+    /// charge (contexts, modules, memory taken around it), which the agent
+    /// charged to its row (secure mode; 0 otherwise).
+    #[serde(default)]
+    pub unseen_bytes: u64,
+    /// Device time of its processes since the agent started, ns (`None`
+    /// when the device does not report per-process time).
+    #[serde(default)]
+    pub device_time_ns: Option<u64>,
     pub processes: Vec<AgentProcess>,
 }
 
@@ -313,6 +328,8 @@ pub fn load(path: &Path, r: &Report) -> Option<AgentView> {
                 quota_bytes: c.quota,
                 enforce_off: c.enforce_off,
                 over: c.over,
+                unseen_bytes: c.unseen_charged,
+                device_time_ns: c.device_time_ns,
                 processes: c
                     .processes
                     .into_iter()

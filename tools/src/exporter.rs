@@ -157,6 +157,18 @@ pub fn render(r: &Report) -> String {
         "1 if the container holds more than its quota by the device's numbers (cgpu-agent), else 0.",
         CONTAINER,
     );
+    let unseen = gauge(
+        &reg,
+        "CGPU_UNSEEN_FB_CHARGED",
+        "GPU memory the container's processes hold beyond what the library charged them (contexts, modules, processes outside it), charged to its quota by cgpu-agent in secure mode (in MiB).",
+        CONTAINER,
+    );
+    let device_time = gauge(
+        &reg,
+        "CGPU_DEVICE_TIME_SECONDS",
+        "Device time of the container's processes since cgpu-agent started, from the device's per-process utilization (in seconds).",
+        CONTAINER,
+    );
 
     let mb = |b: u64| b as f64 / MIB as f64;
     if let Some(a) = &r.agent {
@@ -172,6 +184,10 @@ pub fn render(r: &Report) -> String {
             over_quota
                 .with_label_values(&cl)
                 .set(if c.over { 1.0 } else { 0.0 });
+            unseen.with_label_values(&cl).add(mb(c.unseen_bytes));
+            if let Some(ns) = c.device_time_ns {
+                device_time.with_label_values(&cl).add(ns as f64 / 1e9);
+            }
         }
     }
     for e in &r.gpus {

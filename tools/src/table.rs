@@ -104,6 +104,15 @@ pub fn render(r: &Report, detail: bool) -> String {
                         ),
                     );
                 }
+                if d.unseen_bytes > 0 {
+                    wide(
+                        &mut out,
+                        &format!(
+                            "   {} MiB unseen by the library, charged by cgpu-agent",
+                            mib(d.unseen_bytes)
+                        ),
+                    );
+                }
             }
             // A container held back for lack of weight is always shown as
             // such; one waiting for its turn only in the detailed view.

@@ -637,6 +637,8 @@ fn smi_and_exporter_show_what_the_agent_saw() {
     for n in [
         "CGPU_DEVICE_FB_USED",
         "CGPU_OVER_QUOTA",
+        "CGPU_UNSEEN_FB_CHARGED",
+        "CGPU_DEVICE_TIME_SECONDS",
         "CGPU_AGENT_STATUS_AGE_SECONDS",
     ] {
         assert_eq!(
@@ -665,6 +667,8 @@ fn smi_and_exporter_show_what_the_agent_saw() {
     );
     assert_eq!(at("CGPU_OVER_QUOTA", "team-1"), 1.0);
     assert_eq!(at("CGPU_OVER_QUOTA", "beta"), 0.0);
+    // Not secure mode: nothing is charged beyond the library's books.
+    assert_eq!(at("CGPU_UNSEEN_FB_CHARGED", "team-1"), 0.0);
     let age = find(&samples, "CGPU_AGENT_STATUS_AGE_SECONDS", &[])
         .unwrap()
         .value;
