@@ -14,7 +14,7 @@ use cgpu_testkit::{artifacts, SimEnv};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver};
@@ -171,15 +171,21 @@ impl Rig {
         );
     }
 
-    /// A cgroup named by container id `id` (v1 `pids` hierarchy).
+    /// A cgroup named by container id `id`: in the unified hierarchy on a
+    /// cgroup v2 host, else in v1's `pids` hierarchy.
     fn cgroup(&mut self, id: &str) -> PathBuf {
+        let base = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+            "/sys/fs/cgroup"
+        } else {
+            "/sys/fs/cgroup/pids"
+        };
         let parent = PathBuf::from(format!(
-            "/sys/fs/cgroup/pids/cgpu-test-{}-{}",
+            "{base}/cgpu-test-{}-{}",
             std::process::id(),
             self.sim.state_dir.file_name().unwrap().to_string_lossy()
         ));
         let p = parent.join(id);
-        std::fs::create_dir_all(&p).expect("create a cgroup (root, cgroup v1 pids)");
+        std::fs::create_dir_all(&p).expect("create a cgroup (root; cgroup v2, or v1 with pids)");
         if !self.cgroups.contains(&parent) {
             self.cgroups.push(parent);
         }
