@@ -448,7 +448,13 @@ impl SecureAccount {
             "{}: allocations on this GPU are refused (out of memory): {cause}; fix: {fix}. cgpu asks again at the next allocation and accepts allocations as soon as the agent answers",
             self.gpu
         );
-        let h = hash(&msg);
+        // Once per kind of cause (not per detail: an agent that closed the
+        // connection, then refuses new ones, is one outage).
+        let kind = match f {
+            Fault::Unreachable(_) => "unreachable".to_string(),
+            Fault::Refused(s) => format!("{s:?}"),
+        };
+        let h = hash(&kind).max(1);
         if self.said.swap(h, Ordering::Relaxed) != h {
             tracing::error!("{msg}");
         }
