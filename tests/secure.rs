@@ -427,3 +427,34 @@ fn a_tenant_cannot_write_the_books_and_the_mapping_is_read_only() {
     assert!(before == after, "the books moved");
     assert_eq!(row_used(&m), 4 * MIB);
 }
+
+#[test]
+fn a_forked_child_does_not_keep_its_parents_connection() {
+    let (m, _agent) = secure_machine("fork", 64 * MIB);
+    let mut k = Kid::spawn(tenant(
+        &m,
+        &["alloc", "16777216", "fork_sleep", "120", "ready", "hold"],
+    ));
+    assert!(k.line().starts_with("alloc ok"));
+    let child: i32 = k
+        .line()
+        .split("child=")
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .expect("fork_sleep ok child=<pid>");
+    assert_eq!(k.line(), "ready");
+    assert_eq!(row_used(&m), 16 * MIB);
+    // SAFETY: kill(2) of our child, then of its child.
+    unsafe { libc::kill(k.0.id() as i32, libc::SIGKILL) };
+    let _ = k.0.wait();
+    let back = eventually(Duration::from_secs(60), || row_used(&m) == 0);
+    // The grandchild still lives: it must not have kept the connection open.
+    let alive = Path::new(&format!("/proc/{child}")).exists();
+    // SAFETY: as above.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    assert!(alive, "the forked child lived through the check");
+    assert!(
+        back.is_some(),
+        "the parent's bytes came back while its child lives"
+    );
+}
