@@ -8,6 +8,7 @@
 //! and, by policy, its offending processes are stopped or killed.
 
 pub mod nvml;
+pub mod secure;
 
 use cgpu_ledger::identity::{self, Identity, Source};
 use cgpu_ledger::{Ledger, Snapshot};

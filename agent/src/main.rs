@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 const USAGE: &str = "usage: cgpu-agent [--once] [--interval DURATION] [--ledger-dir DIR]
                   [--status-file PATH] [--policy report|stop|kill] [--include-host]
+                  [--secure [--settings-dir DIR] [--max-per-container N]]
+       cgpu-agent client SOCKET
 
 Every interval (default 500ms) reads what each process holds on each GPU
 (NVML), maps it to its container and compares each container's sum with its
@@ -20,10 +22,26 @@ named by the host rule: CGPU_CONTAINER_ID in their environment, else the
 hostname).
 
 --once: one pass, print the status JSON, exit 0 if every container is within
-its quota, 3 if any is over, 1 if a GPU could not be checked.";
+its quota, 3 if any is over, 1 if a GPU could not be checked.
+
+--secure: the agent also owns the books. It makes the ledger directory
+root's (mode 0755; it refuses one writable by others or not root's),
+creates each GPU's ledger there readable by all and writable by root only,
+and serves <ledger dir>/agent.sock, through which the processes of
+containers ask it for memory. A container's settings come from the host's
+file <settings dir>/<container id>.env (default CGPU_SETTINGS_DIR, else
+/etc/cgpu/containers; written by cgpuctl settings). --max-per-container:
+connections one container may hold open (default 256).
+
+client SOCKET: speaks to a secure agent's socket, one command per line on
+standard input (hello UUID, reserve UUID BYTES, release UUID BYTES), one
+reply per line on standard output.";
 
 struct Args {
     once: bool,
+    secure: bool,
+    settings_dir: Option<PathBuf>,
+    max_per_container: usize,
     interval: Duration,
     status_file: Option<PathBuf>,
     opts: Options,
@@ -46,6 +64,9 @@ fn parse_duration(s: &str) -> Option<Duration> {
 fn parse_args() -> Result<Args, String> {
     let mut a = Args {
         once: false,
+        secure: false,
+        settings_dir: None,
+        max_per_container: cgpu_agent::secure::MAX_PER_CONTAINER,
         interval: Duration::from_millis(500),
         status_file: None,
         opts: Options {
@@ -69,6 +90,14 @@ fn parse_args() -> Result<Args, String> {
         };
         match flag.as_str() {
             "--once" => a.once = true,
+            "--secure" => a.secure = true,
+            "--settings-dir" => a.settings_dir = Some(PathBuf::from(value("a directory")?)),
+            "--max-per-container" => {
+                let v = value("a number")?;
+                a.max_per_container = v.parse().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    format!("--max-per-container {v}: expected a positive number")
+                })?;
+            }
             "--include-host" => a.opts.include_host = true,
             "--interval" => {
                 let v = value("a duration (500ms, 1s)")?;
@@ -96,10 +125,21 @@ fn parse_args() -> Result<Args, String> {
             a.opts.ledger_dir.display()
         ));
     }
+    if a.secure && a.once {
+        return Err("--secure serves until stopped; it does not go with --once".into());
+    }
     Ok(a)
 }
 
 fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("client") {
+        let Some(sock) = argv.get(2) else {
+            eprintln!("cgpu-agent: client needs the socket's path\n{USAGE}");
+            std::process::exit(2);
+        };
+        std::process::exit(cgpu_agent::secure::client(std::path::Path::new(sock)));
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -114,6 +154,41 @@ fn main() {
             std::process::exit(1);
         }
     };
+    if args.secure {
+        let settings_dir = args
+            .settings_dir
+            .clone()
+            .unwrap_or_else(cgpu_agent::secure::default_settings_dir);
+        let opts = cgpu_agent::secure::SecureOptions {
+            ledger_dir: args.opts.ledger_dir.clone(),
+            settings_dir: settings_dir.clone(),
+            max_per_container: args.max_per_container,
+            max_connections: cgpu_agent::secure::MAX_CONNECTIONS,
+        };
+        let server = cgpu_agent::nvml::Nvml::open()
+            .and_then(|nvml| cgpu_agent::secure::Server::start(opts, &nvml));
+        let server = match server {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("cgpu-agent: secure mode cannot start: {e}");
+                std::process::exit(1);
+            }
+        };
+        for (index, uuid, path) in server.gpus() {
+            eprintln!("cgpu-agent: secure: GPU {index} {uuid}: {}", path.display());
+        }
+        eprintln!(
+            "cgpu-agent: secure: serving {} (settings from {}, at most {} connections per container, {} rows of running processes taken over)",
+            args.opts.ledger_dir.join(cgpu_ledger::wire::SOCKET_NAME).display(),
+            settings_dir.display(),
+            args.max_per_container,
+            server.orphans()
+        );
+        std::thread::Builder::new()
+            .name("cgpu-secure".into())
+            .spawn(move || server.run())
+            .expect("spawn the server thread");
+    }
     let status_file = args
         .status_file
         .clone()

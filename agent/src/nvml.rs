@@ -24,11 +24,39 @@ const NOT_AVAILABLE: u64 = u64::MAX;
 
 type GetHandleByUuid = unsafe extern "C" fn(*const c_char, *mut Device) -> u32;
 type RunningProcesses = unsafe extern "C" fn(Device, *mut u32, *mut ProcessInfo) -> u32;
+type GetCount = unsafe extern "C" fn(*mut u32) -> u32;
+type GetHandleByIndex = unsafe extern "C" fn(u32, *mut Device) -> u32;
+type GetUuid = unsafe extern "C" fn(Device, *mut c_char, u32) -> u32;
+type GetMemoryInfo = unsafe extern "C" fn(Device, *mut Memory) -> u32;
+
+/// `nvmlMemory_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Memory {
+    total: u64,
+    free: u64,
+    used: u64,
+}
+
+/// One GPU as NVML lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// NVML's index (the host's numbering).
+    pub index: u32,
+    /// `GPU-…`.
+    pub uuid: String,
+    /// Its memory, bytes.
+    pub total: u64,
+}
 
 /// NVML, initialised.
 pub struct Nvml {
     handle_by_uuid: GetHandleByUuid,
     running: RunningProcesses,
+    count: GetCount,
+    by_index: GetHandleByIndex,
+    uuid_of: GetUuid,
+    memory: GetMemoryInfo,
     /// Keeps the functions above loaded.
     _lib: Library,
 }
@@ -69,12 +97,73 @@ impl Nvml {
                         .get::<RunningProcesses>(b"nvmlDeviceGetComputeRunningProcesses_v2\0")
                         .map_err(|e| e.to_string())?,
                 };
+            let count = *lib
+                .get::<GetCount>(b"nvmlDeviceGetCount_v2\0")
+                .map_err(|e| e.to_string())?;
+            let by_index = *lib
+                .get::<GetHandleByIndex>(b"nvmlDeviceGetHandleByIndex_v2\0")
+                .map_err(|e| e.to_string())?;
+            let uuid_of = *lib
+                .get::<GetUuid>(b"nvmlDeviceGetUUID\0")
+                .map_err(|e| e.to_string())?;
+            let memory = *lib
+                .get::<GetMemoryInfo>(b"nvmlDeviceGetMemoryInfo\0")
+                .map_err(|e| e.to_string())?;
             Ok(Nvml {
                 handle_by_uuid,
                 running,
+                count,
+                by_index,
+                uuid_of,
+                memory,
                 _lib: lib,
             })
         }
+    }
+
+    /// Every GPU NVML lists: index, UUID and memory; or why not.
+    pub fn gpus(&self) -> Result<Vec<GpuInfo>, String> {
+        let mut n = 0u32;
+        // SAFETY: a valid out-pointer.
+        let rc = unsafe { (self.count)(&mut n) };
+        if rc != SUCCESS {
+            return Err(format!("nvmlDeviceGetCount_v2 returned {rc}"));
+        }
+        let mut out = Vec::new();
+        for index in 0..n {
+            let mut dev: Device = std::ptr::null_mut();
+            // SAFETY: a valid out-pointer.
+            let rc = unsafe { (self.by_index)(index, &mut dev) };
+            if rc != SUCCESS {
+                return Err(format!(
+                    "nvmlDeviceGetHandleByIndex_v2({index}) returned {rc}"
+                ));
+            }
+            let mut buf = [0 as c_char; 96];
+            // SAFETY: `buf` holds `buf.len()` writable bytes.
+            let rc = unsafe { (self.uuid_of)(dev, buf.as_mut_ptr(), buf.len() as u32) };
+            if rc != SUCCESS {
+                return Err(format!("nvmlDeviceGetUUID({index}) returned {rc}"));
+            }
+            let bytes: Vec<u8> = buf
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            let uuid = String::from_utf8_lossy(&bytes).into_owned();
+            let mut mem = Memory::default();
+            // SAFETY: a valid out-pointer to an `nvmlMemory_t`.
+            let rc = unsafe { (self.memory)(dev, &mut mem) };
+            if rc != SUCCESS {
+                return Err(format!("nvmlDeviceGetMemoryInfo({index}) returned {rc}"));
+            }
+            out.push(GpuInfo {
+                index,
+                uuid,
+                total: mem.total,
+            });
+        }
+        Ok(out)
     }
 
     /// The compute processes on the GPU `uuid` and what each holds, or

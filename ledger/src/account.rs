@@ -287,7 +287,14 @@ impl Account {
         };
         let lost = *self.lost.lock();
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            file::open_or_create(&p.dir, &p.uuid, p.gpu_index, p.physical_total, lost)
+            file::open_or_create(
+                &p.dir,
+                &p.uuid,
+                p.gpu_index,
+                p.physical_total,
+                lost,
+                SHARED_MODE,
+            )
         }))
         .unwrap_or_else(|_| {
             Err(LedgerError::io(

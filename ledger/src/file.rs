@@ -173,6 +173,12 @@ pub(super) fn writable(dir: &Path) -> bool {
 /// is closed again and refused; a device node is refused before it is
 /// opened, unless swapped in between).
 fn open_fd(path: &Path, flags: libc::c_int) -> Result<i32, LedgerError> {
+    open_fd_mode(path, flags, 0o666)
+}
+
+/// [`open_fd`], creating (with `O_CREAT`) a file of permissions `mode`
+/// (less the umask).
+fn open_fd_mode(path: &Path, flags: libc::c_int, mode: u32) -> Result<i32, LedgerError> {
     let c = cpath(path)?;
     let not_regular = || {
         LedgerError::io(
@@ -193,7 +199,7 @@ fn open_fd(path: &Path, flags: libc::c_int) -> Result<i32, LedgerError> {
         libc::open(
             c.as_ptr(),
             flags | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
-            0o666 as libc::c_uint,
+            mode as libc::c_uint,
         )
     };
     if fd < 0 {
@@ -470,6 +476,7 @@ pub(super) fn open_or_create(
     gpu_index: u32,
     physical_total: u64,
     damaged: Option<(u64, u64)>,
+    mode: u32,
 ) -> Result<Ledger, LedgerError> {
     if uuid.is_empty()
         || uuid.len() >= UUID_LEN
@@ -505,7 +512,7 @@ pub(super) fn open_or_create(
                 why: format!("holds GPU {:?}, expected {uuid:?}", l.uuid()),
             },
             Err(LedgerError::Io { err, .. }) if err.kind() == io::ErrorKind::NotFound => {
-                create(dir, &path, uuid, gpu_index, physical_total)?;
+                create(dir, &path, uuid, gpu_index, physical_total, mode)?;
                 continue;
             }
             Err(e @ LedgerError::Corrupt { .. }) => e,
@@ -523,7 +530,7 @@ pub(super) fn open_or_create(
             Err(e) => return Err(e),
         };
         let next = generation_path(dir, uuid, g + 1);
-        create(dir, &next, uuid, gpu_index, physical_total)?;
+        create(dir, &next, uuid, gpu_index, physical_total, mode)?;
         tracing::warn!(
             "{damaged}: built the next generation {} (processes still using the damaged one move to it, re-registering what they hold)",
             next.display()
@@ -572,26 +579,30 @@ fn remove_older(dir: &Path, uuid: &str, keep: u64) {
     }
 }
 
-/// Build a complete ledger under a temporary name and link it into place.
-/// `Ok` also when another process created it first.
+/// Build a complete ledger of permissions `mode` under a temporary name
+/// and link it into place. `Ok` also when another process created it first.
 fn create(
     dir: &Path,
     path: &Path,
     uuid: &str,
     gpu_index: u32,
     physical_total: u64,
+    mode: u32,
 ) -> Result<(), LedgerError> {
     let tmp = dir.join(format!(
         ".{uuid}.ledger.tmp-{}-{}",
         std::process::id(),
         realtime_ns()
     ));
-    let fd = open_fd(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)?;
+    // Created for its owner alone, then given its mode: whoever the mode
+    // leaves out never opens it for writing, not even under its
+    // temporary name.
+    let fd = open_fd_mode(&tmp, libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, 0o600)?;
     let result = (|| {
         // SAFETY: plain syscalls on the fd we just created.
         unsafe {
-            // Readable and writable by every uid, whatever the umask.
-            libc::fchmod(fd, 0o666);
+            // `mode` exactly, whatever the umask.
+            libc::fchmod(fd, mode as libc::mode_t);
         }
         // Every page is given its space now: a file with holes would get
         // SIGBUS on the first write to a hole once the filesystem is full.

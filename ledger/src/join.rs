@@ -190,6 +190,35 @@ impl Ledger {
         None
     }
 
+    /// Take over live process slot `i` whose liveness lock nobody holds
+    /// (the node agent that held it for its process restarted, and the
+    /// process still runs): hold its lock through this handle from now on
+    /// and return its membership, what it holds still counted. `None` when
+    /// the slot is not live or another holds its lock. Only the node agent
+    /// calls this, after checking that the process the slot names is alive.
+    pub fn adopt(&self, i: usize) -> Option<Membership> {
+        if i >= MAX_PROCESSES {
+            return None;
+        }
+        let fd = self.fd().ok()?;
+        let _g = self.lock_table().ok()?;
+        let f = self.file();
+        let p = &f.processes[i];
+        let c = p.container.load(Ordering::Acquire) as usize;
+        if p.state.load(Ordering::Acquire) != SLOT_LIVE
+            || c >= MAX_CONTAINERS
+            || f.containers[c].state.load(Ordering::Acquire) != SLOT_LIVE
+            || self.is_alive(i)
+        {
+            return None;
+        }
+        let len = std::mem::size_of::<ProcessSlot>() as u64;
+        match lock::try_lock(fd, process_slot_offset(i), len) {
+            Ok(true) => Some(Membership::new(c, i)),
+            _ => None,
+        }
+    }
+
     /// Under the table lock: free container slot `c` (its knobs go with it).
     pub(crate) fn free_container(&self, c: usize) {
         let s = &self.file().containers[c];

@@ -118,6 +118,13 @@ pub const DEFAULT_DIR: &str = "/run/cgpu";
 /// [`DEFAULT_DIR`], as a list.
 pub const DEFAULT_DIRS: [&str; 1] = [DEFAULT_DIR];
 
+/// Permissions of a ledger in the cooperative mode: every process of
+/// every uid reads and writes the books.
+pub const SHARED_MODE: u32 = 0o666;
+/// Permissions of a ledger the node agent owns (secure mode): its owner
+/// writes, everyone else only reads.
+pub const AGENT_MODE: u32 = 0o644;
+
 /// `JoinRequest::quota` value meaning "explicitly not limited" (a `0` inside
 /// `ALIYUN_COM_GPU_MEM_CONTAINER`'s list); a plain 0 means "no quota set",
 /// which gets the GPU's `default_memsize`.

@@ -64,7 +64,20 @@ impl Ledger {
         gpu_index: u32,
         physical_total: u64,
     ) -> Result<Ledger, LedgerError> {
-        file::open_or_create(dir, uuid, gpu_index, physical_total, None)
+        file::open_or_create(dir, uuid, gpu_index, physical_total, None, SHARED_MODE)
+    }
+    /// [`Ledger::open_or_create`], creating the file (and any later
+    /// generation) with permissions `mode`: [`SHARED_MODE`] for the
+    /// cooperative mode, [`AGENT_MODE`] for a ledger only its owner (the
+    /// node agent) writes. An existing file keeps its permissions.
+    pub fn open_or_create_mode(
+        dir: &Path,
+        uuid: &str,
+        gpu_index: u32,
+        physical_total: u64,
+        mode: u32,
+    ) -> Result<Ledger, LedgerError> {
+        file::open_or_create(dir, uuid, gpu_index, physical_total, None, mode)
     }
     /// Open an existing ledger for reading and knob writes (tools). Validates
     /// magic, version and size; never creates, never joins.

@@ -1,0 +1,975 @@
+//! Secure mode (`cgpu-agent --secure`): the agent alone writes the books.
+//!
+//! The agent owns the ledger directory (root's, mode 0755) and each GPU's
+//! ledger in it (root's, mode 0644: containers map it and read it, never
+//! write it). Processes of containers ask it for memory over a
+//! `SOCK_SEQPACKET` socket, `<ledger dir>/agent.sock` (mode 0666: any
+//! process may connect), in the fixed messages of [`cgpu_ledger::wire`].
+//! Who asks comes from the kernel: the socket's peer credentials give the
+//! caller's pid on the host, and what the host sees of that pid (mounts,
+//! cgroup, PID namespace) gives its container. What a container may have
+//! comes from the host's settings file for it, never from the caller.
+//!
+//! One thread serves every connection from one `epoll` loop: a request
+//! is a few atomic operations on the mapped ledger, so no caller waits for
+//! another's work, and a flood of connections costs a descriptor each, not
+//! a thread. Connections are capped per container
+//! ([`SecureOptions::max_per_container`]) and in all ([`SecureOptions::max_connections`]).
+//!
+//! When a connection closes (its process exited or died: the kernel
+//! closes its sockets), everything it held is given back and its process
+//! slots freed, in the same turn of the loop.
+
+use crate::nvml::{GpuInfo, Nvml};
+use cgpu_ledger::identity::Identity;
+use cgpu_ledger::settings::{self, DeviceSel, Mode};
+use cgpu_ledger::wire::{self, Op, Reply, Request, Status, REPLY_LEN, REQUEST_LEN};
+use cgpu_ledger::{JoinRequest, Ledger, Membership, AGENT_MODE, QUOTA_UNLIMITED};
+use std::collections::HashMap;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// What secure mode is given.
+#[derive(Debug, Clone)]
+pub struct SecureOptions {
+    /// The ledger directory the agent owns.
+    pub ledger_dir: PathBuf,
+    /// The host's per-container settings (`<dir>/<container id>.env`).
+    pub settings_dir: PathBuf,
+    /// Connections one container may hold open at once; more are closed
+    /// as they come.
+    pub max_per_container: usize,
+    /// Connections in all.
+    pub max_connections: usize,
+}
+
+/// Default [`SecureOptions::max_per_container`]: a process of the library
+/// holds one connection; 256 processes of one container on one node is
+/// already far more than GPUs can serve.
+pub const MAX_PER_CONTAINER: usize = 256;
+/// Default [`SecureOptions::max_connections`].
+pub const MAX_CONNECTIONS: usize = 8192;
+
+/// How long a Hello waits for a ledger's table lock before it answers
+/// [`Status::Busy`] (the loop serves everyone else meanwhile only after it).
+const JOIN_WAIT: Duration = Duration::from_millis(20);
+/// How often processes whose rows were adopted after a restart, and that
+/// have not said Hello again, are checked for life.
+const ORPHAN_CHECK: Duration = Duration::from_millis(200);
+/// Requests served from one connection per turn of the loop (fairness).
+const BURST: usize = 64;
+
+/// The settings directory when neither `--settings-dir` nor
+/// `CGPU_SETTINGS_DIR` names one.
+pub fn default_settings_dir() -> PathBuf {
+    match std::env::var_os("CGPU_SETTINGS_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(settings::DEFAULT_SETTINGS_DIR),
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Make sure `dir` is a directory only root writes: create it (0755) when
+/// missing; refuse one that is a link, not root's, or writable by others.
+pub fn own_dir(dir: &Path) -> Result<(), String> {
+    if !is_root() {
+        return Err("secure mode runs as root (it owns the ledger directory)".into());
+    }
+    if !dir.is_absolute() {
+        return Err(format!("{}: expected an absolute path", dir.display()));
+    }
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| format!("cannot chmod {}: {e}", dir.display()))?;
+            Ok(())
+        }
+        Err(e) => Err(format!("{}: {e}", dir.display())),
+        Ok(m) if m.file_type().is_symlink() => Err(format!(
+            "{} is a symbolic link: secure mode owns a real directory",
+            dir.display()
+        )),
+        Ok(m) if !m.is_dir() => Err(format!("{} is not a directory", dir.display())),
+        Ok(m) if m.uid() != 0 => Err(format!(
+            "{} is owned by uid {}, not root: in secure mode only root may write the books (chown root {0}, or start with another --ledger-dir)",
+            dir.display(),
+            m.uid()
+        )),
+        Ok(m) if m.mode() & 0o022 != 0 => Err(format!(
+            "{} has mode {:o}: writable by others, it lets them replace the books (chmod 755 {0}; containers then only read it)",
+            dir.display(),
+            m.mode() & 0o7777
+        )),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// One GPU served.
+struct Gpu {
+    info: GpuInfo,
+    ledger: Ledger,
+}
+
+/// One connection's place on one GPU.
+struct Joined {
+    gpu: usize,
+    m: Membership,
+}
+
+/// What the kernel says of a connection's process.
+#[derive(Debug, Clone)]
+struct Peer {
+    /// On the host.
+    pid: u32,
+    /// In its own PID namespace (what it calls itself).
+    nspid: i32,
+    pidns: u64,
+    /// `starttime` of `/proc/<pid>/stat`.
+    start: u64,
+}
+
+struct Conn {
+    fd: i32,
+    peer: Option<Peer>,
+    ident: Option<Identity>,
+    joined: Vec<Joined>,
+}
+
+/// A row adopted after a restart whose process has not said Hello again.
+struct Orphan {
+    gpu: usize,
+    pid: u32,
+    start: u64,
+    m: Membership,
+}
+
+/// The server's state.
+pub struct Server {
+    opts: SecureOptions,
+    gpus: Vec<Gpu>,
+    listen: i32,
+    epoll: i32,
+    conns: HashMap<i32, Conn>,
+    per_container: HashMap<u64, usize>,
+    orphans: Vec<Orphan>,
+    /// Time from a connection's end being seen to its bytes being back,
+    /// the last one (ns), for the log.
+    pub last_release_ns: u64,
+}
+
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// `starttime` (field 22) of `/proc/<pid>/stat`.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The pid a process has in its own PID namespace (last of `NSpid`).
+fn ns_pid(pid: u32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("NSpid:"))?;
+    line.split_whitespace().last()?.parse().ok()
+}
+
+fn pidns_of(pid: u32) -> u64 {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid"))
+        .ok()
+        .and_then(|l| {
+            l.to_str()?
+                .strip_prefix("pid:[")?
+                .strip_suffix(']')?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0)
+}
+
+/// Is another agent serving `sock`? (It answers a connection.)
+pub fn agent_alive(sock: &Path) -> bool {
+    let Ok(fd) = seqpacket() else { return false };
+    let ok = connect(fd, sock).is_ok();
+    // SAFETY: our descriptor.
+    unsafe { libc::close(fd) };
+    ok
+}
+
+fn seqpacket() -> std::io::Result<i32> {
+    // SAFETY: plain socket(2).
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        Err(errno())
+    } else {
+        Ok(fd)
+    }
+}
+
+fn sockaddr(path: &Path) -> std::io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: an all-zero sockaddr_un is valid.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = path.as_os_str().as_bytes();
+    if b.len() >= a.sun_path.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}: too long for a socket path", path.display()),
+        ));
+    }
+    for (d, s) in a.sun_path.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + b.len() + 1) as libc::socklen_t;
+    Ok((a, len))
+}
+
+/// Connects `fd` to the socket at `path`.
+pub fn connect(fd: i32, path: &Path) -> std::io::Result<()> {
+    let (a, len) = sockaddr(path)?;
+    // SAFETY: a valid address of `len` bytes.
+    if unsafe { libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len) } != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+/// Opens a connection to the agent's socket at `path`.
+pub fn connect_to(path: &Path) -> std::io::Result<i32> {
+    let fd = seqpacket()?;
+    match connect(fd, path) {
+        Ok(()) => Ok(fd),
+        Err(e) => {
+            // SAFETY: our descriptor.
+            unsafe { libc::close(fd) };
+            Err(e)
+        }
+    }
+}
+
+fn ucred(fd: i32) -> Option<libc::ucred> {
+    // SAFETY: an all-zero ucred is valid; getsockopt writes at most `len`.
+    let mut c: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: as above.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut c as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0).then_some(c)
+}
+
+impl Server {
+    /// Takes the ledger directory, opens (creating) every GPU's ledger,
+    /// adopts the rows of live processes a previous agent served, and
+    /// listens. Every failure is one message.
+    pub fn start(opts: SecureOptions, nvml: &Nvml) -> Result<Server, String> {
+        own_dir(&opts.ledger_dir)?;
+        let sock = opts.ledger_dir.join(wire::SOCKET_NAME);
+        if agent_alive(&sock) {
+            return Err(format!(
+                "another agent already serves {}: one agent per ledger directory",
+                sock.display()
+            ));
+        }
+        let infos = nvml.gpus()?;
+        if infos.is_empty() {
+            return Err("NVML lists no GPU".into());
+        }
+        let mut gpus = Vec::new();
+        for info in infos {
+            // An existing ledger is opened as it is (opening to create
+            // reaps, and the rows of running processes whose agent was this
+            // one's predecessor must be taken over first: nobody holds
+            // their liveness locks now).
+            let live = Ledger::live_path(&opts.ledger_dir, &info.uuid);
+            let ledger = match std::fs::symlink_metadata(&live) {
+                Ok(_) => Ledger::open(&live).and_then(|l| {
+                    if l.uuid() == info.uuid {
+                        Ok(l)
+                    } else {
+                        Err(cgpu_ledger::LedgerError::Corrupt {
+                            path: live.clone(),
+                            why: format!("holds GPU {:?}", l.uuid()),
+                        })
+                    }
+                }),
+                Err(_) => Ledger::open_or_create_mode(
+                    &opts.ledger_dir,
+                    &info.uuid,
+                    info.index,
+                    info.total,
+                    AGENT_MODE,
+                ),
+            }
+            .map_err(|e| format!("GPU {}: {e}", info.uuid))?;
+            // A ledger left by the cooperative mode is every uid's: make it
+            // the agent's.
+            let path = ledger.path().to_owned();
+            let m =
+                std::fs::symlink_metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            if m.uid() != 0 {
+                std::os::unix::fs::chown(&path, Some(0), Some(0))
+                    .map_err(|e| format!("cannot chown {}: {e}", path.display()))?;
+            }
+            if m.mode() & 0o7777 != AGENT_MODE {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(AGENT_MODE))
+                    .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
+            }
+            gpus.push(Gpu { info, ledger });
+        }
+        let orphans = adopt_live(&gpus);
+
+        // A socket left by a previous agent (not answering: checked above)
+        // is replaced; anything else of that name is not ours to remove.
+        match std::fs::symlink_metadata(&sock) {
+            Ok(m) if std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()) => {
+                std::fs::remove_file(&sock)
+                    .map_err(|e| format!("cannot remove the stale {}: {e}", sock.display()))?;
+            }
+            Ok(_) => {
+                return Err(format!(
+                    "{} exists and is not a socket: not replaced",
+                    sock.display()
+                ))
+            }
+            Err(_) => {}
+        }
+        // SAFETY: plain socket(2).
+        let listen = unsafe {
+            libc::socket(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                0,
+            )
+        };
+        if listen < 0 {
+            return Err(format!("socket: {}", errno()));
+        }
+        let (a, len) = sockaddr(&sock).map_err(|e| e.to_string())?;
+        // SAFETY: a valid address of `len` bytes.
+        if unsafe { libc::bind(listen, (&a as *const libc::sockaddr_un).cast(), len) } != 0 {
+            return Err(format!("bind {}: {}", sock.display(), errno()));
+        }
+        // Any process may connect: who it is comes from the kernel.
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o666))
+            .map_err(|e| format!("chmod {}: {e}", sock.display()))?;
+        // SAFETY: a bound socket.
+        if unsafe { libc::listen(listen, 1024) } != 0 {
+            return Err(format!("listen {}: {}", sock.display(), errno()));
+        }
+        // SAFETY: plain epoll_create1(2).
+        let epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epoll < 0 {
+            return Err(format!("epoll_create1: {}", errno()));
+        }
+        let s = Server {
+            opts,
+            gpus,
+            listen,
+            epoll,
+            conns: HashMap::new(),
+            per_container: HashMap::new(),
+            orphans,
+            last_release_ns: 0,
+        };
+        s.watch(listen, libc::EPOLLIN as u32)?;
+        raise_fd_limit();
+        Ok(s)
+    }
+
+    /// The GPUs served: (index, UUID, ledger path).
+    pub fn gpus(&self) -> Vec<(u32, String, PathBuf)> {
+        self.gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.info.index,
+                    g.info.uuid.clone(),
+                    g.ledger.path().to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Rows of live processes adopted at start that no process claimed yet.
+    pub fn orphans(&self) -> usize {
+        self.orphans.len()
+    }
+
+    fn watch(&self, fd: i32, events: u32) -> Result<(), String> {
+        let mut ev = libc::epoll_event {
+            events,
+            u64: fd as u64,
+        };
+        // SAFETY: a valid epoll instance, descriptor and event.
+        if unsafe { libc::epoll_ctl(self.epoll, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            return Err(format!("epoll_ctl: {}", errno()));
+        }
+        Ok(())
+    }
+
+    /// Serves until the process ends.
+    pub fn run(mut self) -> ! {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
+        let mut last_check = Instant::now();
+        loop {
+            // SAFETY: `events` holds that many entries.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll,
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    ORPHAN_CHECK.as_millis() as i32,
+                )
+            };
+            let n = if n < 0 { 0 } else { n as usize };
+            for ev in &events[..n] {
+                let fd = ev.u64 as i32;
+                if fd == self.listen {
+                    self.accept_all();
+                } else {
+                    self.serve(fd);
+                }
+            }
+            if !self.orphans.is_empty() && last_check.elapsed() >= ORPHAN_CHECK {
+                last_check = Instant::now();
+                self.reap_orphans();
+            }
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            // SAFETY: a listening socket; no address wanted.
+            let fd = unsafe {
+                libc::accept4(
+                    self.listen,
+                    std::ptr::null_mut(),
+                    std::ptr::null_mut(),
+                    libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+                )
+            };
+            if fd < 0 {
+                return; // EAGAIN, or out of descriptors (retried on the next event)
+            }
+            let peer = ucred(fd).and_then(|c| {
+                let pid = u32::try_from(c.pid).ok().filter(|&p| p > 0)?;
+                let start = start_time(pid)?;
+                Some(Peer {
+                    pid,
+                    nspid: ns_pid(pid).unwrap_or(0),
+                    pidns: pidns_of(pid),
+                    start,
+                })
+            });
+            let ident = peer.as_ref().and_then(|p| {
+                let id = cgpu_ledger::identity::of_pid(p.pid, None)?;
+                // The process is still the one whose credentials came with
+                // the connection (not a pid reused meanwhile).
+                (start_time(p.pid) == Some(p.start)).then_some(id)
+            });
+            let key = ident.as_ref().map_or(0, |i| i.key);
+            let count = self.per_container.get(&key).copied().unwrap_or(0);
+            if self.conns.len() >= self.opts.max_connections || count >= self.opts.max_per_container
+            {
+                // SAFETY: our descriptor; the caller sees the connection end.
+                unsafe { libc::close(fd) };
+                continue;
+            }
+            if self
+                .watch(fd, (libc::EPOLLIN | libc::EPOLLRDHUP) as u32)
+                .is_err()
+            {
+                // SAFETY: our descriptor.
+                unsafe { libc::close(fd) };
+                continue;
+            }
+            *self.per_container.entry(key).or_default() += 1;
+            self.conns.insert(
+                fd,
+                Conn {
+                    fd,
+                    peer,
+                    ident,
+                    joined: Vec::new(),
+                },
+            );
+        }
+    }
+
+    /// Serves what `fd` sent (at most [`BURST`] requests a turn); ends
+    /// the connection when its peer closed it, sent something malformed or
+    /// does not read its replies.
+    fn serve(&mut self, fd: i32) {
+        let mut buf = [0u8; REQUEST_LEN + 1];
+        let mut end = false;
+        for _ in 0..BURST {
+            // MSG_TRUNC: the packet's real length, however long.
+            // SAFETY: `buf` holds `buf.len()` writable bytes.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                )
+            };
+            if n < 0 {
+                // Nothing more for now (level-triggered: the rest wakes
+                // the loop again), or the connection failed.
+                end = errno().kind() != std::io::ErrorKind::WouldBlock;
+                break;
+            }
+            if n == 0 {
+                end = true; // the peer closed: its process exited or died
+                break;
+            }
+            let n = n as usize;
+            match Request::decode(&buf[..n.min(buf.len())]) {
+                Ok(req) => {
+                    let r = self.answer(fd, &req);
+                    if !send_reply(fd, &r) {
+                        end = true;
+                        break;
+                    }
+                }
+                Err(_) => {
+                    // Malformed: one refusal, then the connection ends.
+                    let seq = if n >= 16 {
+                        u64::from_le_bytes(buf[8..16].try_into().unwrap_or([0; 8]))
+                    } else {
+                        0
+                    };
+                    send_reply(fd, &Reply::refuse(Status::BadRequest, seq));
+                    end = true;
+                    break;
+                }
+            }
+        }
+        if end {
+            self.close(fd);
+        }
+    }
+
+    /// Ends a connection: everything it held goes back to its containers
+    /// and its process slots are freed, now.
+    fn close(&mut self, fd: i32) {
+        let t0 = Instant::now();
+        let Some(conn) = self.conns.remove(&fd) else {
+            return;
+        };
+        for j in &conn.joined {
+            self.gpus[j.gpu].ledger.leave(&j.m);
+        }
+        let key = conn.ident.as_ref().map_or(0, |i| i.key);
+        if let Some(c) = self.per_container.get_mut(&key) {
+            *c = c.saturating_sub(1);
+            if *c == 0 {
+                self.per_container.remove(&key);
+            }
+        }
+        // SAFETY: our descriptor (closing removes it from the epoll set).
+        unsafe { libc::close(conn.fd) };
+        if !conn.joined.is_empty() {
+            self.last_release_ns = t0.elapsed().as_nanos() as u64;
+        }
+    }
+
+    fn answer(&mut self, fd: i32, req: &Request) -> Reply {
+        let seq = req.seq;
+        let Some(g) = self
+            .gpus
+            .iter()
+            .position(|g| g.info.uuid.eq_ignore_ascii_case(req.gpu_str()))
+        else {
+            return Reply::refuse(Status::NoGpu, seq);
+        };
+        match req.op {
+            Op::Hello => self.hello(fd, g, seq),
+            Op::Reserve | Op::Release => {
+                let Some(conn) = self.conns.get(&fd) else {
+                    return Reply::refuse(Status::Unknown, seq);
+                };
+                let Some(j) = conn.joined.iter().find(|j| j.gpu == g) else {
+                    return Reply::refuse(Status::NotJoined, seq);
+                };
+                let ledger = &self.gpus[g].ledger;
+                let status = if req.op == Op::Reserve {
+                    match ledger.try_reserve(&j.m, req.bytes) {
+                        Ok(()) => Status::Ok,
+                        Err(_) => Status::OverQuota,
+                    }
+                } else {
+                    // Never more than this connection holds there.
+                    let held = ledger.file().processes[j.m.process]
+                        .used
+                        .load(std::sync::atomic::Ordering::Acquire);
+                    ledger.release(&j.m, req.bytes.min(held));
+                    Status::Ok
+                };
+                numbers(ledger, &j.m, status, seq)
+            }
+        }
+    }
+
+    fn hello(&mut self, fd: i32, g: usize, seq: u64) -> Reply {
+        let Some(conn) = self.conns.get(&fd) else {
+            return Reply::refuse(Status::Unknown, seq);
+        };
+        if let Some(j) = conn.joined.iter().find(|j| j.gpu == g) {
+            return numbers(&self.gpus[g].ledger, &j.m, Status::Ok, seq);
+        }
+        let (Some(peer), Some(ident)) = (conn.peer.clone(), conn.ident.clone()) else {
+            return Reply::refuse(Status::Unknown, seq);
+        };
+        // The process still is the one that connected.
+        if start_time(peer.pid) != Some(peer.start) {
+            return Reply::refuse(Status::Unknown, seq);
+        }
+        let Some(cid) = ident.container_id.as_deref() else {
+            return Reply::refuse(Status::Unknown, seq);
+        };
+        let gpu = &self.gpus[g];
+        let req = match host_settings(&self.opts.settings_dir, cid, &gpu.info) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Reply::refuse(Status::NoGpu, seq),
+            Err(_) => return Reply::refuse(Status::Unknown, seq),
+        };
+        // A process whose row was adopted after a restart gets it back.
+        if let Some(i) = self
+            .orphans
+            .iter()
+            .position(|o| o.gpu == g && o.pid == peer.pid && o.start == peer.start)
+        {
+            let o = self.orphans.swap_remove(i);
+            let r = numbers(&gpu.ledger, &o.m, Status::Ok, seq);
+            if let Some(c) = self.conns.get_mut(&fd) {
+                c.joined.push(Joined { gpu: g, m: o.m });
+            }
+            return r;
+        }
+        let name = req.name.clone().unwrap_or_else(|| ident.name.clone());
+        let jr = JoinRequest {
+            container_id: &name,
+            key: ident.key,
+            quota: req.quota,
+            weight: req.weight,
+            highprio: req.highprio,
+            enforce_off: req.enforce_off,
+        };
+        let m = match gpu.ledger.join_within(&jr, JOIN_WAIT) {
+            Ok(m) => m,
+            Err(e) if e.is_busy() => return Reply::refuse(Status::Busy, seq),
+            Err(_) => return Reply::refuse(Status::Unknown, seq),
+        };
+        let f = gpu.ledger.file();
+        // The slot names the caller, not the agent that claimed it for it.
+        let p = &f.processes[m.process];
+        use std::sync::atomic::Ordering::Release;
+        p.pid.store(peer.nspid, Release);
+        p.pidns.store(peer.pidns, Release);
+        p.start_time.store(peer.start, Release);
+        p.set_host_pid(peer.pid);
+        // The host's settings are the row's: a quota changed on the host
+        // since the row was made applies from now on.
+        let want = match req.quota {
+            QUOTA_UNLIMITED => Some(0),
+            0 => None,
+            q => Some(q),
+        };
+        if let Some(q) = want {
+            if f.containers[m.container]
+                .quota
+                .load(std::sync::atomic::Ordering::Acquire)
+                != q
+            {
+                let _ = gpu.ledger.set_memsize(m.container, q);
+            }
+        }
+        let r = numbers(&gpu.ledger, &m, Status::Ok, seq);
+        if let Some(c) = self.conns.get_mut(&fd) {
+            c.joined.push(Joined { gpu: g, m });
+        }
+        r
+    }
+
+    /// Gives back the rows of adopted processes that have ended.
+    fn reap_orphans(&mut self) {
+        let mut i = 0;
+        while i < self.orphans.len() {
+            let o = &self.orphans[i];
+            if start_time(o.pid) == Some(o.start) {
+                i += 1;
+                continue;
+            }
+            let o = self.orphans.swap_remove(i);
+            self.gpus[o.gpu].ledger.leave(&o.m);
+        }
+    }
+}
+
+/// The row's numbers for a reply.
+fn numbers(ledger: &Ledger, m: &Membership, status: Status, seq: u64) -> Reply {
+    use std::sync::atomic::Ordering::Acquire;
+    let c = &ledger.file().containers[m.container];
+    let quota = c.quota.load(Acquire);
+    Reply {
+        status,
+        seq,
+        used: c.used.load(Acquire),
+        quota: if quota == 0 || c.enforce_off.load(Acquire) != 0 {
+            u64::MAX
+        } else {
+            quota
+        },
+        container: m.container as u32,
+        process: m.process as u32,
+    }
+}
+
+fn send_reply(fd: i32, r: &Reply) -> bool {
+    let b = r.encode();
+    // SAFETY: `b` holds REPLY_LEN bytes.
+    let n = unsafe {
+        libc::send(
+            fd,
+            b.as_ptr().cast(),
+            REPLY_LEN,
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    // A caller that does not read its replies (its buffer full) is ended.
+    n == REPLY_LEN as isize
+}
+
+/// What the host's settings give a container on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSettings {
+    /// For [`JoinRequest::quota`].
+    pub quota: u64,
+    pub weight: u32,
+    pub highprio: bool,
+    pub enforce_off: bool,
+    /// `CGPU_CONTAINER_ID` in the file: the name the row is shown by.
+    pub name: Option<String>,
+}
+
+/// The host's settings for container `cid` on `gpu`: `Ok(None)` when they
+/// do not make the GPU visible to it, `Err` when there are none or they
+/// cannot be read or parsed (the container then gets nothing).
+pub fn host_settings(dir: &Path, cid: &str, gpu: &GpuInfo) -> Result<Option<HostSettings>, String> {
+    if cid.len() != 64 || !cid.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Err(format!("{cid:?} is not a runtime container id"));
+    }
+    let path = dir.join(format!("{cid}.env"));
+    let path_s = path.to_string_lossy().into_owned();
+    let text = settings::read_settings_file(&path_s)?;
+    let (cfg, failed) = settings::with_settings_file(&|_| None, None, &path_s, Ok(text));
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let i = match &cfg.visible {
+        None => gpu.index as usize,
+        Some(list) => match list.iter().position(|s| match s {
+            DeviceSel::Index(i) => *i == gpu.index,
+            DeviceSel::Uuid(u) => u.eq_ignore_ascii_case(&gpu.uuid),
+        }) {
+            Some(i) => i,
+            None => return Ok(None),
+        },
+    };
+    let quota = match cfg.mode {
+        Mode::PassThrough => QUOTA_UNLIMITED,
+        _ => cfg.quota_bytes(i, gpu.total).unwrap_or(QUOTA_UNLIMITED),
+    };
+    Ok(Some(HostSettings {
+        quota,
+        weight: cfg.weight.unwrap_or(1),
+        highprio: cfg.high_prio,
+        enforce_off: cfg.mode == Mode::Record,
+        name: cfg.container_name.clone(),
+    }))
+}
+
+/// After a restart: the rows of processes that are still alive (their
+/// start time is the one in the slot) are held again by this agent, their
+/// bytes still counted; then the rows of processes that are gone are
+/// reaped (their bytes go back).
+fn adopt_live(gpus: &[Gpu]) -> Vec<Orphan> {
+    use std::sync::atomic::Ordering::Acquire;
+    let mut out = Vec::new();
+    for (g, gpu) in gpus.iter().enumerate() {
+        let f = gpu.ledger.file();
+        for (i, p) in f.processes.iter().enumerate() {
+            if p.state.load(Acquire) != cgpu_ledger::SLOT_LIVE || gpu.ledger.is_alive(i) {
+                continue;
+            }
+            let Some(pid) = p.host_pid() else { continue };
+            let start = p.start_time.load(Acquire);
+            if start_time(pid) != Some(start) {
+                continue;
+            }
+            if let Some(m) = gpu.ledger.adopt(i) {
+                out.push(Orphan {
+                    gpu: g,
+                    pid,
+                    start,
+                    m,
+                });
+            }
+        }
+        gpu.ledger.reap();
+    }
+    out
+}
+
+/// Lets the loop hold as many connections as the hard limit allows.
+fn raise_fd_limit() {
+    // SAFETY: plain getrlimit/setrlimit on a valid struct.
+    unsafe {
+        let mut r: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) == 0 && r.rlim_cur < r.rlim_max {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}
+
+/// `cgpu-agent client SOCKET`: speaks the wire protocol with commands read
+/// from standard input, one reply line per command, for diagnosis inside a
+/// container and for tests. Commands: `hello UUID`, `reserve UUID BYTES`,
+/// `release UUID BYTES`, `raw HEX` (send these bytes as one message),
+/// `flood N` (open N more connections, say Hello on each to `UUID` given
+/// by the last hello, print how many were answered), `unflood` (close
+/// them), `reconnect`, `open-write PATH` (try to open a file for writing,
+/// print the errno). It connects at its first command.
+pub fn client(sock: &Path) -> i32 {
+    use std::io::{BufRead, Write};
+    let stdin = std::io::stdin();
+    let mut out = std::io::stdout();
+    let mut seq = 0u64;
+    let mut last_gpu = String::new();
+    let mut extra: Vec<i32> = Vec::new();
+    // Connected at the first command that needs it (and again after
+    // `reconnect`), so that the process can be placed first.
+    let mut fd: Option<i32> = None;
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let w: Vec<&str> = line.split_whitespace().collect();
+        seq += 1;
+        if matches!(w.first(), Some(&"reconnect")) {
+            if let Some(old) = fd.take() {
+                // SAFETY: our descriptor.
+                unsafe { libc::close(old) };
+            }
+        }
+        let needs = matches!(
+            w.first(),
+            Some(&("hello" | "reserve" | "release" | "raw" | "reconnect"))
+        );
+        if needs && fd.is_none() {
+            match connect_to(sock) {
+                Ok(c) => fd = Some(c),
+                Err(e) => {
+                    let _ = writeln!(out, "error connect: {e}");
+                    let _ = out.flush();
+                    continue;
+                }
+            }
+        }
+        let c = fd.unwrap_or(-1);
+        let text = match w.as_slice() {
+            ["reconnect"] => "connected".to_string(),
+            ["hello", gpu] => {
+                last_gpu = gpu.to_string();
+                exchange_req(c, Op::Hello, seq, gpu, 0)
+            }
+            ["reserve", gpu, n] => exchange_req(c, Op::Reserve, seq, gpu, n.parse().unwrap_or(0)),
+            ["release", gpu, n] => exchange_req(c, Op::Release, seq, gpu, n.parse().unwrap_or(0)),
+            ["raw", hex] => {
+                let bytes: Vec<u8> = (0..hex.len() / 2)
+                    .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+                    .collect();
+                exchange(c, &bytes)
+            }
+            ["flood", n] => {
+                let n: usize = n.parse().unwrap_or(0);
+                let (mut answered, mut refused) = (0, 0);
+                for _ in 0..n {
+                    match connect_to(sock) {
+                        Ok(x) => {
+                            extra.push(x);
+                            let r = exchange_req(x, Op::Hello, seq, &last_gpu, 0);
+                            if r.starts_with("reply") {
+                                answered += 1;
+                            } else {
+                                refused += 1;
+                            }
+                        }
+                        Err(_) => refused += 1,
+                    }
+                }
+                format!("flood answered={answered} refused={refused}")
+            }
+            ["unflood"] => {
+                for x in extra.drain(..) {
+                    // SAFETY: our descriptors.
+                    unsafe { libc::close(x) };
+                }
+                "unflooded".to_string()
+            }
+            ["open-write", path] => match std::fs::OpenOptions::new().write(true).open(path) {
+                Ok(_) => "open ok".to_string(),
+                Err(e) => format!("open errno={}", e.raw_os_error().unwrap_or(0)),
+            },
+            _ => "error unknown command".to_string(),
+        };
+        let _ = writeln!(out, "{text}");
+        let _ = out.flush();
+    }
+    0
+}
+
+fn exchange_req(fd: i32, op: Op, seq: u64, gpu: &str, bytes: u64) -> String {
+    match Request::new(op, seq, gpu, bytes) {
+        Some(r) => exchange(fd, &r.encode()),
+        None => "error not a request".to_string(),
+    }
+}
+
+/// Sends one message and reads one reply: `reply status=… seq=… used=…
+/// quota=… container=… process=…`, or `closed`.
+fn exchange(fd: i32, msg: &[u8]) -> String {
+    // SAFETY: `msg` holds that many bytes.
+    let n = unsafe { libc::send(fd, msg.as_ptr().cast(), msg.len(), libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        return "closed".into();
+    }
+    let mut b = [0u8; 256];
+    // SAFETY: `b` holds that many writable bytes.
+    let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0) };
+    if n <= 0 {
+        return "closed".into();
+    }
+    match Reply::decode(&b[..n as usize]) {
+        Ok(r) => format!(
+            "reply status={:?} seq={} used={} quota={} container={} process={}",
+            r.status, r.seq, r.used, r.quota, r.container, r.process
+        ),
+        Err(e) => format!("error {e}"),
+    }
+}

@@ -1,0 +1,607 @@
+//! Secure mode as a tenant meets it: `cgpu-agent --secure` on a temporary
+//! ledger directory with the simulated GPU's NVML, and clients that are
+//! real processes of uid 65534 speaking the wire protocol
+//! (`cgpu-agent client`), each placed in a cgroup named by a runtime
+//! container id (as docker and containerd name theirs), which is how the
+//! agent finds their container. The ledger file, read by root, judges.
+//!
+//! These tests need root (they create cgroups and run processes of other
+//! uids); without it they say so and pass nothing silently: they fail.
+
+use cgpu_ledger::wire::{MAGIC, REQUEST_LEN, VERSION};
+use cgpu_ledger::Ledger;
+use cgpu_testkit::{artifacts, SimEnv};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+const NOBODY: u32 = 65534;
+/// Generous: a test never fails because the machine is slow.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn agent_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_cgpu-agent")
+}
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A runtime container id (64 hex) unique to this test process and call.
+fn container_id() -> String {
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    // The first 12 digits (the row's name) differ between calls.
+    format!("{:04x}{:08x}{}", n, std::process::id(), "e".repeat(52))
+}
+
+/// The simulated host: the GPU, the ledger directory (the agent makes
+/// it), the host's settings directory, the agent, and the cgroups made.
+struct Rig {
+    sim: SimEnv,
+    dir: PathBuf,
+    settings: PathBuf,
+    agent: Option<Child>,
+    agent_log: Option<Receiver<String>>,
+    uuid: String,
+    cgroups: Vec<PathBuf>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "the secure-mode tests run as root (cgroups, processes of other uids)"
+        );
+        let sim = SimEnv::new().gpus("15109:Tesla T4");
+        // The tenant's processes must reach the socket: the whole path is
+        // searchable by others.
+        std::fs::set_permissions(&sim.state_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = sim.state_dir.join("ledger");
+        let settings = sim.state_dir.join("containers");
+        std::fs::create_dir_all(&settings).unwrap();
+        std::fs::set_permissions(&settings, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut r = Rig {
+            sim,
+            dir,
+            settings,
+            agent: None,
+            agent_log: None,
+            uuid: String::new(),
+            cgroups: Vec::new(),
+        };
+        r.start_agent(&[]);
+        r
+    }
+
+    fn agent_command(&self, extra: &[&str]) -> Command {
+        let mut c = self.sim.command(agent_bin());
+        c.args(["--secure", "--interval", "1s", "--ledger-dir"])
+            .arg(&self.dir)
+            .arg("--settings-dir")
+            .arg(&self.settings)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Starts the agent and waits until it serves; its log lines so far.
+    fn start_agent(&mut self, extra: &[&str]) -> Vec<String> {
+        let mut child = self.agent_command(extra).spawn().expect("spawn cgpu-agent");
+        let err = child.stderr.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut lines = Vec::new();
+        let t0 = Instant::now();
+        loop {
+            let l = rx
+                .recv_timeout(PATIENCE.saturating_sub(t0.elapsed()))
+                .unwrap_or_else(|_| panic!("cgpu-agent --secure did not start: {lines:?}"));
+            if let Some(rest) = l.strip_prefix("cgpu-agent: secure: GPU 0 ") {
+                self.uuid = rest.split(':').next().unwrap().to_string();
+            }
+            let done = l.contains("secure: serving");
+            lines.push(l);
+            if done {
+                break;
+            }
+        }
+        self.agent = Some(child);
+        self.agent_log = Some(rx);
+        lines
+    }
+
+    fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+
+    fn sock(&self) -> PathBuf {
+        self.dir.join("agent.sock")
+    }
+
+    fn ledger(&self) -> Ledger {
+        Ledger::open(&Ledger::live_path(&self.dir, &self.uuid)).expect("open the ledger")
+    }
+
+    /// What the ledger counts for container `id` (by its name, the
+    /// container id's first 12 digits), 0 without a row.
+    fn used(&self, id: &str) -> u64 {
+        let l = self.ledger();
+        let f = l.file();
+        f.containers
+            .iter()
+            .find(|c| {
+                c.state.load(Ordering::Acquire) == cgpu_ledger::SLOT_LIVE && c.id_str() == id[..12]
+            })
+            .map_or(0, |c| c.used.load(Ordering::Acquire))
+    }
+
+    /// The host's settings for a container, written by `cgpuctl settings`
+    /// as root (as an operator does).
+    fn settings_for(&self, id: &str, kv: &[&str]) {
+        let o = Command::new(artifacts().bin("cgpuctl"))
+            .args(["settings", id])
+            .args(kv)
+            .arg("--settings-dir")
+            .arg(&self.settings)
+            .env("CGPU_LEDGER_DIR", &self.dir)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "cgpuctl settings: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+
+    /// A cgroup named by container id `id` (v1 `pids` hierarchy).
+    fn cgroup(&mut self, id: &str) -> PathBuf {
+        let parent = PathBuf::from(format!(
+            "/sys/fs/cgroup/pids/cgpu-test-{}-{}",
+            std::process::id(),
+            self.sim.state_dir.file_name().unwrap().to_string_lossy()
+        ));
+        let p = parent.join(id);
+        std::fs::create_dir_all(&p).expect("create a cgroup (root, cgroup v1 pids)");
+        if !self.cgroups.contains(&parent) {
+            self.cgroups.push(parent);
+        }
+        self.cgroups.insert(0, p.clone());
+        p
+    }
+
+    /// A client process of uid 65534, in container `id` when given (else a
+    /// host process).
+    fn client(&mut self, id: Option<&str>) -> Client {
+        let mut c = Command::new(agent_bin());
+        c.arg("client")
+            .arg(self.sock())
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        let mut child = c.spawn().expect("spawn the client");
+        if let Some(id) = id {
+            let cg = self.cgroup(id);
+            std::fs::write(cg.join("cgroup.procs"), child.id().to_string())
+                .expect("move into the cgroup");
+        }
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Client {
+            stdin: child.stdin.take(),
+            child,
+            rx,
+        }
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.kill_agent();
+        for cg in &self.cgroups {
+            let _ = std::fs::remove_dir(cg);
+        }
+    }
+}
+
+struct Client {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    rx: Receiver<String>,
+}
+
+/// A parsed reply line.
+#[derive(Debug, PartialEq, Eq)]
+struct R {
+    status: String,
+    used: u64,
+    quota: u64,
+    process: u32,
+}
+
+impl Client {
+    fn cmd(&mut self, line: &str) -> String {
+        let s = self.stdin.as_mut().unwrap();
+        writeln!(s, "{line}").unwrap();
+        s.flush().unwrap();
+        self.rx
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("no answer to {line:?}"))
+    }
+
+    fn ask(&mut self, line: &str) -> R {
+        let l = self.cmd(line);
+        let f = |k: &str| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("{line:?}: no {k} in {l:?}"))
+                .to_string()
+        };
+        R {
+            status: f("status"),
+            used: f("used").parse().unwrap(),
+            quota: f("quota").parse().unwrap(),
+            process: f("process").parse().unwrap(),
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A request's bytes with the GPU field `gpu` as given, unchecked.
+fn raw_request(op: u16, seq: u64, gpu: &[u8], bytes: u64) -> String {
+    let mut b = [0u8; REQUEST_LEN];
+    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    b[4..6].copy_from_slice(&VERSION.to_le_bytes());
+    b[6..8].copy_from_slice(&op.to_le_bytes());
+    b[8..16].copy_from_slice(&seq.to_le_bytes());
+    b[16..24].copy_from_slice(&bytes.to_le_bytes());
+    b[24..24 + gpu.len()].copy_from_slice(gpu);
+    hex(&b)
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn a_tenant_gets_what_the_host_allows_and_nothing_more() {
+    let mut rig = Rig::new();
+    let (a, b) = (container_id(), container_id());
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    rig.settings_for(&b, &["ALIYUN_COM_GPU_MEM_CONTAINER=2"]);
+    let gpu = rig.uuid.clone();
+    let mut ca = rig.client(Some(&a));
+    let mut cb = rig.client(Some(&b));
+
+    // Before Hello nothing is charged.
+    assert_eq!(ca.ask(&format!("reserve {gpu} 1024")).status, "NotJoined");
+    let h = ca.ask(&format!("hello {gpu}"));
+    assert_eq!(
+        (h.status.as_str(), h.used, h.quota),
+        ("Ok", 0, GIB),
+        "{h:?}"
+    );
+    let r = ca.ask(&format!("reserve {gpu} {}", 512 * MIB));
+    assert_eq!((r.status.as_str(), r.used), ("Ok", 512 * MIB));
+    // Past the host's quota: refused, nothing charged.
+    let r = ca.ask(&format!("reserve {gpu} {}", 600 * MIB));
+    assert_eq!((r.status.as_str(), r.used), ("OverQuota", 512 * MIB));
+    assert_eq!(rig.used(&a), 512 * MIB);
+
+    assert_eq!(cb.ask(&format!("hello {gpu}")).quota, 2 * GIB);
+    assert_eq!(cb.ask(&format!("reserve {gpu} {}", GIB)).status, "Ok");
+    // Giving back more than it holds gives back only what it holds: the
+    // other container's bytes stay counted.
+    let r = ca.ask(&format!("release {gpu} {}", 4 * GIB));
+    assert_eq!((r.status.as_str(), r.used), ("Ok", 0));
+    assert_eq!(rig.used(&a), 0);
+    assert_eq!(rig.used(&b), GIB);
+
+    // A GPU the agent does not serve.
+    let none = "GPU-00000000-0000-0000-0000-000000000000";
+    assert_eq!(ca.ask(&format!("hello {none}")).status, "NoGpu");
+
+    // A process outside any container, and a container the host gave no
+    // settings: refused, whatever they say.
+    let mut host = rig.client(None);
+    assert_eq!(host.ask(&format!("hello {gpu}")).status, "Unknown");
+    let mut stranger = rig.client(Some(&container_id()));
+    assert_eq!(stranger.ask(&format!("hello {gpu}")).status, "Unknown");
+    assert_eq!(
+        stranger.ask(&format!("reserve {gpu} 1")).status,
+        "NotJoined"
+    );
+    assert_eq!(rig.used(&b), GIB);
+}
+
+#[test]
+fn malformed_messages_are_refused_and_end_the_connection() {
+    let mut rig = Rig::new();
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    let gpu = rig.uuid.clone();
+    let good = raw_request(1, 7, gpu.as_bytes(), 0);
+    let cases: Vec<(&str, String)> = vec![
+        ("a path for a GPU", raw_request(1, 7, b"../../x", 0)),
+        (
+            "a truncated request",
+            good[..2 * (REQUEST_LEN - 1)].to_string(),
+        ),
+        ("a request and a byte more", format!("{good}00")),
+        ("an unknown operation", raw_request(9, 7, gpu.as_bytes(), 0)),
+        ("another version", {
+            let mut b = good.clone();
+            b.replace_range(8..12, "0200");
+            b
+        }),
+        ("reserved bytes set", {
+            let mut b = good.clone();
+            b.replace_range(2 * REQUEST_LEN - 2.., "01");
+            b
+        }),
+        ("no magic", format!("00{}", &good[2..])),
+    ];
+    for (what, msg) in cases {
+        let mut c = rig.client(Some(&a));
+        assert_eq!(c.ask(&format!("hello {gpu}")).status, "Ok", "{what}");
+        assert_eq!(
+            c.ask(&format!("reserve {gpu} {}", 100 * MIB)).used,
+            100 * MIB,
+            "{what}"
+        );
+        let r = c.cmd(&format!("raw {msg}"));
+        assert!(r.contains("status=BadRequest"), "{what}: {r}");
+        // The connection is over: what it held is back.
+        assert_eq!(c.cmd(&format!("reserve {gpu} 1")), "closed", "{what}");
+        let t0 = Instant::now();
+        while rig.used(&a) != 0 && t0.elapsed() < PATIENCE {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rig.used(&a), 0, "{what}");
+    }
+    // A well-formed request sent raw is served.
+    let mut c = rig.client(Some(&a));
+    assert!(c.cmd(&format!("raw {good}")).contains("status=Ok seq=7"));
+}
+
+#[test]
+fn a_dying_process_gives_back_at_once() {
+    let mut rig = Rig::new();
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=2"]);
+    let gpu = rig.uuid.clone();
+    let (mut times, mut exits) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let mut c = rig.client(Some(&a));
+        let l = rig.ledger();
+        assert_eq!(c.ask(&format!("hello {gpu}")).status, "Ok");
+        let r = c.ask(&format!("reserve {gpu} {}", 700 * MIB));
+        assert_eq!((r.status.as_str(), r.used), ("Ok", 700 * MIB));
+        let slot = r.process as usize;
+        let cs = l.file().processes[slot].container.load(Ordering::Acquire) as usize;
+        let used = &l.file().containers[cs].used;
+        let t0 = Instant::now();
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(c.child.id() as i32, libc::SIGKILL) };
+        while used.load(Ordering::Acquire) != 0 && t0.elapsed() < PATIENCE {
+            std::hint::spin_loop();
+        }
+        times.push(t0.elapsed());
+        // How long the kernel took to end it (its sockets close on the way).
+        let _ = c.child.wait();
+        exits.push(t0.elapsed());
+        assert_eq!(used.load(Ordering::Acquire), 0);
+        // Its slot is freed right after (the bytes go back first).
+        let state = &l.file().processes[slot].state;
+        while state.load(Ordering::Acquire) != cgpu_ledger::SLOT_FREE && t0.elapsed() < PATIENCE {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            state.load(Ordering::Acquire),
+            cgpu_ledger::SLOT_FREE,
+            "the process slot is freed with it"
+        );
+        c.kill();
+    }
+    times.sort();
+    exits.sort();
+    eprintln!(
+        "SIGKILL to bytes back in the ledger: min {:?}, median {:?}, max {:?} (5 deaths); SIGKILL to the parent reaping the child: median {:?}",
+        times[0], times[2], times[4], exits[2]
+    );
+}
+
+#[test]
+fn the_books_are_the_hosts() {
+    let mut rig = Rig::new();
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    let gpu = rig.uuid.clone();
+    let path = Ledger::live_path(&rig.dir, &gpu);
+    let m = std::fs::metadata(&rig.dir).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o755));
+    let m = std::fs::metadata(&path).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o644));
+    let m = std::fs::metadata(rig.sock()).unwrap();
+    assert_eq!(m.mode() & 0o777, 0o666);
+
+    let mut c = rig.client(Some(&a));
+    assert_eq!(c.ask(&format!("hello {gpu}")).quota, GIB);
+    // The file cannot be opened for writing, nor anything created beside it.
+    assert_eq!(
+        c.cmd(&format!("open-write {}", path.display())),
+        "open errno=13"
+    );
+    assert_eq!(
+        c.cmd(&format!(
+            "open-write {}",
+            rig.dir.join("agent.json").display()
+        )),
+        "open errno=13"
+    );
+    // The shipped tools, run by the tenant, change nothing.
+    let tenant = |args: &[&str]| {
+        let o = Command::new(artifacts().bin("cgpuctl"))
+            .arg("--dir")
+            .arg(&rig.dir)
+            .args(args)
+            .env("CGPU_SETTINGS_DIR", &rig.settings)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .output()
+            .unwrap();
+        assert!(
+            !o.status.success(),
+            "cgpuctl {args:?} as uid {NOBODY} succeeded"
+        );
+    };
+    tenant(&["set", "memsize", "100G", "--container", &a[..12]]);
+    tenant(&["set", "default_memsize", "0"]);
+    tenant(&["set", "policy", "0"]);
+    tenant(&["settings", &a, "ALIYUN_COM_GPU_MEM_CONTAINER=100"]);
+    let r = c.ask(&format!("reserve {gpu} {}", 2 * GIB));
+    assert_eq!((r.status.as_str(), r.quota), ("OverQuota", GIB));
+    assert_eq!(
+        rig.ledger().file().header.policy.load(Ordering::Acquire),
+        cgpu_ledger::DEFAULT_POLICY
+    );
+    assert_eq!(
+        std::fs::read_to_string(rig.settings.join(format!("{a}.env")))
+            .unwrap()
+            .trim(),
+        "ALIYUN_COM_GPU_MEM_CONTAINER=1"
+    );
+}
+
+#[test]
+fn a_flood_of_connections_is_capped_per_container() {
+    let mut rig = Rig::new();
+    rig.kill_agent();
+    rig.start_agent(&["--max-per-container", "16"]);
+    let (a, b) = (container_id(), container_id());
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    rig.settings_for(&b, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    let gpu = rig.uuid.clone();
+    let mut flood = rig.client(Some(&a));
+    assert_eq!(flood.ask(&format!("hello {gpu}")).status, "Ok");
+    // 1 connection held, 15 more allowed, the rest closed on arrival.
+    assert_eq!(flood.cmd("flood 200"), "flood answered=15 refused=185");
+    // Another container is served as before, and so is the flooder's
+    // first connection.
+    let mut other = rig.client(Some(&b));
+    assert_eq!(other.ask(&format!("hello {gpu}")).status, "Ok");
+    assert_eq!(other.ask(&format!("reserve {gpu} {}", MIB)).used, MIB);
+    assert_eq!(flood.ask(&format!("reserve {gpu} {}", MIB)).used, MIB);
+    // Closed, they free their places.
+    assert_eq!(flood.cmd("unflood"), "unflooded");
+    let t0 = Instant::now();
+    loop {
+        let l = flood.cmd("flood 1");
+        if l == "flood answered=1 refused=0" || t0.elapsed() > PATIENCE {
+            assert_eq!(l, "flood answered=1 refused=0");
+            break;
+        }
+        flood.cmd("unflood");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_restarted_agent_keeps_the_rows_of_running_processes() {
+    let mut rig = Rig::new();
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=2"]);
+    let gpu = rig.uuid.clone();
+    let mut stays = rig.client(Some(&a));
+    let mut dies = rig.client(Some(&a));
+    assert_eq!(stays.ask(&format!("hello {gpu}")).status, "Ok");
+    let r = stays.ask(&format!("reserve {gpu} {}", 300 * MIB));
+    let slot = r.process;
+    assert_eq!(dies.ask(&format!("hello {gpu}")).status, "Ok");
+    assert_eq!(
+        dies.ask(&format!("reserve {gpu} {}", 100 * MIB)).used,
+        400 * MIB
+    );
+
+    rig.kill_agent();
+    // The connections went with the agent; the books did not.
+    assert_eq!(stays.cmd(&format!("reserve {gpu} 1")), "closed");
+    assert_eq!(rig.used(&a), 400 * MIB);
+    dies.kill();
+
+    let log = rig.start_agent(&[]);
+    assert!(
+        log.iter()
+            .any(|l| l.contains("1 rows of running processes taken over")),
+        "{log:?}"
+    );
+    // The dead process's bytes are back; the live one's stay counted.
+    assert_eq!(rig.used(&a), 300 * MIB);
+    // It says Hello again on a new connection and gets its row back.
+    assert_eq!(stays.cmd("reconnect"), "connected");
+    let h = stays.ask(&format!("hello {gpu}"));
+    assert_eq!(
+        (h.status.as_str(), h.used, h.process),
+        ("Ok", 300 * MIB, slot)
+    );
+    let r = stays.ask(&format!("release {gpu} {}", 300 * MIB));
+    assert_eq!(r.used, 0);
+}
+
+#[test]
+fn a_directory_others_can_write_is_refused() {
+    let sim = SimEnv::new().gpus("15109:Tesla T4");
+    let dir = sim.state_dir.join("open");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let o = sim
+        .command(agent_bin())
+        .args(["--secure", "--ledger-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("writable by others"), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "nothing made there"
+    );
+}
