@@ -458,3 +458,218 @@ fn a_forked_child_does_not_keep_its_parents_connection() {
         "the parent's bytes came back while its child lives"
     );
 }
+
+// ------------------------------------------------ against `cgpu-agent --secure`
+
+/// The node agent itself on a machine: the ledger directory is its (root,
+/// 0755), the host's settings directory names the container's quota, and
+/// the tenant runs in a cgroup named by its container id (how the agent
+/// finds its container).
+struct Host {
+    m: Machine,
+    settings: PathBuf,
+    agent: Option<Child>,
+    cgroup: PathBuf,
+    id: String,
+}
+
+impl Host {
+    fn new(name: &str, gib: &str) -> Host {
+        let m = Machine::new(name, T4);
+        std::fs::set_permissions(&m.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&m.ledger, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&m.state, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let settings = m.root.join("containers");
+        std::fs::create_dir_all(&settings).unwrap();
+        let id = format!("{:08x}{}", std::process::id(), "5".repeat(56));
+        let cgroup = PathBuf::from(format!(
+            "/sys/fs/cgroup/pids/cgpu-secure-lib-{}-{name}/{id}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&cgroup).expect("a cgroup (root, cgroup v1 pids)");
+        let o = Command::new(cgpu_testkit::artifacts().profile_dir.join("cgpuctl"))
+            .args([
+                "settings",
+                &id,
+                &format!("ALIYUN_COM_GPU_MEM_CONTAINER={gib}"),
+            ])
+            .arg("--settings-dir")
+            .arg(&settings)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let mut h = Host {
+            m,
+            settings,
+            agent: None,
+            cgroup,
+            id,
+        };
+        h.start_agent();
+        h
+    }
+
+    fn start_agent(&mut self) {
+        let mut c = self
+            .m
+            .bare(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
+        c.args(["--secure", "--interval", "1s", "--ledger-dir"])
+            .arg(&self.m.ledger)
+            .arg("--settings-dir")
+            .arg(&self.settings)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut a = c.spawn().expect("cgpu-agent");
+        let mut err = BufReader::new(a.stderr.take().unwrap());
+        let mut log = String::new();
+        loop {
+            let mut l = String::new();
+            assert!(err.read_line(&mut l).unwrap() > 0, "the agent ended: {log}");
+            log.push_str(&l);
+            if l.contains("secure: serving") {
+                break;
+            }
+        }
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        self.agent = Some(a);
+        // The simulated device's state, which the agent (root) opened first,
+        // stays the tenant's to use too (a real device node is everyone's).
+        share_tree(&self.m.state);
+    }
+
+    fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+    }
+
+    /// A tenant process in the container: it waits for `go` before its
+    /// first CUDA call, so that it is in the container's cgroup first.
+    fn tenant(&self, args: &[&str]) -> Kid {
+        let go = self.m.root.join(format!("go-{}", args.len()));
+        let mut all = vec!["wait_file", go.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let mut k = Kid::spawn(tenant(&self.m, &all));
+        std::fs::write(self.cgroup.join("cgroup.procs"), k.0.id().to_string()).unwrap();
+        std::fs::write(&go, "").unwrap();
+        assert_eq!(k.line(), "wait_file ok");
+        k
+    }
+
+    /// What the ledger counts for the container (its row is named by the
+    /// id's first 12 digits).
+    fn used(&self) -> u64 {
+        let Some(f) = self.m.ledger_file() else {
+            return 0;
+        };
+        let l = Ledger::open_read_only(&f).unwrap();
+        l.file()
+            .containers
+            .iter()
+            .find(|c| {
+                c.state.load(Ordering::Acquire) == cgpu::ledger::SLOT_LIVE
+                    && c.id_str() == self.id[..12]
+            })
+            .map_or(0, |c| c.used.load(Ordering::Acquire))
+    }
+}
+
+fn share_tree(p: &Path) {
+    let Ok(md) = std::fs::symlink_metadata(p) else {
+        return;
+    };
+    if md.is_dir() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777));
+        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+            share_tree(&e.path());
+        }
+    } else if md.is_file() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666));
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.kill_agent();
+        let _ = std::fs::remove_dir(&self.cgroup);
+        if let Some(p) = self.cgroup.parent() {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+}
+
+#[test]
+fn with_the_node_agent_the_quota_holds_survives_its_restart_and_a_kill_gives_back() {
+    let mut h = Host::new("real", "1");
+    let go2 = h.m.root.join("go2");
+    let go3 = h.m.root.join("go3");
+    let mut k = h.tenant(&[
+        "alloc",
+        "1073741824",
+        "alloc",
+        "1",
+        "meminfo",
+        "free",
+        "alloc",
+        "536870912",
+        "ready",
+        "wait_file",
+        go2.to_str().unwrap(),
+        "alloc",
+        "4194304",
+        "wait_file",
+        go3.to_str().unwrap(),
+        "alloc",
+        "4194304",
+        "meminfo",
+        "ready",
+        "hold",
+    ]);
+    let first = k.line();
+    if !first.starts_with("alloc ok") {
+        panic!("the whole quota: {first}\n{}", k.stderr());
+    }
+    assert!(k.line().ends_with(OOM), "one byte past it");
+    assert_eq!(k.line(), format!("meminfo ok free=0 total={GIB}"));
+    assert_eq!(k.line(), "free ok");
+    assert!(k.line().starts_with("alloc ok"));
+    assert_eq!(k.line(), "ready");
+    assert_eq!(h.used(), 512 * MIB, "frees gave back");
+
+    // The agent dies: refused, with the clear error; the books keep what
+    // the running process holds.
+    h.kill_agent();
+    std::fs::write(&go2, "").unwrap();
+    assert_eq!(k.line(), "wait_file ok");
+    assert!(k.line().ends_with(OOM), "refused without the agent");
+    assert_eq!(h.used(), 512 * MIB);
+
+    // Back: healed, and what the process held is counted once.
+    h.start_agent();
+    std::fs::write(&go3, "").unwrap();
+    assert_eq!(k.line(), "wait_file ok");
+    assert!(k.line().starts_with("alloc ok"), "healed by itself");
+    assert_eq!(
+        k.line(),
+        format!("meminfo ok free={} total={GIB}", GIB - 516 * MIB)
+    );
+    assert_eq!(k.line(), "ready");
+    assert_eq!(h.used(), 516 * MIB);
+
+    // SIGKILL: the agent gives its bytes back.
+    // SAFETY: kill(2) of our child.
+    unsafe { libc::kill(k.0.id() as i32, libc::SIGKILL) };
+    let _ = k.0.wait();
+    assert!(
+        eventually(Duration::from_secs(60), || h.used() == 0).is_some(),
+        "a killed process's bytes come back: {}",
+        h.used()
+    );
+    let err = k.stderr();
+    assert_eq!(
+        err.matches("node agent cannot be reached").count(),
+        1,
+        "one clear error:\n{err}"
+    );
+}

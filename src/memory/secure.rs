@@ -368,7 +368,12 @@ impl SecureAccount {
         let r = self.client.call(c, Op::Hello, &self.uuid, 0)?;
         self.note(&r);
         self.map_ledger();
-        let mine = self.mine.load(Ordering::Acquire);
+        // What this process holds and the agent does not count for it: all
+        // of it after a connection the agent gave back when it closed;
+        // nothing when a restarted agent kept this process's row (its slot
+        // still counts it).
+        let kept = self.process_row_used(r.process);
+        let mine = self.mine.load(Ordering::Acquire).saturating_sub(kept);
         if mine > 0 {
             let r = self.client.call(c, Op::Reserve, &self.uuid, mine)?;
             self.note(&r);
@@ -524,6 +529,19 @@ impl SecureAccount {
                 human_bytes(take)
             ),
         }
+    }
+
+    /// Bytes process slot `p` counts, from the read-only mapping (0 when
+    /// unknown).
+    fn process_row_used(&self, p: u32) -> u64 {
+        let Some(l) = self.read_ledger() else {
+            return 0;
+        };
+        l.file()
+            .processes
+            .get(p as usize)
+            .filter(|s| s.state.load(Ordering::Acquire) == crate::ledger::SLOT_LIVE)
+            .map_or(0, |s| s.used.load(Ordering::Acquire))
     }
 
     /// The container's row in the read-only mapping, if known.
