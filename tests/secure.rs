@@ -473,6 +473,8 @@ struct Host {
     id: String,
 }
 
+static GO: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 impl Host {
     fn new(name: &str, gib: &str) -> Host {
         let m = Machine::new(name, T4);
@@ -547,7 +549,10 @@ impl Host {
     /// A tenant process in the container: it waits for `go` before its
     /// first CUDA call, so that it is in the container's cgroup first.
     fn tenant(&self, args: &[&str]) -> Kid {
-        let go = self.m.root.join(format!("go-{}", args.len()));
+        let go = self
+            .m
+            .root
+            .join(format!("go-{}", GO.fetch_add(1, Ordering::Relaxed)));
         let mut all = vec!["wait_file", go.to_str().unwrap()];
         all.extend_from_slice(args);
         let mut k = Kid::spawn(tenant(&self.m, &all));
@@ -613,6 +618,7 @@ fn with_the_node_agent_the_quota_holds_survives_its_restart_and_a_kill_gives_bac
         "free",
         "alloc",
         "536870912",
+        "nvml_meminfo",
         "ready",
         "wait_file",
         go2.to_str().unwrap(),
@@ -634,6 +640,15 @@ fn with_the_node_agent_the_quota_holds_survives_its_restart_and_a_kill_gives_bac
     assert_eq!(k.line(), format!("meminfo ok free=0 total={GIB}"));
     assert_eq!(k.line(), "free ok");
     assert!(k.line().starts_with("alloc ok"));
+    let nv = k.line();
+    assert_eq!(
+        (
+            cgpu_testkit::num(&nv, "nvml_meminfo", "total"),
+            cgpu_testkit::num(&nv, "nvml_meminfo", "free")
+        ),
+        (GIB, 512 * MIB),
+        "NVML shows the container's row: {nv}"
+    );
     assert_eq!(k.line(), "ready");
     assert_eq!(h.used(), 512 * MIB, "frees gave back");
 
@@ -656,6 +671,15 @@ fn with_the_node_agent_the_quota_holds_survives_its_restart_and_a_kill_gives_bac
     );
     assert_eq!(k.line(), "ready");
     assert_eq!(h.used(), 516 * MIB);
+    // Another process of the container that only looks (NVML, no CUDA)
+    // sees the container's use.
+    let mut v = h.tenant(&["nvml_meminfo"]);
+    let nv = v.line();
+    assert_eq!(
+        cgpu_testkit::num(&nv, "nvml_meminfo", "free"),
+        GIB - 516 * MIB,
+        "{nv}"
+    );
 
     // SIGKILL: the agent gives its bytes back.
     // SAFETY: kill(2) of our child.

@@ -610,3 +610,67 @@ impl SecureAccount {
         self.read_ledger().map(|l| l.file() as *const _ as usize)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn dir(mode: u32) -> PathBuf {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let d = std::env::temp_dir().join(format!(
+            "cgpu-secure-detect-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+        d
+    }
+
+    /// Only the host's socket, in a directory only root writes, is secure
+    /// mode; a socket a tenant could plant is ignored, never trusted.
+    #[test]
+    fn only_the_hosts_socket_means_secure_mode() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("this test makes root's directories: run it as root");
+        }
+        let d = dir(0o755);
+        assert_eq!(detect(&d), Ok(false), "no socket");
+        std::fs::write(d.join(SOCKET_NAME), "").unwrap();
+        assert_eq!(detect(&d), Ok(false), "a plain file is no socket");
+        std::fs::remove_file(d.join(SOCKET_NAME)).unwrap();
+        let _l = std::os::unix::net::UnixListener::bind(d.join(SOCKET_NAME)).unwrap();
+        assert_eq!(detect(&d), Ok(true));
+        for m in [0o1777, 0o775] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(m)).unwrap();
+            assert!(detect(&d).is_err(), "mode {m:o}: others could plant it");
+        }
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::os::unix::fs::lchown(d.join(SOCKET_NAME), Some(65534), None).unwrap();
+        assert!(detect(&d).is_err(), "a socket that is not root's");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Without an agent, an allocation is refused (never granted), and the
+    /// views show nothing free rather than the whole GPU.
+    #[test]
+    fn no_agent_refuses_and_shows_nothing_free() {
+        let d = dir(0o755);
+        let client: &'static Client = Box::leak(Box::new(Client::new(d.join(SOCKET_NAME))));
+        let a = SecureAccount::open(
+            client,
+            &d,
+            "GPU-00000000-0000-0000-0000-000000000001",
+            "GPU 0".into(),
+        );
+        assert!(!a.reserve(1));
+        assert_eq!(a.quota(), Some(0));
+        assert_eq!(a.process_used(), 0);
+        a.release(1);
+        assert_eq!(a.process_used(), 0);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
