@@ -619,11 +619,14 @@ fn with_the_node_agent_the_quota_holds_survives_its_restart_and_a_kill_gives_bac
         "alloc",
         "536870912",
         "nvml_meminfo",
+        "alloc",
+        "268435456",
         "ready",
         "wait_file",
         go2.to_str().unwrap(),
         "alloc",
         "4194304",
+        "free",
         "wait_file",
         go3.to_str().unwrap(),
         "alloc",
@@ -649,8 +652,9 @@ fn with_the_node_agent_the_quota_holds_survives_its_restart_and_a_kill_gives_bac
         (GIB, 512 * MIB),
         "NVML shows the container's row: {nv}"
     );
+    assert!(k.line().starts_with("alloc ok"));
     assert_eq!(k.line(), "ready");
-    assert_eq!(h.used(), 512 * MIB, "frees gave back");
+    assert_eq!(h.used(), 768 * MIB, "frees gave back");
 
     // The agent dies: refused, with the clear error; the books keep what
     // the running process holds.
@@ -658,9 +662,15 @@ fn with_the_node_agent_the_quota_holds_survives_its_restart_and_a_kill_gives_bac
     std::fs::write(&go2, "").unwrap();
     assert_eq!(k.line(), "wait_file ok");
     assert!(k.line().ends_with(OOM), "refused without the agent");
-    assert_eq!(h.used(), 512 * MIB);
+    assert_eq!(k.line(), "free ok", "a free while it is away");
+    assert_eq!(
+        h.used(),
+        768 * MIB,
+        "the books keep the running process's row"
+    );
 
-    // Back: healed, and what the process held is counted once.
+    // Back: healed; what the process holds is counted once, and what it
+    // freed meanwhile is given back.
     h.start_agent();
     std::fs::write(&go3, "").unwrap();
     assert_eq!(k.line(), "wait_file ok");

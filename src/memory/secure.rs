@@ -373,7 +373,13 @@ impl SecureAccount {
         // nothing when a restarted agent kept this process's row (its slot
         // still counts it).
         let kept = self.process_row_used(r.process);
-        let mine = self.mine.load(Ordering::Acquire).saturating_sub(kept);
+        let held = self.mine.load(Ordering::Acquire);
+        if kept > held {
+            // Freed while the agent was away: give the kept row's surplus back.
+            let r = self.client.call(c, Op::Release, &self.uuid, kept - held)?;
+            self.note(&r);
+        }
+        let mine = held.saturating_sub(kept);
         if mine > 0 {
             let r = self.client.call(c, Op::Reserve, &self.uuid, mine)?;
             self.note(&r);
