@@ -19,6 +19,9 @@
 //!   free is not charged (the driver may hold it until `cuMemPoolTrimTo`).
 //! - `fork`: the child handler only resets atomics (and lets the ledger
 //!   forget the parent's slot); the child re-joins lazily.
+//! - Secure mode (the host's node agent serves `agent.sock` in a ledger
+//!   directory only root writes): the ledger is only read, and every charge
+//!   goes through the agent ([`secure`]).
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Once;
@@ -77,19 +80,6 @@ impl Gpu {
         match &self.books {
             Books::Shared(a) => Some(a),
             Books::Secure(_) => None,
-        }
-    }
-
-    /// Is this GPU's accounting the node agent's (secure mode)?
-    pub fn is_secure(&self) -> bool {
-        matches!(self.books, Books::Secure(_))
-    }
-
-    /// The secure account (tests and diagnostics).
-    pub fn secure_account(&self) -> Option<&secure::SecureAccount> {
-        match &self.books {
-            Books::Secure(s) => Some(s),
-            Books::Shared(_) => None,
         }
     }
 

@@ -610,11 +610,6 @@ impl SecureAccount {
     pub fn leave(&self) {
         self.left.store(true, Ordering::Release);
     }
-
-    /// Test and diagnostics: the read-only mapping's address, if mapped.
-    pub fn mapping(&self) -> Option<usize> {
-        self.read_ledger().map(|l| l.file() as *const _ as usize)
-    }
 }
 
 #[cfg(test)]
