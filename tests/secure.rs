@@ -707,3 +707,31 @@ fn with_the_node_agent_the_quota_holds_survives_its_restart_and_a_kill_gives_bac
         "one clear error:\n{err}"
     );
 }
+
+#[test]
+fn frees_not_waited_for_still_show_in_the_next_view() {
+    let q = 128 * MIB;
+    let (m, _agent) = secure_machine("frees", q);
+    let mut args: Vec<&str> = Vec::new();
+    for _ in 0..40 {
+        args.extend(["alloc", "2097152"]);
+    }
+    args.extend([
+        "meminfo", "freeall", "meminfo", "alloc", "2097152", "meminfo",
+    ]);
+    let out = run_ok(&mut tenant(&m, &args));
+    let ls: Vec<&str> = out.lines().skip(40).collect();
+    assert_eq!(
+        ls[0],
+        format!("meminfo ok free={} total={q}", q - 80 * MIB),
+        "{out}"
+    );
+    assert_eq!(ls[1], "freeall ok n=40", "{out}");
+    assert_eq!(ls[2], format!("meminfo ok free={q} total={q}"), "{out}");
+    assert!(ls[3].starts_with("alloc ok"), "{out}");
+    assert_eq!(
+        ls[4],
+        format!("meminfo ok free={} total={q}", q - 2 * MIB),
+        "{out}"
+    );
+}

@@ -83,9 +83,12 @@ impl Gpu {
         }
     }
 
+    /// Before a view: dead processes' bytes reaped (cooperative), or this
+    /// process's releases applied by the agent (secure).
     fn maybe_reap(&self) {
-        if let Some(a) = self.acct() {
-            a.maybe_reap();
+        match &self.books {
+            Books::Shared(a) => a.maybe_reap(),
+            Books::Secure(s) => s.settle(),
         }
     }
 

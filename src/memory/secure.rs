@@ -41,6 +41,9 @@ use parking_lot::Mutex;
 use crate::ledger::wire::{Op, Reply, Request, Status, REPLY_LEN, SOCKET_NAME};
 use crate::ledger::{human_bytes, Ledger};
 
+/// Most releases sent without reading their replies yet.
+const MAX_PENDING: u32 = 32;
+
 /// Longest the agent may take to answer one request (then the connection
 /// is dropped and the allocation refused).
 pub const ANSWER_WAIT: Duration = Duration::from_secs(2);
@@ -125,6 +128,8 @@ enum Fault {
 struct Conn {
     fd: i32,
     seq: u64,
+    /// Requests sent whose replies are not read yet (the last ones sent).
+    pending: u32,
     /// Bumped at each new connection.
     epoch: u64,
 }
@@ -133,6 +138,8 @@ struct Conn {
 /// child's `Proc` makes its own).
 pub struct Client {
     sock: PathBuf,
+    /// `Conn::pending`, readable without the lock (views).
+    pending: AtomicU32,
     conn: Mutex<Conn>,
 }
 
@@ -146,9 +153,11 @@ impl Client {
     pub fn new(sock: PathBuf) -> Client {
         Client {
             sock,
+            pending: AtomicU32::new(0),
             conn: Mutex::new(Conn {
                 fd: -1,
                 seq: 0,
+                pending: 0,
                 epoch: 0,
             }),
         }
@@ -236,13 +245,13 @@ impl Client {
                 unsafe { libc::close(c.fd) };
             }
             c.fd = -1;
+            c.pending = 0;
         }
     }
 
-    /// One request, one reply (under the connection's lock, held by the
-    /// caller). A transport failure drops the connection.
-    fn call(&self, c: &mut Conn, op: Op, gpu: &str, bytes: u64) -> Result<Reply, Fault> {
-        self.connect(c)?;
+    /// Send one request (under the connection's lock, held by the caller);
+    /// its sequence number. A failure drops the connection.
+    fn send(&self, c: &mut Conn, op: Op, gpu: &str, bytes: u64) -> Result<u64, Fault> {
         c.seq += 1;
         let Some(req) = Request::new(op, c.seq, gpu, bytes) else {
             return Err(Fault::Unreachable(format!(
@@ -250,16 +259,24 @@ impl Client {
             )));
         };
         let b = req.encode();
-        let fail = |c: &mut Conn, what: String| {
-            Client::disconnect(c);
-            Err(Fault::Unreachable(what))
-        };
         // SAFETY: valid descriptor and buffer of its length.
         let n = unsafe { libc::send(c.fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
         if n != b.len() as isize {
             let e = std::io::Error::last_os_error();
-            return fail(c, format!("the agent's connection failed ({e})"));
+            Client::disconnect(c);
+            return Err(Fault::Unreachable(format!(
+                "the agent's connection failed ({e})"
+            )));
         }
+        Ok(req.seq)
+    }
+
+    /// The reply to request `seq`. A failure drops the connection.
+    fn receive(&self, c: &mut Conn, seq: u64) -> Result<Reply, Fault> {
+        let fail = |c: &mut Conn, what: String| {
+            Client::disconnect(c);
+            Err(Fault::Unreachable(what))
+        };
         let mut r = [0u8; REPLY_LEN + 1];
         let n = loop {
             // SAFETY: valid descriptor and buffer of its length.
@@ -284,11 +301,47 @@ impl Client {
             return fail(c, why);
         }
         let n = n as usize;
-        let reply = match Reply::decode(&r[..n.min(r.len())]) {
-            Ok(reply) if n == REPLY_LEN && reply.seq == req.seq => reply,
-            Ok(_) => return fail(c, "the agent answered another request".into()),
-            Err(e) => return fail(c, format!("the agent's answer is not one ({e})")),
-        };
+        match Reply::decode(&r[..n.min(r.len())]) {
+            Ok(reply) if n == REPLY_LEN && reply.seq == seq => Ok(reply),
+            Ok(_) => fail(c, "the agent answered another request".into()),
+            Err(e) => fail(c, format!("the agent's answer is not one ({e})")),
+        }
+    }
+
+    /// Read the replies to the releases sent without waiting (they are
+    /// the last `pending` requests, answered in order).
+    fn drain(&self, c: &mut Conn) -> Result<(), Fault> {
+        while c.pending > 0 && c.fd >= 0 {
+            let seq = c.seq - u64::from(c.pending) + 1;
+            let r = self.receive(c, seq);
+            c.pending -= 1;
+            self.pending.store(c.pending, Ordering::Release);
+            if let Err(f) = r {
+                c.pending = 0;
+                self.pending.store(0, Ordering::Release);
+                return Err(f);
+            }
+        }
+        Ok(())
+    }
+
+    /// Connected, with no reply outstanding (a connection that failed
+    /// while its replies were read is made again).
+    fn settle(&self, c: &mut Conn) -> Result<(), Fault> {
+        self.connect(c)?;
+        if self.drain(c).is_err() {
+            self.connect(c)?;
+        }
+        Ok(())
+    }
+
+    /// One request, one reply (under the connection's lock, held by the
+    /// caller). A transport failure drops the connection.
+    fn call(&self, c: &mut Conn, op: Op, gpu: &str, bytes: u64) -> Result<Reply, Fault> {
+        self.connect(c)?;
+        self.drain(c)?;
+        let seq = self.send(c, op, gpu, bytes)?;
+        let reply = self.receive(c, seq)?;
         match reply.status {
             Status::Ok | Status::OverQuota => Ok(reply),
             Status::BadRequest => {
@@ -298,6 +351,20 @@ impl Client {
             }
             s => Err(Fault::Refused(s)),
         }
+    }
+
+    /// Send a request whose reply is read later (a release: its answer
+    /// changes nothing here; the next request or view reads it first). At
+    /// most [`MAX_PENDING`] are outstanding, so the agent never blocks on a
+    /// full socket.
+    fn post(&self, c: &mut Conn, op: Op, gpu: &str, bytes: u64) -> Result<(), Fault> {
+        if c.pending >= MAX_PENDING {
+            self.drain(c)?;
+        }
+        self.send(c, op, gpu, bytes)?;
+        c.pending += 1;
+        self.pending.store(c.pending, Ordering::Release);
+        Ok(())
     }
 }
 
@@ -361,7 +428,7 @@ impl SecureAccount {
     /// `Hello` on the current connection if this GPU has not said it there
     /// yet; re-registers what this process holds on a new connection.
     fn hello(&self, c: &mut Conn) -> Result<(), Fault> {
-        self.client.connect(c)?;
+        self.client.settle(c)?;
         if self.epoch.load(Ordering::Acquire) == c.epoch {
             return Ok(());
         }
@@ -527,13 +594,14 @@ impl SecureAccount {
         if c.fd < 0 || self.epoch.load(Ordering::Acquire) != c.epoch || take == 0 {
             return;
         }
-        match self.client.call(&mut c, Op::Release, &self.uuid, take) {
-            Ok(r) => self.note(&r),
-            Err(f) => tracing::warn!(
-                "{}: the node agent did not take back {}: {f:?}",
+        // Not waited for: the free returns at once; a failed connection
+        // gives back everything it held anyway.
+        if let Err(f) = self.client.post(&mut c, Op::Release, &self.uuid, take) {
+            tracing::debug!(
+                "{}: the release of {} was not sent ({f:?}); the closed connection gave it back",
                 self.gpu,
                 human_bytes(take)
-            ),
+            );
         }
     }
 
@@ -548,6 +616,16 @@ impl SecureAccount {
             .get(p as usize)
             .filter(|s| s.state.load(Ordering::Acquire) == crate::ledger::SLOT_LIVE)
             .map_or(0, |s| s.used.load(Ordering::Acquire))
+    }
+
+    /// Before a view: the releases this process sent are applied by the
+    /// agent (their replies read), so the row shows them.
+    pub fn settle(&self) {
+        if self.client.pending.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut c = self.client.conn.lock();
+        let _ = self.client.drain(&mut c);
     }
 
     /// The container's row in the read-only mapping, if known.
