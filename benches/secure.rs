@@ -1,8 +1,9 @@
 //! What secure mode adds to an allocation: a `cuMemAlloc_v2`+`cuMemFree_v2`
 //! pair (1 MiB) through `libcgpu.so` on the simulated driver, with the
 //! books kept cooperatively (the process writes the shared ledger) vs in
-//! secure mode (a `Reserve` and a `Release` round trip to the node agent's
-//! socket), measured in the same run, as a ratio.
+//! secure mode (a `Reserve` round trip to the node agent's socket, and a
+//! `Release` whose reply is read before the next request), measured in the
+//! same run, as a ratio.
 //!
 //! The agent here is a server of the wire protocol in this process (one
 //! thread per connection) that charges the container's row of a real
@@ -313,7 +314,7 @@ fn main() {
     println!("\n| cuMemAlloc+cuMemFree (1 MiB) | p50 | p99 |");
     println!("|---|---|---|");
     println!("| cooperative | {c50:.1} µs | {c99:.1} µs |");
-    println!("| secure (two agent round trips) | {s50:.1} µs | {s99:.1} µs |");
+    println!("| secure (Reserve + Release to the agent) | {s50:.1} µs | {s99:.1} µs |");
     println!(
         "| secure / cooperative | {:.2}x | {:.2}x |",
         s50 / c50,
