@@ -368,28 +368,10 @@ fn an_agent_gone_refuses_with_one_clear_error_and_heals_when_back() {
     assert!(err.contains("allocations are accepted"), "{err}");
 }
 
-#[test]
-fn a_tenant_cannot_write_the_books_and_the_mapping_is_read_only() {
-    let (m, _agent) = secure_machine("readonly", 64 * MIB);
-    let mut k = Kid::spawn(tenant(
-        &m,
-        &[
-            "alloc", "8388608", "meminfo", "free", "alloc", "4194304", "spin", "100000", "20",
-            "ready", "hold",
-        ],
-    ));
-    let mut seen = Vec::new();
-    loop {
-        let l = k.line();
-        if l == "ready" {
-            break;
-        }
-        assert!(!l.contains("err="), "{l}");
-        seen.push(l);
-    }
-    let file = m.ledger_file().unwrap();
-    // The process maps the ledger read-only, shared, and never dirtied a page.
-    let maps = std::fs::read_to_string(format!("/proc/{}/smaps", k.0.id())).unwrap();
+/// Process `pid` maps `file` only read-only and shared, and never dirtied
+/// a page of it.
+fn assert_mapped_read_only(pid: u32, file: &Path) {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
     let name = file.to_str().unwrap();
     let mut found = 0;
     let mut blocks = maps.split('\n').peekable();
@@ -410,19 +392,49 @@ fn a_tenant_cannot_write_the_books_and_the_mapping_is_read_only() {
         }
     }
     assert!(found >= 1, "the ledger is mapped:\n{maps}");
-    // A tenant that writes the file is refused, and the books do not move.
-    let before = std::fs::read(&file).unwrap();
+}
+
+/// A tenant (uid 65534) that writes `file` is refused by the kernel.
+fn assert_tenant_cannot_write(file: &Path) {
     let o = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "printf xxxx | dd of={name} conv=notrunc bs=1 seek=64"
+            "printf xxxx | dd of={} conv=notrunc bs=1 seek=64",
+            file.display()
         ))
         .uid(TENANT)
         .gid(TENANT)
         .output()
         .unwrap();
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("Permission denied"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("Permission denied"), "{err}");
+}
+
+#[test]
+fn a_tenant_cannot_write_the_books_and_the_mapping_is_read_only() {
+    let (m, _agent) = secure_machine("readonly", 64 * MIB);
+    let mut k = Kid::spawn(tenant(
+        &m,
+        &[
+            "alloc", "8388608", "meminfo", "free", "alloc", "4194304", "spin", "100000", "20",
+            "ready", "hold",
+        ],
+    ));
+    let mut seen = Vec::new();
+    loop {
+        let l = k.line();
+        if l == "ready" {
+            break;
+        }
+        assert!(!l.contains("err="), "{l}");
+        seen.push(l);
+    }
+    let file = m.ledger_file().unwrap();
+    assert_mapped_read_only(k.0.id(), &file);
+    // A tenant that writes the file is refused, and the books do not move.
+    let before = std::fs::read(&file).unwrap();
+    assert_tenant_cannot_write(&file);
     let after = std::fs::read(&file).unwrap();
     assert!(before == after, "the books moved");
     assert_eq!(row_used(&m), 4 * MIB);
@@ -680,6 +692,12 @@ fn with_the_node_agent_the_quota_holds_survives_its_restart_and_a_kill_gives_bac
         format!("meminfo ok free={} total={GIB}", GIB - 516 * MIB)
     );
     assert_eq!(k.line(), "ready");
+    assert_eq!(h.used(), 516 * MIB);
+    // The agent's books: mapped read-only by the tenant, never dirtied, and
+    // not writable by it.
+    let file = h.m.ledger_file().unwrap();
+    assert_mapped_read_only(k.0.id(), &file);
+    assert_tenant_cannot_write(&file);
     assert_eq!(h.used(), 516 * MIB);
     // Another process of the container that only looks (NVML, no CUDA)
     // sees the container's use.
