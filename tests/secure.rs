@@ -753,3 +753,38 @@ fn frees_not_waited_for_still_show_in_the_next_view() {
         "{out}"
     );
 }
+
+#[test]
+fn a_process_started_while_the_agent_is_away_waits_for_it() {
+    let (m, agent) = secure_machine("away", 64 * MIB);
+    // The agent made its books, then went, its socket with it.
+    run_ok(&mut tenant(&m, &["alloc", "4194304"]));
+    let books = agent.kill();
+    std::fs::remove_file(m.ledger.join(SOCKET_NAME)).unwrap();
+    let go = m.root.join("go");
+    let mut k = Kid::spawn(tenant(
+        &m,
+        &[
+            "alloc",
+            "4194304",
+            "wait_file",
+            go.to_str().unwrap(),
+            "alloc",
+            "4194304",
+            "ready",
+            "hold",
+        ],
+    ));
+    assert!(k.line().ends_with(OOM), "refused, never cooperative");
+    let _agent = Agent::start(books);
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(k.line(), "wait_file ok");
+    assert!(
+        k.line().starts_with("alloc ok"),
+        "healed once the agent serves"
+    );
+    assert_eq!(k.line(), "ready");
+    assert_eq!(row_used(&m), 4 * MIB);
+    let err = k.stderr();
+    assert!(err.contains("node agent cannot be reached"), "{err}");
+}

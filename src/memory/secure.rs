@@ -6,7 +6,9 @@
 //!   writable by nobody else, the socket is root's. A socket anyone could
 //!   have made (in a directory others can write) is ignored, with a
 //!   warning: a tenant cannot switch other containers' processes over to an
-//!   agent of its own. Decided once per process.
+//!   agent of its own. Without the socket (the agent restarting), ledger
+//!   files only root may write, in that directory, are the agent's books
+//!   too: secure mode, waiting for the agent. Decided once per process.
 //! - **Never writing the books**: each GPU's ledger is opened read-only
 //!   (`O_RDONLY`, mapped `PROT_READ`); the process never joins it, never
 //!   holds a slot or a lock there, never writes a knob, a weight or a
@@ -72,12 +74,14 @@ pub fn on() -> bool {
 /// socket. `Err`: a socket that is not the host's (the reason).
 pub fn detect(dir: &Path) -> Result<bool, String> {
     let sock = dir.join(SOCKET_NAME);
-    let Ok(s) = std::fs::symlink_metadata(&sock) else {
-        return Ok(false);
+    let s = match std::fs::symlink_metadata(&sock) {
+        Ok(s) if s.file_type().is_socket() => s,
+        // No socket (the agent is between its start and its bind, or
+        // gone): the books are still the agent's if it made them (root's,
+        // writable by root only, in a directory only root writes); then
+        // allocations wait for the agent, never go back to the shared file.
+        _ => return Ok(agents_books(dir)),
     };
-    if !s.file_type().is_socket() {
-        return Ok(false);
-    }
     let d = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     if !d.is_dir() {
         return Err(format!("{} is not a directory", dir.display()));
@@ -98,6 +102,17 @@ pub fn detect(dir: &Path) -> Result<bool, String> {
         ));
     }
     Ok(true)
+}
+
+/// Does `dir` hold ledgers the node agent made: the directory root's and
+/// writable by root only, and a ledger file in it root's and writable by
+/// root only (the shared books are every uid's to write)?
+fn agents_books(dir: &Path) -> bool {
+    let host_only = |m: &std::fs::Metadata| m.uid() == 0 && m.mode() & 0o022 == 0;
+    std::fs::symlink_metadata(dir).is_ok_and(|d| d.is_dir() && host_only(&d))
+        && Ledger::list(dir)
+            .iter()
+            .any(|f| std::fs::symlink_metadata(f).is_ok_and(|m| m.is_file() && host_only(&m)))
 }
 
 /// The descriptor of this process's connection (-1: none), for the fork
@@ -718,6 +733,15 @@ mod tests {
         }
         let d = dir(0o755);
         assert_eq!(detect(&d), Ok(false), "no socket");
+        // The agent's books without its socket (it is restarting): still
+        // secure; the shared books (every uid's to write) are not.
+        let f = Ledger::path_for(&d, "GPU-00000000-0000-0000-0000-000000000002");
+        std::fs::write(&f, "").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(detect(&d), Ok(false), "shared books");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(detect(&d), Ok(true), "the agent's books, its socket gone");
+        std::fs::remove_file(&f).unwrap();
         std::fs::write(d.join(SOCKET_NAME), "").unwrap();
         assert_eq!(detect(&d), Ok(false), "a plain file is no socket");
         std::fs::remove_file(d.join(SOCKET_NAME)).unwrap();
