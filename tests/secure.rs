@@ -788,3 +788,24 @@ fn a_process_started_while_the_agent_is_away_waits_for_it() {
     let err = k.stderr();
     assert!(err.contains("node agent cannot be reached"), "{err}");
 }
+
+#[test]
+fn a_process_the_node_agent_cannot_place_is_refused_and_told_why() {
+    let h = Host::new("stranger", "1");
+    // Not in the container's cgroup: the agent does not know its container.
+    let o = run(&mut tenant(&h.m, &["alloc", "1048576", "meminfo"]));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(out.lines().next().unwrap().ends_with(OOM), "{out}\n{err}");
+    assert_eq!(
+        err.matches("does not know this process's container")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        err.contains("fix: give the container its GPU settings on the host"),
+        "{err}"
+    );
+    assert_eq!(h.used(), 0);
+}

@@ -123,6 +123,8 @@ impl Gpu {
     pub fn container_used(&self) -> u64 {
         match &self.books {
             Books::Shared(a) => a.container_used(),
+            // Not placed by the agent yet: nothing is free (never the whole GPU).
+            Books::Secure(s) if !s.known() => self.physical_total,
             Books::Secure(s) => s.container_used(),
         }
     }
@@ -164,7 +166,8 @@ impl Gpu {
             return None;
         }
         if let Books::Secure(s) = &self.books {
-            return s.quota();
+            // Not placed yet: the GPU's size, all of it used (see `container_used`).
+            return if s.known() { s.quota() } else { Some(u64::MAX) };
         }
         match self.ledger() {
             Some((ledger, m)) => {
@@ -674,7 +677,11 @@ fn join_secure(info: GpuInfo, client: &'static secure::Client) -> Gpu {
         "GPU {} ({}): secure mode, quota {}, kept by the node agent",
         info.visible_index,
         info.uuid,
-        s.quota().map_or("none".into(), crate::ledger::human_bytes),
+        if s.known() {
+            s.quota().map_or("none".into(), crate::ledger::human_bytes)
+        } else {
+            "not known yet (the agent has not answered)".into()
+        },
     );
     Gpu {
         uuid: info.uuid,

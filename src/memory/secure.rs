@@ -662,17 +662,17 @@ impl SecureAccount {
         self.mine.load(Ordering::Acquire)
     }
 
-    /// The container's quota (`None`: not limited). Before the agent ever
-    /// answered: 0 (nothing can be allocated; never "not limited").
+    /// Has the agent ever placed this process (told its container's row)?
+    /// Until then nothing can be allocated, and views show nothing free.
+    pub fn known(&self) -> bool {
+        self.container.load(Ordering::Acquire) != u32::MAX
+    }
+
+    /// The container's quota (`None`: not limited); see [`Self::known`].
     pub fn quota(&self) -> Option<u64> {
         if let Some(r) = self.row() {
             let q = r.quota.load(Ordering::Acquire);
             return (q != 0 && r.enforce_off.load(Ordering::Relaxed) == 0).then_some(q);
-        }
-        if self.epoch.load(Ordering::Acquire) == 0
-            && self.container.load(Ordering::Acquire) == u32::MAX
-        {
-            return Some(0);
         }
         match self.quota.load(Ordering::Acquire) {
             u64::MAX => None,
@@ -770,7 +770,7 @@ mod tests {
             "GPU 0".into(),
         );
         assert!(!a.reserve(1));
-        assert_eq!(a.quota(), Some(0));
+        assert!(!a.known());
         assert_eq!(a.process_used(), 0);
         a.release(1);
         assert_eq!(a.process_used(), 0);
