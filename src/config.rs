@@ -30,7 +30,11 @@ pub fn get() -> &'static Config {
             });
         let c = match alloc {
             None => match settings_file_path(&env) {
-                None => from_lookup(&env, cgroup.as_deref()),
+                None => {
+                    let mut c = from_lookup(&env, cgroup.as_deref());
+                    c.ignored.extend(file_only_settings_in_env(&env));
+                    c
+                }
                 Some(path) => {
                     let text = read_settings_file(&path);
                     let ignored = ignored_by_settings_file(&env, text.as_deref().unwrap_or(""));
@@ -77,18 +81,29 @@ pub fn get() -> &'static Config {
                     "cgpu: CGPU_DISABLE set: memory not enforced, usage recorded (container {})",
                     c.container_id
                 ),
-                Mode::Enforce => tracing::info!(
-                    "cgpu: enforcing GPU memory quotas of {} GiB{} for container {}",
-                    c.mem_container
-                        .iter()
-                        .map(|g| g.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", "),
-                    c.mem_dev
-                        .map(|d| format!(" (of a {d} GiB GPU)"))
-                        .unwrap_or_default(),
-                    c.container_id
-                ),
+                Mode::Enforce => {
+                    let list = |v: &[u64]| {
+                        v.iter()
+                            .map(|g| g.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    };
+                    match &c.mem_container_mib {
+                        Some(mib) => tracing::info!(
+                            "cgpu: enforcing GPU memory quotas of {} MiB for container {}",
+                            list(mib),
+                            c.container_id
+                        ),
+                        None => tracing::info!(
+                            "cgpu: enforcing GPU memory quotas of {} GiB{} for container {}",
+                            list(&c.mem_container),
+                            c.mem_dev
+                                .map(|d| format!(" (of a {d} GiB GPU)"))
+                                .unwrap_or_default(),
+                            c.container_id
+                        ),
+                    }
+                }
             }
         }
         c

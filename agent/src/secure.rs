@@ -291,13 +291,24 @@ impl Server {
         }
         let mut gpus = Vec::new();
         for info in infos {
-            // An existing ledger is opened as it is (opening to create
-            // reaps, and the rows of running processes whose agent was this
-            // one's predecessor must be taken over first: nobody holds
-            // their liveness locks now).
+            // A missing ledger is created (root's, 0644); an existing one is
+            // opened as it is: opening to create reaps, and the rows of
+            // running processes whose agent was this one's predecessor must
+            // be taken over first (nobody holds their liveness locks now).
             let live = Ledger::live_path(&opts.ledger_dir, &info.uuid);
-            let ledger = match std::fs::symlink_metadata(&live) {
-                Ok(_) => Ledger::open(&live).and_then(|l| {
+            if std::fs::symlink_metadata(&live).is_err() {
+                Ledger::open_or_create_mode(
+                    &opts.ledger_dir,
+                    &info.uuid,
+                    info.index,
+                    info.total,
+                    AGENT_MODE,
+                )
+                .map_err(|e| format!("GPU {}: {e}", info.uuid))?;
+            }
+            private_lock_file(&live)?;
+            let ledger = Ledger::open(&live)
+                .and_then(|l| {
                     if l.uuid() == info.uuid {
                         Ok(l)
                     } else {
@@ -306,16 +317,8 @@ impl Server {
                             why: format!("holds GPU {:?}", l.uuid()),
                         })
                     }
-                }),
-                Err(_) => Ledger::open_or_create_mode(
-                    &opts.ledger_dir,
-                    &info.uuid,
-                    info.index,
-                    info.total,
-                    AGENT_MODE,
-                ),
-            }
-            .map_err(|e| format!("GPU {}: {e}", info.uuid))?;
+                })
+                .map_err(|e| format!("GPU {}: {e}", info.uuid))?;
             // A ledger left by the cooperative mode is every uid's: make it
             // the agent's.
             let path = ledger.path().to_owned();
@@ -684,22 +687,6 @@ impl Server {
         p.pidns.store(peer.pidns, Release);
         p.start_time.store(peer.start, Release);
         p.set_host_pid(peer.pid);
-        // The host's settings are the row's: a quota changed on the host
-        // since the row was made applies from now on.
-        let want = match req.quota {
-            QUOTA_UNLIMITED => Some(0),
-            0 => None,
-            q => Some(q),
-        };
-        if let Some(q) = want {
-            if f.containers[m.container]
-                .quota
-                .load(std::sync::atomic::Ordering::Acquire)
-                != q
-            {
-                let _ = gpu.ledger.set_memsize(m.container, q);
-            }
-        }
         let r = numbers(&gpu.ledger, &m, Status::Ok, seq);
         if let Some(c) = self.conns.get_mut(&fd) {
             c.joined.push(Joined { gpu: g, m });
@@ -837,6 +824,33 @@ fn adopt_live(gpus: &[Gpu]) -> Vec<Orphan> {
     out
 }
 
+/// The ledger's private lock file (root's, 0600): the agent's table and
+/// liveness locks go there, where no tenant can take a lock that would
+/// stall them (a reader of the ledger could lock the ledger itself).
+fn private_lock_file(ledger: &Path) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = Ledger::lock_file_path(ledger);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| format!("cannot make {}: {e}", path.display()))?;
+    let m = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if !m.is_file() || m.uid() != 0 {
+        return Err(format!("{} is not a file of root's", path.display()));
+    }
+    if m.mode() & 0o7777 != 0o600 {
+        f.set_permissions(std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Lets the loop hold as many connections as the hard limit allows.
 fn raise_fd_limit() {
     // SAFETY: plain getrlimit/setrlimit on a valid struct.
@@ -855,7 +869,9 @@ fn raise_fd_limit() {
 /// `release UUID BYTES`, `raw HEX` (send these bytes as one message),
 /// `flood N` (open N more connections, say Hello on each to `UUID` given
 /// by the last hello, print how many were answered), `unflood` (close
-/// them), `reconnect`, `open-write PATH` (try to open a file for writing,
+/// them), `reconnect`, `bench UUID N` (N timed round trips of a Reserve
+/// and a Release of 4 KiB: p50, p99, max), `lock-read PATH` (hold a read lock on all of a
+/// file, as any reader may), `open-write PATH` (try to open a file for writing,
 /// print the errno). It connects at its first command.
 pub fn client(sock: &Path) -> i32 {
     use std::io::{BufRead, Write};
@@ -879,7 +895,7 @@ pub fn client(sock: &Path) -> i32 {
         }
         let needs = matches!(
             w.first(),
-            Some(&("hello" | "reserve" | "release" | "raw" | "reconnect"))
+            Some(&("hello" | "reserve" | "release" | "raw" | "reconnect" | "bench"))
         );
         if needs && fd.is_none() {
             match connect_to(sock) {
@@ -932,6 +948,38 @@ pub fn client(sock: &Path) -> i32 {
                 }
                 "unflooded".to_string()
             }
+            ["bench", gpu, n] => {
+                // Round trips of a Reserve and its Release, each timed.
+                let n: usize = n.parse().unwrap_or(0).max(1);
+                let mut ns = Vec::with_capacity(2 * n);
+                let mut bad = 0usize;
+                for i in 0..n {
+                    for op in [Op::Reserve, Op::Release] {
+                        let t0 = Instant::now();
+                        let r = exchange_req(c, op, i as u64, gpu, 4096);
+                        ns.push(t0.elapsed().as_nanos() as u64);
+                        if !r.contains("status=Ok") {
+                            bad += 1;
+                        }
+                    }
+                }
+                ns.sort_unstable();
+                let q = |f: f64| ns[((ns.len() - 1) as f64 * f) as usize];
+                format!(
+                    "bench n={} bad={bad} p50_ns={} p99_ns={} max_ns={}",
+                    ns.len(),
+                    q(0.5),
+                    q(0.99),
+                    ns[ns.len() - 1]
+                )
+            }
+            ["lock-read", path] => match lock_read(path) {
+                Ok(l) => {
+                    extra.push(l);
+                    "locked".to_string()
+                }
+                Err(e) => format!("lock errno={}", e.raw_os_error().unwrap_or(0)),
+            },
             ["open-write", path] => match std::fs::OpenOptions::new().write(true).open(path) {
                 Ok(_) => "open ok".to_string(),
                 Err(e) => format!("open errno={}", e.raw_os_error().unwrap_or(0)),
@@ -942,6 +990,26 @@ pub fn client(sock: &Path) -> i32 {
         let _ = out.flush();
     }
     0
+}
+
+/// Opens `path` for reading and takes a read lock on all of it (an open
+/// file description lock, as the ledger's own): what any reader can do.
+fn lock_read(path: &str) -> std::io::Result<i32> {
+    use std::os::unix::io::IntoRawFd;
+    let f = std::fs::File::open(path)?;
+    let fd = f.into_raw_fd();
+    // SAFETY: an all-zero flock is valid; then a whole-file read lock.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = libc::F_RDLCK as i16;
+    l.l_whence = libc::SEEK_SET as i16;
+    // SAFETY: our descriptor and a valid flock.
+    if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &l) } != 0 {
+        let e = errno();
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
+        return Err(e);
+    }
+    Ok(fd)
 }
 
 fn exchange_req(fd: i32, op: Op, seq: u64, gpu: &str, bytes: u64) -> String {

@@ -507,6 +507,20 @@ fn the_books_are_the_hosts() {
             .trim(),
         "ALIYUN_COM_GPU_MEM_CONTAINER=1"
     );
+    // The host's operator changes them (root, on the host).
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=3"]);
+    let r = c.ask(&format!("reserve {gpu} {}", 2 * GIB));
+    assert_eq!((r.status.as_str(), r.quota), ("Ok", 3 * GIB));
+    let o = Command::new(artifacts().bin("cgpuctl"))
+        .arg("--dir")
+        .arg(&rig.dir)
+        .args(["set", "memsize", "1", "--container", &a[..12]])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r = c.ask(&format!("reserve {gpu} 1"));
+    assert_eq!((r.status.as_str(), r.quota), ("OverQuota", GIB));
+    assert_eq!(c.ask(&format!("release {gpu} {}", 2 * GIB)).used, 0);
 }
 
 #[test]
@@ -550,6 +564,7 @@ fn a_restarted_agent_keeps_the_rows_of_running_processes() {
     let gpu = rig.uuid.clone();
     let mut stays = rig.client(Some(&a));
     let mut dies = rig.client(Some(&a));
+    let mut late = rig.client(Some(&a));
     assert_eq!(stays.ask(&format!("hello {gpu}")).status, "Ok");
     let r = stays.ask(&format!("reserve {gpu} {}", 300 * MIB));
     let slot = r.process;
@@ -558,20 +573,32 @@ fn a_restarted_agent_keeps_the_rows_of_running_processes() {
         dies.ask(&format!("reserve {gpu} {}", 100 * MIB)).used,
         400 * MIB
     );
+    assert_eq!(late.ask(&format!("hello {gpu}")).status, "Ok");
+    assert_eq!(
+        late.ask(&format!("reserve {gpu} {}", 50 * MIB)).used,
+        450 * MIB
+    );
 
     rig.kill_agent();
     // The connections went with the agent; the books did not.
     assert_eq!(stays.cmd(&format!("reserve {gpu} 1")), "closed");
-    assert_eq!(rig.used(&a), 400 * MIB);
+    assert_eq!(rig.used(&a), 450 * MIB);
     dies.kill();
 
     let log = rig.start_agent(&[]);
     assert!(
         log.iter()
-            .any(|l| l.contains("1 rows of running processes taken over")),
+            .any(|l| l.contains("2 rows of running processes taken over")),
         "{log:?}"
     );
-    // The dead process's bytes are back; the live one's stay counted.
+    // The dead process's bytes are back; the live ones' stay counted.
+    assert_eq!(rig.used(&a), 350 * MIB);
+    // One that ends before it says Hello again gives back too.
+    late.kill();
+    let t0 = Instant::now();
+    while rig.used(&a) != 300 * MIB && t0.elapsed() < PATIENCE {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(rig.used(&a), 300 * MIB);
     // It says Hello again on a new connection and gets its row back.
     assert_eq!(stays.cmd("reconnect"), "connected");
@@ -604,4 +631,81 @@ fn a_directory_others_can_write_is_refused() {
         0,
         "nothing made there"
     );
+}
+
+#[test]
+fn cgpu_smi_says_which_mode_the_gpus_are_in() {
+    let mut rig = Rig::new();
+    let smi = |rig: &Rig| {
+        let o = Command::new(artifacts().bin("cgpu-smi"))
+            .arg("--dir")
+            .arg(&rig.dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["gpus"][0]["gpu"]["uuid"], rig.uuid.as_str());
+        v["mode"].as_str().unwrap().to_string()
+    };
+    assert_eq!(smi(&rig), "secure");
+    rig.kill_agent();
+    // The socket is still there; nobody answers on it.
+    assert!(rig.sock().exists());
+    assert_eq!(smi(&rig), "cooperative");
+}
+
+#[test]
+fn a_reader_s_locks_do_not_stall_the_agent() {
+    let mut rig = Rig::new();
+    let (a, b) = (container_id(), container_id());
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    rig.settings_for(&b, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    let gpu = rig.uuid.clone();
+    let path = Ledger::live_path(&rig.dir, &gpu);
+    let locks = Ledger::lock_file_path(&path);
+    let m = std::fs::metadata(&locks).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600));
+    // A tenant holds a read lock on the whole ledger (the table lock's
+    // bytes and every process slot's among them) and cannot open the
+    // agent's lock file.
+    let mut locker = rig.client(Some(&a));
+    assert_eq!(
+        locker.cmd(&format!("lock-read {}", path.display())),
+        "locked"
+    );
+    assert_eq!(
+        locker.cmd(&format!("lock-read {}", locks.display())),
+        "lock errno=13"
+    );
+    for _ in 0..3 {
+        let mut c = rig.client(Some(&b));
+        assert_eq!(c.ask(&format!("hello {gpu}")).status, "Ok");
+        assert_eq!(
+            c.ask(&format!("reserve {gpu} {}", 100 * MIB)).used,
+            100 * MIB
+        );
+        c.kill();
+        let t0 = Instant::now();
+        while rig.used(&b) != 0 && t0.elapsed() < PATIENCE {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(rig.used(&b), 0);
+    }
+}
+
+/// Not a timing assertion: prints what a round trip to the agent costs
+/// here, and checks that every one was served and the books are back.
+#[test]
+fn round_trips_are_served_and_timed() {
+    let mut rig = Rig::new();
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    let gpu = rig.uuid.clone();
+    let mut c = rig.client(Some(&a));
+    assert_eq!(c.ask(&format!("hello {gpu}")).status, "Ok");
+    let out = c.cmd(&format!("bench {gpu} 5000"));
+    assert!(out.starts_with("bench n=10000 bad=0 "), "{out}");
+    assert_eq!(rig.used(&a), 0);
+    eprintln!("Reserve or Release round trip through the agent: {out}");
 }

@@ -383,6 +383,21 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     unsafe { libc::fstat(fd, &mut st) };
+    // A ledger the node agent owns keeps its locks in a private file
+    // beside it: the two lock descriptors are that file's (the mapping
+    // stays the ledger's).
+    let (fd, probe) = match private_locks(path) {
+        None => (fd, probe),
+        Some(Ok(pair)) => {
+            close(fd);
+            close(probe);
+            pair
+        }
+        Some(Err(e)) => {
+            unmap(map);
+            return done(e);
+        }
+    };
     let generation = path
         .file_name()
         .and_then(|n| parse_name(&n.to_string_lossy()))
@@ -555,12 +570,42 @@ const IDENTITY_CHECK_WAIT: std::time::Duration = std::time::Duration::from_milli
 /// file is gone or cannot be read.
 pub(super) fn has_live_processes(path: &Path) -> bool {
     use std::os::unix::io::AsRawFd;
-    let Ok(f) = std::fs::File::open(path) else {
+    let locks = lock_path(path);
+    let at = if locks.exists() { &locks } else { path };
+    let Ok(f) = std::fs::File::open(at) else {
         return false;
     };
     let start = std::mem::offset_of!(LedgerFile, processes) as u64;
     let len = std::mem::size_of::<[super::ProcessSlot; super::MAX_PROCESSES]>() as u64;
     super::lock::is_locked(f.as_raw_fd(), start, len).unwrap_or(false)
+}
+
+/// The private lock file of the ledger at `path`: `.<name>.locks` beside
+/// it (never a ledger's name).
+pub(super) fn lock_path(path: &Path) -> PathBuf {
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.locks"))
+}
+
+/// The two lock descriptors of a ledger that has a private lock file
+/// (`None`: it has none; its locks are on the ledger itself). The node
+/// agent makes one (root's, 0600) for the ledgers it owns: locks on a file
+/// only root can open are locks no tenant can take, whereas any reader of
+/// the ledger could hold read locks on it and stall the agent.
+fn private_locks(path: &Path) -> Option<Result<(i32, i32), LedgerError>> {
+    let locks = lock_path(path);
+    std::fs::symlink_metadata(&locks).ok()?;
+    let a = match open_fd(&locks, libc::O_RDWR) {
+        Ok(a) => a,
+        Err(e) => return Some(Err(e)),
+    };
+    Some(match open_fd(&locks, libc::O_RDWR) {
+        Ok(b) => Ok((a, b)),
+        Err(e) => {
+            close(a);
+            Err(e)
+        }
+    })
 }
 
 /// Remove `uuid`'s generations older than `keep` where the directory

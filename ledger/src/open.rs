@@ -79,6 +79,14 @@ impl Ledger {
     ) -> Result<Ledger, LedgerError> {
         file::open_or_create(dir, uuid, gpu_index, physical_total, None, mode)
     }
+    /// The private lock file of the ledger at `path`. When it exists, every
+    /// handle that opens the ledger for writing takes its table and
+    /// liveness locks there instead of on the ledger: the node agent makes
+    /// it (root's, mode 0600) beside each ledger it owns, so that processes
+    /// that may only read a ledger cannot lock what the agent locks.
+    pub fn lock_file_path(path: &Path) -> PathBuf {
+        file::lock_path(path)
+    }
     /// Open an existing ledger for reading and knob writes (tools). Validates
     /// magic, version and size; never creates, never joins.
     pub fn open(path: &Path) -> Result<Ledger, LedgerError> {

@@ -53,6 +53,13 @@ pub struct Config {
     pub mem_container: Vec<u64>,
     /// `ALIYUN_COM_GPU_MEM_DEV`: the GPU's total in whole GiB as the operator counts it.
     pub mem_dev: Option<u64>,
+    /// `CGPU_MEM_CONTAINER_MIB` (only from the host's allocation or
+    /// settings file): MiB per visible GPU, the last value repeating, 0 =
+    /// not limited. When given, each GPU's quota is exactly this many MiB
+    /// (never scaled by `ALIYUN_COM_GPU_MEM_DEV`), and
+    /// `ALIYUN_COM_GPU_MEM_CONTAINER` must give the same quotas rounded up
+    /// to whole GiB.
+    pub mem_container_mib: Option<Vec<u64>>,
     /// `ALIYUN_COM_GPU_VISIBLE_DEVICES`; `None` = all GPUs visible.
     pub visible: Option<Vec<DeviceSel>>,
     /// `ALIYUN_COM_GPU_SCHD_WEIGHT`; `None` when unset (the ledger's default applies).
@@ -99,6 +106,12 @@ impl Config {
     pub fn quota_bytes(&self, i: usize, physical: u64) -> Option<u64> {
         if self.mode == Mode::PassThrough {
             return None;
+        }
+        if let Some(mib) = &self.mem_container_mib {
+            return match container_gib(mib, i) {
+                0 => None,
+                m => Some(m.saturating_mul(MIB)),
+            };
         }
         match self.container_gib(i) {
             0 => None,
@@ -418,6 +431,7 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
         mode,
         mem_container,
         mem_dev,
+        mem_container_mib: None,
         visible,
         weight,
         high_prio,
@@ -433,7 +447,7 @@ pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -
 /// `CGPU_ALLOC_FILE`: the values the cluster's device plugin decides only
 /// after the kubelet's `Allocate` (at `PreStartContainer`), in a read-only
 /// file of `KEY=VALUE` lines. Its keys, all required but `CGPU_DISABLE`:
-pub const ALLOC_FILE_KEYS: [&str; 7] = [
+pub const ALLOC_FILE_KEYS: [&str; 8] = [
     "CGPU_CONTAINER_ID",
     "ALIYUN_COM_GPU_MEM_CONTAINER",
     "ALIYUN_COM_GPU_MEM_DEV",
@@ -441,7 +455,77 @@ pub const ALLOC_FILE_KEYS: [&str; 7] = [
     "CGPU_DISABLE",
     "ALIYUN_COM_GPU_SCHD_WEIGHT",
     "ALIYUN_COM_GPU_HIGH_PRIO",
+    MEM_CONTAINER_MIB,
 ];
+
+/// The quota per GPU in MiB, exact (a node of the cluster that counts GPU
+/// memory in MiB). Accepted only from the host's allocation file or
+/// settings file, never from a process's environment: see
+/// [`Config::mem_container_mib`].
+pub const MEM_CONTAINER_MIB: &str = "CGPU_MEM_CONTAINER_MIB";
+
+/// Parse `CGPU_MEM_CONTAINER_MIB`: comma-separated whole MiB (0 = that GPU
+/// is not limited).
+pub fn parse_mem_container_mib(v: &str) -> Result<Vec<u64>, String> {
+    let v = v.trim();
+    if v.is_empty() {
+        return Err("empty: give whole MiB per GPU (e.g. 4096, or 4096,2048)".into());
+    }
+    v.split(',')
+        .map(|p| {
+            let p = p.trim();
+            p.parse::<u64>()
+                .ok()
+                .filter(|m| *m <= 1 << 30)
+                .ok_or_else(|| format!("'{p}' is not a whole number of MiB"))
+        })
+        .collect()
+}
+
+/// Applies the file's `CGPU_MEM_CONTAINER_MIB` (if any) to `c`: parsed,
+/// and checked against `ALIYUN_COM_GPU_MEM_CONTAINER` (the same quotas
+/// rounded up to whole GiB, GPU by GPU); a bad value is one more error of
+/// `c`, as any other.
+fn apply_mem_container_mib(c: &mut Config, value: Option<String>) {
+    let Some(v) = value else {
+        return;
+    };
+    let mib = match parse_mem_container_mib(&v) {
+        Ok(m) => m,
+        Err(e) => {
+            c.errors.push(format!("{MEM_CONTAINER_MIB}='{v}': {e}"));
+            return;
+        }
+    };
+    if !c.errors.is_empty() {
+        return;
+    }
+    let n = mib.len().max(c.mem_container.len());
+    if let Some(i) = (0..n)
+        .find(|&i| container_gib(&mib, i).div_ceil(1024) != container_gib(&c.mem_container, i))
+    {
+        c.errors.push(format!(
+            "{MEM_CONTAINER_MIB}='{v}': GPU {i}'s {} MiB do not match ALIYUN_COM_GPU_MEM_CONTAINER's {} GiB (the same quota rounded up to whole GiB)",
+            container_gib(&mib, i),
+            container_gib(&c.mem_container, i)
+        ));
+        return;
+    }
+    c.mem_container_mib = Some(mib);
+}
+
+/// Settings a process's environment gives that only the host's files may
+/// give (`KEY=VALUE` each): ignored, and said so.
+pub fn file_only_settings_in_env(env: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    env(MEM_CONTAINER_MIB)
+        .map(|v| {
+            format!(
+                "{MEM_CONTAINER_MIB}='{v}' in the environment is ignored: only the host's allocation file or settings file may give it"
+            )
+        })
+        .into_iter()
+        .collect()
+}
 
 /// Largest settings file read: the allocation file, `/etc/cgpu/alloc.env`,
 /// a host's per-container settings (a real one is a few hundred bytes).
@@ -564,6 +648,7 @@ pub fn with_alloc_file(
                 }
             };
             let mut c = from_lookup(&merged, cgroup);
+            apply_mem_container_mib(&mut c, from_file(MEM_CONTAINER_MIB));
             if c.errors.is_empty() && c.mode != Mode::PassThrough {
                 for k in ALLOC_FILE_KEYS {
                     if let Some(v) = get(k) {
@@ -610,7 +695,7 @@ pub const DEFAULT_SETTINGS_DIR: &str = "/etc/cgpu/containers";
 
 /// Keys of a host-written settings file (`KEY=VALUE` lines, as the
 /// allocation file); `ALIYUN_COM_GPU_MEM_CONTAINER` is required.
-pub const SETTINGS_FILE_KEYS: [&str; 7] = [
+pub const SETTINGS_FILE_KEYS: [&str; 8] = [
     "ALIYUN_COM_GPU_MEM_CONTAINER",
     "ALIYUN_COM_GPU_MEM_DEV",
     "ALIYUN_COM_GPU_VISIBLE_DEVICES",
@@ -618,6 +703,7 @@ pub const SETTINGS_FILE_KEYS: [&str; 7] = [
     "ALIYUN_COM_GPU_HIGH_PRIO",
     "CGPU_DISABLE",
     "CGPU_CONTAINER_ID",
+    MEM_CONTAINER_MIB,
 ];
 
 /// Parses a host-written settings file: the keys of
@@ -654,7 +740,8 @@ pub fn with_settings_file(
                     file.or_else(|| get(k))
                 }
             };
-            let c = from_lookup(&merged, cgroup);
+            let mut c = from_lookup(&merged, cgroup);
+            apply_mem_container_mib(&mut c, merged(MEM_CONTAINER_MIB));
             if c.errors.is_empty() {
                 return (c, None);
             }
@@ -1059,6 +1146,82 @@ mod tests {
             assert_eq!(c.visible, Some(vec![]), "{file:?}");
             assert_eq!(c.mode, Mode::Enforce);
         }
+    }
+
+    #[test]
+    fn quotas_in_mib_come_from_the_hosts_files_exactly() {
+        let file = |mib: &str, gib: &str| {
+            format!(
+                "CGPU_CONTAINER_ID=default/p/main\nALIYUN_COM_GPU_MEM_CONTAINER={gib}\n\
+                 ALIYUN_COM_GPU_MEM_DEV=15\nALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-0a,GPU-0b\n\
+                 CGPU_MEM_CONTAINER_MIB={mib}\n"
+            )
+        };
+        // Exactly 3000 MiB on each GPU, whatever ALIYUN_COM_GPU_MEM_DEV says.
+        let (c, err) = alloc(&[], Ok(&file("3000", "3")));
+        assert_eq!(err, None);
+        assert_eq!(c.mode, Mode::Enforce);
+        assert_eq!(c.mem_container_mib, Some(vec![3000]));
+        let v100 = 16160 * MIB;
+        assert_eq!(c.quota_bytes(0, v100), Some(3000 * MIB));
+        assert_eq!(c.quota_bytes(1, v100), Some(3000 * MIB));
+        let (c, _) = alloc(&[], Ok(&file("1024,2049", "1,3")));
+        assert_eq!(c.quota_bytes(0, v100), Some(1024 * MIB));
+        assert_eq!(c.quota_bytes(1, v100), Some(2049 * MIB));
+        // A bad or disagreeing value: one message, no GPU (fail closed).
+        for (mib, gib, why) in [
+            (
+                "3000",
+                "2",
+                "GPU 0's 3000 MiB do not match ALIYUN_COM_GPU_MEM_CONTAINER's 2 GiB",
+            ),
+            ("3000,1024", "3", "GPU 1's 1024 MiB do not match"),
+            (
+                "3GiB",
+                "3",
+                "CGPU_MEM_CONTAINER_MIB='3GiB': '3GiB' is not a whole number of MiB",
+            ),
+            ("", "3", "CGPU_MEM_CONTAINER_MIB='': empty"),
+            ("0", "3", "GPU 0's 0 MiB do not match"),
+        ] {
+            let (c, err) = alloc(&[], Ok(&file(mib, gib)));
+            let err = err.expect("a failure message");
+            assert!(err.contains(why), "{err}");
+            assert_eq!(err.matches("no GPU is visible").count(), 1, "{err}");
+            assert_eq!(c.visible, Some(vec![]));
+        }
+        // From a process's environment it counts for nothing, and is said.
+        let (c, err) = alloc(&[("CGPU_MEM_CONTAINER_MIB", "15000")], Ok(GOOD));
+        assert_eq!(err, None);
+        assert_eq!(c.mem_container_mib, None);
+        assert_eq!(
+            c.quota_bytes(0, 16160 * MIB),
+            Some(visible_total(16160 * MIB, 4, Some(15)))
+        );
+        assert!(
+            c.ignored
+                .iter()
+                .any(|w| w.contains("CGPU_MEM_CONTAINER_MIB='15000'")),
+            "{:?}",
+            c.ignored
+        );
+        let env = |k: &str| {
+            (k == "CGPU_MEM_CONTAINER_MIB" || k == "ALIYUN_COM_GPU_MEM_CONTAINER")
+                .then(|| "1".to_string())
+        };
+        let c = from_lookup(&env, None);
+        assert_eq!(c.mem_container_mib, None);
+        assert_eq!(c.quota_bytes(0, 16160 * MIB), Some(GIB));
+        assert_eq!(file_only_settings_in_env(&env).len(), 1);
+        // A host settings file may give it too.
+        let (c, err) = with_settings_file(
+            &|_: &str| None,
+            None,
+            "/s/x.env",
+            Ok("ALIYUN_COM_GPU_MEM_CONTAINER=1\nCGPU_MEM_CONTAINER_MIB=700\n".into()),
+        );
+        assert_eq!(err, None);
+        assert_eq!(c.quota_bytes(0, 16160 * MIB), Some(700 * MIB));
     }
 
     #[test]

@@ -759,7 +759,7 @@ fn join(info: GpuInfo) -> Option<Gpu> {
     if let Some((ledger, m)) = acct.ledger() {
         // Right after the join: whether the container arrived with no
         // weight free (then any of its processes may later take one).
-        crate::scheduler::words::note_arrival(ledger.file(), m.container);
+        crate::ledger::words::note_arrival(ledger.file(), m.container);
         tracing::info!(
             "GPU {} ({}): container {}, quota {}, ledger {}",
             info.visible_index,

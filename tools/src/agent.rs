@@ -433,6 +433,7 @@ mod tests {
             util_window_ms: None,
             gpus: vec![],
             agent: None,
+            mode: crate::cooperative(),
         };
         let stale = |time_ns: u64, interval: &str| {
             std::fs::write(

@@ -225,6 +225,7 @@ mod tests {
             timestamp_ns: 0,
             util_window_ms: None,
             agent: None,
+            mode: crate::cooperative(),
             gpus: vec![ok(g), ok(g2)],
         };
         let s = render(&r, false, "node1", "10.0.0.1", Some(15));

@@ -193,6 +193,55 @@ pub struct Report {
     /// status file is there ([`agent::status_paths`]); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<agent::AgentView>,
+    /// The mode of every GPU of the ledger directory: `secure` when a node
+    /// agent answers on its socket (`cgpu-agent --secure`: the agent alone
+    /// writes the books), else `cooperative` (the processes of the
+    /// containers write them).
+    #[serde(default = "cooperative")]
+    pub mode: String,
+}
+
+/// The cooperative mode's name.
+pub fn cooperative() -> String {
+    "cooperative".into()
+}
+
+/// `secure` when a node agent answers on `dir`'s socket, else
+/// `cooperative`. Connecting is all it does (the connection asks nothing).
+pub fn mode_of(dir: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::FileTypeExt;
+    let sock = dir.join(cgpu_ledger::wire::SOCKET_NAME);
+    if !std::fs::symlink_metadata(&sock).is_ok_and(|m| m.file_type().is_socket()) {
+        return cooperative();
+    }
+    // SAFETY: an all-zero sockaddr_un is valid.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = sock.as_os_str().as_bytes();
+    if b.len() >= a.sun_path.len() {
+        return cooperative();
+    }
+    for (d, s) in a.sun_path.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: plain socket(2).
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return cooperative();
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + b.len() + 1) as libc::socklen_t;
+    // SAFETY: a valid address of `len` bytes; `fd` is ours and closed here.
+    let ok = unsafe {
+        let ok = libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len) == 0;
+        libc::close(fd);
+        ok
+    };
+    if ok {
+        "secure".into()
+    } else {
+        cooperative()
+    }
 }
 
 impl Report {
@@ -404,6 +453,7 @@ pub fn sample_dir(dir: &Path) -> Sample {
         util_window_ms: None,
         gpus,
         agent: None,
+        mode: mode_of(dir),
     };
     report.agent = agent::find(dir, &report);
     Sample { report, at }
@@ -633,6 +683,7 @@ mod tests {
             timestamp_ns: 1,
             util_window_ms: Some(1000),
             agent: None,
+            mode: cooperative(),
             gpus: vec![
                 GpuEntry {
                     path: "/x/GPU-bbbb.ledger".into(),

@@ -36,7 +36,11 @@ pub fn render(r: &Report, detail: bool) -> String {
     let mut out = String::new();
     let agent = r.agent.as_ref().filter(|a| !a.stale);
     let title = format!("  cgpu {CGPU_VERSION}");
-    let _ = writeln!(out, "|{title:<36}ledger format: {FORMAT_VERSION}");
+    let _ = writeln!(
+        out,
+        "|{title:<36}ledger format: {FORMAT_VERSION}   mode: {}",
+        r.mode
+    );
     let _ = writeln!(out, "{SEP}");
     let _ = writeln!(
         out,
@@ -182,6 +186,7 @@ mod tests {
             timestamp_ns: 0,
             util_window_ms: Some(1000),
             agent: None,
+            mode: crate::cooperative(),
             gpus: vec![
                 GpuEntry {
                     path: "x".into(),
@@ -224,6 +229,7 @@ mod tests {
             timestamp_ns: 0,
             util_window_ms: None,
             agent: None,
+            mode: crate::cooperative(),
             gpus: vec![],
         };
         let t = render(&r, false);
@@ -265,6 +271,7 @@ mod tests {
             timestamp_ns: 0,
             util_window_ms: None,
             agent: None,
+            mode: crate::cooperative(),
             gpus: vec![GpuEntry {
                 path: "x".into(),
                 status: Status::Ok,

@@ -217,6 +217,7 @@ mod tests {
             timestamp_ns: 0,
             util_window_ms: None,
             agent: None,
+            mode: crate::cooperative(),
             gpus: vec![GpuEntry {
                 path: "x".into(),
                 status: Status::Ok,

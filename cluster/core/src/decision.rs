@@ -34,6 +34,10 @@ pub struct NodeGpu {
     /// lost): no new pod is placed on it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unhealthy: bool,
+    /// The node counts GPU memory in MiB (label `cgpu.io/gpu-mem-unit`):
+    /// `gib` then holds the GPU's size in MiB, and pods' shares are MiB.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mib: bool,
 }
 
 fn list(pod: &Value, key: &str) -> Vec<String> {
@@ -102,6 +106,7 @@ pub fn node_gpus(node: &Value) -> Vec<NodeGpu> {
             gib: mem / count,
             model: String::new(),
             unhealthy: false,
+            mib: false,
         })
         .collect()
 }
@@ -250,6 +255,11 @@ pub struct Decision {
     /// `cgpu.io/gpu-core`); 0 when it asked for none.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub compute: u32,
+    /// The node counts in MiB: `gpu_gib`, `per_gpu` and the containers'
+    /// shares are MiB. Absent (false) for GiB, so a GiB decision signs the
+    /// same bytes as before the field existed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub mib: bool,
     /// Ed25519 signature (hex) of [`Decision::signed_bytes`] by the
     /// extender's private key: only the extender can write a decision that
     /// device plugins and `kubectl inspect cgpu` accept; they hold the
@@ -285,6 +295,7 @@ impl Decision {
             per_gpu: p.per_gpu,
             containers: p.containers.iter().cloned().collect(),
             compute: 0,
+            mib: gpus.iter().any(|g| g.mib),
             sig: String::new(),
         }
     }
@@ -455,6 +466,10 @@ pub struct ContainerAlloc {
     pub pod_total: u64,
     /// The pod asked for high priority (annotation `cgpu.io/high-priority`).
     pub high_prio: bool,
+    /// `mem_per_gpu`, `mem_dev` and `pod_total` are MiB (a MiB node): the
+    /// file carries the exact MiB (`CGPU_MEM_CONTAINER_MIB`) besides the
+    /// GiB keys, which round up (quotas) and down (the GPU's size).
+    pub mib: bool,
     /// Compute weight on each GPU (`ALIYUN_COM_GPU_SCHD_WEIGHT`), from the
     /// pod's compute share; `None` when it asked for none.
     pub weight: Option<u32>,
@@ -470,10 +485,16 @@ impl ContainerAlloc {
         let mut s = format!(
             "{ENV_CONTAINER_ID}={}\n{ENV_MEM_CONTAINER}={}\n{ENV_MEM_DEV}={}\n{ENV_VISIBLE_DEVICES}={}\n",
             self.container_id,
-            join(&self.mem_per_gpu),
-            self.mem_dev,
+            join(&self.gib_per_gpu()),
+            self.gpu_gib(),
             self.visible_uuids.join(","),
         );
+        if self.mib {
+            s.push_str(&format!(
+                "{ENV_MEM_CONTAINER_MIB}={}\n",
+                join(&self.mem_per_gpu)
+            ));
+        }
         if self.disable {
             s.push_str(&format!("{ENV_DISABLE}=true\n"));
         }
@@ -481,6 +502,25 @@ impl ContainerAlloc {
             s.push_str(&format!("ALIYUN_COM_GPU_SCHD_WEIGHT={w}\n"));
         }
         s
+    }
+
+    /// The quota on each GPU in whole GiB (a MiB share rounded up, as the
+    /// library checks it against the exact MiB).
+    pub fn gib_per_gpu(&self) -> Vec<u64> {
+        if self.mib {
+            self.mem_per_gpu.iter().map(|m| m.div_ceil(1024)).collect()
+        } else {
+            self.mem_per_gpu.clone()
+        }
+    }
+
+    /// The GPU's size in whole GiB (a MiB size rounded down, at least 1).
+    pub fn gpu_gib(&self) -> u64 {
+        if self.mib {
+            (self.mem_dev / 1024).max(1)
+        } else {
+            self.mem_dev
+        }
     }
 
     /// The environment gpushare's device plugin gives a container
@@ -496,9 +536,9 @@ impl ContainerAlloc {
             format!("{ANN_GPUSHARE_POD}={}", self.pod_total),
             format!(
                 "{ENV_MEM_CONTAINER}={}",
-                join(&mut self.mem_per_gpu.iter().map(u64::to_string))
+                join(&mut self.gib_per_gpu().iter().map(u64::to_string))
             ),
-            format!("{ENV_MEM_DEV}={}", self.mem_dev),
+            format!("{ENV_MEM_DEV}={}", self.gpu_gib()),
         ]
     }
 }
@@ -518,6 +558,7 @@ mod tests {
                 gib: 15,
                 model: String::new(),
                 unhealthy: false,
+                mib: false,
             },
             NodeGpu {
                 index: 1,
@@ -526,6 +567,7 @@ mod tests {
                 gib: 15,
                 model: String::new(),
                 unhealthy: false,
+                mib: false,
             },
         ];
         json!({"metadata": {"name": "n1", "annotations": {ANN_NODE_GPUS: serde_json::to_string(&gpus).unwrap()}},
@@ -684,6 +726,7 @@ mod tests {
             pod_total: 8,
             high_prio: false,
             weight: None,
+            mib: false,
         };
         assert_eq!(
             a.to_file(),
@@ -697,6 +740,28 @@ mod tests {
                 "ALIYUN_COM_GPU_MEM_POD=8",
                 "ALIYUN_COM_GPU_MEM_CONTAINER=4,4",
                 "ALIYUN_COM_GPU_MEM_DEV=15"
+            ]
+        );
+        // A MiB node: the exact MiB, the GiB keys rounded (quota up, the
+        // GPU's size down).
+        let m = ContainerAlloc {
+            mem_per_gpu: vec![3000, 1024],
+            mem_dev: 15109,
+            pod_total: 4024,
+            mib: true,
+            ..a.clone()
+        };
+        assert_eq!(
+            m.to_file(),
+            "CGPU_CONTAINER_ID=default/p/main\nALIYUN_COM_GPU_MEM_CONTAINER=3,1\nALIYUN_COM_GPU_MEM_DEV=14\n\
+             ALIYUN_COM_GPU_VISIBLE_DEVICES=GPU-a,GPU-b\nCGPU_MEM_CONTAINER_MIB=3000,1024\n"
+        );
+        assert_eq!(
+            m.gpushare_env()[1..],
+            [
+                "ALIYUN_COM_GPU_MEM_POD=4024",
+                "ALIYUN_COM_GPU_MEM_CONTAINER=3,1",
+                "ALIYUN_COM_GPU_MEM_DEV=14"
             ]
         );
         let shared = ContainerAlloc { disable: true, ..a };

@@ -29,6 +29,11 @@ pub const LABEL_NODE_DISABLE_ISOLATION: &str = "cgpu.disable.isolation";
 /// which rounds to 14, sold as 15): the scheduler, the device plugin and the
 /// interposer (`ALIYUN_COM_GPU_MEM_DEV`) then all use this number.
 pub const LABEL_NODE_GPU_MEM_DEV: &str = "cgpu.io/gpu-mem-dev";
+/// Node label choosing the unit the node's `aliyun.com/gpu-mem` counts in:
+/// `GiB` (the default) or `MiB` (as gpushare's `--memory-unit=MiB`). On a
+/// MiB node the plugin offers one device per MiB, pods ask for MiB, and a
+/// container's quota is exactly what it asked for, in MiB.
+pub const LABEL_NODE_MEM_UNIT: &str = "cgpu.io/gpu-mem-unit";
 
 /// Pod annotation asking for a share of each of the pod's GPUs' compute, in
 /// percent (`"30"`): the extender keeps every GPU's shares at or under 100.
@@ -83,6 +88,9 @@ pub const ENV_HIGH_PRIO: &str = "ALIYUN_COM_GPU_HIGH_PRIO";
 /// Container environment (read by `libcgpu.so`).
 pub const ENV_MEM_CONTAINER: &str = "ALIYUN_COM_GPU_MEM_CONTAINER";
 pub const ENV_MEM_DEV: &str = "ALIYUN_COM_GPU_MEM_DEV";
+/// The allocation file's quota per GPU in exact MiB (MiB nodes; the
+/// library accepts it only from the allocation file or the host's settings).
+pub const ENV_MEM_CONTAINER_MIB: &str = "CGPU_MEM_CONTAINER_MIB";
 pub const ENV_VISIBLE_DEVICES: &str = "ALIYUN_COM_GPU_VISIBLE_DEVICES";
 pub const ENV_CONTAINER_ID: &str = "CGPU_CONTAINER_ID";
 pub const ENV_DISABLE: &str = "CGPU_DISABLE";

@@ -19,7 +19,7 @@
 use crate::kube_io::to_value;
 use crate::kubelet_api::deviceplugin as dp;
 use crate::kubelet_api::podresources as pr;
-use crate::nvml::GpuSource;
+use crate::nvml::{Fault, GpuSource};
 use crate::signing::DecisionVerifier;
 use cgpu_cluster_core::decision::{
     compute_weight, pod_gpu_use, pod_request, valid_decision, ContainerAlloc, Decision, NodeGpu,
@@ -33,7 +33,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
@@ -154,7 +154,14 @@ pub fn container_id(ns: &str, pod: &str, container: &str) -> String {
 
 /// What the plugin knows about its node.
 pub struct NodeState {
-    pub gpus: Vec<NodeGpu>,
+    /// The GPUs as read at start (a GPU lost then is read again when it
+    /// answers again).
+    pub gpus: parking_lot::RwLock<Vec<NodeGpu>>,
+    /// The size in GiB the node's label states for each GPU, if any.
+    pub stated_gib: Option<u64>,
+    /// The node counts `aliyun.com/gpu-mem` in MiB (label
+    /// `cgpu.io/gpu-mem-unit=MiB`): one device per MiB.
+    pub mib: bool,
     /// The node is labelled for sharing without isolation.
     pub share_only: bool,
 }
@@ -177,6 +184,33 @@ pub fn label_value(s: &str) -> String {
         .to_string()
 }
 
+/// The node's unit for `aliyun.com/gpu-mem` from its label: MiB or GiB.
+pub fn unit_is_mib(label: Option<&str>) -> Result<bool, String> {
+    match label.map(str::trim) {
+        None => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("GiB") => Ok(false),
+        Some(v) if v.eq_ignore_ascii_case("MiB") => Ok(true),
+        Some(v) => Err(format!(
+            "node label {LABEL_NODE_MEM_UNIT}={v:?} is neither GiB nor MiB"
+        )),
+    }
+}
+
+/// The GPUs counted in the node's unit: on a MiB node each GPU's size is
+/// its memory in MiB as NVML reports it (the GiB label does not apply).
+pub fn in_unit(gpus: Vec<NodeGpu>, mib: bool) -> Vec<NodeGpu> {
+    if !mib {
+        return gpus;
+    }
+    gpus.into_iter()
+        .map(|g| NodeGpu {
+            gib: g.memory_mib,
+            mib: true,
+            ..g
+        })
+        .collect()
+}
+
 /// A device's health as the kubelet reads it.
 fn health(g: &NodeGpu) -> &'static str {
     if g.unhealthy {
@@ -186,20 +220,92 @@ fn health(g: &NodeGpu) -> &'static str {
     }
 }
 
+/// How GPUs that failed become healthy again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recovery {
+    /// How long a GPU stays unhealthy after its last critical XID error
+    /// before it is trusted again (if it still answers); `None`: until the
+    /// plugin restarts.
+    pub xid_hold: Option<Duration>,
+}
+
+impl Default for Recovery {
+    fn default() -> Recovery {
+        Recovery {
+            xid_hold: Some(DEFAULT_XID_HOLD),
+        }
+    }
+}
+
+/// A GPU failed by a critical XID error is trusted again this long after
+/// its last one.
+pub const DEFAULT_XID_HOLD: Duration = Duration::from_secs(300);
+
+impl Recovery {
+    /// Parses the XID hold: whole seconds (`300`, `300s`), minutes (`5m`),
+    /// or `never`.
+    pub fn parse_xid_hold(v: &str) -> Result<Option<Duration>, String> {
+        let v = v.trim();
+        if v == "never" {
+            return Ok(None);
+        }
+        let (num, unit) = match v.strip_suffix('m') {
+            Some(n) => (n, 60),
+            None => (v.strip_suffix('s').unwrap_or(v), 1),
+        };
+        num.parse::<u64>()
+            .ok()
+            .and_then(|n| n.checked_mul(unit))
+            .map(|secs| Some(Duration::from_secs(secs)))
+            .ok_or_else(|| {
+                format!("{v:?} is not a hold time (whole seconds such as 300 or 300s, minutes such as 5m, or never)")
+            })
+    }
+}
+
+/// Reasons of the events on the node when a GPU fails and when it is back.
+pub const EVENT_REASON_GPU_UNHEALTHY: &str = "CgpuGpuUnhealthy";
+pub const EVENT_REASON_GPU_HEALTHY: &str = "CgpuGpuHealthy";
+
 /// Watches the GPUs' health through `source` on a thread of its own (NVML's
 /// event wait blocks): a GPU that fails gets its devices marked unhealthy
 /// in every `ListAndWatch` stream and is published as unhealthy on the
 /// node, so neither the kubelet nor the scheduler extender places a new
-/// pod on it. Must be called inside the Tokio runtime.
-pub fn spawn_health_watch(plugin: Arc<Plugin>, source: Arc<dyn GpuSource>) {
+/// pod on it. A lost GPU is healthy again as soon as it answers; one that
+/// had a critical XID error once `recovery.xid_hold` passed without
+/// another and it answers. Each change is an event on the node. Must be
+/// called inside the Tokio runtime.
+pub fn spawn_health_watch(plugin: Arc<Plugin>, source: Arc<dyn GpuSource>, recovery: Recovery) {
     let rt = tokio::runtime::Handle::current();
     std::thread::Builder::new()
         .name("gpu-health".into())
         .spawn(move || {
             let mut published = plugin.failed.borrow().clone();
+            // When each GPU had its last critical XID error (not one that
+            // means it fell off the bus).
+            let mut last_xid: BTreeMap<u32, Instant> = BTreeMap::new();
             loop {
-                for (index, why) in source.check_health(&plugin.gpus_now(), 1000) {
-                    plugin.mark_failed(index, &why);
+                let mut changes = Vec::new();
+                for (index, fault) in source.check_health(&plugin.gpus_now(), 1000) {
+                    if !fault.is_lost() {
+                        last_xid.insert(index, Instant::now());
+                    }
+                    if plugin.mark_failed(index, &fault.to_string()) {
+                        changes.push((index, Some(fault)));
+                    }
+                }
+                let failed: Vec<u32> = plugin.failed.borrow().keys().copied().collect();
+                for index in failed {
+                    let held = last_xid
+                        .get(&index)
+                        .is_some_and(|t| recovery.xid_hold.is_none_or(|h| t.elapsed() < h));
+                    if held || !source.answers(index) || !plugin.reread(source.as_ref(), index) {
+                        continue;
+                    }
+                    if plugin.mark_recovered(index) {
+                        last_xid.remove(&index);
+                        changes.push((index, None));
+                    }
                 }
                 let now = plugin.failed.borrow().clone();
                 if now != published {
@@ -208,10 +314,43 @@ pub fn spawn_health_watch(plugin: Arc<Plugin>, source: Arc<dyn GpuSource>) {
                         Err(e) => tracing::warn!("{e}; retrying"),
                     }
                 }
+                for (index, fault) in changes {
+                    rt.block_on(plugin.gpu_event(index, fault));
+                }
             }
         })
         .expect("spawn the GPU health thread");
 }
+
+/// One device per unit (GiB, or MiB on a MiB node) of the GPUs, numbered
+/// GPU after GPU: the devices in a failed GPU's range are unhealthy, so the
+/// kubelet offers that much less `aliyun.com/gpu-mem`.
+pub fn mem_device_list(gpus: &[NodeGpu]) -> Vec<dp::Device> {
+    let mut out = Vec::new();
+    for g in gpus {
+        for _ in 0..g.gib {
+            out.push(dp::Device {
+                id: format!("cgpu-mem-{}", out.len()),
+                health: health(g).into(),
+                topology: None,
+            });
+        }
+    }
+    out
+}
+
+/// The size of the `ListAndWatch` message listing `gpus`' memory devices.
+pub fn list_message_len(gpus: &[NodeGpu]) -> usize {
+    use prost::Message;
+    dp::ListAndWatchResponse {
+        devices: mem_device_list(gpus),
+    }
+    .encoded_len()
+}
+
+/// The largest gRPC message the kubelet's device-plugin client reads
+/// (grpc-go's default receive limit).
+pub const KUBELET_MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
 /// Name, in the allocation directory, of the file mounted on every GPU
 /// container's `/etc/ld.so.preload`.
@@ -224,8 +363,7 @@ pub struct Plugin {
     /// The extender's public key, once read.
     verifier: parking_lot::Mutex<Option<DecisionVerifier>>,
     pub node: NodeState,
-    /// The GPUs that failed (lost, or a critical XID error), with why. A
-    /// failed GPU stays failed until the plugin restarts.
+    /// The GPUs unhealthy now (lost, or a critical XID error), with why.
     failed: tokio::sync::watch::Sender<BTreeMap<u32, String>>,
 }
 
@@ -254,7 +392,14 @@ impl Plugin {
             || labels
                 .get(LABEL_NODE_DISABLE_ISOLATION)
                 .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
-        let gpus = gpus.gpus(stated)?;
+        let mib = unit_is_mib(labels.get(LABEL_NODE_MEM_UNIT).map(String::as_str))?;
+        if mib && stated.is_some() {
+            tracing::warn!(
+                "node {}: {LABEL_NODE_GPU_MEM_DEV} does not apply on a node counting in MiB: each GPU offers its memory in MiB as NVML reports it",
+                cfg.node_name
+            );
+        }
+        let gpus = in_unit(gpus.gpus(stated)?, mib);
         // The GPUs for the extender, and model and memory as labels for
         // node selectors and affinities.
         let mut models: Vec<String> = gpus
@@ -306,13 +451,18 @@ impl Plugin {
         let failed = gpus
             .iter()
             .filter(|g| g.unhealthy)
-            .map(|g| (g.index, "GPU is lost (NVML_ERROR_GPU_IS_LOST)".to_string()))
+            .map(|g| (g.index, Fault::Lost.to_string()))
             .collect();
         Ok(Plugin {
             cfg,
             client,
             verifier: parking_lot::Mutex::new(verifier),
-            node: NodeState { gpus, share_only },
+            node: NodeState {
+                gpus: parking_lot::RwLock::new(gpus),
+                stated_gib: stated,
+                mib,
+                share_only,
+            },
             failed: tokio::sync::watch::channel(failed).0,
         })
     }
@@ -322,6 +472,7 @@ impl Plugin {
         let failed = self.failed.borrow();
         self.node
             .gpus
+            .read()
             .iter()
             .map(|g| NodeGpu {
                 unhealthy: g.unhealthy || failed.contains_key(&g.index),
@@ -333,7 +484,7 @@ impl Plugin {
     /// Records GPU `index` as failed; true when it was healthy until now.
     pub fn mark_failed(&self, index: u32, why: &str) -> bool {
         self.failed.send_if_modified(|f| {
-            if f.contains_key(&index) || !self.node.gpus.iter().any(|g| g.index == index) {
+            if f.contains_key(&index) || !self.node.gpus.read().iter().any(|g| g.index == index) {
                 return false;
             }
             tracing::error!(
@@ -342,6 +493,87 @@ impl Plugin {
             f.insert(index, why.to_string());
             true
         })
+    }
+
+    /// Records GPU `index` as healthy again; true when it was failed.
+    pub fn mark_recovered(&self, index: u32) -> bool {
+        self.failed.send_if_modified(|f| {
+            let Some(why) = f.remove(&index) else {
+                return false;
+            };
+            tracing::warn!(
+                "GPU{index} is healthy again (it had failed: {why}): its devices take pods again"
+            );
+            true
+        })
+    }
+
+    /// Reads GPU `index` again when the plugin started without knowing it
+    /// (it was lost then); true when it is known now.
+    pub fn reread(&self, source: &dyn GpuSource, index: u32) -> bool {
+        let known = |gpus: &[NodeGpu]| gpus.iter().any(|g| g.index == index && !g.uuid.is_empty());
+        if known(&self.node.gpus.read()) {
+            return true;
+        }
+        let fresh = match source.gpus(self.node.stated_gib) {
+            Ok(all) => in_unit(all, self.node.mib)
+                .into_iter()
+                .find(|g| g.index == index && !g.unhealthy),
+            Err(e) => {
+                tracing::warn!("GPU{index} answers again but cannot be read: {e}");
+                None
+            }
+        };
+        let Some(fresh) = fresh else {
+            return false;
+        };
+        let mut gpus = self.node.gpus.write();
+        if let Some(g) = gpus.iter_mut().find(|g| g.index == index) {
+            *g = fresh;
+        }
+        known(&gpus)
+    }
+
+    /// An event on the node: GPU `index` failed (`Some(fault)`, a Warning)
+    /// or is healthy again (`None`, Normal).
+    pub async fn gpu_event(&self, index: u32, fault: Option<Fault>) {
+        let uuid = self
+            .node
+            .gpus
+            .read()
+            .iter()
+            .find(|g| g.index == index)
+            .map(|g| g.uuid.clone())
+            .filter(|u| !u.is_empty())
+            .map(|u| format!(" ({u})"))
+            .unwrap_or_default();
+        let (reason, type_, message) = match fault {
+            Some(f) => (
+                EVENT_REASON_GPU_UNHEALTHY,
+                "Warning",
+                format!("GPU{index}{uuid} failed: {f}; no new pod is placed on it"),
+            ),
+            None => (
+                EVENT_REASON_GPU_HEALTHY,
+                "Normal",
+                format!("GPU{index}{uuid} is healthy again; it takes new pods"),
+            ),
+        };
+        let uid = Api::<Node>::all(self.client.clone())
+            .get(&self.cfg.node_name)
+            .await
+            .ok()
+            .and_then(|n| n.metadata.uid);
+        let obj = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.cfg.node_name.clone()),
+            uid,
+            ..Default::default()
+        };
+        // Node events live in the default namespace, as the kubelet's do.
+        self.record_event("default", obj, reason, type_, &message, "GpuHealth")
+            .await;
     }
 
     /// Publishes the GPUs with their health on the node (annotation
@@ -380,21 +612,23 @@ impl Plugin {
         Ok(v)
     }
 
-    /// One GiB device per GiB of the node's GPUs, numbered GPU after GPU:
-    /// the devices in a failed GPU's range are unhealthy, so the kubelet
-    /// offers that much less `aliyun.com/gpu-mem`.
+    /// The node's `aliyun.com/gpu-mem` devices now (see [`mem_device_list`]).
     fn mem_devices(&self) -> Vec<dp::Device> {
-        let mut out = Vec::new();
-        for g in self.gpus_now() {
-            for _ in 0..g.gib {
-                out.push(dp::Device {
-                    id: format!("cgpu-mem-{}", out.len()),
-                    health: health(&g).into(),
-                    topology: None,
-                });
-            }
-        }
-        out
+        mem_device_list(&self.gpus_now())
+    }
+
+    /// Why the kubelet cannot read this node's `aliyun.com/gpu-mem` device
+    /// list, if it cannot: the kubelet's gRPC client takes messages of at
+    /// most 4 MiB, and a node counting in MiB lists one device per MiB.
+    pub fn device_list_too_large(&self) -> Option<String> {
+        let n = list_message_len(&self.gpus_now());
+        (n > KUBELET_MAX_MESSAGE).then(|| {
+            format!(
+                "the {RESOURCE_GPU_MEM} device list is {n} bytes, more than the {KUBELET_MAX_MESSAGE} \
+                 the kubelet reads in one message: it will not see this node's devices. Count this \
+                 node in GiB (remove the label {LABEL_NODE_MEM_UNIT})"
+            )
+        })
     }
 
     fn count_devices(&self) -> Vec<dp::Device> {
@@ -586,20 +820,43 @@ impl Plugin {
                 d.node, self.cfg.node_name
             ));
         }
+        if d.mib != self.node.mib {
+            let unit = |m: bool| if m { "MiB" } else { "GiB" };
+            return Err(format!(
+                "{who}: the decision counts GPU memory in {}, but node {} counts it in {} now \
+                 ({LABEL_NODE_MEM_UNIT}); delete the pod to have it scheduled again",
+                unit(d.mib),
+                self.cfg.node_name,
+                unit(self.node.mib)
+            ));
+        }
+        let gpus_now = self.gpus_now();
         let mut uuids = Vec::new();
         for g in &d.gpus {
-            let here = self
-                .node
-                .gpus
+            let here = gpus_now
                 .iter()
                 .find(|n| n.index == g.index)
                 .ok_or_else(|| {
                     format!(
                         "{who}: the decision names GPU{} but this node has {} GPUs",
                         g.index,
-                        self.node.gpus.len()
+                        gpus_now.len()
                     )
                 })?;
+            if here.unhealthy {
+                let why = self
+                    .failed
+                    .borrow()
+                    .get(&g.index)
+                    .cloned()
+                    .unwrap_or_else(|| "it failed".into());
+                return Err(format!(
+                    "{who}: the decision places it on GPU{}, which is unhealthy now ({why}); \
+                     the container is not started. Delete the pod to have it scheduled onto a \
+                     healthy GPU, or wait until the GPU is healthy again",
+                    g.index
+                ));
+            }
             if here.gib != d.gpu_gib {
                 return Err(format!(
                     "{who}: the decision assumed GPU{} holds {} GiB; it holds {} GiB here",
@@ -643,7 +900,7 @@ impl Plugin {
                 }
             }
         }
-        for g in &self.node.gpus {
+        for g in &gpus_now {
             let u = used.get(&g.index).copied().unwrap_or(0);
             if u > g.gib {
                 return Err(format!(
@@ -664,6 +921,7 @@ impl Plugin {
                 .as_str()
                 .is_some_and(|v| v.trim() == "true" || v.trim() == "1"),
             weight: self.weight(&d, &pod, &who)?,
+            mib: d.mib,
         };
         Ok((format!("{ns}/{name}"), alloc))
     }
@@ -742,31 +1000,53 @@ impl Plugin {
     /// A Warning event on the pod saying why its container got no GPU
     /// memory (besides the kubelet's own report of the failed start).
     async fn event(&self, ns: &str, pod: &str, message: &str) {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), ns);
         let uid = Api::<Pod>::namespaced(self.client.clone(), ns)
             .get(pod)
             .await
             .ok()
             .and_then(|p| p.metadata.uid);
+        let obj = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.to_string()),
+            namespace: Some(ns.to_string()),
+            uid,
+            ..Default::default()
+        };
+        self.record_event(
+            ns,
+            obj,
+            EVENT_REASON_REFUSED,
+            "Warning",
+            message,
+            "PreStartContainer",
+        )
+        .await;
+    }
+
+    async fn record_event(
+        &self,
+        ns: &str,
+        obj: ObjectReference,
+        reason: &str,
+        type_: &str,
+        message: &str,
+        action: &str,
+    ) {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), ns);
         let now = k8s_openapi::jiff::Timestamp::now();
         let nanos = now.as_nanosecond();
+        let about = obj.name.clone().unwrap_or_default();
         let ev = Event {
             metadata: ObjectMeta {
-                name: Some(format!("{pod}.cgpu.{nanos:x}")),
+                name: Some(format!("{about}.cgpu.{nanos:x}")),
                 namespace: Some(ns.to_string()),
                 ..Default::default()
             },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.to_string()),
-                namespace: Some(ns.to_string()),
-                uid,
-                ..Default::default()
-            },
-            reason: Some(EVENT_REASON_REFUSED.into()),
+            involved_object: obj,
+            reason: Some(reason.into()),
             message: Some(message.to_string()),
-            type_: Some("Warning".into()),
+            type_: Some(type_.into()),
             source: Some(EventSource {
                 component: Some(COMPONENT_DEVICE_PLUGIN.into()),
                 host: Some(self.cfg.node_name.clone()),
@@ -778,11 +1058,11 @@ impl Plugin {
             event_time: Some(MicroTime(now)),
             first_timestamp: Some(Time(now)),
             last_timestamp: Some(Time(now)),
-            action: Some("PreStartContainer".into()),
+            action: Some(action.into()),
             ..Default::default()
         };
         if let Err(e) = events.create(&PostParams::default(), &ev).await {
-            tracing::warn!("cannot record an event on {ns}/{pod}: {e}");
+            tracing::warn!("cannot record an event on {ns}/{about}: {e}");
         }
     }
 }
@@ -1110,6 +1390,55 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(a, alloc_file_name(&["cgpu-mem-1".into()]));
         assert!(a.ends_with(".env") && a.len() == 24 + 4);
+    }
+
+    #[test]
+    fn node_units() {
+        assert_eq!(unit_is_mib(None), Ok(false));
+        assert_eq!(unit_is_mib(Some("GiB")), Ok(false));
+        assert_eq!(unit_is_mib(Some(" mib ")), Ok(true));
+        let e = unit_is_mib(Some("MB")).unwrap_err();
+        assert!(
+            e.contains("cgpu.io/gpu-mem-unit=\"MB\" is neither GiB nor MiB"),
+            "{e}"
+        );
+        let g = NodeGpu {
+            index: 0,
+            uuid: "GPU-a".into(),
+            memory_mib: 15109,
+            gib: 15,
+            model: String::new(),
+            unhealthy: false,
+            mib: false,
+        };
+        assert_eq!(in_unit(vec![g.clone()], false), vec![g.clone()]);
+        let m = in_unit(vec![g.clone()], true);
+        assert_eq!((m[0].gib, m[0].mib), (15109, true));
+        // Two T4s in MiB fit the kubelet's message; two 80 GiB GPUs do not.
+        assert!(list_message_len(&[m[0].clone(), m[0].clone()]) < KUBELET_MAX_MESSAGE);
+        let big = in_unit(
+            vec![NodeGpu {
+                memory_mib: 81920,
+                ..g
+            }],
+            true,
+        );
+        assert!(list_message_len(&[big[0].clone(), big[0].clone()]) > KUBELET_MAX_MESSAGE);
+    }
+
+    #[test]
+    fn xid_hold_values() {
+        let secs = |n| Ok(Some(Duration::from_secs(n)));
+        assert_eq!(Recovery::parse_xid_hold("300"), secs(300));
+        assert_eq!(Recovery::parse_xid_hold(" 45s "), secs(45));
+        assert_eq!(Recovery::parse_xid_hold("5m"), secs(300));
+        assert_eq!(Recovery::parse_xid_hold("0"), secs(0));
+        assert_eq!(Recovery::parse_xid_hold("never"), Ok(None));
+        for bad in ["", "5h", "-1", "1.5m", "forever", "m"] {
+            let e = Recovery::parse_xid_hold(bad).unwrap_err();
+            assert!(e.contains("is not a hold time"), "{e}");
+        }
+        assert_eq!(Recovery::default().xid_hold, Some(DEFAULT_XID_HOLD));
     }
 
     #[test]

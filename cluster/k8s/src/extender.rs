@@ -70,6 +70,7 @@ pub struct Metrics {
     pub gpu_allocated: Family<GpuLabels, Gauge>,
     pub gpu_total: Family<GpuLabels, Gauge>,
     pub gpu_pods: Family<GpuLabels, Gauge>,
+    pub gpu_healthy: Family<GpuLabels, Gauge>,
     pub ns_allocated: Family<NamespaceLabels, Gauge>,
     pub ns_requested: Family<NamespaceLabels, Gauge>,
 }
@@ -119,6 +120,12 @@ impl Metrics {
             "Pods holding a share of a GPU",
             gpu_pods.clone(),
         );
+        let gpu_healthy = Family::<GpuLabels, Gauge>::default();
+        registry.register(
+            "gpu_healthy",
+            "1 while the node's device plugin reports the GPU healthy, 0 while it is unhealthy (lost, or a critical XID error): no new pod is placed on it",
+            gpu_healthy.clone(),
+        );
         let ns_allocated = Family::<NamespaceLabels, Gauge>::default();
         let ns_requested = Family::<NamespaceLabels, Gauge>::default();
         registry.register(
@@ -135,6 +142,7 @@ impl Metrics {
             gpu_allocated,
             gpu_total,
             gpu_pods,
+            gpu_healthy,
             ns_allocated,
             ns_requested,
             registry,
@@ -946,6 +954,7 @@ async fn metrics(State(x): State<Arc<Extender>>) -> impl IntoResponse {
         x.metrics.gpu_allocated.clear();
         x.metrics.gpu_total.clear();
         x.metrics.gpu_pods.clear();
+        x.metrics.gpu_healthy.clear();
         x.metrics.ns_allocated.clear();
         x.metrics.ns_requested.clear();
         let mut allocated: BTreeMap<String, u64> = BTreeMap::new();
@@ -988,9 +997,19 @@ async fn metrics(State(x): State<Arc<Extender>>) -> impl IntoResponse {
             }
         }
         for node in view.nodes.keys() {
-            let Some((_, usage)) = view.usage(node) else {
+            let Some((gpus, usage)) = view.usage(node) else {
                 continue;
             };
+            for g in &gpus {
+                let l = GpuLabels {
+                    node: node.clone(),
+                    gpu: g.index.to_string(),
+                };
+                x.metrics
+                    .gpu_healthy
+                    .get_or_create(&l)
+                    .set(i64::from(!g.unhealthy));
+            }
             for g in usage {
                 let l = GpuLabels {
                     node: node.clone(),

@@ -11,15 +11,52 @@ pub trait GpuSource: Send + Sync {
     /// (the node's `cgpu.io/gpu-mem-dev` label).
     fn gpus(&self, stated_gib: Option<u64>) -> Result<Vec<NodeGpu>, String>;
 
-    /// One health check of `gpus`, taking up to about `wait_ms`: the GPUs
-    /// that failed, each with why (a GPU lost, or a critical XID error
+    /// One health check of `gpus`, taking up to about `wait_ms`: the faults
+    /// seen (a healthy GPU lost, or a critical XID error on any GPU watched
     /// reported since the last check). The default: GPUs never fail.
-    fn check_health(&self, gpus: &[NodeGpu], wait_ms: u32) -> Vec<(u32, String)> {
+    fn check_health(&self, gpus: &[NodeGpu], wait_ms: u32) -> Vec<(u32, Fault)> {
         let _ = gpus;
         std::thread::sleep(std::time::Duration::from_millis(wait_ms.into()));
         Vec::new()
     }
+
+    /// Whether GPU `index` answers now (its handle and memory size can be
+    /// read): a lost GPU that answers again is back. The default: it does.
+    fn answers(&self, index: u32) -> bool {
+        let _ = index;
+        true
+    }
 }
+
+/// What went wrong with a GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The GPU fell off the bus: NVML answers `NVML_ERROR_GPU_IS_LOST` for
+    /// it, or reported XID 79.
+    Lost,
+    /// A critical XID error (not one caused by an application).
+    Xid(u64),
+}
+
+impl Fault {
+    /// Whether the fault means the GPU fell off the bus: such a GPU is
+    /// back as soon as it answers again.
+    pub fn is_lost(self) -> bool {
+        self == Fault::Lost
+    }
+}
+
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Fault::Lost => f.write_str("the GPU fell off the bus (lost)"),
+            Fault::Xid(x) => write!(f, "critical XID error {x}"),
+        }
+    }
+}
+
+/// XID 79: the GPU has fallen off the bus.
+pub const XID_FALLEN_OFF_THE_BUS: u64 = 79;
 
 /// `NVML_ERROR_GPU_IS_LOST`.
 const NVML_ERROR_GPU_IS_LOST: c_int = 15;
@@ -42,6 +79,8 @@ pub struct Nvml {
 struct EventSet {
     set: usize,
     handles: Vec<(usize, u32)>,
+    /// GPUs whose registration failed (warned about once, not retried).
+    unwatched: Vec<u32>,
 }
 
 /// `nvmlEventData_t`.
@@ -92,41 +131,53 @@ impl Nvml {
         Ok(n)
     }
 
-    /// The event set for `gpus`' XID errors, made on first use.
+    /// The event set for `gpus`' XID errors, made on first use; healthy
+    /// GPUs not yet registered (lost at start, back since) are registered
+    /// on it as they come.
     fn event_set(&self, gpus: &[NodeGpu]) -> Option<(usize, Vec<(usize, u32)>)> {
         let mut ev = self.events.lock();
         let made = ev.get_or_insert_with(|| {
-            // SAFETY: each symbol is looked up with its NVML C signature.
-            let (create, handle, register) = unsafe {
-                (
-                    self.sym::<SetCreateFn>(b"nvmlEventSetCreate\0").ok()?,
-                    self.sym::<HandleFn>(b"nvmlDeviceGetHandleByIndex_v2\0")
-                        .ok()?,
-                    self.sym::<RegisterFn>(b"nvmlDeviceRegisterEvents\0").ok()?,
-                )
-            };
+            // SAFETY: looked up with its NVML C signature.
+            let create = unsafe { self.sym::<SetCreateFn>(b"nvmlEventSetCreate\0").ok()? };
             let mut set = 0usize;
             // SAFETY: set is a valid out-parameter.
             if unsafe { create(&mut set) } != 0 {
                 tracing::warn!("NVML offers no event set: XID errors are not watched");
                 return None;
             }
-            let mut handles = Vec::new();
+            Some(EventSet {
+                set,
+                handles: Vec::new(),
+                unwatched: Vec::new(),
+            })
+        });
+        let e = made.as_mut()?;
+        // SAFETY: each symbol is looked up with its NVML C signature.
+        let syms = unsafe {
+            (
+                self.sym::<HandleFn>(b"nvmlDeviceGetHandleByIndex_v2\0"),
+                self.sym::<RegisterFn>(b"nvmlDeviceRegisterEvents\0"),
+            )
+        };
+        if let (Ok(handle), Ok(register)) = syms {
             for g in gpus.iter().filter(|g| !g.unhealthy) {
+                if e.handles.iter().any(|(_, i)| *i == g.index) || e.unwatched.contains(&g.index) {
+                    continue;
+                }
                 let mut dev: Device = std::ptr::null_mut();
-                // SAFETY: dev is a valid out-parameter; set was made above.
+                // SAFETY: dev is a valid out-parameter; e.set is NVML's.
                 let ok = unsafe {
-                    handle(g.index, &mut dev) == 0 && register(dev, EVENT_XID_CRITICAL, set) == 0
+                    handle(g.index, &mut dev) == 0 && register(dev, EVENT_XID_CRITICAL, e.set) == 0
                 };
                 if ok {
-                    handles.push((dev as usize, g.index));
+                    e.handles.push((dev as usize, g.index));
                 } else {
                     tracing::warn!("GPU{}: XID errors cannot be watched", g.index);
+                    e.unwatched.push(g.index);
                 }
             }
-            Some(EventSet { set, handles })
-        });
-        made.as_ref().map(|e| (e.set, e.handles.clone()))
+        }
+        Some((e.set, e.handles.clone()))
     }
 
     /// # Safety
@@ -176,6 +227,7 @@ impl GpuSource for Nvml {
                     gib: 0,
                     model: String::new(),
                     unhealthy: true,
+                    mib: false,
                 });
                 continue;
             }
@@ -220,12 +272,31 @@ impl GpuSource for Nvml {
                 gib: gpu_gib(mib, stated_gib),
                 model,
                 unhealthy: false,
+                mib: false,
             });
         }
         Ok(out)
     }
 
-    fn check_health(&self, gpus: &[NodeGpu], wait_ms: u32) -> Vec<(u32, String)> {
+    fn answers(&self, index: u32) -> bool {
+        // SAFETY: each symbol is looked up with its NVML C signature.
+        let syms = unsafe {
+            (
+                self.sym::<HandleFn>(b"nvmlDeviceGetHandleByIndex_v2\0"),
+                self.sym::<MemFn>(b"nvmlDeviceGetMemoryInfo\0"),
+            )
+        };
+        let (Ok(handle), Ok(mem)) = syms else {
+            return false;
+        };
+        let mut dev: Device = std::ptr::null_mut();
+        let mut m = MemoryInfo::default();
+        // SAFETY: dev and m are valid out-parameters; dev is NVML's handle
+        // when the first call succeeded.
+        unsafe { handle(index, &mut dev) == 0 && mem(dev, &mut m) == 0 && m.total > 0 }
+    }
+
+    fn check_health(&self, gpus: &[NodeGpu], wait_ms: u32) -> Vec<(u32, Fault)> {
         let mut failed = Vec::new();
         // SAFETY: looked up with its NVML C signature.
         if let Ok(handle) = unsafe { self.sym::<HandleFn>(b"nvmlDeviceGetHandleByIndex_v2\0") } {
@@ -233,7 +304,7 @@ impl GpuSource for Nvml {
                 let mut dev: Device = std::ptr::null_mut();
                 // SAFETY: dev is a valid out-parameter.
                 if unsafe { handle(g.index, &mut dev) } == NVML_ERROR_GPU_IS_LOST {
-                    failed.push((g.index, "GPU is lost (NVML_ERROR_GPU_IS_LOST)".to_string()));
+                    failed.push((g.index, Fault::Lost));
                 }
             }
         }
@@ -262,7 +333,14 @@ impl GpuSource for Nvml {
                     // An event for no GPU in particular concerns them all.
                     for (h, i) in &handles {
                         if e.device.is_null() || *h == e.device as usize {
-                            failed.push((*i, format!("critical XID error {}", e.event_data)));
+                            failed.push((
+                                *i,
+                                if e.event_data == XID_FALLEN_OFF_THE_BUS {
+                                    Fault::Lost
+                                } else {
+                                    Fault::Xid(e.event_data)
+                                },
+                            ));
                         }
                     }
                 }

@@ -196,6 +196,7 @@ mod tests {
             per_gpu: 4,
             containers: BTreeMap::from([("main".to_string(), 4)]),
             compute: 0,
+            mib: false,
             sig: String::new(),
         };
         assert!(!public.verify(&d));

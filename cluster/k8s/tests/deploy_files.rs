@@ -218,3 +218,201 @@ fn the_agent_runs_beside_the_plugin() {
     let image = read("docker/node.Dockerfile");
     assert!(image.contains("dist/cgpu-agent"));
 }
+
+/// `[a, b, c]` (a YAML flow list of plain words) as its items.
+fn flow_list(v: &str) -> Vec<String> {
+    v.trim()
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// `{k1: v1, k2: v2}` (a YAML flow map of plain words) as its pairs.
+fn flow_map(v: &str) -> Vec<(String, String)> {
+    flow_list(&v.trim().replace(['{', '}'], ""))
+        .into_iter()
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once(':')?;
+            Some((k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+/// The DaemonSet's agent container, started as the container runtime
+/// would: the real `cgpu-agent` with exactly the manifest's command and
+/// environment, each of its volume mounts a directory of its own (paths
+/// under a mount point rewritten to it), on the simulated driver. It keeps
+/// running, rewrites its status file where the manifest says, and sees a
+/// process under the library that uses the ledger directory the device
+/// plugin hands to containers.
+#[test]
+fn the_agent_starts_with_the_manifests_flags() {
+    use cgpu_testkit::{artifacts, cuclient, read_until, LinkMode, SimEnv};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let ds = read("device-plugin.yaml");
+    let agent = ds
+        .split("- name: agent\n")
+        .nth(1)
+        .expect("an agent container")
+        .split("\n      volumes:")
+        .next()
+        .unwrap();
+    let command = flow_list(value(agent, "command"));
+    let env: Vec<(String, String)> = agent
+        .split("\n        env:\n")
+        .nth(1)
+        .map(|rest| {
+            rest.lines()
+                .take_while(|l| l.starts_with("        - {"))
+                .map(|l| {
+                    let m = flow_map(l.trim_start().trim_start_matches("- "));
+                    let get = |k: &str| m.iter().find(|(x, _)| x == k).unwrap().1.clone();
+                    (get("name"), get("value"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mounts: Vec<String> = agent
+        .split("\n        volumeMounts:\n")
+        .nth(1)
+        .expect("the agent's volume mounts")
+        .lines()
+        .take_while(|l| l.starts_with("        - {"))
+        .map(|l| {
+            let m = flow_map(l.trim_start().trim_start_matches("- "));
+            m.iter().find(|(k, _)| k == "mountPath").unwrap().1.clone()
+        })
+        .collect();
+    let root = std::env::temp_dir().join(format!("cgpu-agent-ds-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let mapped = |path: &str| -> String {
+        let m = mounts
+            .iter()
+            .filter(|m| path == m.as_str() || path.starts_with(&format!("{m}/")))
+            .max_by_key(|m| m.len());
+        match m {
+            Some(m) => format!(
+                "{}{}",
+                root.join(m.trim_start_matches('/').replace('/', "_"))
+                    .display(),
+                &path[m.len()..]
+            ),
+            None => path.to_string(),
+        }
+    };
+    for m in &mounts {
+        std::fs::create_dir_all(mapped(m)).unwrap();
+    }
+    let args: Vec<String> = command[1..].iter().map(|a| mapped(a)).collect();
+    let status_file = args
+        .iter()
+        .position(|a| a == "--status-file")
+        .map(|i| args[i + 1].clone())
+        .expect("the agent writes a status file");
+    let ledger = mapped(
+        cgpu_cluster::device_plugin::PluginConfig::standard("n")
+            .ledger_on_host
+            .to_str()
+            .unwrap(),
+    );
+
+    let sim = SimEnv::new().gpus("16160:Tesla V100-SXM2-16GB");
+    let a = artifacts();
+    let mut agent = sim
+        .command(a.profile_dir.join(&command[0]))
+        .args(&args)
+        .envs(env.iter().cloned())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the agent");
+    // A container's process as the device plugin sets it up: the library,
+    // the ledger directory, a 1 GiB quota; it holds 256 MiB.
+    let mut proc = sim
+        .command(cuclient(LinkMode::Link))
+        .env("LD_PRELOAD", &a.libcgpu)
+        .env("CGPU_LEDGER_DIR", &ledger)
+        .env("CGPU_CONTAINER_ID", "default/p/main")
+        .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
+        .env("CUCLIENT_HOLD_MAX_S", "120")
+        .args(["alloc", &(256u64 << 20).to_string(), "hold"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let lines = read_until(&mut proc, "holding", Duration::from_secs(120));
+    assert!(lines.iter().any(|l| l.starts_with("alloc ok")), "{lines:?}");
+    let pid = u64::from(proc.id());
+
+    let read_status = || -> Option<serde_json::Value> {
+        serde_json::from_slice(&std::fs::read(&status_file).ok()?).ok()
+    };
+    let sees = |d: &serde_json::Value| {
+        let g = &d["gpus"][0];
+        g["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["processes"].as_array().into_iter().flatten())
+            .chain(g["outside_containers"].as_array().into_iter().flatten())
+            .any(|p| p["pid"] == pid && p["bytes"].as_u64() >= Some(256 << 20))
+    };
+    let t0 = Instant::now();
+    let first = loop {
+        if let Some(d) = read_status().filter(|d| sees(d)) {
+            break d;
+        }
+        if let Ok(Some(st)) = agent.try_wait() {
+            let o = agent.wait_with_output().unwrap();
+            panic!(
+                "the agent exited ({st}) with the manifest's flags {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the agent never showed pid {pid} in {status_file}: {:?}",
+            read_status()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(first["ledger_dir"], ledger.as_str(), "{first}");
+    assert_eq!(
+        first["gpus"][0]["ledger"]
+            .as_str()
+            .map(|l| l.starts_with(&ledger)),
+        Some(true),
+        "{first}"
+    );
+    assert!(
+        first["gpus"][0]["uuid"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("GPU-")),
+        "{first}"
+    );
+    assert_eq!(first["over"], 0, "{first}");
+    // It runs as a service: later passes rewrite the file.
+    let t0 = Instant::now();
+    while read_status().map(|d| d["time_ns"].clone()) == Some(first["time_ns"].clone()) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the status file is not rewritten"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        agent.try_wait().unwrap().is_none(),
+        "the agent keeps running"
+    );
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let _ = proc.kill();
+    let _ = proc.wait();
+    let _ = std::fs::remove_dir_all(&root);
+}

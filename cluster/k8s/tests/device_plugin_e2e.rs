@@ -30,6 +30,8 @@ struct Cluster {
     plugin: Option<Child>,
     extender: Arc<Extender>,
     ext_url: String,
+    /// Environment the plugin is started with, besides the layout's.
+    plugin_env: Vec<(String, String)>,
 }
 
 impl Drop for Cluster {
@@ -57,6 +59,16 @@ impl Cluster {
     /// `old_kubelet`: the kubelet dials plugins with the socket path as
     /// `:authority` (kubelets before 1.26).
     async fn with_kubelet(name: &str, gpus: &[&str], labels: Value, old_kubelet: bool) -> Cluster {
+        Cluster::build(name, gpus, labels, old_kubelet, &[]).await
+    }
+
+    async fn build(
+        name: &str,
+        gpus: &[&str],
+        labels: Value,
+        old_kubelet: bool,
+        plugin_env: &[(&str, &str)],
+    ) -> Cluster {
         let dir = scratch(name);
         let api = ApiServer::start().await;
         api.write_kubeconfig(&dir.join("kubeconfig"));
@@ -93,6 +105,10 @@ impl Cluster {
             plugin: None,
             extender,
             ext_url,
+            plugin_env: plugin_env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         c.start_plugin();
         c
@@ -112,6 +128,7 @@ impl Cluster {
             .env("CGPU_ALLOC_DIR", self.dir.join("alloc"))
             .env("CGPU_CDI_DIR", &self.kubelet.cdi_dir)
             .env("CGPU_LOG", "warn")
+            .envs(self.plugin_env.iter().cloned())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -970,6 +987,270 @@ async fn a_gpu_that_fails_takes_no_new_pod() {
     assert!(out.contains("Unhealthy: GPU1 (GPU-"), "{out}");
     assert!(out.contains("Unhealthy: GPU2 (GPU-"), "{out}");
     assert!(!out.contains("Unhealthy: GPU0"), "{out}");
+}
+
+/// The events the plugin recorded on the node: (reason, message, eventTime).
+fn node_events(c: &Cluster) -> Vec<(String, String, String)> {
+    c.api
+        .list("events")
+        .into_iter()
+        .filter(|e| e["involvedObject"]["kind"] == "Node" && e["involvedObject"]["name"] == NODE)
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+            (s("reason"), s("message"), s("eventTime"))
+        })
+        .collect()
+}
+
+/// Waits for an event on the node with this reason whose message starts
+/// with `prefix`; returns its eventTime.
+async fn node_event(c: &Cluster, reason: &str, prefix: &str) -> String {
+    for _ in 0..12000 {
+        if let Some(e) = node_events(c)
+            .into_iter()
+            .find(|(r, m, _)| r == reason && m.starts_with(prefix))
+        {
+            return e.2;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "no {reason} event {prefix:?} on the node: {:?}",
+        node_events(c)
+    );
+}
+
+async fn get_text(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// Waits until the extender's metrics hold `line`.
+async fn metric_line(c: &Cluster, line: &str) {
+    let mut text = String::new();
+    for _ in 0..12000 {
+        text = get_text(&c.ext_url, "/metrics").await;
+        if text.contains(line) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the metrics never showed {line:?}:\n{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_that_is_healthy_again_takes_pods_again() {
+    // A GPU failed by a critical XID error is trusted again 3 s after its
+    // last one; a lost GPU as soon as it answers.
+    let hold = Duration::from_secs(3);
+    let c = Cluster::build(
+        "recovers",
+        &[V100, V100],
+        json!({}),
+        false,
+        &[("CGPU_XID_HOLD", "3s")],
+    )
+    .await;
+    c.ready(30).await;
+    // a (4 GiB) goes to GPU0; b (12 GiB) fits only on GPU1.
+    let a = c.pod("a", json!([gpu_container("main", 4)]), 1);
+    c.schedule(&a).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("a")).unwrap().gpus[0].index, 0);
+    c.run_pod("a", "main").await.unwrap();
+    let b = c.pod("b", json!([gpu_container("main", 12)]), 1);
+    c.schedule(&b).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("b")).unwrap().gpus[0].index, 1);
+    let b = c.get("b");
+    let alloc = c.kubelet.admit(&b).await.unwrap();
+    let started = c
+        .kubelet
+        .start_container(&b, "main", &alloc["main"])
+        .await
+        .unwrap();
+    let quota = mib(field(line(&c.exec(&started, &["meminfo"]), "meminfo"), "total").unwrap());
+    assert!(quota > 12 * 1000, "{quota} MiB");
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"1\"} 1\n",
+    )
+    .await;
+
+    // GPU1 falls off the bus: unhealthy, an event on the node, a metric.
+    let state = &c.sim.state_dir;
+    std::fs::write(state.join("gpu1.lost"), "").unwrap();
+    c.healthy_devices("aliyun.com/gpu-count", 1).await;
+    c.healthy_devices("aliyun.com/gpu-mem", 15).await;
+    node_event(&c, "CgpuGpuUnhealthy", "GPU1 (GPU-").await;
+    let msgs: Vec<String> = node_events(&c).into_iter().map(|e| e.1).collect();
+    assert!(
+        msgs.iter().any(|m| m.starts_with("GPU1 ")
+            && m.ends_with("failed: the GPU fell off the bus (lost); no new pod is placed on it")),
+        "{msgs:?}"
+    );
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"1\"} 0\n",
+    )
+    .await;
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"0\"} 1\n",
+    )
+    .await;
+
+    // b's container starts again (a restart) while GPU1 is unhealthy: the
+    // plugin refuses it, saying why.
+    let refused = c
+        .kubelet
+        .start_container(&b, "main", &alloc["main"])
+        .await
+        .unwrap_err();
+    assert!(
+        refused.contains(
+            "default/b container main: the decision places it on GPU1, which is unhealthy now \
+             (the GPU fell off the bus (lost)); the container is not started"
+        ),
+        "{refused}"
+    );
+
+    // GPU1 answers again: healthy without a plugin restart, and b starts
+    // with its quota.
+    std::fs::remove_file(state.join("gpu1.lost")).unwrap();
+    c.healthy_devices("aliyun.com/gpu-count", 2).await;
+    c.healthy_devices("aliyun.com/gpu-mem", 30).await;
+    node_event(&c, "CgpuGpuHealthy", "GPU1 (GPU-").await;
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"1\"} 1\n",
+    )
+    .await;
+    let started = c
+        .kubelet
+        .start_container(&b, "main", &alloc["main"])
+        .await
+        .unwrap();
+    assert_eq!(
+        mib(field(line(&c.exec(&started, &["meminfo"]), "meminfo"), "total").unwrap()),
+        quota
+    );
+
+    // A double-bit ECC error (XID 48) on GPU0: unhealthy, then trusted
+    // again once the hold has passed without another.
+    let before_xid = k8s_openapi::jiff::Timestamp::now();
+    std::fs::write(state.join("gpu0.xid"), "48\n").unwrap();
+    node_event(&c, "CgpuGpuUnhealthy", "GPU0 (GPU-").await;
+    let msgs: Vec<String> = node_events(&c).into_iter().map(|e| e.1).collect();
+    assert!(
+        msgs.iter().any(|m| m.starts_with("GPU0 ")
+            && m.ends_with("failed: critical XID error 48; no new pod is placed on it")),
+        "{msgs:?}"
+    );
+    let back: k8s_openapi::jiff::Timestamp = node_event(&c, "CgpuGpuHealthy", "GPU0 (GPU-")
+        .await
+        .parse()
+        .unwrap();
+    let waited = back.duration_since(before_xid);
+    assert!(
+        waited >= k8s_openapi::jiff::SignedDuration::try_from(hold).unwrap(),
+        "GPU0 was trusted again {waited:?} after its XID error"
+    );
+    c.healthy_devices("aliyun.com/gpu-count", 2).await;
+    metric_line(
+        &c,
+        "cgpu_extender_gpu_healthy{node=\"gpu-node-1\",gpu=\"0\"} 1\n",
+    )
+    .await;
+    let d = c.pod("d", json!([gpu_container("main", 8)]), 1);
+    c.schedule(&d).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("d")).unwrap().gpus[0].index, 0);
+    c.run_pod("d", "main").await.unwrap();
+}
+
+/// A node labelled `cgpu.io/gpu-mem-unit=MiB`: the plugin offers one device
+/// per MiB, the extender places MiB, and the container's quota is exactly
+/// the MiB it asked for, in bytes, enforced by the library.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_on_a_mib_node_gets_its_quota_in_exact_bytes() {
+    const T4: &str = "15109:Tesla T4";
+    let c = Cluster::new("mib", &[T4, T4], json!({"cgpu.io/gpu-mem-unit": "MiB"})).await;
+    c.ready(2 * 15109).await;
+    let gpus: Vec<Value> = serde_json::from_str(
+        c.api.get("nodes", "", NODE).unwrap()["metadata"]["annotations"]["cgpu.io/gpus"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(gpus[0]["gib"], 15109, "{gpus:?}");
+    assert_eq!(gpus[0]["mib"], true, "{gpus:?}");
+    // 3000 MiB, then 12000 MiB: binpack puts both on GPU0 (15000 of 15109);
+    // 200 MiB more do not fit there and go to GPU1.
+    let a = c.pod("a", json!([gpu_container("main", 3000)]), 1);
+    c.schedule(&a).await.unwrap();
+    let d = Decision::from_pod(&c.get("a")).unwrap();
+    assert_eq!(
+        (d.mib, d.gpu_gib, d.containers["main"]),
+        (true, 15109, 3000)
+    );
+    assert_eq!(d.gpus[0].index, 0);
+    let b = c.pod("b", json!([gpu_container("main", 12000)]), 1);
+    c.schedule(&b).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("b")).unwrap().gpus[0].index, 0);
+    let e = c.pod("e", json!([gpu_container("main", 200)]), 1);
+    c.schedule(&e).await.unwrap();
+    assert_eq!(Decision::from_pod(&c.get("e")).unwrap().gpus[0].index, 1);
+
+    let started = c.run_pod("a", "main").await.unwrap();
+    let file = std::fs::read_to_string(started.host_path("/etc/cgpu/alloc.env")).unwrap();
+    assert!(
+        file.contains("\nALIYUN_COM_GPU_MEM_CONTAINER=3\nALIYUN_COM_GPU_MEM_DEV=14\n")
+            && file.ends_with("\nCGPU_MEM_CONTAINER_MIB=3000\n"),
+        "{file}"
+    );
+    // The process sees exactly 3000 MiB, and the library refuses past them.
+    let out = c.exec(&started, &["meminfo"]);
+    let total: u64 = field(line(&out, "meminfo"), "total")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(total, 3000 << 20, "{out}");
+    // What its context leaves free is what it gets, to the MiB.
+    let out = c.exec(&started, &["meminfo", "alloc_until_oom", "1048576"]);
+    let free: u64 = field(line(&out, "meminfo"), "free")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let l = line(&out, "alloc_until_oom");
+    assert_eq!(field(l, "err"), Some("2"), "{out}");
+    let got: u64 = field(l, "bytes").unwrap().parse().unwrap();
+    assert!(got <= free && free - got < 1 << 20, "{out}");
+    // A pod's own environment cannot raise it.
+    let mut cmd = c.sim.command(cuclient(LinkMode::Link));
+    for (k, v) in started.env_on_host() {
+        cmd.env(k, v);
+    }
+    let out = cmd
+        .env("CGPU_MEM_CONTAINER_MIB", "15000")
+        .env("ALIYUN_COM_GPU_MEM_CONTAINER", "15")
+        .arg("meminfo")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let total: u64 = field(line(&text, "meminfo"), "total")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(total, 3000 << 20, "{text}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("CGPU_MEM_CONTAINER_MIB='15000' in the environment is ignored"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -101,6 +101,7 @@ fn gpu_node(api: &ApiServer, name: &str, gpus: u32, mib: u64) {
             gib: mib / 1024,
             model: "Tesla V100-SXM2-16GB".into(),
             unhealthy: false,
+            mib: false,
         })
         .collect();
     api.put(
@@ -437,6 +438,10 @@ async fn health_readiness_and_metrics() {
         parsed.contains("cgpu_extender_gpu_pods n1 0 1.0\n"),
         "{parsed}"
     );
+    assert!(
+        parsed.contains("cgpu_extender_gpu_healthy n1 1 1.0\n"),
+        "{parsed}"
+    );
     // Per namespace: a holds 4 GiB; a second pod asks 6 more, not placed.
     gpu_pod(&api, "waiting", 6, 1);
     let mut text = String::new();
@@ -748,6 +753,7 @@ async fn pods_choose_gpus_by_model_and_uuid() {
             gib: 15,
             model: "Tesla T4".into(),
             unhealthy: false,
+            mib: false,
         },
         NodeGpu {
             index: 1,
@@ -756,6 +762,7 @@ async fn pods_choose_gpus_by_model_and_uuid() {
             gib: 22,
             model: "NVIDIA A10".into(),
             unhealthy: false,
+            mib: false,
         },
     ];
     api.put(

@@ -221,6 +221,7 @@ fn only_decisions_of_their_own_pod_with_the_extenders_signature_count() {
             per_gpu: 10,
             containers: BTreeMap::from([("main".to_string(), 10)]),
             compute: 0,
+            mib: false,
             sig: String::new(),
         };
         key.sign(&mut d);

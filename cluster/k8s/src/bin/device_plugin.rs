@@ -20,7 +20,11 @@ const USAGE: &str = "usage: cgpu-device-plugin\n\
   CGPU_ALLOC_DIR             allocation files (default /run/cgpu-alloc; outside the ledger directory)\n\
   CGPU_CDI_DIR               where the runtime reads CDI specs (default /var/run/cdi)\n\
   CGPU_EXPOSE_ALL_GPUS       true: NVIDIA_VISIBLE_DEVICES=all instead of each container's GPUs\n\
-                             through CDI (runtimes without CDI)\n";
+                             through CDI (runtimes without CDI)\n\
+  CGPU_XID_HOLD              how long a GPU stays unhealthy after its last critical XID error\n\
+                             before it takes pods again, if NVML still answers for it: seconds\n\
+                             (300, 300s), minutes (5m) or never (until the plugin restarts);\n\
+                             default 5m. A lost GPU is healthy again as soon as it answers.\n";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -72,6 +76,16 @@ async fn main() -> ExitCode {
         eprintln!("cgpu-device-plugin: {e}");
         ExitCode::FAILURE
     };
+    let mut recovery = device_plugin::Recovery::default();
+    if let Some(v) = std::env::var("CGPU_XID_HOLD")
+        .ok()
+        .filter(|v| !v.is_empty())
+    {
+        match device_plugin::Recovery::parse_xid_hold(&v) {
+            Ok(h) => recovery.xid_hold = h,
+            Err(e) => return fail(format!("CGPU_XID_HOLD: {e}")),
+        }
+    }
     let nvml = match Nvml::load() {
         Ok(n) => n,
         Err(e) => return fail(e),
@@ -85,11 +99,15 @@ async fn main() -> ExitCode {
         Ok(p) => Arc::new(p),
         Err(e) => return fail(e),
     };
-    device_plugin::spawn_health_watch(plugin.clone(), nvml);
+    device_plugin::spawn_health_watch(plugin.clone(), nvml, recovery);
+    if let Some(e) = plugin.device_list_too_large() {
+        tracing::error!("{e}");
+    }
     tracing::info!(
-        "node {node}: {} GPUs, {} GiB of {}",
-        plugin.node.gpus.len(),
-        plugin.node.gpus.iter().map(|g| g.gib).sum::<u64>(),
+        "node {node}: {} GPUs, {} {} of {}",
+        plugin.node.gpus.read().len(),
+        plugin.node.gpus.read().iter().map(|g| g.gib).sum::<u64>(),
+        if plugin.node.mib { "MiB" } else { "GiB" },
         cgpu_cluster_core::names::RESOURCE_GPU_MEM
     );
     match plugin.clean_alloc_dir().await {
