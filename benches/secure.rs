@@ -11,6 +11,11 @@
 //! agent does per request, without its per-connection identity checks
 //! (done once, at `Hello`).
 //!
+//! Where it can (root, cgroup v1 `pids`), the same pair is also measured
+//! against `cgpu-agent --secure` itself: its children are put in a cgroup
+//! named by a container id the host gave a 20 GiB quota (`cgpuctl
+//! settings`), which is how the agent places them.
+//!
 //! Each mode runs in its own process (the mode is decided once per
 //! process): criterion times `iters` pairs in a child per sample
 //! (`iter_custom`); then a summary of per-pair p50 and p99 over 5
@@ -21,7 +26,7 @@
 use std::ffi::{c_int, c_void, CString};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -60,6 +65,13 @@ fn child() {
     let libcgpu = PathBuf::from(std::env::var("CGPU_BENCH_CGPU").unwrap());
     let n: u64 = std::env::var("CGPU_BENCH_N").unwrap().parse().unwrap();
     let each = std::env::var_os("CGPU_BENCH_EACH").is_some();
+    if let Some(go) = std::env::var_os("CGPU_BENCH_GO") {
+        // In the container's cgroup first (the agent places a process by it).
+        let t = Instant::now();
+        while !Path::new(&go).exists() && t.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     let sim = open(&libsim);
     // SAFETY: the sim's entry points with their cuda.h signatures.
     unsafe {
@@ -222,10 +234,73 @@ struct Modes {
     root: PathBuf,
     libsim: PathBuf,
     libcgpu: PathBuf,
+    /// The container's cgroup, when `cgpu-agent --secure` runs ("agent").
+    cgroup: Option<PathBuf>,
+}
+
+/// `cgpu-agent --secure` on `root/agent`, serving a container of 20 GiB
+/// whose processes are in a cgroup named by its id; `None` (and why) where
+/// this machine cannot (not root, no cgroup v1 `pids`).
+fn start_real_agent(a: &cgpu_testkit::Artifacts, root: &Path) -> Result<(Child, PathBuf), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root".into());
+    }
+    let id = format!("{:08x}{}", std::process::id(), "b".repeat(56));
+    let cg = PathBuf::from(format!(
+        "/sys/fs/cgroup/pids/cgpu-bench-secure-{}/{id}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&cg).map_err(|e| format!("no cgroup v1 pids ({e})"))?;
+    let settings = root.join("containers");
+    std::fs::create_dir_all(&settings).unwrap();
+    let o = Command::new(a.profile_dir.join("cgpuctl"))
+        .args([
+            "settings",
+            &id,
+            "ALIYUN_COM_GPU_MEM_CONTAINER=20",
+            "--settings-dir",
+        ])
+        .arg(&settings)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !o.status.success() {
+        return Err(format!(
+            "cgpuctl settings: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    let mut agent = Command::new(a.profile_dir.join("cgpu-agent"))
+        .args(["--secure", "--interval", "1s", "--ledger-dir"])
+        .arg(root.join("agent"))
+        .arg("--settings-dir")
+        .arg(&settings)
+        .env("LD_LIBRARY_PATH", &a.sim_lib_dir)
+        .env("CGPU_SIM_STATE", root.join("state"))
+        .env("CGPU_SIM_GPUS", "23028:NVIDIA A10")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut err = std::io::BufReader::new(agent.stderr.take().unwrap());
+    let mut log = String::new();
+    loop {
+        let mut l = String::new();
+        if std::io::BufRead::read_line(&mut err, &mut l).unwrap_or(0) == 0 {
+            let _ = agent.kill();
+            return Err(format!("cgpu-agent ended: {log}"));
+        }
+        log.push_str(&l);
+        if l.contains("secure: serving") {
+            break;
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    Ok((agent, cg))
 }
 
 impl Modes {
-    /// Run a child in `mode` ("cooperative" or "secure") for `n` pairs.
+    /// Run a child in `mode` ("cooperative", "secure" or "agent") for `n` pairs.
     fn run(&self, mode: &str, n: u64, each: bool) -> Vec<u64> {
         let exe = std::env::current_exe().unwrap();
         let mut c = Command::new(exe);
@@ -246,7 +321,17 @@ impl Modes {
         if each {
             c.env("CGPU_BENCH_EACH", "1");
         }
-        let o = c.output().unwrap();
+        let go = self.root.join("go");
+        let _ = std::fs::remove_file(&go);
+        if mode == "agent" {
+            c.env("CGPU_BENCH_GO", &go);
+        }
+        let kid = c.spawn().unwrap();
+        if let (Some(cg), "agent") = (&self.cgroup, mode) {
+            std::fs::write(cg.join("cgroup.procs"), kid.id().to_string()).unwrap();
+            std::fs::write(&go, "").unwrap();
+        }
+        let o = kid.wait_with_output().unwrap();
         assert!(o.status.success(), "bench child ({mode}) failed");
         String::from_utf8_lossy(&o.stdout)
             .lines()
@@ -273,11 +358,23 @@ fn main() {
         std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(mode)).unwrap();
     }
     start_agent(&root.join("secure"));
+    let (mut agent, cgroup) = match start_real_agent(a, &root) {
+        Ok((agent, cg)) => (Some(agent), Some(cg)),
+        Err(why) => {
+            println!("cgpu-agent --secure not measured: {why}");
+            (None, None)
+        }
+    };
     let m = Modes {
         root: root.clone(),
         libsim: a.libsim.clone(),
         libcgpu: a.libcgpu.clone(),
+        cgroup: cgroup.clone(),
     };
+    let modes: Vec<&str> = ["cooperative", "secure", "agent"]
+        .into_iter()
+        .filter(|&x| x != "agent" || m.cgroup.is_some())
+        .collect();
 
     let mut c = Criterion::default()
         .warm_up_time(Duration::from_millis(500))
@@ -286,7 +383,7 @@ fn main() {
         .configure_from_args();
     {
         let mut g = c.benchmark_group("alloc_free_1MiB_round_trip");
-        for mode in ["cooperative", "secure"] {
+        for &mode in &modes {
             g.bench_function(mode, |b| {
                 b.iter_custom(|iters| Duration::from_nanos(m.run(mode, iters, false)[0]))
             });
@@ -297,39 +394,54 @@ fn main() {
 
     // Per pair, 5 interleaved rounds of 5000, medians of the rounds.
     let n = 5000;
-    let (mut c50, mut c99, mut s50, mut s99) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut p50 = vec![Vec::new(); modes.len()];
+    let mut p99 = vec![Vec::new(); modes.len()];
     for _ in 0..5 {
-        let mut co = m.run("cooperative", n, true);
-        let mut se = m.run("secure", n, true);
-        c50.push(pct(&mut co, 0.5) as f64);
-        c99.push(pct(&mut co, 0.99) as f64);
-        s50.push(pct(&mut se, 0.5) as f64);
-        s99.push(pct(&mut se, 0.99) as f64);
+        for (i, mode) in modes.iter().enumerate() {
+            let mut v = m.run(mode, n, true);
+            p50[i].push(pct(&mut v, 0.5) as f64);
+            p99[i].push(pct(&mut v, 0.99) as f64);
+        }
     }
     let med = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2] / 1e3
     };
-    let (c50, c99, s50, s99) = (med(&mut c50), med(&mut c99), med(&mut s50), med(&mut s99));
-    println!("\n| cuMemAlloc+cuMemFree (1 MiB) | p50 | p99 |");
-    println!("|---|---|---|");
-    println!("| cooperative | {c50:.1} µs | {c99:.1} µs |");
-    println!("| secure (Reserve + Release to the agent) | {s50:.1} µs | {s99:.1} µs |");
-    println!(
-        "| secure / cooperative | {:.2}x | {:.2}x |",
-        s50 / c50,
-        s99 / c99
-    );
-    println!(
-        "| added by secure mode | {:.1} µs | {:.1} µs (goal ≤ 20 µs) |",
-        s50 - c50,
-        s99 - c99
-    );
+    let p50: Vec<f64> = p50.iter_mut().map(med).collect();
+    let p99: Vec<f64> = p99.iter_mut().map(med).collect();
+    println!("\n| cuMemAlloc+cuMemFree (1 MiB) | p50 | p99 | p50 added (ratio) | p99 added (ratio), goal ≤ 20 µs |");
+    println!("|---|---|---|---|---|");
+    for (i, mode) in modes.iter().enumerate() {
+        let what = match *mode {
+            "cooperative" => "cooperative",
+            "secure" => "secure, in-bench agent (Reserve + Release)",
+            _ => "secure, `cgpu-agent --secure`",
+        };
+        println!(
+            "| {what} | {:.1} µs | {:.1} µs | {:+.1} µs ({:.2}x) | {:+.1} µs ({:.2}x) |",
+            p50[i],
+            p99[i],
+            p50[i] - p50[0],
+            p50[i] / p50[0],
+            p99[i] - p99[0],
+            p99[i] / p99[0]
+        );
+    }
     println!(
         "(machine: {} CPUs)",
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(0)
     );
+    if let Some(a) = agent.as_mut() {
+        let _ = a.kill();
+        let _ = a.wait();
+    }
+    if let Some(cg) = cgroup {
+        let _ = std::fs::remove_dir(&cg);
+        if let Some(p) = cg.parent() {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
     let _ = std::fs::remove_dir_all(&root);
 }
