@@ -225,18 +225,17 @@ fn close(fd: i32) {
 }
 
 fn map_fd(path: &Path, fd: i32) -> Result<NonNull<LedgerFile>, LedgerError> {
+    map_fd_prot(path, fd, libc::PROT_READ | libc::PROT_WRITE)
+}
+
+fn map_fd_prot(
+    path: &Path,
+    fd: i32,
+    prot: libc::c_int,
+) -> Result<NonNull<LedgerFile>, LedgerError> {
     // SAFETY: a fresh shared mapping of an fd we hold; the kernel picks the
     // address. The file is exactly SIZE bytes (checked or set by the caller).
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        )
-    };
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), SIZE, prot, libc::MAP_SHARED, fd, 0) };
     if p == libc::MAP_FAILED {
         return Err(LedgerError::io(path, io::Error::last_os_error()));
     }
@@ -415,6 +414,58 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
         map,
         fd: AtomicI32::new(fd),
         probe_fd: AtomicI32::new(probe),
+        table: parking_lot::Mutex::new(()),
+        stale: AtomicBool::new(false),
+        guard: super::guard::register(map.as_ptr() as usize, SIZE),
+        ino: (st.st_dev, st.st_ino),
+    };
+    if l.file().header.ready.load(Ordering::Acquire) != 1 {
+        return Err(LedgerError::Corrupt {
+            path: path.to_owned(),
+            why: "never finished initialising (ready != 1)".into(),
+        });
+    }
+    Ok(l)
+}
+
+/// Open an existing ledger for reading only: `O_RDONLY`, mapped
+/// `PROT_READ` (a write through it would fault, never reach the file), no
+/// table lock (its `fd` is -1, so every path that locks or writes the
+/// table fails), nothing reserved or repaired. For processes that may read
+/// the books but not write them (secure mode: the node agent writes them).
+pub(super) fn open_read_only(path: &Path) -> Result<Ledger, LedgerError> {
+    let fd = open_fd(path, libc::O_RDONLY)?;
+    if let Err(e) = validate_fd(path, fd) {
+        close(fd);
+        return Err(e);
+    }
+    let map = match map_fd_prot(path, fd, libc::PROT_READ) {
+        Ok(m) => m,
+        Err(e) => {
+            close(fd);
+            return Err(e);
+        }
+    };
+    // SAFETY: `st` is a valid out-pointer for fstat on our descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::fstat(fd, &mut st) };
+    let generation = path
+        .file_name()
+        .and_then(|n| parse_name(&n.to_string_lossy()))
+        .map_or(0, |(_, g)| g);
+    // SAFETY: the mapping is valid and of the right size (validated above);
+    // the uuid bytes are atomics, only loaded.
+    let uuid0 = unsafe { map.as_ref() }.header.uuid_bytes();
+    let l = Ledger {
+        generation,
+        uuid0,
+        weight_try_ns: AtomicU64::new(0),
+        weightless: AtomicU32::new(0),
+        path: path.to_owned(),
+        map,
+        fd: AtomicI32::new(-1),
+        probe_fd: AtomicI32::new(fd),
         table: parking_lot::Mutex::new(()),
         stale: AtomicBool::new(false),
         guard: super::guard::register(map.as_ptr() as usize, SIZE),

@@ -92,6 +92,11 @@ impl Ledger {
     pub fn open(path: &Path) -> Result<Ledger, LedgerError> {
         file::open(path)
     }
+    /// Open an existing ledger read-only (`O_RDONLY`, mapped `PROT_READ`):
+    /// it can be read, never written, locked or joined.
+    pub fn open_read_only(path: &Path) -> Result<Ledger, LedgerError> {
+        file::open_read_only(path)
+    }
     pub fn path(&self) -> &Path {
         &self.path
     }

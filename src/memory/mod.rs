@@ -19,6 +19,9 @@
 //!   free is not charged (the driver may hold it until `cuMemPoolTrimTo`).
 //! - `fork`: the child handler only resets atomics (and lets the ledger
 //!   forget the parent's slot); the child re-joins lazily.
+//! - Secure mode (the host's node agent serves `agent.sock` in a ledger
+//!   directory only root writes): the ledger is only read, and every charge
+//!   goes through the agent ([`secure`]).
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicUsize, Ordering};
 use std::sync::Once;
@@ -29,6 +32,7 @@ use crate::config::{self, Mode};
 use crate::ledger::{Account, JoinSpec, Ledger, Membership, ShareLink, QUOTA_UNLIMITED};
 pub mod charges;
 mod lookup;
+pub mod secure;
 
 pub use crate::process::gpus::{format_uuid, GpuInfo};
 pub use charges::{Charges, Entry, Kind, Owner, PoolPlace};
@@ -50,9 +54,8 @@ pub struct Gpu {
     pub quota: Option<u64>,
     /// Refuse allocations past the quota (false with `CGPU_DISABLE`).
     pub enforce: bool,
-    /// This process's account on the GPU's ledger (joined, or waiting to
-    /// join: allocations refused; see `ledger::Account`).
-    acct: Account,
+    /// How this process's allocations are charged.
+    books: Books,
     left: AtomicBool,
     /// Primary-context retains by this process (what the primary context
     /// reserved is charged to it in [`charges`]).
@@ -61,7 +64,34 @@ pub struct Gpu {
     pub primary_ctx: AtomicUsize,
 }
 
+/// Where a GPU's charges go.
+enum Books {
+    /// Cooperative: this process's account on the GPU's ledger (joined, or
+    /// waiting to join: allocations refused; see `ledger::Account`).
+    Shared(Account),
+    /// Secure: through the node agent; the ledger is only read.
+    Secure(secure::SecureAccount),
+}
+
 impl Gpu {
+    /// The cooperative account (`None` in secure mode: nothing here may
+    /// write the books).
+    fn acct(&self) -> Option<&Account> {
+        match &self.books {
+            Books::Shared(a) => Some(a),
+            Books::Secure(_) => None,
+        }
+    }
+
+    /// Before a view: dead processes' bytes reaped (cooperative), or this
+    /// process's releases applied by the agent (secure).
+    fn maybe_reap(&self) {
+        match &self.books {
+            Books::Shared(a) => a.maybe_reap(),
+            Books::Secure(s) => s.settle(),
+        }
+    }
+
     /// Reserve `bytes`; false = over quota, or not joined to the ledger
     /// yet (nothing taken).
     pub fn reserve(&self, bytes: u64) -> bool {
@@ -72,7 +102,10 @@ impl Gpu {
             // The exit handler ran: nothing can be charged any more.
             return false;
         }
-        self.acct.reserve(bytes)
+        match &self.books {
+            Books::Shared(a) => a.reserve(bytes),
+            Books::Secure(s) => s.reserve(bytes),
+        }
     }
 
     /// Give back `bytes` reserved earlier.
@@ -80,28 +113,41 @@ impl Gpu {
         if bytes == 0 || self.left.load(Ordering::Relaxed) {
             return;
         }
-        self.acct.release(bytes)
+        match &self.books {
+            Books::Shared(a) => a.release(bytes),
+            Books::Secure(s) => s.release(bytes),
+        }
     }
 
     /// Bytes held by the whole container on this GPU.
     pub fn container_used(&self) -> u64 {
-        self.acct.container_used()
+        match &self.books {
+            Books::Shared(a) => a.container_used(),
+            // Not placed by the agent yet: nothing is free (never the whole GPU).
+            Books::Secure(s) if !s.known() => self.physical_total,
+            Books::Secure(s) => s.container_used(),
+        }
     }
 
     /// Bytes held by this process on this GPU.
     pub fn process_used(&self) -> u64 {
-        self.acct.process_used()
+        match &self.books {
+            Books::Shared(a) => a.process_used(),
+            Books::Secure(s) => s.process_used(),
+        }
     }
 
     /// Is this process joined to the GPU's ledger (allocations are charged
     /// to the container)?
     pub fn shared(&self) -> bool {
-        self.acct.is_shared()
+        self.acct().is_some_and(|a| a.is_shared())
     }
 
-    /// The ledger and membership, when shared (scheduler, tools).
+    /// The ledger and membership, when joined in cooperative mode (the
+    /// scheduler writes its words there). `None` in secure mode: the
+    /// ledger is mapped read-only and nothing of this process may write it.
     pub fn ledger(&self) -> Option<(&Ledger, &Membership)> {
-        self.acct.ledger()
+        self.acct()?.ledger()
     }
 
     /// The quota view: `Some(total)` when the container sees its slice (its
@@ -119,7 +165,11 @@ impl Gpu {
         if !self.enforce {
             return None;
         }
-        match self.acct.ledger() {
+        if let Books::Secure(s) = &self.books {
+            // Not placed yet: the GPU's size, all of it used (see `container_used`).
+            return if s.known() { s.quota() } else { Some(u64::MAX) };
+        }
+        match self.ledger() {
             Some((ledger, m)) => {
                 let c = ledger.container_of(m);
                 let q = c.quota.load(Ordering::Acquire);
@@ -133,7 +183,7 @@ impl Gpu {
     pub fn view(&self, phys_free: u64, phys_total: u64) -> (u64, u64) {
         match self.view_quota() {
             Some(q) => {
-                self.acct.maybe_reap();
+                self.maybe_reap();
                 (quota_free(q, self.container_used(), phys_free), q)
             }
             None => (phys_free, phys_total),
@@ -143,7 +193,7 @@ impl Gpu {
     /// The container's view of this GPU as a [`Peek`] (dead processes'
     /// bytes reaped first, at most every 200 ms).
     pub fn peek(&self) -> Peek {
-        self.acct.maybe_reap();
+        self.maybe_reap();
         Peek {
             quota: self.view_quota(),
             used: self.container_used(),
@@ -158,7 +208,13 @@ impl Gpu {
     /// `ledger::Account::share_register`). `None`: charge it here.
     pub fn share_register(&'static self, pid: u32) -> Option<ShareLink> {
         let pid = i32::try_from(pid).ok()?;
-        match self.acct.share_register(pid) {
+        // Secure mode: the table of shared allocations is the agent's to
+        // write; the importer is charged.
+        let acct: &'static Account = match &self.books {
+            Books::Shared(a) => a,
+            Books::Secure(_) => return None,
+        };
+        match acct.share_register(pid) {
             Ok(link) => link,
             Err(e) => {
                 tracing::warn!(
@@ -172,12 +228,12 @@ impl Gpu {
 
     /// See `ledger::Account::share_current`.
     pub fn share_current(&self, link: &ShareLink) -> bool {
-        self.acct.share_current(link)
+        self.acct().is_some_and(|a| a.share_current(link))
     }
 
     /// See `ledger::Account::share_adopt`.
     pub fn share_adopt(&self, link: &ShareLink, bytes: u64) -> u64 {
-        self.acct.share_adopt(link, bytes)
+        self.acct().map_or(0, |a| a.share_adopt(link, bytes))
     }
 
     /// Pids of the container's live processes on this GPU as NVML lists
@@ -186,7 +242,10 @@ impl Gpu {
     /// (which may be another container's host pid).
     pub fn container_pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = crate::ledger::host_pid().into_iter().collect();
-        if let Some((ledger, m)) = self.acct.ledger() {
+        if let Books::Secure(s) = &self.books {
+            s.container_pids(&mut pids);
+        }
+        if let Some((ledger, m)) = self.ledger() {
             let f = ledger.file();
             for p in f.processes.iter() {
                 if p.state.load(Ordering::Acquire) == crate::ledger::SLOT_LIVE
@@ -206,7 +265,7 @@ impl Gpu {
     /// This process found its host pid (inside a PID namespace): written
     /// into its slot, so that its container's NVML lists show it.
     pub fn publish_host_pid(&self, pid: u32) {
-        if let Some((ledger, m)) = self.acct.ledger() {
+        if let Some((ledger, m)) = self.ledger() {
             ledger.process_of(m).set_host_pid(pid);
         }
     }
@@ -242,6 +301,8 @@ pub struct Proc {
     by_cuda: [AtomicPtr<Gpu>; MAX_GPUS],
     /// Which object owns each of this process's charges.
     pub charges: Charges,
+    /// The connection to the node agent (secure mode; made on first need).
+    client: secure::Client,
 }
 
 static PROC: AtomicPtr<Proc> = AtomicPtr::new(std::ptr::null_mut());
@@ -258,9 +319,12 @@ extern "C" fn atfork_child() {
         if !p.is_null() {
             // SAFETY: joined GPUs are leaked ('static) and never freed.
             let gpu = unsafe { &*p };
-            gpu.acct.after_fork_child();
+            if let Some(a) = gpu.acct() {
+                a.after_fork_child();
+            }
         }
     }
+    secure::after_fork_child();
 }
 
 extern "C" fn at_exit() {
@@ -274,7 +338,10 @@ extern "C" fn at_exit() {
         if gpu.left.swap(true, Ordering::AcqRel) {
             continue;
         }
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gpu.acct.leave()));
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &gpu.books {
+            Books::Shared(a) => a.leave(),
+            Books::Secure(s) => s.leave(),
+        }));
     }
 }
 
@@ -308,6 +375,7 @@ pub fn proc_state() -> &'static Proc {
         gpus: Mutex::new(Vec::new()),
         by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
         charges: Charges::default(),
+        client: secure::Client::default(),
     }));
     match PROC.compare_exchange(p, fresh, Ordering::AcqRel, Ordering::Acquire) {
         // SAFETY: we just published our leaked box.
@@ -342,7 +410,7 @@ impl Proc {
     /// The tracked GPU for CUDA device `dev` (fast, lock-free after the first
     /// decision, negative ones included).
     pub fn gpu_for_cuda(
-        &self,
+        &'static self,
         dev: i32,
         info: impl FnOnce() -> Option<GpuInfo>,
     ) -> Option<&'static Gpu> {
@@ -368,7 +436,7 @@ impl Proc {
     }
 
     /// The tracked GPU with this identity, joining its ledger if new.
-    pub fn gpu_by_info(&self, info: GpuInfo) -> Option<&'static Gpu> {
+    pub fn gpu_by_info(&'static self, info: GpuInfo) -> Option<&'static Gpu> {
         let mut gpus = self.gpus.lock();
         if let Some(g) = gpus
             .iter()
@@ -376,8 +444,14 @@ impl Proc {
         {
             return Some(g);
         }
-        let g: &'static Gpu = Box::leak(Box::new(join(info)?));
-        g.acct.watch();
+        let g: &'static Gpu = Box::leak(Box::new(if secure::on() {
+            join_secure(info, &self.client)
+        } else {
+            join(info)?
+        }));
+        if let Some(a) = g.acct() {
+            a.watch();
+        }
         gpus.push(g);
         if let Some(s) = JOINED.iter().find(|s| s.load(Ordering::Acquire).is_null()) {
             s.store(g as *const Gpu as *mut Gpu, Ordering::Release);
@@ -452,6 +526,17 @@ fn peek_ledger(uuid: &str) -> Option<&'static Ledger> {
 /// What this process sees of a GPU it has not joined (`None`: not tracked,
 /// the physical view).
 pub fn peek(info: &GpuInfo) -> Option<Peek> {
+    if secure::on() {
+        // The container's row is known from the agent's answer to Hello:
+        // the GPU is joined through the agent (once), then read locally.
+        let g = proc_state().gpu_by_info(GpuInfo {
+            uuid: info.uuid.clone(),
+            host_index: info.host_index,
+            visible_index: info.visible_index,
+            physical_total: info.physical_total,
+        })?;
+        return Some(g.peek());
+    }
     let cfg = config::get();
     let me = container();
     let ledger = peek_ledger(&info.uuid);
@@ -534,7 +619,7 @@ fn ledgers_exist() -> bool {
 #[inline]
 pub fn tracking() -> bool {
     let cfg = config::get();
-    cfg.isolating() || (cfg.unset() && ledgers_exist())
+    cfg.isolating() || (cfg.unset() && ledgers_exist()) || secure::on()
 }
 
 /// The `default_memsize` of this GPU's existing ledger, if set.
@@ -580,6 +665,36 @@ fn container_settings_elsewhere(dir: &std::path::Path, uuid: &str) -> Option<Joi
         .into_iter()
         .filter(|p| *p != here)
         .find_map(|p| container_settings(&Ledger::open(&p).ok()?))
+}
+
+/// Secure mode: the GPU's account through the node agent. Whatever this
+/// process's environment says, the quota is the one the host set for its
+/// container, enforced.
+fn join_secure(info: GpuInfo, client: &'static secure::Client) -> Gpu {
+    let name = format!("GPU {} ({})", info.visible_index, info.uuid);
+    let s = secure::SecureAccount::open(client, &Ledger::default_dir(), &info.uuid, name);
+    tracing::info!(
+        "GPU {} ({}): secure mode, quota {}, kept by the node agent",
+        info.visible_index,
+        info.uuid,
+        if s.known() {
+            s.quota().map_or("none".into(), crate::ledger::human_bytes)
+        } else {
+            "not known yet (the agent has not answered)".into()
+        },
+    );
+    Gpu {
+        uuid: info.uuid,
+        host_index: info.host_index,
+        visible_index: info.visible_index,
+        physical_total: info.physical_total,
+        quota: None,
+        enforce: true,
+        books: Books::Secure(s),
+        left: AtomicBool::new(false),
+        primary_refs: AtomicU32::new(0),
+        primary_ctx: AtomicUsize::new(0),
+    }
 }
 
 /// Join the ledger for one GPU (or wait to join, refusing allocations).
@@ -661,7 +776,7 @@ fn join(info: GpuInfo) -> Option<Gpu> {
         physical_total: info.physical_total,
         quota,
         enforce,
-        acct,
+        books: Books::Shared(acct),
         left: AtomicBool::new(false),
         primary_refs: AtomicU32::new(0),
         primary_ctx: AtomicUsize::new(0),
@@ -696,7 +811,10 @@ mod tests {
             physical_total: 100,
             quota,
             enforce,
-            acct: Account::local("GPU test".into(), if enforce { quota } else { None }),
+            books: Books::Shared(Account::local(
+                "GPU test".into(),
+                if enforce { quota } else { None },
+            )),
             left: AtomicBool::new(false),
             primary_refs: AtomicU32::new(0),
             primary_ctx: AtomicUsize::new(0),
@@ -711,6 +829,7 @@ mod tests {
             gpus: Mutex::new(Vec::new()),
             by_cuda: [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_GPUS],
             charges: Charges::default(),
+            client: secure::Client::default(),
         }
     }
 
@@ -854,6 +973,6 @@ mod tests {
             h.join().unwrap();
         }
         assert_eq!(g.container_used(), 0);
-        assert!(g.acct.local_peak() <= 1000);
+        assert!(g.acct().unwrap().local_peak() <= 1000);
     }
 }

@@ -1,0 +1,447 @@
+//! What secure mode adds to an allocation: a `cuMemAlloc_v2`+`cuMemFree_v2`
+//! pair (1 MiB) through `libcgpu.so` on the simulated driver, with the
+//! books kept cooperatively (the process writes the shared ledger) vs in
+//! secure mode (a `Reserve` round trip to the node agent's socket, and a
+//! `Release` whose reply is read before the next request), measured in the
+//! same run, as a ratio.
+//!
+//! The agent here is a server of the wire protocol in this process (one
+//! thread per connection) that charges the container's row of a real
+//! ledger with the ledger's own `try_reserve`/`release`: the work the node
+//! agent does per request, without its per-connection identity checks
+//! (done once, at `Hello`).
+//!
+//! Where it can (root, cgroup v1 `pids`), the same pair is also measured
+//! against `cgpu-agent --secure` itself: its children are put in a cgroup
+//! named by a container id the host gave a 20 GiB quota (`cgpuctl
+//! settings`), which is how the agent places them.
+//!
+//! Each mode runs in its own process (the mode is decided once per
+//! process): criterion times `iters` pairs in a child per sample
+//! (`iter_custom`); then a summary of per-pair p50 and p99 over 5
+//! interleaved rounds of 5000 pairs.
+//!
+//! `cargo bench --bench secure`.
+
+use std::ffi::{c_int, c_void, CString};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cgpu::ledger::wire::{Op, Reply, Request, Status, REQUEST_LEN, SOCKET_NAME};
+use cgpu::ledger::{JoinRequest, Ledger, Membership};
+use criterion::Criterion;
+
+type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
+type Free = unsafe extern "C" fn(u64) -> u32;
+type Init = unsafe extern "C" fn(u32) -> u32;
+type DeviceGet = unsafe extern "C" fn(*mut c_int, c_int) -> u32;
+type CtxCreate = unsafe extern "C" fn(*mut *mut c_void, u32, c_int) -> u32;
+
+fn open(path: &Path) -> *mut c_void {
+    let c = CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: valid path string; the library stays loaded for the process.
+    let h = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    assert!(!h.is_null(), "dlopen {}", path.display());
+    h
+}
+
+fn sym<T: Copy>(h: *mut c_void, name: &str) -> T {
+    let c = CString::new(name).unwrap();
+    // SAFETY: dlsym on a live handle.
+    let p = unsafe { libc::dlsym(h, c.as_ptr()) };
+    assert!(!p.is_null(), "{name} missing");
+    // SAFETY: T is the function-pointer type of `name` (from cuda.h).
+    unsafe { std::mem::transmute_copy(&p) }
+}
+
+/// A child: a context on the sim, `libcgpu.so` loaded; then `n` pairs.
+/// Prints the total ns (`CGPU_BENCH_EACH` unset) or each pair's ns.
+fn child() {
+    let libsim = PathBuf::from(std::env::var("CGPU_BENCH_SIM").unwrap());
+    let libcgpu = PathBuf::from(std::env::var("CGPU_BENCH_CGPU").unwrap());
+    let n: u64 = std::env::var("CGPU_BENCH_N").unwrap().parse().unwrap();
+    let each = std::env::var_os("CGPU_BENCH_EACH").is_some();
+    if let Some(go) = std::env::var_os("CGPU_BENCH_GO") {
+        // In the container's cgroup first (the agent places a process by it).
+        let t = Instant::now();
+        while !Path::new(&go).exists() && t.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let sim = open(&libsim);
+    // SAFETY: the sim's entry points with their cuda.h signatures.
+    unsafe {
+        let init: Init = sym(sim, "cuInit");
+        let get: DeviceGet = sym(sim, "cuDeviceGet");
+        let create: CtxCreate = sym(sim, "cuCtxCreate_v2");
+        assert_eq!(init(0), 0);
+        let mut d = 0;
+        assert_eq!(get(&mut d, 0), 0);
+        let mut ctx = std::ptr::null_mut();
+        assert_eq!(create(&mut ctx, 0, d), 0);
+    }
+    let cg = open(&libcgpu);
+    let alloc: Alloc = sym(cg, "cuMemAlloc_v2");
+    let free: Free = sym(cg, "cuMemFree_v2");
+    let pair = || {
+        let mut p = 0u64;
+        // SAFETY: a valid out-pointer; a context is current.
+        let rc = unsafe { alloc(&mut p, 1 << 20) };
+        assert_eq!(rc, 0, "cuMemAlloc_v2");
+        // SAFETY: p was just allocated.
+        unsafe { free(p) };
+    };
+    // The GPU's first use (joining, Hello) is not what is measured.
+    pair();
+    if each {
+        let mut out = String::new();
+        for _ in 0..n {
+            let t = Instant::now();
+            pair();
+            out.push_str(&format!("{}\n", t.elapsed().as_nanos()));
+        }
+        print!("{out}");
+    } else {
+        let t = Instant::now();
+        for _ in 0..n {
+            pair();
+        }
+        println!("{}", t.elapsed().as_nanos());
+    }
+}
+
+struct Books {
+    dir: PathBuf,
+    ledger: Option<(Ledger, Membership)>,
+}
+
+fn serve(fd: i32, books: Arc<Mutex<Books>>) {
+    let mut held = 0u64;
+    loop {
+        let mut b = [0u8; REQUEST_LEN + 1];
+        // SAFETY: valid buffer of its length.
+        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0) };
+        if n <= 0 {
+            break;
+        }
+        let req = Request::decode(&b[..n as usize]).expect("a request");
+        let mut bk = books.lock().unwrap();
+        if bk.ledger.is_none() {
+            let l = Ledger::open_or_create(&bk.dir, req.gpu_str(), 0, 23028 << 20).unwrap();
+            std::fs::set_permissions(l.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+            let m = l
+                .join(&JoinRequest {
+                    container_id: "bench",
+                    key: 0,
+                    quota: 20 << 30,
+                    weight: 1,
+                    highprio: false,
+                    enforce_off: false,
+                })
+                .unwrap();
+            bk.ledger = Some((l, m));
+        }
+        let (l, m) = bk.ledger.as_ref().unwrap();
+        let status = match req.op {
+            Op::Hello => Status::Ok,
+            Op::Reserve => match l.try_reserve(m, req.bytes) {
+                Ok(()) => {
+                    held += req.bytes;
+                    Status::Ok
+                }
+                Err(_) => Status::OverQuota,
+            },
+            Op::Release => {
+                let take = req.bytes.min(held);
+                held -= take;
+                l.release(m, take);
+                Status::Ok
+            }
+        };
+        let row = &l.file().containers[m.container];
+        let r = Reply {
+            status,
+            seq: req.seq,
+            used: row.used.load(Ordering::Acquire),
+            quota: row.quota.load(Ordering::Acquire),
+            container: m.container as u32,
+            process: m.process as u32,
+        }
+        .encode();
+        drop(bk);
+        // SAFETY: valid buffer of its length.
+        unsafe { libc::send(fd, r.as_ptr().cast(), r.len(), libc::MSG_NOSIGNAL) };
+    }
+    if let Some((l, m)) = books.lock().unwrap().ledger.as_ref() {
+        l.release(m, held);
+    }
+    // SAFETY: our connection.
+    unsafe { libc::close(fd) };
+}
+
+/// The agent's socket in `dir`, served by threads of this process.
+fn start_agent(dir: &Path) {
+    let path = dir.join(SOCKET_NAME);
+    // SAFETY: plain socket calls with valid arguments.
+    let listen =
+        unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    assert!(listen >= 0);
+    // SAFETY: zeroed sockaddr_un is valid; the path fits (checked).
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = path.to_str().unwrap().as_bytes();
+    assert!(b.len() < a.sun_path.len());
+    for (d, s) in a.sun_path.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: as above.
+    let ok = unsafe {
+        libc::bind(
+            listen,
+            (&a as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as u32,
+        ) == 0
+            && libc::listen(listen, 64) == 0
+    };
+    assert!(ok, "bind {}", path.display());
+    let books = Arc::new(Mutex::new(Books {
+        dir: dir.to_owned(),
+        ledger: None,
+    }));
+    std::thread::spawn(move || loop {
+        // SAFETY: accept on our listening socket.
+        let fd = unsafe {
+            libc::accept4(
+                listen,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return;
+        }
+        let b = books.clone();
+        std::thread::spawn(move || serve(fd, b));
+    });
+}
+
+struct Modes {
+    root: PathBuf,
+    libsim: PathBuf,
+    libcgpu: PathBuf,
+    /// The container's cgroup, when `cgpu-agent --secure` runs ("agent").
+    cgroup: Option<PathBuf>,
+}
+
+/// `cgpu-agent --secure` on `root/agent`, serving a container of 20 GiB
+/// whose processes are in a cgroup named by its id; `None` (and why) where
+/// this machine cannot (not root, no cgroup v1 `pids`).
+fn start_real_agent(a: &cgpu_testkit::Artifacts, root: &Path) -> Result<(Child, PathBuf), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("not root".into());
+    }
+    let id = format!("{:08x}{}", std::process::id(), "b".repeat(56));
+    let cg = PathBuf::from(format!(
+        "/sys/fs/cgroup/pids/cgpu-bench-secure-{}/{id}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&cg).map_err(|e| format!("no cgroup v1 pids ({e})"))?;
+    let settings = root.join("containers");
+    std::fs::create_dir_all(&settings).unwrap();
+    let o = Command::new(a.profile_dir.join("cgpuctl"))
+        .args([
+            "settings",
+            &id,
+            "ALIYUN_COM_GPU_MEM_CONTAINER=20",
+            "--settings-dir",
+        ])
+        .arg(&settings)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !o.status.success() {
+        return Err(format!(
+            "cgpuctl settings: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    let mut agent = Command::new(a.profile_dir.join("cgpu-agent"))
+        .args(["--secure", "--interval", "1s", "--ledger-dir"])
+        .arg(root.join("agent"))
+        .arg("--settings-dir")
+        .arg(&settings)
+        .env("LD_LIBRARY_PATH", &a.sim_lib_dir)
+        .env("CGPU_SIM_STATE", root.join("state"))
+        .env("CGPU_SIM_GPUS", "23028:NVIDIA A10")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let mut err = std::io::BufReader::new(agent.stderr.take().unwrap());
+    let mut log = String::new();
+    loop {
+        let mut l = String::new();
+        if std::io::BufRead::read_line(&mut err, &mut l).unwrap_or(0) == 0 {
+            let _ = agent.kill();
+            return Err(format!("cgpu-agent ended: {log}"));
+        }
+        log.push_str(&l);
+        if l.contains("secure: serving") {
+            break;
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    Ok((agent, cg))
+}
+
+impl Modes {
+    /// Run a child in `mode` ("cooperative", "secure" or "agent") for `n` pairs.
+    fn run(&self, mode: &str, n: u64, each: bool) -> Vec<u64> {
+        let exe = std::env::current_exe().unwrap();
+        let mut c = Command::new(exe);
+        c.env("CGPU_BENCH_CHILD", "1")
+            .env("CGPU_BENCH_SIM", &self.libsim)
+            .env("CGPU_BENCH_CGPU", &self.libcgpu)
+            .env("CGPU_BENCH_N", n.to_string())
+            .env("CGPU_REAL_LIBCUDA", &self.libsim)
+            .env("CGPU_REAL_LIBNVML", &self.libsim)
+            .env("CGPU_SIM_STATE", self.root.join("state"))
+            .env("CGPU_SIM_GPUS", "23028:NVIDIA A10")
+            .env("CGPU_CONTAINER_ID", "bench")
+            .env("CGPU_LEDGER_DIR", self.root.join(mode))
+            .stdout(std::process::Stdio::piped());
+        if mode == "cooperative" {
+            c.env("ALIYUN_COM_GPU_MEM_CONTAINER", "20");
+        }
+        if each {
+            c.env("CGPU_BENCH_EACH", "1");
+        }
+        let go = self.root.join("go");
+        let _ = std::fs::remove_file(&go);
+        if mode == "agent" {
+            c.env("CGPU_BENCH_GO", &go);
+        }
+        let kid = c.spawn().unwrap();
+        if let (Some(cg), "agent") = (&self.cgroup, mode) {
+            std::fs::write(cg.join("cgroup.procs"), kid.id().to_string()).unwrap();
+            std::fs::write(&go, "").unwrap();
+        }
+        let o = kid.wait_with_output().unwrap();
+        assert!(o.status.success(), "bench child ({mode}) failed");
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+}
+
+fn pct(v: &mut [u64], p: f64) -> u64 {
+    v.sort_unstable();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn main() {
+    if std::env::var_os("CGPU_BENCH_CHILD").is_some() {
+        child();
+        return;
+    }
+    let a = cgpu_testkit::artifacts();
+    let root = std::env::temp_dir().join(format!("cgpu-bench-secure-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    for (d, mode) in [("state", 0o777), ("cooperative", 0o1777), ("secure", 0o755)] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+        std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    start_agent(&root.join("secure"));
+    let (mut agent, cgroup) = match start_real_agent(a, &root) {
+        Ok((agent, cg)) => (Some(agent), Some(cg)),
+        Err(why) => {
+            println!("cgpu-agent --secure not measured: {why}");
+            (None, None)
+        }
+    };
+    let m = Modes {
+        root: root.clone(),
+        libsim: a.libsim.clone(),
+        libcgpu: a.libcgpu.clone(),
+        cgroup: cgroup.clone(),
+    };
+    let modes: Vec<&str> = ["cooperative", "secure", "agent"]
+        .into_iter()
+        .filter(|&x| x != "agent" || m.cgroup.is_some())
+        .collect();
+
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20)
+        .configure_from_args();
+    {
+        let mut g = c.benchmark_group("alloc_free_1MiB_round_trip");
+        for &mode in &modes {
+            g.bench_function(mode, |b| {
+                b.iter_custom(|iters| Duration::from_nanos(m.run(mode, iters, false)[0]))
+            });
+        }
+        g.finish();
+    }
+    c.final_summary();
+
+    // Per pair, 5 interleaved rounds of 5000, medians of the rounds.
+    let n = 5000;
+    let mut p50 = vec![Vec::new(); modes.len()];
+    let mut p99 = vec![Vec::new(); modes.len()];
+    for _ in 0..5 {
+        for (i, mode) in modes.iter().enumerate() {
+            let mut v = m.run(mode, n, true);
+            p50[i].push(pct(&mut v, 0.5) as f64);
+            p99[i].push(pct(&mut v, 0.99) as f64);
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2] / 1e3
+    };
+    let p50: Vec<f64> = p50.iter_mut().map(med).collect();
+    let p99: Vec<f64> = p99.iter_mut().map(med).collect();
+    println!("\n| cuMemAlloc+cuMemFree (1 MiB) | p50 | p99 | p50 added (ratio) | p99 added (ratio), goal ≤ 20 µs |");
+    println!("|---|---|---|---|---|");
+    for (i, mode) in modes.iter().enumerate() {
+        let what = match *mode {
+            "cooperative" => "cooperative",
+            "secure" => "secure, in-bench agent (Reserve + Release)",
+            _ => "secure, `cgpu-agent --secure`",
+        };
+        println!(
+            "| {what} | {:.1} µs | {:.1} µs | {:+.1} µs ({:.2}x) | {:+.1} µs ({:.2}x) |",
+            p50[i],
+            p99[i],
+            p50[i] - p50[0],
+            p50[i] / p50[0],
+            p99[i] - p99[0],
+            p99[i] / p99[0]
+        );
+    }
+    println!(
+        "(machine: {} CPUs)",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0)
+    );
+    if let Some(a) = agent.as_mut() {
+        let _ = a.kill();
+        let _ = a.wait();
+    }
+    if let Some(cg) = cgroup {
+        let _ = std::fs::remove_dir(&cg);
+        if let Some(p) = cg.parent() {
+            let _ = std::fs::remove_dir(p);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&root);
+}
