@@ -11,7 +11,7 @@
 //! agent does per request, without its per-connection identity checks
 //! (done once, at `Hello`).
 //!
-//! Where it can (root, cgroup v1 `pids`), the same pair is also measured
+//! Where it can (root, and a cgroup of its own), the same pair is also measured
 //! against `cgpu-agent --secure` itself: its children are put in a cgroup
 //! named by a container id the host gave a 20 GiB quota (`cgpuctl
 //! settings`), which is how the agent places them.
@@ -240,7 +240,7 @@ struct Modes {
 
 /// `cgpu-agent --secure` on `root/agent`, serving a container of 20 GiB
 /// whose processes are in a cgroup named by its id; `None` (and why) where
-/// this machine cannot (not root, no cgroup v1 `pids`).
+/// this machine cannot (not root, or no cgroup of its own).
 fn start_real_agent(a: &cgpu_testkit::Artifacts, root: &Path) -> Result<(Child, PathBuf), String> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -248,10 +248,11 @@ fn start_real_agent(a: &cgpu_testkit::Artifacts, root: &Path) -> Result<(Child, 
     }
     let id = format!("{:08x}{}", std::process::id(), "b".repeat(56));
     let cg = PathBuf::from(format!(
-        "/sys/fs/cgroup/pids/cgpu-bench-secure-{}/{id}",
+        "{}/cgpu-bench-secure-{}/{id}",
+        cgpu_testkit::cgroup_root(),
         std::process::id()
     ));
-    std::fs::create_dir_all(&cg).map_err(|e| format!("no cgroup v1 pids ({e})"))?;
+    std::fs::create_dir_all(&cg).map_err(|e| format!("no cgroup of our own ({e})"))?;
     let settings = root.join("containers");
     std::fs::create_dir_all(&settings).unwrap();
     let o = Command::new(a.profile_dir.join("cgpuctl"))

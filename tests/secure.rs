@@ -497,10 +497,11 @@ impl Host {
         std::fs::create_dir_all(&settings).unwrap();
         let id = format!("{:08x}{}", std::process::id(), "5".repeat(56));
         let cgroup = PathBuf::from(format!(
-            "/sys/fs/cgroup/pids/cgpu-secure-lib-{}-{name}/{id}",
+            "{}/cgpu-secure-lib-{}-{name}/{id}",
+            cgpu_testkit::cgroup_root(),
             std::process::id()
         ));
-        std::fs::create_dir_all(&cgroup).expect("a cgroup (root, cgroup v1 pids)");
+        std::fs::create_dir_all(&cgroup).expect("a cgroup (root; cgroup v2, or v1 with pids)");
         let o = Command::new(cgpu_testkit::artifacts().profile_dir.join("cgpuctl"))
             .args([
                 "settings",

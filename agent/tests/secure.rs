@@ -14,7 +14,7 @@ use cgpu_testkit::{artifacts, SimEnv};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver};
@@ -174,11 +174,7 @@ impl Rig {
     /// A cgroup named by container id `id`: in the unified hierarchy on a
     /// cgroup v2 host, else in v1's `pids` hierarchy.
     fn cgroup(&mut self, id: &str) -> PathBuf {
-        let base = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
-            "/sys/fs/cgroup"
-        } else {
-            "/sys/fs/cgroup/pids"
-        };
+        let base = cgpu_testkit::cgroup_root();
         let parent = PathBuf::from(format!(
             "{base}/cgpu-test-{}-{}",
             std::process::id(),

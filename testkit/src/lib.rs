@@ -718,3 +718,15 @@ pub fn sim_stats(state_dir: &Path) -> SimStats {
     );
     serde_json::from_slice(&o.stdout).expect("cgpu-sim-stat JSON")
 }
+
+/// Where a test makes a cgroup of its own for a "container" (the agent and
+/// the library tell containers apart by their cgroup path): the unified
+/// hierarchy on a cgroup v2 host, else cgroup v1's `pids` hierarchy. Making
+/// one there needs root.
+pub fn cgroup_root() -> &'static str {
+    if std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        "/sys/fs/cgroup"
+    } else {
+        "/sys/fs/cgroup/pids"
+    }
+}
