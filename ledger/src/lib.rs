@@ -36,6 +36,7 @@ mod snapshot;
 pub mod clock;
 pub mod cstr;
 pub mod identity;
+pub mod mode;
 pub mod policy;
 pub mod settings;
 pub mod wire;

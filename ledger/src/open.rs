@@ -97,6 +97,29 @@ impl Ledger {
     pub fn open_read_only(path: &Path) -> Result<Ledger, LedgerError> {
         file::open_read_only(path)
     }
+    /// Open an existing ledger to read it, as a tool does: with
+    /// [`Ledger::open`] where this process may write the file, else (a
+    /// secure-mode ledger, which only the node agent writes) with
+    /// [`Ledger::open_read_only`].
+    pub fn open_for_reading(path: &Path) -> Result<Ledger, LedgerError> {
+        match Ledger::open(path) {
+            Err(LedgerError::Io { err, .. })
+                if err.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                Ledger::open_read_only(path)
+            }
+            r => r,
+        }
+    }
+    /// Opened read-only ([`Ledger::open_read_only`]): it neither writes nor
+    /// holds locks, and it cannot see the locks through which the node
+    /// agent keeps its processes' liveness (in its private lock file). In
+    /// secure mode only the agent writes the slots, and it frees a
+    /// process's slot as soon as its connection closes, so a reader of such
+    /// a ledger takes a live slot's state as the truth.
+    pub fn is_read_only(&self) -> bool {
+        self.fd.load(Ordering::Acquire) < 0 && self.probe_fd.load(Ordering::Acquire) >= 0
+    }
     pub fn path(&self) -> &Path {
         &self.path
     }

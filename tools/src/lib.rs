@@ -193,9 +193,9 @@ pub struct Report {
     /// status file is there ([`agent::status_paths`]); absent otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<agent::AgentView>,
-    /// The mode of every GPU of the ledger directory: `secure` when a node
-    /// agent answers on its socket (`cgpu-agent --secure`: the agent alone
-    /// writes the books), else `cooperative` (the processes of the
+    /// The mode of every GPU of the ledger directory ([`mode_of`]): `secure`
+    /// (`cgpu-agent --secure`: the agent alone writes the books), `secure
+    /// (agent not answering)`, or `cooperative` (the processes of the
     /// containers write them).
     #[serde(default = "cooperative")]
     pub mode: String,
@@ -206,21 +206,33 @@ pub fn cooperative() -> String {
     "cooperative".into()
 }
 
-/// `secure` when a node agent answers on `dir`'s socket, else
-/// `cooperative`. Connecting is all it does (the connection asks nothing).
+/// The ledger directory's mode, as the library decides it
+/// ([`cgpu_ledger::mode::secure`]): `secure` when the books are the node
+/// agent's and it answers on its socket, `secure (agent not answering)`
+/// when they are its books but it does not answer (allocations are refused
+/// until it is back), else `cooperative`. Connecting is all it does (the
+/// connection asks nothing).
 pub fn mode_of(dir: &Path) -> String {
-    use std::os::unix::ffi::OsStrExt;
-    use std::os::unix::fs::FileTypeExt;
-    let sock = dir.join(cgpu_ledger::wire::SOCKET_NAME);
-    if !std::fs::symlink_metadata(&sock).is_ok_and(|m| m.file_type().is_socket()) {
+    if cgpu_ledger::mode::secure(dir) != Ok(true) {
         return cooperative();
     }
+    let sock = dir.join(cgpu_ledger::wire::SOCKET_NAME);
+    if seqpacket_answers(&sock) {
+        "secure".into()
+    } else {
+        "secure (agent not answering)".into()
+    }
+}
+
+/// Does a `SOCK_SEQPACKET` listener accept a connection on `sock`?
+fn seqpacket_answers(sock: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
     // SAFETY: an all-zero sockaddr_un is valid.
     let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     a.sun_family = libc::AF_UNIX as libc::sa_family_t;
     let b = sock.as_os_str().as_bytes();
     if b.len() >= a.sun_path.len() {
-        return cooperative();
+        return false;
     }
     for (d, s) in a.sun_path.iter_mut().zip(b) {
         *d = *s as libc::c_char;
@@ -228,19 +240,14 @@ pub fn mode_of(dir: &Path) -> String {
     // SAFETY: plain socket(2).
     let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return cooperative();
+        return false;
     }
     let len = (std::mem::size_of::<libc::sa_family_t>() + b.len() + 1) as libc::socklen_t;
     // SAFETY: a valid address of `len` bytes; `fd` is ours and closed here.
-    let ok = unsafe {
+    unsafe {
         let ok = libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len) == 0;
         libc::close(fd);
         ok
-    };
-    if ok {
-        "secure".into()
-    } else {
-        cooperative()
     }
 }
 
@@ -392,7 +399,7 @@ pub fn open_error(e: &LedgerError) -> (Status, String) {
 
 /// Open and read one ledger file.
 pub fn read_path(path: &Path) -> GpuEntry {
-    match Ledger::open(path) {
+    match Ledger::open_for_reading(path) {
         Ok(l) => read_ledger(&l),
         Err(e) => {
             let (st, msg) = open_error(&e);
@@ -404,7 +411,10 @@ pub fn read_path(path: &Path) -> GpuEntry {
 /// Read an opened ledger.
 pub fn read_ledger(l: &Ledger) -> GpuEntry {
     let path = l.path();
-    match read_file(l.file(), &|i| l.is_alive(i)) {
+    // A read-only handle (a tenant reading a secure-mode ledger) cannot see
+    // the agent's liveness locks; there a live slot is live.
+    let read_only = l.is_read_only();
+    match read_file(l.file(), &|i| read_only || l.is_alive(i)) {
         Ok(gpu) => GpuEntry {
             path: path.display().to_string(),
             status: Status::Ok,

@@ -568,7 +568,7 @@ fn cmd_version(mut a: Args, dir: &Path) {
     }
     println!("ledger format: {FORMAT_VERSION}");
     for p in Ledger::list(dir) {
-        let what = match Ledger::open(&p) {
+        let what = match Ledger::open_for_reading(&p) {
             Ok(l) => format!("format {}", l.file().header.read_version()),
             Err(cgpu_ledger::LedgerError::Version { found, .. }) => {
                 format!("format {found} (not readable by this version)")
