@@ -113,6 +113,23 @@ fn vmm_mappings_side_by_side_are_one_range() {
     run_check("vmm_span");
 }
 
+/// A module's `__device__` globals are taken on the device when it is loaded
+/// (a module or a library), never at the look-up, and given back at unload;
+/// globals larger than the device are refused at load.
+#[test]
+fn module_globals_are_device_memory_from_the_load_on() {
+    let l = run_check("module_globals");
+    let mib: u64 = l
+        .split("load_mib=")
+        .nth(1)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        (64..=66).contains(&mib),
+        "64 MiB of globals (2 MiB pages): {l}"
+    );
+}
+
 #[test]
 fn pools_report_posix_fd_handles() {
     let l = run_check("pool_handle_types");

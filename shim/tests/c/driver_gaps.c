@@ -39,6 +39,11 @@
  *                      event recorded behind a host function that waits for a
  *                      line on stdin: prints "handle HEX", then, once the line
  *                      came, "ipc_event_owner ok"
+ *   module_globals     a module's __device__ globals are device memory from the
+ *                      load on (cuMemGetInfo's free drops at cuModuleLoadData
+ *                      and cuLibraryLoadData, not at the look-up), keep their
+ *                      bytes, and are given back at unload; a module whose
+ *                      globals do not fit is refused at load (OUT_OF_MEMORY)
  *   ipc_event_user HEX opens the handle: the event is pending ("pending" line)
  *                      for cuEventQuery and for a stream that waits for it,
  *                      then cuEventSynchronize and the stream complete
@@ -674,6 +679,71 @@ static void ipc_event_user(const char *hex) {
     printf("%s ok\n", name);
 }
 
+/* ---------------------------------------------------------- module_globals */
+
+#define GLOBAL_MIB 64
+
+static void module_globals(void) {
+    const char *name = "module_globals";
+    char text[512];
+    snprintf(text, sizeof text,
+             ".version 7.0\n.target sm_52\n.address_size 64\n"
+             ".visible .global .align 4 .b8 big[%llu];\n"
+             ".visible .global .align 4 .u32 small;\n"
+             ".visible .entry k()\n{\n ret;\n}\n",
+             (unsigned long long)GLOBAL_MIB << 20);
+    size_t free0, free1, free2, free3, total;
+    CHECK(cuMemGetInfo(&free0, &total));
+    CUmodule m;
+    CHECK(cuModuleLoadData(&m, text));
+    CHECK(cuMemGetInfo(&free1, &total));
+    EXPECT(free0 - free1 >= ((size_t)GLOBAL_MIB << 20), "load took %zu bytes", free0 - free1);
+    CUdeviceptr big, small;
+    size_t big_n, small_n;
+    CHECK(cuModuleGetGlobal(&big, &big_n, m, "big"));
+    CHECK(cuModuleGetGlobal(&small, &small_n, m, "small"));
+    CHECK(cuMemGetInfo(&free2, &total));
+    EXPECT(free2 == free1, "the look-ups took %zd bytes", (ssize_t)(free1 - free2));
+    EXPECT(big_n == ((size_t)GLOBAL_MIB << 20) && small_n == 4, "sizes %zu %zu", big_n, small_n);
+    CUdeviceptr again;
+    CHECK(cuModuleGetGlobal(&again, NULL, m, "small"));
+    EXPECT(again == small, "a second look-up moved the global");
+    uint32_t zero = 7, v = 0xC0FFEE, back = 0;
+    CHECK(cuMemcpyDtoH(&zero, small, 4));
+    EXPECT(zero == 0, "a fresh global holds %u", zero);
+    CHECK(cuMemcpyHtoD(small, &v, 4));
+    CHECK(cuMemcpyDtoH(&back, small, 4));
+    EXPECT(back == v, "read back %x", back);
+    CUresult r = cuModuleGetGlobal(&again, NULL, m, "nope");
+    EXPECT(r == CUDA_ERROR_NOT_FOUND, "unknown global: %d", r);
+    CHECK(cuModuleUnload(m));
+    CHECK(cuMemGetInfo(&free3, &total));
+    EXPECT(free3 == free0, "unload gave back %zu of %zu", free3 - free1, free0 - free1);
+    /* A library: the same at cuLibraryLoadData. */
+    CUlibrary lib;
+    CHECK(cuLibraryLoadData(&lib, text, NULL, NULL, 0, NULL, NULL, 0));
+    CHECK(cuMemGetInfo(&free1, &total));
+    EXPECT(free0 - free1 >= ((size_t)GLOBAL_MIB << 20), "library load took %zu", free0 - free1);
+    CHECK(cuLibraryGetGlobal(&big, &big_n, lib, "big"));
+    CHECK(cuMemGetInfo(&free2, &total));
+    EXPECT(free2 == free1 && big_n == ((size_t)GLOBAL_MIB << 20), "library look-up took %zd",
+           (ssize_t)(free1 - free2));
+    CHECK(cuLibraryUnload(lib));
+    CHECK(cuMemGetInfo(&free3, &total));
+    EXPECT(free3 == free0, "library unload gave back %zu", free3 - free1);
+    /* Globals larger than the device: refused at load. */
+    snprintf(text, sizeof text,
+             ".version 7.0\n.target sm_52\n.address_size 64\n"
+             ".visible .global .align 4 .b8 huge[%zu];\n"
+             ".visible .entry k()\n{\n ret;\n}\n",
+             total + ((size_t)1 << 30));
+    r = cuModuleLoadData(&m, text);
+    EXPECT(r == CUDA_ERROR_OUT_OF_MEMORY, "a module larger than the device: %d", r);
+    CHECK(cuMemGetInfo(&free3, &total));
+    EXPECT(free3 == free0, "the refused load kept %zu", free0 - free3);
+    printf("%s ok load_mib=%zu\n", name, (free0 - free1) >> 20);
+}
+
 int main(int argc, char **argv) {
     const char *name = "init";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -696,6 +766,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(c, "ipc_event_owner")) ipc_event_owner();
         else if (!strcmp(c, "user_objects")) user_objects();
         else if (!strcmp(c, "managed_pool")) managed_pool();
+        else if (!strcmp(c, "module_globals")) module_globals();
         else if (!strcmp(c, "ipc_event_user") && i + 1 < argc) ipc_event_user(argv[++i]);
         else {
             fprintf(stderr, "usage: driver_gaps CHECK...\n");
