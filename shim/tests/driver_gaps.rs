@@ -130,6 +130,22 @@ fn module_globals_are_device_memory_from_the_load_on() {
     );
 }
 
+/// `cuGraphExecUpdate` with graphs of another shape: the documented result
+/// (topology changed, node type changed, parameters changed), error node
+/// and "from" node, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, and nothing
+/// changed; a matching graph's parameters and user objects are taken.
+#[test]
+fn graph_exec_update_reports_what_changed() {
+    run_check("graph_update");
+}
+
+/// A graph with memory nodes refuses to delete nodes and edges, and the
+/// refused node keeps its edge and runs.
+#[test]
+fn graphs_with_memory_nodes_keep_their_nodes() {
+    run_check("graph_mem_destroy");
+}
+
 #[test]
 fn pools_report_posix_fd_handles() {
     let l = run_check("pool_handle_types");

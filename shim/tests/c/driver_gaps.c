@@ -44,6 +44,14 @@
  *                      and cuLibraryLoadData, not at the look-up), keep their
  *                      bytes, and are given back at unload; a module whose
  *                      globals do not fit is refused at load (OUT_OF_MEMORY)
+ *   graph_update       cuGraphExecUpdate's result info: a graph of another shape
+ *                      (node count, a node's dependencies, a node's type, a 2D
+ *                      memset's size) is refused with the documented result,
+ *                      error node and "from" node; a refused update changes
+ *                      nothing; a matching one takes the new parameters and
+ *                      the new graph's user objects (the old ones released)
+ *   graph_mem_destroy  nodes and edges of a graph with memory nodes cannot be
+ *                      deleted: the refusal keeps the node and its edge
  *   ipc_event_user HEX opens the handle: the event is pending ("pending" line)
  *                      for cuEventQuery and for a stream that waits for it,
  *                      then cuEventSynchronize and the stream complete
@@ -744,6 +752,202 @@ static void module_globals(void) {
     printf("%s ok load_mib=%zu\n", name, (free0 - free1) >> 20);
 }
 
+/* ------------------------------------------------------------ graph_update */
+
+static void CUDA_CB bump(void *data) { (*(volatile int *)data)++; }
+
+static volatile int released[2];
+static void CUDA_CB release_obj(void *data) { released[(intptr_t)data]++; }
+
+/* A host node (bumping *counter), then two kernels after it; `c_dep`: 0 for
+ * C after A, 1 for C after B, -1 for C with no dependency; `b_memset`: B is a
+ * memset node instead of a kernel; `extra`: a fourth node. */
+static CUresult build(CUgraph *g, CUgraphNode nodes[4], volatile int *counter, int c_dep,
+                      int b_memset, int extra, CUdeviceptr buf) {
+    CUresult r;
+    if ((r = cuGraphCreate(g, 0))) return r;
+    CUDA_HOST_NODE_PARAMS h = {bump, (void *)counter};
+    if ((r = cuGraphAddHostNode(&nodes[0], *g, NULL, 0, &h))) return r;
+    static uint64_t ns = 1000;
+    static void *args[] = {&ns};
+    CUDA_KERNEL_NODE_PARAMS k;
+    memset(&k, 0, sizeof k);
+    k.func = spin;
+    k.gridDimX = k.gridDimY = k.gridDimZ = 1;
+    k.blockDimX = k.blockDimY = k.blockDimZ = 1;
+    k.kernelParams = args;
+    if (b_memset) {
+        CUDA_MEMSET_NODE_PARAMS m = {buf, 0, 0, 4, 1, 1};
+        r = cuGraphAddMemsetNode(&nodes[1], *g, &nodes[0], 1, &m, ctx);
+    } else {
+        r = cuGraphAddKernelNode(&nodes[1], *g, &nodes[0], 1, &k);
+    }
+    if (r) return r;
+    if (c_dep < 0) r = cuGraphAddKernelNode(&nodes[2], *g, NULL, 0, &k);
+    else r = cuGraphAddKernelNode(&nodes[2], *g, &nodes[c_dep], 1, &k);
+    if (r) return r;
+    if (extra) r = cuGraphAddEmptyNode(&nodes[3], *g, &nodes[2], 1);
+    return r;
+}
+
+static void graph_update(void) {
+    const char *name = "graph_update";
+    static volatile int c0, c1;
+    CUdeviceptr buf;
+    CHECK(cuMemAlloc(&buf, 1 << 16));
+    CUgraph g0, g;
+    CUgraphNode n0[4], n[4];
+    CHECK(build(&g0, n0, &c0, 0, 0, 0, buf));
+    CUuserObject o0, o1;
+    CHECK(cuUserObjectCreate(&o0, (void *)0, release_obj, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+    CHECK(cuGraphRetainUserObject(g0, o0, 1, CU_GRAPH_USER_OBJECT_MOVE));
+    CUgraphExec e;
+    CHECK(cuGraphInstantiate(&e, g0, 0));
+    CHECK(cuGraphLaunch(e, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c0 == 1 && c1 == 0, "first launch bumped %d %d", c0, c1);
+    CUgraphExecUpdateResultInfo info;
+    CUresult r;
+    /* One node more: topology changed, no error node. */
+    CHECK(build(&g, n, &c1, 0, 0, 1, buf));
+    r = cuGraphExecUpdate(e, g, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED && !info.errorNode &&
+               !info.errorFromNode,
+           "extra node: %d result %d node %p", r, info.result, (void *)info.errorNode);
+    CHECK(cuGraphDestroy(g));
+    /* C without its dependency: the error node is C. */
+    CHECK(build(&g, n, &c1, -1, 0, 0, buf));
+    r = cuGraphExecUpdate(e, g, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED &&
+               info.errorNode == n[2] && !info.errorFromNode,
+           "dependency count: %d result %d", r, info.result);
+    CHECK(cuGraphDestroy(g));
+    /* C after B instead of A: error node C, from node B. */
+    CHECK(build(&g, n, &c1, 1, 0, 0, buf));
+    r = cuGraphExecUpdate(e, g, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED &&
+               info.errorNode == n[2] && info.errorFromNode == n[1],
+           "other dependency: %d result %d node %d from %d", r, info.result,
+           info.errorNode == n[2], info.errorFromNode == n[1]);
+    CHECK(cuGraphDestroy(g));
+    /* B a memset instead of a kernel: node type changed, error node B. */
+    CHECK(build(&g, n, &c1, 0, 1, 0, buf));
+    r = cuGraphExecUpdate(e, g, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED &&
+               info.errorNode == n[1] && !info.errorFromNode,
+           "type: %d result %d", r, info.result);
+    CHECK(cuGraphDestroy(g));
+    /* The refused updates changed nothing. */
+    CHECK(cuGraphLaunch(e, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c0 == 2 && c1 == 0, "after refused updates %d %d", c0, c1);
+    /* A 2D memset may change its address and value, not its shape. */
+    CUgraph m0, m1;
+    CUgraphNode mn0, mn1;
+    CUDA_MEMSET_NODE_PARAMS ms = {buf, 256, 0, 4, 16, 4};
+    CHECK(cuGraphCreate(&m0, 0));
+    CHECK(cuGraphAddMemsetNode(&mn0, m0, NULL, 0, &ms, ctx));
+    CUgraphExec me;
+    CHECK(cuGraphInstantiate(&me, m0, 0));
+    ms.value = 7;
+    ms.height = 8;
+    CHECK(cuGraphCreate(&m1, 0));
+    CHECK(cuGraphAddMemsetNode(&mn1, m1, NULL, 0, &ms, ctx));
+    r = cuGraphExecUpdate(me, m1, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED &&
+               info.errorNode == mn1,
+           "2D memset shape: %d result %d", r, info.result);
+    ms.height = 4;
+    CHECK(cuMemsetD8(buf, 0, 1 << 16));
+    CHECK(cuGraphMemsetNodeSetParams(mn1, &ms));
+    CHECK(cuGraphExecUpdate(me, m1, &info));
+    EXPECT(info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS, "memset value: %d", info.result);
+    CHECK(cuGraphLaunch(me, 0));
+    CHECK(cuCtxSynchronize());
+    uint32_t w = 0;
+    CHECK(cuMemcpyDtoH(&w, buf + 256 * 3, 4));
+    EXPECT(w == 7, "updated memset wrote %u", w);
+    CHECK(cuGraphExecDestroy(me));
+    CHECK(cuGraphDestroy(m0));
+    CHECK(cuGraphDestroy(m1));
+    /* The same shape: updated, the host node now bumps c1, and the exec holds
+     * the new graph's user objects instead of the old ones. */
+    CHECK(build(&g, n, &c1, 0, 0, 0, buf));
+    CHECK(cuUserObjectCreate(&o1, (void *)1, release_obj, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+    CHECK(cuGraphRetainUserObject(g, o1, 1, CU_GRAPH_USER_OBJECT_MOVE));
+    memset(&info, 0xff, sizeof info);
+    CHECK(cuGraphExecUpdate(e, g, &info));
+    EXPECT(info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS && !info.errorNode && !info.errorFromNode,
+           "update: result %d", info.result);
+    CHECK(cuGraphDestroy(g0));
+    CHECK(cuGraphDestroy(g));
+    for (int i = 0; i < 10000 && !released[0]; i++) usleep(1000);
+    EXPECT(released[0] == 1 && released[1] == 0, "released %d %d after the update",
+           released[0], released[1]);
+    CHECK(cuGraphLaunch(e, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c0 == 2 && c1 == 1, "after the update %d %d", c0, c1);
+    CHECK(cuGraphExecDestroy(e));
+    for (int i = 0; i < 10000 && !released[1]; i++) usleep(1000);
+    EXPECT(released[1] == 1, "the new graph's object released %d", released[1]);
+    CHECK(cuMemFree(buf));
+    printf("%s ok\n", name);
+}
+
+/* ------------------------------------------------------- graph_mem_destroy */
+
+static void graph_mem_destroy(void) {
+    const char *name = "graph_mem_destroy";
+    static volatile int c;
+    CUgraph g;
+    CHECK(cuGraphCreate(&g, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS a;
+    memset(&a, 0, sizeof a);
+    a.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.poolProps.location.id = dev;
+    a.bytesize = 4;
+    CUgraphNode alloc, host, empty;
+    CHECK(cuGraphAddMemAllocNode(&alloc, g, NULL, 0, &a));
+    CUDA_HOST_NODE_PARAMS h = {bump, (void *)&c};
+    CHECK(cuGraphAddHostNode(&host, g, &alloc, 1, &h));
+    CHECK(cuGraphAddEmptyNode(&empty, g, NULL, 0));
+    CUresult r = cuGraphDestroyNode(host);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "destroy of a node: %d", r);
+    r = cuGraphDestroyNode(empty);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "destroy of an unconnected node: %d", r);
+    r = cuGraphRemoveDependencies(g, &alloc, &host, NULL, 1);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "removal of an edge: %d", r);
+    size_t count = 0;
+    CHECK(cuGraphGetNodes(g, NULL, &count));
+    EXPECT(count == 3, "%zu nodes left", count);
+    CUgraphNode from[4], to[4];
+    size_t edges = 4;
+    CHECK(cuGraphGetEdges(g, from, to, NULL, &edges));
+    EXPECT(edges == 1 && from[0] == alloc && to[0] == host, "%zu edges", edges);
+    CUgraphExec e;
+    CHECK(cuGraphInstantiate(&e, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
+    CHECK(cuGraphLaunch(e, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c == 1, "the kept host node ran %d times", c);
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+    /* Without memory nodes the same destroy succeeds. */
+    CHECK(cuGraphCreate(&g, 0));
+    CHECK(cuGraphAddEmptyNode(&empty, g, NULL, 0));
+    CHECK(cuGraphAddHostNode(&host, g, &empty, 1, &h));
+    CHECK(cuGraphDestroyNode(host));
+    CHECK(cuGraphGetNodes(g, NULL, &count));
+    EXPECT(count == 1, "%zu nodes after a destroy", count);
+    CHECK(cuGraphDestroy(g));
+    printf("%s ok\n", name);
+}
+
 int main(int argc, char **argv) {
     const char *name = "init";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -767,6 +971,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(c, "user_objects")) user_objects();
         else if (!strcmp(c, "managed_pool")) managed_pool();
         else if (!strcmp(c, "module_globals")) module_globals();
+        else if (!strcmp(c, "graph_update")) graph_update();
+        else if (!strcmp(c, "graph_mem_destroy")) graph_mem_destroy();
         else if (!strcmp(c, "ipc_event_user") && i + 1 < argc) ipc_event_user(argv[++i]);
         else {
             fprintf(stderr, "usage: driver_gaps CHECK...\n");
