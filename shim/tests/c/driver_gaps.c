@@ -16,7 +16,8 @@
  *   host_order         cuLaunchHostFunc runs after the stream's earlier kernel;
  *                      cuStreamSynchronize and cuCtxSynchronize wait for it
  *                      (its data is freed right after the synchronisation);
- *                      a host function that synchronises gets NOT_PERMITTED
+ *                      a host function that synchronises gets NOT_PERMITTED;
+ *                      cuLaunchHostFunc_v2 the same in both sync modes
  *   host_capture       cuLaunchHostFunc into a capturing stream is a host node:
  *                      nothing runs at capture, once per graph launch
  *   kernel_node_kern   a kernel node given a CUkernel in .kern with .func NULL
@@ -270,6 +271,20 @@ static void host_order(void) {
     EXPECT(q1 == CUDA_ERROR_NOT_READY && q2 == CUDA_ERROR_NOT_READY && r->calls == 1,
            "event query %d stream query %d calls %d", q1, q2, r->calls);
     free(r);
+    /* cuLaunchHostFunc_v2 in either sync mode (blocking, spin-wait): in
+     * stream order, after a 20 ms kernel, waited for by the stream. */
+    for (unsigned mode = CU_HOST_TASK_BLOCKING; mode <= CU_HOST_TASK_SPINWAIT; mode++) {
+        r = calloc(1, sizeof *r);
+        t0 = now_ns();
+        CHECK(launch_spin(s, 20000000));
+        CHECK(cuLaunchHostFunc_v2(s, host_fn, r, mode));
+        CHECK(cuStreamSynchronize(s));
+        EXPECT(r->calls == 1 && r->ran_at - t0 >= 20000000, "_v2 mode %u: calls %d", mode,
+               r->calls);
+        free(r);
+    }
+    CUresult bad = cuLaunchHostFunc_v2(s, host_fn, NULL, 2);
+    EXPECT(bad == CUDA_ERROR_INVALID_VALUE, "_v2 with mode 2: %d", bad);
     /* A host function that synchronises is refused, never a hang. */
     sync_target = s;
     CHECK(cuLaunchHostFunc(s, sync_in_host_fn, NULL));
