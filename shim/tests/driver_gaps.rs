@@ -146,6 +146,14 @@ fn graphs_with_memory_nodes_keep_their_nodes() {
     run_check("graph_mem_destroy");
 }
 
+/// A graph with memory nodes becomes a child node only when moved
+/// (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`); the parent then owns it and runs
+/// its allocation and free at every launch.
+#[test]
+fn graphs_with_memory_nodes_move_into_child_nodes() {
+    run_check("child_move");
+}
+
 #[test]
 fn pools_report_posix_fd_handles() {
     let l = run_check("pool_handle_types");

@@ -309,6 +309,10 @@ pub struct Graph {
     pub user_objs: HashMap<usize, u32>,
     /// Set for the body graphs of a conditional node: they belong to it.
     pub owned_by_node: bool,
+    /// Moved into a child graph node (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`):
+    /// the parent owns it; it cannot be destroyed, instantiated, used for an
+    /// update or embedded elsewhere, nor take new memory nodes.
+    pub moved: bool,
 }
 
 impl Graph {
@@ -481,6 +485,9 @@ pub fn add_node_kind(g: usize, deps: &[usize], kind: NodeKind) -> Result<usize, 
     let d = cu()?;
     let graph = graph_of(g)?;
     let mut gr = graph.lock();
+    if gr.moved && matches!(kind, NodeKind::MemAlloc(_) | NodeKind::MemFree(_)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     let mut seen = HashSet::new();
     for dep in deps {
         if gr.node(*dep).is_none() || !seen.insert(*dep) {
@@ -685,9 +692,31 @@ fn clone_graph(src: usize) -> Result<(usize, HashMap<usize, usize>), CUresult> {
 }
 
 fn child_data(child: CUgraph) -> Result<NodeKind, CUresult> {
-    graph_of(child as usize)?;
+    if graph_of(child as usize)?.lock().moved {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     // The node holds a clone: later changes to `child` do not affect it.
     Ok(NodeKind::Child(clone_graph(child as usize)?.0))
+}
+
+/// A child graph node that takes `child` itself
+/// (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`): the way a graph with memory
+/// nodes becomes a child; it is destroyed with its parent.
+fn child_moved(child: CUgraph) -> Result<NodeKind, CUresult> {
+    let graph = graph_of(child as usize)?;
+    let mut gr = graph.lock();
+    if gr.moved || gr.owned_by_node {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if gr
+        .nodes
+        .iter()
+        .any(|n| matches!(n.kind, NodeKind::Cond(..)))
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    gr.moved = true;
+    Ok(NodeKind::Child(child as usize))
 }
 
 // ---------------------------------------------------------------- graph memory
@@ -1041,13 +1070,15 @@ fn forget_node(d: &Driver, n: Node) {
     }
 }
 
-/// Whether a graph holds memory nodes: its nodes and edges cannot be
-/// deleted then (the driver's rule for graphs with allocation or free
-/// nodes).
+/// Whether a graph holds memory nodes (itself or in a child graph moved
+/// into it): its nodes and edges cannot be deleted then (the driver's rule
+/// for graphs with allocation or free nodes).
 fn has_memory_nodes(gr: &Graph) -> bool {
-    gr.nodes
-        .iter()
-        .any(|n| matches!(n.kind, NodeKind::MemAlloc(_) | NodeKind::MemFree(_)))
+    gr.nodes.iter().any(|n| match &n.kind {
+        NodeKind::MemAlloc(_) | NodeKind::MemFree(_) => true,
+        NodeKind::Child(c) => graph_of(*c).is_ok_and(|g| has_memory_nodes(&g.lock())),
+        _ => false,
+    })
 }
 
 fn destroy_node(n: CUgraphNode) -> CuRes {
@@ -1338,7 +1369,9 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     if flags & !0xf != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    graph_of(g as usize)?;
+    if graph_of(g as usize)?.lock().moved {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     let mut steps = Vec::new();
     flatten(g as usize, &mut steps)?;
     // A graph with memory nodes has one executable at a time.
@@ -1659,7 +1692,13 @@ fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<(), (CUresult, UpdateFailur
     let fail = |x: CUresult| (x, (UPDATE_ERROR, 0, 0));
     let d = cu().map_err(fail)?;
     let ge = exec_of(e).map_err(|_| fail(CUDA_ERROR_INVALID_VALUE))?;
-    graph_of(g as usize).map_err(|_| fail(CUDA_ERROR_INVALID_VALUE))?;
+    if graph_of(g as usize)
+        .map_err(|_| fail(CUDA_ERROR_INVALID_VALUE))?
+        .lock()
+        .moved
+    {
+        return Err(fail(CUDA_ERROR_INVALID_VALUE));
+    }
     let shape = shape_of(g as usize).map_err(fail)?;
     compare_shapes(&ge.shape.lock(), &shape)
         .map_err(|f| (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, f))?;
@@ -1801,8 +1840,17 @@ fn generic_kind(p: *mut GraphNodeParams) -> Result<NodeKind, CUresult> {
         }
         NODE_MEMSET => memset_data(u as *const MemsetNodeParams),
         NODE_HOST => host_data(u as *const HostNodeParams),
-        // SAFETY: the union holds a CUgraph / CUevent first.
-        NODE_GRAPH => child_data(unsafe { *(u as *const CUgraph) }),
+        // CUDA_CHILD_GRAPH_NODE_PARAMS: the graph, then its ownership
+        // (clone 0, move 1).
+        NODE_GRAPH => {
+            // SAFETY: the union holds a CUgraph then an i32.
+            let (g, own) = unsafe { (*(u as *const CUgraph), *(u.add(8) as *const i32)) };
+            match own {
+                0 => child_data(g),
+                1 => child_moved(g),
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
         NODE_EMPTY => Ok(NodeKind::Empty),
         // SAFETY: as above.
         NODE_WAIT_EVENT => event_data(unsafe { *(u as *const CUevent) }, false),
@@ -1889,7 +1937,11 @@ type NodeOut = *mut CUgraphNode;
 
 exports! {
     cuGraphCreate(pg: *mut CUgraph, flags: u32) => graph_create(pg, flags);
-    cuGraphDestroy(g: CUgraph) => destroy_graph(cu()?, g as usize);
+    cuGraphDestroy(g: CUgraph) => {
+        let d = cu()?;
+        if graph_of(g as usize)?.lock().moved { return Err(CUDA_ERROR_INVALID_VALUE) }
+        destroy_graph(d, g as usize)
+    };
     cuGraphClone(pg: *mut CUgraph, g: CUgraph) => {
         if pg.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) }
         let (h, _) = clone_graph(g as usize)?;
@@ -2275,7 +2327,12 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
                 (u as *mut usize).write_unaligned(f);
                 (u.add(8) as *mut usize).write_unaligned(x);
             }
-            NodeKind::Child(c) => (u as *mut usize).write_unaligned(c),
+            NodeKind::Child(c) => {
+                (u as *mut usize).write_unaligned(c);
+                // CU_GRAPH_CHILD_GRAPH_OWNERSHIP_INVALID: the graph handed back
+                // is the node's, not one to add elsewhere.
+                (u.add(8) as *mut i32).write_unaligned(-1);
+            }
             NodeKind::EventRecord(e) | NodeKind::EventWait(e) => {
                 (u as *mut usize).write_unaligned(e)
             }

@@ -53,6 +53,10 @@
  *                      the new graph's user objects (the old ones released)
  *   graph_mem_destroy  nodes and edges of a graph with memory nodes cannot be
  *                      deleted: the refusal keeps the node and its edge
+ *   child_move         a graph with memory nodes becomes a child node only when
+ *                      moved (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): the parent
+ *                      owns it (no destroy, instantiate or second parent for it)
+ *                      and runs its allocation and free at every launch
  *   ipc_event_user HEX opens the handle: the event is pending ("pending" line)
  *                      for cuEventQuery and for a stream that waits for it,
  *                      then cuEventSynchronize and the stream complete
@@ -963,6 +967,77 @@ static void graph_mem_destroy(void) {
     printf("%s ok\n", name);
 }
 
+/* -------------------------------------------------------------- child_move */
+
+static void child_move(void) {
+    const char *name = "child_move";
+    static volatile int c;
+    CUgraph child, parent, other;
+    CHECK(cuGraphCreate(&child, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS a;
+    memset(&a, 0, sizeof a);
+    a.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.poolProps.location.id = dev;
+    a.bytesize = 1 << 20;
+    CUgraphNode alloc, host, fr;
+    CHECK(cuGraphAddMemAllocNode(&alloc, child, NULL, 0, &a));
+    CUDA_HOST_NODE_PARAMS h = {bump, (void *)&c};
+    CHECK(cuGraphAddHostNode(&host, child, &alloc, 1, &h));
+    CHECK(cuGraphAddMemFreeNode(&fr, child, &host, 1, a.dptr));
+    CHECK(cuGraphCreate(&parent, 0));
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    p.graph.graph = child;
+    p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+    CUgraphNode n, n2, empty;
+    CUresult r = cuGraphAddNode(&n, parent, NULL, NULL, 0, &p);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "cloned in with memory nodes: %d", r);
+    r = cuGraphAddChildGraphNode(&n, parent, NULL, 0, child);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "cuGraphAddChildGraphNode with memory nodes: %d", r);
+    p.graph.ownership = (CUgraphChildGraphNodeOwnership)7;
+    r = cuGraphAddNode(&n, parent, NULL, NULL, 0, &p);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "ownership 7: %d", r);
+    p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+    CHECK(cuGraphAddNode(&n, parent, NULL, NULL, 0, &p));
+    CUgraph held;
+    CHECK(cuGraphChildGraphNodeGetGraph(n, &held));
+    EXPECT(held == child, "the node holds another graph");
+    CUgraphNodeParams q;
+    memset(&q, 0, sizeof q);
+    CHECK(cuGraphNodeGetParams(n, &q));
+    EXPECT(q.type == CU_GRAPH_NODE_TYPE_GRAPH && q.graph.graph == child &&
+               q.graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_INVALID,
+           "params type %d ownership %d", q.type, q.graph.ownership);
+    /* The moved graph is the parent's now. */
+    CUgraphExec x;
+    r = cuGraphInstantiate(&x, child, 0);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "instantiate the moved graph: %d", r);
+    r = cuGraphDestroy(child);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "destroy the moved graph: %d", r);
+    CHECK(cuGraphCreate(&other, 0));
+    r = cuGraphAddNode(&n2, other, NULL, NULL, 0, &p);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "moved again: %d", r);
+    CUgraphNode extra;
+    r = cuGraphAddMemAllocNode(&extra, child, NULL, 0, &a);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "a memory node added to the moved graph: %d", r);
+    CHECK(cuGraphDestroy(other));
+    /* The parent now holds memory nodes: its nodes stay. */
+    CHECK(cuGraphAddEmptyNode(&empty, parent, &n, 1));
+    r = cuGraphDestroyNode(empty);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "destroy in the parent: %d", r);
+    /* It runs: the child's allocation, host node and free, at every launch. */
+    CHECK(cuGraphInstantiate(&x, parent, 0));
+    CHECK(cuGraphLaunch(x, 0));
+    CHECK(cuGraphLaunch(x, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c == 2, "host node of the moved graph ran %d times", c);
+    CHECK(cuGraphExecDestroy(x));
+    CHECK(cuGraphDestroy(parent));
+    printf("%s ok\n", name);
+}
+
 int main(int argc, char **argv) {
     const char *name = "init";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -988,6 +1063,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(c, "module_globals")) module_globals();
         else if (!strcmp(c, "graph_update")) graph_update();
         else if (!strcmp(c, "graph_mem_destroy")) graph_mem_destroy();
+        else if (!strcmp(c, "child_move")) child_move();
         else if (!strcmp(c, "ipc_event_user") && i + 1 < argc) ipc_event_user(argv[++i]);
         else {
             fprintf(stderr, "usage: driver_gaps CHECK...\n");
