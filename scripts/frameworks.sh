@@ -3,13 +3,18 @@
 # CUDA libraries from PyPI, into a cached virtualenv, for the framework runs
 # of scripts/gpu-check.sh (on the simulated driver or a real GPU).
 #
-# Usage: scripts/frameworks.sh torch|tensorflow [CACHE_DIR]
+# Usage: scripts/frameworks.sh torch|tensorflow|jax [CACHE_DIR]
 #   CACHE_DIR: $CGPU_FRAMEWORKS_CACHE, else ~/.cache/cgpu/frameworks (outside
 #   the repository, so every checkout and CI run on the machine reuses it).
 # Prints the virtualenv's python. Idempotent: does nothing when the pinned
 # set is already installed. Needs PyPI (pip) the first time:
 #   torch       torch 2.15.0 (CUDA 13.2 wheels: cuBLAS 13.4, cuDNN 9.26), ~5.4 GB
 #   tensorflow  tensorflow[and-cuda] 2.21.0 (CUDA 12.9 wheels), ~4 GB
+#   jax         jax[cuda12] 0.10.2 (CUDA 12.9 wheels, cuDNN 9.28) with
+#               cuda-bindings, so gpu-check's check 6 runs JAX beside its
+#               cuda-bindings backend, ~5.5 GB. On a machine without an NVIDIA
+#               GPU, JAX needs the device nodes shim/tools/sim-devnodes.sh gives
+#               (it looks for /dev/nvidiactl before it tries CUDA)
 # A new framework version is a new pinned set here (a new directory), never a
 # silent change.
 set -euo pipefail
@@ -22,8 +27,11 @@ case "$NAME" in
   tensorflow)
     VER=2.21.0
     PKGS=("tensorflow[and-cuda]==2.21.0" nvidia-ml-py==13.615.71) ;;
+  jax)
+    VER=0.10.2
+    PKGS=("jax[cuda12]==0.10.2" cuda-bindings==13.5.0 nvidia-ml-py==13.615.71) ;;
   *)
-    echo "usage: scripts/frameworks.sh torch|tensorflow [CACHE_DIR]" >&2
+    echo "usage: scripts/frameworks.sh torch|tensorflow|jax [CACHE_DIR]" >&2
     exit 2 ;;
 esac
 VENV="$CACHE/$NAME-$VER"

@@ -18,6 +18,7 @@
 #   6  CuPy, JAX (and cuda-bindings) where installed
 #   7  TensorFlow (--tensorflow): devices, memory info, over-quota error, Keras fit
 #   8  (--sim) no function the simulated driver only stubs was relied on
+#   9  (PyTorch) expandable segments, CUDA IPC between processes, torch.profiler
 # Without PyTorch the same checks run on the driver API through cuda-bindings,
 # and without nvidia-smi NVML is read through nvidia-ml-py; so `--sim` runs the
 # whole script on the simulated driver (target/*/libcgpu_sim.so), as CI does.
@@ -242,10 +243,10 @@ export CGPU_CHECK_LIB="$LIB" CGPU_CHECK_CGPUCTL="$CTL" CGPU_CHECK_PYTHON="$PY" \
 # left of the budget.
 if [ "$SIM" = 1 ]; then
   BUDGET=$([ "$QUICK" = 1 ] && echo 170 || echo 400)
-  declare -A LIMIT=([probe]=60 [1]=60 [2]=60 [3]=60 [4]=90 [5]=60 [6]=60 [7]=240 [8]=30)
+  declare -A LIMIT=([probe]=60 [1]=60 [2]=60 [3]=60 [4]=90 [5]=60 [6]=60 [7]=240 [8]=30 [9]=300)
 else
   BUDGET=520
-  declare -A LIMIT=([probe]=150 [1]=150 [2]=150 [3]=90 [4]=150 [5]=150 [6]=150 [7]=300 [8]=30)
+  declare -A LIMIT=([probe]=150 [1]=150 [2]=150 [3]=90 [4]=150 [5]=150 [6]=150 [7]=300 [8]=30 [9]=240)
 fi
 # A framework's import and first CUDA call take seconds on the simulated
 # driver (~4 s and ~3 s for PyTorch): more time for the framework runs.
@@ -323,6 +324,12 @@ want 3 && run_check 3 "one quota per container" check_share.py
 want 4 && run_check 4 "compute shares (weights, idle)" check_sched.py
 want 5 && run_check 5 "overhead" check_overhead.py
 want 6 && run_check 6 "other frameworks" check_frameworks.py
+# PyTorch's own driver paths, when PyTorch is the backend.
+if "$PY" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["backend"] != "torch")' \
+    "$WORK/probe.json" 2>/dev/null; then
+  BUDGET=$((BUDGET + ${LIMIT[9]}))
+  want 9 && run_check 9 "PyTorch paths (expandable segments, IPC, profiler)" check_torch_paths.py
+fi
 [ "$TF" = 1 ] && want 7 && run_check 7 "TensorFlow" check_tensorflow.py
 [ "$SIM" = 1 ] && want 8 && run_check 8 "simulated driver: no stub relied on" check_stubs.py
 

@@ -112,9 +112,13 @@ pub struct Module {
     /// The kernels and globals its image defines.
     pub image: crate::image::Image,
     pub library: bool,
-    /// Globals handed out so far: name → (device address, size). Zeroed
-    /// device memory, allocated at the first look-up, freed with the module.
+    /// Globals: name → (device address, size). Zeroed device memory: the
+    /// image's globals are laid out in one segment allocated when the module
+    /// is loaded (as a driver loads a module's data eagerly); a global of an
+    /// image the sim cannot read gets its own allocation at its first look-up.
     pub globals: Mutex<HashMap<String, (u64, u64)>>,
+    /// The device allocations holding the globals, freed with the module.
+    pub segments: Mutex<Vec<u64>>,
 }
 
 pub struct Func {

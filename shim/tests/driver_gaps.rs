@@ -113,6 +113,47 @@ fn vmm_mappings_side_by_side_are_one_range() {
     run_check("vmm_span");
 }
 
+/// A module's `__device__` globals are taken on the device when it is loaded
+/// (a module or a library), never at the look-up, and given back at unload;
+/// globals larger than the device are refused at load.
+#[test]
+fn module_globals_are_device_memory_from_the_load_on() {
+    let l = run_check("module_globals");
+    let mib: u64 = l
+        .split("load_mib=")
+        .nth(1)
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        (64..=66).contains(&mib),
+        "64 MiB of globals (2 MiB pages): {l}"
+    );
+}
+
+/// `cuGraphExecUpdate` with graphs of another shape: the documented result
+/// (topology changed, node type changed, parameters changed), error node
+/// and "from" node, CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, and nothing
+/// changed; a matching graph's parameters and user objects are taken.
+#[test]
+fn graph_exec_update_reports_what_changed() {
+    run_check("graph_update");
+}
+
+/// A graph with memory nodes refuses to delete nodes and edges, and the
+/// refused node keeps its edge and runs.
+#[test]
+fn graphs_with_memory_nodes_keep_their_nodes() {
+    run_check("graph_mem_destroy");
+}
+
+/// A graph with memory nodes becomes a child node only when moved
+/// (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`); the parent then owns it and runs
+/// its allocation and free at every launch.
+#[test]
+fn graphs_with_memory_nodes_move_into_child_nodes() {
+    run_check("child_move");
+}
+
 #[test]
 fn pools_report_posix_fd_handles() {
     let l = run_check("pool_handle_types");

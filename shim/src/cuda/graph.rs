@@ -309,6 +309,10 @@ pub struct Graph {
     pub user_objs: HashMap<usize, u32>,
     /// Set for the body graphs of a conditional node: they belong to it.
     pub owned_by_node: bool,
+    /// Moved into a child graph node (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`):
+    /// the parent owns it; it cannot be destroyed, instantiated, used for an
+    /// update or embedded elsewhere, nor take new memory nodes.
+    pub moved: bool,
 }
 
 impl Graph {
@@ -349,8 +353,41 @@ pub struct GraphExec {
     pub id: u32,
     pub flags: u64,
     pub steps: Mutex<Vec<Step>>,
-    /// User object references taken from the graph at instantiation.
-    pub user_objs: HashMap<usize, u32>,
+    /// User object references taken from the graph at instantiation (and
+    /// from the graph of the last successful `cuGraphExecUpdate`).
+    pub user_objs: Mutex<HashMap<usize, u32>>,
+    /// The shape of the graph it was made from, that an update must match.
+    pub shape: Mutex<Vec<ShapeNode>>,
+}
+
+/// A node of a graph as `cuGraphExecUpdate` compares it: its type, its
+/// dependencies (indices among the graph's nodes, in node order), what of
+/// its parameters may not change, and the graphs inside it (child graph,
+/// conditional bodies).
+pub struct ShapeNode {
+    /// The node's handle (reported when the update fails on it).
+    pub h: usize,
+    pub ty: u32,
+    pub deps: Vec<usize>,
+    pub fixed: Fixed,
+    pub inner: Vec<Vec<ShapeNode>>,
+}
+
+/// Parameters an update may not change.
+#[derive(PartialEq, Eq)]
+pub enum Fixed {
+    None,
+    /// A kernel's function's context.
+    Kernel(usize),
+    /// A 2D memset: element size, width, height (only the address and the
+    /// value may change); a 1D one: nothing.
+    Memset(Option<(u32, usize, usize)>),
+    /// A copy's source and destination memory types.
+    Memcpy(u32, u32),
+    /// An allocation's size and device.
+    Alloc(u64, usize),
+    /// A conditional node's type and number of bodies.
+    Cond(u32, usize),
 }
 
 /// A user object (`cuUserObjectCreate`): a destructor run when the last
@@ -448,6 +485,9 @@ pub fn add_node_kind(g: usize, deps: &[usize], kind: NodeKind) -> Result<usize, 
     let d = cu()?;
     let graph = graph_of(g)?;
     let mut gr = graph.lock();
+    if gr.moved && matches!(kind, NodeKind::MemAlloc(_) | NodeKind::MemFree(_)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     let mut seen = HashSet::new();
     for dep in deps {
         if gr.node(*dep).is_none() || !seen.insert(*dep) {
@@ -652,9 +692,31 @@ fn clone_graph(src: usize) -> Result<(usize, HashMap<usize, usize>), CUresult> {
 }
 
 fn child_data(child: CUgraph) -> Result<NodeKind, CUresult> {
-    graph_of(child as usize)?;
+    if graph_of(child as usize)?.lock().moved {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     // The node holds a clone: later changes to `child` do not affect it.
     Ok(NodeKind::Child(clone_graph(child as usize)?.0))
+}
+
+/// A child graph node that takes `child` itself
+/// (`CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE`): the way a graph with memory
+/// nodes becomes a child; it is destroyed with its parent.
+fn child_moved(child: CUgraph) -> Result<NodeKind, CUresult> {
+    let graph = graph_of(child as usize)?;
+    let mut gr = graph.lock();
+    if gr.moved || gr.owned_by_node {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if gr
+        .nodes
+        .iter()
+        .any(|n| matches!(n.kind, NodeKind::Cond(..)))
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    gr.moved = true;
+    Ok(NodeKind::Child(child as usize))
 }
 
 // ---------------------------------------------------------------- graph memory
@@ -1008,6 +1070,17 @@ fn forget_node(d: &Driver, n: Node) {
     }
 }
 
+/// Whether a graph holds memory nodes (itself or in a child graph moved
+/// into it): its nodes and edges cannot be deleted then (the driver's rule
+/// for graphs with allocation or free nodes).
+fn has_memory_nodes(gr: &Graph) -> bool {
+    gr.nodes.iter().any(|n| match &n.kind {
+        NodeKind::MemAlloc(_) | NodeKind::MemFree(_) => true,
+        NodeKind::Child(c) => graph_of(*c).is_ok_and(|g| has_memory_nodes(&g.lock())),
+        _ => false,
+    })
+}
+
 fn destroy_node(n: CUgraphNode) -> CuRes {
     let d = cu()?;
     let (_, graph) = owner_of(n)?;
@@ -1018,6 +1091,9 @@ fn destroy_node(n: CUgraphNode) -> CuRes {
             .iter()
             .position(|x| x.h == n as usize)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if has_memory_nodes(&gr) {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
         let node = gr.nodes.remove(i);
         for other in gr.nodes.iter_mut() {
             other.deps.retain(|x| *x != n as usize);
@@ -1156,6 +1232,9 @@ fn change_deps(
         if a == b || gr.node(*a).is_none() || gr.node(*b).is_none() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        if !add && has_memory_nodes(&gr) {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
         let has = gr.node(*b).is_some_and(|x| x.deps.contains(a));
         if has == add {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -1290,7 +1369,9 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     if flags & !0xf != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    graph_of(g as usize)?;
+    if graph_of(g as usize)?.lock().moved {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     let mut steps = Vec::new();
     flatten(g as usize, &mut steps)?;
     // A graph with memory nodes has one executable at a time.
@@ -1307,6 +1388,7 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
     for a in &allocs {
         a.execs.fetch_add(1, AcqRel);
     }
+    let shape = shape_of(g as usize)?;
     let mut user_objs = HashMap::new();
     collect_user_objs(g as usize, &mut user_objs);
     for (u, c) in &user_objs {
@@ -1318,7 +1400,8 @@ fn instantiate(pe: *mut CUgraphExec, g: CUgraph, flags: u64) -> CuRes {
         id: EXEC_IDS.fetch_add(1, Relaxed) + 1,
         flags,
         steps: Mutex::new(steps),
-        user_objs,
+        user_objs: Mutex::new(user_objs),
+        shape: Mutex::new(shape),
     })));
     // SAFETY: out pointer from the caller (checked non-null).
     unsafe { put(pe, h as CUgraphExec, CUDA_ERROR_INVALID_VALUE) }
@@ -1453,8 +1536,9 @@ fn exec_destroy(e: CUgraphExec) -> CuRes {
             drop_range_if_unused(a);
         }
     }
-    for (u, c) in &ge.user_objs {
-        release_user_obj(d, *u, *c);
+    let objs = std::mem::take(&mut *ge.user_objs.lock());
+    for (u, c) in objs {
+        release_user_obj(d, u, c);
     }
     Ok(())
 }
@@ -1497,12 +1581,129 @@ fn set_enabled(e: CUgraphExec, node: CUgraphNode, on: Option<u32>, out: *mut u32
     }
 }
 
-/// `cuGraphExecUpdate`: the graph must have the same nodes (types, order of
-/// instantiation) as the exec; the exec then takes its parameters.
-fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<(), (CUresult, u32)> {
-    let ge = exec_of(e).map_err(|x| (x, 1))?;
+/// The shape of graph `g` (its nodes in the order they were added).
+pub fn shape_of(g: usize) -> Result<Vec<ShapeNode>, CUresult> {
+    let graph = graph_of(g)?;
+    let nodes: Vec<(usize, NodeKind, Vec<usize>)> = graph
+        .lock()
+        .nodes
+        .iter()
+        .map(|n| (n.h, n.kind.clone(), n.deps.clone()))
+        .collect();
+    let index: HashMap<usize, usize> = nodes.iter().enumerate().map(|(i, n)| (n.0, i)).collect();
+    let d = cu()?;
+    let mut out = Vec::with_capacity(nodes.len());
+    for (h, kind, deps) in nodes {
+        let mut deps: Vec<usize> = deps.iter().filter_map(|x| index.get(x).copied()).collect();
+        deps.sort_unstable();
+        let mut inner = Vec::new();
+        let fixed = match &kind {
+            NodeKind::Kernel(k) => Fixed::Kernel(
+                d.objs
+                    .lock()
+                    .get(k.run.func.module)
+                    .and_then(|o| match o {
+                        Obj::Module(m) => Some(m.ctx),
+                        _ => None,
+                    })
+                    .unwrap_or(0),
+            ),
+            NodeKind::Memset(m) if m.height > 1 => {
+                Fixed::Memset(Some((m.element_size, m.width, m.height)))
+            }
+            NodeKind::Memset(_) => Fixed::Memset(None),
+            NodeKind::Memcpy(m) => Fixed::Memcpy(m.src_memory_type, m.dst_memory_type),
+            NodeKind::MemAlloc(a) => Fixed::Alloc(a.size, a.dev),
+            NodeKind::Child(c) => {
+                inner.push(shape_of(*c)?);
+                Fixed::None
+            }
+            NodeKind::Cond(_, t, bodies) => {
+                for b in bodies {
+                    inner.push(shape_of(*b)?);
+                }
+                Fixed::Cond(*t, bodies.len())
+            }
+            _ => Fixed::None,
+        };
+        out.push(ShapeNode {
+            h,
+            ty: kind.type_code(),
+            deps,
+            fixed,
+            inner,
+        });
+    }
+    Ok(out)
+}
+
+/// Why an update fails: (`CUgraphExecUpdateResult`, error node, error
+/// "from" node), the nodes being the new graph's.
+type UpdateFailure = (u32, usize, usize);
+
+const UPDATE_ERROR: u32 = 1;
+const UPDATE_TOPOLOGY_CHANGED: u32 = 2;
+const UPDATE_NODE_TYPE_CHANGED: u32 = 3;
+const UPDATE_PARAMETERS_CHANGED: u32 = 5;
+const UPDATE_NOT_SUPPORTED: u32 = 6;
+const UPDATE_UNSUPPORTED_FUNCTION_CHANGE: u32 = 7;
+
+/// Compares the shape of the graph an exec was made from (`old`) with the
+/// update's (`new`), as the driver does: first the topology (node count,
+/// then each node's dependencies), then each node's type and the
+/// parameters an update may not change, then the graphs inside nodes.
+fn compare_shapes(old: &[ShapeNode], new: &[ShapeNode]) -> Result<(), UpdateFailure> {
+    if old.len() != new.len() {
+        return Err((UPDATE_TOPOLOGY_CHANGED, 0, 0));
+    }
+    for (o, n) in old.iter().zip(new) {
+        if o.deps.len() != n.deps.len() {
+            return Err((UPDATE_TOPOLOGY_CHANGED, n.h, 0));
+        }
+        if let Some((_, nd)) = o.deps.iter().zip(&n.deps).find(|(a, b)| a != b) {
+            return Err((UPDATE_TOPOLOGY_CHANGED, n.h, new[*nd].h));
+        }
+    }
+    for (o, n) in old.iter().zip(new) {
+        if o.ty != n.ty {
+            return Err((UPDATE_NODE_TYPE_CHANGED, n.h, 0));
+        }
+        match (&o.fixed, &n.fixed) {
+            (Fixed::Kernel(a), Fixed::Kernel(b)) if a != b => {
+                return Err((UPDATE_UNSUPPORTED_FUNCTION_CHANGE, n.h, 0));
+            }
+            (Fixed::Kernel(_), Fixed::Kernel(_)) => {}
+            (Fixed::Memset(None), Fixed::Memset(None)) => {}
+            (a, b) if a != b => return Err((UPDATE_PARAMETERS_CHANGED, n.h, 0)),
+            _ => {}
+        }
+        for (oi, ni) in o.inner.iter().zip(&n.inner) {
+            compare_shapes(oi, ni)?;
+        }
+    }
+    Ok(())
+}
+
+/// `cuGraphExecUpdate`: the graph must have the shape of the graph the exec
+/// was made from (see [`compare_shapes`]); the exec then takes its
+/// parameters and its user object references, and keeps identifying its
+/// nodes by the original graph's handles. A failed update changes nothing.
+fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<(), (CUresult, UpdateFailure)> {
+    let fail = |x: CUresult| (x, (UPDATE_ERROR, 0, 0));
+    let d = cu().map_err(fail)?;
+    let ge = exec_of(e).map_err(|_| fail(CUDA_ERROR_INVALID_VALUE))?;
+    if graph_of(g as usize)
+        .map_err(|_| fail(CUDA_ERROR_INVALID_VALUE))?
+        .lock()
+        .moved
+    {
+        return Err(fail(CUDA_ERROR_INVALID_VALUE));
+    }
+    let shape = shape_of(g as usize).map_err(fail)?;
+    compare_shapes(&ge.shape.lock(), &shape)
+        .map_err(|f| (CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, f))?;
     let mut fresh = Vec::new();
-    flatten(g as usize, &mut fresh).map_err(|x| (x, 1))?;
+    flatten(g as usize, &mut fresh).map_err(fail)?;
     let mut steps = ge.steps.lock();
     let same = steps.len() == fresh.len()
         && steps
@@ -1510,12 +1711,44 @@ fn exec_update(e: CUgraphExec, g: CUgraph) -> Result<(), (CUresult, u32)> {
             .zip(&fresh)
             .all(|(a, b)| std::mem::discriminant(&a.op) == std::mem::discriminant(&b.op));
     if !same {
-        // CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED
-        return Err((CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, 2));
+        return Err(fail(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE));
+    }
+    // An allocation node's memory belongs to one executable at a time.
+    for (s, f) in steps.iter().zip(&fresh) {
+        if let (Op::Alloc(a), Op::Alloc(b)) = (&s.op, &f.op) {
+            if !Arc::ptr_eq(a, b) && b.execs.load(Acquire) > 0 {
+                let n = shape.iter().find(|x| x.h == f.node).map_or(0, |x| x.h);
+                return Err((
+                    CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,
+                    (UPDATE_NOT_SUPPORTED, n, 0),
+                ));
+            }
+        }
     }
     for (s, f) in steps.iter_mut().zip(fresh) {
+        if let (Op::Alloc(a), Op::Alloc(b)) = (&s.op, &f.op) {
+            if !Arc::ptr_eq(a, b) {
+                b.execs.fetch_add(1, AcqRel);
+                let _ = a
+                    .execs
+                    .fetch_update(AcqRel, Acquire, |v| Some(v.saturating_sub(1)));
+                drop_range_if_unused(a);
+            }
+        }
         s.op = f.op;
-        s.node = f.node;
+    }
+    drop(steps);
+    // The exec now holds the new graph's user object references.
+    let mut fresh_objs = HashMap::new();
+    collect_user_objs(g as usize, &mut fresh_objs);
+    for (u, c) in &fresh_objs {
+        if let Ok(o) = user_obj(*u) {
+            o.refs.fetch_add(*c, AcqRel);
+        }
+    }
+    let old_objs = std::mem::replace(&mut *ge.user_objs.lock(), fresh_objs);
+    for (u, c) in old_objs {
+        release_user_obj(d, u, c);
     }
     Ok(())
 }
@@ -1607,8 +1840,17 @@ fn generic_kind(p: *mut GraphNodeParams) -> Result<NodeKind, CUresult> {
         }
         NODE_MEMSET => memset_data(u as *const MemsetNodeParams),
         NODE_HOST => host_data(u as *const HostNodeParams),
-        // SAFETY: the union holds a CUgraph / CUevent first.
-        NODE_GRAPH => child_data(unsafe { *(u as *const CUgraph) }),
+        // CUDA_CHILD_GRAPH_NODE_PARAMS: the graph, then its ownership
+        // (clone 0, move 1).
+        NODE_GRAPH => {
+            // SAFETY: the union holds a CUgraph then an i32.
+            let (g, own) = unsafe { (*(u as *const CUgraph), *(u.add(8) as *const i32)) };
+            match own {
+                0 => child_data(g),
+                1 => child_moved(g),
+                _ => Err(CUDA_ERROR_INVALID_VALUE),
+            }
+        }
         NODE_EMPTY => Ok(NodeKind::Empty),
         // SAFETY: as above.
         NODE_WAIT_EVENT => event_data(unsafe { *(u as *const CUevent) }, false),
@@ -1695,7 +1937,11 @@ type NodeOut = *mut CUgraphNode;
 
 exports! {
     cuGraphCreate(pg: *mut CUgraph, flags: u32) => graph_create(pg, flags);
-    cuGraphDestroy(g: CUgraph) => destroy_graph(cu()?, g as usize);
+    cuGraphDestroy(g: CUgraph) => {
+        let d = cu()?;
+        if graph_of(g as usize)?.lock().moved { return Err(CUDA_ERROR_INVALID_VALUE) }
+        destroy_graph(d, g as usize)
+    };
     cuGraphClone(pg: *mut CUgraph, g: CUgraph) => {
         if pg.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) }
         let (h, _) = clone_graph(g as usize)?;
@@ -1966,25 +2212,26 @@ exports! {
     cuGraphExecUpdate(e: CUgraphExec, g: CUgraph, err_node: NodeOut, result: *mut u32) => {
         cu()?;
         let r = exec_update(e, g);
+        let (res, node, _) = r.err().map_or((0, 0, 0), |x| x.1);
         if !err_node.is_null() {
             // SAFETY: non-null out pointer from the caller.
-            unsafe { *err_node = std::ptr::null_mut() };
+            unsafe { *err_node = node as CUgraphNode };
         }
         // SAFETY: out pointer from the caller.
-        unsafe { put(result, r.err().map_or(0, |x| x.1), CUDA_ERROR_INVALID_VALUE)? };
+        unsafe { put(result, res, CUDA_ERROR_INVALID_VALUE)? };
         r.map_err(|x| x.0)
     };
     cuGraphExecUpdate_v2(e: CUgraphExec, g: CUgraph, info: *mut u64) => {
         cu()?;
+        if info.is_null() { return Err(CUDA_ERROR_INVALID_VALUE) }
         let r = exec_update(e, g);
-        // CUgraphExecUpdateResultInfo: {result (u32), errorNode, errorFromNode}.
-        if !info.is_null() {
-            // SAFETY: the caller's 24-byte result info.
-            unsafe {
-                *info = r.err().map_or(0, |x| x.1 as u64);
-                *info.add(1) = 0;
-                *info.add(2) = 0;
-            }
+        let (res, node, from) = r.err().map_or((0, 0, 0), |x| x.1);
+        // CUgraphExecUpdateResultInfo: {result (u32, padded), errorNode, errorFromNode}.
+        // SAFETY: the caller's 24-byte result info (checked non-null).
+        unsafe {
+            *info = res as u64;
+            *info.add(1) = node as u64;
+            *info.add(2) = from as u64;
         }
         r.map_err(|x| x.0)
     };
@@ -2080,7 +2327,12 @@ fn node_get_params(n: CUgraphNode, p: *mut GraphNodeParams) -> CuRes {
                 (u as *mut usize).write_unaligned(f);
                 (u.add(8) as *mut usize).write_unaligned(x);
             }
-            NodeKind::Child(c) => (u as *mut usize).write_unaligned(c),
+            NodeKind::Child(c) => {
+                (u as *mut usize).write_unaligned(c);
+                // CU_GRAPH_CHILD_GRAPH_OWNERSHIP_INVALID: the graph handed back
+                // is the node's, not one to add elsewhere.
+                (u.add(8) as *mut i32).write_unaligned(-1);
+            }
             NodeKind::EventRecord(e) | NodeKind::EventWait(e) => {
                 (u as *mut usize).write_unaligned(e)
             }

@@ -16,8 +16,26 @@ use std::sync::Arc;
 
 pub const SPIN_PREFIX: &str = "cgpu_sim_spin";
 
+/// Alignment of each global in a module's data segment.
+const GLOBAL_ALIGN: u64 = 256;
+
+/// Where a module's globals live: a module in its context; a library's in
+/// the current context's device (device 0 without one), owned by no context.
+fn home(d: &Driver, md: &Module) -> Result<(usize, usize), CUresult> {
+    match d.ctx(md.ctx) {
+        Ok(c) => Ok((md.ctx, c.dev)),
+        Err(_) => match d.cur_ctx() {
+            Ok((h, c)) => Ok((if md.library { 0 } else { h }, c.dev)),
+            Err(_) if md.library => Ok((0, 0)),
+            Err(e) => Err(e),
+        },
+    }
+}
+
 /// Registers a module (or library) defined by `image` in the current
-/// context (libraries: the current one if any).
+/// context (libraries: the current one if any), with its globals allocated
+/// on the device now: a load whose globals do not fit is
+/// `CUDA_ERROR_OUT_OF_MEMORY` and registers nothing.
 pub fn load_image(image: Image, library: bool) -> Result<usize, CUresult> {
     let d = cu()?;
     let ctx = if library {
@@ -25,12 +43,30 @@ pub fn load_image(image: Image, library: bool) -> Result<usize, CUresult> {
     } else {
         d.cur_ctx()?.0
     };
-    Ok(d.objs.lock().insert(Obj::Module(Arc::new(Module {
+    let md = Module {
         ctx,
         image,
         library,
         globals: Mutex::new(HashMap::new()),
-    }))))
+        segments: Mutex::new(Vec::new()),
+    };
+    let mut offsets = Vec::with_capacity(md.image.globals.len());
+    let mut end = 0u64;
+    for (name, size) in &md.image.globals {
+        let at = end.div_ceil(GLOBAL_ALIGN) * GLOBAL_ALIGN;
+        offsets.push((name.clone(), at, *size));
+        end = at.saturating_add(*size);
+    }
+    if end > 0 {
+        let (hctx, dev) = home(d, &md)?;
+        let base = super::memory::alloc_on(d, hctx, dev, end, AllocKind::Global, 0)?;
+        md.segments.lock().push(base);
+        let mut g = md.globals.lock();
+        for (name, at, size) in offsets {
+            g.insert(name, (base + at, size));
+        }
+    }
+    Ok(d.objs.lock().insert(Obj::Module(Arc::new(md))))
 }
 
 fn load(pm: *mut CUmodule, image: Image) -> CuRes {
@@ -176,14 +212,15 @@ fn unload(d: &Driver, h: usize, library: bool) -> CuRes {
 
 /// Frees the globals of a module that is going away.
 pub fn free_globals(d: &Driver, md: &Module) {
-    for (_, (p, _)) in md.globals.lock().drain() {
+    md.globals.lock().clear();
+    for p in md.segments.lock().drain(..) {
         let _ = super::memory::free_dev(d, p, &[AllocKind::Global]);
     }
 }
 
 /// `cuModuleGetGlobal_v2` / `cuLibraryGetGlobal`: the device address and
-/// size of global `name`: zeroed device memory of the global's size,
-/// allocated (and charged to the device) at the first look-up.
+/// size of global `name`, allocated when the module was loaded (a name an
+/// unreadable image may define gets its memory at its first look-up).
 fn get_global(
     dptr: *mut CUdeviceptr,
     bytes: *mut usize,
@@ -203,17 +240,9 @@ fn get_global(
     let (p, size) = match globals.get(&name) {
         Some(g) => *g,
         None => {
-            // A module lives in its context; a library's globals go to the
-            // current context's device (device 0 without one).
-            let (ctx, dev) = match d.ctx(md.ctx) {
-                Ok(c) => (md.ctx, c.dev),
-                Err(_) => match d.cur_ctx() {
-                    Ok((h, c)) => (if md.library { 0 } else { h }, c.dev),
-                    Err(_) if md.library => (0, 0),
-                    Err(e) => return Err(e),
-                },
-            };
+            let (ctx, dev) = home(d, &md)?;
             let p = super::memory::alloc_on(d, ctx, dev, size.max(1), AllocKind::Global, 0)?;
+            md.segments.lock().push(p);
             globals.insert(name, (p, size));
             (p, size)
         }

@@ -304,8 +304,9 @@ fn queue_host(h: usize, f: crate::exec::HostFn) -> CuRes {
 
 exports! {
     cuLaunchHostFunc | cuLaunchHostFunc_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void) => launch_host_func(h, f, data);
-    // CUDA 13.1: a sync mode (blocking 0 / non-blocking 1); either way the
-    // sim queues the function in stream order, as cuLaunchHostFunc does.
+    // CUDA 13.1: a CUhostTaskSyncMode (CU_HOST_TASK_BLOCKING 0,
+    // CU_HOST_TASK_SPINWAIT 1) says only how the driver's thread waits for
+    // the next host task; the function runs in stream order either way.
     cuLaunchHostFunc_v2 | cuLaunchHostFunc_v2_ptsz(h: CUstream, f: CUhostFn, data: *mut c_void, mode: u32) => {
         if mode > 1 {
             return Err(CUDA_ERROR_INVALID_VALUE);

@@ -16,7 +16,8 @@
  *   host_order         cuLaunchHostFunc runs after the stream's earlier kernel;
  *                      cuStreamSynchronize and cuCtxSynchronize wait for it
  *                      (its data is freed right after the synchronisation);
- *                      a host function that synchronises gets NOT_PERMITTED
+ *                      a host function that synchronises gets NOT_PERMITTED;
+ *                      cuLaunchHostFunc_v2 the same in both sync modes
  *   host_capture       cuLaunchHostFunc into a capturing stream is a host node:
  *                      nothing runs at capture, once per graph launch
  *   kernel_node_kern   a kernel node given a CUkernel in .kern with .func NULL
@@ -39,6 +40,23 @@
  *                      event recorded behind a host function that waits for a
  *                      line on stdin: prints "handle HEX", then, once the line
  *                      came, "ipc_event_owner ok"
+ *   module_globals     a module's __device__ globals are device memory from the
+ *                      load on (cuMemGetInfo's free drops at cuModuleLoadData
+ *                      and cuLibraryLoadData, not at the look-up), keep their
+ *                      bytes, and are given back at unload; a module whose
+ *                      globals do not fit is refused at load (OUT_OF_MEMORY)
+ *   graph_update       cuGraphExecUpdate's result info: a graph of another shape
+ *                      (node count, a node's dependencies, a node's type, a 2D
+ *                      memset's size) is refused with the documented result,
+ *                      error node and "from" node; a refused update changes
+ *                      nothing; a matching one takes the new parameters and
+ *                      the new graph's user objects (the old ones released)
+ *   graph_mem_destroy  nodes and edges of a graph with memory nodes cannot be
+ *                      deleted: the refusal keeps the node and its edge
+ *   child_move         a graph with memory nodes becomes a child node only when
+ *                      moved (CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE): the parent
+ *                      owns it (no destroy, instantiate or second parent for it)
+ *                      and runs its allocation and free at every launch
  *   ipc_event_user HEX opens the handle: the event is pending ("pending" line)
  *                      for cuEventQuery and for a stream that waits for it,
  *                      then cuEventSynchronize and the stream complete
@@ -257,6 +275,20 @@ static void host_order(void) {
     EXPECT(q1 == CUDA_ERROR_NOT_READY && q2 == CUDA_ERROR_NOT_READY && r->calls == 1,
            "event query %d stream query %d calls %d", q1, q2, r->calls);
     free(r);
+    /* cuLaunchHostFunc_v2 in either sync mode (blocking, spin-wait): in
+     * stream order, after a 20 ms kernel, waited for by the stream. */
+    for (unsigned mode = CU_HOST_TASK_BLOCKING; mode <= CU_HOST_TASK_SPINWAIT; mode++) {
+        r = calloc(1, sizeof *r);
+        t0 = now_ns();
+        CHECK(launch_spin(s, 20000000));
+        CHECK(cuLaunchHostFunc_v2(s, host_fn, r, mode));
+        CHECK(cuStreamSynchronize(s));
+        EXPECT(r->calls == 1 && r->ran_at - t0 >= 20000000, "_v2 mode %u: calls %d", mode,
+               r->calls);
+        free(r);
+    }
+    CUresult bad = cuLaunchHostFunc_v2(s, host_fn, NULL, 2);
+    EXPECT(bad == CUDA_ERROR_INVALID_VALUE, "_v2 with mode 2: %d", bad);
     /* A host function that synchronises is refused, never a hang. */
     sync_target = s;
     CHECK(cuLaunchHostFunc(s, sync_in_host_fn, NULL));
@@ -674,6 +706,338 @@ static void ipc_event_user(const char *hex) {
     printf("%s ok\n", name);
 }
 
+/* ---------------------------------------------------------- module_globals */
+
+#define GLOBAL_MIB 64
+
+static void module_globals(void) {
+    const char *name = "module_globals";
+    char text[512];
+    snprintf(text, sizeof text,
+             ".version 7.0\n.target sm_52\n.address_size 64\n"
+             ".visible .global .align 4 .b8 big[%llu];\n"
+             ".visible .global .align 4 .u32 small;\n"
+             ".visible .entry k()\n{\n ret;\n}\n",
+             (unsigned long long)GLOBAL_MIB << 20);
+    size_t free0, free1, free2, free3, total;
+    CHECK(cuMemGetInfo(&free0, &total));
+    CUmodule m;
+    CHECK(cuModuleLoadData(&m, text));
+    CHECK(cuMemGetInfo(&free1, &total));
+    EXPECT(free0 - free1 >= ((size_t)GLOBAL_MIB << 20), "load took %zu bytes", free0 - free1);
+    CUdeviceptr big, small;
+    size_t big_n, small_n;
+    CHECK(cuModuleGetGlobal(&big, &big_n, m, "big"));
+    CHECK(cuModuleGetGlobal(&small, &small_n, m, "small"));
+    CHECK(cuMemGetInfo(&free2, &total));
+    EXPECT(free2 == free1, "the look-ups took %zd bytes", (ssize_t)(free1 - free2));
+    EXPECT(big_n == ((size_t)GLOBAL_MIB << 20) && small_n == 4, "sizes %zu %zu", big_n, small_n);
+    CUdeviceptr again;
+    CHECK(cuModuleGetGlobal(&again, NULL, m, "small"));
+    EXPECT(again == small, "a second look-up moved the global");
+    uint32_t zero = 7, v = 0xC0FFEE, back = 0;
+    CHECK(cuMemcpyDtoH(&zero, small, 4));
+    EXPECT(zero == 0, "a fresh global holds %u", zero);
+    CHECK(cuMemcpyHtoD(small, &v, 4));
+    CHECK(cuMemcpyDtoH(&back, small, 4));
+    EXPECT(back == v, "read back %x", back);
+    CUresult r = cuModuleGetGlobal(&again, NULL, m, "nope");
+    EXPECT(r == CUDA_ERROR_NOT_FOUND, "unknown global: %d", r);
+    CHECK(cuModuleUnload(m));
+    CHECK(cuMemGetInfo(&free3, &total));
+    EXPECT(free3 == free0, "unload gave back %zu of %zu", free3 - free1, free0 - free1);
+    /* A library: the same at cuLibraryLoadData. */
+    CUlibrary lib;
+    CHECK(cuLibraryLoadData(&lib, text, NULL, NULL, 0, NULL, NULL, 0));
+    CHECK(cuMemGetInfo(&free1, &total));
+    EXPECT(free0 - free1 >= ((size_t)GLOBAL_MIB << 20), "library load took %zu", free0 - free1);
+    CHECK(cuLibraryGetGlobal(&big, &big_n, lib, "big"));
+    CHECK(cuMemGetInfo(&free2, &total));
+    EXPECT(free2 == free1 && big_n == ((size_t)GLOBAL_MIB << 20), "library look-up took %zd",
+           (ssize_t)(free1 - free2));
+    CHECK(cuLibraryUnload(lib));
+    CHECK(cuMemGetInfo(&free3, &total));
+    EXPECT(free3 == free0, "library unload gave back %zu", free3 - free1);
+    /* Globals larger than the device: refused at load. */
+    snprintf(text, sizeof text,
+             ".version 7.0\n.target sm_52\n.address_size 64\n"
+             ".visible .global .align 4 .b8 huge[%zu];\n"
+             ".visible .entry k()\n{\n ret;\n}\n",
+             total + ((size_t)1 << 30));
+    r = cuModuleLoadData(&m, text);
+    EXPECT(r == CUDA_ERROR_OUT_OF_MEMORY, "a module larger than the device: %d", r);
+    CHECK(cuMemGetInfo(&free3, &total));
+    EXPECT(free3 == free0, "the refused load kept %zu", free0 - free3);
+    printf("%s ok load_mib=%zu\n", name, (free0 - free1) >> 20);
+}
+
+/* ------------------------------------------------------------ graph_update */
+
+static void CUDA_CB bump(void *data) { (*(volatile int *)data)++; }
+
+static volatile int released[2];
+static void CUDA_CB release_obj(void *data) { released[(intptr_t)data]++; }
+
+/* A host node (bumping *counter), then two kernels after it; `c_dep`: 0 for
+ * C after A, 1 for C after B, -1 for C with no dependency; `b_memset`: B is a
+ * memset node instead of a kernel; `extra`: a fourth node. */
+static CUresult build(CUgraph *g, CUgraphNode nodes[4], volatile int *counter, int c_dep,
+                      int b_memset, int extra, CUdeviceptr buf) {
+    CUresult r;
+    if ((r = cuGraphCreate(g, 0))) return r;
+    CUDA_HOST_NODE_PARAMS h = {bump, (void *)counter};
+    if ((r = cuGraphAddHostNode(&nodes[0], *g, NULL, 0, &h))) return r;
+    static uint64_t ns = 1000;
+    static void *args[] = {&ns};
+    CUDA_KERNEL_NODE_PARAMS k;
+    memset(&k, 0, sizeof k);
+    k.func = spin;
+    k.gridDimX = k.gridDimY = k.gridDimZ = 1;
+    k.blockDimX = k.blockDimY = k.blockDimZ = 1;
+    k.kernelParams = args;
+    if (b_memset) {
+        CUDA_MEMSET_NODE_PARAMS m = {buf, 0, 0, 4, 1, 1};
+        r = cuGraphAddMemsetNode(&nodes[1], *g, &nodes[0], 1, &m, ctx);
+    } else {
+        r = cuGraphAddKernelNode(&nodes[1], *g, &nodes[0], 1, &k);
+    }
+    if (r) return r;
+    if (c_dep < 0) r = cuGraphAddKernelNode(&nodes[2], *g, NULL, 0, &k);
+    else r = cuGraphAddKernelNode(&nodes[2], *g, &nodes[c_dep], 1, &k);
+    if (r) return r;
+    if (extra) r = cuGraphAddEmptyNode(&nodes[3], *g, &nodes[2], 1);
+    return r;
+}
+
+static void graph_update(void) {
+    const char *name = "graph_update";
+    static volatile int c0, c1;
+    CUdeviceptr buf;
+    CHECK(cuMemAlloc(&buf, 1 << 16));
+    CUgraph g0, g;
+    CUgraphNode n0[4], n[4];
+    CHECK(build(&g0, n0, &c0, 0, 0, 0, buf));
+    CUuserObject o0, o1;
+    CHECK(cuUserObjectCreate(&o0, (void *)0, release_obj, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+    CHECK(cuGraphRetainUserObject(g0, o0, 1, CU_GRAPH_USER_OBJECT_MOVE));
+    CUgraphExec e;
+    CHECK(cuGraphInstantiate(&e, g0, 0));
+    CHECK(cuGraphLaunch(e, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c0 == 1 && c1 == 0, "first launch bumped %d %d", c0, c1);
+    CUgraphExecUpdateResultInfo info;
+    CUresult r;
+    /* One node more: topology changed, no error node. */
+    CHECK(build(&g, n, &c1, 0, 0, 1, buf));
+    r = cuGraphExecUpdate(e, g, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED && !info.errorNode &&
+               !info.errorFromNode,
+           "extra node: %d result %d node %p", r, info.result, (void *)info.errorNode);
+    CHECK(cuGraphDestroy(g));
+    /* C without its dependency: the error node is C. */
+    CHECK(build(&g, n, &c1, -1, 0, 0, buf));
+    r = cuGraphExecUpdate(e, g, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED &&
+               info.errorNode == n[2] && !info.errorFromNode,
+           "dependency count: %d result %d", r, info.result);
+    CHECK(cuGraphDestroy(g));
+    /* C after B instead of A: error node C, from node B. */
+    CHECK(build(&g, n, &c1, 1, 0, 0, buf));
+    r = cuGraphExecUpdate(e, g, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED &&
+               info.errorNode == n[2] && info.errorFromNode == n[1],
+           "other dependency: %d result %d node %d from %d", r, info.result,
+           info.errorNode == n[2], info.errorFromNode == n[1]);
+    CHECK(cuGraphDestroy(g));
+    /* B a memset instead of a kernel: node type changed, error node B. */
+    CHECK(build(&g, n, &c1, 0, 1, 0, buf));
+    r = cuGraphExecUpdate(e, g, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED &&
+               info.errorNode == n[1] && !info.errorFromNode,
+           "type: %d result %d", r, info.result);
+    CHECK(cuGraphDestroy(g));
+    /* The refused updates changed nothing. */
+    CHECK(cuGraphLaunch(e, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c0 == 2 && c1 == 0, "after refused updates %d %d", c0, c1);
+    /* A 2D memset may change its address and value, not its shape. */
+    CUgraph m0, m1;
+    CUgraphNode mn0, mn1;
+    CUDA_MEMSET_NODE_PARAMS ms = {buf, 256, 0, 4, 16, 4};
+    CHECK(cuGraphCreate(&m0, 0));
+    CHECK(cuGraphAddMemsetNode(&mn0, m0, NULL, 0, &ms, ctx));
+    CUgraphExec me;
+    CHECK(cuGraphInstantiate(&me, m0, 0));
+    ms.value = 7;
+    ms.height = 8;
+    CHECK(cuGraphCreate(&m1, 0));
+    CHECK(cuGraphAddMemsetNode(&mn1, m1, NULL, 0, &ms, ctx));
+    r = cuGraphExecUpdate(me, m1, &info);
+    EXPECT(r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE &&
+               info.result == CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED &&
+               info.errorNode == mn1,
+           "2D memset shape: %d result %d", r, info.result);
+    ms.height = 4;
+    CHECK(cuMemsetD8(buf, 0, 1 << 16));
+    CHECK(cuGraphMemsetNodeSetParams(mn1, &ms));
+    CHECK(cuGraphExecUpdate(me, m1, &info));
+    EXPECT(info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS, "memset value: %d", info.result);
+    CHECK(cuGraphLaunch(me, 0));
+    CHECK(cuCtxSynchronize());
+    uint32_t w = 0;
+    CHECK(cuMemcpyDtoH(&w, buf + 256 * 3, 4));
+    EXPECT(w == 7, "updated memset wrote %u", w);
+    CHECK(cuGraphExecDestroy(me));
+    CHECK(cuGraphDestroy(m0));
+    CHECK(cuGraphDestroy(m1));
+    /* The same shape: updated, the host node now bumps c1, and the exec holds
+     * the new graph's user objects instead of the old ones. */
+    CHECK(build(&g, n, &c1, 0, 0, 0, buf));
+    CHECK(cuUserObjectCreate(&o1, (void *)1, release_obj, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC));
+    CHECK(cuGraphRetainUserObject(g, o1, 1, CU_GRAPH_USER_OBJECT_MOVE));
+    memset(&info, 0xff, sizeof info);
+    CHECK(cuGraphExecUpdate(e, g, &info));
+    EXPECT(info.result == CU_GRAPH_EXEC_UPDATE_SUCCESS && !info.errorNode && !info.errorFromNode,
+           "update: result %d", info.result);
+    CHECK(cuGraphDestroy(g0));
+    CHECK(cuGraphDestroy(g));
+    for (int i = 0; i < 10000 && !released[0]; i++) usleep(1000);
+    EXPECT(released[0] == 1 && released[1] == 0, "released %d %d after the update",
+           released[0], released[1]);
+    CHECK(cuGraphLaunch(e, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c0 == 2 && c1 == 1, "after the update %d %d", c0, c1);
+    CHECK(cuGraphExecDestroy(e));
+    for (int i = 0; i < 10000 && !released[1]; i++) usleep(1000);
+    EXPECT(released[1] == 1, "the new graph's object released %d", released[1]);
+    CHECK(cuMemFree(buf));
+    printf("%s ok\n", name);
+}
+
+/* ------------------------------------------------------- graph_mem_destroy */
+
+static void graph_mem_destroy(void) {
+    const char *name = "graph_mem_destroy";
+    static volatile int c;
+    CUgraph g;
+    CHECK(cuGraphCreate(&g, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS a;
+    memset(&a, 0, sizeof a);
+    a.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.poolProps.location.id = dev;
+    a.bytesize = 4;
+    CUgraphNode alloc, host, empty;
+    CHECK(cuGraphAddMemAllocNode(&alloc, g, NULL, 0, &a));
+    CUDA_HOST_NODE_PARAMS h = {bump, (void *)&c};
+    CHECK(cuGraphAddHostNode(&host, g, &alloc, 1, &h));
+    CHECK(cuGraphAddEmptyNode(&empty, g, NULL, 0));
+    CUresult r = cuGraphDestroyNode(host);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "destroy of a node: %d", r);
+    r = cuGraphDestroyNode(empty);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "destroy of an unconnected node: %d", r);
+    r = cuGraphRemoveDependencies(g, &alloc, &host, NULL, 1);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "removal of an edge: %d", r);
+    size_t count = 0;
+    CHECK(cuGraphGetNodes(g, NULL, &count));
+    EXPECT(count == 3, "%zu nodes left", count);
+    CUgraphNode from[4], to[4];
+    size_t edges = 4;
+    CHECK(cuGraphGetEdges(g, from, to, NULL, &edges));
+    EXPECT(edges == 1 && from[0] == alloc && to[0] == host, "%zu edges", edges);
+    CUgraphExec e;
+    CHECK(cuGraphInstantiate(&e, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
+    CHECK(cuGraphLaunch(e, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c == 1, "the kept host node ran %d times", c);
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+    /* Without memory nodes the same destroy succeeds. */
+    CHECK(cuGraphCreate(&g, 0));
+    CHECK(cuGraphAddEmptyNode(&empty, g, NULL, 0));
+    CHECK(cuGraphAddHostNode(&host, g, &empty, 1, &h));
+    CHECK(cuGraphDestroyNode(host));
+    CHECK(cuGraphGetNodes(g, NULL, &count));
+    EXPECT(count == 1, "%zu nodes after a destroy", count);
+    CHECK(cuGraphDestroy(g));
+    printf("%s ok\n", name);
+}
+
+/* -------------------------------------------------------------- child_move */
+
+static void child_move(void) {
+    const char *name = "child_move";
+    static volatile int c;
+    CUgraph child, parent, other;
+    CHECK(cuGraphCreate(&child, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS a;
+    memset(&a, 0, sizeof a);
+    a.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    a.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.poolProps.location.id = dev;
+    a.bytesize = 1 << 20;
+    CUgraphNode alloc, host, fr;
+    CHECK(cuGraphAddMemAllocNode(&alloc, child, NULL, 0, &a));
+    CUDA_HOST_NODE_PARAMS h = {bump, (void *)&c};
+    CHECK(cuGraphAddHostNode(&host, child, &alloc, 1, &h));
+    CHECK(cuGraphAddMemFreeNode(&fr, child, &host, 1, a.dptr));
+    CHECK(cuGraphCreate(&parent, 0));
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    p.graph.graph = child;
+    p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+    CUgraphNode n, n2, empty;
+    CUresult r = cuGraphAddNode(&n, parent, NULL, NULL, 0, &p);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "cloned in with memory nodes: %d", r);
+    r = cuGraphAddChildGraphNode(&n, parent, NULL, 0, child);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "cuGraphAddChildGraphNode with memory nodes: %d", r);
+    p.graph.ownership = (CUgraphChildGraphNodeOwnership)7;
+    r = cuGraphAddNode(&n, parent, NULL, NULL, 0, &p);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "ownership 7: %d", r);
+    p.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+    CHECK(cuGraphAddNode(&n, parent, NULL, NULL, 0, &p));
+    CUgraph held;
+    CHECK(cuGraphChildGraphNodeGetGraph(n, &held));
+    EXPECT(held == child, "the node holds another graph");
+    CUgraphNodeParams q;
+    memset(&q, 0, sizeof q);
+    CHECK(cuGraphNodeGetParams(n, &q));
+    EXPECT(q.type == CU_GRAPH_NODE_TYPE_GRAPH && q.graph.graph == child &&
+               q.graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_INVALID,
+           "params type %d ownership %d", q.type, q.graph.ownership);
+    /* The moved graph is the parent's now. */
+    CUgraphExec x;
+    r = cuGraphInstantiate(&x, child, 0);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "instantiate the moved graph: %d", r);
+    r = cuGraphDestroy(child);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "destroy the moved graph: %d", r);
+    CHECK(cuGraphCreate(&other, 0));
+    r = cuGraphAddNode(&n2, other, NULL, NULL, 0, &p);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "moved again: %d", r);
+    CUgraphNode extra;
+    r = cuGraphAddMemAllocNode(&extra, child, NULL, 0, &a);
+    EXPECT(r == CUDA_ERROR_INVALID_VALUE, "a memory node added to the moved graph: %d", r);
+    CHECK(cuGraphDestroy(other));
+    /* The parent now holds memory nodes: its nodes stay. */
+    CHECK(cuGraphAddEmptyNode(&empty, parent, &n, 1));
+    r = cuGraphDestroyNode(empty);
+    EXPECT(r == CUDA_ERROR_NOT_SUPPORTED, "destroy in the parent: %d", r);
+    /* It runs: the child's allocation, host node and free, at every launch. */
+    CHECK(cuGraphInstantiate(&x, parent, 0));
+    CHECK(cuGraphLaunch(x, 0));
+    CHECK(cuGraphLaunch(x, 0));
+    CHECK(cuCtxSynchronize());
+    EXPECT(c == 2, "host node of the moved graph ran %d times", c);
+    CHECK(cuGraphExecDestroy(x));
+    CHECK(cuGraphDestroy(parent));
+    printf("%s ok\n", name);
+}
+
 int main(int argc, char **argv) {
     const char *name = "init";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -696,6 +1060,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(c, "ipc_event_owner")) ipc_event_owner();
         else if (!strcmp(c, "user_objects")) user_objects();
         else if (!strcmp(c, "managed_pool")) managed_pool();
+        else if (!strcmp(c, "module_globals")) module_globals();
+        else if (!strcmp(c, "graph_update")) graph_update();
+        else if (!strcmp(c, "graph_mem_destroy")) graph_mem_destroy();
+        else if (!strcmp(c, "child_move")) child_move();
         else if (!strcmp(c, "ipc_event_user") && i + 1 < argc) ipc_event_user(argv[++i]);
         else {
             fprintf(stderr, "usage: driver_gaps CHECK...\n");
