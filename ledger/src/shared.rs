@@ -20,7 +20,7 @@
 //! counts the bytes) and [`SHARED_RELEASED`] (set by the importer when it
 //! lets go; the table lock's holder frees the entry).
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use super::{
     sat_sub, Ledger, LedgerError, Membership, LEAVE_LOCK_WAIT, MAX_PROCESSES, SLOT_FREE, SLOT_LIVE,
