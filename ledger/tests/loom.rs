@@ -24,9 +24,15 @@ use loom::thread;
 const PREEMPTIONS: usize = 2;
 
 fn check(f: impl Fn() + Sync + Send + 'static) {
+    check_within(PREEMPTIONS, f)
+}
+
+/// [`check`] with `bound` preemptions (the token's models are small:
+/// every race of three steps of one thread against another's).
+fn check_within(bound: usize, f: impl Fn() + Sync + Send + 'static) {
     let mut b = loom::model::Builder::new();
     if b.preemption_bound.is_none() {
-        b.preemption_bound = Some(PREEMPTIONS);
+        b.preemption_bound = Some(bound);
     }
     b.check(f);
 }
@@ -111,7 +117,7 @@ fn two_reservers_and_a_reaper() {
             .collect();
         let reaper = {
             let b = b.clone();
-            thread::spawn(move || b.recount(&[0, 1], 2))
+            thread::spawn(move || b.recount(&[0, 1], 1))
         };
         let got: Vec<bool> = r.into_iter().map(|h| h.join().unwrap()).collect();
         let recounted = reaper.join().unwrap();
@@ -146,7 +152,7 @@ fn a_releaser_a_reserver_and_a_reaper() {
         };
         let reaper = {
             let b = b.clone();
-            thread::spawn(move || b.recount(&[0, 1], 2))
+            thread::spawn(move || b.recount(&[0, 1], 1))
         };
         rel.join().unwrap();
         let got = res.join().unwrap();
@@ -158,7 +164,8 @@ fn a_releaser_a_reserver_and_a_reaper() {
 }
 
 /// Run `step` on process 0 dying at each death point in turn, beside
-/// process 1 reserving `other` bytes; the reaper waits for the death
+/// process 1 reserving `other` bytes `times` times (so that a count the
+/// reaper left too low would let it pass the quota); the reaper waits for the death
 /// (the kernel drops the liveness lock), reaps process 0's slot and
 /// recounts, as `reap_locked` does, while process 1 goes on.
 fn die_at_each_point(
@@ -166,7 +173,7 @@ fn die_at_each_point(
     quota: u64,
     setup: fn(&Books),
     step: fn(&Books),
-    other: u64,
+    (other, times): (u64, u32),
 ) -> u32 {
     let mut points = 0;
     for k in 0.. {
@@ -187,7 +194,7 @@ fn die_at_each_point(
                 };
                 let other_t = {
                     let b = b.clone();
-                    thread::spawn(move || b.reserve(1, other))
+                    thread::spawn(move || (0..times).filter(|_| b.reserve(1, other)).count() as u64)
                 };
                 let reaper = {
                     let b = b.clone();
@@ -196,7 +203,7 @@ fn die_at_each_point(
                         books::reap_process(&b.c, &b.p[0]);
                         b.p[0].state.store(cgpu_ledger::SLOT_FREE, SeqCst);
                         if b.c.suspect.load(SeqCst) != 0 {
-                            b.recount(&[1], 2);
+                            b.recount(&[1], 1);
                         }
                         (lived, n)
                     })
@@ -207,7 +214,7 @@ fn die_at_each_point(
                     survived.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
                 max_passed.fetch_max(n, std::sync::atomic::Ordering::Relaxed);
-                assert_eq!(b.held(1), if got { other } else { 0 });
+                assert_eq!(b.held(1), got * other);
                 b.settle(&[1], quota);
             });
         }
@@ -231,14 +238,14 @@ fn death_in_reserve() {
         |b| {
             b.reserve(0, 5);
         },
-        4,
+        (4, 1),
     );
     assert!(n >= 4);
 }
 
 #[test]
 fn death_in_release() {
-    let n = die_at_each_point("release", 10, |b| b.hold(0, 5), |b| b.release(0, 5), 8);
+    let n = die_at_each_point("release", 10, |b| b.hold(0, 6), |b| b.release(0, 6), (4, 3));
     assert!(n >= 4);
 }
 
@@ -249,7 +256,7 @@ fn death_in_register_held() {
         10,
         |_| {},
         |b| books::register_held(&b.m[0], &b.c, &b.p[0], 7),
-        3,
+        (3, 1),
     );
     assert!(n >= 4);
 }
@@ -263,7 +270,7 @@ fn death_in_leave() {
         |b| {
             books::give_back_all(&b.c, &b.p[0]);
         },
-        4,
+        (4, 1),
     );
     assert!(n >= 4);
 }
@@ -339,7 +346,7 @@ fn token(w: &AtomicU64) -> Token {
 /// 1 and 2) decide at once. One decision, one grant, one charge.
 #[test]
 fn two_deciders() {
-    check(|| {
+    check_within(3, || {
         let t = Token::unpack(0).next(DRAINING, Some(0), None);
         let w = Arc::new(AtomicU64::new(t.pack()));
         let chose = Arc::new(AtomicU64::new(0));
@@ -373,7 +380,7 @@ fn two_deciders() {
 fn decider_dies_or_stalls() {
     for k in 0..3u32 {
         for stalled in [false, true] {
-            check(move || {
+            check_within(3, move || {
                 let t = Token::unpack(0).next(DRAINING, Some(0), None);
                 let w = Arc::new(AtomicU64::new(t.pack()));
                 let a = {
@@ -426,7 +433,7 @@ fn decider_dies_or_stalls() {
 fn renew_races_end_slice() {
     for k in 0..3u32 {
         for ended in [false, true] {
-            check(move || {
+            check_within(3, move || {
                 let t = Token::unpack(0).next(RUNNING, Some(0), None);
                 let w = Arc::new(AtomicU64::new(t.pack()));
                 let h = {
