@@ -118,10 +118,10 @@ impl Ledger {
 /// `pending` is not zero, its container may count up to `pending` bytes
 /// that the process slot does not show, never fewer than it shows (a
 /// count too high only refuses more). A reaper that finds a dead slot
-/// takes what it shows off the container ([`reap_process`]) and, when its
+/// takes what it shows off the container ([`books::reap_process`]) and, when its
 /// `pending` was not zero, marks the container `suspect`; a recount at an
 /// instant when no step is in flight then makes the container exact
-/// ([`recount`]). Every step bumps the container's `ops` before it
+/// ([`books::recount`]). Every step bumps the container's `ops` before it
 /// changes the container's `used`, so a recount can tell such an instant.
 pub mod books {
     use super::*;

@@ -9,7 +9,7 @@
 //! (loom's cannot be built in a `static`).
 //!
 //! Under `--cfg loom` a step function can also "die" between two of its
-//! stores ([`point`]): the model tests stop a thread at each such point in
+//! stores (`point`): the model tests stop a thread at each such point in
 //! turn, as a process killed there would stop, and check that what the
 //! reaper then does restores the books.
 
