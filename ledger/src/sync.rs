@@ -161,6 +161,22 @@ pub mod model {
         m.enter()
     }
 
+    impl crate::SharedSlot {
+        /// A live entry: process slot `holder` imported `extent` bytes of
+        /// what process slot `exporter` exported, both of container slot 0.
+        pub fn model(exporter: u32, holder: u32, extent: u64) -> crate::SharedSlot {
+            crate::SharedSlot {
+                state: AtomicU32::new(SLOT_LIVE),
+                container: AtomicU32::new(0),
+                exporter: AtomicU32::new(exporter),
+                holder: AtomicU32::new(holder),
+                exporter_pid: AtomicI32::new(0),
+                holder_pid: AtomicI32::new(0),
+                bytes: AtomicU64::new(extent),
+            }
+        }
+    }
+
     impl Membership {
         /// A membership of container slot `container`, process slot `process`.
         pub fn model(container: usize, process: usize) -> Membership {

@@ -336,6 +336,62 @@ fn repair_puts_back_a_damaged_counter() {
     });
 }
 
+/// The exporter of memory another process of its container imported
+/// (and mapped 4 bytes of) dies: the reaper passes the import on to the
+/// importer, then takes the exporter's bytes off, while the importer lets
+/// go of the import, or maps more of it. The bytes are counted once: on
+/// the importer while it keeps them, on nobody once it let go.
+#[test]
+fn exporter_reaped_while_the_importer_lets_go_or_grows() {
+    for grows in [false, true] {
+        check(move || {
+            let b = Books::new(16, 2);
+            b.hold(0, 6); // the exporter's allocation
+            let e = Arc::new(cgpu_ledger::SharedSlot::model(0, 1, 4));
+            let importer = {
+                let (b, e) = (b.clone(), e.clone());
+                thread::spawn(move || {
+                    if !grows {
+                        e.release(&b.m[1], &b.c, &b.p[1]);
+                        return 0;
+                    }
+                    // Mapped up to 6 now: while the exporter pays, recorded;
+                    // once the importer bears the charge, it charges itself
+                    // for what it maps beyond what was passed on.
+                    match e.grow(6) {
+                        cgpu_ledger::SharePayer::Exporter => 0,
+                        cgpu_ledger::SharePayer::Importer(had) => {
+                            assert!(b.reserve(1, 6 - had));
+                            6 - had
+                        }
+                    }
+                })
+            };
+            let reaper = {
+                let (b, e) = (b.clone(), e.clone());
+                thread::spawn(move || {
+                    e.pass_on(&b.p[1], &b.c);
+                    books::reap_process(&b.c, &b.p[0]);
+                })
+            };
+            let own = importer.join().unwrap();
+            reaper.join().unwrap();
+            let w = e.bytes.load(SeqCst);
+            if grows {
+                assert_eq!(w & cgpu_ledger::SHARED_BORNE, cgpu_ledger::SHARED_BORNE);
+                assert_eq!(
+                    b.held(1),
+                    6,
+                    "the importer bears all it mapped ({own} charged itself)"
+                );
+            } else {
+                assert_eq!(b.held(1), 0, "let go: nobody pays");
+            }
+            b.settle(&[1], 16);
+        });
+    }
+}
+
 // ---- The scheduler's token ----
 
 fn token(w: &AtomicU64) -> Token {
