@@ -249,11 +249,19 @@ pub mod books {
     /// gone (or leaving with nothing in flight): what it shows comes off its
     /// container; bytes it had in flight (`pending`) may or may not be in
     /// the container's count, so they are added to the container's
-    /// `suspect` for a [`recount`]. Returns (bytes taken off, bytes in flight).
+    /// `suspect` for a [`recount`]. The move itself is made under the
+    /// slot's own `pending` marker, as a release's is: a reaper that dies
+    /// half-way leaves the slot marked, and the next reaper has the
+    /// container recounted. Returns (bytes taken off, bytes in flight).
     pub fn reap_process(c: &ContainerSlot, p: &ProcessSlot) -> (u64, u64) {
-        let held = p.used.swap(0, Ordering::AcqRel);
+        let held = p.used.load(Ordering::Acquire);
+        p.pending.fetch_add(held, Ordering::AcqRel);
+        point();
+        let held = sat_sub(&p.used, held);
+        point();
         let took = sat_sub(&c.used, held);
-        let pending = p.pending.swap(0, Ordering::AcqRel);
+        point();
+        let pending = p.pending.swap(0, Ordering::AcqRel).saturating_sub(held);
         if pending != 0 {
             c.suspect.fetch_add(pending, Ordering::AcqRel);
         }

@@ -275,6 +275,41 @@ fn death_in_leave() {
     assert!(n >= 4);
 }
 
+/// The reaper itself is killed at each point of its reap of a dead slot
+/// (it held the table lock; the kernel drops it): the next reaper, finding
+/// the slot still there, must still leave the books exact, while another
+/// process of the container goes on reserving.
+#[test]
+fn reaper_dies_at_each_point() {
+    for k in 0..4u32 {
+        check(move || {
+            let b = Books::new(10, 2);
+            b.hold(0, 6); // process 0 died holding 6
+            let other = {
+                let b = b.clone();
+                thread::spawn(move || b.reserve(1, 4))
+            };
+            let first = {
+                let b = b.clone();
+                thread::spawn(move || {
+                    die_after(k);
+                    mortal(|| books::reap_process(&b.c, &b.p[0]))
+                })
+            };
+            let finished = first.join().unwrap().is_some();
+            // The next reaper: the slot was not freed, so it reaps it again.
+            books::reap_process(&b.c, &b.p[0]);
+            if b.c.suspect.load(SeqCst) != 0 {
+                b.recount(&[1], 1);
+            }
+            let got = other.join().unwrap();
+            assert_eq!(b.held(1), if got { 4 } else { 0 });
+            assert!(finished || k < 3);
+            b.settle(&[1], 10);
+        });
+    }
+}
+
 /// A process leaves (`retire`, then its give-back) while another of its
 /// threads reserves: the reservation is refused, or made and then given
 /// back; never charged to a slot that was given up.
