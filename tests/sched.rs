@@ -82,11 +82,47 @@ fn table(name: &str) {
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
-/// One busy process alone without cgpu on a simulated GPU of its own, for
-/// `ms`: the bar for "gets the whole GPU", measured beside the scenario
-/// ([`Scenario::measure_beside`]) so that both see the same load.
-fn bare_alone(ms: u64) -> Scenario {
-    Scenario::start_bare(&[Ctr::new("alone", 1).busy(ms, MS)])
+/// After the other containers' processes were killed, container `id` has
+/// the GPU to itself, as a container alone has it: over `window`, it ran
+/// (the sim's device time), every slice granted on the GPU was its own
+/// (the ledger's slice counts: none went to a container whose processes
+/// are dead), it took fresh slices, and its threads were held back for
+/// at most 1% of the device time it ran (a hand-over to a dead holder, or
+/// a drain for nobody, would hold it back for about half a slice each
+/// time; `alone_is_never_held_back` explains the bound). Nothing here is
+/// a wall-clock share: it holds at any load.
+fn has_the_gpu_alone(s: &Scenario, id: &str, window: Duration) {
+    use cgpu::scheduler::words::{container as cw, gpu as gw};
+    use std::sync::atomic::Ordering::Relaxed;
+    let l = s.ledger();
+    let c = s.slot(&l, id);
+    let f = l.file();
+    let read = || {
+        (
+            cgpu::scheduler::container_stats(&f.containers[c]),
+            f.containers[c].sched[cw::SLICES].load(Relaxed),
+            f.header.sched[gw::SLICES].load(Relaxed),
+        )
+    };
+    let (before, mine0, all0) = read();
+    let m = s.measure(window);
+    let (after, mine1, all1) = read();
+    let (mine, all) = (mine1 - mine0, all1 - all0);
+    let held_back = after.throttled_ns - before.throttled_ns;
+    let ran = m.per.get(id).copied().unwrap_or(0);
+    eprintln!(
+        "{id} alone after the kills: ran {ran} ns (sim), held back {held_back} ns, {mine} of the GPU's {all} slices"
+    );
+    assert!(ran > 0, "{id} did not run: {m:?}");
+    assert!(mine >= 2, "{id} took no fresh slices ({mine})");
+    assert_eq!(
+        mine, all,
+        "slices went to containers whose processes are dead"
+    );
+    assert!(
+        held_back <= ran / 100,
+        "{id} was held back {held_back} ns of the {ran} ns it ran"
+    );
 }
 
 #[test]
@@ -280,7 +316,6 @@ fn multi_process_container_shares_one_bucket() {
 #[test]
 fn killed_holder_never_leaves_others_waiting() {
     let _serial = serial();
-    let alone = bare_alone(RUN_MS);
     let mut s = Scenario::start(&[
         Ctr::new("victim", 1).busy(RUN_MS, MS),
         Ctr::new("survivor", 1).busy(RUN_MS, MS),
@@ -297,15 +332,10 @@ fn killed_holder_never_leaves_others_waiting() {
     std::thread::sleep(Duration::from_millis(333));
     unsafe { libc::kill(victim.child.id() as i32, libc::SIGKILL) };
     let _ = victim.child.wait();
-    std::thread::sleep(Duration::from_millis(300));
-    let (m, b) = s.measure_beside(&alone, Duration::from_millis(1500));
-    let got = m.of_wall("survivor");
-    let bare = b.utilisation();
-    eprintln!("after kill -9 of the other container: survivor gets {got:.4} (alone without cgpu {bare:.4})");
-    assert!(
-        got >= 0.97 * bare,
-        "survivor got {got:.4} after the other was killed, < 0.97 × {bare:.4}"
-    );
+    // The simulated driver itself takes up to ~250 ms to hand the device
+    // on from a process killed while it owned it: judge after that.
+    std::thread::sleep(Duration::from_millis(1000));
+    has_the_gpu_alone(&s, "survivor", Duration::from_millis(1500));
 }
 
 /// A busy container alone on the GPU under a work-conserving policy is
@@ -539,21 +569,22 @@ fn a_weightless_container_heals_after_its_claiming_process_exits() {
 #[test]
 fn repeated_kills_never_stall_the_other_container() {
     let _serial = serial();
-    let alone = bare_alone(RUN_MS + 4000);
     let s = Scenario::start(&[Ctr::new("steady", 1).busy(RUN_MS + 4000, MS)]);
     let l = s.ledger();
     l.set_policy(1).unwrap();
     let steady = s.procs[0].child.id();
     let exe = cgpu_testkit::cuclient(LinkMode::Link);
     let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut last = s
-        .env
-        .stats()
-        .process(steady, 0)
-        .map_or(0, |p| p.device_time_ns);
-    let mut last_t = Instant::now();
-    let mut worst_gap = Duration::ZERO;
-    for round in 0..8 {
+    let ran = || {
+        s.env
+            .stats()
+            .process(steady, 0)
+            .map_or(0, |p| p.device_time_ns)
+    };
+    let first = ran();
+    let mut last = first;
+    let mut still = 0;
+    for _round in 0..8 {
         let mut victims = Vec::new();
         for _ in 0..2 {
             let mut cmd = s.env.command(&exe);
@@ -571,34 +602,25 @@ fn repeated_kills_never_stall_the_other_container() {
             unsafe { libc::kill(v.id() as i32, libc::SIGKILL) };
             let _ = v.wait();
         }
-        // The steady container keeps making progress.
-        let now = s
-            .env
-            .stats()
-            .process(steady, 0)
-            .map_or(0, |p| p.device_time_ns);
-        if now > last {
-            last = now;
-            last_t = Instant::now();
-        } else {
-            worst_gap = worst_gap.max(last_t.elapsed());
+        // Shown, not judged per round (a round's length is wall time).
+        let now = ran();
+        if now == last {
+            still += 1;
         }
-        assert!(
-            last_t.elapsed() < Duration::from_secs(2),
-            "round {round}: steady container stalled"
-        );
+        last = now;
     }
-    // The simulated driver itself takes up to ~250 ms to hand the device
-    // on from a process killed while it owned it: measure after that.
-    std::thread::sleep(Duration::from_millis(1000));
-    let (m, b) = s.measure_beside(&alone, Duration::from_millis(1500));
-    let got = m.of_wall("steady");
-    let bare = b.utilisation();
-    eprintln!("after 16 kills: steady gets {got:.4} (alone without cgpu {bare:.4}; worst stall seen {worst_gap:?})");
-    assert!(
-        got >= 0.97 * bare,
-        "steady got {got:.4} after the kills, < 0.97 × {bare:.4}"
+    eprintln!(
+        "16 kills: steady ran {} ns (sim) meanwhile; no progress in {still} of 8 rounds",
+        last - first
     );
+    assert!(
+        last > first,
+        "the steady container never ran while the others were killed"
+    );
+    // The simulated driver itself takes up to ~250 ms to hand the device
+    // on from a process killed while it owned it: judge after that.
+    std::thread::sleep(Duration::from_millis(1000));
+    has_the_gpu_alone(&s, "steady", Duration::from_millis(1500));
 }
 
 /// A process of four launching threads (each its own stream) and a

@@ -723,8 +723,7 @@ impl Account {
                 } else if j.ledger.is_replaced() {
                     self.lose(j, REPLACED);
                 } else {
-                    j.ledger
-                        .repair_counts(&j.m, self.mine.load(Ordering::Acquire));
+                    j.ledger.repair_counts(&j.m, &self.mine);
                 }
             }
             WAITING => {

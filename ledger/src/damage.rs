@@ -130,7 +130,7 @@ impl Ledger {
         if self.generation == 0 {
             return Ok(());
         }
-        let created = self.file().header.created_ns;
+        let created = self.file().header.read_created_ns();
         if realtime_ns().saturating_sub(created) > SETTLE_LIMIT.as_nanos() as u64 {
             return Ok(());
         }

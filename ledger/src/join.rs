@@ -240,13 +240,10 @@ impl Ledger {
         // entries go with the slot, whatever state it was in.
         self.share_pass_on(i, live);
         if live {
-            let held = p.used.swap(0, Ordering::AcqRel);
-            sat_sub(&f.containers[c].used, held);
-            let pending = p.pending.swap(0, Ordering::AcqRel);
+            // Did its last CAS on the container happen? Unknowable here:
+            // bytes in flight stay counted (safe), recounted when quiet.
+            let (_, pending) = books::reap_process(&f.containers[c], p);
             if pending != 0 {
-                // Did its last CAS on the container happen? Unknowable here:
-                // keep the bytes counted (safe) and recount when quiet.
-                f.containers[c].suspect.fetch_add(pending, Ordering::AcqRel);
                 tracing::debug!(
                     "process slot {i} (pid {}) died with {pending} bytes in flight: container {} recounts",
                     p.pid.load(Ordering::Relaxed),
@@ -273,6 +270,7 @@ impl Ledger {
         if m.left.swap(true, Ordering::SeqCst) {
             return false;
         }
+        crate::sync::fence(Ordering::SeqCst); // see `Membership::enter`
         let t0 = std::time::Instant::now();
         while m.inflight.load(Ordering::SeqCst) != 0 {
             if t0.elapsed() > LEAVE_WAIT {
@@ -301,12 +299,7 @@ impl Ledger {
             // concurrent recount then cannot subtract them a second time),
             // then drop the liveness lock: a reaper that sees us dead finds
             // nothing left to subtract twice.
-            let held = p.used.load(Ordering::Acquire);
-            p.pending.fetch_add(held, Ordering::AcqRel);
-            c.ops.fetch_add(1, Ordering::AcqRel);
-            let took = sat_sub(&p.used, held);
-            sat_sub(&c.used, took);
-            p.pending.fetch_sub(held, Ordering::AcqRel);
+            books::give_back_all(c, p);
         }
         if let Ok(fd) = self.fd() {
             let _ = lock::unlock(

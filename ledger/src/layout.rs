@@ -230,7 +230,7 @@ impl LedgerHeader {
 /// This process's pid as the host (and NVML) numbers it, when found inside
 /// a PID namespace: `getpid() << 32 | host pid` (0: not found; a forked
 /// child, whose `getpid()` differs, never uses its parent's).
-static HOST_PID: AtomicU64 = AtomicU64::new(0);
+static HOST_PID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Is this process in the host's PID namespace (its `getpid()` is the
 /// pid NVML lists)? Read once.

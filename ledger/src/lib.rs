@@ -31,6 +31,7 @@ mod quota;
 mod reap;
 mod shared;
 mod snapshot;
+pub mod sync;
 
 // What every process and tool on the host shares besides the books.
 pub mod clock;
@@ -52,14 +53,15 @@ pub use error::{LedgerError, QuotaExceeded};
 pub use knobs::free_weight;
 pub use layout::*;
 pub use membership::{JoinRequest, Membership};
+pub use quota::books;
 
 pub use account::{Account, JoinSpec, ShareLink, JOIN_WAIT, RETRY_INTERVAL, WATCH_INTERVAL};
 pub use shared::{SharePayer, SharedSlot, MAX_SHARED, SHARED_BORNE, SHARED_BYTES, SHARED_RELEASED};
 pub use snapshot::{ContainerSnapshot, ProcessSnapshot, Snapshot};
 
+use crate::sync::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
 
 use crate::clock::realtime_ns;
@@ -218,23 +220,25 @@ impl Drop for TableGuard<'_> {
 /// Test hook: how long `join` sleeps while holding the table lock with a
 /// process slot half-claimed (so that tests can `kill -9` a process there).
 #[doc(hidden)]
-pub static TEST_JOIN_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+pub static TEST_JOIN_PAUSE_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Times this process lost a creation race (its fully built ledger could
 /// not be linked into place because another process's was first): lets
 /// tests prove that the race they stage really happened.
 #[doc(hidden)]
-pub static TEST_CREATE_LOST: AtomicU64 = AtomicU64::new(0);
+pub static TEST_CREATE_LOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Test hook: how long `open_or_create` sleeps between building a new
 /// ledger and linking it into place (widens the creation race for tests).
 #[doc(hidden)]
-pub static TEST_CREATE_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+pub static TEST_CREATE_PAUSE_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
 
 /// Test hook: how long `set_weight` sleeps between its check and its write
 /// (so that tests can run two operators into each other).
 #[doc(hidden)]
-pub static TEST_SET_WEIGHT_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+pub static TEST_SET_WEIGHT_PAUSE_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
 
 /// Longest [`Ledger::reclaim_for`] waits for the table lock.
 pub const RECLAIM_WAIT: Duration = Duration::from_millis(5);

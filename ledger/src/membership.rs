@@ -35,6 +35,9 @@ pub struct Membership {
     pub process: usize,
     /// Reserve/release calls in flight through this membership.
     pub(crate) inflight: AtomicU32,
+    /// Reserve/release calls entered so far (wrapping): lets the watcher
+    /// tell that none started while it looked (`books::repair_own`).
+    pub(crate) entered: AtomicU32,
     /// Set by `leave`: later reservations are refused, releases ignored.
     pub(crate) left: AtomicBool,
 }
@@ -45,6 +48,7 @@ impl Membership {
             container,
             process,
             inflight: AtomicU32::new(0),
+            entered: AtomicU32::new(0),
             left: AtomicBool::new(false),
         }
     }
@@ -57,20 +61,24 @@ impl Membership {
     /// before this returns (waiting at most [`LEAVE_WAIT`]).
     pub fn retire(&self) {
         self.left.store(true, Ordering::SeqCst);
+        crate::sync::fence(Ordering::SeqCst); // see `enter`
         let t0 = std::time::Instant::now();
         while self.inflight.load(Ordering::SeqCst) != 0 && t0.elapsed() < LEAVE_WAIT {
-            std::thread::yield_now();
+            crate::sync::yield_now();
         }
     }
-    /// Enter a reserve/release; `None` once left. The `SeqCst` pair
-    /// (increment, then read `left`) against `leave`'s (set `left`, then read
-    /// the count) makes sure one of the two sees the other.
+    /// Enter a reserve/release; `None` once left. The pair (increment,
+    /// then read `left`) against `leave`'s (set `left`, then read the
+    /// count), each with a `SeqCst` fence between its two accesses, makes
+    /// sure one of the two sees the other.
     #[inline]
     pub(crate) fn enter(&self) -> Option<InFlight<'_>> {
         if self.left.load(Ordering::Relaxed) {
             return None; // cheap early out; the check below is the one that counts
         }
         self.inflight.fetch_add(1, Ordering::SeqCst);
+        self.entered.fetch_add(1, Ordering::SeqCst);
+        crate::sync::fence(Ordering::SeqCst);
         let g = InFlight(&self.inflight);
         if self.left.load(Ordering::SeqCst) {
             return None; // `g` drops: count restored

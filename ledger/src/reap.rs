@@ -147,56 +147,23 @@ impl Ledger {
     }
 
     /// Under the table lock (dead slots already freed): make container `c`'s
-    /// `used` exactly the sum of its live processes' `used`, removing what
-    /// processes that died mid-operation left behind. Needs an instant when
-    /// none of its processes has an operation in flight: read `ops`, `used`,
-    /// every live slot (all `pending` zero), `used` and `ops` again; if
-    /// nothing moved, `used − Σ` is exactly the leftover, and subtracting it
-    /// (rather than storing Σ) stays right whatever completes meanwhile.
-    /// Gives up after a bounded number of tries (the next reap retries).
+    /// `used` exactly the sum of its live processes' `used`
+    /// ([`books::recount`], up to 256 looks; the next reap retries).
     pub(crate) fn resync(&self, c: usize) -> bool {
-        let f = self.file();
-        let s = &f.containers[c];
-        let sc = Ordering::SeqCst;
-        for attempt in 0..256 {
-            if attempt > 0 {
-                std::thread::yield_now();
-            }
-            let o0 = s.ops.load(sc);
-            let c1 = s.used.load(sc);
-            let mut sum = 0u64;
-            let mut busy = false;
-            for (_, p) in self.processes_of(c) {
-                if p.pending.load(sc) != 0 {
-                    busy = true;
-                    break;
-                }
-                sum = sum.saturating_add(p.used.load(sc));
-            }
-            if busy || s.used.load(sc) != c1 || s.ops.load(sc) != o0 {
-                continue;
-            }
-            if c1 >= sum {
-                sat_sub(&s.used, c1 - sum);
-            } else {
-                // Under-counted (cannot happen by this protocol): count up, the safe way.
-                tracing::warn!(
-                    "container {}: used {c1} < sum of its processes {sum}",
+        let s = &self.file().containers[c];
+        match books::recount(s, || self.processes_of(c).map(|(_, p)| p), 256) {
+            Some((given_back, suspect)) => {
+                tracing::info!(
+                    "container {}: recounted used after a process died mid-operation ({given_back} bytes given back, at most {suspect} suspected)",
                     s.id_str()
                 );
-                s.used.fetch_add(sum - c1, sc);
+                true
             }
-            let suspect = s.suspect.swap(0, sc);
-            s.recounts.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(
-                "container {}: recounted used after a process died mid-operation ({} bytes given back, at most {suspect} suspected)",
-                s.id_str(),
-                c1.saturating_sub(sum)
-            );
-            return true;
+            None => {
+                tracing::debug!("container {}: busy, recount postponed", s.id_str());
+                false
+            }
         }
-        tracing::debug!("container {}: busy, recount postponed", s.id_str());
-        false
     }
 
     /// Is the process in slot `i` alive (its liveness lock held)? A lock held

@@ -20,10 +20,11 @@
 //! counts the bytes) and [`SHARED_RELEASED`] (set by the importer when it
 //! lets go; the table lock's holder frees the entry).
 
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use super::{
-    sat_sub, Ledger, LedgerError, Membership, LEAVE_LOCK_WAIT, MAX_PROCESSES, SLOT_FREE, SLOT_LIVE,
+    sat_sub, ContainerSlot, Ledger, LedgerError, Membership, ProcessSlot, LEAVE_LOCK_WAIT,
+    MAX_PROCESSES, SLOT_FREE, SLOT_LIVE,
 };
 
 /// Entries in the table of shared allocations.
@@ -130,6 +131,24 @@ impl Ledger {
         let Some(s) = self.share_of(m, e) else {
             return SharePayer::Importer(0);
         };
+        s.grow(extent)
+    }
+
+    /// No lock: `m` let go of its import `e`. If its slot bears the charge
+    /// (the exporter went), the bytes are given back here. Returns them.
+    pub fn share_release(&self, m: &Membership, e: usize) -> u64 {
+        let Some(s) = self.share_of(m, e) else {
+            return 0;
+        };
+        let f = self.file();
+        s.release(m, &f.containers[m.container], &f.processes[m.process])
+    }
+}
+
+impl SharedSlot {
+    /// The importer maps this import up to `extent` (see [`Ledger::share_grow`]).
+    pub fn grow(&self, extent: u64) -> SharePayer {
+        let s = self;
         let extent = extent.min(SHARED_BYTES);
         let mut w = s.bytes.load(Ordering::Acquire);
         loop {
@@ -152,21 +171,55 @@ impl Ledger {
         }
     }
 
-    /// No lock: `m` let go of its import `e`. If its slot bears the charge
-    /// (the exporter went), the bytes are given back here. Returns them.
-    pub fn share_release(&self, m: &Membership, e: usize) -> u64 {
-        let Some(s) = self.share_of(m, e) else {
-            return 0;
-        };
-        let old = s.bytes.fetch_or(SHARED_RELEASED, Ordering::AcqRel);
+    /// The importer `m` (of container slot `c`, process slot `p`) lets go
+    /// of this import: if its slot bears the charge, the bytes are given
+    /// back. Returns them.
+    pub fn release(&self, m: &Membership, c: &ContainerSlot, p: &ProcessSlot) -> u64 {
+        let old = self.bytes.fetch_or(SHARED_RELEASED, Ordering::AcqRel);
         if old & (SHARED_BORNE | SHARED_RELEASED) == SHARED_BORNE {
             let b = old & SHARED_BYTES;
-            self.release(m, b);
+            crate::books::release(m, c, p, b);
             return b;
         }
         0
     }
 
+    /// The reaper, under the table lock, as the exporter goes: pass the
+    /// extent the importer mapped on to the importer's slot `hp` and its
+    /// container `cs`: counted there first, flagged borne second, so an
+    /// importer that sees the flag finds the bytes in its slot; undone if
+    /// the importer let go (or grew) meanwhile, then tried again. Returns
+    /// the bytes passed on (`None`: released, or passed on before).
+    pub fn pass_on(&self, hp: &ProcessSlot, cs: &ContainerSlot) -> Option<u64> {
+        let mut w = self.bytes.load(Ordering::Acquire);
+        loop {
+            if w & (SHARED_BORNE | SHARED_RELEASED) != 0 {
+                return None;
+            }
+            let b = w & SHARED_BYTES;
+            hp.used.fetch_add(b, Ordering::AcqRel);
+            crate::sync::point();
+            let new = cs.used.fetch_add(b, Ordering::AcqRel).saturating_add(b);
+            cs.peak.fetch_max(new, Ordering::Relaxed);
+            crate::sync::point();
+            match self.bytes.compare_exchange(
+                w,
+                w | SHARED_BORNE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Some(b),
+                Err(x) => {
+                    sat_sub(&hp.used, b);
+                    sat_sub(&cs.used, b);
+                    w = x;
+                }
+            }
+        }
+    }
+}
+
+impl Ledger {
     /// Does process slot `i` export memory an importer of its container
     /// holds and does not pay for yet? (Then its bytes are passed on by a
     /// reap, under the table lock, not given back by `leave`.)
@@ -213,36 +266,10 @@ impl Ledger {
                 s.state.store(SLOT_FREE, Ordering::Release);
                 continue;
             }
-            let hp = &f.processes[holder];
-            let mut w = s.bytes.load(Ordering::Acquire);
-            loop {
-                if w & (SHARED_BORNE | SHARED_RELEASED) != 0 {
-                    break;
-                }
-                // Count first, flag second: an importer that sees the flag
-                // finds the bytes in its slot.
-                let b = w & SHARED_BYTES;
-                hp.used.fetch_add(b, Ordering::AcqRel);
-                let new = cs.used.fetch_add(b, Ordering::AcqRel).saturating_add(b);
-                cs.peak.fetch_max(new, Ordering::Relaxed);
-                match s.bytes.compare_exchange(
-                    w,
-                    w | SHARED_BORNE,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => {
-                        tracing::debug!(
-                            "process slot {i} exported {b} bytes process slot {holder} holds: passed on to it"
-                        );
-                        break;
-                    }
-                    Err(x) => {
-                        sat_sub(&hp.used, b);
-                        sat_sub(&cs.used, b);
-                        w = x;
-                    }
-                }
+            if let Some(b) = s.pass_on(&f.processes[holder], cs) {
+                tracing::debug!(
+                    "process slot {i} exported {b} bytes process slot {holder} holds: passed on to it"
+                );
             }
         }
     }

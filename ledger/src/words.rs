@@ -218,6 +218,112 @@ impl Token {
     }
 }
 
+/// The token's transitions. Each takes the word from exactly the token a
+/// thread saw (`t`) by one compare-and-swap, so of the threads of all
+/// processes that saw the same token at most one moves it; a thread that
+/// loses looks again. A thread that takes the DECIDING state owns it:
+/// only it moves the token out of its DECIDING word, unless it stopped
+/// answering and another took over (a newer DECIDING word, which the
+/// owner's final compare-and-swap then finds: it changes nothing).
+pub mod transition {
+    use super::*;
+    use crate::sync::{point, AtomicU64, Ordering::SeqCst};
+
+    /// Move `word` from exactly `from` to `to`; false when it was no longer `from`.
+    #[inline]
+    pub fn cas(word: &AtomicU64, from: Token, to: Token) -> bool {
+        word.compare_exchange(from.pack(), to.pack(), SeqCst, SeqCst)
+            .is_ok()
+    }
+
+    /// RUNNING → DRAINING (only from exactly `t`): the holder's slice ends.
+    /// The DRAINING token, if this thread moved it.
+    #[inline]
+    pub fn end_slice(word: &AtomicU64, t: Token) -> Option<Token> {
+        let next = t.next(DRAINING, t.holder, None);
+        cas(word, t, next).then_some(next)
+    }
+
+    /// Anything → IDLE, nobody holding (only from exactly `t`).
+    #[inline]
+    pub fn void(word: &AtomicU64, t: Token) -> bool {
+        cas(word, t, t.next(IDLE, None, None))
+    }
+
+    /// Decide the next holder: take the DECIDING state from exactly `t`
+    /// (DRAINING, IDLE, or a DECIDING whose owner stopped answering) for
+    /// process slot `me`, run `choose` on the DECIDING token taken (it
+    /// charges the slice that ended and returns the next token, made with
+    /// [`Token::next`] from it), and publish its choice unless another
+    /// took the state over meanwhile. `None`: `t` was gone; else the
+    /// token chosen and whether it was published.
+    pub fn decide(
+        word: &AtomicU64,
+        t: Token,
+        me: usize,
+        choose: impl FnOnce(Token) -> Token,
+    ) -> Option<(Token, bool)> {
+        let mine = t.next(DECIDING, None, Some(me));
+        if !cas(word, t, mine) {
+            return None;
+        }
+        point();
+        let next = choose(mine);
+        point();
+        Some((next, cas(word, mine, next)))
+    }
+
+    /// How a renewal ended (see [`renew`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Renewal {
+        /// The token was not `t` any more: nothing changed.
+        Gone,
+        /// Renewed: the token is `t` again, its slice started afresh.
+        Renewed,
+        /// Out of credit: the slice ended (DRAINING, charged so far).
+        Ended,
+    }
+
+    /// What the renewal's work says (see [`renew`]).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Renew {
+        Renewed,
+        Ended,
+    }
+
+    /// Renew the RUNNING slice `t` in place for its holder: take a
+    /// DECIDING state that names the holder (its threads go on
+    /// launching), do `work` (charge, refill, start a new slice), then put
+    /// back exactly `t` (so that what was registered against `t` stays
+    /// valid), or, out of credit, end the slice: DRAINING at the DECIDING
+    /// state's sequence number. Nothing is put back when another took
+    /// the state over meanwhile.
+    pub fn renew(word: &AtomicU64, t: Token, me: usize, work: impl FnOnce() -> Renew) -> Renewal {
+        let mine = t.next(DECIDING, t.holder, Some(me));
+        if t.state != RUNNING || !cas(word, t, mine) {
+            return Renewal::Gone;
+        }
+        point();
+        let r = work();
+        point();
+        match r {
+            Renew::Renewed => {
+                cas(word, mine, t);
+                Renewal::Renewed
+            }
+            Renew::Ended => {
+                let draining = Token {
+                    state: DRAINING,
+                    aux: None,
+                    ..mine
+                };
+                cas(word, mine, draining);
+                Renewal::Ended
+            }
+        }
+    }
+}
+
 // ---- What the words say, for any process or tool ----
 
 /// Per-container compute counters kept in the ledger.

@@ -218,9 +218,11 @@ pub(super) struct Watch {
 impl Watch {
     /// The holder `h` of RUNNING slice `t` has made no launch and had no
     /// synchronise call return (its counters unchanged) for the idle grace.
-    /// (Counting from its last launch alone, a training loop that waits
-    /// 2 ms for its kernels and then spends 0.3 ms on the host looked idle
-    /// in every host gap, and lost its slice after two kernels.)
+    /// A returning synchronise call counts as a sign of life because a
+    /// loop that waits for its kernels and then works on the host has
+    /// launched nothing during that host work: counted from its last
+    /// launch alone, it would look idle in every host gap and lose its
+    /// slice after a kernel or two.
     pub(super) fn idle(&mut self, t: Token, h: &ContainerSlot, now: u64) -> bool {
         let cnt = h.sched[cw::SLICE_LAUNCHES]
             .load(Relaxed)
@@ -246,10 +248,9 @@ impl Watch {
 /// two, kept at least the larger of `unused` and `guests` (the seat's
 /// tenure overstates a guest's part of a gap: its wake-up after its work
 /// is in it) and at most their sum (guest work wholly outside the gaps).
-/// Before the seat's time was measured, the holder was charged as if the
-/// larger were all it left: it paid for the smaller of the GPU's idle time
-/// in its gaps and the guest work beside its own, 1.13x its device time in
-/// a 1:2 mix of jobs that synchronise often.
+/// Taking only the larger of the two as unused would make the holder pay
+/// for the smaller: the GPU's idle time in its gaps, or guest work that
+/// ran beside its own.
 pub(super) fn not_used(unused: u64, guests: u64, gap_idle: u64) -> u64 {
     guests
         .saturating_add(gap_idle.min(unused))

@@ -43,6 +43,7 @@ use super::decide::{allowance, decide, update_estimate, Decision, Entry, Params}
 use super::guest_clock::{EventOps, GuestClock};
 use super::policy::Knobs;
 use super::sys::{futex_wait, futex_wake, now_ns};
+use super::words::transition::{self, Renew, Renewal};
 use super::words::{
     container as cw, gpu as gw, weightless_bit, Token, DECIDING, DRAINING, IDLE, RUNNING,
 };

@@ -62,12 +62,7 @@ impl Gate {
 
     /// RUNNING → DRAINING (only from exactly `t`).
     pub(super) fn end_slice(&self, t: Token) -> bool {
-        let next = t.next(DRAINING, t.holder, None);
-        if self
-            .token()
-            .compare_exchange(t.pack(), next.pack(), SeqCst, SeqCst)
-            .is_ok()
-        {
+        if transition::end_slice(self.token(), t).is_some() {
             self.g(gw::STATE_SINCE).store(now_ns(), Release);
             if let Some(h) = t.holder_slot() {
                 let n: u32 = (0..cw::SET_WORDS)
@@ -112,14 +107,19 @@ impl Gate {
         {
             return false;
         }
-        let mine = t.next(DECIDING, Some(h), Some(self.process));
-        if self
-            .token()
-            .compare_exchange(t.pack(), mine.pack(), SeqCst, SeqCst)
-            .is_err()
-        {
-            return false;
+        let r = transition::renew(self.token(), t, self.process, || self.renew_slice(h));
+        if r != Renewal::Gone {
+            futex_wake(self.token());
         }
+        r == Renewal::Renewed
+    }
+
+    /// The work of [`Gate::renew`] while its DECIDING state names the
+    /// holder `h`: charge, refill, and start a new slice, or end it when
+    /// out of credit.
+    fn renew_slice(&self, h: usize) -> Renew {
+        let k = self.knobs();
+        let f = self.file();
         let now = now_ns();
         self.g(gw::STATE_SINCE).store(now, Release);
         let cs = &f.containers[h].sched;
@@ -160,19 +160,7 @@ impl Gate {
             }
             self.g(gw::SLICE_START).store(now, Release);
             self.g(gw::DRAIN_COUNT).store(u64::from(drained), Release);
-            let draining = Token {
-                state: DRAINING,
-                aux: None,
-                ..mine
-            };
-            if self
-                .token()
-                .compare_exchange(mine.pack(), draining.pack(), SeqCst, SeqCst)
-                .is_ok()
-            {
-                futex_wake(self.token());
-            }
-            return false;
+            return Renew::Ended;
         }
         let budget = Params::for_knobs(&k).slice_ns;
         cs[cw::SLICE_LAUNCHES].store(0, SeqCst);
@@ -190,26 +178,12 @@ impl Gate {
             self.open_gap(start);
         }
         self.g(gw::SLICE_START).store(start, Release);
-        // Only we move the token out of our state (unless we were declared
-        // dead and a successor took it).
-        if self
-            .token()
-            .compare_exchange(mine.pack(), t.pack(), SeqCst, SeqCst)
-            .is_ok()
-        {
-            futex_wake(self.token());
-        }
-        true
+        Renew::Renewed
     }
 
     /// Policy 5: drop the token to IDLE without charging anyone.
     pub(super) fn void_slice(&self, t: Token) {
-        let next = t.next(IDLE, None, None);
-        if self
-            .token()
-            .compare_exchange(t.pack(), next.pack(), SeqCst, SeqCst)
-            .is_ok()
-        {
+        if transition::void(self.token(), t) {
             self.g(gw::IDLE_UNTIL).store(0, Release);
             futex_wake(self.token());
         }
@@ -362,14 +336,18 @@ impl Gate {
     /// Take the DECIDING state from exactly `t` (DRAINING, IDLE or a stale
     /// DECIDING), charge the holder, choose the next one.
     pub(crate) fn try_decide(&self, t: Token) -> Option<Token> {
-        let mine = t.next(DECIDING, None, Some(self.process));
-        if self
-            .token()
-            .compare_exchange(t.pack(), mine.pack(), SeqCst, SeqCst)
-            .is_err()
-        {
-            return None;
+        let (next, published) =
+            transition::decide(self.token(), t, self.process, |mine| self.choose(t, mine))?;
+        if published {
+            futex_wake(self.token());
         }
+        Some(next)
+    }
+
+    /// The work of [`Gate::try_decide`] while this process owns the
+    /// DECIDING state `mine` taken from `t`: charge the slice that ended,
+    /// refill the buckets, choose the next holder and start its slice.
+    fn choose(&self, t: Token, mine: Token) -> Token {
         let now = now_ns();
         self.g(gw::STATE_SINCE).store(now, Release);
         let f = self.file();
@@ -415,7 +393,7 @@ impl Gate {
         self.g(gw::LAST_REFILL).store(now, Release);
         self.g(gw::KNOB_GEN_SEEN)
             .store(f.header.knob_generation.load(Relaxed), Relaxed);
-        let next = match d {
+        match d {
             Decision::Run {
                 c,
                 budget_ns,
@@ -448,16 +426,6 @@ impl Gate {
                 self.g(gw::IDLE_UNTIL).store(until, Release);
                 mine.next(IDLE, None, None)
             }
-        };
-        // Only we may move the token out of our DECIDING state (unless we
-        // were declared dead, in which case a successor owns it: do nothing).
-        if self
-            .token()
-            .compare_exchange(mine.pack(), next.pack(), SeqCst, SeqCst)
-            .is_ok()
-        {
-            futex_wake(self.token());
         }
-        Some(next)
     }
 }

@@ -215,7 +215,7 @@ fn cmd_settings(mut a: Args, ledger_dir: Option<PathBuf>) {
     for p in Ledger::list(&ldir) {
         let Ok(l) = Ledger::open(&p) else { continue };
         let f = l.file();
-        let physical = f.header.physical_total;
+        let physical = f.header.read_physical_total();
         for (ci, slot) in l.containers() {
             if slot.current_key() != key {
                 continue;
