@@ -3,8 +3,8 @@
 //! counts against the quota. It is measured as a context's reservation is
 //! (this process's device memory just before and after the real call, its
 //! other allocations held off meanwhile), at the load and at each look-up
-//! of a global: a driver may make a global's memory at its first look-up
-//! (the simulated one does), and a look-up that takes nothing is charged
+//! of a global: a driver that loads lazily may make a global's memory at
+//! its first look-up (the simulated one makes it at the load), and a look-up that takes nothing is charged
 //! nothing. Everything is charged to the module (which dies with its
 //! context; a library is the device's until it is unloaded). A load that
 //! would pass the quota is undone (the module unloaded again) and refused
