@@ -643,11 +643,11 @@ impl Server {
         if start_time(peer.pid) != Some(peer.start) {
             return Reply::refuse(Status::Unknown, seq);
         }
-        let Some(cid) = ident.container_id.as_deref() else {
+        let Some(path) = settings_path(&self.opts.settings_dir, &ident) else {
             return Reply::refuse(Status::Unknown, seq);
         };
         let gpu = &self.gpus[g];
-        let req = match host_settings(&self.opts.settings_dir, cid, &gpu.info) {
+        let req = match settings_at(&path, &gpu.info) {
             Ok(Some(r)) => r,
             Ok(None) => return Reply::refuse(Status::NoGpu, seq),
             Err(_) => return Reply::refuse(Status::Unknown, seq),
@@ -762,7 +762,38 @@ pub fn host_settings(dir: &Path, cid: &str, gpu: &GpuInfo) -> Result<Option<Host
     if cid.len() != 64 || !cid.bytes().all(|c| c.is_ascii_hexdigit()) {
         return Err(format!("{cid:?} is not a runtime container id"));
     }
-    let path = dir.join(format!("{cid}.env"));
+    settings_at(&dir.join(format!("{cid}.env")), gpu)
+}
+
+/// The name of the settings file the device plugin writes for a Kubernetes
+/// container: its ledger key (the pod's uid and the container's name, from
+/// the kubelet's per-container bind), known before the container exists.
+pub fn kubelet_settings_name(key: u64) -> String {
+    format!("k8s-{key:016x}.env")
+}
+
+/// Which of the host's settings files is a container's: for a Kubernetes
+/// container, the one the device plugin wrote for it when there is one;
+/// else (and for other containers) `<runtime container id>.env`. `None`:
+/// the container has no name the host's files can be found by.
+pub fn settings_path(dir: &Path, ident: &Identity) -> Option<PathBuf> {
+    use cgpu_ledger::identity::Source;
+    if ident.source == Source::Kubelet {
+        let p = dir.join(kubelet_settings_name(ident.key));
+        if p.symlink_metadata().is_ok() || ident.container_id.is_none() {
+            return Some(p);
+        }
+    }
+    let cid = ident.container_id.as_deref()?;
+    if cid.len() != 64 || !cid.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some(dir.join(format!("{cid}.env")))
+}
+
+/// The host's settings in the file at `path` for `gpu` (as
+/// [`host_settings`]).
+pub fn settings_at(path: &Path, gpu: &GpuInfo) -> Result<Option<HostSettings>, String> {
     let path_s = path.to_string_lossy().into_owned();
     let text = settings::read_settings_file(&path_s)?;
     let (cfg, failed) = settings::with_settings_file(&|_| None, None, &path_s, Ok(text));
