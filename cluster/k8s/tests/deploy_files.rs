@@ -50,6 +50,7 @@ fn device_plugin_mounts_what_it_uses() {
         "/run/cgpu",
         "/run/cgpu-alloc",
         "/var/run/cdi",
+        "/etc/cgpu/containers",
     ] {
         assert!(
             ds.contains(&format!("mountPath: {path}")),
@@ -74,7 +75,7 @@ fn device_plugin_mounts_what_it_uses() {
 }
 
 /// Every container runs with the runtime's seccomp profile, no privilege
-/// escalation, no capabilities (the agent: only the two it needs) and a
+/// escalation, no capabilities (the agent: only the four it needs) and a
 /// read-only root filesystem; the extender (which needs no root) as a
 /// non-root user.
 #[test]
@@ -95,7 +96,7 @@ fn manifests_are_hardened() {
             .map(str::trim)
             .collect();
         let expect: &[&str] = if f == "device-plugin.yaml" {
-            &["capabilities: {drop: [ALL], add: [SYS_PTRACE, KILL]}"]
+            &["capabilities: {drop: [ALL], add: [SYS_PTRACE, KILL, CHOWN, FOWNER]}"]
         } else {
             &[]
         };
@@ -198,6 +199,9 @@ fn the_agent_runs_beside_the_plugin() {
         command,
         [
             "cgpu-agent",
+            "--secure",
+            "--settings-dir",
+            "/etc/cgpu/containers",
             "--ledger-dir",
             ledger.to_str().unwrap(),
             "--interval",
@@ -210,6 +214,24 @@ fn the_agent_runs_beside_the_plugin() {
     );
     assert!(agent.contains("{name: host-run-cgpu, mountPath: /run/cgpu}"));
     assert!(agent.contains("{name: host-run-cgpu-agent, mountPath: /run/cgpu-agent}"));
+    // Secure mode: the settings the plugin writes, read-only for the agent;
+    // the plugin told to write them and to give containers the ledger
+    // directory read-only; the ledger directory root's 0755.
+    assert!(agent.contains(
+        "{name: host-etc-cgpu-containers, mountPath: /etc/cgpu/containers, readOnly: true}"
+    ));
+    let plugin = ds.split("- name: device-plugin\n").nth(1).unwrap();
+    let plugin = plugin.split("- name: agent\n").next().unwrap();
+    assert!(plugin.contains("{name: CGPU_MODE, value: secure}"));
+    assert!(plugin.contains("{name: host-etc-cgpu-containers, mountPath: /etc/cgpu/containers}"));
+    assert!(ds.contains("install -d -m 0755 /host/run/cgpu"));
+    assert!(!ds.contains("1777"));
+    assert_eq!(
+        cgpu_cluster::device_plugin::PluginConfig::standard("n")
+            .settings_dir
+            .to_str(),
+        Some("/etc/cgpu/containers")
+    );
     assert!(agent.contains("{name: NVIDIA_DRIVER_CAPABILITIES, value: utility}"));
     assert!(ds.contains(
         "{name: host-run-cgpu-agent, hostPath: {path: /run/cgpu-agent, type: DirectoryOrCreate}}"
@@ -247,7 +269,8 @@ fn flow_map(v: &str) -> Vec<(String, String)> {
 /// under a mount point rewritten to it), on the simulated driver. It keeps
 /// running, rewrites its status file where the manifest says, and sees a
 /// process under the library that uses the ledger directory the device
-/// plugin hands to containers.
+/// plugin hands to containers. The manifest runs it in secure mode, which
+/// runs as root (as the DaemonSet's container does): so does this test.
 #[test]
 fn the_agent_starts_with_the_manifests_flags() {
     use cgpu_testkit::{artifacts, cuclient, read_until, LinkMode, SimEnv};
@@ -397,6 +420,17 @@ fn the_agent_starts_with_the_manifests_flags() {
         "{first}"
     );
     assert_eq!(first["over"], 0, "{first}");
+    // Secure mode: it serves the socket containers ask it on, in the
+    // ledger directory it keeps root's and 0755, its ledger root's 0644.
+    {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let sock = std::fs::metadata(format!("{ledger}/agent.sock")).expect("agent.sock");
+        assert!(sock.file_type().is_socket());
+        let dir = std::fs::metadata(&ledger).unwrap();
+        assert_eq!((dir.uid(), dir.mode() & 0o7777), (0, 0o755));
+        let l = std::fs::metadata(first["gpus"][0]["ledger"].as_str().unwrap()).unwrap();
+        assert_eq!((l.uid(), l.mode() & 0o7777), (0, 0o644));
+    }
     // It runs as a service: later passes rewrite the file.
     let t0 = Instant::now();
     while read_status().map(|d| d["time_ns"].clone()) == Some(first["time_ns"].clone()) {
@@ -415,4 +449,48 @@ fn the_agent_starts_with_the_manifests_flags() {
     let _ = proc.kill();
     let _ = proc.wait();
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Cooperative mode stays one documented switch away: the component
+/// deploy/cooperative runs the same agent without `--secure` (and its
+/// settings directory), the plugin in cooperative mode, and the ledger
+/// directory world-writable and sticky; it is named, commented out, in
+/// deploy/kustomization.yaml.
+#[test]
+fn cooperative_mode_is_the_same_deployment_without_secure() {
+    let ds = read("device-plugin.yaml");
+    let coop = read("cooperative/kustomization.yaml");
+    assert!(coop.contains("kind: Component"));
+    let agent = ds.split("- name: agent\n").nth(1).unwrap();
+    let secure = flow_list(value(agent, "command"));
+    let plain: Vec<String> = coop
+        .lines()
+        .filter(|l| l.trim_start().starts_with("value: [cgpu-agent"))
+        .map(|l| flow_list(l.trim_start().trim_start_matches("value:")))
+        .next()
+        .expect("the cooperative agent's command");
+    let mut expect = secure.clone();
+    let i = expect.iter().position(|a| a == "--secure").unwrap();
+    expect.drain(i..i + 3);
+    assert_eq!(
+        secure[i + 1..i + 3],
+        ["--settings-dir", "/etc/cgpu/containers"]
+    );
+    assert_eq!(plain, expect);
+    // The init container's command, but for the directory's mode.
+    let init = |t: &str| -> String {
+        let l = t
+            .lines()
+            .find(|l| l.contains("install -D -m 0755 /opt/cgpu/libcgpu.so"))
+            .unwrap();
+        l[l.find('[').unwrap()..].to_string()
+    };
+    assert_eq!(
+        init(&coop),
+        init(&ds).replace("install -d -m 0755", "install -d -m 1777")
+    );
+    assert!(coop.contains("value: cooperative"));
+    assert!(coop.contains("value: [SYS_PTRACE, KILL]"));
+    let k = read("kustomization.yaml");
+    assert!(k.contains("#components:\n#- cooperative"), "{k}");
 }
