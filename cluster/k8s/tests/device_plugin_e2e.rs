@@ -1331,3 +1331,240 @@ async fn compute_shares_never_sum_past_a_whole_gpu() {
         std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
     assert!(!file.contains("WEIGHT"), "{file}");
 }
+
+/// A process of a Kubernetes container as the node agent sees it: uid
+/// 65534, in a mount namespace of its own holding the kubelet's
+/// per-container bind (`…/pods/<pod uid>/containers/<name>/<hex>`, bound
+/// on a file as the kubelet binds the termination log), speaking to the
+/// agent with `cgpu-agent client`. `None`: a host process (no bind).
+struct Tenant {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Tenant {
+    fn start(dir: &std::path::Path, sock: &std::path::Path, pod: Option<(&str, &str)>) -> Tenant {
+        let agent = artifacts().profile_dir.join("cgpu-agent");
+        let run = format!(
+            "exec setpriv --reuid 65534 --regid 65534 --clear-groups {} client {}",
+            agent.display(),
+            sock.display()
+        );
+        let script = match pod {
+            Some((uid, container)) => {
+                let bind = dir.join(format!("kubelet/pods/{uid}/containers/{container}"));
+                std::fs::create_dir_all(&bind).unwrap();
+                let src = bind.join("4a7b9c2e");
+                let dst = dir.join(format!("termination-log-{uid}-{container}"));
+                std::fs::write(&src, "").unwrap();
+                std::fs::write(&dst, "").unwrap();
+                format!("mount --bind {} {} && {run}", src.display(), dst.display())
+            }
+            None => run,
+        };
+        let mut child = std::process::Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("unshare");
+        Tenant {
+            stdin: child.stdin.take().unwrap(),
+            out: std::io::BufReader::new(child.stdout.take().unwrap()),
+            child,
+        }
+    }
+
+    /// One command, its reply as (status, used, quota).
+    fn ask(&mut self, line: &str) -> (String, u64, u64) {
+        use std::io::{BufRead, Write};
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        let f = |k: &str| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("{line:?}: no {k} in {l:?}"))
+                .to_string()
+        };
+        (
+            f("status"),
+            f("used").parse().unwrap(),
+            f("quota").parse().unwrap(),
+        )
+    }
+}
+
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Secure mode end to end: the device plugin (CGPU_MODE=secure) allocates
+/// two pods' containers through the kubelet double and writes each one's
+/// settings for the agent; the real `cgpu-agent --secure` reads them; a
+/// process of uid 65534 in each container (identified by the kernel: the
+/// kubelet's bind in its mount namespace) gets exactly its container's
+/// quota through the agent and nothing past it; a host process gets
+/// nothing. Containers get the ledger directory read-only. When a pod is
+/// gone, its settings file is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "secure mode runs the agent as root and its tenants as uid 65534"
+    );
+    let settings = std::env::temp_dir()
+        .join(format!("cgpu-e2e-secure-{}", std::process::id()))
+        .join("settings");
+    let settings_s = settings.display().to_string();
+    let mut c = Cluster::build(
+        "secure",
+        &[V100, V100],
+        json!({}),
+        false,
+        &[("CGPU_MODE", "secure"), ("CGPU_SETTINGS_DIR", &settings_s)],
+    )
+    .await;
+    c.ready(30).await;
+    let a = c.pod("trainer", json!([gpu_container("cuda", 3)]), 1);
+    c.schedule(&a).await.unwrap();
+    let b = c.pod("other", json!([gpu_container("cuda", 5)]), 1);
+    c.schedule(&b).await.unwrap();
+    let sa = c.run_pod("trainer", "cuda").await.unwrap();
+    let sb = c.run_pod("other", "cuda").await.unwrap();
+    let ledger = c.dir.join("ledger");
+    for s in [&sa, &sb] {
+        let m = s
+            .mounts
+            .iter()
+            .find(|m| m.host_path == ledger.display().to_string())
+            .expect("the ledger directory is mounted");
+        assert!(m.read_only, "the ledger directory is mounted writable");
+    }
+    // Each container's settings, on the host, under the name the agent
+    // finds from the container's own bind: the allocation file's.
+    let uid = |name: &str| c.get(name)["metadata"]["uid"].as_str().unwrap().to_string();
+    let (ua, ub) = (uid("trainer"), uid("other"));
+    let host = |u: &str| settings.join(cgpu_cluster::device_plugin::settings_file_name(u, "cuda"));
+    for (u, s) in [(&ua, &sa), (&ub, &sb)] {
+        let alloc = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
+        assert_eq!(std::fs::read_to_string(host(u)).unwrap(), alloc);
+    }
+    let file = std::fs::read_to_string(host(&ua)).unwrap();
+    let gpu = file
+        .lines()
+        .find_map(|l| l.strip_prefix("ALIYUN_COM_GPU_VISIBLE_DEVICES="))
+        .unwrap()
+        .to_string();
+
+    // The agent, as the DaemonSet runs it.
+    let mut agent = c
+        .sim
+        .command(artifacts().profile_dir.join("cgpu-agent"))
+        .args(["--secure", "--settings-dir", &settings_s, "--ledger-dir"])
+        .arg(&ledger)
+        .args(["--interval", "500ms"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cgpu-agent");
+    let seen = {
+        use std::io::BufRead;
+        let mut r = std::io::BufReader::new(agent.stderr.take().unwrap());
+        let mut seen = Vec::new();
+        let mut l = String::new();
+        while r.read_line(&mut l).unwrap_or(0) > 0 {
+            seen.push(std::mem::take(&mut l));
+            if seen.last().unwrap().contains("secure: serving") {
+                break;
+            }
+        }
+        std::thread::spawn(move || std::io::copy(&mut r, &mut std::io::sink()));
+        seen
+    };
+    assert!(
+        seen.last().is_some_and(|l| l.contains("secure: serving")),
+        "the agent did not start: {seen:?}"
+    );
+    let sock = ledger.join("agent.sock");
+    // The scratch directory must let uid 65534 reach the socket.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    const GIB: u64 = 1 << 30;
+    // What each container's process sees in cooperative mode too: its
+    // share of the V100 (16160 MiB) by ALIYUN_COM_GPU_MEM_DEV=15.
+    let v100 = 16160u64 << 20;
+    let (qa, qb) = (v100 * 3 / 15, v100 * 5 / 15);
+    assert_eq!(qa, 3232 << 20);
+    let mut ta = Tenant::start(&c.dir, &sock, Some((&ua, "cuda")));
+    let mut tb = Tenant::start(&c.dir, &sock, Some((&ub, "cuda")));
+    let mut host_proc = Tenant::start(&c.dir, &sock, None);
+    assert_eq!(ta.ask(&format!("hello {gpu}")), ("Ok".into(), 0, qa));
+    assert_eq!(
+        ta.ask(&format!("reserve {gpu} {}", 2 * GIB)),
+        ("Ok".into(), 2 * GIB, qa)
+    );
+    // Past its quota: refused, nothing more charged.
+    assert_eq!(
+        ta.ask(&format!("reserve {gpu} {}", qa - 2 * GIB + 1)),
+        ("OverQuota".into(), 2 * GIB, qa)
+    );
+    assert_eq!(
+        ta.ask(&format!("reserve {gpu} {}", qa - 2 * GIB)),
+        ("Ok".into(), qa, qa)
+    );
+    // The other pod's container: its own quota, its own books.
+    assert_eq!(tb.ask(&format!("hello {gpu}")), ("Ok".into(), 0, qb));
+    assert_eq!(
+        tb.ask(&format!("reserve {gpu} {qb}")),
+        ("Ok".into(), qb, qb)
+    );
+    assert_eq!(tb.ask(&format!("reserve {gpu} 1")).0, "OverQuota");
+    // A process in no container gets nothing.
+    assert_eq!(host_proc.ask(&format!("hello {gpu}")).0, "Unknown");
+
+    // The tenants cannot write the books: the directory is root's 0755,
+    // the ledger root's 0644.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let l = cgpu_ledger::Ledger::live_path(&ledger, &gpu);
+        let m = std::fs::metadata(&l).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o644), "{}", l.display());
+        let d = std::fs::metadata(&ledger).unwrap();
+        assert_eq!((d.uid(), d.mode() & 0o7777), (0, 0o755));
+    }
+
+    // Pod "other" is gone: its settings go at the plugin's next clean (at
+    // start, then every minute); the running pod's stay.
+    drop(tb);
+    c.api.finalize("pods", "default", "other");
+    c.kubelet.remove_pod("default", "other");
+    c.kill_plugin();
+    c.start_plugin();
+    let t0 = std::time::Instant::now();
+    while host(&ub).exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the gone pod's settings file stays"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        host(&ua).exists(),
+        "the running pod's settings file was removed"
+    );
+    drop(ta);
+    drop(host_proc);
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
