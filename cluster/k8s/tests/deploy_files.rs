@@ -494,3 +494,141 @@ fn cooperative_mode_is_the_same_deployment_without_secure() {
     let k = read("kustomization.yaml");
     assert!(k.contains("#components:\n#- cooperative"), "{k}");
 }
+
+/// The `ExecStart` of deploy/cgpu-agent.service: the active one
+/// (`commented` false) or the commented one, as its words.
+fn exec_start(unit: &str, commented: bool) -> Vec<String> {
+    let prefix = if commented {
+        "#ExecStart="
+    } else {
+        "ExecStart="
+    };
+    let mut lines = unit.lines().skip_while(|l| !l.starts_with(prefix));
+    let mut text = String::new();
+    for l in lines.by_ref() {
+        let l = if commented {
+            l.trim_start_matches('#')
+        } else {
+            l
+        };
+        let cont = l.trim_end().ends_with('\\');
+        text.push_str(l.trim_end().trim_end_matches('\\'));
+        text.push(' ');
+        if !cont {
+            break;
+        }
+    }
+    text.trim_start_matches("ExecStart=")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The host deployment's two files agree, in each mode: the ledger
+/// directory the tmpfiles line makes is one the unit's agent runs on. The
+/// real agent is started with each `ExecStart` (paths under a scratch
+/// root, `${CGPU_AGENT_POLICY}` as the unit's Environment gives it) on a
+/// directory made with the matching tmpfiles line's mode: secure (as
+/// shipped) on 0755 serves its socket; cooperative (the commented lines)
+/// on 1777 writes its status; and the secure agent refuses the cooperative
+/// directory, which is why the two lines go together. Runs as root (as
+/// the unit does).
+#[test]
+fn the_host_files_agree_in_each_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let tmpfiles = read("host/cgpu.tmpfiles.conf");
+    let unit = read("cgpu-agent.service");
+    let line = |commented: bool| -> (String, u32) {
+        let l = tmpfiles
+            .lines()
+            .find(|l| {
+                let l2 = l.strip_prefix('#').unwrap_or(l);
+                l.starts_with('#') == commented && l2.starts_with("d /run/cgpu ")
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {} /run/cgpu line",
+                    if commented { "commented" } else { "active" }
+                )
+            });
+        let w: Vec<&str> = l.trim_start_matches('#').split_whitespace().collect();
+        assert_eq!(&w[3..5], ["root", "root"], "{l}");
+        (w[1].to_string(), u32::from_str_radix(w[2], 8).unwrap())
+    };
+    assert_eq!(line(false), ("/run/cgpu".to_string(), 0o755));
+    assert_eq!(line(true), ("/run/cgpu".to_string(), 0o1777));
+    assert!(tmpfiles.contains("\nd /etc/cgpu/containers 0755 root root -\n"));
+    let secure = exec_start(&unit, false);
+    let coop = exec_start(&unit, true);
+    assert!(secure.contains(&"--secure".to_string()), "{secure:?}");
+    assert!(!coop.contains(&"--secure".to_string()), "{coop:?}");
+    let policy = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("Environment=CGPU_AGENT_POLICY="))
+        .expect("the unit's policy")
+        .to_string();
+
+    let a = cgpu_testkit::artifacts();
+    let run = |args: &[String], mode: u32, tag: &str| -> (bool, String, std::path::PathBuf) {
+        let root = std::env::temp_dir().join(format!("cgpu-host-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let map = |p: &str| {
+            if p.starts_with('/') && !p.starts_with("/usr/local/bin/") {
+                format!("{}{p}", root.display())
+            } else {
+                p.replace("${CGPU_AGENT_POLICY}", &policy)
+            }
+        };
+        let ledger = root.join("run/cgpu");
+        std::fs::create_dir_all(&ledger).unwrap();
+        std::fs::create_dir_all(root.join("etc/cgpu/containers")).unwrap();
+        std::fs::create_dir_all(root.join("run/cgpu-agent")).unwrap();
+        std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(mode)).unwrap();
+        let bin = args[0].rsplit('/').next().unwrap();
+        let sim = cgpu_testkit::SimEnv::new().gpus("16160:Tesla V100-SXM2-16GB");
+        let mut agent = sim
+            .command(a.profile_dir.join(bin))
+            .args(args[1..].iter().map(|s| map(s)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = root.join("run/cgpu-agent/agent.json");
+        let t0 = Instant::now();
+        let running = loop {
+            if status.exists() {
+                break true;
+            }
+            if agent.try_wait().unwrap().is_some() {
+                break false;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "{tag}: no status file, no exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = agent.kill();
+        let out = agent.wait_with_output().unwrap();
+        (
+            running,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            root,
+        )
+    };
+    let (ok, log, root) = run(&secure, 0o755, "secure");
+    assert!(ok, "the shipped pair: {log}");
+    assert!(root.join("run/cgpu/agent.sock").exists(), "{log}");
+    let _ = std::fs::remove_dir_all(&root);
+    let (ok, log, root) = run(&coop, 0o1777, "coop");
+    assert!(ok, "the cooperative pair: {log}");
+    assert!(!root.join("run/cgpu/agent.sock").exists());
+    let _ = std::fs::remove_dir_all(&root);
+    let (ok, log, root) = run(&secure, 0o1777, "mixed");
+    assert!(!ok, "secure mode ran on a directory others can write");
+    assert!(log.contains("writable by others"), "{log}");
+    let _ = std::fs::remove_dir_all(&root);
+}
