@@ -1335,8 +1335,11 @@ async fn compute_shares_never_sum_past_a_whole_gpu() {
 /// A process of a Kubernetes container as the node agent sees it: uid
 /// 65534, in a mount namespace of its own holding the kubelet's
 /// per-container bind (`…/pods/<pod uid>/containers/<name>/<hex>`, bound
-/// on a file as the kubelet binds the termination log), speaking to the
-/// agent with `cgpu-agent client`. `None`: a host process (no bind).
+/// on a file as the kubelet binds the termination log), in a cgroup named
+/// as the kubelet names a pod's (`…/pod<uid>/<container id>`, cgroup v1
+/// `pids`), speaking to the agent with `cgpu-agent client`. `pod`: (pod
+/// uid of the bind, container name, pod uid of the cgroup); `None`: a host
+/// process (no bind, no cgroup).
 struct Tenant {
     child: Child,
     stdin: std::process::ChildStdin,
@@ -1344,7 +1347,11 @@ struct Tenant {
 }
 
 impl Tenant {
-    fn start(dir: &std::path::Path, sock: &std::path::Path, pod: Option<(&str, &str)>) -> Tenant {
+    fn start(
+        dir: &std::path::Path,
+        sock: &std::path::Path,
+        pod: Option<(&str, &str, &str)>,
+    ) -> Tenant {
         let agent = artifacts().profile_dir.join("cgpu-agent");
         let run = format!(
             "exec setpriv --reuid 65534 --regid 65534 --clear-groups {} client {}",
@@ -1352,7 +1359,7 @@ impl Tenant {
             sock.display()
         );
         let script = match pod {
-            Some((uid, container)) => {
+            Some((uid, container, _)) => {
                 let bind = dir.join(format!("kubelet/pods/{uid}/containers/{container}"));
                 std::fs::create_dir_all(&bind).unwrap();
                 let src = bind.join("4a7b9c2e");
@@ -1370,10 +1377,47 @@ impl Tenant {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("unshare");
+        if let Some((_, _, cg_uid)) = pod {
+            // The same process execs the client, which connects at its
+            // first command: it asks from this cgroup.
+            let cg = Tenant::cgroup_root().join(format!(
+                "kubepods/pod{cg_uid}/{:08x}{}",
+                child.id(),
+                "c".repeat(56)
+            ));
+            std::fs::create_dir_all(&cg).expect("create a cgroup (root, cgroup v1 pids)");
+            std::fs::write(cg.join("cgroup.procs"), child.id().to_string()).unwrap();
+        }
         Tenant {
             stdin: child.stdin.take().unwrap(),
             out: std::io::BufReader::new(child.stdout.take().unwrap()),
             child,
+        }
+    }
+
+    fn cgroup_root() -> PathBuf {
+        PathBuf::from(format!(
+            "/sys/fs/cgroup/pids/cgpu-e2e-{}",
+            std::process::id()
+        ))
+    }
+
+    /// Removes the cgroups made (their processes gone), deepest first.
+    fn remove_cgroups() {
+        let mut dirs = Vec::new();
+        let mut stack = vec![Tenant::cgroup_root()];
+        while let Some(d) = stack.pop() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(e.path());
+                    }
+                }
+            }
+            dirs.push(d);
+        }
+        for d in dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
         }
     }
 
@@ -1506,8 +1550,13 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
     let v100 = 16160u64 << 20;
     let (qa, qb) = (v100 * 3 / 15, v100 * 5 / 15);
     assert_eq!(qa, 3232 << 20);
-    let mut ta = Tenant::start(&c.dir, &sock, Some((&ua, "cuda")));
-    let mut tb = Tenant::start(&c.dir, &sock, Some((&ub, "cuda")));
+    let mut ta = Tenant::start(&c.dir, &sock, Some((&ua, "cuda", &ua)));
+    let mut tb = Tenant::start(&c.dir, &sock, Some((&ub, "cuda", &ub)));
+    // A process of pod a that shows pod b's bind (as one that can mount in
+    // a user namespace could, hiding its own): its cgroup is pod a's, so
+    // the agent gives it nothing.
+    let mut forger = Tenant::start(&c.dir, &sock, Some((&ub, "cuda", &ua)));
+    assert_eq!(forger.ask(&format!("hello {gpu}")).0, "Unknown");
     let mut host_proc = Tenant::start(&c.dir, &sock, None);
     assert_eq!(ta.ask(&format!("hello {gpu}")), ("Ok".into(), 0, qa));
     assert_eq!(
@@ -1565,6 +1614,8 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
     );
     drop(ta);
     drop(host_proc);
+    drop(forger);
     let _ = agent.kill();
     let _ = agent.wait();
+    Tenant::remove_cgroups();
 }
