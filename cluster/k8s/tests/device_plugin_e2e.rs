@@ -1510,7 +1510,7 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
         .to_string();
 
     // The agent, as the DaemonSet runs it.
-    let mut agent = c
+    let agent = c
         .sim
         .command(artifacts().profile_dir.join("cgpu-agent"))
         .args(["--secure", "--settings-dir", &settings_s, "--ledger-dir"])
@@ -1521,6 +1521,9 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn cgpu-agent");
+    // Killed when the test ends, whichever way.
+    let mut agent = Killed(agent);
+    let agent = &mut agent.0;
     let seen = {
         use std::io::BufRead;
         let mut r = std::io::BufReader::new(agent.stderr.take().unwrap());
@@ -1545,6 +1548,8 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
     std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
 
     const GIB: u64 = 1 << 30;
+    // Declared before the tenants, so dropped after them, even on a panic.
+    let _cgroups = CgroupsMade;
     // What each container's process sees in cooperative mode too: its
     // share of the V100 (16160 MiB) by ALIYUN_COM_GPU_MEM_DEV=15.
     let v100 = 16160u64 << 20;
@@ -1615,7 +1620,23 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
     drop(ta);
     drop(host_proc);
     drop(forger);
-    let _ = agent.kill();
-    let _ = agent.wait();
-    Tenant::remove_cgroups();
+}
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Removes the tenants' cgroups when dropped.
+struct CgroupsMade;
+
+impl Drop for CgroupsMade {
+    fn drop(&mut self) {
+        Tenant::remove_cgroups();
+    }
 }
