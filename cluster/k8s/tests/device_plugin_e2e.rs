@@ -1336,8 +1336,7 @@ async fn compute_shares_never_sum_past_a_whole_gpu() {
 /// 65534, in a mount namespace of its own holding the kubelet's
 /// per-container bind (`…/pods/<pod uid>/containers/<name>/<hex>`, bound
 /// on a file as the kubelet binds the termination log), in a cgroup named
-/// as the kubelet names a pod's (`…/pod<uid>/<container id>`, cgroup v1
-/// `pids`), speaking to the agent with `cgpu-agent client`. `pod`: (pod
+/// as the kubelet names a pod's (`…/pod<uid>/<container id>`), speaking to the agent with `cgpu-agent client`. `pod`: (pod
 /// uid of the bind, container name, pod uid of the cgroup); `None`: a host
 /// process (no bind, no cgroup).
 struct Tenant {
@@ -1385,7 +1384,7 @@ impl Tenant {
                 child.id(),
                 "c".repeat(56)
             ));
-            std::fs::create_dir_all(&cg).expect("create a cgroup (root, cgroup v1 pids)");
+            std::fs::create_dir_all(&cg).expect("create a cgroup (root)");
             std::fs::write(cg.join("cgroup.procs"), child.id().to_string()).unwrap();
         }
         Tenant {
@@ -1397,7 +1396,8 @@ impl Tenant {
 
     fn cgroup_root() -> PathBuf {
         PathBuf::from(format!(
-            "/sys/fs/cgroup/pids/cgpu-e2e-{}",
+            "{}/cgpu-e2e-{}",
+            cgpu_testkit::cgroup_root(),
             std::process::id()
         ))
     }
