@@ -1584,6 +1584,61 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
         ("Ok".into(), qb, qb)
     );
     assert_eq!(tb.ask(&format!("reserve {gpu} 1")).0, "OverQuota");
+    // The container's own program under libcgpu.so, as the container
+    // starts it (its environment from Allocate, uid 65534, its bind and
+    // cgroup): the library finds the agent's socket in the read-only
+    // ledger directory and gets its quota from it.
+    assert_eq!(ta.ask(&format!("release {gpu} {qa}")), ("Ok".into(), 0, qa));
+    // The simulated driver's state stands for the device: every uid uses it.
+    share_tree(&c.sim.state_dir);
+    let cuda = Tenant::cgroup_root().join(format!("kubepods/pod{ua}/{}", "d".repeat(64)));
+    std::fs::create_dir_all(&cuda).unwrap();
+    let bind = c
+        .dir
+        .join(format!("kubelet/pods/{ua}/containers/cuda/4a7b9c2e"));
+    let dst = c.dir.join("termination-log-lib");
+    std::fs::write(&dst, "").unwrap();
+    let mut lib = c.sim.command("unshare");
+    lib.envs(sa.env_on_host())
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount --bind {} {} && read go && exec setpriv --reuid 65534 --regid 65534 \
+             --clear-groups {} meminfo alloc_until_oom 67108864",
+            bind.display(),
+            dst.display(),
+            cuclient(LinkMode::Link).display()
+        ))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut p = lib.spawn().unwrap();
+    std::fs::write(cuda.join("cgroup.procs"), p.id().to_string()).unwrap();
+    {
+        use std::io::Write;
+        writeln!(p.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    let o = p.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(
+        field(line(&out, "meminfo"), "total").map(|t| t.parse::<u64>().unwrap()),
+        Some(qa),
+        "{out}{err}"
+    );
+    let l = line(&out, "alloc_until_oom");
+    assert_eq!(field(l, "err"), Some("2"), "{out}{err}");
+    // Granted up to what its quota leaves (its context is charged too), 64
+    // MiB at a time, through the agent: the ledger is not the process's to
+    // write.
+    let free: u64 = field(line(&out, "meminfo"), "free")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let got: u64 = field(l, "bytes").unwrap().parse().unwrap();
+    assert!(
+        free < qa && got <= free && got + (64 << 20) > free,
+        "{out}{err}"
+    );
     // A process in no container gets nothing.
     assert_eq!(host_proc.ask(&format!("hello {gpu}")).0, "Unknown");
 
@@ -1620,6 +1675,22 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
     drop(ta);
     drop(host_proc);
     drop(forger);
+}
+
+/// Makes a directory tree usable by every uid.
+fn share_tree(p: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(md) = std::fs::symlink_metadata(p) else {
+        return;
+    };
+    if md.is_dir() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777));
+        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+            share_tree(&e.path());
+        }
+    } else if md.is_file() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666));
+    }
 }
 
 /// A child process killed when dropped.
