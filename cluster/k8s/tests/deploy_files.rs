@@ -354,21 +354,70 @@ fn the_agent_starts_with_the_manifests_flags() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the agent");
+    // Secure mode: the agent serves its socket before containers use it.
+    let secure = args.iter().any(|a| a == "--secure");
+    let t0 = Instant::now();
+    while secure && !std::path::Path::new(&format!("{ledger}/agent.sock")).exists() {
+        if let Ok(Some(st)) = agent.try_wait() {
+            let o = agent.wait_with_output().unwrap();
+            panic!(
+                "the agent exited ({st}) with the manifest's flags {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no agent.sock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // A container's process as the device plugin sets it up: the library,
-    // the ledger directory, a 1 GiB quota; it holds 256 MiB.
+    // the ledger directory, a 1 GiB quota; it holds 256 MiB. In secure mode
+    // the quota is the host's settings for the container (in the agent's
+    // --settings-dir), the container the one its cgroup names.
+    let cid = format!("{:08x}{}", std::process::id(), "f".repeat(56));
+    let cgroup = std::path::PathBuf::from(format!(
+        "{}/cgpu-ds-{}",
+        cgpu_testkit::cgroup_root(),
+        std::process::id()
+    ));
+    if secure {
+        let dir = args
+            .iter()
+            .position(|a| a == "--settings-dir")
+            .map(|i| args[i + 1].clone())
+            .expect("secure mode names its settings directory");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            format!("{dir}/{cid}.env"),
+            "ALIYUN_COM_GPU_MEM_CONTAINER=1\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(cgroup.join(&cid)).expect("create a cgroup (root)");
+    }
     let mut proc = sim
-        .command(cuclient(LinkMode::Link))
+        .command("sh")
+        .args(["-c", "read go && exec \"$0\" \"$@\""])
+        .arg(cuclient(LinkMode::Link))
         .env("LD_PRELOAD", &a.libcgpu)
         .env("CGPU_LEDGER_DIR", &ledger)
         .env("CGPU_CONTAINER_ID", "default/p/main")
         .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
         .env("CUCLIENT_HOLD_MAX_S", "120")
         .args(["alloc", &(256u64 << 20).to_string(), "hold"])
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
+    if secure {
+        std::fs::write(
+            cgroup.join(&cid).join("cgroup.procs"),
+            proc.id().to_string(),
+        )
+        .unwrap();
+    }
+    {
+        use std::io::Write;
+        writeln!(proc.stdin.as_mut().unwrap(), "go").unwrap();
+    }
     let lines = read_until(&mut proc, "holding", Duration::from_secs(120));
     assert!(lines.iter().any(|l| l.starts_with("alloc ok")), "{lines:?}");
     let pid = u64::from(proc.id());
@@ -448,6 +497,8 @@ fn the_agent_starts_with_the_manifests_flags() {
     let _ = agent.wait();
     let _ = proc.kill();
     let _ = proc.wait();
+    let _ = std::fs::remove_dir(cgroup.join(&cid));
+    let _ = std::fs::remove_dir(&cgroup);
     let _ = std::fs::remove_dir_all(&root);
 }
 
