@@ -751,6 +751,10 @@ async fn a_copied_decision_never_refuses_the_rightful_pods() {
     let started = c.run_pod("big", "main").await.unwrap();
     // Its annotation asked for high priority: the runtime sets it.
     assert_eq!(started.envs["ALIYUN_COM_GPU_HIGH_PRIO"], "1");
+    // ... and its allocation file (the library takes the file's keys alone).
+    let file =
+        std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
+    assert!(file.contains("\nALIYUN_COM_GPU_HIGH_PRIO=1\n"), "{file}");
     let out = c.exec(&started, &["meminfo"]);
     assert_eq!(
         mib(field(line(&out, "meminfo"), "total").unwrap()),
