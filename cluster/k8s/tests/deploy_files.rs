@@ -392,6 +392,16 @@ fn the_agent_starts_with_the_manifests_flags() {
         .unwrap();
         std::fs::create_dir_all(cgroup.join(&cid)).expect("create a cgroup (root)");
     }
+    // Removed when the test ends, whichever way (after the process below).
+    struct Rmdir(Vec<std::path::PathBuf>);
+    impl Drop for Rmdir {
+        fn drop(&mut self) {
+            for d in &self.0 {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+    }
+    let _cgroups = Rmdir(vec![cgroup.join(&cid), cgroup.clone()]);
     let mut proc = sim
         .command("sh")
         .args(["-c", "read go && exec \"$0\" \"$@\""])
@@ -497,8 +507,6 @@ fn the_agent_starts_with_the_manifests_flags() {
     let _ = agent.wait();
     let _ = proc.kill();
     let _ = proc.wait();
-    let _ = std::fs::remove_dir(cgroup.join(&cid));
-    let _ = std::fs::remove_dir(&cgroup);
     let _ = std::fs::remove_dir_all(&root);
 }
 
