@@ -643,11 +643,16 @@ impl Server {
         if start_time(peer.pid) != Some(peer.start) {
             return Reply::refuse(Status::Unknown, seq);
         }
-        let Some(cid) = ident.container_id.as_deref() else {
+        let Some(path) = settings_path(&self.opts.settings_dir, &ident) else {
             return Reply::refuse(Status::Unknown, seq);
         };
+        if ident.source == cgpu_ledger::identity::Source::Kubelet
+            && !kubelet_bind_is_its_pods(peer.pid, ident.key)
+        {
+            return Reply::refuse(Status::Unknown, seq);
+        }
         let gpu = &self.gpus[g];
-        let req = match host_settings(&self.opts.settings_dir, cid, &gpu.info) {
+        let req = match settings_at(&path, &gpu.info) {
             Ok(Some(r)) => r,
             Ok(None) => return Reply::refuse(Status::NoGpu, seq),
             Err(_) => return Reply::refuse(Status::Unknown, seq),
@@ -762,7 +767,90 @@ pub fn host_settings(dir: &Path, cid: &str, gpu: &GpuInfo) -> Result<Option<Host
     if cid.len() != 64 || !cid.bytes().all(|c| c.is_ascii_hexdigit()) {
         return Err(format!("{cid:?} is not a runtime container id"));
     }
-    let path = dir.join(format!("{cid}.env"));
+    settings_at(&dir.join(format!("{cid}.env")), gpu)
+}
+
+/// The name of the settings file the device plugin writes for a Kubernetes
+/// container: its ledger key (the pod's uid and the container's name, from
+/// the kubelet's per-container bind), known before the container exists.
+pub fn kubelet_settings_name(key: u64) -> String {
+    format!("k8s-{key:016x}.env")
+}
+
+/// Which of the host's settings files is a container's: for a Kubernetes
+/// container, the one the device plugin wrote for it when there is one;
+/// else (and for other containers) `<runtime container id>.env`. `None`:
+/// the container has no name the host's files can be found by.
+pub fn settings_path(dir: &Path, ident: &Identity) -> Option<PathBuf> {
+    use cgpu_ledger::identity::Source;
+    if ident.source == Source::Kubelet {
+        let p = dir.join(kubelet_settings_name(ident.key));
+        if p.symlink_metadata().is_ok() || ident.container_id.is_none() {
+            return Some(p);
+        }
+    }
+    let cid = ident.container_id.as_deref()?;
+    if cid.len() != 64 || !cid.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some(dir.join(format!("{cid}.env")))
+}
+
+/// Does the kubelet bind that named a process's container belong to the
+/// pod whose cgroup the process is in? A process that can make mounts (in
+/// a user namespace of its own) could hide its own bind by changing its
+/// root and show another pod's path; it cannot leave its pod's cgroup. The
+/// kubelet names each pod's cgroup by the pod's uid (`pod<uid>` with the
+/// cgroupfs driver, `…-pod<uid with _ for ->.slice` with systemd's), which
+/// shows in `/proc/<pid>/cgroup` as the agent reads it, whatever cgroup
+/// namespaces the two are in. True when a kubelet bind of that pod uid in
+/// the process's mounts gives the identity's key `key`.
+pub fn kubelet_bind_is_its_pods(pid: u32, key: u64) -> bool {
+    let read = |f: &str| cgpu_ledger::identity::read_proc(&format!("/proc/{pid}/{f}"));
+    let (Some(cgroup), Some(mountinfo)) = (read("cgroup"), read("mountinfo")) else {
+        return false;
+    };
+    pod_uids_in_cgroup(&cgroup).iter().any(|uid| {
+        let prefix = format!("/pods/{uid}/containers/");
+        mountinfo.lines().any(|l| {
+            let root = l.split(' ').nth(3).unwrap_or("");
+            root.find(&prefix)
+                .and_then(|i| root[i + prefix.len()..].split('/').next())
+                .filter(|name| !name.is_empty())
+                .is_some_and(|name| {
+                    cgpu_ledger::identity::key_of("k8s", &format!("{uid}/{name}")) == key
+                })
+        })
+    })
+}
+
+/// The pod uids a cgroup file names (`pod` then 36 characters of a uid,
+/// its `_` read as `-`).
+pub fn pod_uids_in_cgroup(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("pod") {
+        let Some(rest) = text.get(i + 3..i + 3 + 36) else {
+            continue;
+        };
+        let uid = rest.replace('_', "-");
+        let ok = uid.len() == 36
+            && uid.char_indices().all(|(j, c)| {
+                if matches!(j, 8 | 13 | 18 | 23) {
+                    c == '-'
+                } else {
+                    c.is_ascii_hexdigit()
+                }
+            });
+        if ok && !out.contains(&uid) {
+            out.push(uid);
+        }
+    }
+    out
+}
+
+/// The host's settings in the file at `path` for `gpu` (as
+/// [`host_settings`]).
+pub fn settings_at(path: &Path, gpu: &GpuInfo) -> Result<Option<HostSettings>, String> {
     let path_s = path.to_string_lossy().into_owned();
     let text = settings::read_settings_file(&path_s)?;
     let (cfg, failed) = settings::with_settings_file(&|_| None, None, &path_s, Ok(text));
@@ -1054,5 +1142,25 @@ fn exchange(fd: i32, msg: &[u8]) -> String {
             r.status, r.seq, r.used, r.quota, r.container, r.process
         ),
         Err(e) => format!("error {e}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pod_uids_are_read_from_either_cgroup_driver() {
+        let uid = "0f6c1b7e-5a1d-4c1e-9b57-3c2f8a1d9e10";
+        let cgroupfs = format!("12:pids:/kubepods/burstable/pod{uid}/{}\n", "ab".repeat(32));
+        assert_eq!(pod_uids_in_cgroup(&cgroupfs), [uid]);
+        let systemd = format!(
+            "0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-{}.scope\n",
+            uid.replace('-', "_"),
+            "cd".repeat(32)
+        );
+        assert_eq!(pod_uids_in_cgroup(&systemd), [uid]);
+        assert!(pod_uids_in_cgroup("0::/\n").is_empty());
+        assert!(pod_uids_in_cgroup("0::/podman/pod-x\n").is_empty());
     }
 }

@@ -501,6 +501,11 @@ impl ContainerAlloc {
         if let Some(w) = self.weight {
             s.push_str(&format!("ALIYUN_COM_GPU_SCHD_WEIGHT={w}\n"));
         }
+        // The file's keys are the container's whole settings (its
+        // environment cannot add one), so high priority must be in it.
+        if self.high_prio {
+            s.push_str(&format!("{ENV_HIGH_PRIO}=1\n"));
+        }
         s
     }
 

@@ -65,6 +65,14 @@ pub struct PluginConfig {
     /// GPUs through CDI (for runtimes without CDI; the library still shows
     /// a container only its own GPUs).
     pub expose_all_gpus: bool,
+    /// Secure mode (`cgpu-agent --secure` on the node): containers get the
+    /// ledger directory read-only (the agent alone writes it; they ask it
+    /// over the socket in it), and each container's settings are written
+    /// for the agent into [`PluginConfig::settings_dir`].
+    pub secure: bool,
+    /// The host's per-container settings directory the agent reads (as the
+    /// plugin sees it); written only in secure mode.
+    pub settings_dir: PathBuf,
 }
 
 impl PluginConfig {
@@ -83,6 +91,8 @@ impl PluginConfig {
             alloc_file_in_container: "/etc/cgpu/alloc.env".into(),
             cdi_dir: "/var/run/cdi".into(),
             expose_all_gpus: false,
+            secure: false,
+            settings_dir: cgpu_ledger::settings::DEFAULT_SETTINGS_DIR.into(),
         }
     }
 }
@@ -132,6 +142,20 @@ pub fn alloc_file_name(device_ids: &[String]) -> String {
         .collect();
     format!("{hex}.env")
 }
+
+/// The name of the host settings file of container `container` of the pod
+/// with uid `pod_uid`, in the settings directory: named by the container's
+/// ledger key, which the node agent computes from the kubelet's bind in the
+/// container (the pod's uid and the container's name), so the file can be
+/// written before the container exists.
+pub fn settings_file_name(pod_uid: &str, container: &str) -> String {
+    let key = cgpu_ledger::identity::key_of("k8s", &format!("{pod_uid}/{container}"));
+    format!("{SETTINGS_PREFIX}{key:016x}.env")
+}
+
+/// What every settings file the plugin writes is named by (others in the
+/// directory are the operator's and never touched).
+pub const SETTINGS_PREFIX: &str = "k8s-";
 
 /// `namespace/pod/container`, shortened to the ledger's 63 bytes when
 /// longer (a prefix and a hash of the whole, so it stays unique and stable).
@@ -675,10 +699,12 @@ impl Plugin {
                 host_path: c.library_on_host.display().to_string(),
                 read_only: true,
             },
+            // Secure mode: read-only (the agent's socket in it can still
+            // be connected to; a read-only mount forbids writing files).
             dp::Mount {
                 container_path: c.ledger_in_container.display().to_string(),
                 host_path: c.ledger_on_host.display().to_string(),
-                read_only: false,
+                read_only: c.secure,
             },
             dp::Mount {
                 container_path: c.alloc_file_in_container.display().to_string(),
@@ -774,14 +800,17 @@ impl Plugin {
     /// Checks the pod's decision and returns what the container gets.
     pub async fn resolve(&self, ids: &[String]) -> Result<(String, ContainerAlloc), String> {
         let owner = self.owner(ids).await?;
-        self.resolve_for(&owner, ids).await
+        self.resolve_for(&owner, ids)
+            .await
+            .map(|(pod, _, alloc)| (pod, alloc))
     }
 
+    /// As [`Plugin::resolve`] for a known owner; also gives the pod's uid.
     async fn resolve_for(
         &self,
         (ns, name, container): &(String, String, String),
         ids: &[String],
-    ) -> Result<(String, ContainerAlloc), String> {
+    ) -> Result<(String, String, ContainerAlloc), String> {
         let (ns, name, container) = (ns.as_str(), name.as_str(), container.as_str());
         let who = format!("{ns}/{name} container {container}");
         let pods: Api<Pod> = Api::namespaced(self.client.clone(), ns);
@@ -923,7 +952,7 @@ impl Plugin {
             weight: self.weight(&d, &pod, &who)?,
             mib: d.mib,
         };
-        Ok((format!("{ns}/{name}"), alloc))
+        Ok((format!("{ns}/{name}"), uid.to_string(), alloc))
     }
 
     /// The weight each GPU container of the pod gets from the compute
@@ -955,9 +984,20 @@ impl Plugin {
             Err(e) => Err(e.clone()),
         };
         match result {
-            Ok((pod, alloc)) => {
+            Ok((pod, uid, alloc)) => {
                 write_file_atomically(&path, alloc.to_file().as_bytes())
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                if self.cfg.secure {
+                    // The same settings, for the agent, under the name it
+                    // finds from the container's own bind.
+                    let container = owner.as_ref().map(|o| o.2.as_str()).unwrap_or("");
+                    let host = self
+                        .cfg
+                        .settings_dir
+                        .join(settings_file_name(&uid, container));
+                    write_file_atomically(&host, alloc.to_file().as_bytes())
+                        .map_err(|e| format!("cannot write {}: {e}", host.display()))?;
+                }
                 if !self.cfg.expose_all_gpus {
                     let spec = self.cfg.cdi_dir.join(cdi_name(ids).1);
                     write_file_atomically(&spec, cdi_spec(ids, &alloc).as_bytes())
@@ -986,6 +1026,9 @@ impl Plugin {
                 // (nor GPUs: without its CDI spec the container is not created).
                 let _ = std::fs::remove_file(&path);
                 let _ = std::fs::remove_file(self.cfg.cdi_dir.join(cdi_name(ids).1));
+                // A host settings file from an earlier start stays until the
+                // pod is gone: it gives nothing to a container that is not
+                // started.
                 tracing::error!("{e}");
                 if let Ok((ns, name, _)) = &owner {
                     self.event(ns, name, &e).await;
@@ -1114,6 +1157,72 @@ impl Plugin {
             }
         }
         Ok(removed)
+    }
+}
+
+impl Plugin {
+    /// Secure mode: removes the host settings files this plugin wrote for
+    /// containers of pods that are gone (no longer on this node by the API
+    /// server, or finished). Files the operator wrote (not named
+    /// `k8s-…`) are never touched. Returns how many were removed.
+    pub async fn clean_settings_dir(&self) -> Result<usize, String> {
+        if !self.cfg.secure {
+            return Ok(0);
+        }
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default().fields(&format!("spec.nodeName={}", self.cfg.node_name)))
+            .await
+            .map_err(|e| format!("cannot list the pods of node {}: {e}", self.cfg.node_name))?;
+        let mut keep = std::collections::BTreeSet::new();
+        for p in pods.items.iter().map(to_value) {
+            let phase = p["status"]["phase"].as_str().unwrap_or("");
+            if phase == "Succeeded" || phase == "Failed" {
+                continue;
+            }
+            let uid = p["metadata"]["uid"].as_str().unwrap_or("");
+            for list in ["containers", "initContainers"] {
+                for c in p["spec"][list].as_array().into_iter().flatten() {
+                    if let Some(name) = c["name"].as_str() {
+                        keep.insert(settings_file_name(uid, name));
+                    }
+                }
+            }
+        }
+        let Ok(entries) = std::fs::read_dir(&self.cfg.settings_dir) else {
+            return Ok(0);
+        };
+        let mut removed = 0;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with(SETTINGS_PREFIX)
+                && name.ends_with(".env")
+                && !keep.contains(&name)
+                && std::fs::remove_file(e.path()).is_ok()
+            {
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Cleans the settings directory now and then every `every`.
+    pub fn spawn_settings_cleaner(self: &Arc<Self>, every: Duration) {
+        if !self.cfg.secure {
+            return;
+        }
+        let plugin = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match plugin.clean_settings_dir().await {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::info!("removed {n} host settings files of pods that are gone")
+                    }
+                    Err(e) => tracing::warn!("host settings files not cleaned: {e}"),
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
     }
 }
 
@@ -1382,6 +1491,43 @@ async fn register_all(dir: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The settings file's name is the ledger key the agent computes from
+    /// what the kernel shows of the container's process: the kubelet's
+    /// per-container bind, with or without a container id in its cgroup.
+    #[test]
+    fn settings_file_names_are_the_agents_keys() {
+        use cgpu_ledger::identity::{resolve, Facts, Source};
+        let uid = "0f6c1b7e-5a1d-4c1e-9b57-3c2f8a1d9e10";
+        let mountinfo = format!(
+            "2391 2382 259:1 /var/lib/kubelet/pods/{uid}/containers/cuda/4a7b9c2e \
+             /dev/termination-log rw,relatime - ext4 /dev/nvme0n1p1 rw\n"
+        );
+        for cgroup in [
+            "0::/\n".to_string(),
+            format!(
+                "0::/kubepods/pod{uid}/cri-containerd-{}.scope\n",
+                "ab".repeat(32)
+            ),
+        ] {
+            let id = resolve(&Facts {
+                cgroup: Some(&cgroup),
+                mountinfo: Some(&mountinfo),
+                pidns: 4026532999,
+                hostname: "pod-a",
+                name: None,
+            });
+            assert_eq!(id.source, Source::Kubelet);
+            assert_eq!(
+                settings_file_name(uid, "cuda"),
+                format!("k8s-{:016x}.env", id.key)
+            );
+        }
+        assert_ne!(
+            settings_file_name(uid, "cuda"),
+            settings_file_name(uid, "cud")
+        );
+    }
 
     #[test]
     fn alloc_file_name_ignores_order() {

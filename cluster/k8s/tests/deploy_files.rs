@@ -50,6 +50,7 @@ fn device_plugin_mounts_what_it_uses() {
         "/run/cgpu",
         "/run/cgpu-alloc",
         "/var/run/cdi",
+        "/etc/cgpu/containers",
     ] {
         assert!(
             ds.contains(&format!("mountPath: {path}")),
@@ -74,7 +75,7 @@ fn device_plugin_mounts_what_it_uses() {
 }
 
 /// Every container runs with the runtime's seccomp profile, no privilege
-/// escalation, no capabilities (the agent: only the two it needs) and a
+/// escalation, no capabilities (the agent: only the four it needs) and a
 /// read-only root filesystem; the extender (which needs no root) as a
 /// non-root user.
 #[test]
@@ -95,7 +96,7 @@ fn manifests_are_hardened() {
             .map(str::trim)
             .collect();
         let expect: &[&str] = if f == "device-plugin.yaml" {
-            &["capabilities: {drop: [ALL], add: [SYS_PTRACE, KILL]}"]
+            &["capabilities: {drop: [ALL], add: [SYS_PTRACE, KILL, CHOWN, FOWNER]}"]
         } else {
             &[]
         };
@@ -198,6 +199,9 @@ fn the_agent_runs_beside_the_plugin() {
         command,
         [
             "cgpu-agent",
+            "--secure",
+            "--settings-dir",
+            "/etc/cgpu/containers",
             "--ledger-dir",
             ledger.to_str().unwrap(),
             "--interval",
@@ -210,6 +214,24 @@ fn the_agent_runs_beside_the_plugin() {
     );
     assert!(agent.contains("{name: host-run-cgpu, mountPath: /run/cgpu}"));
     assert!(agent.contains("{name: host-run-cgpu-agent, mountPath: /run/cgpu-agent}"));
+    // Secure mode: the settings the plugin writes, read-only for the agent;
+    // the plugin told to write them and to give containers the ledger
+    // directory read-only; the ledger directory root's 0755.
+    assert!(agent.contains(
+        "{name: host-etc-cgpu-containers, mountPath: /etc/cgpu/containers, readOnly: true}"
+    ));
+    let plugin = ds.split("- name: device-plugin\n").nth(1).unwrap();
+    let plugin = plugin.split("- name: agent\n").next().unwrap();
+    assert!(plugin.contains("{name: CGPU_MODE, value: secure}"));
+    assert!(plugin.contains("{name: host-etc-cgpu-containers, mountPath: /etc/cgpu/containers}"));
+    assert!(ds.contains("install -d -m 0755 /host/run/cgpu"));
+    assert!(!ds.contains("1777"));
+    assert_eq!(
+        cgpu_cluster::device_plugin::PluginConfig::standard("n")
+            .settings_dir
+            .to_str(),
+        Some("/etc/cgpu/containers")
+    );
     assert!(agent.contains("{name: NVIDIA_DRIVER_CAPABILITIES, value: utility}"));
     assert!(ds.contains(
         "{name: host-run-cgpu-agent, hostPath: {path: /run/cgpu-agent, type: DirectoryOrCreate}}"
@@ -247,7 +269,8 @@ fn flow_map(v: &str) -> Vec<(String, String)> {
 /// under a mount point rewritten to it), on the simulated driver. It keeps
 /// running, rewrites its status file where the manifest says, and sees a
 /// process under the library that uses the ledger directory the device
-/// plugin hands to containers.
+/// plugin hands to containers. The manifest runs it in secure mode, which
+/// runs as root (as the DaemonSet's container does): so does this test.
 #[test]
 fn the_agent_starts_with_the_manifests_flags() {
     use cgpu_testkit::{artifacts, cuclient, read_until, LinkMode, SimEnv};
@@ -331,21 +354,80 @@ fn the_agent_starts_with_the_manifests_flags() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn the agent");
+    // Secure mode: the agent serves its socket before containers use it.
+    let secure = args.iter().any(|a| a == "--secure");
+    let t0 = Instant::now();
+    while secure && !std::path::Path::new(&format!("{ledger}/agent.sock")).exists() {
+        if let Ok(Some(st)) = agent.try_wait() {
+            let o = agent.wait_with_output().unwrap();
+            panic!(
+                "the agent exited ({st}) with the manifest's flags {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        assert!(t0.elapsed() < Duration::from_secs(120), "no agent.sock");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     // A container's process as the device plugin sets it up: the library,
-    // the ledger directory, a 1 GiB quota; it holds 256 MiB.
+    // the ledger directory, a 1 GiB quota; it holds 256 MiB. In secure mode
+    // the quota is the host's settings for the container (in the agent's
+    // --settings-dir), the container the one its cgroup names.
+    let cid = format!("{:08x}{}", std::process::id(), "f".repeat(56));
+    let cgroup = std::path::PathBuf::from(format!(
+        "{}/cgpu-ds-{}",
+        cgpu_testkit::cgroup_root(),
+        std::process::id()
+    ));
+    if secure {
+        let dir = args
+            .iter()
+            .position(|a| a == "--settings-dir")
+            .map(|i| args[i + 1].clone())
+            .expect("secure mode names its settings directory");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            format!("{dir}/{cid}.env"),
+            "ALIYUN_COM_GPU_MEM_CONTAINER=1\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(cgroup.join(&cid)).expect("create a cgroup (root)");
+    }
+    // Removed when the test ends, whichever way (after the process below).
+    struct Rmdir(Vec<std::path::PathBuf>);
+    impl Drop for Rmdir {
+        fn drop(&mut self) {
+            for d in &self.0 {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+    }
+    let _cgroups = Rmdir(vec![cgroup.join(&cid), cgroup.clone()]);
     let mut proc = sim
-        .command(cuclient(LinkMode::Link))
+        .command("sh")
+        .args(["-c", "read go && exec \"$0\" \"$@\""])
+        .arg(cuclient(LinkMode::Link))
         .env("LD_PRELOAD", &a.libcgpu)
         .env("CGPU_LEDGER_DIR", &ledger)
         .env("CGPU_CONTAINER_ID", "default/p/main")
         .env("ALIYUN_COM_GPU_MEM_CONTAINER", "1")
         .env("CUCLIENT_HOLD_MAX_S", "120")
         .args(["alloc", &(256u64 << 20).to_string(), "hold"])
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .unwrap();
+    if secure {
+        std::fs::write(
+            cgroup.join(&cid).join("cgroup.procs"),
+            proc.id().to_string(),
+        )
+        .unwrap();
+    }
+    {
+        use std::io::Write;
+        writeln!(proc.stdin.as_mut().unwrap(), "go").unwrap();
+    }
     let lines = read_until(&mut proc, "holding", Duration::from_secs(120));
     assert!(lines.iter().any(|l| l.starts_with("alloc ok")), "{lines:?}");
     let pid = u64::from(proc.id());
@@ -397,6 +479,17 @@ fn the_agent_starts_with_the_manifests_flags() {
         "{first}"
     );
     assert_eq!(first["over"], 0, "{first}");
+    // Secure mode: it serves the socket containers ask it on, in the
+    // ledger directory it keeps root's and 0755, its ledger root's 0644.
+    {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let sock = std::fs::metadata(format!("{ledger}/agent.sock")).expect("agent.sock");
+        assert!(sock.file_type().is_socket());
+        let dir = std::fs::metadata(&ledger).unwrap();
+        assert_eq!((dir.uid(), dir.mode() & 0o7777), (0, 0o755));
+        let l = std::fs::metadata(first["gpus"][0]["ledger"].as_str().unwrap()).unwrap();
+        assert_eq!((l.uid(), l.mode() & 0o7777), (0, 0o644));
+    }
     // It runs as a service: later passes rewrite the file.
     let t0 = Instant::now();
     while read_status().map(|d| d["time_ns"].clone()) == Some(first["time_ns"].clone()) {
@@ -414,5 +507,187 @@ fn the_agent_starts_with_the_manifests_flags() {
     let _ = agent.wait();
     let _ = proc.kill();
     let _ = proc.wait();
+    let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Cooperative mode stays one documented switch away: the component
+/// deploy/cooperative runs the same agent without `--secure` (and its
+/// settings directory), the plugin in cooperative mode, and the ledger
+/// directory world-writable and sticky; it is named, commented out, in
+/// deploy/kustomization.yaml.
+#[test]
+fn cooperative_mode_is_the_same_deployment_without_secure() {
+    let ds = read("device-plugin.yaml");
+    let coop = read("cooperative/kustomization.yaml");
+    assert!(coop.contains("kind: Component"));
+    let agent = ds.split("- name: agent\n").nth(1).unwrap();
+    let secure = flow_list(value(agent, "command"));
+    let plain: Vec<String> = coop
+        .lines()
+        .filter(|l| l.trim_start().starts_with("value: [cgpu-agent"))
+        .map(|l| flow_list(l.trim_start().trim_start_matches("value:")))
+        .next()
+        .expect("the cooperative agent's command");
+    let mut expect = secure.clone();
+    let i = expect.iter().position(|a| a == "--secure").unwrap();
+    expect.drain(i..i + 3);
+    assert_eq!(
+        secure[i + 1..i + 3],
+        ["--settings-dir", "/etc/cgpu/containers"]
+    );
+    assert_eq!(plain, expect);
+    // The init container's command, but for the directory's mode.
+    let init = |t: &str| -> String {
+        let l = t
+            .lines()
+            .find(|l| l.contains("install -D -m 0755 /opt/cgpu/libcgpu.so"))
+            .unwrap();
+        l[l.find('[').unwrap()..].to_string()
+    };
+    assert_eq!(
+        init(&coop),
+        init(&ds).replace("install -d -m 0755", "install -d -m 1777")
+    );
+    assert!(coop.contains("value: cooperative"));
+    assert!(coop.contains("value: [SYS_PTRACE, KILL]"));
+    let k = read("kustomization.yaml");
+    assert!(k.contains("#components:\n#- cooperative"), "{k}");
+}
+
+/// The `ExecStart` of deploy/cgpu-agent.service: the active one
+/// (`commented` false) or the commented one, as its words.
+fn exec_start(unit: &str, commented: bool) -> Vec<String> {
+    let prefix = if commented {
+        "#ExecStart="
+    } else {
+        "ExecStart="
+    };
+    let mut lines = unit.lines().skip_while(|l| !l.starts_with(prefix));
+    let mut text = String::new();
+    for l in lines.by_ref() {
+        let l = if commented {
+            l.trim_start_matches('#')
+        } else {
+            l
+        };
+        let cont = l.trim_end().ends_with('\\');
+        text.push_str(l.trim_end().trim_end_matches('\\'));
+        text.push(' ');
+        if !cont {
+            break;
+        }
+    }
+    text.trim_start_matches("ExecStart=")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+/// The host deployment's two files agree, in each mode: the ledger
+/// directory the tmpfiles line makes is one the unit's agent runs on. The
+/// real agent is started with each `ExecStart` (paths under a scratch
+/// root, `${CGPU_AGENT_POLICY}` as the unit's Environment gives it) on a
+/// directory made with the matching tmpfiles line's mode: secure (as
+/// shipped) on 0755 serves its socket; cooperative (the commented lines)
+/// on 1777 writes its status; and the secure agent refuses the cooperative
+/// directory, which is why the two lines go together. Runs as root (as
+/// the unit does).
+#[test]
+fn the_host_files_agree_in_each_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let tmpfiles = read("host/cgpu.tmpfiles.conf");
+    let unit = read("cgpu-agent.service");
+    let line = |commented: bool| -> (String, u32) {
+        let l = tmpfiles
+            .lines()
+            .find(|l| {
+                let l2 = l.strip_prefix('#').unwrap_or(l);
+                l.starts_with('#') == commented && l2.starts_with("d /run/cgpu ")
+            })
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {} /run/cgpu line",
+                    if commented { "commented" } else { "active" }
+                )
+            });
+        let w: Vec<&str> = l.trim_start_matches('#').split_whitespace().collect();
+        assert_eq!(&w[3..5], ["root", "root"], "{l}");
+        (w[1].to_string(), u32::from_str_radix(w[2], 8).unwrap())
+    };
+    assert_eq!(line(false), ("/run/cgpu".to_string(), 0o755));
+    assert_eq!(line(true), ("/run/cgpu".to_string(), 0o1777));
+    assert!(tmpfiles.contains("\nd /etc/cgpu/containers 0755 root root -\n"));
+    let secure = exec_start(&unit, false);
+    let coop = exec_start(&unit, true);
+    assert!(secure.contains(&"--secure".to_string()), "{secure:?}");
+    assert!(!coop.contains(&"--secure".to_string()), "{coop:?}");
+    let policy = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("Environment=CGPU_AGENT_POLICY="))
+        .expect("the unit's policy")
+        .to_string();
+
+    let a = cgpu_testkit::artifacts();
+    let run = |args: &[String], mode: u32, tag: &str| -> (bool, String, std::path::PathBuf) {
+        let root = std::env::temp_dir().join(format!("cgpu-host-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let map = |p: &str| {
+            if p.starts_with('/') && !p.starts_with("/usr/local/bin/") {
+                format!("{}{p}", root.display())
+            } else {
+                p.replace("${CGPU_AGENT_POLICY}", &policy)
+            }
+        };
+        let ledger = root.join("run/cgpu");
+        std::fs::create_dir_all(&ledger).unwrap();
+        std::fs::create_dir_all(root.join("etc/cgpu/containers")).unwrap();
+        std::fs::create_dir_all(root.join("run/cgpu-agent")).unwrap();
+        std::fs::set_permissions(&ledger, std::fs::Permissions::from_mode(mode)).unwrap();
+        let bin = args[0].rsplit('/').next().unwrap();
+        let sim = cgpu_testkit::SimEnv::new().gpus("16160:Tesla V100-SXM2-16GB");
+        let mut agent = sim
+            .command(a.profile_dir.join(bin))
+            .args(args[1..].iter().map(|s| map(s)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = root.join("run/cgpu-agent/agent.json");
+        let t0 = Instant::now();
+        let running = loop {
+            if status.exists() {
+                break true;
+            }
+            if agent.try_wait().unwrap().is_some() {
+                break false;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "{tag}: no status file, no exit"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = agent.kill();
+        let out = agent.wait_with_output().unwrap();
+        (
+            running,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            root,
+        )
+    };
+    let (ok, log, root) = run(&secure, 0o755, "secure");
+    assert!(ok, "the shipped pair: {log}");
+    assert!(root.join("run/cgpu/agent.sock").exists(), "{log}");
+    let _ = std::fs::remove_dir_all(&root);
+    let (ok, log, root) = run(&coop, 0o1777, "coop");
+    assert!(ok, "the cooperative pair: {log}");
+    assert!(!root.join("run/cgpu/agent.sock").exists());
+    let _ = std::fs::remove_dir_all(&root);
+    let (ok, log, root) = run(&secure, 0o1777, "mixed");
+    assert!(!ok, "secure mode ran on a directory others can write");
+    assert!(log.contains("writable by others"), "{log}");
     let _ = std::fs::remove_dir_all(&root);
 }

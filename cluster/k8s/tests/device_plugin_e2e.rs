@@ -751,6 +751,10 @@ async fn a_copied_decision_never_refuses_the_rightful_pods() {
     let started = c.run_pod("big", "main").await.unwrap();
     // Its annotation asked for high priority: the runtime sets it.
     assert_eq!(started.envs["ALIYUN_COM_GPU_HIGH_PRIO"], "1");
+    // ... and its allocation file (the library takes the file's keys alone).
+    let file =
+        std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
+    assert!(file.contains("\nALIYUN_COM_GPU_HIGH_PRIO=1\n"), "{file}");
     let out = c.exec(&started, &["meminfo"]);
     assert_eq!(
         mib(field(line(&out, "meminfo"), "total").unwrap()),
@@ -1330,4 +1334,384 @@ async fn compute_shares_never_sum_past_a_whole_gpu() {
     let file =
         std::fs::read_to_string(started.host_path(&started.envs["CGPU_ALLOC_FILE"])).unwrap();
     assert!(!file.contains("WEIGHT"), "{file}");
+}
+
+/// A process of a Kubernetes container as the node agent sees it: uid
+/// 65534, in a mount namespace of its own holding the kubelet's
+/// per-container bind (`…/pods/<pod uid>/containers/<name>/<hex>`, bound
+/// on a file as the kubelet binds the termination log), in a cgroup named
+/// as the kubelet names a pod's (`…/pod<uid>/<container id>`), speaking to the agent with `cgpu-agent client`. `pod`: (pod
+/// uid of the bind, container name, pod uid of the cgroup); `None`: a host
+/// process (no bind, no cgroup).
+struct Tenant {
+    child: Child,
+    stdin: std::process::ChildStdin,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Tenant {
+    fn start(
+        dir: &std::path::Path,
+        sock: &std::path::Path,
+        pod: Option<(&str, &str, &str)>,
+    ) -> Tenant {
+        let agent = artifacts().profile_dir.join("cgpu-agent");
+        let run = format!(
+            "exec setpriv --reuid 65534 --regid 65534 --clear-groups {} client {}",
+            agent.display(),
+            sock.display()
+        );
+        let script = match pod {
+            Some((uid, container, _)) => {
+                let bind = dir.join(format!("kubelet/pods/{uid}/containers/{container}"));
+                std::fs::create_dir_all(&bind).unwrap();
+                let src = bind.join("4a7b9c2e");
+                let dst = dir.join(format!("termination-log-{uid}-{container}"));
+                std::fs::write(&src, "").unwrap();
+                std::fs::write(&dst, "").unwrap();
+                format!("mount --bind {} {} && {run}", src.display(), dst.display())
+            }
+            None => run,
+        };
+        let mut child = std::process::Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("unshare");
+        if let Some((_, _, cg_uid)) = pod {
+            // The same process execs the client, which connects at its
+            // first command: it asks from this cgroup.
+            let cg = Tenant::cgroup_root().join(format!(
+                "kubepods/pod{cg_uid}/{:08x}{}",
+                child.id(),
+                "c".repeat(56)
+            ));
+            std::fs::create_dir_all(&cg).expect("create a cgroup (root)");
+            std::fs::write(cg.join("cgroup.procs"), child.id().to_string()).unwrap();
+        }
+        Tenant {
+            stdin: child.stdin.take().unwrap(),
+            out: std::io::BufReader::new(child.stdout.take().unwrap()),
+            child,
+        }
+    }
+
+    fn cgroup_root() -> PathBuf {
+        PathBuf::from(format!(
+            "{}/cgpu-e2e-{}",
+            cgpu_testkit::cgroup_root(),
+            std::process::id()
+        ))
+    }
+
+    /// Removes the cgroups made (their processes gone), deepest first.
+    fn remove_cgroups() {
+        let mut dirs = Vec::new();
+        let mut stack = vec![Tenant::cgroup_root()];
+        while let Some(d) = stack.pop() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(e.path());
+                    }
+                }
+            }
+            dirs.push(d);
+        }
+        for d in dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+
+    /// One command, its reply as (status, used, quota).
+    fn ask(&mut self, line: &str) -> (String, u64, u64) {
+        use std::io::{BufRead, Write};
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        let f = |k: &str| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix(&format!("{k}=")))
+                .unwrap_or_else(|| panic!("{line:?}: no {k} in {l:?}"))
+                .to_string()
+        };
+        (
+            f("status"),
+            f("used").parse().unwrap(),
+            f("quota").parse().unwrap(),
+        )
+    }
+}
+
+impl Drop for Tenant {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Secure mode end to end: the device plugin (CGPU_MODE=secure) allocates
+/// two pods' containers through the kubelet double and writes each one's
+/// settings for the agent; the real `cgpu-agent --secure` reads them; a
+/// process of uid 65534 in each container (identified by the kernel: the
+/// kubelet's bind in its mount namespace) gets exactly its container's
+/// quota through the agent and nothing past it; a host process gets
+/// nothing. Containers get the ledger directory read-only. When a pod is
+/// gone, its settings file is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "secure mode runs the agent as root and its tenants as uid 65534"
+    );
+    let settings = std::env::temp_dir()
+        .join(format!("cgpu-e2e-secure-{}", std::process::id()))
+        .join("settings");
+    let settings_s = settings.display().to_string();
+    let mut c = Cluster::build(
+        "secure",
+        &[V100, V100],
+        json!({}),
+        false,
+        &[("CGPU_MODE", "secure"), ("CGPU_SETTINGS_DIR", &settings_s)],
+    )
+    .await;
+    c.ready(30).await;
+    let a = c.pod("trainer", json!([gpu_container("cuda", 3)]), 1);
+    c.schedule(&a).await.unwrap();
+    let b = c.pod("other", json!([gpu_container("cuda", 5)]), 1);
+    c.schedule(&b).await.unwrap();
+    let sa = c.run_pod("trainer", "cuda").await.unwrap();
+    let sb = c.run_pod("other", "cuda").await.unwrap();
+    let ledger = c.dir.join("ledger");
+    for s in [&sa, &sb] {
+        let m = s
+            .mounts
+            .iter()
+            .find(|m| m.host_path == ledger.display().to_string())
+            .expect("the ledger directory is mounted");
+        assert!(m.read_only, "the ledger directory is mounted writable");
+    }
+    // Each container's settings, on the host, under the name the agent
+    // finds from the container's own bind: the allocation file's.
+    let uid = |name: &str| c.get(name)["metadata"]["uid"].as_str().unwrap().to_string();
+    let (ua, ub) = (uid("trainer"), uid("other"));
+    let host = |u: &str| settings.join(cgpu_cluster::device_plugin::settings_file_name(u, "cuda"));
+    for (u, s) in [(&ua, &sa), (&ub, &sb)] {
+        let alloc = std::fs::read_to_string(s.host_path(&s.envs["CGPU_ALLOC_FILE"])).unwrap();
+        assert_eq!(std::fs::read_to_string(host(u)).unwrap(), alloc);
+    }
+    let file = std::fs::read_to_string(host(&ua)).unwrap();
+    let gpu = file
+        .lines()
+        .find_map(|l| l.strip_prefix("ALIYUN_COM_GPU_VISIBLE_DEVICES="))
+        .unwrap()
+        .to_string();
+
+    // The agent, as the DaemonSet runs it.
+    let agent = c
+        .sim
+        .command(artifacts().profile_dir.join("cgpu-agent"))
+        .args(["--secure", "--settings-dir", &settings_s, "--ledger-dir"])
+        .arg(&ledger)
+        .args(["--interval", "500ms"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cgpu-agent");
+    // Killed when the test ends, whichever way.
+    let mut agent = Killed(agent);
+    let agent = &mut agent.0;
+    let seen = {
+        use std::io::BufRead;
+        let mut r = std::io::BufReader::new(agent.stderr.take().unwrap());
+        let mut seen = Vec::new();
+        let mut l = String::new();
+        while r.read_line(&mut l).unwrap_or(0) > 0 {
+            seen.push(std::mem::take(&mut l));
+            if seen.last().unwrap().contains("secure: serving") {
+                break;
+            }
+        }
+        std::thread::spawn(move || std::io::copy(&mut r, &mut std::io::sink()));
+        seen
+    };
+    assert!(
+        seen.last().is_some_and(|l| l.contains("secure: serving")),
+        "the agent did not start: {seen:?}"
+    );
+    let sock = ledger.join("agent.sock");
+    // The scratch directory must let uid 65534 reach the socket.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    const GIB: u64 = 1 << 30;
+    // Declared before the tenants, so dropped after them, even on a panic.
+    let _cgroups = CgroupsMade;
+    // What each container's process sees in cooperative mode too: its
+    // share of the V100 (16160 MiB) by ALIYUN_COM_GPU_MEM_DEV=15.
+    let v100 = 16160u64 << 20;
+    let (qa, qb) = (v100 * 3 / 15, v100 * 5 / 15);
+    assert_eq!(qa, 3232 << 20);
+    let mut ta = Tenant::start(&c.dir, &sock, Some((&ua, "cuda", &ua)));
+    let mut tb = Tenant::start(&c.dir, &sock, Some((&ub, "cuda", &ub)));
+    // A process of pod a that shows pod b's bind (as one that can mount in
+    // a user namespace could, hiding its own): its cgroup is pod a's, so
+    // the agent gives it nothing.
+    let mut forger = Tenant::start(&c.dir, &sock, Some((&ub, "cuda", &ua)));
+    assert_eq!(forger.ask(&format!("hello {gpu}")).0, "Unknown");
+    let mut host_proc = Tenant::start(&c.dir, &sock, None);
+    assert_eq!(ta.ask(&format!("hello {gpu}")), ("Ok".into(), 0, qa));
+    assert_eq!(
+        ta.ask(&format!("reserve {gpu} {}", 2 * GIB)),
+        ("Ok".into(), 2 * GIB, qa)
+    );
+    // Past its quota: refused, nothing more charged.
+    assert_eq!(
+        ta.ask(&format!("reserve {gpu} {}", qa - 2 * GIB + 1)),
+        ("OverQuota".into(), 2 * GIB, qa)
+    );
+    assert_eq!(
+        ta.ask(&format!("reserve {gpu} {}", qa - 2 * GIB)),
+        ("Ok".into(), qa, qa)
+    );
+    // The other pod's container: its own quota, its own books.
+    assert_eq!(tb.ask(&format!("hello {gpu}")), ("Ok".into(), 0, qb));
+    assert_eq!(
+        tb.ask(&format!("reserve {gpu} {qb}")),
+        ("Ok".into(), qb, qb)
+    );
+    assert_eq!(tb.ask(&format!("reserve {gpu} 1")).0, "OverQuota");
+    // The container's own program under libcgpu.so, as the container
+    // starts it (its environment from Allocate, uid 65534, its bind and
+    // cgroup): the library finds the agent's socket in the read-only
+    // ledger directory and gets its quota from it.
+    assert_eq!(ta.ask(&format!("release {gpu} {qa}")), ("Ok".into(), 0, qa));
+    // The simulated driver's state stands for the device: every uid uses it.
+    share_tree(&c.sim.state_dir);
+    let cuda = Tenant::cgroup_root().join(format!("kubepods/pod{ua}/{}", "d".repeat(64)));
+    std::fs::create_dir_all(&cuda).unwrap();
+    let bind = c
+        .dir
+        .join(format!("kubelet/pods/{ua}/containers/cuda/4a7b9c2e"));
+    let dst = c.dir.join("termination-log-lib");
+    std::fs::write(&dst, "").unwrap();
+    let mut lib = c.sim.command("unshare");
+    lib.envs(sa.env_on_host())
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!(
+            "mount --bind {} {} && read go && exec setpriv --reuid 65534 --regid 65534 \
+             --clear-groups {} meminfo alloc_until_oom 67108864",
+            bind.display(),
+            dst.display(),
+            cuclient(LinkMode::Link).display()
+        ))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut p = lib.spawn().unwrap();
+    std::fs::write(cuda.join("cgroup.procs"), p.id().to_string()).unwrap();
+    {
+        use std::io::Write;
+        writeln!(p.stdin.as_mut().unwrap(), "go").unwrap();
+    }
+    let o = p.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(
+        field(line(&out, "meminfo"), "total").map(|t| t.parse::<u64>().unwrap()),
+        Some(qa),
+        "{out}{err}"
+    );
+    let l = line(&out, "alloc_until_oom");
+    assert_eq!(field(l, "err"), Some("2"), "{out}{err}");
+    // Granted up to what its quota leaves (its context is charged too), 64
+    // MiB at a time, through the agent: the ledger is not the process's to
+    // write.
+    let free: u64 = field(line(&out, "meminfo"), "free")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let got: u64 = field(l, "bytes").unwrap().parse().unwrap();
+    assert!(
+        free < qa && got <= free && got + (64 << 20) > free,
+        "{out}{err}"
+    );
+    // A process in no container gets nothing.
+    assert_eq!(host_proc.ask(&format!("hello {gpu}")).0, "Unknown");
+
+    // The tenants cannot write the books: the directory is root's 0755,
+    // the ledger root's 0644.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let l = cgpu_ledger::Ledger::live_path(&ledger, &gpu);
+        let m = std::fs::metadata(&l).unwrap();
+        assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o644), "{}", l.display());
+        let d = std::fs::metadata(&ledger).unwrap();
+        assert_eq!((d.uid(), d.mode() & 0o7777), (0, 0o755));
+    }
+
+    // Pod "other" is gone: its settings go at the plugin's next clean (at
+    // start, then every minute); the running pod's stay.
+    drop(tb);
+    c.api.finalize("pods", "default", "other");
+    c.kubelet.remove_pod("default", "other");
+    c.kill_plugin();
+    c.start_plugin();
+    let t0 = std::time::Instant::now();
+    while host(&ub).exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the gone pod's settings file stays"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        host(&ua).exists(),
+        "the running pod's settings file was removed"
+    );
+    drop(ta);
+    drop(host_proc);
+    drop(forger);
+}
+
+/// Makes a directory tree usable by every uid.
+fn share_tree(p: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(md) = std::fs::symlink_metadata(p) else {
+        return;
+    };
+    if md.is_dir() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777));
+        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+            share_tree(&e.path());
+        }
+    } else if md.is_file() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666));
+    }
+}
+
+/// A child process killed when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Removes the tenants' cgroups when dropped.
+struct CgroupsMade;
+
+impl Drop for CgroupsMade {
+    fn drop(&mut self) {
+        Tenant::remove_cgroups();
+    }
 }

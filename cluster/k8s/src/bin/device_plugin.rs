@@ -17,6 +17,11 @@ const USAGE: &str = "usage: cgpu-device-plugin\n\
   CGPU_POD_RESOURCES_SOCKET  default /var/lib/kubelet/pod-resources/kubelet.sock\n\
   CGPU_LIBRARY               libcgpu.so on the node and in containers (default /opt/cgpu/libcgpu.so)\n\
   CGPU_LEDGER_DIR            the ledger directory on the node and in containers (default /run/cgpu)\n\
+  CGPU_MODE                  secure: containers get the ledger directory read-only and the node agent\n\
+                             (cgpu-agent --secure) their settings; cooperative (default): the library\n\
+                             in each container writes the ledger itself\n\
+  CGPU_SETTINGS_DIR          secure mode: where the agent reads each container's settings\n\
+                             (default /etc/cgpu/containers; the plugin writes k8s-<key>.env there)\n\
   CGPU_ALLOC_DIR             allocation files (default /run/cgpu-alloc; outside the ledger directory)\n\
   CGPU_CDI_DIR               where the runtime reads CDI specs (default /var/run/cdi)\n\
   CGPU_EXPOSE_ALL_GPUS       true: NVIDIA_VISIBLE_DEVICES=all instead of each container's GPUs\n\
@@ -68,6 +73,17 @@ async fn main() -> ExitCode {
     }
     cfg.expose_all_gpus =
         std::env::var("CGPU_EXPOSE_ALL_GPUS").is_ok_and(|v| v == "true" || v == "1");
+    match std::env::var("CGPU_MODE").unwrap_or_default().as_str() {
+        "" | "cooperative" => cfg.secure = false,
+        "secure" => cfg.secure = true,
+        other => {
+            eprint!("cgpu-device-plugin: CGPU_MODE={other:?}: secure or cooperative\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    }
+    if let Some(d) = env_path("CGPU_SETTINGS_DIR") {
+        cfg.settings_dir = d;
+    }
     if let Some(a) = env_path("CGPU_ALLOC_DIR") {
         cfg.alloc_dir = a.clone();
         cfg.alloc_dir_on_host = a;
@@ -115,6 +131,9 @@ async fn main() -> ExitCode {
         Ok(n) => tracing::info!("removed {n} allocation files of containers that are gone"),
         Err(e) => tracing::warn!("allocation files not cleaned: {e}"),
     }
+    // Secure mode: the host settings of pods that are gone are removed at
+    // start and then every minute.
+    plugin.spawn_settings_cleaner(std::time::Duration::from_secs(60));
     device_plugin::run(plugin, async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
