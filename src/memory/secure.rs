@@ -224,8 +224,16 @@ impl Client {
             )));
         };
         let b = req.encode();
-        // SAFETY: valid descriptor and buffer of its length.
-        let n = unsafe { libc::send(c.fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
+        // A socket with a send timeout is not restarted after a signal
+        // (`SA_RESTART` does not apply): a signal is no failed connection.
+        let n = loop {
+            // SAFETY: valid descriptor and buffer of its length.
+            let n = unsafe { libc::send(c.fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
+            if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            break n;
+        };
         if n != b.len() as isize {
             let e = std::io::Error::last_os_error();
             Client::disconnect(c);
