@@ -2,8 +2,9 @@
 //! device or an NVML handle is. [`cuda_gpu`] joins the GPU's ledger on
 //! first use and is only for calls that use the GPU (allocate, create a
 //! context, launch); [`cuda_view_quota`] and `nvml_peek` answer views
-//! without joining. The GPUs' identity and visibility are
-//! `crate::process::gpus`'.
+//! without joining (in secure mode they say `Hello` to the node agent once
+//! per GPU: the container's row is known only from its answer). The GPUs'
+//! identity and visibility are `crate::process::gpus`'.
 
 use super::{peek, proc_state, tracking, Gpu, GpuInfo, Peek};
 use crate::process::gpus::{cuda_info, current_device, nvml_identity};
@@ -21,7 +22,7 @@ pub fn cuda_gpu(dev: CUdevice) -> Option<&'static Gpu> {
 }
 
 /// The quota CUDA device `dev` shows (`None`: the physical view), without
-/// joining it.
+/// joining it (in secure mode: see [`peek`]).
 pub fn cuda_view_quota(dev: CUdevice) -> Option<u64> {
     if !tracking() {
         return None;
@@ -41,9 +42,9 @@ pub fn current_gpu() -> Option<&'static Gpu> {
 }
 
 /// What the container sees of the GPU behind an NVML handle (`None`:
-/// pass-through or hidden). NVML calls only look: they never join the GPU;
-/// a GPU this process joined answers from its membership, another from the
-/// configuration and the ledger.
+/// pass-through or hidden). NVML calls only look: they never join the GPU
+/// (in secure mode: see [`peek`]); a GPU this process joined answers from
+/// its membership, another from the configuration and the ledger.
 pub(crate) fn nvml_peek(h: nvmlDevice_t) -> Option<Peek> {
     if !tracking() {
         return None;

@@ -487,7 +487,9 @@ impl Proc {
 
 /// What a process that has not joined a GPU sees of it: answered from the
 /// configuration and the GPU's ledger, read only (asking never joins: a
-/// process joins a GPU when it allocates, creates a context or launches there).
+/// process joins a GPU when it allocates, creates a context or launches
+/// there; in secure mode the first view of a GPU says `Hello` to the node
+/// agent, which places the process in its container's row).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Peek {
     /// The quota view (`None`: the physical view).
