@@ -159,6 +159,9 @@ pub struct Server {
     conns: HashMap<i32, Conn>,
     per_container: HashMap<u64, usize>,
     orphans: Vec<Orphan>,
+    /// Since when the listening socket is out of the epoll set (accepting
+    /// failed for want of descriptors or memory).
+    accept_paused: Option<Instant>,
     /// Time from a connection's end being seen to its bytes being back,
     /// the last one (ns), for the log.
     pub last_release_ns: u64,
@@ -387,6 +390,7 @@ impl Server {
             conns: HashMap::new(),
             per_container: HashMap::new(),
             orphans,
+            accept_paused: None,
             last_release_ns: 0,
         };
         s.watch(listen, libc::EPOLLIN as u32)?;
@@ -448,6 +452,13 @@ impl Server {
                     self.serve(fd);
                 }
             }
+            if self
+                .accept_paused
+                .is_some_and(|t| t.elapsed() >= ORPHAN_CHECK)
+                && self.watch(self.listen, libc::EPOLLIN as u32).is_ok()
+            {
+                self.accept_paused = None;
+            }
             if !self.orphans.is_empty() && last_check.elapsed() >= ORPHAN_CHECK {
                 last_check = Instant::now();
                 self.reap_orphans();
@@ -467,7 +478,28 @@ impl Server {
                 )
             };
             if fd < 0 {
-                return; // EAGAIN, or out of descriptors (retried on the next event)
+                // EAGAIN: all taken. Out of descriptors or memory: the
+                // connection stays queued, and the level-triggered socket
+                // would wake the loop again at once, forever; it is left
+                // out of the set for one check interval instead.
+                let e = errno().raw_os_error();
+                if matches!(
+                    e,
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                ) && self.accept_paused.is_none()
+                {
+                    // SAFETY: our epoll instance and listening socket.
+                    unsafe {
+                        libc::epoll_ctl(
+                            self.epoll,
+                            libc::EPOLL_CTL_DEL,
+                            self.listen,
+                            std::ptr::null_mut(),
+                        )
+                    };
+                    self.accept_paused = Some(Instant::now());
+                }
+                return;
             }
             let peer = ucred(fd).and_then(|c| {
                 let pid = u32::try_from(c.pid).ok().filter(|&p| p > 0)?;

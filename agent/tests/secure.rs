@@ -49,6 +49,8 @@ struct Rig {
     agent_log: Option<Receiver<String>>,
     uuid: String,
     cgroups: Vec<PathBuf>,
+    /// The agent's descriptor limit (soft and hard), when one is set.
+    nofile: Option<u64>,
 }
 
 impl Rig {
@@ -75,6 +77,7 @@ impl Rig {
             agent_log: None,
             uuid: String::new(),
             cgroups: Vec::new(),
+            nofile: None,
         };
         r.start_agent(&[]);
         r
@@ -90,6 +93,21 @@ impl Rig {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        if let Some(n) = self.nofile {
+            let r = libc::rlimit {
+                rlim_cur: n,
+                rlim_max: n,
+            };
+            // SAFETY: only setrlimit between fork and exec (async-signal-safe).
+            unsafe {
+                c.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         c
     }
 
@@ -571,6 +589,67 @@ fn a_flood_of_connections_is_capped_per_container() {
         flood.cmd("unflood");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// CPU time (clock ticks) the agent's server thread has used so far.
+fn server_ticks(pid: u32) -> u64 {
+    for t in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the agent's threads") {
+        let t = t.unwrap().path();
+        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        if comm.trim() != "cgpu-secure" {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.join("stat")).unwrap();
+        let rest = &stat[stat.rfind(')').unwrap() + 1..];
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .map(|v| v.parse().unwrap())
+            .collect();
+        return f[0] + f[1];
+    }
+    panic!("the agent has no cgpu-secure thread");
+}
+
+/// Out of descriptors, the agent leaves its queued connections waiting
+/// (it does not spin on a listening socket it cannot accept from) and
+/// serves again once descriptors are free.
+#[test]
+fn out_of_descriptors_the_agent_waits_and_recovers() {
+    let mut rig = Rig::new();
+    rig.kill_agent();
+    rig.nofile = Some(48);
+    rig.start_agent(&[]);
+    let a = container_id();
+    rig.settings_for(&a, &["ALIYUN_COM_GPU_MEM_CONTAINER=1"]);
+    // More connections than the agent has descriptors: the rest stay
+    // queued (the backlog holds them; connect returns at once).
+    let sock = rig.sock();
+    let mut held = Vec::new();
+    for _ in 0..120 {
+        held.push(cgpu_agent::secure::connect_to(&sock).expect("connect"));
+    }
+    let pid = rig.agent.as_ref().unwrap().id();
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = server_ticks(pid);
+    std::thread::sleep(Duration::from_secs(2));
+    let used = server_ticks(pid) - t0;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    // A loop that spins uses the CPU it gets (a core's worth, less what
+    // other work takes); one that waits, a few wake-ups.
+    assert!(
+        used * 10 < hz * 2,
+        "the server thread used {used} ticks of CPU in 2 s (at {hz}/s) while out of descriptors"
+    );
+    for fd in held {
+        // SAFETY: our descriptors.
+        unsafe { libc::close(fd) };
+    }
+    let gpu = rig.uuid.clone();
+    let mut c = rig.client(Some(&a));
+    assert_eq!(c.ask(&format!("hello {gpu}")).status, "Ok");
 }
 
 #[test]
