@@ -275,6 +275,54 @@ fn ucred(fd: i32) -> Option<libc::ucred> {
     (rc == 0).then_some(c)
 }
 
+/// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const SO_PEERPIDFD: libc::c_int = 77;
+
+/// A pidfd of the process that connected `fd` (`None`: a kernel before
+/// 6.5, or another architecture).
+fn peer_pidfd(fd: i32) -> Option<i32> {
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    {
+        let mut p: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `p` is a writable c_int of `len` bytes.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                SO_PEERPIDFD,
+                (&mut p as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        (rc == 0 && p >= 0).then_some(p)
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        let _ = fd;
+        None
+    }
+}
+
+/// Does pidfd `p`'s process still hold its pid (running, or exited and
+/// not yet reaped)? Then what was read of that pid was read of it. Closes `p`.
+fn pidfd_holds_pid(p: i32) -> bool {
+    // SAFETY: signal 0 to our pidfd checks without sending; no siginfo.
+    let ok = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            p,
+            0,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    } == 0;
+    // SAFETY: our descriptor.
+    unsafe { libc::close(p) };
+    ok
+}
+
 impl Server {
     /// Takes the ledger directory, opens (creating) every GPU's ledger,
     /// adopts the rows of live processes a previous agent served, and
@@ -501,6 +549,9 @@ impl Server {
                 }
                 return;
             }
+            // The connecting process itself (not its pid, which may be
+            // another process's by the time /proc is read).
+            let pidfd = peer_pidfd(fd);
             let peer = ucred(fd).and_then(|c| {
                 let pid = u32::try_from(c.pid).ok().filter(|&p| p > 0)?;
                 let start = start_time(pid)?;
@@ -517,6 +568,14 @@ impl Server {
                 // the connection (not a pid reused meanwhile).
                 (start_time(p.pid) == Some(p.start)).then_some(id)
             });
+            // What was read of the pid was read of the process that
+            // connected only if that process still held the pid after
+            // the reads (its pid reused between its connect and this
+            // accept would name another container's process).
+            let (peer, ident) = match pidfd {
+                Some(p) if !pidfd_holds_pid(p) => (None, None),
+                _ => (peer, ident),
+            };
             let key = ident.as_ref().map_or(0, |i| i.key);
             let count = self.per_container.get(&key).copied().unwrap_or(0);
             if self.conns.len() >= self.opts.max_connections || count >= self.opts.max_per_container
