@@ -158,7 +158,7 @@ impl Pass {
 }
 
 /// `(state, start time)` from `/proc/<pid>/stat`.
-fn proc_stat(pid: u32) -> Option<(char, u64)> {
+pub(crate) fn proc_stat(pid: u32) -> Option<(char, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command may hold spaces and parentheses: fields follow the last ')'.
     let rest = &s[s.rfind(')')? + 1..];
@@ -171,7 +171,7 @@ fn proc_stat(pid: u32) -> Option<(char, u64)> {
 
 /// `(pid in its own namespace, that namespace's inode)`, as the ledger
 /// names a process.
-fn ns_pid(pid: u32) -> Option<(i32, u64)> {
+pub(crate) fn ns_pid(pid: u32) -> Option<(i32, u64)> {
     let status = identity::read_proc(&format!("/proc/{pid}/status"))?;
     let nspid = status
         .lines()

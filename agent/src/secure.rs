@@ -173,29 +173,7 @@ fn errno() -> std::io::Error {
 
 /// `starttime` (field 22) of `/proc/<pid>/stat`.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &s[s.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// The pid a process has in its own PID namespace (last of `NSpid`).
-fn ns_pid(pid: u32) -> Option<i32> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = s.lines().find(|l| l.starts_with("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
-}
-
-fn pidns_of(pid: u32) -> u64 {
-    std::fs::read_link(format!("/proc/{pid}/ns/pid"))
-        .ok()
-        .and_then(|l| {
-            l.to_str()?
-                .strip_prefix("pid:[")?
-                .strip_suffix(']')?
-                .parse()
-                .ok()
-        })
-        .unwrap_or(0)
+    crate::proc_stat(pid).map(|(_, start)| start)
 }
 
 /// Is another agent serving `sock`? (It answers a connection.)
@@ -278,6 +256,33 @@ fn ucred(fd: i32) -> Option<libc::ucred> {
 /// `SO_PEERPIDFD` (Linux 6.5): a pidfd of the process that connected.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 const SO_PEERPIDFD: libc::c_int = 77;
+
+/// The caller's identity with the container id the host's view of its
+/// cgroup names (`host_cgroup`: `/proc/<pid>/cgroup` as the agent reads
+/// it, which shows the whole path whatever the caller's cgroup
+/// namespace). A process cannot leave its container's cgroup (only go
+/// below it), whereas its mount table is its own to change (a process
+/// that may make a user and mount namespace can bind a file named after
+/// another container on `/etc/hostname`): when the two disagree the
+/// cgroup wins, for the settings file and, unless the kubelet's bind
+/// (inherited, first, and locked in place) named the container, for the
+/// row too.
+fn pinned_to_cgroup(mut id: Identity, host_cgroup: Option<&str>) -> Identity {
+    use cgpu_ledger::identity::{container_id_in_cgroup, key_of_container_id, Source};
+    let Some(real) = host_cgroup.and_then(container_id_in_cgroup) else {
+        return id;
+    };
+    if id.container_id.as_deref() == Some(real.as_str()) {
+        return id;
+    }
+    if id.source != Source::Kubelet {
+        id.key = key_of_container_id(&real);
+        id.name = real[..12].to_string();
+        id.source = Source::Cgroup;
+    }
+    id.container_id = Some(real);
+    id
+}
 
 /// A pidfd of the process that connected `fd` (`None`: a kernel before
 /// 6.5, or another architecture).
@@ -555,15 +560,20 @@ impl Server {
             let peer = ucred(fd).and_then(|c| {
                 let pid = u32::try_from(c.pid).ok().filter(|&p| p > 0)?;
                 let start = start_time(pid)?;
+                let (nspid, pidns) = crate::ns_pid(pid).unwrap_or((0, 0));
                 Some(Peer {
                     pid,
-                    nspid: ns_pid(pid).unwrap_or(0),
-                    pidns: pidns_of(pid),
+                    nspid,
+                    pidns,
                     start,
                 })
             });
             let ident = peer.as_ref().and_then(|p| {
                 let id = cgpu_ledger::identity::of_pid(p.pid, None)?;
+                let id = pinned_to_cgroup(
+                    id,
+                    cgpu_ledger::identity::read_proc(&format!("/proc/{}/cgroup", p.pid)).as_deref(),
+                );
                 // The process is still the one whose credentials came with
                 // the connection (not a pid reused meanwhile).
                 (start_time(p.pid) == Some(p.start)).then_some(id)
@@ -1239,6 +1249,7 @@ fn exchange(fd: i32, msg: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cgpu_ledger::identity::{key_of_container_id, resolve, Facts, Source};
 
     #[test]
     fn pod_uids_are_read_from_either_cgroup_driver() {
@@ -1253,5 +1264,53 @@ mod tests {
         assert_eq!(pod_uids_in_cgroup(&systemd), [uid]);
         assert!(pod_uids_in_cgroup("0::/\n").is_empty());
         assert!(pod_uids_in_cgroup("0::/podman/pod-x\n").is_empty());
+    }
+
+    const MINE: &str = "3f4c0a6d2b1e9f8a7c6b5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f40";
+    const VICTIM: &str = "9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e0f9a8b";
+
+    /// A docker container's mount table, with a later bind on
+    /// `/etc/hostname` of a file named after `forged` (what a process that
+    /// can make a user and mount namespace can add), when given.
+    fn mountinfo(forged: Option<&str>) -> String {
+        let mut mi = format!(
+            "1187 1098 0:120 / / rw,relatime - overlay overlay rw,upperdir=/var/lib/docker/overlay2/8c1f/diff\n\
+1194 1187 259:2 /var/lib/docker/containers/{MINE}/hostname /etc/hostname rw,relatime - ext4 /dev/nvme0n1p2 rw\n"
+        );
+        if let Some(v) = forged {
+            mi.push_str(&format!(
+                "1300 1194 0:200 /var/lib/docker/containers/{v}/hostname /etc/hostname rw,relatime - tmpfs tmpfs rw\n"
+            ));
+        }
+        mi
+    }
+
+    fn of(mi: &str) -> Identity {
+        resolve(&Facts {
+            cgroup: None, // its own cgroup namespace: says nothing
+            mountinfo: Some(mi),
+            pidns: 4026532301,
+            hostname: "h",
+            name: None,
+        })
+    }
+
+    /// A forged bind names the victim; the host's view of the cgroup
+    /// gives the caller's own container back.
+    #[test]
+    fn the_hosts_cgroup_view_wins_over_a_forged_bind() {
+        let host_cg = format!("0::/system.slice/docker-{MINE}.scope\n");
+        let forged = of(&mountinfo(Some(VICTIM)));
+        assert_eq!(forged.container_id.as_deref(), Some(VICTIM));
+        let id = pinned_to_cgroup(forged, Some(&host_cg));
+        assert_eq!(id.container_id.as_deref(), Some(MINE));
+        assert_eq!(id.key, key_of_container_id(MINE));
+        // The honest caller is named as before.
+        let honest = of(&mountinfo(None));
+        assert_eq!(pinned_to_cgroup(honest.clone(), Some(&host_cg)), honest);
+        assert_eq!(honest.source, Source::RuntimeBind);
+        // Without a cgroup that names a container, nothing changes.
+        assert_eq!(pinned_to_cgroup(honest.clone(), Some("0::/\n")), honest);
+        assert_eq!(pinned_to_cgroup(honest.clone(), None), honest);
     }
 }
