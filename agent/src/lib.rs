@@ -203,10 +203,19 @@ fn host_rule_name(pid: u32) -> Option<String> {
 }
 
 /// The identity of a host pid: `None` for a process outside any container
-/// when the host is not judged (or a process gone meanwhile).
-fn identity_of(pid: u32, include_host: bool) -> Option<Identity> {
+/// when the host is not judged (or a process gone meanwhile). `secure`:
+/// named as the secure server names its callers (the host's view of the
+/// cgroup wins, see `secure::pinned_to_cgroup`), so that a process's
+/// device charge goes to the row its requests use.
+fn identity_of(pid: u32, include_host: bool, secure: bool) -> Option<Identity> {
     let facts = identity::ProcessFacts::read(pid)?;
-    let id = facts.resolve(None);
+    let mut id = facts.resolve(None);
+    if secure {
+        id = secure::pinned_to_cgroup(
+            id,
+            identity::read_proc(&format!("/proc/{pid}/cgroup")).as_deref(),
+        );
+    }
     if id.source != Source::Host {
         return Some(id);
     }
@@ -218,7 +227,7 @@ fn identity_of(pid: u32, include_host: bool) -> Option<Identity> {
 }
 
 /// Checks one GPU: the device's processes against the ledger `l`.
-pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> GpuUse {
+pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool, secure: bool) -> GpuUse {
     let snap: Snapshot = l.snapshot();
     // Live processes of the ledger, by (pid in their namespace, namespace):
     // their container's slot.
@@ -265,7 +274,7 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool) -> Gp
         p.ledger_bytes = by_host.get(&d.pid).copied().unwrap_or(0)
             + ns.and_then(|k| by_ns.get(&k).copied()).unwrap_or(0);
         p.unseen = p.bytes.saturating_sub(p.ledger_bytes);
-        let Some(id) = identity_of(d.pid, include_host) else {
+        let Some(id) = identity_of(d.pid, include_host, secure) else {
             outside.push(p);
             continue;
         };
@@ -497,6 +506,7 @@ impl Agent {
         let mut pass = Pass::default();
         let mut now_over = HashMap::new();
         let mut now_charged = HashMap::new();
+        let secure = self.books.is_some();
         for path in Ledger::list(&self.opts.ledger_dir) {
             let opened;
             let l = match &mut self.books {
@@ -530,7 +540,7 @@ impl Agent {
                     continue;
                 }
             };
-            let mut g = check_gpu(l, &device, self.opts.include_host);
+            let mut g = check_gpu(l, &device, self.opts.include_host, secure);
             if let Some(b) = &mut self.books {
                 b.settle(&mut g);
             }

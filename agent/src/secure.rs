@@ -267,7 +267,7 @@ const SO_PEERPIDFD: libc::c_int = 77;
 /// cgroup wins, for the settings file and, unless the kubelet's bind
 /// (inherited, first, and locked in place) named the container, for the
 /// row too.
-fn pinned_to_cgroup(mut id: Identity, host_cgroup: Option<&str>) -> Identity {
+pub(crate) fn pinned_to_cgroup(mut id: Identity, host_cgroup: Option<&str>) -> Identity {
     use cgpu_ledger::identity::{container_id_in_cgroup, key_of_container_id, Source};
     let Some(real) = host_cgroup.and_then(container_id_in_cgroup) else {
         return id;
