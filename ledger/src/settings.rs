@@ -317,21 +317,10 @@ pub fn container_id_from_cgroup(text: &str) -> Option<String> {
 }
 
 fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: buf is writable for its whole length; gethostname NUL-terminates
-    // when the name fits, and we search for the NUL within the buffer.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len() - 1) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let n = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
-    let s = String::from_utf8_lossy(&buf[..n]).into_owned();
-    let s: String = s.chars().take(MAX_CONTAINER_ID).collect();
-    if s.is_empty() {
-        "unknown".into()
-    } else {
-        s
-    }
+    crate::identity::hostname()
+        .chars()
+        .take(MAX_CONTAINER_ID)
+        .collect()
 }
 
 /// Parse a whole environment given as a lookup function (testable).
