@@ -201,6 +201,72 @@ fn over_quota_is_out_of_memory_and_leaks_nothing() {
     assert_eq!(infos[1]["free"].as_u64().unwrap(), GIB - CTX);
 }
 
+/// A primary context the driver re-creates on a retain while this process
+/// still holds references to it (a reset, then the driver's own release for
+/// a green context dropped it) is refused when its reservation does not fit,
+/// as a first retain is: the device never holds more than the books.
+#[test]
+fn a_re_created_primary_context_over_quota_is_refused() {
+    let m = Machine::new("recreate", T4);
+    let v = vars("recreate", "1");
+    let fill = (GIB - CTX - 100 * MIB).to_string();
+    let (mut kid, _r, out) = spawn_ready_out(m.client(
+        Some(&v),
+        &[
+            "init",
+            "green",
+            "preset",
+            "green",
+            "pretain",
+            "greendestroy",
+            "0",
+            "greendestroy",
+            "1",
+            "ctx",
+            "alloc",
+            &fill,
+            "pretain",
+            "hold",
+        ],
+    ));
+    let r: Vec<_> = lines(&out)
+        .into_iter()
+        // (the context and the allocation that fill the quota succeed)
+        .filter(|j| !(j["rc"] == 0 && (j["op"] == "alloc" || j["op"] == "ctx")))
+        .map(|j| (j["op"].as_str().unwrap_or("").to_string(), j["rc"].clone()))
+        .collect();
+    let rcs: Vec<_> = r.iter().map(|(o, rc)| format!("{o}={rc}")).collect();
+    // The first retain finds the context made (nothing new to charge); the
+    // second finds it gone and re-creates it, with 100 MiB of quota left
+    // for a 300 MiB reservation.
+    assert_eq!(
+        rcs,
+        [
+            "green=0",
+            "preset=0",
+            "green=0",
+            "pretain=0",
+            "greendestroy=0",
+            "greendestroy=0",
+            "pretain=2"
+        ],
+        "{out}"
+    );
+    let pid = kid.id();
+    let device = m
+        .sim_process_bytes()
+        .into_iter()
+        .find(|(p, _)| *p == pid)
+        .map_or(0, |(_, b)| b);
+    let (used, _, _, _) = container(&ledger(&m), "recreate").expect("the container's row");
+    assert_eq!(device, CTX + GIB - CTX - 100 * MIB, "the driver's books");
+    assert!(
+        device <= used,
+        "the device holds {device} bytes for the process, its container's books {used}"
+    );
+    let _ = kid.kill();
+}
+
 #[test]
 fn two_containers_on_one_gpu_one_going_over_fails_alone() {
     // Seed: Pod 1 asks 5 GiB, Pod 2 10 GiB of a 15 GiB T4.

@@ -37,6 +37,8 @@ struct Books {
     dir: PathBuf,
     quota: u64,
     ledger: Option<(Ledger, Membership)>,
+    /// The agent hangs: requests are read, never answered.
+    mute: bool,
 }
 
 /// A minimal agent: a listening `SOCK_SEQPACKET` socket, one thread per
@@ -143,6 +145,9 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
         };
         let gpu = req.gpu_str().to_string();
         let mut bk = books.lock().unwrap();
+        if bk.mute {
+            continue;
+        }
         if bk.ledger.is_none() {
             let l = Ledger::open_or_create(&bk.dir, &gpu, 0, 15109 << 20).expect("agent's ledger");
             std::fs::set_permissions(l.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -220,6 +225,7 @@ fn secure_machine(name: &str, quota: u64) -> (Machine, Agent) {
         dir: m.ledger.clone(),
         quota,
         ledger: None,
+        mute: false,
     }));
     let agent = Agent::start(books);
     (m, agent)
@@ -753,6 +759,112 @@ fn frees_not_waited_for_still_show_in_the_next_view() {
         format!("meminfo ok free={} total={q}", q - 2 * MIB),
         "{out}"
     );
+}
+
+/// The milliseconds between the `clock` lines around line `at` of a
+/// cuclient's output (`clock`, the call, `clock`).
+fn took_ms(ls: &[&str], at: usize) -> u64 {
+    let ms = |l: &str| -> u64 {
+        l.strip_prefix("clock ms=")
+            .unwrap_or_else(|| panic!("a clock line: {l}"))
+            .parse()
+            .unwrap()
+    };
+    ms(ls[at + 1]) - ms(ls[at - 1])
+}
+
+/// An agent that accepts connections (the kernel's backlog does) and never
+/// answers: the first view of a GPU shows nothing free within a bound,
+/// instead of waiting for the agent's answer as long as an allocation does.
+#[test]
+fn a_view_never_waits_long_on_a_hung_agent() {
+    let m = Machine::new("hungview", T4);
+    for d in [&m.root, &m.ledger] {
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&m.state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = m.ledger.join(SOCKET_NAME);
+    // SAFETY: plain socket calls with valid arguments.
+    let listen =
+        unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    let a = sock_addr(&path);
+    // SAFETY: as above.
+    let ok = unsafe {
+        libc::bind(
+            listen,
+            (&a as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as u32,
+        ) == 0
+            && libc::listen(listen, 64) == 0
+    };
+    assert!(ok, "{}", std::io::Error::last_os_error());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = run_ok(&mut tenant(
+        &m,
+        &[
+            "nvml_init",
+            "clock",
+            "nvml_meminfo",
+            "clock",
+            "clock",
+            "nvml_meminfo",
+            "clock",
+        ],
+    ));
+    let ls: Vec<&str> = out.lines().collect();
+    let total = 15109 * MIB;
+    for at in [2, 5] {
+        assert_eq!(
+            ls[at],
+            format!("nvml_meminfo ok total={total} used={total} free=0"),
+            "nothing free until the agent places the process: {out}"
+        );
+        let ms = took_ms(&ls, at);
+        assert!(ms < 1500, "a view waited {ms} ms on the agent: {out}");
+    }
+    // SAFETY: our descriptor.
+    unsafe { libc::close(listen) };
+}
+
+/// Frees while the agent hangs return at once (their releases are kept
+/// and counted until sent), and so does the next view, which shows the
+/// books as the agent last kept them.
+#[test]
+fn frees_never_wait_long_on_a_hung_agent() {
+    let q = 128 * MIB;
+    let (m, agent) = secure_machine("hungfree", q);
+    let go = m.root.join("go");
+    let mut args: Vec<String> = Vec::new();
+    for _ in 0..40 {
+        args.extend(["alloc".into(), "1048576".into()]);
+    }
+    args.extend(["wait_file".into(), go.display().to_string()]);
+    args.extend(["clock".into(), "freeall".into(), "clock".into()]);
+    args.extend(["clock".into(), "meminfo".into(), "clock".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut kid = Kid::spawn(tenant(&m, &args));
+    for _ in 0..40 {
+        let l = kid.line();
+        assert!(l.starts_with("alloc ok"), "{l}");
+    }
+    agent.books.lock().unwrap().mute = true;
+    std::fs::write(&go, "").unwrap();
+    let mut ls = Vec::new();
+    for _ in 0..7 {
+        ls.push(kid.line());
+    }
+    let ls: Vec<&str> = ls.iter().map(String::as_str).collect();
+    assert_eq!(ls[0], "wait_file ok", "{ls:?}");
+    assert_eq!(ls[2], "freeall ok n=40", "{ls:?}");
+    let ms = took_ms(&ls, 2);
+    assert!(ms < 1500, "40 frees waited {ms} ms on the agent: {ls:?}");
+    assert_eq!(
+        ls[5],
+        format!("meminfo ok free={} total={q}", q - 40 * MIB),
+        "{ls:?}"
+    );
+    let ms = took_ms(&ls, 5);
+    assert!(ms < 1500, "a view waited {ms} ms on the agent: {ls:?}");
 }
 
 #[test]

@@ -911,7 +911,12 @@ pub fn kubelet_bind_is_its_pods(pid: u32, key: u64) -> bool {
     let (Some(cgroup), Some(mountinfo)) = (read("cgroup"), read("mountinfo")) else {
         return false;
     };
-    pod_uids_in_cgroup(&cgroup).iter().any(|uid| {
+    bind_is_pods(&cgroup, &mountinfo, key)
+}
+
+/// [`kubelet_bind_is_its_pods`] on a process's cgroup and mountinfo files.
+fn bind_is_pods(cgroup: &str, mountinfo: &str, key: u64) -> bool {
+    pod_uids_in_cgroup(cgroup).iter().any(|uid| {
         let prefix = format!("/pods/{uid}/containers/");
         mountinfo.lines().any(|l| {
             let root = l.split(' ').nth(3).unwrap_or("");
@@ -925,28 +930,43 @@ pub fn kubelet_bind_is_its_pods(pid: u32, key: u64) -> bool {
     })
 }
 
-/// The pod uids a cgroup file names (`pod` then 36 characters of a uid,
-/// its `_` read as `-`).
+/// The pod uid a cgroup file names (`pod` then 36 characters of a uid, its
+/// `_` read as `-`): in each hierarchy's path the outermost one, the
+/// kubelet's, which the container is below and cannot leave (a container
+/// that can write its cgroup tree can name a cgroup of its own `pod<uid>`,
+/// only below it). Hierarchies that name different pods name none.
 pub fn pod_uids_in_cgroup(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    for (i, _) in text.match_indices("pod") {
-        let Some(rest) = text.get(i + 3..i + 3 + 36) else {
+    let mut out: Vec<String> = Vec::new();
+    for line in text.lines() {
+        let path = line.splitn(3, ':').nth(2).unwrap_or("");
+        let Some(uid) = path
+            .match_indices("pod")
+            .filter_map(|(i, _)| pod_uid_at(path, i + 3))
+            .next()
+        else {
             continue;
         };
-        let uid = rest.replace('_', "-");
-        let ok = uid.len() == 36
-            && uid.char_indices().all(|(j, c)| {
-                if matches!(j, 8 | 13 | 18 | 23) {
-                    c == '-'
-                } else {
-                    c.is_ascii_hexdigit()
-                }
-            });
-        if ok && !out.contains(&uid) {
+        if !out.contains(&uid) {
             out.push(uid);
         }
     }
+    if out.len() > 1 {
+        out.clear();
+    }
     out
+}
+
+/// The pod uid at byte `i` of `path`, if 36 characters of one are there.
+fn pod_uid_at(path: &str, i: usize) -> Option<String> {
+    let uid = path.get(i..i + 36)?.replace('_', "-");
+    let ok = uid.char_indices().all(|(j, c)| {
+        if matches!(j, 8 | 13 | 18 | 23) {
+            c == '-'
+        } else {
+            c.is_ascii_hexdigit()
+        }
+    });
+    ok.then_some(uid)
 }
 
 /// The host's settings in the file at `path` for `gpu` (as
@@ -1264,6 +1284,31 @@ mod tests {
         assert_eq!(pod_uids_in_cgroup(&systemd), [uid]);
         assert!(pod_uids_in_cgroup("0::/\n").is_empty());
         assert!(pod_uids_in_cgroup("0::/podman/pod-x\n").is_empty());
+    }
+
+    #[test]
+    fn a_pod_segment_made_below_the_kubelets_names_no_pod() {
+        let mine = "0f6c1b7e-5a1d-4c1e-9b57-3c2f8a1d9e10";
+        let victim = "7d2e9a41-3b6c-4f80-a1d2-5e6f7a8b9c0d";
+        // A container that can write its cgroup tree made `pod<victim>`
+        // below its own and moved there.
+        let cgroup = format!(
+            "0::/kubepods/burstable/pod{mine}/{}/pod{victim}\n",
+            "ab".repeat(32)
+        );
+        let bind = |uid: &str| {
+            format!(
+                "1200 1100 8:1 /var/lib/kubelet/pods/{uid}/containers/app/0a1b2c3d \
+                 /dev/termination-log rw,relatime - ext4 /dev/sda1 rw\n"
+            )
+        };
+        let key = |uid: &str| cgpu_ledger::identity::key_of("k8s", &format!("{uid}/app"));
+        assert!(!bind_is_pods(&cgroup, &bind(victim), key(victim)));
+        assert_eq!(pod_uids_in_cgroup(&cgroup), [mine]);
+        assert!(bind_is_pods(&cgroup, &bind(mine), key(mine)));
+        // Hierarchies that name different pods name none.
+        let split = format!("12:pids:/kubepods/pod{mine}/x\n0::/kubepods/pod{victim}/x\n");
+        assert!(pod_uids_in_cgroup(&split).is_empty());
     }
 
     const MINE: &str = "3f4c0a6d2b1e9f8a7c6b5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f40";

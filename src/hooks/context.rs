@@ -545,11 +545,17 @@ pub unsafe fn primary_retain(
         }
         primary_charged(gpu, c, bytes);
     } else if delta.unwrap_or(0) > 0 {
-        // Re-created after a reset by another retain path: charge the new reservation.
+        // Re-created by this retain while references remain (the driver
+        // released it on a path we do not see, after a reset): its new
+        // reservation is charged, or refused as a first retain's is, so
+        // the device never holds a context the books do not count.
         let bytes = delta.unwrap_or(0);
-        if gpu.reserve(bytes) {
-            primary_charged(gpu, c, bytes);
+        if !gpu.reserve(bytes) {
+            gpu.primary_refs.fetch_sub(1, Ordering::AcqRel);
+            super::call_real!(real::cuDevicePrimaryCtxRelease_v2, dev);
+            return CUDA_ERROR_OUT_OF_MEMORY;
         }
+        primary_charged(gpu, c, bytes);
     }
     rc
 }

@@ -92,6 +92,14 @@ impl Gpu {
         }
     }
 
+    /// Before a view in secure mode: placed by the agent if it answers in
+    /// time (see `secure::SecureAccount::glance`).
+    fn glance(&self) {
+        if let Books::Secure(s) = &self.books {
+            s.glance();
+        }
+    }
+
     /// Reserve `bytes`; false = over quota, or not joined to the ledger
     /// yet (nothing taken).
     pub fn reserve(&self, bytes: u64) -> bool {
@@ -181,6 +189,7 @@ impl Gpu {
 
     /// `(free, total)` the container sees, given the physical numbers.
     pub fn view(&self, phys_free: u64, phys_total: u64) -> (u64, u64) {
+        self.glance();
         match self.view_quota() {
             Some(q) => {
                 self.maybe_reap();
@@ -193,6 +202,7 @@ impl Gpu {
     /// The container's view of this GPU as a [`Peek`] (dead processes'
     /// bytes reaped first, at most every 200 ms).
     pub fn peek(&self) -> Peek {
+        self.glance();
         self.maybe_reap();
         Peek {
             quota: self.view_quota(),
@@ -676,14 +686,9 @@ fn join_secure(info: GpuInfo, client: &'static secure::Client) -> Gpu {
     let name = format!("GPU {} ({})", info.visible_index, info.uuid);
     let s = secure::SecureAccount::open(client, &Ledger::default_dir(), &info.uuid, name);
     tracing::info!(
-        "GPU {} ({}): secure mode, quota {}, kept by the node agent",
+        "GPU {} ({}): secure mode, the quota kept by the node agent",
         info.visible_index,
         info.uuid,
-        if s.known() {
-            s.quota().map_or("none".into(), crate::ledger::human_bytes)
-        } else {
-            "not known yet (the agent has not answered)".into()
-        },
     );
     Gpu {
         uuid: info.uuid,

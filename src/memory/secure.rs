@@ -26,7 +26,16 @@
 //!   allocation tries again, so the process heals by itself once the agent
 //!   is back. Never back to the cooperative books.
 //! - **Views** (`cuMemGetInfo`, NVML) read the container's row in the
-//!   read-only mapping: no round trip.
+//!   read-only mapping: no round trip once placed. The first view of a GPU
+//!   says `Hello` (its reply names the row), waiting at most
+//!   [`VIEW_WAIT`] for the connection's lock and for the answer; meanwhile
+//!   the view shows nothing free. A view reads the replies to the releases
+//!   sent that come within [`VIEW_WAIT`], never waiting longer.
+//! - **Frees** never wait for the agent longer than [`VIEW_WAIT`] (for the
+//!   connection's lock): a release is sent without waiting for its reply;
+//!   when [`MAX_PENDING`] replies are outstanding and none is there yet,
+//!   or the lock is held, the bytes are kept and sent with the next
+//!   request (the books count them meanwhile: more, never less).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
@@ -44,6 +53,10 @@ const MAX_PENDING: u32 = 32;
 /// Longest the agent may take to answer one request (then the connection
 /// is dropped and the allocation refused).
 pub const ANSWER_WAIT: Duration = Duration::from_secs(2);
+
+/// Longest a view (or a free) waits for the connection's lock, and a
+/// view's `Hello` for its answer (then the view shows nothing free).
+pub const VIEW_WAIT: Duration = Duration::from_millis(500);
 
 /// Is the ledger directory the host agent's (see the module docs)? Decided
 /// once per process.
@@ -97,6 +110,8 @@ struct Conn {
     pending: u32,
     /// Bumped at each new connection.
     epoch: u64,
+    /// How long a send or a receive waits (the socket's timeouts).
+    wait: Duration,
 }
 
 /// This process's connection to the agent (one per process; a forked
@@ -124,6 +139,7 @@ impl Client {
                 seq: 0,
                 pending: 0,
                 epoch: 0,
+                wait: ANSWER_WAIT,
             }),
         }
     }
@@ -161,32 +177,15 @@ impl Client {
         for (d, s) in addr.sun_path.iter_mut().zip(path) {
             *d = *s as libc::c_char;
         }
-        let tv = libc::timeval {
-            tv_sec: ANSWER_WAIT.as_secs() as libc::time_t,
-            tv_usec: 0,
-        };
-        // SAFETY: valid descriptor, option pointers of the right size.
-        let ok = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            ) == 0
-                && libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_SNDTIMEO,
-                    (&tv as *const libc::timeval).cast(),
-                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-                ) == 0
-                && libc::connect(
+        // SAFETY: valid descriptor, address of its size.
+        let ok = set_timeouts(fd, c.wait)
+            && unsafe {
+                libc::connect(
                     fd,
                     (&addr as *const libc::sockaddr_un).cast(),
                     std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
                 ) == 0
-        };
+            };
         if !ok {
             let f = unreachable("cannot connect to the agent's socket");
             // SAFETY: our descriptor, not published.
@@ -197,6 +196,15 @@ impl Client {
         c.epoch += 1;
         CONN_FD.store(fd, Ordering::Release);
         Ok(())
+    }
+
+    /// Sends and receives on this connection (and the next) wait at most
+    /// `wait`.
+    fn set_wait(c: &mut Conn, wait: Duration) {
+        c.wait = wait;
+        if c.fd >= 0 {
+            set_timeouts(c.fd, wait);
+        }
     }
 
     fn disconnect(c: &mut Conn) {
@@ -246,6 +254,13 @@ impl Client {
 
     /// The reply to request `seq`. A failure drops the connection.
     fn receive(&self, c: &mut Conn, seq: u64) -> Result<Reply, Fault> {
+        self.receive_flags(c, seq, 0)?
+            .ok_or_else(|| Fault::Unreachable("the agent's connection failed".into()))
+    }
+
+    /// [`Self::receive`] with `recv` flags: `None` when `MSG_DONTWAIT`
+    /// finds no reply there yet (the connection kept).
+    fn receive_flags(&self, c: &mut Conn, seq: u64, flags: i32) -> Result<Option<Reply>, Fault> {
         let fail = |c: &mut Conn, what: String| {
             Client::disconnect(c);
             Err(Fault::Unreachable(what))
@@ -253,7 +268,14 @@ impl Client {
         let mut r = [0u8; REPLY_LEN + 1];
         let n = loop {
             // SAFETY: valid descriptor and buffer of its length.
-            let n = unsafe { libc::recv(c.fd, r.as_mut_ptr().cast(), r.len(), libc::MSG_TRUNC) };
+            let n = unsafe {
+                libc::recv(
+                    c.fd,
+                    r.as_mut_ptr().cast(),
+                    r.len(),
+                    libc::MSG_TRUNC | flags,
+                )
+            };
             if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
@@ -264,18 +286,20 @@ impl Client {
         }
         if n < 0 {
             let e = std::io::Error::last_os_error();
+            if flags & libc::MSG_DONTWAIT != 0 && e.raw_os_error() == Some(libc::EAGAIN) {
+                return Ok(None);
+            }
             let why = match e.raw_os_error() {
-                Some(libc::EAGAIN) => format!(
-                    "the agent did not answer within {} s",
-                    ANSWER_WAIT.as_secs()
-                ),
+                Some(libc::EAGAIN) => {
+                    format!("the agent did not answer within {} ms", c.wait.as_millis())
+                }
                 _ => format!("the agent's connection failed ({e})"),
             };
             return fail(c, why);
         }
         let n = n as usize;
         match Reply::decode(&r[..n.min(r.len())]) {
-            Ok(reply) if n == REPLY_LEN && reply.seq == seq => Ok(reply),
+            Ok(reply) if n == REPLY_LEN && reply.seq == seq => Ok(Some(reply)),
             Ok(_) => fail(c, "the agent answered another request".into()),
             Err(e) => fail(c, format!("the agent's answer is not one ({e})")),
         }
@@ -296,6 +320,39 @@ impl Client {
             }
         }
         Ok(())
+    }
+
+    /// Read the outstanding replies that come before `end` (the
+    /// connection kept when some do not).
+    fn drain_until(&self, c: &mut Conn, end: std::time::Instant) {
+        while c.pending > 0 && c.fd >= 0 {
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            let mut p = libc::pollfd {
+                fd: c.fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&mut p, 1, left.as_millis() as i32) };
+            if n <= 0 {
+                return;
+            }
+            self.drain_ready(c);
+        }
+    }
+
+    /// Read the outstanding replies that are already there, never waiting
+    /// for one.
+    fn drain_ready(&self, c: &mut Conn) {
+        while c.pending > 0 && c.fd >= 0 {
+            let seq = c.seq - u64::from(c.pending) + 1;
+            match self.receive_flags(c, seq, libc::MSG_DONTWAIT) {
+                Ok(None) => return,
+                Ok(Some(_)) => c.pending -= 1,
+                Err(_) => c.pending = 0,
+            }
+            self.pending.store(c.pending, Ordering::Release);
+        }
     }
 
     /// Connected, with no reply outstanding (a connection that failed
@@ -329,15 +386,44 @@ impl Client {
     /// Send a request whose reply is read later (a release: its answer
     /// changes nothing here; the next request or view reads it first). At
     /// most [`MAX_PENDING`] are outstanding, so the agent never blocks on a
-    /// full socket.
-    fn post(&self, c: &mut Conn, op: Op, gpu: &str, bytes: u64) -> Result<(), Fault> {
+    /// full socket: with that many and none of their replies there yet,
+    /// nothing is sent (`Ok(false)`), never waiting for the agent.
+    fn post(&self, c: &mut Conn, op: Op, gpu: &str, bytes: u64) -> Result<bool, Fault> {
         if c.pending >= MAX_PENDING {
-            self.drain(c)?;
+            self.drain_ready(c);
+            if c.pending >= MAX_PENDING {
+                return Ok(false);
+            }
         }
         self.send(c, op, gpu, bytes)?;
         c.pending += 1;
         self.pending.store(c.pending, Ordering::Release);
-        Ok(())
+        Ok(true)
+    }
+}
+
+/// Set a socket's send and receive timeouts to `wait`; false on failure.
+fn set_timeouts(fd: i32, wait: Duration) -> bool {
+    let tv = libc::timeval {
+        tv_sec: wait.as_secs() as libc::time_t,
+        tv_usec: wait.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: valid descriptor, option pointers of the right size.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        ) == 0
+            && libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_SNDTIMEO,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            ) == 0
     }
 }
 
@@ -368,16 +454,24 @@ pub struct SecureAccount {
     quota: AtomicU64,
     /// Bytes this process holds on this GPU.
     mine: AtomicU64,
+    /// Bytes freed whose release is not sent yet (sent with the next
+    /// request on this connection; a new connection's `Hello` counts
+    /// `mine` only).
+    unsent: AtomicU64,
+    /// Held while `mine` and `unsent` change together (a free), or are
+    /// read together (a new connection's `Hello`).
+    frees: Mutex<()>,
     /// The last cause said (hash; 0: none, allocations accepted).
     said: AtomicU64,
     left: AtomicBool,
 }
 
 impl SecureAccount {
-    /// An account on GPU `uuid`; says `Hello` now if it can (never fails:
-    /// allocations are refused until the agent answers).
+    /// An account on GPU `uuid` (never fails, never waits: `Hello` is said
+    /// at the first allocation or view; allocations are refused until the
+    /// agent answers).
     pub fn open(client: &'static Client, dir: &Path, uuid: &str, gpu: String) -> SecureAccount {
-        let a = SecureAccount {
+        SecureAccount {
             gpu,
             uuid: uuid.to_owned(),
             dir: dir.to_owned(),
@@ -388,14 +482,31 @@ impl SecureAccount {
             used: AtomicU64::new(0),
             quota: AtomicU64::new(u64::MAX),
             mine: AtomicU64::new(0),
+            unsent: AtomicU64::new(0),
+            frees: Mutex::new(()),
             said: AtomicU64::new(0),
             left: AtomicBool::new(false),
-        };
-        let mut c = client.conn.lock();
-        if let Err(f) = a.hello(&mut c) {
-            a.say(&f);
         }
-        a
+    }
+
+    /// Before a view: `Hello` if the agent has not placed this process on
+    /// this GPU yet, waiting at most [`VIEW_WAIT`] for the connection and
+    /// for the answer (the view shows nothing free meanwhile; an answer
+    /// that does not come in time drops the connection, which the next
+    /// allocation makes again).
+    pub fn glance(&self) {
+        if self.known() || self.left.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(mut c) = self.client.conn.try_lock_for(VIEW_WAIT) else {
+            return;
+        };
+        Client::set_wait(&mut c, VIEW_WAIT);
+        let r = self.hello(&mut c);
+        Client::set_wait(&mut c, ANSWER_WAIT);
+        if let Err(f) = r {
+            self.say(&f);
+        }
     }
 
     /// `Hello` on the current connection if this GPU has not said it there
@@ -413,7 +524,13 @@ impl SecureAccount {
         // nothing when a restarted agent kept this process's row (its slot
         // still counts it).
         let kept = self.process_row_used(r.process);
-        let held = self.mine.load(Ordering::Acquire);
+        let held = {
+            // The releases not sent yet are in neither `mine` nor the row
+            // this connection starts with.
+            let _f = self.frees.lock();
+            self.unsent.store(0, Ordering::Release);
+            self.mine.load(Ordering::Acquire)
+        };
         if kept > held {
             // Freed while the agent was away: give the kept row's surplus back.
             let r = self.client.call(c, Op::Release, &self.uuid, kept - held)?;
@@ -530,9 +647,10 @@ impl SecureAccount {
             return false;
         }
         let mut c = self.client.conn.lock();
-        let r = self
-            .hello(&mut c)
-            .and_then(|()| self.client.call(&mut c, Op::Reserve, &self.uuid, bytes));
+        let r = self.hello(&mut c).and_then(|()| {
+            self.send_unsent(&mut c);
+            self.client.call(&mut c, Op::Reserve, &self.uuid, bytes)
+        });
         match r {
             Ok(r) => {
                 self.note(&r);
@@ -556,25 +674,48 @@ impl SecureAccount {
     }
 
     /// Give back `bytes` charged earlier. Without a connection there is
-    /// nothing to tell: the agent gave back what the closed one held.
+    /// nothing to tell: the agent gave back what the closed one held. Never
+    /// waits for the agent (see [`Client::post`]); the connection's lock at
+    /// most [`VIEW_WAIT`], else the release goes with the next request.
     pub fn release(&self, bytes: u64) {
         if bytes == 0 || self.left.load(Ordering::Acquire) {
             return;
         }
-        let mut c = self.client.conn.lock();
-        let take = bytes.min(self.mine.load(Ordering::Acquire));
-        self.mine.fetch_sub(take, Ordering::AcqRel);
-        if c.fd < 0 || self.epoch.load(Ordering::Acquire) != c.epoch || take == 0 {
+        {
+            let _f = self.frees.lock();
+            let take = bytes.min(self.mine.load(Ordering::Acquire));
+            if take == 0 {
+                return;
+            }
+            self.mine.fetch_sub(take, Ordering::AcqRel);
+            self.unsent.fetch_add(take, Ordering::AcqRel);
+        }
+        let Some(mut c) = self.client.conn.try_lock_for(VIEW_WAIT) else {
+            return;
+        };
+        self.send_unsent(&mut c);
+    }
+
+    /// Send the releases kept (not waited for: a failed connection gives
+    /// back everything it held anyway; a full queue keeps them).
+    fn send_unsent(&self, c: &mut Conn) {
+        if c.fd < 0 || self.epoch.load(Ordering::Acquire) != c.epoch {
             return;
         }
-        // Not waited for: the free returns at once; a failed connection
-        // gives back everything it held anyway.
-        if let Err(f) = self.client.post(&mut c, Op::Release, &self.uuid, take) {
-            tracing::debug!(
+        let bytes = self.unsent.swap(0, Ordering::AcqRel);
+        if bytes == 0 {
+            return;
+        }
+        match self.client.post(c, Op::Release, &self.uuid, bytes) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.unsent.fetch_add(bytes, Ordering::AcqRel);
+            }
+            Err(f) => tracing::debug!(
                 "{}: the release of {} was not sent ({f:?}); the closed connection gave it back",
                 self.gpu,
-                human_bytes(take)
-            );
+                human_bytes(bytes)
+            ),
         }
     }
 
@@ -593,12 +734,24 @@ impl SecureAccount {
 
     /// Before a view: the releases this process sent are applied by the
     /// agent (their replies read), so the row shows them.
+    /// Only the replies already there are read, never waiting for the
+    /// agent (nor for the connection, when a request holds it).
+    /// The releases kept are sent first, room permitting.
     pub fn settle(&self) {
-        if self.client.pending.load(Ordering::Acquire) == 0 {
+        if self.client.pending.load(Ordering::Acquire) == 0
+            && self.unsent.load(Ordering::Acquire) == 0
+        {
             return;
         }
-        let mut c = self.client.conn.lock();
-        let _ = self.client.drain(&mut c);
+        let Some(mut c) = self.client.conn.try_lock() else {
+            return;
+        };
+        let end = std::time::Instant::now() + VIEW_WAIT;
+        self.client.drain_until(&mut c, end);
+        if self.unsent.load(Ordering::Acquire) > 0 {
+            self.send_unsent(&mut c);
+            self.client.drain_until(&mut c, end);
+        }
     }
 
     /// The container's row in the read-only mapping, if known.

@@ -61,6 +61,7 @@
  *   graph_launch_last         instantiate the last captured graph, cuGraphLaunch it on the capture
  *                             stream, cuStreamSynchronize: graph_launch_last ok wall_ns=W | err=E
  *   sleep MS                  sleep ok
+ *   clock                     clock ms=M  (CLOCK_MONOTONIC, in milliseconds)
  *   wait_file PATH            waits until PATH exists (at most 120 s): wait_file ok | wait_file err=timeout
  *   fork_sleep S              fork a child that sleeps S seconds then _exit(0)s
  *                             without touching CUDA: fork_sleep ok child=<pid>
@@ -690,6 +691,10 @@ int main(int argc, char **argv) {
             while (access(path, F_OK) && n++ < 120000) usleep(1000);
             if (access(path, F_OK)) printf("wait_file err=timeout\n");
             else printf("wait_file ok\n");
+        } else if (!strcmp(c, "clock")) {
+            struct timespec t;
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            printf("clock ms=%lld\n", (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000);
         } else if (!strcmp(c, "sleep")) {
             NEED(1);
             long ms = atol(argv[++i]);

@@ -10,6 +10,12 @@ Usage: cgpu_client.py CMD [ARGS] [CMD [ARGS] ...]   (commands run in order)
   info               print {"op":"info", free, total, devtotal, count}
   destroy            cuCtxDestroy_v2 of the context made by `ctx` (allocations left in it)
   prelease           cuDevicePrimaryCtxRelease_v2 of device 0 (to zero after one `pctx`)
+  pretain            cuDevicePrimaryCtxRetain of device 0, print {"op":"pretain", rc}
+  preset             cuDevicePrimaryCtxReset_v2 of device 0, print {"op":"preset", rc}
+  green              cuGreenCtxCreate on all of device 0's SMs (the driver retains the
+                     primary context for it), print {"op":"green", rc}
+  greendestroy N     cuGreenCtxDestroy of the N-th green context made (0-based): the
+                     driver releases the primary context, print {"op":"greendestroy", rc}
   nvmluuid UUID      nvmlDeviceGetHandleByUUID, print its rc
   nvmlraw            print {"op":"nvmlraw", count_rc, shutdown_rc}: nvmlDeviceGetCount_v2
                      and nvmlShutdown as they are, without nvmlInit first
@@ -175,6 +181,7 @@ def nvml():
 
 CTX = C.c_void_p()
 CTXS = []
+GREENS = []  # green contexts made by `green`
 maps = []      # (handle, va, size, released)
 retained = []  # handles from cuMemRetainAllocationHandle
 pools = []
@@ -484,6 +491,27 @@ def main(argv):
             held.clear()
             CTX.value = None
             out({"op": "prelease", "rc": rc})
+        elif cmd == "pretain":
+            d, c = C.c_int(), C.c_void_p()
+            cu.cuDeviceGet(C.byref(d), 0)
+            out({"op": "pretain", "rc": cu.cuDevicePrimaryCtxRetain(C.byref(c), d)})
+        elif cmd == "preset":
+            d = C.c_int()
+            cu.cuDeviceGet(C.byref(d), 0)
+            out({"op": "preset", "rc": cu.cuDevicePrimaryCtxReset_v2(d)})
+        elif cmd == "green":
+            d = C.c_int()
+            cu.cuDeviceGet(C.byref(d), 0)
+            res = C.create_string_buffer(256)  # a CUdevResource (144 bytes)
+            desc, g = C.c_void_p(), C.c_void_p()
+            rc = cu.cuDeviceGetDevResource(d, res, 1)  # CU_DEV_RESOURCE_TYPE_SM
+            rc = rc or cu.cuDevResourceGenerateDesc(C.byref(desc), res, 1)
+            rc = rc or cu.cuGreenCtxCreate(C.byref(g), desc, d, 1)  # DEFAULT_STREAM
+            GREENS.append(g)
+            out({"op": "green", "rc": rc})
+        elif cmd == "greendestroy":
+            g = GREENS[int(arg())]
+            out({"op": "greendestroy", "rc": cu.cuGreenCtxDestroy(g)})
         elif cmd == "waitline":
             sys.stdin.readline()
         elif cmd == "poll":
