@@ -398,34 +398,7 @@ pub(super) fn open(path: &Path) -> Result<Ledger, LedgerError> {
             return done(e);
         }
     };
-    let generation = path
-        .file_name()
-        .and_then(|n| parse_name(&n.to_string_lossy()))
-        .map_or(0, |(_, g)| g);
-    // SAFETY: the mapping is valid and of the right size (validated above);
-    // the uuid bytes are atomics.
-    let uuid0 = unsafe { map.as_ref() }.header.uuid_bytes();
-    let l = Ledger {
-        generation,
-        uuid0,
-        weight_try_ns: AtomicU64::new(0),
-        weightless: AtomicU32::new(0),
-        path: path.to_owned(),
-        map,
-        fd: AtomicI32::new(fd),
-        probe_fd: AtomicI32::new(probe),
-        table: parking_lot::Mutex::new(()),
-        stale: AtomicBool::new(false),
-        guard: super::guard::register(map.as_ptr() as usize, SIZE),
-        ino: (st.st_dev, st.st_ino),
-    };
-    if l.file().header.ready.load(Ordering::Acquire) != 1 {
-        return Err(LedgerError::Corrupt {
-            path: path.to_owned(),
-            why: "never finished initialising (ready != 1)".into(),
-        });
-    }
-    Ok(l)
+    handle(path, map, fd, probe, (st.st_dev, st.st_ino))
 }
 
 /// Open an existing ledger for reading only: `O_RDONLY`, mapped
@@ -450,12 +423,26 @@ pub(super) fn open_read_only(path: &Path) -> Result<Ledger, LedgerError> {
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: as above.
     unsafe { libc::fstat(fd, &mut st) };
+    handle(path, map, -1, fd, (st.st_dev, st.st_ino))
+}
+
+/// The handle of an opened, validated and mapped ledger: `fd` holds the
+/// table and liveness locks (-1: a read-only handle, which never locks),
+/// `probe` probes them; `ino` is the file's (device, inode). Refuses a
+/// ledger whose creator never finished it.
+fn handle(
+    path: &Path,
+    map: NonNull<LedgerFile>,
+    fd: i32,
+    probe: i32,
+    ino: (u64, u64),
+) -> Result<Ledger, LedgerError> {
     let generation = path
         .file_name()
         .and_then(|n| parse_name(&n.to_string_lossy()))
         .map_or(0, |(_, g)| g);
-    // SAFETY: the mapping is valid and of the right size (validated above);
-    // the uuid bytes are atomics, only loaded.
+    // SAFETY: the mapping is valid and of the right size (validated by the
+    // caller); the uuid bytes are atomics, only loaded.
     let uuid0 = unsafe { map.as_ref() }.header.uuid_bytes();
     let l = Ledger {
         generation,
@@ -464,12 +451,12 @@ pub(super) fn open_read_only(path: &Path) -> Result<Ledger, LedgerError> {
         weightless: AtomicU32::new(0),
         path: path.to_owned(),
         map,
-        fd: AtomicI32::new(-1),
-        probe_fd: AtomicI32::new(fd),
+        fd: AtomicI32::new(fd),
+        probe_fd: AtomicI32::new(probe),
         table: parking_lot::Mutex::new(()),
         stale: AtomicBool::new(false),
         guard: super::guard::register(map.as_ptr() as usize, SIZE),
-        ino: (st.st_dev, st.st_ino),
+        ino,
     };
     if l.file().header.ready.load(Ordering::Acquire) != 1 {
         return Err(LedgerError::Corrupt {
