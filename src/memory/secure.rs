@@ -33,7 +33,7 @@
 //!   sent that come within [`VIEW_WAIT`], never waiting longer.
 //! - **Frees** never wait for the agent longer than [`VIEW_WAIT`] (for the
 //!   connection's lock): a release is sent without waiting for its reply;
-//!   when [`MAX_PENDING`] replies are outstanding and none is there yet,
+//!   when `MAX_PENDING` (32) replies are outstanding and none is there yet,
 //!   or the lock is held, the bytes are kept and sent with the next
 //!   request (the books count them meanwhile: more, never less).
 
@@ -675,7 +675,7 @@ impl SecureAccount {
 
     /// Give back `bytes` charged earlier. Without a connection there is
     /// nothing to tell: the agent gave back what the closed one held. Never
-    /// waits for the agent (see [`Client::post`]); the connection's lock at
+    /// waits for the agent (see `Client::post`); the connection's lock at
     /// most [`VIEW_WAIT`], else the release goes with the next request.
     pub fn release(&self, bytes: u64) {
         if bytes == 0 || self.left.load(Ordering::Acquire) {
