@@ -36,6 +36,8 @@ pub mod sync;
 // What every process and tool on the host shares besides the books.
 pub mod clock;
 pub mod cstr;
+pub mod decide;
+pub mod futex;
 pub mod identity;
 pub mod mode;
 pub mod policy;

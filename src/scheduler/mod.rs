@@ -15,7 +15,7 @@
 //! most credit, buckets being refilled at each container's share.
 
 pub mod capture;
-mod decide;
+mod contexts;
 mod gate;
 mod guest_clock;
 mod sys;
@@ -23,7 +23,7 @@ mod sys;
 pub use cgpu_ledger::words::{
     container_stats, knobs, limit_percent, waiting, ContainerSchedStats, Waiting,
 };
-pub use cgpu_ledger::{policy, words};
+pub use cgpu_ledger::{decide, policy, words};
 pub use decide::{allowance, Params, SLICE_NS};
 pub use gate::{CUcontext, DriverOps, Gate, Synced};
 pub use guest_clock::EventOps;

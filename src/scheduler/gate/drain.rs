@@ -1,37 +1,13 @@
-//! This process's contexts (recorded at its first launch in each slice)
-//! and their drain when the GPU changes hands: `cuCtxSynchronize` on each,
-//! bounded, its time charged to the slice; a drain given up on is charged
-//! later when its work is seen done; a destroyed context is forgotten.
+//! This process's drain when the GPU changes hands: its contexts (recorded
+//! at its first launch in each slice, [`Contexts`]) synchronised, bounded,
+//! the time charged to the slice; a drain given up on is charged later
+//! when its work is seen done; a destroyed context is forgotten.
 
 use super::*;
 
 impl Gate {
     pub(super) fn register_ctx(&self) {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        // SAFETY: a valid out-pointer; the real driver's function, not a hook.
-        let r = unsafe { (self.drv.ctx_get_current)(&mut ctx) };
-        if r != 0 || ctx.is_null() {
-            return;
-        }
-        let v = ctx as usize;
-        if self.ctxs.iter().any(|c| c.load(Acquire) == v) {
-            return;
-        }
-        let mut dev: i32 = -1;
-        // SAFETY: a valid out-pointer; the real driver's function.
-        if unsafe { (self.drv.ctx_get_device)(&mut dev) } != 0 {
-            dev = -1;
-        }
-        for (c, d) in self.ctxs.iter().zip(&self.ctx_devs) {
-            if c.compare_exchange(0, v, AcqRel, Acquire).is_ok() {
-                d.store(dev, Release);
-                return;
-            }
-            if c.load(Acquire) == v {
-                return;
-            }
-        }
-        tracing::warn!("cgpu: more than {} contexts in one process: the extra ones are not drained at handover", self.ctxs.len());
+        self.ctxs.register();
     }
 
     /// Is `t` the RUNNING or DRAINING state of the slice `undrained` names
@@ -43,56 +19,10 @@ impl Gate {
                 || t.state == RUNNING && t.seq.wrapping_add(1) == draining_seq)
     }
 
-    /// Synchronise every context this process launched into (not while it
-    /// has a stream capture open). Real driver functions only.
+    /// Synchronise every context this process launched into (see
+    /// [`Contexts::sync`]).
     pub(super) fn sync_contexts(&self) {
-        // A stream capture open in this process: synchronising would
-        // invalidate it; the process counts as drained (see capture.rs).
-        let guard = crate::scheduler::capture::CAPTURES.sync_guard();
-        if guard.is_none() {
-            tracing::debug!(
-                "cgpu: stream capture open: contexts not synchronised at this handover"
-            );
-            return;
-        }
-        let mut synced = false;
-        for c in &self.ctxs {
-            let v = c.load(Acquire);
-            if v == 0 {
-                continue;
-            }
-            // Announce the use before re-checking the entry: a context being
-            // destroyed is removed first, then waits while it is in use
-            // (`forget_ctx`); one of the two sees the other (SeqCst).
-            self.using_ctx.store(v, SeqCst);
-            if c.load(SeqCst) != v {
-                self.using_ctx.store(0, SeqCst);
-                continue;
-            }
-            synced = true;
-            // SAFETY: real driver functions; `v` is a context this process
-            // launched into and that was not destroyed: destruction goes
-            // through `forget_ctx`, which waits while `using_ctx` names it.
-            let r = unsafe {
-                match (self.drv.ctx_set_current)(v as CUcontext) {
-                    0 => (self.drv.ctx_synchronize)(),
-                    e => e,
-                }
-            };
-            self.using_ctx.store(0, SeqCst);
-            if r != 0 && !crate::scheduler::capture::is_capture_error(r) {
-                tracing::debug!("cgpu: drain of context {v:#x} returned {r}: forgotten");
-                let _ = c.compare_exchange(v, 0, AcqRel, Acquire);
-            } else if r != 0 {
-                tracing::debug!("cgpu: drain of context {v:#x} returned {r} (stream capture)");
-            }
-        }
-        if synced {
-            // Keep no destroyed context current on this thread.
-            // SAFETY: the real driver function; a null context is valid.
-            unsafe { (self.drv.ctx_set_current)(std::ptr::null_mut()) };
-        }
-        drop(guard);
+        self.ctxs.sync();
     }
 
     /// Wait until this process's outstanding work in slice `t` is done, then
@@ -177,23 +107,13 @@ impl Gate {
             return;
         }
         self.clock.forget(v, None);
-        for c in &self.ctxs {
-            let _ = c.compare_exchange(v, 0, SeqCst, SeqCst);
-        }
-        while self.using_ctx.load(SeqCst) == v {
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
+        self.ctxs.forget(v);
     }
 
     /// Remove every context of device `dev` (its primary context is being
     /// released or reset). A live one is registered again at its next slice.
     pub(crate) fn forget_device(&self, dev: i32) {
         self.clock.forget(0, Some(dev));
-        for (c, d) in self.ctxs.iter().zip(&self.ctx_devs) {
-            let v = c.load(SeqCst);
-            if v != 0 && d.load(Acquire) == dev {
-                self.forget_ctx(v);
-            }
-        }
+        self.ctxs.forget_device(dev);
     }
 }

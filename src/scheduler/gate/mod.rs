@@ -38,6 +38,7 @@
 //!   drainer) and the beat thread;
 //! - [`drain`]: this process's contexts and their drain at each handover.
 
+use super::contexts::Contexts;
 use super::decide::SLICE_NS;
 use super::decide::{allowance, decide, update_estimate, Decision, Entry, Params};
 use super::guest_clock::{EventOps, GuestClock};
@@ -53,7 +54,7 @@ use crate::ledger::{
 use cgpu_ffi::CUresult;
 use std::cell::Cell;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 
 mod admit;
 mod drain;
@@ -140,13 +141,8 @@ pub struct Gate {
     in_launch: AtomicU64,
     /// Threads of this process waiting in the slow path.
     waiting: AtomicU32,
-    /// Contexts this process launched into (drained at each handover), and
-    /// their devices.
-    ctxs: [AtomicUsize; 8],
-    ctx_devs: [AtomicI32; 8],
-    /// The context the drain is synchronising now (0: none): a context
-    /// being destroyed waits until the drain is done with it.
-    using_ctx: AtomicUsize,
+    /// Contexts this process launched into (drained at each handover).
+    ctxs: Contexts,
     /// A slice this process launched in and has not drained yet:
     /// `1 << 32 | seq of its DRAINING state` (0: none).
     undrained: AtomicU64,
@@ -218,9 +214,7 @@ impl Gate {
             drv,
             in_launch: AtomicU64::new(0),
             waiting: AtomicU32::new(0),
-            ctxs: Default::default(),
-            ctx_devs: Default::default(),
-            using_ctx: AtomicUsize::new(0),
+            ctxs: Contexts::new(drv),
             undrained: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             warned_weight0: AtomicBool::new(false),

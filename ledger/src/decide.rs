@@ -1,10 +1,12 @@
 //! The scheduling decision: token buckets of GPU time, refilled at each
 //! container's share, charged with the time the GPU was held; the next
 //! holder is the waiting container with the most credit. Pure: the caller
-//! gathers the ledger words, holds the DECIDING state, and writes back.
+//! gathers the ledger words, holds the DECIDING state, and writes back
+//! (a process of the holder's container in cooperative mode, the node
+//! agent in secure mode).
 
-use super::policy::{shares, Knobs, Member, SOFT};
-use crate::ledger::MAX_CONTAINERS;
+use crate::policy::{shares, Knobs, Member, SOFT};
+use crate::MAX_CONTAINERS;
 
 /// Slice length and bucket bounds for a policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,7 +20,7 @@ pub struct Params {
     pub floor_ns: i64,
 }
 
-pub use crate::scheduler::policy::SLICE_NS;
+pub use crate::policy::SLICE_NS;
 
 impl Params {
     pub fn for_knobs(k: &Knobs) -> Params {
@@ -177,7 +179,7 @@ mod tests {
         assert_eq!(allowance(1, u64::MAX), 1);
         assert_eq!(allowance(40_000_000, 1_000_000), 61);
     }
-    use crate::scheduler::policy::{FAIR_SHARE, FIXED, PREEMPTIVE, WEIGHTED};
+    use crate::policy::{FAIR_SHARE, FIXED, PREEMPTIVE, WEIGHTED};
 
     fn busy(weight: u32) -> Entry {
         Entry {
