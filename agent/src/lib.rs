@@ -8,6 +8,7 @@
 //! and, by policy, its offending processes are stopped or killed.
 
 pub mod nvml;
+pub mod sched;
 pub mod secure;
 pub mod unseen;
 

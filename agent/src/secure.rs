@@ -21,14 +21,18 @@
 //! slots freed, in the same turn of the loop.
 
 use crate::nvml::{GpuInfo, Nvml};
+use crate::sched;
+use cgpu_ledger::page;
 use cgpu_ledger::identity::Identity;
 use cgpu_ledger::settings::{self, DeviceSel, Mode};
 use cgpu_ledger::wire::{self, Op, Reply, Request, Status, REPLY_LEN, REQUEST_LEN};
 use cgpu_ledger::{JoinRequest, Ledger, Membership, AGENT_MODE, QUOTA_UNLIMITED};
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What secure mode is given.
@@ -114,7 +118,8 @@ pub fn own_dir(dir: &Path) -> Result<(), String> {
 /// One GPU served.
 struct Gpu {
     info: GpuInfo,
-    ledger: Ledger,
+    /// Shared with the compute scheduler's thread (`crate::sched`).
+    ledger: Arc<Ledger>,
 }
 
 /// One connection's place on one GPU.
@@ -165,6 +170,9 @@ pub struct Server {
     /// Time from a connection's end being seen to its bytes being back,
     /// the last one (ns), for the log.
     pub last_release_ns: u64,
+    /// The compute scheduler's thread (`None`: it could not start; then
+    /// processes are told so and their launches are not held back).
+    sched: Option<sched::Handle>,
 }
 
 fn errno() -> std::io::Error {
@@ -388,7 +396,10 @@ impl Server {
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(AGENT_MODE))
                     .map_err(|e| format!("cannot chmod {}: {e}", path.display()))?;
             }
-            gpus.push(Gpu { info, ledger });
+            gpus.push(Gpu {
+                info,
+                ledger: Arc::new(ledger),
+            });
         }
         let orphans = adopt_live(&gpus);
 
@@ -435,7 +446,15 @@ impl Server {
         if epoll < 0 {
             return Err(format!("epoll_create1: {}", errno()));
         }
+        let sched = match sched::start(gpus.iter().map(|g| g.ledger.clone()).collect()) {
+            Ok(h) => Some(h),
+            Err(e) => {
+                eprintln!("cgpu-agent: cannot start the compute scheduler ({e}): compute shares are not enforced");
+                None
+            }
+        };
         let s = Server {
+            sched,
             opts,
             gpus,
             listen,
@@ -644,6 +663,12 @@ impl Server {
             }
             let n = n as usize;
             match Request::decode(&buf[..n.min(buf.len())]) {
+                Ok(req) if req.op == Op::Sched => {
+                    // The connection becomes the process's scheduling
+                    // connection (or ends): nothing more is served here.
+                    self.sched_join(fd, &req);
+                    return;
+                }
                 Ok(req) => {
                     let r = self.answer(fd, &req);
                     if !send_reply(fd, &r) {
@@ -704,6 +729,8 @@ impl Server {
         };
         match req.op {
             Op::Hello => self.hello(fd, g, seq),
+            // Served by `sched_join`.
+            Op::Sched => Reply::refuse(Status::BadRequest, seq),
             Op::Reserve | Op::Release => {
                 let Some(conn) = self.conns.get(&fd) else {
                     return Reply::refuse(Status::Unknown, seq);
@@ -798,6 +825,86 @@ impl Server {
             c.joined.push(Joined { gpu: g, m });
         }
         r
+    }
+
+    /// `Op::Sched` on `fd`: hand the process a scheduling page for GPU
+    /// `req.gpu` and the connection to the scheduler's thread. The process
+    /// must have joined that GPU on another connection (its memory one):
+    /// the scheduler places it in that container and process slot.
+    fn sched_join(&mut self, fd: i32, req: &Request) {
+        let seq = req.seq;
+        let refuse = |s: &mut Server, status: Status| {
+            send_reply(fd, &Reply::refuse(status, seq));
+            s.close(fd);
+        };
+        let Some(g) = self
+            .gpus
+            .iter()
+            .position(|g| g.info.uuid.eq_ignore_ascii_case(req.gpu_str()))
+        else {
+            return refuse(self, Status::NoGpu);
+        };
+        let Some(peer) = self.conns.get(&fd).and_then(|c| c.peer.clone()) else {
+            return refuse(self, Status::Unknown);
+        };
+        if start_time(peer.pid) != Some(peer.start) {
+            return refuse(self, Status::Unknown);
+        }
+        let joined = self.conns.values().find_map(|c| {
+            let same = c.fd != fd
+                && c.peer
+                    .as_ref()
+                    .is_some_and(|p| p.pid == peer.pid && p.start == peer.start);
+            same.then(|| c.joined.iter().find(|j| j.gpu == g).map(|j| (j.m.container, j.m.process)))
+                .flatten()
+        });
+        let Some((container, process)) = joined else {
+            return refuse(self, Status::NotJoined);
+        };
+        let Some(h) = self.sched.clone() else {
+            return refuse(self, Status::Unknown);
+        };
+        let made = page::create("cgpu-sched").and_then(|pf| {
+            let pg = page::map(pf.as_raw_fd())?;
+            let c = &self.gpus[g].ledger.file().containers[container];
+            let r = Reply {
+                status: Status::Ok,
+                seq,
+                used: c.used.load(std::sync::atomic::Ordering::Acquire),
+                quota: c.quota.load(std::sync::atomic::Ordering::Acquire),
+                container: container as u32,
+                process: process as u32,
+            };
+            if let Err(e) = page::send_fds(fd, &r.encode(), &[pf.as_raw_fd()]) {
+                // SAFETY: mapped just above, referenced nowhere else.
+                unsafe { page::unmap(pg) };
+                return Err(e);
+            }
+            Ok(pg)
+        });
+        let pg = match made {
+            Ok(pg) => pg,
+            Err(e) => {
+                eprintln!("cgpu-agent: cannot hand pid {} its scheduling page: {e}", peer.pid);
+                return refuse(self, Status::Busy);
+            }
+        };
+        // The connection leaves this loop (and its count) for the scheduler's.
+        let Some(conn) = self.conns.remove(&fd) else {
+            return;
+        };
+        let key = conn.ident.as_ref().map_or(0, |i| i.key);
+        if let Some(c) = self.per_container.get_mut(&key) {
+            *c = c.saturating_sub(1);
+            if *c == 0 {
+                self.per_container.remove(&key);
+            }
+        }
+        // SAFETY: our epoll instance and descriptor.
+        unsafe { libc::epoll_ctl(self.epoll, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
+        // SAFETY: the descriptor is no longer in `conns`: owned from here.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        h.add(sched::Participant::new(owned, g, container, process, pg));
     }
 
     /// Gives back the rows of adopted processes that have ended.

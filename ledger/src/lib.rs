@@ -40,6 +40,7 @@ pub mod decide;
 pub mod futex;
 pub mod identity;
 pub mod mode;
+pub mod page;
 pub mod policy;
 pub mod settings;
 pub mod wire;

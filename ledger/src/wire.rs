@@ -17,7 +17,9 @@
 //! [`Op::Reserve`] asks for bytes before an allocation (granted only within
 //! the container's quota), [`Op::Release`] gives bytes back after a free
 //! (never more than this connection holds on that GPU). Each request gets
-//! exactly one reply with the same `seq`.
+//! exactly one reply with the same `seq`. [`Op::Sched`] opens a second
+//! connection of the process to the GPU's compute scheduler, which the
+//! agent runs (see `crate::page`).
 
 /// The agent's socket, in the ledger directory.
 pub const SOCKET_NAME: &str = "agent.sock";
@@ -42,6 +44,15 @@ pub enum Op {
     Reserve = 2,
     /// Give back `bytes` the caller charged earlier on this GPU.
     Release = 3,
+    /// Join this GPU's compute scheduler, on a connection of its own that
+    /// carries nothing else afterwards (the scheduling connection): the
+    /// reply carries the process's scheduling page (`crate::page`) as an
+    /// `SCM_RIGHTS` descriptor. The caller must have said `Hello` for that
+    /// GPU on another connection of the same process first (`NotJoined`
+    /// otherwise). After it, any packet the process sends on the
+    /// connection only wakes the agent's scheduler (its content is
+    /// ignored), and its end is the process's end.
+    Sched = 4,
 }
 
 impl Op {
@@ -50,6 +61,7 @@ impl Op {
             1 => Some(Op::Hello),
             2 => Some(Op::Reserve),
             3 => Some(Op::Release),
+            4 => Some(Op::Sched),
             _ => None,
         }
     }

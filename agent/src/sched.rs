@@ -1,0 +1,508 @@
+//! Secure mode's compute scheduler: the agent holds each GPU's token and
+//! makes every decision; processes only read the token (the ledger is
+//! read-only to them) and write their own scheduling page.
+//!
+//! The mechanism is the cooperative one's (exclusive time slices, drained
+//! and charged at each handover, token buckets refilled at each container's
+//! share: `cgpu_ledger::decide`), moved into one thread of the agent:
+//!
+//! - a process joins with a scheduling connection of its own (`Op::Sched`,
+//!   after its memory `Hello`): the agent hands it a sealed page
+//!   (`cgpu_ledger::page`) and keeps the connection; its end is the
+//!   process's end;
+//! - a thread of the process that may not launch counts itself in its
+//!   page's `WANTS`, sends one packet on the connection (the agent wakes),
+//!   and sleeps on the token's futex until its container holds the GPU;
+//! - the holder's threads launch with a few loads and stores in their own
+//!   page (`LAUNCHED`, `LAUNCHES`), no system call;
+//! - at the slice's end (its budget spent while another container waits, or
+//!   the holder idle for [`IDLE_GRACE_NS`] while another waits) the agent
+//!   moves the token to DRAINING; each process of the holder that launched
+//!   since its last drain synchronises its contexts and writes `DRAINED`;
+//!   once all have (or after [`DRAIN_LIMIT_NS`], or when a process's
+//!   connection ends) the agent charges the holder the slice and decides.
+//!
+//! Everything read from a page is the process's word: it steers decisions
+//! about its own container only (a process that claims to have drained
+//! while its work still runs takes GPU time the device's per-process time,
+//! reported by the agent, shows; the library never does).
+
+use cgpu_ledger::decide::{allowance, decide, update_estimate, Decision, Entry};
+use cgpu_ledger::page::{self, word as pw, Page};
+use cgpu_ledger::words::{container as cw, gpu as gw, Token, DRAINING, IDLE, RUNNING};
+use cgpu_ledger::{Ledger, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE};
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::{Arc, Mutex};
+
+/// A holder that made no launch, and has no thread waiting for its GPU work,
+/// for this long while another container waits gives the GPU up.
+pub const IDLE_GRACE_NS: u64 = 2_000_000;
+/// A drain that takes longer than this (a process that stopped answering)
+/// is given up on: the GPU changes hands anyway.
+pub const DRAIN_LIMIT_NS: u64 = 2_000_000_000;
+/// How often the holder's activity is looked at while another container
+/// waits (the idle hand-over's resolution).
+const WATCH_NS: u64 = 1_000_000;
+/// The longest sleep with nothing due (a wake-up packet or a new process
+/// ends it sooner).
+const REST_NS: u64 = 100_000_000;
+
+/// One process on one GPU, as the scheduler knows it.
+pub struct Participant {
+    /// The scheduling connection (the agent's end).
+    pub conn: OwnedFd,
+    pub gpu: usize,
+    pub container: usize,
+    pub process: usize,
+    /// The process's page, mapped by the agent (unmapped when it goes).
+    pub page: &'static Page,
+    /// Its page's `LAUNCHES` and `THROTTLED_NS` when last looked at.
+    launches_seen: u64,
+    throttled_seen: u64,
+    /// Launches of it in the current slice (for the holder's estimate).
+    slice_launches: u64,
+}
+
+impl Participant {
+    pub fn new(
+        conn: OwnedFd,
+        gpu: usize,
+        container: usize,
+        process: usize,
+        page: &'static Page,
+    ) -> Participant {
+        Participant {
+            conn,
+            gpu,
+            container,
+            process,
+            page,
+            launches_seen: page.w(pw::LAUNCHES).load(Acquire),
+            throttled_seen: page.w(pw::THROTTLED_NS).load(Acquire),
+            slice_launches: 0,
+        }
+    }
+
+    fn wants(&self) -> bool {
+        self.page.w(pw::WANTS).load(Acquire) > 0
+    }
+
+    /// Launched since its last drain: work of it may still be queued.
+    fn undrained(&self) -> bool {
+        self.page.w(pw::LAUNCHED).load(Acquire) != self.page.w(pw::DRAINED).load(Acquire)
+    }
+}
+
+impl Drop for Participant {
+    fn drop(&mut self) {
+        // SAFETY: the page was mapped for this participant alone, and no
+        // reference to it outlives the participant (the scheduler only
+        // reads it through `self`).
+        unsafe { page::unmap(self.page) };
+    }
+}
+
+/// Where the server hands new processes to the scheduler thread.
+#[derive(Clone)]
+pub struct Handle {
+    inbox: Arc<Mutex<Vec<Participant>>>,
+    /// An eventfd the thread waits on besides the connections.
+    wake: Arc<OwnedFd>,
+}
+
+impl Handle {
+    /// Hand `p` over (its connection is the scheduler's from now on).
+    pub fn add(&self, p: Participant) {
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+        let one: u64 = 1;
+        // SAFETY: an eventfd of ours; 8 bytes from a live u64.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// One GPU's token as the agent keeps it.
+struct Gpu {
+    ledger: Arc<Ledger>,
+    /// When the current slice began (RUNNING) and its budget.
+    slice_start: u64,
+    budget: u64,
+    /// When DRAINING began.
+    drain_since: u64,
+    /// While IDLE: no decision before this, unless the containers that
+    /// wait are others than `idle_wants`.
+    idle_until: u64,
+    idle_wants: [bool; MAX_CONTAINERS],
+    /// The holder was last seen busy (launching, or waiting for its work).
+    active_at: u64,
+    last_refill: u64,
+}
+
+impl Gpu {
+    fn token(&self) -> &std::sync::atomic::AtomicU64 {
+        &self.ledger.file().header.sched[gw::TOKEN]
+    }
+    fn g(&self, i: usize) -> &std::sync::atomic::AtomicU64 {
+        &self.ledger.file().header.sched[i]
+    }
+    fn now_token(&self) -> Token {
+        Token::unpack(self.token().load(Acquire))
+    }
+    /// Publish `next` and wake every process sleeping on the token.
+    fn publish(&self, next: Token) {
+        self.token().store(next.pack(), Release);
+        cgpu_ledger::futex::wake(self.token());
+    }
+}
+
+fn now_ns() -> u64 {
+    cgpu_ledger::clock::monotonic_ns()
+}
+
+/// Start the scheduler thread for `ledgers` (the served GPUs, by index).
+pub fn start(ledgers: Vec<Arc<Ledger>>) -> std::io::Result<Handle> {
+    // SAFETY: plain eventfd(2).
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just made, owned from here.
+    let wake = Arc::new(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let h = Handle {
+        inbox: Arc::new(Mutex::new(Vec::new())),
+        wake,
+    };
+    let now = now_ns();
+    let gpus: Vec<Gpu> = ledgers
+        .into_iter()
+        .map(|ledger| {
+            let g = Gpu {
+                ledger,
+                slice_start: now,
+                budget: 0,
+                drain_since: now,
+                idle_until: 0,
+                idle_wants: [false; MAX_CONTAINERS],
+                active_at: now,
+                last_refill: now,
+            };
+            // A token left by an earlier agent (or a cooperative process)
+            // names nobody any more: start from IDLE.
+            let t = g.now_token();
+            g.publish(t.next(IDLE, None, None));
+            g
+        })
+        .collect();
+    let mut s = Sched {
+        gpus,
+        parts: HashMap::new(),
+        inbox: h.inbox.clone(),
+        wake: h.wake.clone(),
+        epoll: -1,
+    };
+    // SAFETY: plain epoll_create1(2).
+    s.epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if s.epoll < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    s.watch(h.wake.as_raw_fd());
+    std::thread::Builder::new()
+        .name("cgpu-sched".into())
+        .spawn(move || s.run())?;
+    Ok(h)
+}
+
+struct Sched {
+    gpus: Vec<Gpu>,
+    /// By scheduling connection.
+    parts: HashMap<RawFd, Participant>,
+    inbox: Arc<Mutex<Vec<Participant>>>,
+    wake: Arc<OwnedFd>,
+    epoll: i32,
+}
+
+impl Sched {
+    fn watch(&self, fd: RawFd) {
+        let mut ev = libc::epoll_event {
+            events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+            u64: fd as u64,
+        };
+        // SAFETY: our epoll instance; `ev` is a valid event.
+        unsafe { libc::epoll_ctl(self.epoll, libc::EPOLL_CTL_ADD, fd, &mut ev) };
+    }
+
+    fn run(mut self) -> ! {
+        let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 64];
+        let mut sleep_ns = 0u64;
+        loop {
+            let ms = sleep_ns.div_ceil(1_000_000).min(i32::MAX as u64) as i32;
+            // SAFETY: `events` holds that many entries.
+            let n = unsafe {
+                libc::epoll_wait(self.epoll, events.as_mut_ptr(), events.len() as i32, ms)
+            };
+            for ev in &events[..n.max(0) as usize] {
+                let fd = ev.u64 as RawFd;
+                if fd == self.wake.as_raw_fd() {
+                    let mut v = 0u64;
+                    // SAFETY: 8 bytes into a live u64 from our eventfd.
+                    unsafe { libc::read(fd, (&mut v as *mut u64).cast(), 8) };
+                } else {
+                    self.rung(fd);
+                }
+            }
+            let new: Vec<Participant> =
+                std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|e| e.into_inner()));
+            for p in new {
+                let fd = p.conn.as_raw_fd();
+                self.watch(fd);
+                // One process, one place on each GPU: an earlier connection
+                // of the same slot on that GPU is replaced.
+                let old: Vec<RawFd> = self
+                    .parts
+                    .iter()
+                    .filter(|(_, q)| q.gpu == p.gpu && q.process == p.process)
+                    .map(|(f, _)| *f)
+                    .collect();
+                for f in old {
+                    self.parts.remove(&f);
+                }
+                self.parts.insert(fd, p);
+            }
+            let now = now_ns();
+            sleep_ns = REST_NS;
+            for g in 0..self.gpus.len() {
+                sleep_ns = sleep_ns.min(self.step(g, now));
+            }
+        }
+    }
+
+    /// A packet, or the end, on a scheduling connection.
+    fn rung(&mut self, fd: RawFd) {
+        let mut buf = [0u8; 16];
+        loop {
+            // SAFETY: `buf` holds that many writable bytes.
+            let n = unsafe {
+                libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
+            };
+            if n > 0 {
+                continue;
+            }
+            let ended = n == 0
+                || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock;
+            if ended {
+                // The process ended: its place goes (closing the descriptor
+                // takes it out of the epoll set).
+                if let Some(p) = self.parts.remove(&fd) {
+                    self.account(&p);
+                }
+            }
+            return;
+        }
+    }
+
+    /// Carry a participant's counters into its container's words.
+    fn account(&self, p: &Participant) {
+        let Some(g) = self.gpus.get(p.gpu) else {
+            return;
+        };
+        let cs = &g.ledger.file().containers[p.container].sched;
+        let t = p.page.w(pw::THROTTLED_NS).load(Acquire);
+        cs[cw::THROTTLED_NS].fetch_add(t.wrapping_sub(p.throttled_seen).min(1 << 40), Relaxed);
+    }
+
+    /// Advance GPU `gi`'s token as far as it can go now; returns how long
+    /// until it must be looked at again.
+    fn step(&mut self, gi: usize, now: u64) -> u64 {
+        let ledger = self.gpus[gi].ledger.clone();
+        let f = ledger.file();
+        let k = cgpu_ledger::words::knobs(f);
+        let mut wants = [false; MAX_CONTAINERS];
+        let mut holder_busy = false;
+        let t = self.gpus[gi].now_token();
+        let holder = t.holder_slot();
+        for p in self.parts.values_mut().filter(|p| p.gpu == gi) {
+            if p.wants() {
+                wants[p.container] = true;
+            }
+            let l = p.page.w(pw::LAUNCHES).load(Acquire);
+            let moved = l.wrapping_sub(p.launches_seen).min(1 << 32);
+            p.launches_seen = l;
+            p.slice_launches += moved;
+            let th = p.page.w(pw::THROTTLED_NS).load(Acquire);
+            let cs = &f.containers[p.container].sched;
+            cs[cw::THROTTLED_NS].fetch_add(th.wrapping_sub(p.throttled_seen).min(1 << 40), Relaxed);
+            p.throttled_seen = th;
+            if Some(p.container) == holder
+                && (moved > 0 || p.page.w(pw::SYNCING).load(Acquire) > 0 || p.wants())
+            {
+                holder_busy = true;
+            }
+        }
+        let g = &mut self.gpus[gi];
+        if k.native() {
+            // No scheduling: the token stays IDLE and every launch passes.
+            if t.state != IDLE {
+                g.publish(t.next(IDLE, None, None));
+            }
+            return REST_NS;
+        }
+        match t.state {
+            RUNNING => {
+                let Some(h) = holder else {
+                    g.publish(t.next(IDLE, None, None));
+                    return 0;
+                };
+                if holder_busy {
+                    g.active_at = now;
+                }
+                let others = wants.iter().enumerate().any(|(c, &w)| w && c != h);
+                let end = g.slice_start.saturating_add(g.budget);
+                let idle = others && now.saturating_sub(g.active_at) >= IDLE_GRACE_NS;
+                if now < end && !idle {
+                    return if others {
+                        WATCH_NS.min(end - now)
+                    } else {
+                        end - now
+                    };
+                }
+                if !others && !k.work_conserving() || others || idle {
+                    // Hand over: the holder's processes drain first.
+                    g.drain_since = now;
+                    g.publish(t.next(DRAINING, Some(h), None));
+                    return self.step(gi, now);
+                }
+                // Nobody else waits: charge the slice and decide again
+                // without a drain; a holder still at work keeps the GPU
+                // (its threads launch without waiting, so it counts as
+                // waiting while it was busy within the slice).
+                let mut w = wants;
+                w[h] |= now.saturating_sub(g.active_at) < g.budget.max(IDLE_GRACE_NS);
+                self.charge_and_decide(gi, now, Some(h), &w);
+                WATCH_NS
+            }
+            DRAINING => {
+                let Some(h) = holder else {
+                    g.publish(t.next(IDLE, None, None));
+                    return 0;
+                };
+                let pending = self
+                    .parts
+                    .values()
+                    .any(|p| p.gpu == gi && p.container == h && p.undrained());
+                if pending && now.saturating_sub(g.drain_since) < DRAIN_LIMIT_NS {
+                    return WATCH_NS;
+                }
+                if pending {
+                    eprintln!(
+                        "cgpu-agent: GPU {gi}: a process of container slot {h} did not drain within {} ms: the GPU changes hands anyway",
+                        DRAIN_LIMIT_NS / 1_000_000
+                    );
+                }
+                self.charge_and_decide(gi, now, Some(h), &wants);
+                0
+            }
+            _ => {
+                // IDLE (or a word no agent wrote: decided afresh).
+                if !wants.iter().any(|&w| w) && t.state == IDLE {
+                    return REST_NS;
+                }
+                if now < g.idle_until && t.state == IDLE && wants == g.idle_wants {
+                    return g.idle_until - now;
+                }
+                self.charge_and_decide(gi, now, None, &wants);
+                0
+            }
+        }
+    }
+
+    /// Charge `holder` (if any) the slice that ended now, refill every
+    /// bucket, and publish the next holder.
+    fn charge_and_decide(
+        &mut self,
+        gi: usize,
+        now: u64,
+        holder: Option<usize>,
+        wants: &[bool; MAX_CONTAINERS],
+    ) {
+        let ledger = self.gpus[gi].ledger.clone();
+        let f = ledger.file();
+        let k = cgpu_ledger::words::knobs(f);
+        let mut charge = None;
+        if let Some(h) = holder {
+            let g = &self.gpus[gi];
+            let held = now.saturating_sub(g.slice_start).min(8 * g.budget.max(1) + DRAIN_LIMIT_NS);
+            let mut launches = 0u64;
+            let mut launchers = 0u64;
+            for p in self.parts.values().filter(|p| p.gpu == gi && p.container == h) {
+                launches += p.slice_launches;
+                launchers += u64::from(p.slice_launches > 0);
+            }
+            let cs = &f.containers[h].sched;
+            cs[cw::GPU_NS].fetch_add(held, Relaxed);
+            cs[cw::LAUNCHES].fetch_add(launches, Relaxed);
+            cs[cw::LAST_SLICE_NS].store(held.max(1), Relaxed);
+            let est = update_estimate(cs[cw::NS_PER_LAUNCH].load(Relaxed), held, launches);
+            cs[cw::NS_PER_LAUNCH].store(est, Relaxed);
+            g.g(gw::BUSY_NS).fetch_add(held, Relaxed);
+            // Each process that launched in the slice: an equal part, for
+            // the tools' per-process GPU time.
+            if launchers > 0 {
+                for p in self.parts.values().filter(|p| {
+                    p.gpu == gi && p.container == h && p.slice_launches > 0
+                }) {
+                    if p.process < MAX_PROCESSES {
+                        f.processes[p.process]
+                            .gpu_time_ns
+                            .fetch_add(held / launchers, Relaxed);
+                    }
+                }
+            }
+            charge = Some((h, held));
+        }
+        for p in self.parts.values_mut().filter(|p| p.gpu == gi) {
+            p.slice_launches = 0;
+        }
+        let mut es = [Entry::default(); MAX_CONTAINERS];
+        for (i, s) in f.containers.iter().enumerate() {
+            let live = s.state.load(Acquire) == SLOT_LIVE;
+            es[i] = Entry {
+                live,
+                weight: s.weight.load(Acquire),
+                highprio: s.highprio.load(Acquire) != 0,
+                wants: live && wants[i],
+                guest: false,
+                tokens: s.sched[cw::TOKENS].load(Acquire) as i64,
+                ns_per_launch: s.sched[cw::NS_PER_LAUNCH].load(Relaxed),
+            };
+        }
+        let g = &mut self.gpus[gi];
+        let d = decide(&k, now, g.last_refill, charge, &mut es);
+        g.last_refill = now;
+        g.g(gw::LAST_REFILL).store(now, Relaxed);
+        for (s, e) in f.containers.iter().zip(&es) {
+            s.sched[cw::TOKENS].store(e.tokens as u64, Relaxed);
+        }
+        let t = g.now_token();
+        match d {
+            Decision::Run { c, budget_ns, allow } => {
+                g.slice_start = now;
+                g.budget = budget_ns;
+                g.active_at = now;
+                g.g(gw::SLICE_START).store(now, Relaxed);
+                g.g(gw::SLICE_BUDGET).store(budget_ns, Relaxed);
+                g.g(gw::SLICE_ALLOW)
+                    .store(allow.max(allowance(budget_ns, 0)), Relaxed);
+                g.g(gw::SLICES).fetch_add(1, Relaxed);
+                f.containers[c].sched[cw::SLICES].fetch_add(1, AcqRel);
+                g.publish(t.next(RUNNING, Some(c), None));
+            }
+            Decision::Idle { until } => {
+                g.idle_until = until;
+                g.idle_wants = *wants;
+                g.g(gw::IDLE_UNTIL).store(until, Relaxed);
+                g.publish(t.next(IDLE, None, None));
+            }
+        }
+    }
+}
