@@ -177,6 +177,9 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
                 }
                 Err(_) => Status::OverQuota,
             },
+            // This small agent schedules nothing (as an agent before
+            // compute scheduling): the library launches unscheduled.
+            Op::Sched => Status::BadRequest,
             Op::Release => {
                 let h = held.entry(gpu.clone()).or_default();
                 let take = req.bytes.min(*h);

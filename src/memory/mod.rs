@@ -158,6 +158,17 @@ impl Gpu {
         self.acct()?.ledger()
     }
 
+    /// Secure mode, once the agent placed this process on the GPU: the
+    /// agent's socket, the GPU's UUID and its ledger, read-only (what the
+    /// compute scheduler's secure gate needs). `None` in cooperative mode
+    /// or before the agent answered.
+    pub fn secure_sched(&self) -> Option<(std::path::PathBuf, &str, &Ledger)> {
+        match &self.books {
+            Books::Secure(s) if s.known() => Some((s.socket(), &self.uuid, s.ledger_view()?)),
+            _ => None,
+        }
+    }
+
     /// The quota view: `Some(total)` when the container sees its slice (its
     /// quota, never more than the GPU: [`shown_total`]),
     /// `None` for the physical view (not limited, or `CGPU_DISABLE`). Read
@@ -335,6 +346,7 @@ extern "C" fn atfork_child() {
         }
     }
     secure::after_fork_child();
+    crate::scheduler::secure_after_fork_child();
 }
 
 extern "C" fn at_exit() {

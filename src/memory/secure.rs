@@ -66,7 +66,7 @@ pub fn on() -> bool {
         Ok(on) => {
             if on {
                 tracing::info!(
-                    "cgpu: secure mode: the node agent keeps the books; compute shares are not enforced in secure mode yet (kernel launches are not throttled)"
+                    "cgpu: secure mode: the node agent keeps the books and schedules the GPU"
                 );
             }
             on
@@ -148,50 +148,7 @@ impl Client {
         if c.fd >= 0 {
             return Ok(());
         }
-        let unreachable = |what: &str| {
-            Fault::Unreachable(format!(
-                "{what} {}: {}",
-                self.sock.display(),
-                std::io::Error::last_os_error()
-            ))
-        };
-        // SAFETY: plain socket creation.
-        let fd =
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(unreachable("cannot make a socket for"));
-        }
-        // SAFETY: a zeroed sockaddr_un is valid; the path is copied below
-        // within its bounds.
-        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        let path = std::os::unix::ffi::OsStrExt::as_bytes(self.sock.as_os_str());
-        if path.len() >= addr.sun_path.len() {
-            // SAFETY: our descriptor.
-            unsafe { libc::close(fd) };
-            return Err(Fault::Unreachable(format!(
-                "the socket path {} is too long",
-                self.sock.display()
-            )));
-        }
-        for (d, s) in addr.sun_path.iter_mut().zip(path) {
-            *d = *s as libc::c_char;
-        }
-        // SAFETY: valid descriptor, address of its size.
-        let ok = set_timeouts(fd, c.wait)
-            && unsafe {
-                libc::connect(
-                    fd,
-                    (&addr as *const libc::sockaddr_un).cast(),
-                    std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-                ) == 0
-            };
-        if !ok {
-            let f = unreachable("cannot connect to the agent's socket");
-            // SAFETY: our descriptor, not published.
-            unsafe { libc::close(fd) };
-            return Err(f);
-        }
+        let fd = connect_agent(&self.sock, c.wait).map_err(Fault::Unreachable)?;
         c.fd = fd;
         c.epoch += 1;
         CONN_FD.store(fd, Ordering::Release);
@@ -403,6 +360,52 @@ impl Client {
 }
 
 /// Set a socket's send and receive timeouts to `wait`; false on failure.
+/// A new connection to the agent's socket `sock` (close-on-exec), whose
+/// sends and receives wait at most `wait`; the cause when there is none.
+pub fn connect_agent(sock: &Path, wait: Duration) -> Result<i32, String> {
+    let unreachable = |what: &str| {
+        format!(
+            "{what} {}: {}",
+            sock.display(),
+            std::io::Error::last_os_error()
+        )
+    };
+    // SAFETY: plain socket creation.
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(unreachable("cannot make a socket for"));
+    }
+    // SAFETY: a zeroed sockaddr_un is valid; the path is copied below
+    // within its bounds.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let path = std::os::unix::ffi::OsStrExt::as_bytes(sock.as_os_str());
+    if path.len() >= addr.sun_path.len() {
+        // SAFETY: our descriptor.
+        unsafe { libc::close(fd) };
+        return Err(format!("the socket path {} is too long", sock.display()));
+    }
+    for (d, s) in addr.sun_path.iter_mut().zip(path) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: valid descriptor, address of its size.
+    let ok = set_timeouts(fd, wait)
+        && unsafe {
+            libc::connect(
+                fd,
+                (&addr as *const libc::sockaddr_un).cast(),
+                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            ) == 0
+        };
+    if !ok {
+        let f = unreachable("cannot connect to the agent's socket");
+        // SAFETY: our descriptor, not published.
+        unsafe { libc::close(fd) };
+        return Err(f);
+    }
+    Ok(fd)
+}
+
 fn set_timeouts(fd: i32, wait: Duration) -> bool {
     let tv = libc::timeval {
         tv_sec: wait.as_secs() as libc::time_t,
@@ -775,6 +778,16 @@ impl SecureAccount {
 
     /// Has the agent ever placed this process (told its container's row)?
     /// Until then nothing can be allocated, and views show nothing free.
+    /// The agent's socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join(SOCKET_NAME)
+    }
+
+    /// The GPU's ledger, read-only (mapped at the first `Hello`).
+    pub fn ledger_view(&self) -> Option<&Ledger> {
+        self.read_ledger()
+    }
+
     pub fn known(&self) -> bool {
         self.container.load(Ordering::Acquire) != u32::MAX
     }

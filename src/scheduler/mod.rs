@@ -16,6 +16,7 @@
 
 pub mod capture;
 mod contexts;
+mod secure;
 mod gate;
 mod guest_clock;
 mod sys;
@@ -49,6 +50,9 @@ static GATE: AtomicPtr<Gate> = AtomicPtr::new(std::ptr::null_mut());
 /// The process sees several GPUs: each launch finds the gate of its
 /// context's device (`GATES`, cached per thread by context).
 static MULTI: AtomicBool = AtomicBool::new(false);
+/// Secure mode: the node agent schedules; launches go through the secure
+/// gates (`secure.rs`) instead.
+static SECURE_MODE: AtomicBool = AtomicBool::new(false);
 /// Devices (CUDA ordinals of the real driver) with a gate of their own:
 /// every device whose memory cgpu accounts (`memory::MAX_GPUS`), so that
 /// no device is quota-limited yet unscheduled.
@@ -96,8 +100,14 @@ thread_local! {
 pub fn admit_launch(stream: Stream) {
     let mut g = GATE.load(Acquire) as *const Gate;
     if g.is_null() {
+        if SECURE_MODE.load(Relaxed) {
+            return secure::admit_launch();
+        }
         g = gate_slow();
         if g.is_null() {
+            if SECURE_MODE.load(Relaxed) {
+                secure::admit_launch();
+            }
             return;
         }
     }
@@ -136,6 +146,9 @@ pub fn admit_launch(stream: Stream) {
 /// Called by every launch hook after the real driver returned `_result`.
 #[inline]
 pub fn launched(_stream: Stream, _result: CUresult) {
+    if SECURE_MODE.load(Relaxed) {
+        return secure::launched();
+    }
     ADMITTED.with(|a| {
         let (g, n) = a.get();
         if n > 0 {
@@ -220,6 +233,12 @@ fn attach_lazily(seen: u64, generation: u64) -> *const Gate {
             g.store(std::ptr::null_mut(), Release);
             a.store(UNDECIDED, Release);
         }
+    }
+    if crate::memory::secure::on() {
+        // The node agent schedules (see `secure.rs`).
+        SECURE_MODE.store(true, Release);
+        ATTACH.store(attach_word(generation, DECIDED), Release);
+        return std::ptr::null();
     }
     let several = crate::process::gpus::cuda_visible().is_ok_and(|v| v.len() > 1);
     if several {
@@ -350,8 +369,15 @@ pub fn attach(ledger: &'static Ledger, m: &Membership, drv: DriverOps) -> Result
     Ok(())
 }
 
+/// `pthread_atfork` child handler: the parent's scheduling connections
+/// (secure mode) are closed in the child.
+pub fn secure_after_fork_child() {
+    secure::after_fork_child();
+}
+
 /// Stop holding launches back in this process (e.g. at exit).
 pub fn detach() {
+    secure::detach();
     MULTI.store(false, Release);
     ATTACH.store(attach_word(fork::generation(), DECIDED), Release);
     let olds = std::iter::once(&GATE).chain(GATES.iter());
@@ -394,6 +420,14 @@ pub struct WaitingForGpu {
 impl WaitingForGpu {
     #[inline]
     pub fn new() -> WaitingForGpu {
+        if SECURE_MODE.load(Relaxed) {
+            secure::in_sync(true);
+            return WaitingForGpu {
+                marked: GateMask::Secure,
+                own: std::ptr::null(),
+                began: None,
+            };
+        }
         let (marked, own) = if MULTI.load(Acquire) {
             (mark_busy(std::ptr::null(), true), gate_of_current_context())
         } else {
@@ -440,6 +474,8 @@ pub(crate) enum GateMask {
     One(*const Gate),
     /// The per-device gates `GATES[i]` whose bit `i` is set.
     Devices(u32),
+    /// Every secure gate of this process (secure mode).
+    Secure,
 }
 
 /// Count the calling thread as waiting for the GPU on every per-device gate
@@ -462,6 +498,7 @@ pub(crate) fn mark_busy(except: *const Gate, on: bool) -> GateMask {
 /// Undo [`mark_busy`] or [`WaitingForGpu::new`] on exactly the gates marked.
 pub(crate) fn unmark_busy(m: GateMask) {
     match m {
+        GateMask::Secure => secure::in_sync(false),
         GateMask::One(g) => {
             if !g.is_null() {
                 // SAFETY: as in `mark_busy`.
@@ -485,6 +522,7 @@ pub(crate) fn unmark_busy(m: GateMask) {
 /// Call before the real destroy.
 pub fn forget_context(ctx: usize) {
     each_gate(|g| g.forget_ctx(ctx));
+    secure::forget_context(ctx);
 }
 
 /// The primary context of device `dev` (the real driver's ordinal) is about
@@ -493,6 +531,7 @@ pub fn forget_context(ctx: usize) {
 /// before the real release/reset.
 pub fn forget_device_contexts(dev: i32) {
     each_gate(|g| g.forget_device(dev));
+    secure::forget_device(dev);
 }
 
 /// At exit, the helper threads stop touching the driver while it is torn

@@ -1,0 +1,309 @@
+//! Secure mode's compute scheduling, with the node agent itself
+//! (`cgpu-agent --secure`) holding the token: two containers, each a real
+//! process under `LD_PRELOAD` run as an unprivileged uid (65534) in a
+//! cgroup of its own, share one simulated GPU by their weights; a holder
+//! killed mid-slice never leaves the other waiting; the tenants' mappings
+//! of the ledger stay read-only. Shares are judged by the simulated
+//! device's own per-process time, over windows of many slices (they hold
+//! at any load: both processes keep work queued).
+//!
+//! Needs root (cgroups, a root-owned ledger directory), as the other
+//! secure-mode tests.
+
+mod interpose_common;
+
+use cgpu::ledger::Ledger;
+use cgpu::scheduler::words::{container as cw, gpu as gw};
+use cgpu_testkit::LinkMode;
+use interpose_common::*;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
+use std::time::Duration;
+
+const T4: &str = "15109:Tesla T4";
+const TENANT: u32 = 65534;
+
+/// One container: its id (the cgroup's name, how the agent finds it).
+struct Ctr {
+    id: String,
+    cgroup: PathBuf,
+}
+
+/// A host in secure mode with the node agent and `n` containers.
+struct Host {
+    m: Machine,
+    agent: Child,
+    ctrs: Vec<Ctr>,
+    base: PathBuf,
+}
+
+impl Host {
+    /// Containers of weights `weights`, each 2 GiB.
+    fn new(name: &str, weights: &[u32]) -> Host {
+        let m = Machine::new(name, T4);
+        std::fs::set_permissions(&m.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&m.ledger, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&m.state, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let settings = m.root.join("containers");
+        std::fs::create_dir_all(&settings).unwrap();
+        let base = PathBuf::from(format!(
+            "{}/cgpu-secure-sched-{}-{name}",
+            cgpu_testkit::cgroup_root(),
+            std::process::id()
+        ));
+        let mut ctrs = Vec::new();
+        for (i, w) in weights.iter().enumerate() {
+            let digit = char::from_digit(10 + i as u32, 16).unwrap();
+            let id = format!("{:08x}{}", std::process::id(), digit.to_string().repeat(56));
+            let cgroup = base.join(&id);
+            std::fs::create_dir_all(&cgroup).expect("a cgroup (root; cgroup v2, or v1 with pids)");
+            let o = Command::new(cgpu_testkit::artifacts().profile_dir.join("cgpuctl"))
+                .args([
+                    "settings",
+                    &id,
+                    "ALIYUN_COM_GPU_MEM_CONTAINER=2",
+                    &format!("ALIYUN_COM_GPU_SCHD_WEIGHT={w}"),
+                ])
+                .arg("--settings-dir")
+                .arg(&settings)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            ctrs.push(Ctr { id, cgroup });
+        }
+        let mut c = m.bare(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
+        c.args(["--secure", "--interval", "1s", "--ledger-dir"])
+            .arg(&m.ledger)
+            .arg("--settings-dir")
+            .arg(&settings)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut agent = c.spawn().expect("cgpu-agent");
+        let mut err = BufReader::new(agent.stderr.take().unwrap());
+        let mut log = String::new();
+        loop {
+            let mut l = String::new();
+            assert!(err.read_line(&mut l).unwrap() > 0, "the agent ended: {log}");
+            log.push_str(&l);
+            if l.contains("secure: serving") {
+                break;
+            }
+        }
+        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::stderr()));
+        share_tree(&m.state);
+        Host {
+            m,
+            agent,
+            ctrs,
+            base,
+        }
+    }
+
+    /// The GPU's ledger, as root (the agent's file).
+    fn ledger(&self) -> Ledger {
+        Ledger::open_read_only(&self.m.ledger_file().expect("the agent made the ledger")).unwrap()
+    }
+
+    /// Container `i`'s slot in the ledger (its row is named by the id's
+    /// first 12 digits).
+    fn slot(&self, l: &Ledger, i: usize) -> usize {
+        l.file()
+            .containers
+            .iter()
+            .position(|c| {
+                c.state.load(Acquire) == cgpu::ledger::SLOT_LIVE
+                    && c.id_str() == self.ctrs[i].id[..12]
+            })
+            .expect("the container's row")
+    }
+
+    /// A cuclient of container `i` running `args`, as the tenant uid, in
+    /// the container's cgroup before its first CUDA call.
+    fn tenant(&self, i: usize, args: &[&str]) -> Kid {
+        let go = self.m.root.join(format!("go-{i}-{}", args.len()));
+        let mut c = self.m.preloaded(
+            cgpu_testkit::cuclient(LinkMode::Link),
+            &[("CGPU_SIM_CTX_MIB", "0")],
+        );
+        c.arg("wait_file").arg(&go).args(args).uid(TENANT).gid(TENANT);
+        c.stdout(Stdio::piped()).stderr(Stdio::inherit());
+        let mut ch = c.spawn().expect("spawn tenant");
+        let out = BufReader::new(ch.stdout.take().unwrap());
+        std::fs::write(self.ctrs[i].cgroup.join("cgroup.procs"), ch.id().to_string()).unwrap();
+        std::fs::write(&go, "").unwrap();
+        let mut k = Kid(ch, out);
+        assert_eq!(k.line(), "wait_file ok");
+        k
+    }
+
+    /// Device time of each of `kids` (the sim's own books), ns.
+    fn device_time(&self, kids: &[&Kid]) -> Vec<u64> {
+        let s = cgpu_testkit::sim_stats(&self.m.state);
+        kids.iter()
+            .map(|k| s.process(k.0.id(), 0).map_or(0, |p| p.device_time_ns))
+            .collect()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.agent.kill();
+        let _ = self.agent.wait();
+        for c in &self.ctrs {
+            let _ = std::fs::remove_dir(&c.cgroup);
+        }
+        let _ = std::fs::remove_dir(&self.base);
+    }
+}
+
+fn share_tree(p: &Path) {
+    let Ok(md) = std::fs::symlink_metadata(p) else {
+        return;
+    };
+    if md.is_dir() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777));
+        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+            share_tree(&e.path());
+        }
+    } else if md.is_file() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666));
+    }
+}
+
+/// A running tenant process, killed when dropped.
+struct Kid(Child, BufReader<std::process::ChildStdout>);
+
+impl Kid {
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.1.read_line(&mut l).unwrap();
+        l.trim_end().to_string()
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Both containers' processes keep 1 ms kernels queued for `ms`.
+fn busy(ms: u64) -> Vec<String> {
+    // The allocation says Hello (joins the container's row) first.
+    [
+        "init",
+        "alloc",
+        "1048576",
+        "ready",
+        "spin_for",
+        &ms.to_string(),
+        "1000000",
+    ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(|s| s.as_str()).collect()
+}
+
+/// The slices of container slots `slots`, and the GPU's, now.
+fn slices(l: &Ledger, slots: &[usize]) -> (Vec<u64>, u64) {
+    let f = l.file();
+    let per = slots
+        .iter()
+        .map(|&c| f.containers[c].sched[cw::SLICES].load(Relaxed))
+        .collect();
+    (per, f.header.sched[gw::SLICES].load(Relaxed))
+}
+
+#[test]
+fn weights_one_to_two_hold_with_the_agent_holding_the_token() {
+    let h = Host::new("weights", &[1, 2]);
+    let a = busy(12_000);
+    let mut ka = h.tenant(0, &args(&a));
+    let mut kb = h.tenant(1, &args(&a));
+    for k in [&mut ka, &mut kb] {
+        assert!(k.line().starts_with("init ok"));
+        assert!(k.line().starts_with("alloc ok"));
+        assert_eq!(k.line(), "ready");
+    }
+    let l = h.ledger();
+    // Weighted preemptive (the weights' shares while both are busy).
+    Ledger::open(l.path()).unwrap().set_policy(2).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let slots = [h.slot(&l, 0), h.slot(&l, 1)];
+    let (s0, g0) = slices(&l, &slots);
+    let t0 = h.device_time(&[&ka, &kb]);
+    std::thread::sleep(Duration::from_millis(5000));
+    let t1 = h.device_time(&[&ka, &kb]);
+    let (s1, g1) = slices(&l, &slots);
+    let ran: Vec<u64> = t1.iter().zip(&t0).map(|(b, a)| b - a).collect();
+    let share_b = ran[1] as f64 / (ran[0] + ran[1]) as f64;
+    let (sa, sb) = (s1[0] - s0[0], s1[1] - s0[1]);
+    let f = l.file();
+    let throttled_a = f.containers[slots[0]].sched[cw::THROTTLED_NS].load(Acquire);
+    eprintln!(
+        "secure, weights 1:2: device time {ran:?} ns, B's share {share_b:.4} (target 0.6667), slices A {sa} B {sb} of {}, A held back {throttled_a} ns",
+        g1 - g0
+    );
+    assert!(sa >= 5 && sb >= 5, "the token did not go round: A {sa}, B {sb}");
+    assert!(throttled_a > 0, "A was never held back");
+    assert!(
+        (share_b - 2.0 / 3.0).abs() <= 0.1 * 2.0 / 3.0,
+        "B's share {share_b:.4}, target 0.6667 ±10%"
+    );
+}
+
+#[test]
+fn a_holder_killed_never_leaves_the_other_container_waiting() {
+    let h = Host::new("killed", &[1, 1]);
+    let a = busy(20_000);
+    let mut ka = h.tenant(0, &args(&a));
+    let mut kb = h.tenant(1, &args(&a));
+    for k in [&mut ka, &mut kb] {
+        assert!(k.line().starts_with("init ok"));
+        assert!(k.line().starts_with("alloc ok"));
+        assert_eq!(k.line(), "ready");
+    }
+    let l = h.ledger();
+    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    // Kill A while it holds the GPU (or is about to: either way its
+    // connection ends mid-slice or mid-drain).
+    let (slot_a, slot_b) = (h.slot(&l, 0), h.slot(&l, 1));
+    let token = || {
+        cgpu::scheduler::words::Token::unpack(l.file().header.sched[gw::TOKEN].load(Acquire))
+    };
+    let held = eventually(Duration::from_secs(10), || token().holder == Some(slot_a));
+    assert!(held.is_some(), "A never held the GPU");
+    let _ = ka.0.kill();
+    let _ = ka.0.wait();
+    std::thread::sleep(Duration::from_millis(500));
+    let (s0, g0) = slices(&l, &[slot_a, slot_b]);
+    let t0 = h.device_time(&[&kb]);
+    let thr0 = l.file().containers[slot_b].sched[cw::THROTTLED_NS].load(Acquire);
+    std::thread::sleep(Duration::from_millis(2000));
+    let t1 = h.device_time(&[&kb]);
+    let (s1, g1) = slices(&l, &[slot_a, slot_b]);
+    let thr1 = l.file().containers[slot_b].sched[cw::THROTTLED_NS].load(Acquire);
+    let ran = t1[0] - t0[0];
+    let held_back = thr1 - thr0;
+    eprintln!(
+        "B alone after A's kill: ran {ran} ns (sim), held back {held_back} ns, {} of the GPU's {} slices",
+        s1[1] - s0[1],
+        g1 - g0
+    );
+    assert!(ran > 0, "B did not run");
+    assert_eq!(s1[0], s0[0], "a dead container was given slices");
+    assert!(
+        held_back <= ran / 100,
+        "B was held back {held_back} ns of the {ran} ns it ran"
+    );
+}
