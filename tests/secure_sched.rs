@@ -36,7 +36,8 @@ struct Ctr {
 /// A host in secure mode with the node agent and `n` containers.
 struct Host {
     m: Machine,
-    agent: Child,
+    agent: Option<Child>,
+    settings: PathBuf,
     ctrs: Vec<Ctr>,
     base: PathBuf,
 }
@@ -75,11 +76,25 @@ impl Host {
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
             ctrs.push(Ctr { id, cgroup });
         }
-        let mut c = m.bare(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
+        let mut h = Host {
+            m,
+            agent: None,
+            settings,
+            ctrs,
+            base,
+        };
+        h.start_agent();
+        h
+    }
+
+    fn start_agent(&mut self) {
+        let mut c = self
+            .m
+            .bare(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
         c.args(["--secure", "--interval", "1s", "--ledger-dir"])
-            .arg(&m.ledger)
+            .arg(&self.m.ledger)
             .arg("--settings-dir")
-            .arg(&settings)
+            .arg(&self.settings)
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut agent = c.spawn().expect("cgpu-agent");
@@ -94,12 +109,17 @@ impl Host {
             }
         }
         std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::stderr()));
-        share_tree(&m.state);
-        Host {
-            m,
-            agent,
-            ctrs,
-            base,
+        self.agent = Some(agent);
+        // The simulated device's state, which the agent (root) opened
+        // first, stays the tenants' to use too (a real device node is
+        // everyone's).
+        share_tree(&self.m.state);
+    }
+
+    fn kill_agent(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.kill();
+            let _ = a.wait();
         }
     }
 
@@ -129,11 +149,19 @@ impl Host {
             cgpu_testkit::cuclient(LinkMode::Link),
             &[("CGPU_SIM_CTX_MIB", "0")],
         );
-        c.arg("wait_file").arg(&go).args(args).uid(TENANT).gid(TENANT);
+        c.arg("wait_file")
+            .arg(&go)
+            .args(args)
+            .uid(TENANT)
+            .gid(TENANT);
         c.stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut ch = c.spawn().expect("spawn tenant");
         let out = BufReader::new(ch.stdout.take().unwrap());
-        std::fs::write(self.ctrs[i].cgroup.join("cgroup.procs"), ch.id().to_string()).unwrap();
+        std::fs::write(
+            self.ctrs[i].cgroup.join("cgroup.procs"),
+            ch.id().to_string(),
+        )
+        .unwrap();
         std::fs::write(&go, "").unwrap();
         let mut k = Kid(ch, out);
         assert_eq!(k.line(), "wait_file ok");
@@ -151,8 +179,7 @@ impl Host {
 
 impl Drop for Host {
     fn drop(&mut self) {
-        let _ = self.agent.kill();
-        let _ = self.agent.wait();
+        self.kill_agent();
         for c in &self.ctrs {
             let _ = std::fs::remove_dir(&c.cgroup);
         }
@@ -204,9 +231,9 @@ fn busy(ms: u64) -> Vec<String> {
         &ms.to_string(),
         "1000000",
     ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
 }
 
 fn args(v: &[String]) -> Vec<&str> {
@@ -253,7 +280,10 @@ fn weights_one_to_two_hold_with_the_agent_holding_the_token() {
         "secure, weights 1:2: device time {ran:?} ns, B's share {share_b:.4} (target 0.6667), slices A {sa} B {sb} of {}, A held back {throttled_a} ns",
         g1 - g0
     );
-    assert!(sa >= 5 && sb >= 5, "the token did not go round: A {sa}, B {sb}");
+    assert!(
+        sa >= 5 && sb >= 5,
+        "the token did not go round: A {sa}, B {sb}"
+    );
     assert!(throttled_a > 0, "A was never held back");
     assert!(
         (share_b - 2.0 / 3.0).abs() <= 0.1 * 2.0 / 3.0,
@@ -278,9 +308,8 @@ fn a_holder_killed_never_leaves_the_other_container_waiting() {
     // Kill A while it holds the GPU (or is about to: either way its
     // connection ends mid-slice or mid-drain).
     let (slot_a, slot_b) = (h.slot(&l, 0), h.slot(&l, 1));
-    let token = || {
-        cgpu::scheduler::words::Token::unpack(l.file().header.sched[gw::TOKEN].load(Acquire))
-    };
+    let token =
+        || cgpu::scheduler::words::Token::unpack(l.file().header.sched[gw::TOKEN].load(Acquire));
     let held = eventually(Duration::from_secs(10), || token().holder == Some(slot_a));
     assert!(held.is_some(), "A never held the GPU");
     let _ = ka.0.kill();
@@ -305,5 +334,51 @@ fn a_holder_killed_never_leaves_the_other_container_waiting() {
     assert!(
         held_back <= ran / 100,
         "B was held back {held_back} ns of the {ran} ns it ran"
+    );
+}
+
+#[test]
+fn launches_never_hang_while_the_agent_restarts_and_are_scheduled_again_after() {
+    let mut h = Host::new("restart", &[1]);
+    let a = busy(30_000);
+    let mut ka = h.tenant(0, &args(&a));
+    assert!(ka.line().starts_with("init ok"));
+    assert!(ka.line().starts_with("alloc ok"));
+    assert_eq!(ka.line(), "ready");
+    let slot = {
+        let l = h.ledger();
+        let c = h.slot(&l, 0);
+        let granted = eventually(Duration::from_secs(10), || {
+            l.file().containers[c].sched[cw::SLICES].load(Relaxed) >= 3
+        });
+        assert!(granted.is_some(), "the agent never granted a slice");
+        c
+    };
+    h.kill_agent();
+    let before = h.ledger().file().containers[slot].sched[cw::SLICES].load(Relaxed);
+    // The agent is gone: launches go on (unscheduled), never held.
+    let t0 = h.device_time(&[&ka])[0];
+    std::thread::sleep(Duration::from_millis(1500));
+    let t1 = h.device_time(&[&ka])[0];
+    eprintln!("without the agent: ran {} ns in 1.5 s", t1 - t0);
+    assert!(t1 > t0, "launches stopped while the agent was away");
+    h.start_agent();
+    // Once it is back, the process is scheduled by it again (it says
+    // Hello anew and takes a new scheduling page): slices are granted.
+    let l = h.ledger();
+    let c = h.slot(&l, 0);
+    let again = eventually(Duration::from_secs(20), || {
+        l.file().containers[c].sched[cw::SLICES].load(Relaxed) >= before + 3
+    });
+    eprintln!("scheduled again after the restart in {again:?} (slot {slot} then {c})");
+    assert!(
+        again.is_some(),
+        "never scheduled again after the agent's restart"
+    );
+    let t2 = h.device_time(&[&ka])[0];
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        h.device_time(&[&ka])[0] > t2,
+        "launches stopped after the restart"
     );
 }

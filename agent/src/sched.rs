@@ -282,14 +282,13 @@ impl Sched {
         let mut buf = [0u8; 16];
         loop {
             // SAFETY: `buf` holds that many writable bytes.
-            let n = unsafe {
-                libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT)
-            };
+            let n =
+                unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
             if n > 0 {
                 continue;
             }
-            let ended = n == 0
-                || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock;
+            let ended =
+                n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock;
             if ended {
                 // The process ended: its place goes (closing the descriptor
                 // takes it out of the epoll set).
@@ -431,10 +430,16 @@ impl Sched {
         let mut charge = None;
         if let Some(h) = holder {
             let g = &self.gpus[gi];
-            let held = now.saturating_sub(g.slice_start).min(8 * g.budget.max(1) + DRAIN_LIMIT_NS);
+            let held = now
+                .saturating_sub(g.slice_start)
+                .min(8 * g.budget.max(1) + DRAIN_LIMIT_NS);
             let mut launches = 0u64;
             let mut launchers = 0u64;
-            for p in self.parts.values().filter(|p| p.gpu == gi && p.container == h) {
+            for p in self
+                .parts
+                .values()
+                .filter(|p| p.gpu == gi && p.container == h)
+            {
                 launches += p.slice_launches;
                 launchers += u64::from(p.slice_launches > 0);
             }
@@ -448,9 +453,11 @@ impl Sched {
             // Each process that launched in the slice: an equal part, for
             // the tools' per-process GPU time.
             if launchers > 0 {
-                for p in self.parts.values().filter(|p| {
-                    p.gpu == gi && p.container == h && p.slice_launches > 0
-                }) {
+                for p in self
+                    .parts
+                    .values()
+                    .filter(|p| p.gpu == gi && p.container == h && p.slice_launches > 0)
+                {
                     if p.process < MAX_PROCESSES {
                         f.processes[p.process]
                             .gpu_time_ns
@@ -485,7 +492,11 @@ impl Sched {
         }
         let t = g.now_token();
         match d {
-            Decision::Run { c, budget_ns, allow } => {
+            Decision::Run {
+                c,
+                budget_ns,
+                allow,
+            } => {
                 g.slice_start = now;
                 g.budget = budget_ns;
                 g.active_at = now;

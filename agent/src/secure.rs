@@ -22,8 +22,8 @@
 
 use crate::nvml::{GpuInfo, Nvml};
 use crate::sched;
-use cgpu_ledger::page;
 use cgpu_ledger::identity::Identity;
+use cgpu_ledger::page;
 use cgpu_ledger::settings::{self, DeviceSel, Mode};
 use cgpu_ledger::wire::{self, Op, Reply, Request, Status, REPLY_LEN, REQUEST_LEN};
 use cgpu_ledger::{JoinRequest, Ledger, Membership, AGENT_MODE, QUOTA_UNLIMITED};
@@ -855,8 +855,13 @@ impl Server {
                 && c.peer
                     .as_ref()
                     .is_some_and(|p| p.pid == peer.pid && p.start == peer.start);
-            same.then(|| c.joined.iter().find(|j| j.gpu == g).map(|j| (j.m.container, j.m.process)))
-                .flatten()
+            same.then(|| {
+                c.joined
+                    .iter()
+                    .find(|j| j.gpu == g)
+                    .map(|j| (j.m.container, j.m.process))
+            })
+            .flatten()
         });
         let Some((container, process)) = joined else {
             return refuse(self, Status::NotJoined);
@@ -885,7 +890,10 @@ impl Server {
         let pg = match made {
             Ok(pg) => pg,
             Err(e) => {
-                eprintln!("cgpu-agent: cannot hand pid {} its scheduling page: {e}", peer.pid);
+                eprintln!(
+                    "cgpu-agent: cannot hand pid {} its scheduling page: {e}",
+                    peer.pid
+                );
                 return refuse(self, Status::Busy);
             }
         };

@@ -136,7 +136,8 @@ pub fn is_sealed_page(fd: RawFd) -> bool {
         let seals = libc::fcntl(fd, libc::F_GET_SEALS);
         let mut st: libc::stat = std::mem::zeroed();
         seals >= 0
-            && seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW) == libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
+            && seals & (libc::F_SEAL_SHRINK | libc::F_SEAL_GROW)
+                == libc::F_SEAL_SHRINK | libc::F_SEAL_GROW
             && libc::fstat(fd, &mut st) == 0
             && st.st_size == PAGE_LEN as libc::off_t
     }

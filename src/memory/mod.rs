@@ -164,7 +164,13 @@ impl Gpu {
     /// or before the agent answered.
     pub fn secure_sched(&self) -> Option<(std::path::PathBuf, &str, &Ledger)> {
         match &self.books {
-            Books::Secure(s) if s.known() => Some((s.socket(), &self.uuid, s.ledger_view()?)),
+            Books::Secure(s) => {
+                // Placed on a connection that still lives (the agent may
+                // have restarted since the last allocation).
+                s.rejoin();
+                s.known().then_some(())?;
+                Some((s.socket(), &self.uuid, s.ledger_view()?))
+            }
             _ => None,
         }
     }

@@ -62,20 +62,22 @@ pub const VIEW_WAIT: Duration = Duration::from_millis(500);
 /// once per process.
 pub fn on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| match crate::ledger::mode::secure(&Ledger::default_dir()) {
-        Ok(on) => {
-            if on {
-                tracing::info!(
-                    "cgpu: secure mode: the node agent keeps the books and schedules the GPU"
-                );
+    *ON.get_or_init(
+        || match crate::ledger::mode::secure(&Ledger::default_dir()) {
+            Ok(on) => {
+                if on {
+                    tracing::info!(
+                        "cgpu: secure mode: the node agent keeps the books and schedules the GPU"
+                    );
+                }
+                on
             }
-            on
-        }
-        Err(why) => {
-            tracing::warn!("cgpu: {why}: ignored, the books are kept cooperatively");
-            false
-        }
-    })
+            Err(why) => {
+                tracing::warn!("cgpu: {why}: ignored, the books are kept cooperatively");
+                false
+            }
+        },
+    )
 }
 
 /// The descriptor of this process's connection (-1: none), for the fork
@@ -359,7 +361,6 @@ impl Client {
     }
 }
 
-/// Set a socket's send and receive timeouts to `wait`; false on failure.
 /// A new connection to the agent's socket `sock` (close-on-exec), whose
 /// sends and receives wait at most `wait`; the cause when there is none.
 pub fn connect_agent(sock: &Path, wait: Duration) -> Result<i32, String> {
@@ -406,6 +407,19 @@ pub fn connect_agent(sock: &Path, wait: Duration) -> Result<i32, String> {
     Ok(fd)
 }
 
+/// Has the peer of connection `fd` closed it (never waits)?
+fn hung_up(fd: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd; no wait.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    n > 0 && p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
+}
+
+/// Set a socket's send and receive timeouts to `wait`; false on failure.
 fn set_timeouts(fd: i32, wait: Duration) -> bool {
     let tv = libc::timeval {
         tv_sec: wait.as_secs() as libc::time_t,
@@ -504,6 +518,28 @@ impl SecureAccount {
         let Some(mut c) = self.client.conn.try_lock_for(VIEW_WAIT) else {
             return;
         };
+        Client::set_wait(&mut c, VIEW_WAIT);
+        let r = self.hello(&mut c);
+        Client::set_wait(&mut c, ANSWER_WAIT);
+        if let Err(f) = r {
+            self.say(&f);
+        }
+    }
+
+    /// Say `Hello` again if the connection the last one was said on has
+    /// ended (the agent restarted): the compute scheduler places a process
+    /// only where the agent knows it. Waits at most [`VIEW_WAIT`] for the
+    /// connection and the answer.
+    pub fn rejoin(&self) {
+        if self.left.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(mut c) = self.client.conn.try_lock_for(VIEW_WAIT) else {
+            return;
+        };
+        if c.fd >= 0 && hung_up(c.fd) {
+            Client::disconnect(&mut c);
+        }
         Client::set_wait(&mut c, VIEW_WAIT);
         let r = self.hello(&mut c);
         Client::set_wait(&mut c, ANSWER_WAIT);

@@ -16,9 +16,9 @@
 
 pub mod capture;
 mod contexts;
-mod secure;
 mod gate;
 mod guest_clock;
+mod secure;
 mod sys;
 
 pub use cgpu_ledger::words::{

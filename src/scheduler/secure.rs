@@ -67,7 +67,11 @@ pub struct SecureGate {
     conn: AtomicI32,
     in_launch: AtomicU64,
     ctxs: Contexts,
+    /// At exit: launches pass unscheduled, the helper ends.
     stop: AtomicBool,
+    /// The scheduling connection ended (the agent went away): launches
+    /// pass unscheduled until a new gate is attached.
+    dead: AtomicBool,
 }
 
 impl SecureGate {
@@ -122,7 +126,7 @@ impl SecureGate {
     fn admit_slow(&self) -> bool {
         let mut since: Option<u64> = None;
         let admitted = loop {
-            if self.stop.load(Acquire) {
+            if self.stop.load(Acquire) || self.dead.load(Acquire) {
                 break false;
             }
             if crate::scheduler::words::knobs(self.ledger.file()).native() {
@@ -167,26 +171,39 @@ impl SecureGate {
     }
 
     /// Wake the agent's scheduler (one packet; a full queue means it has
-    /// wake-ups pending already).
+    /// wake-ups pending already). A connection that ended marks the gate
+    /// dead.
     fn ring(&self) {
         let fd = self.conn.load(Acquire);
-        if fd >= 0 {
-            // SAFETY: our connection's descriptor; one byte from a live buffer.
-            unsafe {
-                libc::send(
-                    fd,
-                    [1u8].as_ptr().cast(),
-                    1,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                )
-            };
+        if fd < 0 {
+            return;
+        }
+        // SAFETY: our connection's descriptor; one byte from a live buffer.
+        let n = unsafe {
+            libc::send(
+                fd,
+                [1u8].as_ptr().cast(),
+                1,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error().raw_os_error();
+            if !matches!(e, Some(libc::EAGAIN | libc::EINTR | libc::ENOBUFS)) {
+                if !self.dead.swap(true, AcqRel) {
+                    tracing::warn!("cgpu: the node agent's scheduler went away: kernel launches pass unscheduled until it is back");
+                }
+            }
         }
     }
 
     /// The helper thread: drains this process's work at each hand-over of
     /// its container's slice.
     fn helper_loop(&self) {
-        while !self.stop.load(Acquire) && self.generation == fork::current() {
+        while !self.stop.load(Acquire)
+            && !self.dead.load(Acquire)
+            && self.generation == fork::current()
+        {
             let w = self.token().load(SeqCst);
             let t = Token::unpack(w);
             if t.state == DRAINING
@@ -260,23 +277,32 @@ fn gate() -> *const SecureGate {
         v => v == 1,
     };
     if !several {
-        let p = ONE.load(Acquire);
-        // SAFETY: leaked gates, never freed (only the generation is read
-        // of a parent's copy before it is trusted).
-        if !p.is_null() && unsafe { &*p }.generation == fork::current() {
-            return p;
-        }
-        return attach(MAX_DEVS, None);
+        return usable(ONE.load(Acquire)).unwrap_or_else(|| attach(MAX_DEVS, None));
     }
     let Some(dev) = current_device() else {
         return std::ptr::null();
     };
-    let p = PER_DEV[dev].load(Acquire);
-    // SAFETY: as above.
-    if !p.is_null() && unsafe { &*p }.generation == fork::current() {
-        return p;
+    usable(PER_DEV[dev].load(Acquire)).unwrap_or_else(|| attach(dev, Some(dev)))
+}
+
+/// `Some(p)` when `p` is a live gate of this fork generation; `Some(null)`
+/// when launches pass unscheduled for good (at exit); `None` when a gate
+/// must be attached (none yet, a parent's, or one whose agent went away).
+#[inline(always)]
+fn usable(p: *mut SecureGate) -> Option<*const SecureGate> {
+    if p.is_null() {
+        return None;
     }
-    attach(dev, Some(dev))
+    // SAFETY: leaked gates, never freed (only the generation is read of a
+    // parent's copy before it is trusted).
+    let g = unsafe { &*p };
+    if g.generation != fork::current() || g.dead.load(Relaxed) {
+        return None;
+    }
+    if g.stop.load(Relaxed) {
+        return Some(std::ptr::null());
+    }
+    Some(p)
 }
 
 fn current_device() -> Option<usize> {
@@ -354,9 +380,13 @@ fn say_once(why: &str) {
 }
 
 /// Ask the agent for a scheduling page on `uuid`, map it, start the helper.
-fn make(sock: &std::path::Path, uuid: &str, ledger: &'static Ledger) -> Result<&'static SecureGate, String> {
+fn make(
+    sock: &std::path::Path,
+    uuid: &str,
+    ledger: &'static Ledger,
+) -> Result<&'static SecureGate, String> {
     let drv = super::driver_ops().ok_or("the driver lacks a context function")?;
-    let fd = crate::memory::secure::connect_agent(sock, Duration::from_secs(2))?;
+    let fd = crate::memory::secure::connect_agent(sock, Duration::from_millis(500))?;
     let close = |why: String| {
         // SAFETY: our descriptor, not published.
         unsafe { libc::close(fd) };
@@ -390,7 +420,8 @@ fn make(sock: &std::path::Path, uuid: &str, ledger: &'static Ledger) -> Result<&
     if !page::is_sealed_page(pf.as_raw_fd()) {
         return Err(close("the scheduling page is not a sealed page".into()));
     }
-    let pg = page::map(pf.as_raw_fd()).map_err(|e| close(format!("cannot map the scheduling page: {e}")))?;
+    let pg = page::map(pf.as_raw_fd())
+        .map_err(|e| close(format!("cannot map the scheduling page: {e}")))?;
     let container = r.container as usize;
     if container >= crate::ledger::MAX_CONTAINERS {
         return Err(close("the node agent named no container".into()));
@@ -405,6 +436,7 @@ fn make(sock: &std::path::Path, uuid: &str, ledger: &'static Ledger) -> Result<&
         in_launch: AtomicU64::new(0),
         ctxs: Contexts::new(drv),
         stop: AtomicBool::new(false),
+        dead: AtomicBool::new(false),
     }));
     std::thread::Builder::new()
         .name("cgpu-sched".into())
@@ -463,7 +495,8 @@ pub(super) fn in_sync(entering: bool) {
                 g.w(pw::SYNCING).fetch_add(1, Relaxed);
             } else {
                 // Never below zero (a gate made while the call was in it).
-                let _ = g.w(pw::SYNCING)
+                let _ = g
+                    .w(pw::SYNCING)
                     .fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1));
             }
         }
