@@ -8,9 +8,8 @@
 //! - **Never writing the books**: each GPU's ledger is opened read-only
 //!   (`O_RDONLY`, mapped `PROT_READ`); the process never joins it, never
 //!   holds a slot or a lock there, never writes a knob, a weight or a
-//!   scheduler word. Compute shares are not enforced in this mode yet (the
-//!   scheduler's words live in the shared file, which this process cannot
-//!   write): launches pass unthrottled.
+//!   scheduler word. The agent schedules the GPU; this process writes only
+//!   its own scheduling page (`crate::scheduler`'s secure gate).
 //! - **The client**: one `SOCK_SEQPACKET` connection per process (made on
 //!   first need, closed in a forked child so that the parent's connection
 //!   closes when the parent dies, and made again by the child), used under
