@@ -56,6 +56,14 @@ pub struct Participant {
     pub gpu: usize,
     pub container: usize,
     pub process: usize,
+    /// On the host.
+    pub pid: u32,
+    /// Stopped (`SIGSTOP`, a debugger) when last looked at, and when.
+    stopped: bool,
+    looked_at: u64,
+    /// Its `LAUNCHED` when a drain gave up on it: not waited for again
+    /// until it launches anew.
+    given_up: Option<u64>,
     /// The process's page, mapped by the agent (unmapped when it goes).
     pub page: &'static Page,
     /// Its page's `LAUNCHES` and `THROTTLED_NS` when last looked at.
@@ -69,8 +77,8 @@ impl Participant {
     pub fn new(
         conn: OwnedFd,
         gpu: usize,
-        container: usize,
-        process: usize,
+        (container, process): (usize, usize),
+        pid: u32,
         page: &'static Page,
     ) -> Participant {
         Participant {
@@ -78,6 +86,10 @@ impl Participant {
             gpu,
             container,
             process,
+            pid,
+            stopped: false,
+            looked_at: 0,
+            given_up: None,
             page,
             launches_seen: page.w(pw::LAUNCHES).load(Acquire),
             throttled_seen: page.w(pw::THROTTLED_NS).load(Acquire),
@@ -85,14 +97,48 @@ impl Participant {
         }
     }
 
+    /// A thread of it waits to launch (and it is not stopped: a stopped
+    /// process's waiting threads cannot launch if given the GPU).
     fn wants(&self) -> bool {
-        self.page.w(pw::WANTS).load(Acquire) > 0
+        self.page.w(pw::WANTS).load(Acquire) > 0 && !self.stopped
     }
 
-    /// Launched since its last drain: work of it may still be queued.
+    /// Launched since its last drain: work of it may still be queued (a
+    /// process given up on once is not waited for again until it launches
+    /// anew).
     fn undrained(&self) -> bool {
-        self.page.w(pw::LAUNCHED).load(Acquire) != self.page.w(pw::DRAINED).load(Acquire)
+        let l = self.page.w(pw::LAUNCHED).load(Acquire);
+        l != self.page.w(pw::DRAINED).load(Acquire) && self.given_up != Some(l) && !self.stopped
     }
+
+    /// Look at most every [`LOOK_NS`] whether the process is stopped, while
+    /// it matters (it waits, or has work to drain).
+    fn look(&mut self, now: u64) {
+        let matters = self.page.w(pw::WANTS).load(Acquire) > 0
+            || self.page.w(pw::LAUNCHED).load(Acquire) != self.page.w(pw::DRAINED).load(Acquire);
+        if !matters {
+            self.stopped = false;
+            return;
+        }
+        if now.saturating_sub(self.looked_at) >= LOOK_NS {
+            self.looked_at = now;
+            self.stopped = is_stopped(self.pid);
+        }
+    }
+}
+
+/// How often a waiting or draining process is looked at for being stopped.
+const LOOK_NS: u64 = 50_000_000;
+
+/// Is process `pid` stopped (`T` or `t` in `/proc/<pid>/stat`)?
+fn is_stopped(pid: u32) -> bool {
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command's closing parenthesis.
+    s.rfind(')')
+        .and_then(|i| s[i + 1..].split_whitespace().next())
+        .is_some_and(|st| st == "T" || st == "t")
 }
 
 impl Drop for Participant {
@@ -108,13 +154,26 @@ impl Drop for Participant {
 #[derive(Clone)]
 pub struct Handle {
     inbox: Arc<Mutex<Vec<Participant>>>,
+    /// False once the thread ended (it never should): processes are then
+    /// refused, so that none waits for a scheduler that is gone.
+    alive: Arc<std::sync::atomic::AtomicBool>,
     /// An eventfd the thread waits on besides the connections.
     wake: Arc<OwnedFd>,
 }
 
 impl Handle {
-    /// Hand `p` over (its connection is the scheduler's from now on).
+    /// Whether the scheduler's thread still runs.
+    pub fn alive(&self) -> bool {
+        self.alive.load(Acquire)
+    }
+
+    /// Hand `p` over (its connection is the scheduler's from now on). With
+    /// the thread gone, `p` is dropped: its connection ends, and the
+    /// process launches unscheduled rather than wait.
     pub fn add(&self, p: Participant) {
+        if !self.alive() {
+            return;
+        }
         self.inbox.lock().unwrap_or_else(|e| e.into_inner()).push(p);
         let one: u64 = 1;
         // SAFETY: an eventfd of ours; 8 bytes from a live u64.
@@ -171,6 +230,7 @@ pub fn start(ledgers: Vec<Arc<Ledger>>) -> std::io::Result<Handle> {
     let wake = Arc::new(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
     let h = Handle {
         inbox: Arc::new(Mutex::new(Vec::new())),
+        alive: Arc::new(std::sync::atomic::AtomicBool::new(true)),
         wake,
     };
     let now = now_ns();
@@ -207,9 +267,24 @@ pub fn start(ledgers: Vec<Arc<Ledger>>) -> std::io::Result<Handle> {
         return Err(std::io::Error::last_os_error());
     }
     s.watch(h.wake.as_raw_fd());
+    let alive = h.alive.clone();
     std::thread::Builder::new()
         .name("cgpu-sched".into())
-        .spawn(move || s.run())?;
+        .spawn(move || {
+            // Should the thread ever end (a panic), every connection it held
+            // ends with it, and so do those handed over later (`add`): no
+            // process waits for it.
+            struct Gone(Arc<std::sync::atomic::AtomicBool>, Arc<Mutex<Vec<Participant>>>);
+            impl Drop for Gone {
+                fn drop(&mut self) {
+                    self.0.store(false, Release);
+                    self.1.lock().unwrap_or_else(|e| e.into_inner()).clear();
+                    eprintln!("cgpu-agent: the compute scheduler stopped: kernel launches are no longer held back");
+                }
+            }
+            let _gone = Gone(alive, s.inbox.clone());
+            s.run()
+        })?;
     Ok(h)
 }
 
@@ -318,9 +393,11 @@ impl Sched {
         let k = cgpu_ledger::words::knobs(f);
         let mut wants = [false; MAX_CONTAINERS];
         let mut holder_busy = false;
+        let mut holder_waits = false;
         let t = self.gpus[gi].now_token();
         let holder = t.holder_slot();
         for p in self.parts.values_mut().filter(|p| p.gpu == gi) {
+            p.look(now);
             if p.wants() {
                 wants[p.container] = true;
             }
@@ -332,10 +409,9 @@ impl Sched {
             let cs = &f.containers[p.container].sched;
             cs[cw::THROTTLED_NS].fetch_add(th.wrapping_sub(p.throttled_seen).min(1 << 40), Relaxed);
             p.throttled_seen = th;
-            if Some(p.container) == holder
-                && (moved > 0 || p.page.w(pw::SYNCING).load(Acquire) > 0 || p.wants())
-            {
-                holder_busy = true;
+            if Some(p.container) == holder {
+                holder_waits |= p.wants();
+                holder_busy |= moved > 0 || p.page.w(pw::SYNCING).load(Acquire) > 0 || p.wants();
             }
         }
         let g = &mut self.gpus[gi];
@@ -358,7 +434,11 @@ impl Sched {
                 let others = wants.iter().enumerate().any(|(c, &w)| w && c != h);
                 let end = g.slice_start.saturating_add(g.budget);
                 let idle = others && now.saturating_sub(g.active_at) >= IDLE_GRACE_NS;
-                if now < end && !idle {
+                // A holder alone that used its slice's launch allowance
+                // gets its next slice now (a thread of it waits), not at
+                // the slice's end.
+                let used_up = holder_waits && !others;
+                if now < end && !idle && !used_up {
                     return if others {
                         WATCH_NS.min(end - now)
                     } else {
@@ -393,6 +473,11 @@ impl Sched {
                     return WATCH_NS;
                 }
                 if pending {
+                    for p in self.parts.values_mut() {
+                        if p.gpu == gi && p.container == h && p.undrained() {
+                            p.given_up = Some(p.page.w(pw::LAUNCHED).load(Acquire));
+                        }
+                    }
                     eprintln!(
                         "cgpu-agent: GPU {gi}: a process of container slot {h} did not drain within {} ms: the GPU changes hands anyway",
                         DRAIN_LIMIT_NS / 1_000_000

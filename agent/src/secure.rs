@@ -866,7 +866,7 @@ impl Server {
         let Some((container, process)) = joined else {
             return refuse(self, Status::NotJoined);
         };
-        let Some(h) = self.sched.clone() else {
+        let Some(h) = self.sched.clone().filter(|h| h.alive()) else {
             return refuse(self, Status::Unknown);
         };
         let made = page::create("cgpu-sched").and_then(|pf| {
@@ -912,7 +912,13 @@ impl Server {
         unsafe { libc::epoll_ctl(self.epoll, libc::EPOLL_CTL_DEL, fd, std::ptr::null_mut()) };
         // SAFETY: the descriptor is no longer in `conns`: owned from here.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        h.add(sched::Participant::new(owned, g, container, process, pg));
+        h.add(sched::Participant::new(
+            owned,
+            g,
+            (container, process),
+            peer.pid,
+            pg,
+        ));
     }
 
     /// Gives back the rows of adopted processes that have ended.
