@@ -536,8 +536,9 @@ struct OverInBooks {
     lib: Client,
     small: Child,
     other: Child,
-    /// A's last process, just started.
+    /// A's last process, just started, and when.
     last: Child,
+    started: Instant,
     /// What A's books count without it.
     books_before: u64,
 }
@@ -585,6 +586,7 @@ fn over_in_books(rig: &mut Rig) -> OverInBooks {
     let device = lib_dev + small_dev + last_dev;
     assert!(device <= 2 * GIB, "{device}");
     assert!(books_before <= 2 * GIB && books_before + last_dev > 2 * GIB);
+    let started = Instant::now();
     let last = rig.start_bypasser(&a, 256 * MIB);
     OverInBooks {
         a,
@@ -594,6 +596,7 @@ fn over_in_books(rig: &mut Rig) -> OverInBooks {
         small,
         other,
         last,
+        started,
         books_before,
     }
 }
@@ -610,7 +613,8 @@ fn stop_stops_the_process_that_put_the_books_over_the_quota() {
     let mut rig = Rig::new(&["--policy", "stop"]);
     let mut t = over_in_books(&mut rig);
     let last = t.last.id();
-    let took = wait_state(last, 'T');
+    wait_state(last, 'T');
+    let took = t.started.elapsed();
     eprintln!(
         "a process around the library taking a container's books past its quota, from its start to SIGSTOP, default interval: {took:?}"
     );
@@ -665,13 +669,12 @@ fn stop_stops_the_process_that_put_the_books_over_the_quota() {
 #[test]
 fn kill_kills_the_process_that_put_the_container_over_the_quota() {
     let mut rig = Rig::new(&["--policy", "kill"]);
-    let t0 = Instant::now();
     let mut t = over_in_books(&mut rig);
     let st = wait_end(&mut t.last);
     let ended = cgpu_ledger::clock::realtime_ns();
     eprintln!(
         "a process around the library taking a container's books past its quota, from its start to SIGKILL, default interval: {:?}",
-        t0.elapsed()
+        t.started.elapsed()
     );
     assert_eq!(st.signal(), Some(libc::SIGKILL), "{st:?}");
     let line = rig.wait_log(&format!("cgpu-agent: killed pid {} ", t.last.id()));
