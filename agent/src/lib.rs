@@ -114,7 +114,14 @@ pub struct ContainerUse {
 }
 
 impl ContainerUse {
+    /// Over its quota: by the device's numbers, or (secure mode) by its
+    /// books once what the library cannot see is charged to them. Either
+    /// way its offending processes are judged by [`offenders`].
     pub fn is_over(&self) -> bool {
+        self.is_over_on_device() || self.is_over_in_books()
+    }
+    /// What the device says its processes hold exceeds its quota.
+    pub fn is_over_on_device(&self) -> bool {
         self.quota > 0 && !self.enforce_off && self.device_bytes > self.quota
     }
     /// Its row counts more than its quota once what the library cannot
@@ -319,11 +326,14 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool, secur
 /// The processes to signal in a container over its quota: those not in
 /// the ledger (they hold memory around the library), biggest first, until
 /// what is left (not counting processes already stopped, under `stop`)
-/// fits the quota. The library's own processes are never signalled: it
-/// holds them to the quota itself, and a quota lowered below what they
-/// hold refuses their next allocations, it never takes memory from under
-/// a job (nor lets whoever lowered it have them killed). Pure: indexes
-/// into `c.procs`.
+/// fits the quota. What is left is judged as the container was found
+/// over: by the device's numbers, and in secure mode also by its books
+/// (the library's grants and what the agent charged), from which a
+/// process's end takes what it holds beyond its own grants. The library's
+/// own processes are never signalled: it holds them to the quota itself,
+/// and a quota lowered below what they hold refuses their next
+/// allocations, it never takes memory from under a job (nor lets whoever
+/// lowered it have them killed). Pure: indexes into `c.procs`.
 pub fn offenders(c: &ContainerUse, policy: Policy) -> Vec<usize> {
     if !c.is_over() || policy == Policy::Report {
         return Vec::new();
@@ -333,18 +343,20 @@ pub fn offenders(c: &ContainerUse, policy: Policy) -> Vec<usize> {
         let p = &c.procs[i];
         (p.registered, std::cmp::Reverse(p.bytes), p.pid)
     });
-    let mut left = c.device_bytes;
+    // What the device holds, and what the books count (only where the
+    // agent keeps them, 0 otherwise: never over).
+    let mut device_left = c.device_bytes;
+    let mut books_left = if c.charged > 0 { c.ledger_used } else { 0 };
+    let in_books = |p: &ProcUse| p.unseen + p.ledger_bytes;
     if policy == Policy::Stop {
-        left -= c
-            .procs
-            .iter()
-            .filter(|p| p.stopped)
-            .map(|p| p.bytes)
-            .sum::<u64>();
+        for p in c.procs.iter().filter(|p| p.stopped) {
+            device_left = device_left.saturating_sub(p.bytes);
+            books_left = books_left.saturating_sub(in_books(p));
+        }
     }
     let mut out = Vec::new();
     for i in order {
-        if left <= c.quota {
+        if device_left <= c.quota && books_left <= c.quota {
             break;
         }
         let p = &c.procs[i];
@@ -355,7 +367,8 @@ pub fn offenders(c: &ContainerUse, policy: Policy) -> Vec<usize> {
             continue;
         }
         out.push(i);
-        left = left.saturating_sub(p.bytes);
+        device_left = device_left.saturating_sub(p.bytes);
+        books_left = books_left.saturating_sub(in_books(p));
     }
     out
 }
@@ -388,8 +401,20 @@ fn describe(c: &ContainerUse) -> String {
             )
         })
         .collect();
+    // Secure mode: the books, with what the agent charged beyond the
+    // library's grants, are judged too.
+    let books = if c.charged > 0 {
+        format!(
+            ", books {} bytes ({}, {} of it charged by the agent)",
+            c.ledger_used,
+            cgpu_ledger::human_bytes(c.ledger_used),
+            cgpu_ledger::human_bytes(c.charged)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "container {} (key {:016x}) device {} bytes ({}), quota {} bytes ({}), pids {}",
+        "container {} (key {:016x}) device {} bytes ({}){books}, quota {} bytes ({}), pids {}",
         c.identity.name,
         c.identity.key,
         c.device_bytes,
@@ -844,6 +869,51 @@ mod tests {
         let unlimited = container(0, vec![proc(11, 9, false, false)]);
         assert!(!unlimited.is_over());
         assert!(offenders(&unlimited, Policy::Kill).is_empty());
+    }
+
+    #[test]
+    fn in_secure_mode_the_books_with_the_agents_charge_are_judged_too() {
+        const MIB: u64 = 1 << 20;
+        let with = |pid, bytes_mib: u64, ledger_mib: u64, registered, stopped| ProcUse {
+            bytes: bytes_mib * MIB,
+            ledger_bytes: ledger_mib * MIB,
+            unseen: (bytes_mib - ledger_mib) * MIB,
+            ..proc(pid, 0, registered, stopped)
+        };
+        // Quota 2048 MiB. Under the library: a process granted 256 MiB
+        // holding 556 on the device (its context), and another granted
+        // 1024 MiB not on the device yet. Around it: 364 and 556 MiB.
+        let mut c = container(
+            2,
+            vec![
+                with(10, 556, 256, true, false),
+                with(11, 364, 0, false, false),
+                with(12, 556, 0, false, false),
+            ],
+        );
+        c.charged = c.procs.iter().map(|p| p.unseen).sum();
+        c.ledger_used = (256 + 1024) * MIB + c.charged;
+        assert_eq!(c.device_bytes, 1476 * MIB);
+        assert!(!c.is_over_on_device());
+        assert!(c.is_over_in_books() && c.is_over());
+        // 2500 MiB in the books: the 556 MiB process takes them to 1944.
+        assert_eq!(offenders(&c, Policy::Kill), vec![2]);
+        assert_eq!(offenders(&c, Policy::Stop), vec![2]);
+        assert!(offenders(&c, Policy::Report).is_empty());
+        // Stopped, it counts as dealt with; killing takes it only.
+        c.procs[2].stopped = true;
+        assert!(offenders(&c, Policy::Stop).is_empty());
+        assert_eq!(offenders(&c, Policy::Kill), vec![2]);
+        // The library's grants alone over the quota (it was lowered): the
+        // processes around it go, the library's stay.
+        c.procs[2].stopped = false;
+        c.ledger_used += 1024 * MIB;
+        assert_eq!(offenders(&c, Policy::Kill), vec![2, 1]);
+        // Without the agent's charge (the cooperative mode) the books are
+        // not judged.
+        c.charged = 0;
+        assert!(!c.is_over());
+        assert!(offenders(&c, Policy::Kill).is_empty());
     }
 
     #[test]

@@ -34,7 +34,10 @@ file <settings dir>/<container id>.env (default CGPU_SETTINGS_DIR, else
 connections one container may hold open (default 256). Every pass it also
 charges to each container's row what its processes hold on the device
 beyond what the ledger charges them (contexts, modules, memory taken
-around the library); the row's quota then refuses what no longer fits.
+around the library); the row's quota then refuses what no longer fits, and
+a container whose row then counts more than its quota is over for --policy
+too (its processes not in the ledger are stopped or killed until both the
+device and the row fit).
 
 client SOCKET: speaks to a secure agent's socket, one command per line on
 standard input (hello UUID, reserve UUID BYTES, release UUID BYTES, exec

@@ -109,7 +109,9 @@ pub struct AgentContainer {
     pub quota_bytes: u64,
     /// Its row records without enforcing: the quota is not a limit.
     pub enforce_off: bool,
-    /// It holds more than its quota by the device's numbers.
+    /// It holds more than its quota: by the device's numbers, or (secure
+    /// mode) by its books once the agent charged what the device shows
+    /// beyond them.
     pub over: bool,
     /// Bytes its processes hold on the device that the library did not
     /// charge (contexts, modules, memory taken around it), which the agent
@@ -175,8 +177,15 @@ pub fn over_line(c: &AgentContainer) -> String {
             None => p.pid.to_string(),
         })
         .collect();
+    // Over by the device's numbers, or (secure mode) only by the books,
+    // which count the library's grants and what the agent charged.
+    let on_device = c.device_bytes > c.quota_bytes;
     let why = match outside.len() {
-        0 => "all its processes run under the library (its quota was lowered below what they hold)"
+        0 if on_device => {
+            "all its processes run under the library (its quota was lowered below what they hold)"
+                .to_owned()
+        }
+        0 => "all its processes run under the library (what they hold beyond their grants, or a quota lowered below them)"
             .to_owned(),
         1 => format!("1 process outside the library (pid {})", outside[0]),
         n => format!(
@@ -184,10 +193,18 @@ pub fn over_line(c: &AgentContainer) -> String {
             outside.join(", ")
         ),
     };
+    let held = if on_device {
+        format!("the device holds {} MiB", c.device_bytes / MIB)
+    } else {
+        format!(
+            "the books count {} MiB with {} MiB unseen by the library",
+            c.ledger_used_bytes / MIB,
+            c.unseen_bytes / MIB
+        )
+    };
     format!(
-        "! {gpu} {}: the device holds {} MiB, quota {} MiB: {why}",
+        "! {gpu} {}: {held}, quota {} MiB: {why}",
         c.id,
-        c.device_bytes / MIB,
         c.quota_bytes / MIB
     )
 }
@@ -270,8 +287,13 @@ fn parse(bytes: &[u8]) -> Result<File, String> {
                     c.name, g.uuid
                 ));
             }
-            let over = c.quota > 0 && !c.enforce_off && c.device_bytes > c.quota;
-            if over != c.over {
+            let limited = c.quota > 0 && !c.enforce_off;
+            let on_device = limited && c.device_bytes > c.quota;
+            // Secure mode: the books, once the agent charged what the
+            // device shows beyond them, are judged too (an agent that
+            // judged the device only said `false` there).
+            let in_books = limited && c.unseen_charged > 0 && c.ledger_used > c.quota;
+            if c.over != on_device && !(c.over && in_books) {
                 return Err(format!(
                     "container {} on GPU {}: `over` disagrees with its numbers",
                     c.name, g.uuid
@@ -430,8 +452,62 @@ mod tests {
             .unwrap_err()
             .contains("over"));
         assert!(parse(doc(5, false).as_bytes()).unwrap_err().contains("sum"));
+        // Secure mode: over by the books (quota 10, 12 counted, 2 of them
+        // charged by the agent) while the device holds less.
+        let books = |over: bool, charged: u64| {
+            doc(20, over)
+                .replace("\"quota\":10", "\"quota\":30")
+                .replace("\"ledger_used\":0", "\"ledger_used\":32")
+                .replace(
+                    "\"processes\"",
+                    &format!("\"unseen_charged\":{charged},\"processes\""),
+                )
+        };
+        assert!(parse(books(true, 2).as_bytes()).is_ok());
+        assert!(parse(books(false, 2).as_bytes()).is_ok());
+        assert!(parse(books(true, 0).as_bytes())
+            .unwrap_err()
+            .contains("over"));
         assert!(parse(b"[1,2]").is_err());
         assert!(parse(doc(20, true).replace(":1,\"time", ":2,\"time").as_bytes()).is_err());
+    }
+
+    #[test]
+    fn the_over_line_says_by_which_numbers() {
+        let mut c = AgentContainer {
+            gpu: Some(0),
+            uuid: "GPU-a".into(),
+            id: "team-1".into(),
+            in_ledger: true,
+            device_bytes: 3148 * MIB,
+            ledger_used_bytes: 800 * MIB,
+            quota_bytes: 2048 * MIB,
+            enforce_off: false,
+            over: true,
+            unseen_bytes: 0,
+            device_time_ns: None,
+            processes: vec![AgentProcess {
+                pid: 26793,
+                device_bytes: 2348 * MIB,
+                in_library: false,
+                stopped: false,
+                action: Some("killed".into()),
+            }],
+        };
+        assert_eq!(
+            over_line(&c),
+            "! 0 team-1: the device holds 3148 MiB, quota 2048 MiB: 1 process outside the library (pid 26793 killed)"
+        );
+        // Secure mode: the device holds less than the quota, the books
+        // with the agent's charge more.
+        c.device_bytes = 1348 * MIB;
+        c.ledger_used_bytes = 2372 * MIB;
+        c.unseen_bytes = 1220 * MIB;
+        c.processes[0].action = Some("stopped".into());
+        assert_eq!(
+            over_line(&c),
+            "! 0 team-1: the books count 2372 MiB with 1220 MiB unseen by the library, quota 2048 MiB: 1 process outside the library (pid 26793 stopped)"
+        );
     }
 
     #[test]
