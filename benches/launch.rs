@@ -6,7 +6,11 @@
 //! - `gated sim launch`: the same with `admit_launch` + `launched` around each
 //!   launch, the process attached to a real ledger and holding the GPU (slice
 //!   ends, drains and re-grants included, as they come);
-//! - `gate alone`: `admit_launch` + `launched` around nothing.
+//! - `gate alone`: `admit_launch` + `launched` around nothing;
+//! - `secure gate alone`: the same for secure mode's gate (the node agent
+//!   holds the token; the process reads it from the ledger and writes only
+//!   its own page), holding the GPU: what secure mode adds to a launch is
+//!   the difference from `gate alone`.
 //!
 //! Criterion reports time per element (launch); the added cost is gated − bare.
 //! At the end, paired interleaved batches give the same difference with the
@@ -23,6 +27,7 @@ use cgpu::scheduler::{self, DriverOps};
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 static MEMBER: AtomicUsize = AtomicUsize::new(0);
+static SECURE: AtomicPtr<scheduler::SecureGate> = AtomicPtr::new(std::ptr::null_mut());
 static LEDGER: AtomicPtr<Ledger> = AtomicPtr::new(std::ptr::null_mut());
 use criterion::{criterion_group, Criterion};
 use std::ffi::{c_char, c_void};
@@ -132,6 +137,24 @@ fn setup() -> Sim {
             "{tok:?}"
         );
         MEMBER.store(m.container, Ordering::Relaxed);
+        // Secure mode's gate, on a second ledger whose token says its
+        // container holds the GPU (as the agent writes it), with a page of
+        // its own.
+        let sdir = dir.join("secure");
+        std::fs::create_dir_all(&sdir).unwrap();
+        let sl: &'static Ledger = Box::leak(Box::new(
+            Ledger::open_or_create(&sdir, "GPU-bench-secure", 0, 16 << 30).expect("ledger"),
+        ));
+        sl.set_policy(1).unwrap();
+        let sf = sl.file();
+        sf.header.sched[words::gpu::TOKEN].store(Token::running(7, 3), Ordering::Release);
+        sf.header.sched[words::gpu::SLICE_ALLOW].store(u64::MAX, Ordering::Release);
+        let pf = cgpu::ledger::page::create("bench").expect("a page");
+        let page = cgpu::ledger::page::map(std::os::fd::AsRawFd::as_raw_fd(&pf)).expect("mapped");
+        std::mem::forget(pf);
+        let sg = scheduler::secure_gate_for_bench(sl, page, 3, drv);
+        assert!(sg.bench_launch(), "the secure gate admits its holder");
+        SECURE.store(sg as *const _ as *mut _, Ordering::Relaxed);
         LEDGER.store(ledger as *const Ledger as *mut Ledger, Ordering::Relaxed);
         Sim { launch, sync, f }
     }
@@ -191,6 +214,15 @@ fn bench(c: &mut Criterion) {
             for _ in 0..BATCH {
                 scheduler::admit_launch(std::ptr::null_mut());
                 scheduler::launched(std::ptr::null_mut(), 0);
+            }
+        })
+    });
+    // SAFETY: set in setup to a leaked gate.
+    let sg = unsafe { &*SECURE.load(Ordering::Relaxed) };
+    g.bench_function("secure gate alone", |b| {
+        b.iter(|| {
+            for _ in 0..BATCH {
+                black_box(sg.bench_launch());
             }
         })
     });

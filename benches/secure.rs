@@ -148,6 +148,8 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
         let (l, m) = bk.ledger.as_ref().unwrap();
         let status = match req.op {
             Op::Hello => Status::Ok,
+            // Allocations are measured: this agent schedules nothing.
+            Op::Sched => Status::BadRequest,
             Op::Reserve => match l.try_reserve(m, req.bytes) {
                 Ok(()) => {
                     held += req.bytes;

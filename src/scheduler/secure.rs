@@ -20,6 +20,7 @@
 //! a second later; the reason is said once.
 
 use super::contexts::Contexts;
+use super::gate::DriverOps;
 use super::sys::{futex_wait, now_ns};
 use super::words::{gpu as gw, Token, DRAINING};
 use crate::ledger::page::{self, word as pw, Page};
@@ -501,4 +502,41 @@ pub(super) fn in_sync(entering: bool) {
             }
         }
     });
+}
+
+/// A secure gate of container slot `container` on `ledger`, writing
+/// `page`, with no agent behind it (no connection, no helper thread): the
+/// launch benchmark measures its admission beside the cooperative gate's.
+#[doc(hidden)]
+pub fn gate_for_bench(
+    ledger: &'static Ledger,
+    page: &'static Page,
+    container: usize,
+    drv: DriverOps,
+) -> &'static SecureGate {
+    Box::leak(Box::new(SecureGate {
+        generation: fork::generation(),
+        ledger,
+        page,
+        running_hi: (Token::running(0, container) >> 32) as u32,
+        container,
+        conn: AtomicI32::new(-1),
+        in_launch: AtomicU64::new(0),
+        ctxs: Contexts::new(drv),
+        stop: AtomicBool::new(false),
+        dead: AtomicBool::new(false),
+    }))
+}
+
+impl SecureGate {
+    /// Admission and its end, as the launch hooks make them (benchmark).
+    #[doc(hidden)]
+    #[inline]
+    pub fn bench_launch(&self) -> bool {
+        let a = self.admit();
+        if a {
+            self.done();
+        }
+        a
+    }
 }
