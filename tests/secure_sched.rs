@@ -144,11 +144,25 @@ impl Host {
     /// A cuclient of container `i` running `args`, as the tenant uid, in
     /// the container's cgroup before its first CUDA call.
     fn tenant(&self, i: usize, args: &[&str]) -> Kid {
-        let go = self.m.root.join(format!("go-{i}-{}", args.len()));
-        let mut c = self.m.preloaded(
-            cgpu_testkit::cuclient(LinkMode::Link),
-            &[("CGPU_SIM_CTX_MIB", "0")],
-        );
+        self.run_in(i, args, true)
+    }
+
+    /// The same without the library (a program that unset `LD_PRELOAD`).
+    fn bypass(&self, i: usize, args: &[&str]) -> Kid {
+        self.run_in(i, args, false)
+    }
+
+    fn run_in(&self, i: usize, args: &[&str], preload: bool) -> Kid {
+        let go = self.m.root.join(format!("go-{i}-{}-{preload}", args.len()));
+        let exe = cgpu_testkit::cuclient(LinkMode::Link);
+        let vars = [("CGPU_SIM_CTX_MIB", "0")];
+        let mut c = if preload {
+            self.m.preloaded(exe, &vars)
+        } else {
+            let mut c = self.m.bare(exe);
+            c.envs(vars);
+            c
+        };
         c.arg("wait_file")
             .arg(&go)
             .args(args)
@@ -432,5 +446,52 @@ fn a_holder_stopped_loses_its_turn_and_the_other_runs_alone() {
     assert!(
         held_back <= ran / 4,
         "B was held back {held_back} ns of the {ran} ns it ran"
+    );
+}
+
+#[test]
+fn device_time_outside_the_slices_is_charged_to_its_container() {
+    // Container A: one process under the library and one without it (its
+    // kernels are never held back); container B: one under the library.
+    // Preemptive, equal shares. Without the device's truth, A's program
+    // outside the library takes half of B's slices too (B gets about a
+    // quarter of the GPU); charged to A and given back to B, each
+    // container gets about half.
+    let h = Host::new("outside", &[1, 1]);
+    let a = busy(30_000);
+    let mut la = h.tenant(0, &args(&a));
+    let mut lb = h.tenant(1, &args(&a));
+    let mut x = h.bypass(0, &args(&a));
+    for k in [&mut la, &mut lb, &mut x] {
+        assert!(k.line().starts_with("init ok"));
+        assert!(k.line().starts_with("alloc ok"));
+        assert_eq!(k.line(), "ready");
+    }
+    let l = h.ledger();
+    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    // The agent's passes (every second) feed the device's time in; the
+    // buckets settle within a few seconds.
+    let mut t0 = h.device_time(&[&la, &x, &lb]);
+    for w in 0..4 {
+        std::thread::sleep(Duration::from_millis(3000));
+        let t = h.device_time(&[&la, &x, &lb]);
+        let r: Vec<u64> = t.iter().zip(&t0).map(|(b, a)| b - a).collect();
+        eprintln!("window {w}: {r:?}");
+        t0 = t;
+    }
+    std::thread::sleep(Duration::from_millis(6000));
+    let t1 = h.device_time(&[&la, &x, &lb]);
+    let ran: Vec<u64> = t1.iter().zip(&t0).map(|(b, a)| b - a).collect();
+    let total: u64 = ran.iter().sum();
+    let share_b = ran[2] as f64 / total as f64;
+    eprintln!(
+        "A under the library {} ns, A without it {} ns, B {} ns: B's share {share_b:.3} (target 0.5; about 0.25 when what ran outside the slices is not charged)",
+        ran[0], ran[1], ran[2]
+    );
+    assert!(total > 0);
+    // Halfway between the two outcomes.
+    assert!(
+        share_b >= 0.375,
+        "B's share {share_b:.3}: what A ran outside its slices was not charged to it"
     );
 }

@@ -470,6 +470,7 @@ impl DeviceClock {
             }
         }
         samples.sort_by_key(|s| s.time_us);
+        let mut fed = Vec::new();
         let first = self.last_us == 0;
         let mut newest = self.last_us;
         for s in samples.iter() {
@@ -484,9 +485,13 @@ impl DeviceClock {
             *e = (s.time_us, e.1 + ns);
             if let Some(k) = key_of.get(&s.pid) {
                 *self.per_key.entry(*k).or_default() += ns;
+                fed.push((*k, since, s.time_us, ns));
             }
         }
         self.last_us = if samples.is_empty() { now_us } else { newest };
+        // Secure mode's scheduler charges what ran outside the containers'
+        // slices (nothing where it does not schedule).
+        crate::sched::device_times(&g.uuid, &fed);
         // Processes no longer on the device: their time stays with their
         // containers.
         let on: std::collections::HashSet<u32> = g

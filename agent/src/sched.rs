@@ -31,7 +31,7 @@ use cgpu_ledger::decide::{allowance, decide, update_estimate, Decision, Entry};
 use cgpu_ledger::page::{self, word as pw, Page};
 use cgpu_ledger::words::{container as cw, gpu as gw, Token, DRAINING, IDLE, RUNNING};
 use cgpu_ledger::{Ledger, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::{Arc, Mutex};
@@ -219,6 +219,164 @@ fn now_ns() -> u64 {
     cgpu_ledger::clock::monotonic_ns()
 }
 
+// ---- The device's truth: GPU time used outside a container's slices ----
+//
+// Every pass, the agent integrates NVML's per-process utilisation samples
+// into device time per process (`DeviceClock` in `lib.rs`) and hands each
+// sample's device time to [`device_time`]. What a container's processes ran
+// on the device beyond the time its slices held the GPU (widened by
+// [`HELD_MARGIN_US`] at each end, less [`slack_ns`] for the samples'
+// rounding) ran outside the scheduler: a program without the library, a
+// process that said it drained while its work still ran. It is charged to
+// the container's bucket at the next decision, as if it had held the GPU
+// that long, so the container's share holds over time.
+
+/// A held slice is widened by this at each end (clock and sampling
+/// mismatch between the device's timestamps and the agent's).
+const HELD_MARGIN_US: u64 = 5_000;
+/// Slices remembered, per GPU (a pass interval's worth and more).
+const HELD_KEEP_US: u64 = 120_000_000;
+
+/// One slice, realtime µs (`end_us` `u64::MAX`: still held).
+struct HeldSlice {
+    start_us: u64,
+    end_us: u64,
+    key: u64,
+}
+
+#[derive(Default)]
+struct Feed {
+    /// Per GPU UUID (present only where this agent schedules).
+    held: HashMap<String, VecDeque<HeldSlice>>,
+    /// (GPU UUID, container key, ns) not charged yet; negative: given back.
+    debits: Vec<(String, u64, i64)>,
+}
+
+static FEED: std::sync::LazyLock<Mutex<Feed>> = std::sync::LazyLock::new(Default::default);
+
+fn feed() -> std::sync::MutexGuard<'static, Feed> {
+    FEED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn realtime_us() -> u64 {
+    cgpu_ledger::clock::realtime_ns() / 1000
+}
+
+/// What the samples' rounding may add: NVML reports whole percents.
+fn slack_ns(period_us: u64) -> u64 {
+    period_us * 1000 / 100 + 1_000_000
+}
+
+/// One pass's device time on GPU `uuid`: `(container key, from_us, to_us,
+/// ns)` per process sample, realtime µs. Per container, what its processes
+/// ran over the pass's samples and does not fit in the time its slices held
+/// the GPU then is charged to it at the next decision. Nothing where this
+/// agent does not schedule the GPU.
+pub fn device_times(uuid: &str, samples: &[(u64, u64, u64, u64)]) {
+    let mut per: Vec<(u64, u64, u64, u64)> = Vec::new();
+    for &(key, from, to, ns) in samples {
+        match per.iter_mut().find(|e| e.0 == key) {
+            Some(e) => {
+                e.1 = e.1.min(from);
+                e.2 = e.2.max(to);
+                e.3 += ns;
+            }
+            None => per.push((key, from, to, ns)),
+        }
+    }
+    for (key, from, to, ns) in per {
+        container_time(uuid, key, from, to, ns);
+    }
+}
+
+/// Device time `ns` of container `key`'s processes on GPU `uuid` over
+/// (`from_us`, `to_us`], realtime µs (see [`device_times`]).
+fn container_time(uuid: &str, key: u64, from_us: u64, to_us: u64, ns: u64) {
+    if key == 0 || to_us <= from_us {
+        return;
+    }
+    let mut f = feed();
+    let Some(held) = f.held.get(uuid) else {
+        return;
+    };
+    let now = realtime_us();
+    // Each container's held time in the period, ns.
+    let mut by_key: Vec<(u64, u64)> = Vec::new();
+    for h in held {
+        let a = h.start_us.saturating_sub(HELD_MARGIN_US).max(from_us);
+        let b = h.end_us.min(now).saturating_add(HELD_MARGIN_US).min(to_us);
+        let d = b.saturating_sub(a) * 1000;
+        if d == 0 {
+            continue;
+        }
+        match by_key.iter_mut().find(|(k, _)| *k == h.key) {
+            Some(e) => e.1 += d,
+            None => by_key.push((h.key, d)),
+        }
+    }
+    let mine = by_key.iter().find(|(k, _)| *k == key).map_or(0, |e| e.1);
+    let outside = ns.saturating_sub(mine.saturating_add(slack_ns(to_us - from_us)));
+    if outside == 0 {
+        return;
+    }
+    f.debits.push((uuid.to_owned(), key, outside as i64));
+    // It ran in other containers' slices: they are charged for time they
+    // did not have, which is given back to them in proportion to what
+    // each held then.
+    let others: u64 = by_key.iter().filter(|(k, _)| *k != key).map(|e| e.1).sum();
+    if others > 0 {
+        for (k, d) in by_key.iter().filter(|(k, _)| *k != key) {
+            let back = (outside as u128 * *d as u128 / others as u128).min(*d as u128) as i64;
+            f.debits.push((uuid.to_owned(), *k, -back));
+        }
+    }
+}
+
+/// GPU `uuid` is scheduled by this agent from now on.
+fn feed_gpu(uuid: &str) {
+    feed().held.entry(uuid.to_owned()).or_default();
+}
+
+/// Container `key` holds GPU `uuid` from now (`true`), or no longer.
+fn feed_held(uuid: &str, key: u64, holds: bool) {
+    let now = realtime_us();
+    let mut f = feed();
+    let Some(v) = f.held.get_mut(uuid) else {
+        return;
+    };
+    if let Some(last) = v.back_mut().filter(|h| h.end_us == u64::MAX) {
+        last.end_us = now;
+    }
+    if holds {
+        v.push_back(HeldSlice {
+            start_us: now,
+            end_us: u64::MAX,
+            key,
+        });
+    }
+    while v
+        .front()
+        .is_some_and(|h| h.end_us != u64::MAX && now.saturating_sub(h.end_us) > HELD_KEEP_US)
+    {
+        v.pop_front();
+    }
+}
+
+/// The debits of GPU `uuid` not charged yet.
+fn take_debits(uuid: &str) -> Vec<(u64, i64)> {
+    let mut f = feed();
+    let mut out = Vec::new();
+    f.debits.retain(|(u, k, ns)| {
+        if u == uuid {
+            out.push((*k, *ns));
+            false
+        } else {
+            true
+        }
+    });
+    out
+}
+
 /// Start the scheduler thread for `ledgers` (the served GPUs, by index).
 pub fn start(ledgers: Vec<Arc<Ledger>>) -> std::io::Result<Handle> {
     // SAFETY: plain eventfd(2).
@@ -247,6 +405,7 @@ pub fn start(ledgers: Vec<Arc<Ledger>>) -> std::io::Result<Handle> {
                 active_at: now,
                 last_refill: now,
             };
+            feed_gpu(&g.ledger.uuid());
             // A token left by an earlier agent (or a cooperative process)
             // names nobody any more: start from IDLE.
             let t = g.now_token();
@@ -260,6 +419,7 @@ pub fn start(ledgers: Vec<Arc<Ledger>>) -> std::io::Result<Handle> {
         inbox: h.inbox.clone(),
         wake: h.wake.clone(),
         epoll: -1,
+        said_outside: HashMap::new(),
     };
     // SAFETY: plain epoll_create1(2).
     s.epoll = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -295,6 +455,9 @@ struct Sched {
     inbox: Arc<Mutex<Vec<Participant>>>,
     wake: Arc<OwnedFd>,
     epoll: i32,
+    /// When device time outside its slices was last logged, per (GPU,
+    /// container key).
+    said_outside: HashMap<(String, u64), u64>,
 }
 
 impl Sched {
@@ -445,8 +608,11 @@ impl Sched {
                         end - now
                     };
                 }
-                if !others && !k.work_conserving() || others || idle {
-                    // Hand over: the holder's processes drain first.
+                // (`idle` implies `others`.)
+                if others || !k.work_conserving() {
+                    // Hand over (or, out of a policy that wastes idle
+                    // time, end the slice): the holder's processes drain
+                    // first.
                     g.drain_since = now;
                     g.publish(t.next(DRAINING, Some(h), None));
                     return self.step(gi, now);
@@ -500,6 +666,49 @@ impl Sched {
         }
     }
 
+    /// Charge each container of GPU `uuid` the device time its processes
+    /// ran outside its slices since the last decision (see
+    /// [`device_time`]); logged at most every 10 s per container.
+    fn charge_outside(
+        &mut self,
+        uuid: &str,
+        f: &cgpu_ledger::LedgerFile,
+        now: u64,
+        k: &cgpu_ledger::policy::Knobs,
+    ) {
+        let debits = take_debits(uuid);
+        if k.native() {
+            return; // nothing is scheduled: nothing ran outside a slice
+        }
+        for (key, ns) in debits {
+            let Some((i, s)) =
+                f.containers.iter().enumerate().find(|(_, s)| {
+                    s.state.load(Acquire) == SLOT_LIVE && s.key.load(Acquire) == key
+                })
+            else {
+                continue;
+            };
+            let ns = ns.clamp(-10_000_000_000, 10_000_000_000);
+            s.sched[cw::TOKENS].store(
+                (s.sched[cw::TOKENS].load(Acquire) as i64).saturating_sub(ns) as u64,
+                Relaxed,
+            );
+            if ns <= 0 {
+                continue; // given back: its bucket only
+            }
+            s.sched[cw::GPU_NS].fetch_add(ns as u64, Relaxed);
+            let said = self.said_outside.entry((uuid.to_owned(), key)).or_insert(0);
+            if *said == 0 || now.saturating_sub(*said) >= 10_000_000_000 {
+                *said = now.max(1);
+                eprintln!(
+                    "cgpu-agent: GPU {uuid}: container {} (slot {i}, key {key:016x}) ran {} ms on the device outside its slices (work the scheduler did not hold back): charged to its share",
+                    s.id_str(),
+                    ns / 1_000_000
+                );
+            }
+        }
+    }
+
     /// Charge `holder` (if any) the slice that ended now, refill every
     /// bucket, and publish the next holder.
     fn charge_and_decide(
@@ -537,16 +746,14 @@ impl Sched {
             g.g(gw::BUSY_NS).fetch_add(held, Relaxed);
             // Each process that launched in the slice: an equal part, for
             // the tools' per-process GPU time.
-            if launchers > 0 {
+            if let Some(part) = held.checked_div(launchers) {
                 for p in self
                     .parts
                     .values()
                     .filter(|p| p.gpu == gi && p.container == h && p.slice_launches > 0)
                 {
                     if p.process < MAX_PROCESSES {
-                        f.processes[p.process]
-                            .gpu_time_ns
-                            .fetch_add(held / launchers, Relaxed);
+                        f.processes[p.process].gpu_time_ns.fetch_add(part, Relaxed);
                     }
                 }
             }
@@ -555,6 +762,8 @@ impl Sched {
         for p in self.parts.values_mut().filter(|p| p.gpu == gi) {
             p.slice_launches = 0;
         }
+        let uuid = ledger.uuid();
+        self.charge_outside(&uuid, f, now, &k);
         let mut es = [Entry::default(); MAX_CONTAINERS];
         for (i, s) in f.containers.iter().enumerate() {
             let live = s.state.load(Acquire) == SLOT_LIVE;
@@ -591,12 +800,14 @@ impl Sched {
                     .store(allow.max(allowance(budget_ns, 0)), Relaxed);
                 g.g(gw::SLICES).fetch_add(1, Relaxed);
                 f.containers[c].sched[cw::SLICES].fetch_add(1, AcqRel);
+                feed_held(&uuid, f.containers[c].key.load(Acquire), true);
                 g.publish(t.next(RUNNING, Some(c), None));
             }
             Decision::Idle { until } => {
                 g.idle_until = until;
                 g.idle_wants = *wants;
                 g.g(gw::IDLE_UNTIL).store(until, Relaxed);
+                feed_held(&uuid, 0, false);
                 g.publish(t.next(IDLE, None, None));
             }
         }

@@ -27,9 +27,9 @@ pub use cgpu_ledger::words::{
 pub use cgpu_ledger::{decide, policy, words};
 pub use decide::{allowance, Params, SLICE_NS};
 pub use gate::{CUcontext, DriverOps, Gate, Synced};
+pub use guest_clock::EventOps;
 #[doc(hidden)]
 pub use secure::{gate_for_bench as secure_gate_for_bench, SecureGate};
-pub use guest_clock::EventOps;
 
 use crate::ledger::{Ledger, Membership};
 use crate::process::fork;

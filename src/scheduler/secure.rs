@@ -190,10 +190,10 @@ impl SecureGate {
         };
         if n < 0 {
             let e = std::io::Error::last_os_error().raw_os_error();
-            if !matches!(e, Some(libc::EAGAIN | libc::EINTR | libc::ENOBUFS)) {
-                if !self.dead.swap(true, AcqRel) {
-                    tracing::warn!("cgpu: the node agent's scheduler went away: kernel launches pass unscheduled until it is back");
-                }
+            if !matches!(e, Some(libc::EAGAIN | libc::EINTR | libc::ENOBUFS))
+                && !self.dead.swap(true, AcqRel)
+            {
+                tracing::warn!("cgpu: the node agent's scheduler went away: kernel launches pass unscheduled until it is back");
             }
         }
     }
