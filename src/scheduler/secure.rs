@@ -528,6 +528,12 @@ pub fn gate_for_bench(
     }))
 }
 
+/// Make `g` this process's one gate (benchmark).
+pub(super) fn install_for_bench(g: &'static SecureGate) {
+    SEVERAL.store(0, Relaxed);
+    ONE.store(g as *const SecureGate as *mut SecureGate, Release);
+}
+
 impl SecureGate {
     /// Admission and its end, as the launch hooks make them (benchmark).
     #[doc(hidden)]
@@ -538,5 +544,14 @@ impl SecureGate {
             self.done();
         }
         a
+    }
+
+    /// Its page's launches admitted and time held back (benchmark).
+    #[doc(hidden)]
+    pub fn page_words(&self) -> (u64, u64) {
+        (
+            self.w(pw::LAUNCHES).load(Relaxed),
+            self.w(pw::THROTTLED_NS).load(Relaxed),
+        )
     }
 }
