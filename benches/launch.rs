@@ -239,24 +239,27 @@ fn bench(c: &mut Criterion) {
         unsafe { (sim.sync)() };
         t.elapsed().as_nanos() as f64 / BATCH as f64
     };
-    let (mut bare, mut gated, mut diff) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..2000 {
-        let b = batch(false);
-        let g = batch(true);
-        bare.push(b);
-        gated.push(g);
-        diff.push(g - b);
-    }
-    let med = |v: &mut Vec<f64>| {
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
+    let paired = |what: &str| {
+        let (mut bare, mut gated, mut diff) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..2000 {
+            let b = batch(false);
+            let g = batch(true);
+            bare.push(b);
+            gated.push(g);
+            diff.push(g - b);
+        }
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        eprintln!(
+            "interleaved, {what}, ns per launch (median of 2000 paired batches of {BATCH}): bare {:.1}, gated {:.1}, gated - bare {:.1}",
+            med(&mut bare),
+            med(&mut gated),
+            med(&mut diff)
+        );
     };
-    eprintln!(
-        "interleaved, ns per launch (median of 2000 paired batches of {BATCH}): bare {:.1}, gated {:.1}, gated - bare {:.1}",
-        med(&mut bare),
-        med(&mut gated),
-        med(&mut diff)
-    );
+    paired("cooperative gate");
     // SAFETY: set in setup to a leaked ledger.
     let l = unsafe { &*LEDGER.load(Ordering::Relaxed) };
     let slot = &l.file().containers[MEMBER.load(Ordering::Relaxed)];
@@ -296,6 +299,7 @@ fn bench(c: &mut Criterion) {
         })
     });
     g.finish();
+    paired("secure gate");
     let page = sg.page_words();
     eprintln!(
         "secure gate: {} launches admitted, {} ns held back",

@@ -33,7 +33,7 @@ use cgpu_ledger::words::{container as cw, gpu as gw, Token, DRAINING, IDLE, RUNN
 use cgpu_ledger::{Ledger, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 use std::sync::{Arc, Mutex};
 
 /// A holder that made no launch, and has no thread waiting for its GPU work,
@@ -107,8 +107,8 @@ impl Participant {
     /// process given up on once is not waited for again until it launches
     /// anew).
     fn undrained(&self) -> bool {
-        let l = self.page.w(pw::LAUNCHED).load(Acquire);
-        l != self.page.w(pw::DRAINED).load(Acquire) && self.given_up != Some(l) && !self.stopped
+        let l = self.page.w(pw::LAUNCHED).load(SeqCst);
+        l != self.page.w(pw::DRAINED).load(SeqCst) && self.given_up != Some(l) && !self.stopped
     }
 
     /// Look at most every [`LOOK_NS`] whether the process is stopped, while
@@ -210,7 +210,10 @@ impl Gpu {
     }
     /// Publish `next` and wake every process sleeping on the token.
     fn publish(&self, next: Token) {
-        self.token().store(next.pack(), Release);
+        // SeqCst: a process writes `LAUNCHED` then reads the token; the
+        // agent publishes DRAINING then reads `LAUNCHED` (one of the two
+        // sees the other).
+        self.token().store(next.pack(), SeqCst);
         cgpu_ledger::futex::wake(self.token());
     }
 }
@@ -766,7 +769,8 @@ impl Sched {
         self.charge_outside(&uuid, f, now, &k);
         let mut es = [Entry::default(); MAX_CONTAINERS];
         for (i, s) in f.containers.iter().enumerate() {
-            let live = s.state.load(Acquire) == SLOT_LIVE;
+            // As the cooperative mechanism counts it: a row with processes.
+            let live = s.state.load(Acquire) == SLOT_LIVE && s.nprocs.load(Acquire) > 0;
             es[i] = Entry {
                 live,
                 weight: s.weight.load(Acquire),
