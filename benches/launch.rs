@@ -302,7 +302,7 @@ fn bench(c: &mut Criterion) {
     paired("secure gate");
     let page = sg.page_words();
     eprintln!(
-        "secure gate: {} launches admitted, {} ns held back",
+        "secure gate: {} launches in its slice, {} ns held back",
         page.0, page.1
     );
 }

@@ -495,3 +495,105 @@ fn device_time_outside_the_slices_is_charged_to_its_container() {
         "B's share {share_b:.3}: what A ran outside its slices was not charged to it"
     );
 }
+
+/// `cgpu-agent client` as a tenant of container `i` (commands on stdin,
+/// one answer line each): a process that speaks the protocol itself.
+struct Raw {
+    child: Child,
+    input: std::process::ChildStdin,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Raw {
+    fn start(h: &Host, i: usize) -> Raw {
+        let mut c = Command::new(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
+        c.arg("client")
+            .arg(h.m.ledger.join(cgpu::ledger::wire::SOCKET_NAME))
+            .uid(TENANT)
+            .gid(TENANT)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = c.spawn().expect("cgpu-agent client");
+        std::fs::write(
+            h.ctrs[i].cgroup.join("cgroup.procs"),
+            child.id().to_string(),
+        )
+        .unwrap();
+        let input = child.stdin.take().unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Raw { child, input, out }
+    }
+
+    fn say(&mut self, cmd: &str) -> String {
+        use std::io::Write;
+        writeln!(self.input, "{cmd}").unwrap();
+        self.input.flush().unwrap();
+        let mut l = String::new();
+        self.out.read_line(&mut l).unwrap();
+        l.trim_end().to_string()
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_process_scribbling_on_its_page_moves_only_its_own_container() {
+    // A: a process that joins through the protocol, takes a scheduling page
+    // and writes garbage into every word of it, all the time (it says it
+    // wants the GPU, that it launched in slices it never held, that it
+    // drained or did not); B and C: busy under the library. Equal shares.
+    let h = Host::new("scribble", &[1, 1, 1]);
+    let uuid = h.ledger().uuid();
+    let mut a = Raw::start(&h, 0);
+    assert!(a.say(&format!("hello {uuid}")).contains("status=Ok"));
+    assert!(a.say(&format!("reserve {uuid} 4096")).contains("status=Ok"));
+    let s = a.say(&format!("sched {uuid}"));
+    assert!(s.starts_with("sched Ok") && s.ends_with("page=true"), "{s}");
+    let b = busy(30_000);
+    let mut kb = h.tenant(1, &args(&b));
+    let mut kc = h.tenant(2, &args(&b));
+    for k in [&mut kb, &mut kc] {
+        assert!(k.line().starts_with("init ok"));
+        assert!(k.line().starts_with("alloc ok"));
+        assert_eq!(k.line(), "ready");
+    }
+    let l = h.ledger();
+    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    let slots = [h.slot(&l, 0), h.slot(&l, 1), h.slot(&l, 2)];
+    // Scribbling from now on, in the background.
+    use std::io::Write;
+    writeln!(a.input, "scribble 20000").unwrap();
+    a.input.flush().unwrap();
+    std::thread::sleep(Duration::from_millis(3000));
+    let charged = || -> Vec<u64> {
+        slots
+            .iter()
+            .map(|&c| l.file().containers[c].sched[cw::GPU_NS].load(Acquire))
+            .collect()
+    };
+    let (g0, t0) = (charged(), h.device_time(&[&kb, &kc]));
+    std::thread::sleep(Duration::from_millis(8000));
+    let (g1, t1) = (charged(), h.device_time(&[&kb, &kc]));
+    let ran: Vec<u64> = t1.iter().zip(&t0).map(|(b, a)| b - a).collect();
+    let held: Vec<u64> = g1.iter().zip(&g0).map(|(b, a)| b - a).collect();
+    let share_b = ran[0] as f64 / (ran[0] + ran[1]) as f64;
+    let share_a = held[0] as f64 / held.iter().sum::<u64>() as f64;
+    eprintln!(
+        "beside a scribbling process: B ran {} ns, C ran {} ns (B's part {share_b:.3}); charged A {} B {} C {} ns (A's part {share_a:.3}, its share 0.333)",
+        ran[0], ran[1], held[0], held[1], held[2]
+    );
+    assert!(ran[0] > 0 && ran[1] > 0, "B or C did not run: {ran:?}");
+    assert!(
+        (share_b - 0.5).abs() <= 0.05,
+        "B and C did not keep equal parts: B's {share_b:.3}"
+    );
+    assert!(
+        share_a <= 0.4,
+        "the scribbling container held more than its share: {share_a:.3}"
+    );
+}

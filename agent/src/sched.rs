@@ -13,8 +13,8 @@
 //! - a thread of the process that may not launch counts itself in its
 //!   page's `WANTS`, sends one packet on the connection (the agent wakes),
 //!   and sleeps on the token's futex until its container holds the GPU;
-//! - the holder's threads launch with a few loads and stores in their own
-//!   page (`LAUNCHED`, `LAUNCHES`), no system call;
+//! - the holder's threads launch with a few loads and one increment in
+//!   their own page (`SLICE_LAUNCHES`), no system call;
 //! - at the slice's end (its budget spent while another container waits, or
 //!   the holder idle for [`IDLE_GRACE_NS`] while another waits) the agent
 //!   moves the token to DRAINING; each process of the holder that launched
@@ -61,16 +61,15 @@ pub struct Participant {
     /// Stopped (`SIGSTOP`, a debugger) when last looked at, and when.
     stopped: bool,
     looked_at: u64,
-    /// Its `LAUNCHED` when a drain gave up on it: not waited for again
-    /// until it launches anew.
-    given_up: Option<u64>,
+    /// A drain gave up on it: until then (monotonic ns) its drains are
+    /// waited for at most [`SUSPECT_LIMIT_NS`].
+    suspect_until: u64,
     /// The process's page, mapped by the agent (unmapped when it goes).
     pub page: &'static Page,
-    /// Its page's `LAUNCHES` and `THROTTLED_NS` when last looked at.
-    launches_seen: u64,
+    /// Its page's (`SLICE_OF`, `SLICE_LAUNCHES`) and `THROTTLED_NS` when
+    /// last looked at.
+    seen: (u64, u64),
     throttled_seen: u64,
-    /// Launches of it in the current slice (for the holder's estimate).
-    slice_launches: u64,
 }
 
 impl Participant {
@@ -89,11 +88,10 @@ impl Participant {
             pid,
             stopped: false,
             looked_at: 0,
-            given_up: None,
+            suspect_until: 0,
             page,
-            launches_seen: page.w(pw::LAUNCHES).load(Acquire),
+            seen: (0, 0),
             throttled_seen: page.w(pw::THROTTLED_NS).load(Acquire),
-            slice_launches: 0,
         }
     }
 
@@ -103,12 +101,26 @@ impl Participant {
         self.page.w(pw::WANTS).load(Acquire) > 0 && !self.stopped
     }
 
-    /// Launched since its last drain: work of it may still be queued (a
-    /// process given up on once is not waited for again until it launches
-    /// anew).
-    fn undrained(&self) -> bool {
+    /// Launched in the holder's current tenure (slices `first..=last` of
+    /// the token, renewals included) and not drained since: work of it may
+    /// still be queued. A `LAUNCHED` naming no slice of the tenure is a
+    /// word the agent never granted: nothing to wait for.
+    fn undrained(&self, (first, last): (u32, u32)) -> bool {
         let l = self.page.w(pw::LAUNCHED).load(SeqCst);
-        l != self.page.w(pw::DRAINED).load(SeqCst) && self.given_up != Some(l) && !self.stopped
+        let Ok(l32) = u32::try_from(l) else {
+            return false;
+        };
+        last.wrapping_sub(l32) <= last.wrapping_sub(first)
+            && l != self.page.w(pw::DRAINED).load(SeqCst)
+            && !self.stopped
+    }
+
+    /// Its launches admitted in slice `seq` (the allowance bounds them).
+    fn launches_in(&self, seq: u32, allow: u64) -> u64 {
+        if self.page.w(pw::SLICE_OF).load(Acquire) != u64::from(seq) {
+            return 0;
+        }
+        self.page.w(pw::SLICE_LAUNCHES).load(Acquire).min(allow)
     }
 
     /// Look at most every [`LOOK_NS`] whether the process is stopped, while
@@ -129,6 +141,13 @@ impl Participant {
 
 /// How often a waiting or draining process is looked at for being stopped.
 const LOOK_NS: u64 = 50_000_000;
+/// The longest wait for the drain of a process a drain gave up on within
+/// the last [`SUSPECT_NS`] (a process that stopped answering, or one that
+/// says it launched and never drains): it holds the GPU no longer than
+/// this beyond its slice.
+pub const SUSPECT_LIMIT_NS: u64 = 50_000_000;
+/// How long a process a drain gave up on stays suspect.
+pub const SUSPECT_NS: u64 = 10_000_000_000;
 
 /// Is process `pid` stopped (`T` or `t` in `/proc/<pid>/stat`)?
 fn is_stopped(pid: u32) -> bool {
@@ -195,6 +214,11 @@ struct Gpu {
     idle_wants: [bool; MAX_CONTAINERS],
     /// The holder was last seen busy (launching, or waiting for its work).
     active_at: u64,
+    /// The token's sequence number of the current (or last) RUNNING slice,
+    /// and of the first slice of its holder's tenure (renewals continue a
+    /// tenure).
+    running_seq: u32,
+    tenure_first: u32,
     last_refill: u64,
 }
 
@@ -406,6 +430,8 @@ pub fn start(ledgers: Vec<Arc<Ledger>>) -> std::io::Result<Handle> {
                 idle_until: 0,
                 idle_wants: [false; MAX_CONTAINERS],
                 active_at: now,
+                running_seq: 0,
+                tenure_first: 0,
                 last_refill: now,
             };
             feed_gpu(&g.ledger.uuid());
@@ -567,17 +593,19 @@ impl Sched {
             if p.wants() {
                 wants[p.container] = true;
             }
-            let l = p.page.w(pw::LAUNCHES).load(Acquire);
-            let moved = l.wrapping_sub(p.launches_seen).min(1 << 32);
-            p.launches_seen = l;
-            p.slice_launches += moved;
+            let cur = (
+                p.page.w(pw::SLICE_OF).load(Acquire),
+                p.page.w(pw::SLICE_LAUNCHES).load(Acquire),
+            );
+            let moved = cur != p.seen;
+            p.seen = cur;
             let th = p.page.w(pw::THROTTLED_NS).load(Acquire);
             let cs = &f.containers[p.container].sched;
             cs[cw::THROTTLED_NS].fetch_add(th.wrapping_sub(p.throttled_seen).min(1 << 40), Relaxed);
             p.throttled_seen = th;
             if Some(p.container) == holder {
                 holder_waits |= p.wants();
-                holder_busy |= moved > 0 || p.page.w(pw::SYNCING).load(Acquire) > 0 || p.wants();
+                holder_busy |= moved || p.page.w(pw::SYNCING).load(Acquire) > 0 || p.wants();
             }
         }
         let g = &mut self.gpus[gi];
@@ -634,19 +662,31 @@ impl Sched {
                     g.publish(t.next(IDLE, None, None));
                     return 0;
                 };
-                let pending = self
-                    .parts
-                    .values()
-                    .any(|p| p.gpu == gi && p.container == h && p.undrained());
-                if pending && now.saturating_sub(g.drain_since) < DRAIN_LIMIT_NS {
+                let tenure = (g.tenure_first, g.running_seq);
+                let waited = now.saturating_sub(g.drain_since);
+                let pending = |p: &Participant| {
+                    p.gpu == gi
+                        && p.container == h
+                        && p.undrained(tenure)
+                        && waited
+                            < if now < p.suspect_until {
+                                SUSPECT_LIMIT_NS
+                            } else {
+                                DRAIN_LIMIT_NS
+                            }
+                };
+                if self.parts.values().any(pending) {
                     return WATCH_NS;
                 }
-                if pending {
-                    for p in self.parts.values_mut() {
-                        if p.gpu == gi && p.container == h && p.undrained() {
-                            p.given_up = Some(p.page.w(pw::LAUNCHED).load(Acquire));
-                        }
+                let mut late = false;
+                for p in self.parts.values_mut() {
+                    if p.gpu == gi && p.container == h && p.undrained(tenure) {
+                        // Given up on: suspect for a while.
+                        late |= now >= p.suspect_until;
+                        p.suspect_until = now + SUSPECT_NS;
                     }
+                }
+                if late {
                     eprintln!(
                         "cgpu-agent: GPU {gi}: a process of container slot {h} did not drain within {} ms: the GPU changes hands anyway",
                         DRAIN_LIMIT_NS / 1_000_000
@@ -730,6 +770,7 @@ impl Sched {
             let held = now
                 .saturating_sub(g.slice_start)
                 .min(8 * g.budget.max(1) + DRAIN_LIMIT_NS);
+            let allow = g.g(gw::SLICE_ALLOW).load(Relaxed).max(1);
             let mut launches = 0u64;
             let mut launchers = 0u64;
             for p in self
@@ -737,8 +778,9 @@ impl Sched {
                 .values()
                 .filter(|p| p.gpu == gi && p.container == h)
             {
-                launches += p.slice_launches;
-                launchers += u64::from(p.slice_launches > 0);
+                let n = p.launches_in(g.running_seq, allow);
+                launches += n;
+                launchers += u64::from(n > 0);
             }
             let cs = &f.containers[h].sched;
             cs[cw::GPU_NS].fetch_add(held, Relaxed);
@@ -750,20 +792,16 @@ impl Sched {
             // Each process that launched in the slice: an equal part, for
             // the tools' per-process GPU time.
             if let Some(part) = held.checked_div(launchers) {
-                for p in self
-                    .parts
-                    .values()
-                    .filter(|p| p.gpu == gi && p.container == h && p.slice_launches > 0)
-                {
+                let running = g.running_seq;
+                for p in self.parts.values().filter(|p| {
+                    p.gpu == gi && p.container == h && p.launches_in(running, allow) > 0
+                }) {
                     if p.process < MAX_PROCESSES {
                         f.processes[p.process].gpu_time_ns.fetch_add(part, Relaxed);
                     }
                 }
             }
             charge = Some((h, held));
-        }
-        for p in self.parts.values_mut().filter(|p| p.gpu == gi) {
-            p.slice_launches = 0;
         }
         let uuid = ledger.uuid();
         self.charge_outside(&uuid, f, now, &k);
@@ -805,7 +843,12 @@ impl Sched {
                 g.g(gw::SLICES).fetch_add(1, Relaxed);
                 f.containers[c].sched[cw::SLICES].fetch_add(1, AcqRel);
                 feed_held(&uuid, f.containers[c].key.load(Acquire), true);
-                g.publish(t.next(RUNNING, Some(c), None));
+                let next = t.next(RUNNING, Some(c), None);
+                if !(t.state == RUNNING && t.holder == Some(c)) {
+                    g.tenure_first = next.seq;
+                }
+                g.running_seq = next.seq;
+                g.publish(next);
             }
             Decision::Idle { until } => {
                 g.idle_until = until;

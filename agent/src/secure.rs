@@ -1215,6 +1215,8 @@ pub fn client(sock: &Path) -> i32 {
     // Connected at the first command that needs it (and again after
     // `reconnect`), so that the process can be placed first.
     let mut fd: Option<i32> = None;
+    // A scheduling page the agent handed over (`sched`), kept mapped.
+    let mut page: Option<&'static page::Page> = None;
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
         let w: Vec<&str> = line.split_whitespace().collect();
@@ -1305,6 +1307,58 @@ pub fn client(sock: &Path) -> i32 {
                     ns[ns.len() - 1]
                 )
             }
+            ["sched", gpu] => match connect_to(sock) {
+                // A scheduling connection of its own, kept open.
+                Ok(x) => {
+                    extra.push(x);
+                    let r = Request::new(Op::Sched, seq, gpu, 0).map(|r| r.encode());
+                    let sent = r.is_some_and(|b| {
+                        // SAFETY: `b` holds that many bytes.
+                        let n = unsafe {
+                            libc::send(x, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL)
+                        };
+                        n == b.len() as isize
+                    });
+                    let mut b = [0u8; 256];
+                    match page::recv_fds(x, &mut b) {
+                        Ok((n, fds)) if sent && n > 0 => {
+                            let reply = Reply::decode(&b[..n.min(b.len())])
+                                .map(|r| format!("{:?} container={}", r.status, r.container))
+                                .unwrap_or_else(|e| format!("error {e}"));
+                            let mapped = fds.first().and_then(|f| {
+                                page::is_sealed_page(f.as_raw_fd())
+                                    .then(|| page::map(f.as_raw_fd()).ok())
+                                    .flatten()
+                            });
+                            page = mapped.or(page);
+                            format!("sched {reply} page={}", mapped.is_some())
+                        }
+                        _ => "sched closed".to_string(),
+                    }
+                }
+                Err(e) => format!("error connect: {e}"),
+            },
+            ["scribble", n] => match page {
+                // Garbage in every word of its own page, `n` rounds (a
+                // hostile process: it may write its page as it likes).
+                Some(p) => {
+                    let n: u64 = n.parse().unwrap_or(1);
+                    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+                    for _ in 0..n {
+                        for w in p.words.iter() {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            w.store(x, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        p.w(page::word::WANTS)
+                            .store(u64::MAX, std::sync::atomic::Ordering::Relaxed);
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    format!("scribbled {n}")
+                }
+                None => "error no page".to_string(),
+            },
             ["lock-read", path] => match lock_read(path) {
                 Ok(l) => {
                     extra.push(l);

@@ -27,22 +27,21 @@ pub const WORDS: usize = PAGE_LEN / 8;
 pub mod word {
     /// Threads of the process waiting to launch now.
     pub const WANTS: usize = 0;
-    /// Launches admitted, in all.
-    pub const LAUNCHES: usize = 1;
     /// The token sequence number of the last slice it launched in.
-    pub const LAUNCHED: usize = 2;
+    pub const LAUNCHED: usize = 1;
     /// The token sequence number of the last slice whose work it drained
     /// ([`LAUNCHED`] = `DRAINED`: nothing of it is queued on the GPU).
-    pub const DRAINED: usize = 3;
+    pub const DRAINED: usize = 2;
     /// Threads of the process inside a synchronise call (waiting for their
     /// GPU work: a holder that waits is busy, not idle).
-    pub const SYNCING: usize = 4;
+    pub const SYNCING: usize = 3;
     /// Time its threads were held back in launch hooks, ns (summed).
-    pub const THROTTLED_NS: usize = 5;
-    /// Launches admitted in the slice [`SLICE_OF`] names (the slice's
-    /// launch allowance bounds them).
-    pub const SLICE_LAUNCHES: usize = 6;
-    pub const SLICE_OF: usize = 7;
+    pub const THROTTLED_NS: usize = 4;
+    /// Launches tried in the slice [`SLICE_OF`] names (the slice's launch
+    /// allowance bounds the admitted ones); the agent reads the pair as the
+    /// process's activity.
+    pub const SLICE_LAUNCHES: usize = 5;
+    pub const SLICE_OF: usize = 6;
 }
 
 /// A page as mapped.
@@ -264,8 +263,8 @@ mod tests {
         assert!(is_sealed_page(fds[0].as_raw_fd()));
         let a = map(fd.as_raw_fd()).unwrap();
         let b = map(fds[0].as_raw_fd()).unwrap();
-        a.w(word::LAUNCHES).store(42, Relaxed);
-        assert_eq!(b.w(word::LAUNCHES).load(Relaxed), 42);
+        a.w(word::SLICE_LAUNCHES).store(42, Relaxed);
+        assert_eq!(b.w(word::SLICE_LAUNCHES).load(Relaxed), 42);
         // A plain file is not a page.
         let f = std::fs::File::open("/proc/self/stat").unwrap();
         assert!(!is_sealed_page(f.as_raw_fd()));
