@@ -628,7 +628,7 @@ fn out_of_descriptors_the_agent_waits_and_recovers() {
     let sock = rig.sock();
     let mut held = Vec::new();
     for _ in 0..120 {
-        held.push(cgpu_agent::secure::connect_to(&sock).expect("connect"));
+        held.push(cgpu_ledger::wire::connect(&sock, None).expect("connect"));
     }
     let pid = rig.agent.as_ref().unwrap().id();
     std::thread::sleep(Duration::from_millis(500));
@@ -643,10 +643,7 @@ fn out_of_descriptors_the_agent_waits_and_recovers() {
         used * 10 < hz * 2,
         "the server thread used {used} ticks of CPU in 2 s (at {hz}/s) while out of descriptors"
     );
-    for fd in held {
-        // SAFETY: our descriptors.
-        unsafe { libc::close(fd) };
-    }
+    drop(held);
     let gpu = rig.uuid.clone();
     let mut c = rig.client(Some(&a));
     assert_eq!(c.ask(&format!("hello {gpu}")).status, "Ok");

@@ -148,50 +148,24 @@ impl Client {
         if c.fd >= 0 {
             return Ok(());
         }
-        let unreachable = |what: &str| {
-            Fault::Unreachable(format!(
-                "{what} {}: {}",
-                self.sock.display(),
-                std::io::Error::last_os_error()
-            ))
+        // No allocation unless it fails (then the message is made).
+        let fd = match crate::ledger::wire::connect(&self.sock, Some(c.wait)) {
+            Ok(fd) => std::os::fd::IntoRawFd::into_raw_fd(fd),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::InvalidInput && e.raw_os_error().is_none() =>
+            {
+                return Err(Fault::Unreachable(format!(
+                    "the socket path {} is too long",
+                    self.sock.display()
+                )))
+            }
+            Err(e) => {
+                return Err(Fault::Unreachable(format!(
+                    "cannot connect to the agent's socket {}: {e}",
+                    self.sock.display()
+                )))
+            }
         };
-        // SAFETY: plain socket creation.
-        let fd =
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(unreachable("cannot make a socket for"));
-        }
-        // SAFETY: a zeroed sockaddr_un is valid; the path is copied below
-        // within its bounds.
-        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        let path = std::os::unix::ffi::OsStrExt::as_bytes(self.sock.as_os_str());
-        if path.len() >= addr.sun_path.len() {
-            // SAFETY: our descriptor.
-            unsafe { libc::close(fd) };
-            return Err(Fault::Unreachable(format!(
-                "the socket path {} is too long",
-                self.sock.display()
-            )));
-        }
-        for (d, s) in addr.sun_path.iter_mut().zip(path) {
-            *d = *s as libc::c_char;
-        }
-        // SAFETY: valid descriptor, address of its size.
-        let ok = set_timeouts(fd, c.wait)
-            && unsafe {
-                libc::connect(
-                    fd,
-                    (&addr as *const libc::sockaddr_un).cast(),
-                    std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-                ) == 0
-            };
-        if !ok {
-            let f = unreachable("cannot connect to the agent's socket");
-            // SAFETY: our descriptor, not published.
-            unsafe { libc::close(fd) };
-            return Err(f);
-        }
         c.fd = fd;
         c.epoch += 1;
         CONN_FD.store(fd, Ordering::Release);
@@ -203,7 +177,9 @@ impl Client {
     fn set_wait(c: &mut Conn, wait: Duration) {
         c.wait = wait;
         if c.fd >= 0 {
-            set_timeouts(c.fd, wait);
+            // SAFETY: the connection's descriptor, open while `c` holds it.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(c.fd) };
+            let _ = crate::ledger::wire::set_timeouts(fd, wait);
         }
     }
 
@@ -403,30 +379,6 @@ impl Client {
 }
 
 /// Set a socket's send and receive timeouts to `wait`; false on failure.
-fn set_timeouts(fd: i32, wait: Duration) -> bool {
-    let tv = libc::timeval {
-        tv_sec: wait.as_secs() as libc::time_t,
-        tv_usec: wait.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: valid descriptor, option pointers of the right size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        ) == 0
-            && libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_SNDTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            ) == 0
-    }
-}
-
 fn hash(s: &str) -> u64 {
     // FNV-1a: only to tell one message from the next.
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
