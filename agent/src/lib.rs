@@ -7,7 +7,8 @@
 //! cannot see (a process without the preload, a static binary) is reported
 //! and, by policy, its offending processes are stopped or killed.
 
-pub mod nvml;
+/// What the GPU itself says each process holds (NVML).
+pub use cgpu_nvml as nvml;
 pub mod secure;
 pub mod unseen;
 

@@ -451,7 +451,7 @@ pub fn apply_util(prev: &Sample, cur: &mut Sample) {
     apply_ledger_util(prev, cur);
     let native = cur.report.gpus_ok().any(|g| g.policy == NATIVE_POLICY);
     if native {
-        apply_native_util(prev, cur, nvml::Nvml::get());
+        apply_native_util(prev, cur, nvml::get());
     }
 }
 
@@ -467,7 +467,7 @@ pub fn apply_native_util(prev: &Sample, cur: &mut Sample, nvml: Option<&nvml::Nv
         if g.policy != NATIVE_POLICY {
             continue;
         }
-        let per = nvml.and_then(|n| n.process_util(&g.uuid, since_us));
+        let per = nvml.and_then(|n| nvml::process_util(n, &g.uuid, since_us));
         // NVML's host pids as the ledger names them (pid in own namespace).
         let by_ns: HashMap<(i32, u64), f64> = per
             .iter()
