@@ -13,6 +13,10 @@
 //! - [`SimEnv`]: a fresh simulated machine (temp state dir, `CGPU_SIM_*`,
 //!   `LD_LIBRARY_PATH`, optional `LD_PRELOAD`) to spawn processes in.
 //! - [`sim_stats`]: the state directory read through `cgpu-sim-stat --json`.
+//! - [`secure`]: the secure-mode rig (tenants of uid 65534, cgroups of the
+//!   test's own, the host's settings, `cgpu-agent --secure` serving).
+
+pub mod secure;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -1,0 +1,246 @@
+//! The rig of the secure-mode tests and benchmarks: tenants of the
+//! unprivileged uid, cgroups of the test's own standing for containers
+//! (the node agent tells containers apart by a process's cgroup), the
+//! host's settings for a container written as an operator writes them,
+//! the real `cgpu-agent --secure` started and serving, and what the books
+//! then count. Most of it needs root.
+
+use cgpu_ledger::Ledger;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::channel;
+use std::time::{Duration, Instant};
+
+/// The uid (and gid) tenants run as: `nobody`, which owns nothing of the
+/// host's.
+pub const NOBODY: u32 = 65534;
+
+/// Is this process root (the secure-mode rig needs it)?
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `c` runs as the tenant uid and gid ([`NOBODY`]).
+pub fn as_nobody(c: &mut Command) -> &mut Command {
+    c.uid(NOBODY).gid(NOBODY)
+}
+
+/// A shell's `exec` of `cmdline` as the tenant uid and gid, with no
+/// supplementary groups (for a process that must do something as root
+/// first, e.g. a bind mount in its own mount namespace).
+pub fn exec_as_nobody(cmdline: &str) -> String {
+    format!("exec setpriv --reuid {NOBODY} --regid {NOBODY} --clear-groups {cmdline}")
+}
+
+/// Makes a directory tree usable by every uid (directories 0777, files
+/// 0666): the simulated device's state, which a root process may have
+/// made first, stays the tenants' to use too (as a device node is
+/// everyone's).
+pub fn share_tree(p: &Path) {
+    let Ok(md) = std::fs::symlink_metadata(p) else {
+        return;
+    };
+    if md.is_dir() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777));
+        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+            share_tree(&e.path());
+        }
+    } else if md.is_file() {
+        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666));
+    }
+}
+
+/// Sets `p`'s mode (e.g. 0755 so that tenants can reach the agent's socket
+/// below it).
+pub fn set_mode(p: &Path, mode: u32) {
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {mode:o} {}: {e}", p.display()));
+}
+
+/// A tree of cgroups of the test's own, `<cgroup root>/<name>`
+/// ([`crate::cgroup_root`]), removed (deepest first) when dropped; nothing
+/// is made until [`Cgroups::make`].
+pub struct Cgroups {
+    root: PathBuf,
+}
+
+impl Cgroups {
+    /// The tree `name` (unique to the test process and the rig: e.g. with
+    /// the pid in it).
+    pub fn new(name: &str) -> Cgroups {
+        Cgroups {
+            root: Path::new(crate::cgroup_root()).join(name),
+        }
+    }
+
+    /// Its top.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The cgroup `rel` below the top (e.g. a container id, or
+    /// `kubepods/pod<uid>/<container id>`), made with its parents.
+    pub fn try_make(&self, rel: impl AsRef<Path>) -> std::io::Result<PathBuf> {
+        let p = self.root.join(rel);
+        std::fs::create_dir_all(&p)?;
+        Ok(p)
+    }
+
+    /// [`Cgroups::try_make`], which must work (root; cgroup v2, or v1 with
+    /// `pids`).
+    pub fn make(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.try_make(rel).unwrap_or_else(|e| {
+            panic!(
+                "create a cgroup below {} (root; cgroup v2, or v1 with pids): {e}",
+                self.root.display()
+            )
+        })
+    }
+}
+
+impl Drop for Cgroups {
+    fn drop(&mut self) {
+        let mut dirs = Vec::new();
+        let mut stack = vec![self.root.clone()];
+        while let Some(d) = stack.pop() {
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        stack.push(e.path());
+                    }
+                }
+            }
+            dirs.push(d);
+        }
+        for d in dirs.iter().rev() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// Moves process `pid` into cgroup `cg`.
+pub fn enter(cg: &Path, pid: u32) {
+    std::fs::write(cg.join("cgroup.procs"), pid.to_string())
+        .unwrap_or_else(|e| panic!("move {pid} into {}: {e}", cg.display()));
+}
+
+/// The host's settings for container `id` (`KEY=VALUE` each), written into
+/// `settings` by `cgpuctl settings` as root, as an operator does; `ledger`:
+/// the ledger directory it names (`CGPU_LEDGER_DIR`), when given.
+pub fn host_settings(
+    settings: &Path,
+    id: &str,
+    kv: &[&str],
+    ledger: Option<&Path>,
+) -> Result<(), String> {
+    let mut c = Command::new(crate::artifacts().bin("cgpuctl"));
+    c.args(["settings", id])
+        .args(kv)
+        .arg("--settings-dir")
+        .arg(settings);
+    if let Some(l) = ledger {
+        c.env("CGPU_LEDGER_DIR", l);
+    }
+    let o = c.output().map_err(|e| format!("cgpuctl settings: {e}"))?;
+    if !o.status.success() {
+        return Err(format!(
+            "cgpuctl settings: {}",
+            String::from_utf8_lossy(&o.stderr)
+        ));
+    }
+    Ok(())
+}
+
+/// `base` (the agent's program, with its environment) as `cgpu-agent
+/// --secure` on the ledger directory `ledger` with the host's settings in
+/// `settings`, passing every `interval`; further arguments may follow.
+pub fn secure_agent_command(
+    mut base: Command,
+    ledger: &Path,
+    settings: &Path,
+    interval: &str,
+) -> Command {
+    base.args(["--secure", "--interval", interval, "--ledger-dir"])
+        .arg(ledger)
+        .arg("--settings-dir")
+        .arg(settings);
+    base
+}
+
+/// A `cgpu-agent --secure` that said it serves; killed when dropped.
+pub struct SecureAgent {
+    pub child: Child,
+    /// Its log (stderr) lines up to the one saying it serves.
+    pub started: Vec<String>,
+}
+
+impl SecureAgent {
+    /// Starts `cmd` (a `cgpu-agent --secure` command line) and waits, at
+    /// most `patience`, for its log to say it serves; the rest of its log
+    /// is read and dropped. If it does not, it is killed, and the error is
+    /// its log so far.
+    pub fn start(cmd: &mut Command, patience: Duration) -> Result<SecureAgent, Vec<String>> {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| vec![format!("spawn {:?}: {e}", cmd.get_program())])?;
+        let err = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                // Read to the end even when nobody listens any more: the
+                // agent never blocks on a full pipe.
+                let _ = tx.send(l);
+            }
+        });
+        let mut started = Vec::new();
+        let t0 = Instant::now();
+        loop {
+            match rx.recv_timeout(patience.saturating_sub(t0.elapsed())) {
+                Ok(l) => {
+                    let done = l.contains("secure: serving");
+                    started.push(l);
+                    if done {
+                        return Ok(SecureAgent { child, started });
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(started);
+                }
+            }
+        }
+    }
+
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for SecureAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the ledger counts for container `id` (its live row is named by the
+/// id's first 12 characters), 0 without a row.
+pub fn row_used(ledger: &Ledger, id: &str) -> u64 {
+    let name = &id[..id.len().min(12)];
+    ledger
+        .file()
+        .containers
+        .iter()
+        .find(|c| c.state.load(Ordering::Acquire) == cgpu_ledger::SLOT_LIVE && c.id_str() == name)
+        .map_or(0, |c| c.used.load(Ordering::Acquire))
+}
