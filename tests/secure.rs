@@ -16,6 +16,7 @@ mod interpose_common;
 
 use cgpu::ledger::wire::{Op, Reply, Request, Status, REQUEST_LEN, SOCKET_NAME};
 use cgpu::ledger::{JoinRequest, Ledger, Membership};
+use cgpu_testkit::secure::{self as rig, Cgroups, SecureAgent, NOBODY};
 use cgpu_testkit::LinkMode;
 use interpose_common::*;
 use std::collections::HashMap;
@@ -29,7 +30,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const T4: &str = "15109:Tesla T4";
-const TENANT: u32 = 65534;
 const OOM: &str = "err=2";
 
 /// The books the agent keeps: one container on one GPU.
@@ -49,44 +49,12 @@ struct Agent {
     books: Arc<Mutex<Books>>,
 }
 
-fn sock_addr(path: &Path) -> libc::sockaddr_un {
-    // SAFETY: zeroed sockaddr_un is valid.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let b = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
-    assert!(b.len() < a.sun_path.len(), "socket path too long");
-    for (d, s) in a.sun_path.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    a
-}
-
 impl Agent {
     fn start(books: Arc<Mutex<Books>>) -> Agent {
         let dir = books.lock().unwrap().dir.clone();
         let path = dir.join(SOCKET_NAME);
         let _ = std::fs::remove_file(&path);
-        // SAFETY: plain socket calls with valid arguments.
-        let listen =
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-        assert!(listen >= 0);
-        let a = sock_addr(&path);
-        // SAFETY: as above.
-        let ok = unsafe {
-            libc::bind(
-                listen,
-                (&a as *const libc::sockaddr_un).cast(),
-                std::mem::size_of::<libc::sockaddr_un>() as u32,
-            ) == 0
-                && libc::listen(listen, 64) == 0
-        };
-        assert!(
-            ok,
-            "bind {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let listen = rig::listen(&path);
         let conns = Arc::new(Mutex::new(Vec::new()));
         let (c2, b2) = (conns.clone(), books.clone());
         std::thread::spawn(move || loop {
@@ -238,7 +206,7 @@ fn tenant(m: &Machine, args: &[&str]) -> Command {
         cgpu_testkit::cuclient(LinkMode::Link),
         &[("CGPU_SIM_CTX_MIB", "0")],
     );
-    c.args(args).uid(TENANT).gid(TENANT);
+    rig::as_nobody(c.args(args));
     c
 }
 
@@ -408,8 +376,8 @@ fn assert_tenant_cannot_write(file: &Path) {
             "printf xxxx | dd of={} conv=notrunc bs=1 seek=64",
             file.display()
         ))
-        .uid(TENANT)
-        .gid(TENANT)
+        .uid(NOBODY)
+        .gid(NOBODY)
         .output()
         .unwrap();
     assert!(!o.status.success());
@@ -486,8 +454,10 @@ fn a_forked_child_does_not_keep_its_parents_connection() {
 struct Host {
     m: Machine,
     settings: PathBuf,
-    agent: Option<Child>,
+    agent: Option<SecureAgent>,
+    /// The container's cgroup, in a tree of the test's own.
     cgroup: PathBuf,
+    _cgroups: Cgroups,
     id: String,
 }
 
@@ -502,28 +472,21 @@ impl Host {
         let settings = m.root.join("containers");
         std::fs::create_dir_all(&settings).unwrap();
         let id = format!("{:08x}{}", std::process::id(), "5".repeat(56));
-        let cgroup = PathBuf::from(format!(
-            "{}/cgpu-secure-lib-{}-{name}/{id}",
-            cgpu_testkit::cgroup_root(),
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&cgroup).expect("a cgroup (root; cgroup v2, or v1 with pids)");
-        let o = Command::new(cgpu_testkit::artifacts().profile_dir.join("cgpuctl"))
-            .args([
-                "settings",
-                &id,
-                &format!("ALIYUN_COM_GPU_MEM_CONTAINER={gib}"),
-            ])
-            .arg("--settings-dir")
-            .arg(&settings)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let cgroups = Cgroups::new(&format!("cgpu-secure-lib-{}-{name}", std::process::id()));
+        let cgroup = cgroups.make(&id);
+        rig::host_settings(
+            &settings,
+            &id,
+            &[&format!("ALIYUN_COM_GPU_MEM_CONTAINER={gib}")],
+            None,
+        )
+        .unwrap();
         let mut h = Host {
             m,
             settings,
             agent: None,
             cgroup,
+            _cgroups: cgroups,
             id,
         };
         h.start_agent();
@@ -531,38 +494,23 @@ impl Host {
     }
 
     fn start_agent(&mut self) {
-        let mut c = self
-            .m
-            .bare(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
-        c.args(["--secure", "--interval", "1s", "--ledger-dir"])
-            .arg(&self.m.ledger)
-            .arg("--settings-dir")
-            .arg(&self.settings)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut a = c.spawn().expect("cgpu-agent");
-        let mut err = BufReader::new(a.stderr.take().unwrap());
-        let mut log = String::new();
-        loop {
-            let mut l = String::new();
-            assert!(err.read_line(&mut l).unwrap() > 0, "the agent ended: {log}");
-            log.push_str(&l);
-            if l.contains("secure: serving") {
-                break;
-            }
-        }
-        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        let mut c = rig::secure_agent_command(
+            self.m
+                .bare(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent")),
+            &self.m.ledger,
+            &self.settings,
+            "1s",
+        );
+        let a = SecureAgent::start(&mut c, Duration::from_secs(120))
+            .unwrap_or_else(|log| panic!("the agent ended: {log:?}"));
         self.agent = Some(a);
         // The simulated device's state, which the agent (root) opened first,
         // stays the tenant's to use too (a real device node is everyone's).
-        share_tree(&self.m.state);
+        rig::share_tree(&self.m.state);
     }
 
     fn kill_agent(&mut self) {
-        if let Some(mut a) = self.agent.take() {
-            let _ = a.kill();
-            let _ = a.wait();
-        }
+        self.agent = None;
     }
 
     /// A tenant process in the container: it waits for `go` before its
@@ -575,7 +523,7 @@ impl Host {
         let mut all = vec!["wait_file", go.to_str().unwrap()];
         all.extend_from_slice(args);
         let mut k = Kid::spawn(tenant(&self.m, &all));
-        std::fs::write(self.cgroup.join("cgroup.procs"), k.0.id().to_string()).unwrap();
+        rig::enter(&self.cgroup, k.0.id());
         std::fs::write(&go, "").unwrap();
         assert_eq!(k.line(), "wait_file ok");
         k
@@ -587,39 +535,13 @@ impl Host {
         let Some(f) = self.m.ledger_file() else {
             return 0;
         };
-        let l = Ledger::open_read_only(&f).unwrap();
-        l.file()
-            .containers
-            .iter()
-            .find(|c| {
-                c.state.load(Ordering::Acquire) == cgpu::ledger::SLOT_LIVE
-                    && c.id_str() == self.id[..12]
-            })
-            .map_or(0, |c| c.used.load(Ordering::Acquire))
-    }
-}
-
-fn share_tree(p: &Path) {
-    let Ok(md) = std::fs::symlink_metadata(p) else {
-        return;
-    };
-    if md.is_dir() {
-        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777));
-        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
-            share_tree(&e.path());
-        }
-    } else if md.is_file() {
-        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666));
+        rig::row_used(&Ledger::open_read_only(&f).unwrap(), &self.id)
     }
 }
 
 impl Drop for Host {
     fn drop(&mut self) {
         self.kill_agent();
-        let _ = std::fs::remove_dir(&self.cgroup);
-        if let Some(p) = self.cgroup.parent() {
-            let _ = std::fs::remove_dir(p);
-        }
     }
 }
 
@@ -783,22 +705,7 @@ fn a_view_never_waits_long_on_a_hung_agent() {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     std::fs::set_permissions(&m.state, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let path = m.ledger.join(SOCKET_NAME);
-    // SAFETY: plain socket calls with valid arguments.
-    let listen =
-        unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    let a = sock_addr(&path);
-    // SAFETY: as above.
-    let ok = unsafe {
-        libc::bind(
-            listen,
-            (&a as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as u32,
-        ) == 0
-            && libc::listen(listen, 64) == 0
-    };
-    assert!(ok, "{}", std::io::Error::last_os_error());
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let listen = rig::listen(&m.ledger.join(SOCKET_NAME));
     let out = run_ok(&mut tenant(
         &m,
         &[

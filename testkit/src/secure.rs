@@ -244,3 +244,27 @@ pub fn row_used(ledger: &Ledger, id: &str) -> u64 {
         .find(|c| c.state.load(Ordering::Acquire) == cgpu_ledger::SLOT_LIVE && c.id_str() == name)
         .map_or(0, |c| c.used.load(Ordering::Acquire))
 }
+
+/// A listening `SOCK_SEQPACKET` socket on `path` (mode 0666: any tenant may
+/// connect), standing for the agent's in tests that serve the protocol
+/// themselves; its descriptor, the caller's to close.
+pub fn listen(path: &Path) -> i32 {
+    let (a, len) = cgpu_ledger::wire::sockaddr(path).unwrap_or_else(|e| panic!("{e}"));
+    // SAFETY: plain socket calls with valid arguments: an address of `len`
+    // bytes.
+    let (fd, ok) = unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0);
+        let ok = fd >= 0
+            && libc::bind(fd, (&a as *const libc::sockaddr_un).cast(), len) == 0
+            && libc::listen(fd, 64) == 0;
+        (fd, ok)
+    };
+    assert!(
+        ok,
+        "listen on {}: {}",
+        path.display(),
+        std::io::Error::last_os_error()
+    );
+    set_mode(path, 0o666);
+    fd
+}
