@@ -191,21 +191,9 @@ fn start_agent(dir: &Path) {
         dir: dir.to_owned(),
         ledger: None,
     }));
-    std::thread::spawn(move || loop {
-        // SAFETY: accept on our listening socket.
-        let fd = unsafe {
-            libc::accept4(
-                listen,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return;
-        }
+    rig::serve_each(listen, move |fd| {
         let b = books.clone();
-        std::thread::spawn(move || serve(fd, b));
+        move || serve(fd, b)
     });
 }
 

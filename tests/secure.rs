@@ -57,22 +57,10 @@ impl Agent {
         let listen = rig::listen(&path);
         let conns = Arc::new(Mutex::new(Vec::new()));
         let (c2, b2) = (conns.clone(), books.clone());
-        std::thread::spawn(move || loop {
-            // SAFETY: accept on our listening socket.
-            let fd = unsafe {
-                libc::accept4(
-                    listen,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC,
-                )
-            };
-            if fd < 0 {
-                return; // shut down
-            }
+        rig::serve_each(listen, move |fd| {
             c2.lock().unwrap().push(fd);
             let b = b2.clone();
-            std::thread::spawn(move || serve(fd, b));
+            move || serve(fd, b)
         });
         Agent {
             listen,

@@ -268,3 +268,28 @@ pub fn listen(path: &Path) -> i32 {
     set_mode(path, 0o666);
     fd
 }
+
+/// Accepts connections on the listening socket `listen` in a thread of its
+/// own until accepting fails (the socket shut down): `accepted(fd)` runs
+/// there for each, and what it returns serves that connection in a thread
+/// of its own.
+pub fn serve_each<S>(listen: i32, mut accepted: impl FnMut(i32) -> S + Send + 'static)
+where
+    S: FnOnce() + Send + 'static,
+{
+    std::thread::spawn(move || loop {
+        // SAFETY: accept on the caller's listening socket.
+        let fd = unsafe {
+            libc::accept4(
+                listen,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                libc::SOCK_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return;
+        }
+        std::thread::spawn(accepted(fd));
+    });
+}
