@@ -614,6 +614,24 @@ fn parse_key_file(
     Ok(out)
 }
 
+/// The value of key `k` among a file's `KEY=VALUE` pairs.
+fn value_of<'a>(vals: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    vals.iter()
+        .find(|(have, _)| have == k)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The configuration of a container whose host-given settings cannot be
+/// used: isolation on and no GPU visible (so no GPU memory at all), the
+/// cause said by the caller's message rather than in `errors`.
+fn no_gpu(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -> Config {
+    let mut c = from_lookup(get, cgroup);
+    c.mode = Mode::Enforce;
+    c.visible = Some(Vec::new());
+    c.errors.clear();
+    c
+}
+
 /// Parses an allocation file: the keys of [`ALLOC_FILE_KEYS`], the first
 /// four required.
 pub fn parse_alloc_file(text: &str) -> Result<Vec<(String, String)>, String> {
@@ -638,11 +656,7 @@ pub fn with_alloc_file(
     let parsed = file.and_then(|t| parse_alloc_file(&t));
     let failure = match parsed {
         Ok(vals) => {
-            let from_file = |k: &str| {
-                vals.iter()
-                    .find(|(have, _)| have == k)
-                    .map(|(_, v)| v.clone())
-            };
+            let from_file = |k: &str| value_of(&vals, k).map(str::to_string);
             let merged = |k: &str| {
                 if ALLOC_FILE_KEYS.contains(&k) {
                     from_file(k)
@@ -673,10 +687,7 @@ pub fn with_alloc_file(
         }
         Err(e) => e,
     };
-    let mut c = from_lookup(get, cgroup);
-    c.mode = Mode::Enforce;
-    c.visible = Some(Vec::new());
-    c.errors.clear();
+    let c = no_gpu(get, cgroup);
     let msg = format!(
         "cgpu: CGPU_ALLOC_FILE='{path}': {failure}: this container's GPU allocation is missing or \
          invalid, so no GPU is visible to it (ask the cluster's operator: cgpu-device-plugin logs say why)"
@@ -733,10 +744,7 @@ pub fn with_settings_file(
     let failure = match file.and_then(|t| parse_settings_file(&t)) {
         Ok(vals) => {
             let merged = |k: &str| {
-                let file = vals
-                    .iter()
-                    .find(|(have, _)| have == k)
-                    .map(|(_, v)| v.clone());
+                let file = value_of(&vals, k).map(str::to_string);
                 if SETTINGS_FILE_KEYS.contains(&k) && k != "CGPU_CONTAINER_ID" {
                     file
                 } else {
@@ -752,10 +760,7 @@ pub fn with_settings_file(
         }
         Err(e) => e,
     };
-    let mut c = from_lookup(get, cgroup);
-    c.mode = Mode::Enforce;
-    c.visible = Some(Vec::new());
-    c.errors.clear();
+    let c = no_gpu(get, cgroup);
     let msg = format!(
         "cgpu: the host's settings for this container ({path}): {failure}: no GPU is visible to it until they are fixed (cgpuctl settings on the host)"
     );
@@ -771,7 +776,7 @@ pub fn ignored_by_settings_file(env: &dyn Fn(&str) -> Option<String>, text: &str
         .filter(|k| **k != "CGPU_CONTAINER_ID")
         .filter_map(|k| {
             let mine = env(k)?;
-            let host = vals.iter().find(|(h, _)| h == k).map(|(_, v)| v.as_str());
+            let host = value_of(&vals, k);
             (host != Some(mine.trim())).then(|| format!("{k}={mine}"))
         })
         .collect()
