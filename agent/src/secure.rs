@@ -510,7 +510,7 @@ impl Server {
             let peer = ucred(fd).and_then(|c| {
                 let pid = u32::try_from(c.pid).ok().filter(|&p| p > 0)?;
                 let start = start_time(pid)?;
-                let (nspid, pidns) = crate::ns_pid(pid).unwrap_or((0, 0));
+                let (nspid, pidns) = cgpu_ledger::identity::ns_pid(pid).unwrap_or((0, 0));
                 Some(Peer {
                     pid,
                     nspid,

@@ -473,7 +473,9 @@ pub fn apply_native_util(prev: &Sample, cur: &mut Sample, nvml: Option<&nvml::Nv
             .iter()
             .flatten()
             .filter_map(|(&host, &u)| {
-                let id = *ids.entry(host).or_insert_with(|| nvml::ns_identity(host));
+                let id = *ids
+                    .entry(host)
+                    .or_insert_with(|| cgpu_ledger::identity::ns_pid(host));
                 id.map(|i| (i, u))
             })
             .collect();

@@ -6,9 +6,8 @@
 //!
 //! NVML names host processes by their pid in the host's PID namespace (the
 //! tool's, when it runs on the host); the ledger names them by their pid in
-//! their own namespace and that namespace's inode. `/proc/<pid>/status`
-//! (`NSpid:`, innermost last) and `/proc/<pid>/ns/pid` translate one into
-//! the other.
+//! their own namespace and that namespace's inode
+//! ([`cgpu_ledger::identity::ns_pid`] translates one into the other).
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -47,39 +46,4 @@ pub fn process_util(nvml: &Nvml, uuid: &str, since_us: u64) -> Option<HashMap<u3
             .map(|(p, (t, k))| (p, t / f64::from(k)))
             .collect(),
     )
-}
-
-/// A host pid as its own PID namespace names it: (pid there, namespace
-/// inode), from `/proc`. `None` when the process is gone or unreadable.
-pub fn ns_identity(host_pid: u32) -> Option<(i32, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{host_pid}/status")).ok()?;
-    let nspid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|v| v.split_whitespace().last())
-        .and_then(|v| v.parse().ok())?;
-    let ns = std::fs::read_link(format!("/proc/{host_pid}/ns/pid")).ok()?;
-    let inode = ns
-        .to_str()?
-        .strip_prefix("pid:[")?
-        .strip_suffix(']')?
-        .parse()
-        .ok()?;
-    Some((nspid, inode))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn own_identity_is_read_from_proc() {
-        let me = std::process::id();
-        let (pid, ns) = ns_identity(me).expect("/proc/self");
-        assert!(pid > 0);
-        assert!(ns > 0);
-        let own = std::fs::read_link("/proc/self/ns/pid").unwrap();
-        assert_eq!(own.to_str().unwrap(), format!("pid:[{ns}]"));
-        assert!(ns_identity(u32::MAX).is_none());
-    }
 }
