@@ -27,13 +27,11 @@ use std::ffi::{c_int, c_void, CString};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cgpu::ledger::wire::{Op, Reply, Request, Status, REQUEST_LEN, SOCKET_NAME};
-use cgpu::ledger::{JoinRequest, Ledger, Membership};
-use cgpu_testkit::secure::{self as rig, Cgroups, SecureAgent};
+use cgpu::ledger::wire::{Op, Status, SOCKET_NAME};
+use cgpu_testkit::secure::{self as rig, Cgroups, Row, SecureAgent};
 use criterion::Criterion;
 
 type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
@@ -117,36 +115,26 @@ fn child() {
 
 struct Books {
     dir: PathBuf,
-    ledger: Option<(Ledger, Membership)>,
+    /// The container's row, from the first request on.
+    row: Option<Row>,
 }
 
 fn serve(fd: i32, books: Arc<Mutex<Books>>) {
     let mut held = 0u64;
-    loop {
-        let mut b = [0u8; REQUEST_LEN + 1];
-        // SAFETY: valid buffer of its length.
-        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0) };
-        if n <= 0 {
-            break;
-        }
-        let req = Request::decode(&b[..n as usize]).expect("a request");
+    while let Some(req) = rig::recv_request(fd) {
+        let req = req.expect("a request");
         let mut bk = books.lock().unwrap();
-        if bk.ledger.is_none() {
-            let l = Ledger::open_or_create(&bk.dir, req.gpu_str(), 0, 23028 << 20).unwrap();
-            std::fs::set_permissions(l.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
-            let m = l
-                .join(&JoinRequest {
-                    container_id: "bench",
-                    key: 0,
-                    quota: 20 << 30,
-                    weight: 1,
-                    highprio: false,
-                    enforce_off: false,
-                })
-                .unwrap();
-            bk.ledger = Some((l, m));
+        if bk.row.is_none() {
+            bk.row = Some(Row::join(
+                &bk.dir,
+                req.gpu_str(),
+                23028 << 20,
+                "bench",
+                20 << 30,
+            ));
         }
-        let (l, m) = bk.ledger.as_ref().unwrap();
+        let row = bk.row.as_ref().unwrap();
+        let (l, m) = (&row.ledger, &row.m);
         let status = match req.op {
             Op::Hello => Status::Ok,
             Op::Reserve => match l.try_reserve(m, req.bytes) {
@@ -163,22 +151,12 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
                 Status::Ok
             }
         };
-        let row = &l.file().containers[m.container];
-        let r = Reply {
-            status,
-            seq: req.seq,
-            used: row.used.load(Ordering::Acquire),
-            quota: row.quota.load(Ordering::Acquire),
-            container: m.container as u32,
-            process: m.process as u32,
-        }
-        .encode();
+        let r = row.reply(status, req.seq);
         drop(bk);
-        // SAFETY: valid buffer of its length.
-        unsafe { libc::send(fd, r.as_ptr().cast(), r.len(), libc::MSG_NOSIGNAL) };
+        rig::send_reply(fd, &r);
     }
-    if let Some((l, m)) = books.lock().unwrap().ledger.as_ref() {
-        l.release(m, held);
+    if let Some(row) = books.lock().unwrap().row.as_ref() {
+        row.ledger.release(&row.m, held);
     }
     // SAFETY: our connection.
     unsafe { libc::close(fd) };
@@ -189,7 +167,7 @@ fn start_agent(dir: &Path) {
     let listen = rig::listen(&dir.join(SOCKET_NAME));
     let books = Arc::new(Mutex::new(Books {
         dir: dir.to_owned(),
-        ledger: None,
+        row: None,
     }));
     rig::serve_each(listen, move |fd| {
         let b = books.clone();

@@ -14,9 +14,9 @@
 
 mod interpose_common;
 
-use cgpu::ledger::wire::{Op, Reply, Request, Status, REQUEST_LEN, SOCKET_NAME};
-use cgpu::ledger::{JoinRequest, Ledger, Membership};
-use cgpu_testkit::secure::{self as rig, Cgroups, SecureAgent, NOBODY};
+use cgpu::ledger::wire::{Op, Reply, Status, SOCKET_NAME};
+use cgpu::ledger::Ledger;
+use cgpu_testkit::secure::{self as rig, Cgroups, Row, SecureAgent, NOBODY};
 use cgpu_testkit::LinkMode;
 use interpose_common::*;
 use std::collections::HashMap;
@@ -36,7 +36,8 @@ const OOM: &str = "err=2";
 struct Books {
     dir: PathBuf,
     quota: u64,
-    ledger: Option<(Ledger, Membership)>,
+    /// The container's row, from the first request on.
+    row: Option<Row>,
     /// The agent hangs: requests are read, never answered.
     mute: bool,
 }
@@ -88,15 +89,9 @@ impl Agent {
 fn serve(fd: i32, books: Arc<Mutex<Books>>) {
     let mut held: HashMap<String, u64> = HashMap::new();
     let mut hello = std::collections::HashSet::new();
-    loop {
-        let mut b = [0u8; REQUEST_LEN + 1];
-        // SAFETY: valid buffer of its length.
-        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0) };
-        if n <= 0 {
-            break;
-        }
-        let Ok(req) = Request::decode(&b[..n as usize]) else {
-            send(fd, Reply::refuse(Status::BadRequest, 0));
+    while let Some(req) = rig::recv_request(fd) {
+        let Ok(req) = req else {
+            rig::send_reply(fd, &Reply::refuse(Status::BadRequest, 0));
             break;
         };
         let gpu = req.gpu_str().to_string();
@@ -104,22 +99,11 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
         if bk.mute {
             continue;
         }
-        if bk.ledger.is_none() {
-            let l = Ledger::open_or_create(&bk.dir, &gpu, 0, 15109 << 20).expect("agent's ledger");
-            std::fs::set_permissions(l.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
-            let m = l
-                .join(&JoinRequest {
-                    container_id: "tenant",
-                    key: 0,
-                    quota: bk.quota,
-                    weight: 1,
-                    highprio: false,
-                    enforce_off: false,
-                })
-                .expect("agent joins the container's row");
-            bk.ledger = Some((l, m));
+        if bk.row.is_none() {
+            bk.row = Some(Row::join(&bk.dir, &gpu, 15109 << 20, "tenant", bk.quota));
         }
-        let (l, m) = bk.ledger.as_ref().unwrap();
+        let row = bk.row.as_ref().unwrap();
+        let (l, m) = (&row.ledger, &row.m);
         let status = match req.op {
             Op::Hello => {
                 hello.insert(gpu.clone());
@@ -141,32 +125,15 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
                 Status::Ok
             }
         };
-        let row = &l.file().containers[m.container];
-        send(
-            fd,
-            Reply {
-                status,
-                seq: req.seq,
-                used: row.used.load(Ordering::Acquire),
-                quota: row.quota.load(Ordering::Acquire),
-                container: m.container as u32,
-                process: m.process as u32,
-            },
-        );
+        rig::send_reply(fd, &row.reply(status, req.seq));
     }
-    if let Some((l, m)) = books.lock().unwrap().ledger.as_ref() {
+    if let Some(row) = books.lock().unwrap().row.as_ref() {
         for (_, b) in held {
-            l.release(m, b);
+            row.ledger.release(&row.m, b);
         }
     }
     // SAFETY: our connection.
     unsafe { libc::close(fd) };
-}
-
-fn send(fd: i32, r: Reply) {
-    let b = r.encode();
-    // SAFETY: valid buffer of its length.
-    unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
 }
 
 /// A machine in secure mode: the ledger directory root's, mode 0755, the
@@ -180,7 +147,7 @@ fn secure_machine(name: &str, quota: u64) -> (Machine, Agent) {
     let books = Arc::new(Mutex::new(Books {
         dir: m.ledger.clone(),
         quota,
-        ledger: None,
+        row: None,
         mute: false,
     }));
     let agent = Agent::start(books);

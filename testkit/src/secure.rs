@@ -5,7 +5,8 @@
 //! the real `cgpu-agent --secure` started and serving, and what the books
 //! then count. Most of it needs root.
 
-use cgpu_ledger::Ledger;
+use cgpu_ledger::wire::{Reply, Request, Status, WireError, REQUEST_LEN};
+use cgpu_ledger::{JoinRequest, Ledger, Membership};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
@@ -292,4 +293,61 @@ where
         }
         std::thread::spawn(accepted(fd));
     });
+}
+
+/// The next message on connection `fd`, as a request: `None` once the
+/// connection is closed (or fails).
+pub fn recv_request(fd: i32) -> Option<Result<Request, WireError>> {
+    let mut b = [0u8; REQUEST_LEN + 1];
+    // SAFETY: a valid buffer of its length.
+    let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0) };
+    (n > 0).then(|| Request::decode(&b[..n as usize]))
+}
+
+/// Sends `r` on connection `fd` (a failure is the peer's to see).
+pub fn send_reply(fd: i32, r: &Reply) {
+    let b = r.encode();
+    // SAFETY: a valid buffer of its length.
+    unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
+}
+
+/// The books of an agent a test serves itself: one container's row in a
+/// real ledger file of one GPU (root's, mode 0644), charged through the
+/// ledger's own `try_reserve`/`release`.
+pub struct Row {
+    pub ledger: Ledger,
+    pub m: Membership,
+}
+
+impl Row {
+    /// The GPU `gpu`'s ledger in `dir` (made with `total` bytes if new),
+    /// and the row of container `name` there with `quota` bytes.
+    pub fn join(dir: &Path, gpu: &str, total: u64, name: &str, quota: u64) -> Row {
+        let ledger = Ledger::open_or_create(dir, gpu, 0, total).expect("the agent's ledger");
+        set_mode(ledger.path(), 0o644);
+        let m = ledger
+            .join(&JoinRequest {
+                container_id: name,
+                key: 0,
+                quota,
+                weight: 1,
+                highprio: false,
+                enforce_off: false,
+            })
+            .expect("the agent joins the container's row");
+        Row { ledger, m }
+    }
+
+    /// The reply `status` to request `seq`, with the row's numbers now.
+    pub fn reply(&self, status: Status, seq: u64) -> Reply {
+        let row = &self.ledger.file().containers[self.m.container];
+        Reply {
+            status,
+            seq,
+            used: row.used.load(Ordering::Acquire),
+            quota: row.quota.load(Ordering::Acquire),
+            container: self.m.container as u32,
+            process: self.m.process as u32,
+        }
+    }
 }
