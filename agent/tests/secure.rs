@@ -747,13 +747,7 @@ fn round_trips_are_served_and_timed() {
 
 /// What the simulated driver says live process `pid` holds.
 fn sim_bytes(rig: &Rig, pid: u32) -> u64 {
-    rig.sim
-        .stats()
-        .processes
-        .iter()
-        .filter(|p| p.alive && p.pid == pid)
-        .map(|p| p.mem_bytes)
-        .sum()
+    rig.sim.live_bytes(pid)
 }
 
 /// Waits until the ledger counts `want` for container `id` (at most

@@ -620,6 +620,16 @@ impl SimEnv {
     pub fn stats(&self) -> SimStats {
         sim_stats(&self.state_dir)
     }
+
+    /// What the simulated driver says live process `pid` holds, bytes.
+    pub fn live_bytes(&self, pid: u32) -> u64 {
+        self.stats()
+            .processes
+            .iter()
+            .filter(|p| p.alive && p.pid == pid)
+            .map(|p| p.mem_bytes)
+            .sum()
+    }
 }
 
 impl Drop for SimEnv {
