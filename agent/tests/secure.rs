@@ -10,15 +10,13 @@
 
 use cgpu_ledger::wire::{MAGIC, REQUEST_LEN, VERSION};
 use cgpu_ledger::Ledger;
-use cgpu_testkit::secure::{self as rig, Cgroups, SecureAgent, NOBODY};
+use cgpu_testkit::secure::{self as rig, AgentClient, Cgroups, SecureAgent, NOBODY};
 use cgpu_testkit::{artifacts, SimEnv};
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -174,24 +172,11 @@ impl Rig {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
-        let mut child = c.spawn().expect("spawn the client");
+        let child = c.spawn().expect("spawn the client");
         if let Some(id) = id {
             rig::enter(&self.cgroups.make(id), child.id());
         }
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Client {
-            stdin: child.stdin.take(),
-            child,
-            rx,
-        }
+        AgentClient::new(child, PATIENCE)
     }
 }
 
@@ -201,58 +186,8 @@ impl Drop for Rig {
     }
 }
 
-struct Client {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    rx: Receiver<String>,
-}
-
-/// A parsed reply line.
-#[derive(Debug, PartialEq, Eq)]
-struct R {
-    status: String,
-    used: u64,
-    quota: u64,
-    process: u32,
-}
-
-impl Client {
-    fn cmd(&mut self, line: &str) -> String {
-        let s = self.stdin.as_mut().unwrap();
-        writeln!(s, "{line}").unwrap();
-        s.flush().unwrap();
-        self.rx
-            .recv_timeout(PATIENCE)
-            .unwrap_or_else(|_| panic!("no answer to {line:?}"))
-    }
-
-    fn ask(&mut self, line: &str) -> R {
-        let l = self.cmd(line);
-        let f = |k: &str| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{k}=")))
-                .unwrap_or_else(|| panic!("{line:?}: no {k} in {l:?}"))
-                .to_string()
-        };
-        R {
-            status: f("status"),
-            used: f("used").parse().unwrap(),
-            quota: f("quota").parse().unwrap(),
-            process: f("process").parse().unwrap(),
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+/// A client process (`cgpu-agent client`).
+type Client = AgentClient;
 
 /// A request's bytes with the GPU field `gpu` as given, unchecked.
 fn raw_request(op: u16, seq: u64, gpu: &[u8], bytes: u64) -> String {
@@ -784,24 +719,6 @@ fn status_of(rig: &Rig, id: &str, field: &str, want: u64) -> serde_json::Value {
     }
 }
 
-impl Client {
-    /// Reads lines until one starts with `prefix`; all of them.
-    fn until(&mut self, prefix: &str) -> Vec<String> {
-        let mut lines = Vec::new();
-        loop {
-            let l = self
-                .rx
-                .recv_timeout(PATIENCE)
-                .unwrap_or_else(|_| panic!("no {prefix:?} after {lines:?}"));
-            let done = l.starts_with(prefix);
-            lines.push(l);
-            if done {
-                return lines;
-            }
-        }
-    }
-}
-
 /// The device's truth in the books: a process under the agent holds its
 /// context beyond what it was granted, and processes of the same
 /// container without the library allocate on the device; the agent
@@ -827,14 +744,11 @@ fn what_the_device_shows_and_the_books_do_not_is_charged() {
         lib.ask(&format!("reserve {gpu} {}", 512 * MIB)).used,
         512 * MIB
     );
-    writeln!(
-        lib.stdin.as_mut().unwrap(),
+    lib.send(&format!(
         "exec {} alloc {} hold",
         cuclient.display(),
         512 * MIB
-    )
-    .unwrap();
-    lib.stdin.as_mut().unwrap().flush().unwrap();
+    ));
     let out = lib.until("holding");
     assert!(out.iter().any(|l| l.starts_with("alloc ok")), "{out:?}");
     let lib_dev = sim_bytes(&rig, lib.child.id());

@@ -7,13 +7,13 @@
 
 use cgpu_ledger::wire::{Reply, Request, Status, WireError, REQUEST_LEN};
 use cgpu_ledger::{JoinRequest, Ledger, Membership};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::channel;
+use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 /// The uid (and gid) tenants run as: `nobody`, which owns nothing of the
@@ -349,5 +349,105 @@ impl Row {
             container: self.m.container as u32,
             process: self.m.process as u32,
         }
+    }
+}
+
+/// A `cgpu-agent client` process speaking to the agent for the test: one
+/// command a line on its stdin, one answer a line on its stdout. Killed
+/// when dropped.
+pub struct AgentClient {
+    pub child: Child,
+    stdin: ChildStdin,
+    answers: Receiver<String>,
+    patience: Duration,
+}
+
+/// The numbers of an answer of `cgpu-agent client` (a reply of the agent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientReply {
+    pub status: String,
+    pub used: u64,
+    pub quota: u64,
+    pub process: u32,
+}
+
+impl AgentClient {
+    /// `child` (spawned with stdin and stdout piped), waiting at most
+    /// `patience` for each answer.
+    pub fn new(mut child: Child, patience: Duration) -> AgentClient {
+        let out = child.stdout.take().expect("piped stdout");
+        let (tx, answers) = channel();
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        AgentClient {
+            stdin: child.stdin.take().expect("piped stdin"),
+            child,
+            answers,
+            patience,
+        }
+    }
+
+    /// Sends `line`, not waiting for an answer.
+    pub fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Sends `line`; the answer.
+    pub fn cmd(&mut self, line: &str) -> String {
+        self.send(line);
+        self.answers
+            .recv_timeout(self.patience)
+            .unwrap_or_else(|_| panic!("no answer to {line:?}"))
+    }
+
+    /// Sends `line`; the numbers of the agent's reply (panics on an answer
+    /// that is no reply).
+    pub fn ask(&mut self, line: &str) -> ClientReply {
+        let l = self.cmd(line);
+        let f = |k: &str| {
+            crate::field(&l, k)
+                .unwrap_or_else(|| panic!("{line:?}: no {k} in {l:?}"))
+                .to_string()
+        };
+        ClientReply {
+            status: f("status"),
+            used: f("used").parse().unwrap(),
+            quota: f("quota").parse().unwrap(),
+            process: f("process").parse().unwrap(),
+        }
+    }
+
+    /// Reads answers until one starts with `prefix`; all of them.
+    pub fn until(&mut self, prefix: &str) -> Vec<String> {
+        let mut lines = Vec::new();
+        loop {
+            let l = self
+                .answers
+                .recv_timeout(self.patience)
+                .unwrap_or_else(|_| panic!("no {prefix:?} after {lines:?}"));
+            let done = l.starts_with(prefix);
+            lines.push(l);
+            if done {
+                return lines;
+            }
+        }
+    }
+
+    /// Kills the process and waits for it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for AgentClient {
+    fn drop(&mut self) {
+        self.kill();
     }
 }

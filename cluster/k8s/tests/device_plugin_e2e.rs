@@ -10,7 +10,7 @@ use cgpu_cluster::signing::DecisionKey;
 use cgpu_cluster_core::decision::Decision;
 use cgpu_cluster_core::placement::Policy;
 use cgpu_cluster_testkit::apiserver::ApiServer;
-use cgpu_testkit::secure::{self as rig, Cgroups, SecureAgent};
+use cgpu_testkit::secure::{self as rig, AgentClient, Cgroups, SecureAgent};
 use cgpu_testkit::{artifacts, cuclient, field, line, LinkMode, SimEnv};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -1344,11 +1344,7 @@ async fn compute_shares_never_sum_past_a_whole_gpu() {
 /// as the kubelet names a pod's (`…/pod<uid>/<container id>`), speaking to the agent with `cgpu-agent client`. `pod`: (pod
 /// uid of the bind, container name, pod uid of the cgroup); `None`: a host
 /// process (no bind, no cgroup).
-struct Tenant {
-    child: Child,
-    stdin: std::process::ChildStdin,
-    out: std::io::BufReader<std::process::ChildStdout>,
-}
+struct Tenant(AgentClient);
 
 impl Tenant {
     fn start(
@@ -1371,7 +1367,7 @@ impl Tenant {
             }
             None => run,
         };
-        let mut child = std::process::Command::new("unshare")
+        let child = std::process::Command::new("unshare")
             .args(["-m", "--propagation", "private", "sh", "-c", &script])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1388,37 +1384,13 @@ impl Tenant {
             ));
             rig::enter(&cg, child.id());
         }
-        Tenant {
-            stdin: child.stdin.take().unwrap(),
-            out: std::io::BufReader::new(child.stdout.take().unwrap()),
-            child,
-        }
+        Tenant(AgentClient::new(child, Duration::from_secs(120)))
     }
 
     /// One command, its reply as (status, used, quota).
     fn ask(&mut self, line: &str) -> (String, u64, u64) {
-        use std::io::{BufRead, Write};
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut l = String::new();
-        self.out.read_line(&mut l).unwrap();
-        let f = |k: &str| {
-            field(&l, k)
-                .unwrap_or_else(|| panic!("{line:?}: no {k} in {l:?}"))
-                .to_string()
-        };
-        (
-            f("status"),
-            f("used").parse().unwrap(),
-            f("quota").parse().unwrap(),
-        )
-    }
-}
-
-impl Drop for Tenant {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let r = self.0.ask(line);
+        (r.status, r.used, r.quota)
     }
 }
 
