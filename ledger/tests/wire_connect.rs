@@ -115,8 +115,14 @@ fn a_path_too_long_for_a_socket_is_refused_by_name() {
     let e = wire::connect(&fits, None).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "{e}");
     let over = PathBuf::from(format!("/{}", "y".repeat(107)));
+    let e = wire::connect(&over, None).unwrap_err();
     assert_eq!(
-        wire::connect(&over, None).unwrap_err().kind(),
-        std::io::ErrorKind::InvalidInput
+        (e.kind(), e.raw_os_error()),
+        (std::io::ErrorKind::InvalidInput, None),
+        "{e}"
+    );
+    assert!(
+        e.to_string().ends_with(": too long for a socket path"),
+        "{e}"
     );
 }
