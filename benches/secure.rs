@@ -26,13 +26,12 @@
 use std::ffi::{c_int, c_void, CString};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::atomic::Ordering;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cgpu::ledger::wire::{Op, Reply, Request, Status, REQUEST_LEN, SOCKET_NAME};
-use cgpu::ledger::{JoinRequest, Ledger, Membership};
+use cgpu::ledger::wire::{Op, Status, SOCKET_NAME};
+use cgpu_testkit::secure::{self as rig, Cgroups, Row, SecureAgent};
 use criterion::Criterion;
 
 type Alloc = unsafe extern "C" fn(*mut u64, usize) -> u32;
@@ -116,36 +115,26 @@ fn child() {
 
 struct Books {
     dir: PathBuf,
-    ledger: Option<(Ledger, Membership)>,
+    /// The container's row, from the first request on.
+    row: Option<Row>,
 }
 
 fn serve(fd: i32, books: Arc<Mutex<Books>>) {
     let mut held = 0u64;
-    loop {
-        let mut b = [0u8; REQUEST_LEN + 1];
-        // SAFETY: valid buffer of its length.
-        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0) };
-        if n <= 0 {
-            break;
-        }
-        let req = Request::decode(&b[..n as usize]).expect("a request");
+    while let Some(req) = rig::recv_request(fd) {
+        let req = req.expect("a request");
         let mut bk = books.lock().unwrap();
-        if bk.ledger.is_none() {
-            let l = Ledger::open_or_create(&bk.dir, req.gpu_str(), 0, 23028 << 20).unwrap();
-            std::fs::set_permissions(l.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
-            let m = l
-                .join(&JoinRequest {
-                    container_id: "bench",
-                    key: 0,
-                    quota: 20 << 30,
-                    weight: 1,
-                    highprio: false,
-                    enforce_off: false,
-                })
-                .unwrap();
-            bk.ledger = Some((l, m));
+        if bk.row.is_none() {
+            bk.row = Some(Row::join(
+                &bk.dir,
+                req.gpu_str(),
+                23028 << 20,
+                "bench",
+                20 << 30,
+            ));
         }
-        let (l, m) = bk.ledger.as_ref().unwrap();
+        let row = bk.row.as_ref().unwrap();
+        let (l, m) = (&row.ledger, &row.m);
         let status = match req.op {
             Op::Hello => Status::Ok,
             // Allocations are measured: this agent schedules nothing.
@@ -164,22 +153,12 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
                 Status::Ok
             }
         };
-        let row = &l.file().containers[m.container];
-        let r = Reply {
-            status,
-            seq: req.seq,
-            used: row.used.load(Ordering::Acquire),
-            quota: row.quota.load(Ordering::Acquire),
-            container: m.container as u32,
-            process: m.process as u32,
-        }
-        .encode();
+        let r = row.reply(status, req.seq);
         drop(bk);
-        // SAFETY: valid buffer of its length.
-        unsafe { libc::send(fd, r.as_ptr().cast(), r.len(), libc::MSG_NOSIGNAL) };
+        rig::send_reply(fd, &r);
     }
-    if let Some((l, m)) = books.lock().unwrap().ledger.as_ref() {
-        l.release(m, held);
+    if let Some(row) = books.lock().unwrap().row.as_ref() {
+        row.ledger.release(&row.m, held);
     }
     // SAFETY: our connection.
     unsafe { libc::close(fd) };
@@ -187,48 +166,14 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
 
 /// The agent's socket in `dir`, served by threads of this process.
 fn start_agent(dir: &Path) {
-    let path = dir.join(SOCKET_NAME);
-    // SAFETY: plain socket calls with valid arguments.
-    let listen =
-        unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    assert!(listen >= 0);
-    // SAFETY: zeroed sockaddr_un is valid; the path fits (checked).
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let b = path.to_str().unwrap().as_bytes();
-    assert!(b.len() < a.sun_path.len());
-    for (d, s) in a.sun_path.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: as above.
-    let ok = unsafe {
-        libc::bind(
-            listen,
-            (&a as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as u32,
-        ) == 0
-            && libc::listen(listen, 64) == 0
-    };
-    assert!(ok, "bind {}", path.display());
+    let listen = rig::listen(&dir.join(SOCKET_NAME));
     let books = Arc::new(Mutex::new(Books {
         dir: dir.to_owned(),
-        ledger: None,
+        row: None,
     }));
-    std::thread::spawn(move || loop {
-        // SAFETY: accept on our listening socket.
-        let fd = unsafe {
-            libc::accept4(
-                listen,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                libc::SOCK_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return;
-        }
+    rig::serve_each(listen, move |fd| {
         let b = books.clone();
-        std::thread::spawn(move || serve(fd, b));
+        move || serve(fd, b)
     });
 }
 
@@ -241,65 +186,32 @@ struct Modes {
 }
 
 /// `cgpu-agent --secure` on `root/agent`, serving a container of 20 GiB
-/// whose processes are in a cgroup named by its id; `None` (and why) where
-/// this machine cannot (not root, or no cgroup of its own).
-fn start_real_agent(a: &cgpu_testkit::Artifacts, root: &Path) -> Result<(Child, PathBuf), String> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+/// whose processes are in a cgroup named by its id (the tree is removed
+/// when the [`Cgroups`] returned drops); or why this machine cannot (not
+/// root, or no cgroup of its own).
+fn start_real_agent(
+    a: &cgpu_testkit::Artifacts,
+    root: &Path,
+) -> Result<(SecureAgent, Cgroups, PathBuf), String> {
+    if !rig::is_root() {
         return Err("not root".into());
     }
     let id = format!("{:08x}{}", std::process::id(), "b".repeat(56));
-    let cg = PathBuf::from(format!(
-        "{}/cgpu-bench-secure-{}/{id}",
-        cgpu_testkit::cgroup_root(),
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&cg).map_err(|e| format!("no cgroup of our own ({e})"))?;
+    let cgroups = Cgroups::new(&format!("cgpu-bench-secure-{}", std::process::id()));
+    let cg = cgroups
+        .try_make(&id)
+        .map_err(|e| format!("no cgroup of our own ({e})"))?;
     let settings = root.join("containers");
     std::fs::create_dir_all(&settings).unwrap();
-    let o = Command::new(a.profile_dir.join("cgpuctl"))
-        .args([
-            "settings",
-            &id,
-            "ALIYUN_COM_GPU_MEM_CONTAINER=20",
-            "--settings-dir",
-        ])
-        .arg(&settings)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !o.status.success() {
-        return Err(format!(
-            "cgpuctl settings: {}",
-            String::from_utf8_lossy(&o.stderr)
-        ));
-    }
-    let mut agent = Command::new(a.profile_dir.join("cgpu-agent"))
-        .args(["--secure", "--interval", "1s", "--ledger-dir"])
-        .arg(root.join("agent"))
-        .arg("--settings-dir")
-        .arg(&settings)
-        .env("LD_LIBRARY_PATH", &a.sim_lib_dir)
+    rig::host_settings(&settings, &id, &["ALIYUN_COM_GPU_MEM_CONTAINER=20"], None)?;
+    let mut base = Command::new(a.profile_dir.join("cgpu-agent"));
+    base.env("LD_LIBRARY_PATH", &a.sim_lib_dir)
         .env("CGPU_SIM_STATE", root.join("state"))
-        .env("CGPU_SIM_GPUS", "23028:NVIDIA A10")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| e.to_string())?;
-    let mut err = std::io::BufReader::new(agent.stderr.take().unwrap());
-    let mut log = String::new();
-    loop {
-        let mut l = String::new();
-        if std::io::BufRead::read_line(&mut err, &mut l).unwrap_or(0) == 0 {
-            let _ = agent.kill();
-            return Err(format!("cgpu-agent ended: {log}"));
-        }
-        log.push_str(&l);
-        if l.contains("secure: serving") {
-            break;
-        }
-    }
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    Ok((agent, cg))
+        .env("CGPU_SIM_GPUS", "23028:NVIDIA A10");
+    let mut c = rig::secure_agent_command(base, &root.join("agent"), &settings, "1s");
+    let agent = SecureAgent::start(&mut c, Duration::from_secs(120))
+        .map_err(|log| format!("cgpu-agent ended: {}", log.join("\n")))?;
+    Ok((agent, cgroups, cg))
 }
 
 impl Modes {
@@ -331,7 +243,7 @@ impl Modes {
         }
         let kid = c.spawn().unwrap();
         if let (Some(cg), "agent") = (&self.cgroup, mode) {
-            std::fs::write(cg.join("cgroup.procs"), kid.id().to_string()).unwrap();
+            rig::enter(cg, kid.id());
             std::fs::write(&go, "").unwrap();
         }
         let o = kid.wait_with_output().unwrap();
@@ -361,18 +273,18 @@ fn main() {
         std::fs::set_permissions(root.join(d), std::fs::Permissions::from_mode(mode)).unwrap();
     }
     start_agent(&root.join("secure"));
-    let (mut agent, cgroup) = match start_real_agent(a, &root) {
-        Ok((agent, cg)) => (Some(agent), Some(cg)),
+    let (agent, cgroups, cgroup) = match start_real_agent(a, &root) {
+        Ok((agent, cgroups, cg)) => (Some(agent), Some(cgroups), Some(cg)),
         Err(why) => {
             println!("cgpu-agent --secure not measured: {why}");
-            (None, None)
+            (None, None, None)
         }
     };
     let m = Modes {
         root: root.clone(),
         libsim: a.libsim.clone(),
         libcgpu: a.libcgpu.clone(),
-        cgroup: cgroup.clone(),
+        cgroup,
     };
     let modes: Vec<&str> = ["cooperative", "secure", "agent"]
         .into_iter()
@@ -436,15 +348,7 @@ fn main() {
             .map(|n| n.get())
             .unwrap_or(0)
     );
-    if let Some(a) = agent.as_mut() {
-        let _ = a.kill();
-        let _ = a.wait();
-    }
-    if let Some(cg) = cgroup {
-        let _ = std::fs::remove_dir(&cg);
-        if let Some(p) = cg.parent() {
-            let _ = std::fs::remove_dir(p);
-        }
-    }
+    drop(agent);
+    drop(cgroups);
     let _ = std::fs::remove_dir_all(&root);
 }

@@ -14,8 +14,9 @@
 
 mod interpose_common;
 
-use cgpu::ledger::wire::{Op, Reply, Request, Status, REQUEST_LEN, SOCKET_NAME};
-use cgpu::ledger::{JoinRequest, Ledger, Membership};
+use cgpu::ledger::wire::{Op, Reply, Status, SOCKET_NAME};
+use cgpu::ledger::Ledger;
+use cgpu_testkit::secure::{self as rig, Cgroups, Row, SecureAgent, NOBODY};
 use cgpu_testkit::LinkMode;
 use interpose_common::*;
 use std::collections::HashMap;
@@ -29,14 +30,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const T4: &str = "15109:Tesla T4";
-const TENANT: u32 = 65534;
 const OOM: &str = "err=2";
 
 /// The books the agent keeps: one container on one GPU.
 struct Books {
     dir: PathBuf,
     quota: u64,
-    ledger: Option<(Ledger, Membership)>,
+    /// The container's row, from the first request on.
+    row: Option<Row>,
     /// The agent hangs: requests are read, never answered.
     mute: bool,
 }
@@ -49,62 +50,18 @@ struct Agent {
     books: Arc<Mutex<Books>>,
 }
 
-fn sock_addr(path: &Path) -> libc::sockaddr_un {
-    // SAFETY: zeroed sockaddr_un is valid.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let b = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
-    assert!(b.len() < a.sun_path.len(), "socket path too long");
-    for (d, s) in a.sun_path.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    a
-}
-
 impl Agent {
     fn start(books: Arc<Mutex<Books>>) -> Agent {
         let dir = books.lock().unwrap().dir.clone();
         let path = dir.join(SOCKET_NAME);
         let _ = std::fs::remove_file(&path);
-        // SAFETY: plain socket calls with valid arguments.
-        let listen =
-            unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-        assert!(listen >= 0);
-        let a = sock_addr(&path);
-        // SAFETY: as above.
-        let ok = unsafe {
-            libc::bind(
-                listen,
-                (&a as *const libc::sockaddr_un).cast(),
-                std::mem::size_of::<libc::sockaddr_un>() as u32,
-            ) == 0
-                && libc::listen(listen, 64) == 0
-        };
-        assert!(
-            ok,
-            "bind {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        );
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let listen = rig::listen(&path);
         let conns = Arc::new(Mutex::new(Vec::new()));
         let (c2, b2) = (conns.clone(), books.clone());
-        std::thread::spawn(move || loop {
-            // SAFETY: accept on our listening socket.
-            let fd = unsafe {
-                libc::accept4(
-                    listen,
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    libc::SOCK_CLOEXEC,
-                )
-            };
-            if fd < 0 {
-                return; // shut down
-            }
+        rig::serve_each(listen, move |fd| {
             c2.lock().unwrap().push(fd);
             let b = b2.clone();
-            std::thread::spawn(move || serve(fd, b));
+            move || serve(fd, b)
         });
         Agent {
             listen,
@@ -132,15 +89,9 @@ impl Agent {
 fn serve(fd: i32, books: Arc<Mutex<Books>>) {
     let mut held: HashMap<String, u64> = HashMap::new();
     let mut hello = std::collections::HashSet::new();
-    loop {
-        let mut b = [0u8; REQUEST_LEN + 1];
-        // SAFETY: valid buffer of its length.
-        let n = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), 0) };
-        if n <= 0 {
-            break;
-        }
-        let Ok(req) = Request::decode(&b[..n as usize]) else {
-            send(fd, Reply::refuse(Status::BadRequest, 0));
+    while let Some(req) = rig::recv_request(fd) {
+        let Ok(req) = req else {
+            rig::send_reply(fd, &Reply::refuse(Status::BadRequest, 0));
             break;
         };
         let gpu = req.gpu_str().to_string();
@@ -148,22 +99,11 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
         if bk.mute {
             continue;
         }
-        if bk.ledger.is_none() {
-            let l = Ledger::open_or_create(&bk.dir, &gpu, 0, 15109 << 20).expect("agent's ledger");
-            std::fs::set_permissions(l.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
-            let m = l
-                .join(&JoinRequest {
-                    container_id: "tenant",
-                    key: 0,
-                    quota: bk.quota,
-                    weight: 1,
-                    highprio: false,
-                    enforce_off: false,
-                })
-                .expect("agent joins the container's row");
-            bk.ledger = Some((l, m));
+        if bk.row.is_none() {
+            bk.row = Some(Row::join(&bk.dir, &gpu, 15109 << 20, "tenant", bk.quota));
         }
-        let (l, m) = bk.ledger.as_ref().unwrap();
+        let row = bk.row.as_ref().unwrap();
+        let (l, m) = (&row.ledger, &row.m);
         let status = match req.op {
             Op::Hello => {
                 hello.insert(gpu.clone());
@@ -188,32 +128,15 @@ fn serve(fd: i32, books: Arc<Mutex<Books>>) {
                 Status::Ok
             }
         };
-        let row = &l.file().containers[m.container];
-        send(
-            fd,
-            Reply {
-                status,
-                seq: req.seq,
-                used: row.used.load(Ordering::Acquire),
-                quota: row.quota.load(Ordering::Acquire),
-                container: m.container as u32,
-                process: m.process as u32,
-            },
-        );
+        rig::send_reply(fd, &row.reply(status, req.seq));
     }
-    if let Some((l, m)) = books.lock().unwrap().ledger.as_ref() {
+    if let Some(row) = books.lock().unwrap().row.as_ref() {
         for (_, b) in held {
-            l.release(m, b);
+            row.ledger.release(&row.m, b);
         }
     }
     // SAFETY: our connection.
     unsafe { libc::close(fd) };
-}
-
-fn send(fd: i32, r: Reply) {
-    let b = r.encode();
-    // SAFETY: valid buffer of its length.
-    unsafe { libc::send(fd, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
 }
 
 /// A machine in secure mode: the ledger directory root's, mode 0755, the
@@ -227,7 +150,7 @@ fn secure_machine(name: &str, quota: u64) -> (Machine, Agent) {
     let books = Arc::new(Mutex::new(Books {
         dir: m.ledger.clone(),
         quota,
-        ledger: None,
+        row: None,
         mute: false,
     }));
     let agent = Agent::start(books);
@@ -241,7 +164,7 @@ fn tenant(m: &Machine, args: &[&str]) -> Command {
         cgpu_testkit::cuclient(LinkMode::Link),
         &[("CGPU_SIM_CTX_MIB", "0")],
     );
-    c.args(args).uid(TENANT).gid(TENANT);
+    rig::as_nobody(c.args(args));
     c
 }
 
@@ -411,8 +334,8 @@ fn assert_tenant_cannot_write(file: &Path) {
             "printf xxxx | dd of={} conv=notrunc bs=1 seek=64",
             file.display()
         ))
-        .uid(TENANT)
-        .gid(TENANT)
+        .uid(NOBODY)
+        .gid(NOBODY)
         .output()
         .unwrap();
     assert!(!o.status.success());
@@ -489,8 +412,10 @@ fn a_forked_child_does_not_keep_its_parents_connection() {
 struct Host {
     m: Machine,
     settings: PathBuf,
-    agent: Option<Child>,
+    agent: Option<SecureAgent>,
+    /// The container's cgroup, in a tree of the test's own.
     cgroup: PathBuf,
+    _cgroups: Cgroups,
     id: String,
 }
 
@@ -505,28 +430,21 @@ impl Host {
         let settings = m.root.join("containers");
         std::fs::create_dir_all(&settings).unwrap();
         let id = format!("{:08x}{}", std::process::id(), "5".repeat(56));
-        let cgroup = PathBuf::from(format!(
-            "{}/cgpu-secure-lib-{}-{name}/{id}",
-            cgpu_testkit::cgroup_root(),
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&cgroup).expect("a cgroup (root; cgroup v2, or v1 with pids)");
-        let o = Command::new(cgpu_testkit::artifacts().profile_dir.join("cgpuctl"))
-            .args([
-                "settings",
-                &id,
-                &format!("ALIYUN_COM_GPU_MEM_CONTAINER={gib}"),
-            ])
-            .arg("--settings-dir")
-            .arg(&settings)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let cgroups = Cgroups::new(&format!("cgpu-secure-lib-{}-{name}", std::process::id()));
+        let cgroup = cgroups.make(&id);
+        rig::host_settings(
+            &settings,
+            &id,
+            &[&format!("ALIYUN_COM_GPU_MEM_CONTAINER={gib}")],
+            None,
+        )
+        .unwrap();
         let mut h = Host {
             m,
             settings,
             agent: None,
             cgroup,
+            _cgroups: cgroups,
             id,
         };
         h.start_agent();
@@ -534,38 +452,23 @@ impl Host {
     }
 
     fn start_agent(&mut self) {
-        let mut c = self
-            .m
-            .bare(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
-        c.args(["--secure", "--interval", "1s", "--ledger-dir"])
-            .arg(&self.m.ledger)
-            .arg("--settings-dir")
-            .arg(&self.settings)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut a = c.spawn().expect("cgpu-agent");
-        let mut err = BufReader::new(a.stderr.take().unwrap());
-        let mut log = String::new();
-        loop {
-            let mut l = String::new();
-            assert!(err.read_line(&mut l).unwrap() > 0, "the agent ended: {log}");
-            log.push_str(&l);
-            if l.contains("secure: serving") {
-                break;
-            }
-        }
-        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+        let mut c = rig::secure_agent_command(
+            self.m
+                .bare(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent")),
+            &self.m.ledger,
+            &self.settings,
+            "1s",
+        );
+        let a = SecureAgent::start(&mut c, Duration::from_secs(120))
+            .unwrap_or_else(|log| panic!("the agent ended: {log:?}"));
         self.agent = Some(a);
         // The simulated device's state, which the agent (root) opened first,
         // stays the tenant's to use too (a real device node is everyone's).
-        share_tree(&self.m.state);
+        rig::share_tree(&self.m.state);
     }
 
     fn kill_agent(&mut self) {
-        if let Some(mut a) = self.agent.take() {
-            let _ = a.kill();
-            let _ = a.wait();
-        }
+        self.agent = None;
     }
 
     /// A tenant process in the container: it waits for `go` before its
@@ -578,7 +481,7 @@ impl Host {
         let mut all = vec!["wait_file", go.to_str().unwrap()];
         all.extend_from_slice(args);
         let mut k = Kid::spawn(tenant(&self.m, &all));
-        std::fs::write(self.cgroup.join("cgroup.procs"), k.0.id().to_string()).unwrap();
+        rig::enter(&self.cgroup, k.0.id());
         std::fs::write(&go, "").unwrap();
         assert_eq!(k.line(), "wait_file ok");
         k
@@ -590,39 +493,13 @@ impl Host {
         let Some(f) = self.m.ledger_file() else {
             return 0;
         };
-        let l = Ledger::open_read_only(&f).unwrap();
-        l.file()
-            .containers
-            .iter()
-            .find(|c| {
-                c.state.load(Ordering::Acquire) == cgpu::ledger::SLOT_LIVE
-                    && c.id_str() == self.id[..12]
-            })
-            .map_or(0, |c| c.used.load(Ordering::Acquire))
-    }
-}
-
-fn share_tree(p: &Path) {
-    let Ok(md) = std::fs::symlink_metadata(p) else {
-        return;
-    };
-    if md.is_dir() {
-        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777));
-        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
-            share_tree(&e.path());
-        }
-    } else if md.is_file() {
-        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666));
+        rig::row_used(&Ledger::open_read_only(&f).unwrap(), &self.id)
     }
 }
 
 impl Drop for Host {
     fn drop(&mut self) {
         self.kill_agent();
-        let _ = std::fs::remove_dir(&self.cgroup);
-        if let Some(p) = self.cgroup.parent() {
-            let _ = std::fs::remove_dir(p);
-        }
     }
 }
 
@@ -786,22 +663,7 @@ fn a_view_never_waits_long_on_a_hung_agent() {
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     std::fs::set_permissions(&m.state, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let path = m.ledger.join(SOCKET_NAME);
-    // SAFETY: plain socket calls with valid arguments.
-    let listen =
-        unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    let a = sock_addr(&path);
-    // SAFETY: as above.
-    let ok = unsafe {
-        libc::bind(
-            listen,
-            (&a as *const libc::sockaddr_un).cast(),
-            std::mem::size_of::<libc::sockaddr_un>() as u32,
-        ) == 0
-            && libc::listen(listen, 64) == 0
-    };
-    assert!(ok, "{}", std::io::Error::last_os_error());
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let listen = rig::listen(&m.ledger.join(SOCKET_NAME));
     let out = run_ok(&mut tenant(
         &m,
         &[

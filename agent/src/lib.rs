@@ -7,7 +7,8 @@
 //! cannot see (a process without the preload, a static binary) is reported
 //! and, by policy, its offending processes are stopped or killed.
 
-pub mod nvml;
+/// What the GPU itself says each process holds (NVML).
+pub use cgpu_nvml as nvml;
 pub mod sched;
 pub mod secure;
 pub mod unseen;
@@ -177,25 +178,6 @@ pub(crate) fn proc_stat(pid: u32) -> Option<(char, u64)> {
     Some((state, start))
 }
 
-/// `(pid in its own namespace, that namespace's inode)`, as the ledger
-/// names a process.
-pub(crate) fn ns_pid(pid: u32) -> Option<(i32, u64)> {
-    let status = identity::read_proc(&format!("/proc/{pid}/status"))?;
-    let nspid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
-        .and_then(|v| v.split_whitespace().last())
-        .and_then(|v| v.parse().ok())?;
-    let ns = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
-    let inode = ns
-        .to_str()?
-        .strip_prefix("pid:[")?
-        .strip_suffix(']')?
-        .parse()
-        .ok()?;
-    Some((nspid, inode))
-}
-
 /// `CGPU_CONTAINER_ID` in a host process's environment (the host rule of
 /// the library: how jobs of a host without containers are told apart).
 /// Read only for processes whose identity is the host's, and only with
@@ -276,7 +258,7 @@ pub fn check_gpu(l: &Ledger, device: &[DeviceProcess], include_host: bool, secur
             gpu_time_ns: None,
             action: None,
         };
-        let ns = ns_pid(d.pid);
+        let ns = identity::ns_pid(d.pid);
         let in_ledger = ns.and_then(|k| registered.get(&k).copied());
         p.registered = in_ledger.is_some();
         p.ledger_bytes = by_host.get(&d.pid).copied().unwrap_or(0)
@@ -987,6 +969,6 @@ mod tests {
         let (state, start) = proc_stat(std::process::id()).unwrap();
         assert!(state == 'R' || state == 'S', "{state}");
         assert!(start > 0);
-        assert!(ns_pid(std::process::id()).is_some());
+        assert!(identity::ns_pid(std::process::id()).is_some());
     }
 }

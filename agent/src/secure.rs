@@ -29,7 +29,6 @@ use cgpu_ledger::wire::{self, Op, Reply, Request, Status, REPLY_LEN, REQUEST_LEN
 use cgpu_ledger::{JoinRequest, Ledger, Membership, AGENT_MODE, QUOTA_UNLIMITED};
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -186,62 +185,13 @@ pub fn start_time(pid: u32) -> Option<u64> {
 
 /// Is another agent serving `sock`? (It answers a connection.)
 pub fn agent_alive(sock: &Path) -> bool {
-    let Ok(fd) = seqpacket() else { return false };
-    let ok = connect(fd, sock).is_ok();
-    // SAFETY: our descriptor.
-    unsafe { libc::close(fd) };
-    ok
+    wire::connect(sock, None).is_ok()
 }
 
-fn seqpacket() -> std::io::Result<i32> {
-    // SAFETY: plain socket(2).
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        Err(errno())
-    } else {
-        Ok(fd)
-    }
-}
-
-fn sockaddr(path: &Path) -> std::io::Result<(libc::sockaddr_un, libc::socklen_t)> {
-    // SAFETY: an all-zero sockaddr_un is valid.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let b = path.as_os_str().as_bytes();
-    if b.len() >= a.sun_path.len() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!("{}: too long for a socket path", path.display()),
-        ));
-    }
-    for (d, s) in a.sun_path.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    let len = (std::mem::size_of::<libc::sa_family_t>() + b.len() + 1) as libc::socklen_t;
-    Ok((a, len))
-}
-
-/// Connects `fd` to the socket at `path`.
-pub fn connect(fd: i32, path: &Path) -> std::io::Result<()> {
-    let (a, len) = sockaddr(path)?;
-    // SAFETY: a valid address of `len` bytes.
-    if unsafe { libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len) } != 0 {
-        return Err(errno());
-    }
-    Ok(())
-}
-
-/// Opens a connection to the agent's socket at `path`.
-pub fn connect_to(path: &Path) -> std::io::Result<i32> {
-    let fd = seqpacket()?;
-    match connect(fd, path) {
-        Ok(()) => Ok(fd),
-        Err(e) => {
-            // SAFETY: our descriptor.
-            unsafe { libc::close(fd) };
-            Err(e)
-        }
-    }
+/// Opens a connection to the agent's socket at `path` (its descriptor,
+/// the caller's to close).
+fn connect_to(path: &Path) -> std::io::Result<i32> {
+    wire::connect(path, None).map(std::os::fd::IntoRawFd::into_raw_fd)
 }
 
 fn ucred(fd: i32) -> Option<libc::ucred> {
@@ -429,7 +379,7 @@ impl Server {
         if listen < 0 {
             return Err(format!("socket: {}", errno()));
         }
-        let (a, len) = sockaddr(&sock).map_err(|e| e.to_string())?;
+        let (a, len) = wire::sockaddr(&sock).map_err(|e| e.to_string())?;
         // SAFETY: a valid address of `len` bytes.
         if unsafe { libc::bind(listen, (&a as *const libc::sockaddr_un).cast(), len) } != 0 {
             return Err(format!("bind {}: {}", sock.display(), errno()));
@@ -579,7 +529,7 @@ impl Server {
             let peer = ucred(fd).and_then(|c| {
                 let pid = u32::try_from(c.pid).ok().filter(|&p| p > 0)?;
                 let start = start_time(pid)?;
-                let (nspid, pidns) = crate::ns_pid(pid).unwrap_or((0, 0));
+                let (nspid, pidns) = cgpu_ledger::identity::ns_pid(pid).unwrap_or((0, 0));
                 Some(Peer {
                     pid,
                     nspid,

@@ -126,13 +126,7 @@ impl Rig {
 
     /// What the simulated driver says each live process holds.
     fn sim_bytes(&self, pid: u32) -> u64 {
-        self.sim
-            .stats()
-            .processes
-            .iter()
-            .filter(|p| p.alive && p.pid == pid)
-            .map(|p| p.mem_bytes)
-            .sum()
+        self.sim.live_bytes(pid)
     }
 
     /// Waits (up to 30 s) for child `i` to end; its status.

@@ -10,19 +10,17 @@
 
 use cgpu_ledger::wire::{MAGIC, REQUEST_LEN, VERSION};
 use cgpu_ledger::Ledger;
+use cgpu_testkit::secure::{self as rig, AgentClient, Cgroups, SecureAgent, NOBODY};
 use cgpu_testkit::{artifacts, SimEnv};
-use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
-const NOBODY: u32 = 65534;
 /// Generous: a test never fails because the machine is slow.
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -45,38 +43,39 @@ struct Rig {
     sim: SimEnv,
     dir: PathBuf,
     settings: PathBuf,
-    agent: Option<Child>,
-    agent_log: Option<Receiver<String>>,
+    agent: Option<SecureAgent>,
     uuid: String,
-    cgroups: Vec<PathBuf>,
+    cgroups: Cgroups,
     /// The agent's descriptor limit (soft and hard), when one is set.
     nofile: Option<u64>,
 }
 
 impl Rig {
     fn new() -> Rig {
-        // SAFETY: geteuid has no preconditions.
-        assert_eq!(
-            unsafe { libc::geteuid() },
-            0,
+        assert!(
+            rig::is_root(),
             "the secure-mode tests run as root (cgroups, processes of other uids)"
         );
         let sim = SimEnv::new().gpus("15109:Tesla T4");
         // The tenant's processes must reach the socket: the whole path is
         // searchable by others.
-        std::fs::set_permissions(&sim.state_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        rig::set_mode(&sim.state_dir, 0o755);
         let dir = sim.state_dir.join("ledger");
         let settings = sim.state_dir.join("containers");
         std::fs::create_dir_all(&settings).unwrap();
-        std::fs::set_permissions(&settings, std::fs::Permissions::from_mode(0o755)).unwrap();
+        rig::set_mode(&settings, 0o755);
+        let cgroups = Cgroups::new(&format!(
+            "cgpu-test-{}-{}",
+            std::process::id(),
+            sim.state_dir.file_name().unwrap().to_string_lossy()
+        ));
         let mut r = Rig {
             sim,
             dir,
             settings,
             agent: None,
-            agent_log: None,
             uuid: String::new(),
-            cgroups: Vec::new(),
+            cgroups,
             nofile: None,
         };
         r.start_agent(&[]);
@@ -84,15 +83,13 @@ impl Rig {
     }
 
     fn agent_command(&self, extra: &[&str]) -> Command {
-        let mut c = self.sim.command(agent_bin());
-        c.args(["--secure", "--interval", "1s", "--ledger-dir"])
-            .arg(&self.dir)
-            .arg("--settings-dir")
-            .arg(&self.settings)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
+        let mut c = rig::secure_agent_command(
+            self.sim.command(agent_bin()),
+            &self.dir,
+            &self.settings,
+            "1s",
+        );
+        c.args(extra);
         if let Some(n) = self.nofile {
             let r = libc::rlimit {
                 rlim_cur: n,
@@ -113,41 +110,20 @@ impl Rig {
 
     /// Starts the agent and waits until it serves; its log lines so far.
     fn start_agent(&mut self, extra: &[&str]) -> Vec<String> {
-        let mut child = self.agent_command(extra).spawn().expect("spawn cgpu-agent");
-        let err = child.stderr.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(err).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut lines = Vec::new();
-        let t0 = Instant::now();
-        loop {
-            let l = rx
-                .recv_timeout(PATIENCE.saturating_sub(t0.elapsed()))
-                .unwrap_or_else(|_| panic!("cgpu-agent --secure did not start: {lines:?}"));
+        let agent = SecureAgent::start(&mut self.agent_command(extra), PATIENCE)
+            .unwrap_or_else(|lines| panic!("cgpu-agent --secure did not start: {lines:?}"));
+        for l in &agent.started {
             if let Some(rest) = l.strip_prefix("cgpu-agent: secure: GPU 0 ") {
                 self.uuid = rest.split(':').next().unwrap().to_string();
             }
-            let done = l.contains("secure: serving");
-            lines.push(l);
-            if done {
-                break;
-            }
         }
-        self.agent = Some(child);
-        self.agent_log = Some(rx);
+        let lines = agent.started.clone();
+        self.agent = Some(agent);
         lines
     }
 
     fn kill_agent(&mut self) {
-        if let Some(mut a) = self.agent.take() {
-            let _ = a.kill();
-            let _ = a.wait();
-        }
+        self.agent = None;
     }
 
     fn sock(&self) -> PathBuf {
@@ -161,57 +137,25 @@ impl Rig {
     /// What the ledger counts for container `id` (by its name, the
     /// container id's first 12 digits), 0 without a row.
     fn used(&self, id: &str) -> u64 {
-        let l = self.ledger();
-        let f = l.file();
-        f.containers
-            .iter()
-            .find(|c| {
-                c.state.load(Ordering::Acquire) == cgpu_ledger::SLOT_LIVE && c.id_str() == id[..12]
-            })
-            .map_or(0, |c| c.used.load(Ordering::Acquire))
+        rig::row_used(&self.ledger(), id)
     }
 
     /// The host's settings for a container, written by `cgpuctl settings`
     /// as root (as an operator does).
     fn settings_for(&self, id: &str, kv: &[&str]) {
-        let o = Command::new(artifacts().bin("cgpuctl"))
-            .args(["settings", id])
-            .args(kv)
-            .arg("--settings-dir")
-            .arg(&self.settings)
-            .env("CGPU_LEDGER_DIR", &self.dir)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "cgpuctl settings: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        rig::host_settings(&self.settings, id, kv, Some(&self.dir)).unwrap();
     }
 
-    /// A cgroup named by container id `id`: in the unified hierarchy on a
-    /// cgroup v2 host, else in v1's `pids` hierarchy.
+    /// The cgroup of container `id`.
     fn cgroup(&mut self, id: &str) -> PathBuf {
-        let base = cgpu_testkit::cgroup_root();
-        let parent = PathBuf::from(format!(
-            "{base}/cgpu-test-{}-{}",
-            std::process::id(),
-            self.sim.state_dir.file_name().unwrap().to_string_lossy()
-        ));
-        let p = parent.join(id);
-        std::fs::create_dir_all(&p).expect("create a cgroup (root; cgroup v2, or v1 with pids)");
-        if !self.cgroups.contains(&parent) {
-            self.cgroups.push(parent);
-        }
-        self.cgroups.insert(0, p.clone());
-        p
+        self.cgroups.make(id)
     }
 
     /// A client process of uid 65534, in container `id` when given (else a
     /// host process).
     fn client(&mut self, id: Option<&str>) -> Client {
         let mut c = Command::new(agent_bin());
-        c.uid(NOBODY).gid(NOBODY);
+        rig::as_nobody(&mut c);
         self.client_from(c, id)
     }
 
@@ -228,90 +172,22 @@ impl Rig {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
-        let mut child = c.spawn().expect("spawn the client");
+        let child = c.spawn().expect("spawn the client");
         if let Some(id) = id {
-            let cg = self.cgroup(id);
-            std::fs::write(cg.join("cgroup.procs"), child.id().to_string())
-                .expect("move into the cgroup");
+            rig::enter(&self.cgroups.make(id), child.id());
         }
-        let out = child.stdout.take().unwrap();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        Client {
-            stdin: child.stdin.take(),
-            child,
-            rx,
-        }
+        AgentClient::new(child, PATIENCE)
     }
 }
 
 impl Drop for Rig {
     fn drop(&mut self) {
         self.kill_agent();
-        for cg in &self.cgroups {
-            let _ = std::fs::remove_dir(cg);
-        }
     }
 }
 
-struct Client {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    rx: Receiver<String>,
-}
-
-/// A parsed reply line.
-#[derive(Debug, PartialEq, Eq)]
-struct R {
-    status: String,
-    used: u64,
-    quota: u64,
-    process: u32,
-}
-
-impl Client {
-    fn cmd(&mut self, line: &str) -> String {
-        let s = self.stdin.as_mut().unwrap();
-        writeln!(s, "{line}").unwrap();
-        s.flush().unwrap();
-        self.rx
-            .recv_timeout(PATIENCE)
-            .unwrap_or_else(|_| panic!("no answer to {line:?}"))
-    }
-
-    fn ask(&mut self, line: &str) -> R {
-        let l = self.cmd(line);
-        let f = |k: &str| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{k}=")))
-                .unwrap_or_else(|| panic!("{line:?}: no {k} in {l:?}"))
-                .to_string()
-        };
-        R {
-            status: f("status"),
-            used: f("used").parse().unwrap(),
-            quota: f("quota").parse().unwrap(),
-            process: f("process").parse().unwrap(),
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Client {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+/// A client process (`cgpu-agent client`).
+type Client = AgentClient;
 
 /// A request's bytes with the GPU field `gpu` as given, unchecked.
 fn raw_request(op: u16, seq: u64, gpu: &[u8], bytes: u64) -> String {
@@ -628,7 +504,7 @@ fn out_of_descriptors_the_agent_waits_and_recovers() {
     let sock = rig.sock();
     let mut held = Vec::new();
     for _ in 0..120 {
-        held.push(cgpu_agent::secure::connect_to(&sock).expect("connect"));
+        held.push(cgpu_ledger::wire::connect(&sock, None).expect("connect"));
     }
     let pid = rig.agent.as_ref().unwrap().id();
     std::thread::sleep(Duration::from_millis(500));
@@ -643,10 +519,7 @@ fn out_of_descriptors_the_agent_waits_and_recovers() {
         used * 10 < hz * 2,
         "the server thread used {used} ticks of CPU in 2 s (at {hz}/s) while out of descriptors"
     );
-    for fd in held {
-        // SAFETY: our descriptors.
-        unsafe { libc::close(fd) };
-    }
+    drop(held);
     let gpu = rig.uuid.clone();
     let mut c = rig.client(Some(&a));
     assert_eq!(c.ask(&format!("hello {gpu}")).status, "Ok");
@@ -809,13 +682,7 @@ fn round_trips_are_served_and_timed() {
 
 /// What the simulated driver says live process `pid` holds.
 fn sim_bytes(rig: &Rig, pid: u32) -> u64 {
-    rig.sim
-        .stats()
-        .processes
-        .iter()
-        .filter(|p| p.alive && p.pid == pid)
-        .map(|p| p.mem_bytes)
-        .sum()
+    rig.sim.live_bytes(pid)
 }
 
 /// Waits until the ledger counts `want` for container `id` (at most
@@ -852,24 +719,6 @@ fn status_of(rig: &Rig, id: &str, field: &str, want: u64) -> serde_json::Value {
     }
 }
 
-impl Client {
-    /// Reads lines until one starts with `prefix`; all of them.
-    fn until(&mut self, prefix: &str) -> Vec<String> {
-        let mut lines = Vec::new();
-        loop {
-            let l = self
-                .rx
-                .recv_timeout(PATIENCE)
-                .unwrap_or_else(|_| panic!("no {prefix:?} after {lines:?}"));
-            let done = l.starts_with(prefix);
-            lines.push(l);
-            if done {
-                return lines;
-            }
-        }
-    }
-}
-
 /// The device's truth in the books: a process under the agent holds its
 /// context beyond what it was granted, and processes of the same
 /// container without the library allocate on the device; the agent
@@ -895,14 +744,11 @@ fn what_the_device_shows_and_the_books_do_not_is_charged() {
         lib.ask(&format!("reserve {gpu} {}", 512 * MIB)).used,
         512 * MIB
     );
-    writeln!(
-        lib.stdin.as_mut().unwrap(),
+    lib.send(&format!(
         "exec {} alloc {} hold",
         cuclient.display(),
         512 * MIB
-    )
-    .unwrap();
-    lib.stdin.as_mut().unwrap().flush().unwrap();
+    ));
     let out = lib.until("holding");
     assert!(out.iter().any(|l| l.starts_with("alloc ok")), "{out:?}");
     let lib_dev = sim_bytes(&rig, lib.child.id());

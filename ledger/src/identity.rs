@@ -411,6 +411,27 @@ pub fn read_proc(path: &str) -> Option<String> {
     Some(s)
 }
 
+/// Host process `pid` as the ledger names a process: (its pid in its own
+/// PID namespace, that namespace's inode), from `/proc/<pid>/status`
+/// (`NSpid:`, innermost last) and `/proc/<pid>/ns/pid`. `None` when the
+/// process is gone or unreadable.
+pub fn ns_pid(pid: u32) -> Option<(i32, u64)> {
+    let status = read_proc(&format!("/proc/{pid}/status"))?;
+    let nspid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .and_then(|v| v.split_whitespace().last())
+        .and_then(|v| v.parse().ok())?;
+    let ns = std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()?;
+    let inode = ns
+        .to_str()?
+        .strip_prefix("pid:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()?;
+    Some((nspid, inode))
+}
+
 /// The inode of a `/proc/self/ns/<kind>` link (0: unknown).
 pub fn ns_inode(kind: &str) -> u64 {
     std::fs::read_link(format!("/proc/self/ns/{kind}"))
@@ -811,5 +832,16 @@ mod tests {
         assert!(x.name.len() <= MAX_NAME && x.name.ends_with("@pidns-4026532174"));
         let h = resolve(&facts(bare, "", HOST_PIDNS, &long));
         assert_eq!(h.name.len(), MAX_NAME);
+    }
+
+    #[test]
+    fn own_ns_pid_is_read_from_proc() {
+        let me = std::process::id();
+        let (pid, ns) = ns_pid(me).expect("/proc/self");
+        assert!(pid > 0);
+        assert!(ns > 0);
+        let own = std::fs::read_link("/proc/self/ns/pid").unwrap();
+        assert_eq!(own.to_str().unwrap(), format!("pid:[{ns}]"));
+        assert!(ns_pid(u32::MAX).is_none());
     }
 }

@@ -323,62 +323,78 @@ fn hostname() -> String {
         .collect()
 }
 
+/// When a variable's value counts as not given.
+#[derive(Clone, Copy)]
+enum Unset {
+    /// Only when the variable is absent (an empty value is parsed).
+    Absent,
+    /// Absent or empty.
+    Empty,
+    /// Absent, empty or only white space.
+    Blank,
+}
+
+/// The variables of one configuration and the errors their values make.
+struct Vars<'a> {
+    get: &'a dyn Fn(&str) -> Option<String>,
+    errors: &'a mut Vec<String>,
+}
+
+impl Vars<'_> {
+    /// Variable `name` through `parse`: `None` when not given (`unset`); a
+    /// malformed value is one more error (`NAME='value': why`) and `None`,
+    /// and any error fails the whole configuration closed.
+    fn parse<T>(
+        &mut self,
+        name: &str,
+        unset: Unset,
+        parse: fn(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let v = (self.get)(name)?;
+        let skip = match unset {
+            Unset::Absent => false,
+            Unset::Empty => v.is_empty(),
+            Unset::Blank => v.trim().is_empty(),
+        };
+        if skip {
+            return None;
+        }
+        parse(&v)
+            .map_err(|why| self.errors.push(format!("{name}='{v}': {why}")))
+            .ok()
+    }
+}
+
 /// Parse a whole environment given as a lookup function (testable).
 pub fn from_lookup(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -> Config {
     let mut errors = Vec::new();
+    let mut var = Vars {
+        get,
+        errors: &mut errors,
+    };
+    let mem_container = var
+        .parse(
+            "ALIYUN_COM_GPU_MEM_CONTAINER",
+            Unset::Absent,
+            parse_mem_container,
+        )
+        .unwrap_or_default();
+    let mem_dev = var.parse("ALIYUN_COM_GPU_MEM_DEV", Unset::Blank, parse_mem_dev);
+    let disable = var.parse("CGPU_DISABLE", Unset::Absent, parse_bool) == Some(true);
+    let mut visible = var
+        .parse(
+            "ALIYUN_COM_GPU_VISIBLE_DEVICES",
+            Unset::Absent,
+            parse_visible,
+        )
+        .flatten();
+    let weight = var.parse("ALIYUN_COM_GPU_SCHD_WEIGHT", Unset::Blank, parse_weight);
+    let high_prio =
+        var.parse("ALIYUN_COM_GPU_HIGH_PRIO", Unset::Absent, parse_high_prio) == Some(true);
+    let container_id = var.parse("CGPU_CONTAINER_ID", Unset::Empty, parse_container_id);
     let mut bad = |name: &str, value: &str, why: String| {
         errors.push(format!("{name}='{value}': {why}"));
     };
-
-    let mut mem_container = Vec::new();
-    if let Some(v) = get("ALIYUN_COM_GPU_MEM_CONTAINER") {
-        match parse_mem_container(&v) {
-            Ok(l) => mem_container = l,
-            Err(e) => bad("ALIYUN_COM_GPU_MEM_CONTAINER", &v, e),
-        }
-    }
-    let mut mem_dev = None;
-    if let Some(v) = get("ALIYUN_COM_GPU_MEM_DEV").filter(|v| !v.trim().is_empty()) {
-        match parse_mem_dev(&v) {
-            Ok(d) => mem_dev = Some(d),
-            Err(e) => bad("ALIYUN_COM_GPU_MEM_DEV", &v, e),
-        }
-    }
-    let mut disable = false;
-    if let Some(v) = get("CGPU_DISABLE") {
-        match parse_bool(&v) {
-            Ok(d) => disable = d,
-            Err(e) => bad("CGPU_DISABLE", &v, e),
-        }
-    }
-    let mut visible = None;
-    if let Some(v) = get("ALIYUN_COM_GPU_VISIBLE_DEVICES") {
-        match parse_visible(&v) {
-            Ok(l) => visible = l,
-            Err(e) => bad("ALIYUN_COM_GPU_VISIBLE_DEVICES", &v, e),
-        }
-    }
-    let mut weight = None;
-    if let Some(v) = get("ALIYUN_COM_GPU_SCHD_WEIGHT").filter(|v| !v.trim().is_empty()) {
-        match parse_weight(&v) {
-            Ok(w) => weight = Some(w),
-            Err(e) => bad("ALIYUN_COM_GPU_SCHD_WEIGHT", &v, e),
-        }
-    }
-    let mut high_prio = false;
-    if let Some(v) = get("ALIYUN_COM_GPU_HIGH_PRIO") {
-        match parse_high_prio(&v) {
-            Ok(h) => high_prio = h,
-            Err(e) => bad("ALIYUN_COM_GPU_HIGH_PRIO", &v, e),
-        }
-    }
-    let mut container_id = None;
-    if let Some(v) = get("CGPU_CONTAINER_ID").filter(|v| !v.is_empty()) {
-        match parse_container_id(&v) {
-            Ok(id) => container_id = Some(id),
-            Err(e) => bad("CGPU_CONTAINER_ID", &v, e),
-        }
-    }
     let container_name = container_id.clone();
     let container_id = container_id
         .or_else(|| cgroup.and_then(container_id_from_cgroup))
@@ -476,16 +492,14 @@ pub fn parse_mem_container_mib(v: &str) -> Result<Vec<u64>, String> {
 /// rounded up to whole GiB, GPU by GPU); a bad value is one more error of
 /// `c`, as any other.
 fn apply_mem_container_mib(c: &mut Config, value: Option<String>) {
-    let Some(v) = value else {
+    let mut var = Vars {
+        get: &|_| value.clone(),
+        errors: &mut c.errors,
+    };
+    let Some(mib) = var.parse(MEM_CONTAINER_MIB, Unset::Absent, parse_mem_container_mib) else {
         return;
     };
-    let mib = match parse_mem_container_mib(&v) {
-        Ok(m) => m,
-        Err(e) => {
-            c.errors.push(format!("{MEM_CONTAINER_MIB}='{v}': {e}"));
-            return;
-        }
-    };
+    let v = value.unwrap_or_default();
     if !c.errors.is_empty() {
         return;
     }
@@ -600,6 +614,24 @@ fn parse_key_file(
     Ok(out)
 }
 
+/// The value of key `k` among a file's `KEY=VALUE` pairs.
+fn value_of<'a>(vals: &'a [(String, String)], k: &str) -> Option<&'a str> {
+    vals.iter()
+        .find(|(have, _)| have == k)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The configuration of a container whose host-given settings cannot be
+/// used: isolation on and no GPU visible (so no GPU memory at all), the
+/// cause said by the caller's message rather than in `errors`.
+fn no_gpu(get: &dyn Fn(&str) -> Option<String>, cgroup: Option<&str>) -> Config {
+    let mut c = from_lookup(get, cgroup);
+    c.mode = Mode::Enforce;
+    c.visible = Some(Vec::new());
+    c.errors.clear();
+    c
+}
+
 /// Parses an allocation file: the keys of [`ALLOC_FILE_KEYS`], the first
 /// four required.
 pub fn parse_alloc_file(text: &str) -> Result<Vec<(String, String)>, String> {
@@ -624,11 +656,7 @@ pub fn with_alloc_file(
     let parsed = file.and_then(|t| parse_alloc_file(&t));
     let failure = match parsed {
         Ok(vals) => {
-            let from_file = |k: &str| {
-                vals.iter()
-                    .find(|(have, _)| have == k)
-                    .map(|(_, v)| v.clone())
-            };
+            let from_file = |k: &str| value_of(&vals, k).map(str::to_string);
             let merged = |k: &str| {
                 if ALLOC_FILE_KEYS.contains(&k) {
                     from_file(k)
@@ -659,10 +687,7 @@ pub fn with_alloc_file(
         }
         Err(e) => e,
     };
-    let mut c = from_lookup(get, cgroup);
-    c.mode = Mode::Enforce;
-    c.visible = Some(Vec::new());
-    c.errors.clear();
+    let c = no_gpu(get, cgroup);
     let msg = format!(
         "cgpu: CGPU_ALLOC_FILE='{path}': {failure}: this container's GPU allocation is missing or \
          invalid, so no GPU is visible to it (ask the cluster's operator: cgpu-device-plugin logs say why)"
@@ -719,10 +744,7 @@ pub fn with_settings_file(
     let failure = match file.and_then(|t| parse_settings_file(&t)) {
         Ok(vals) => {
             let merged = |k: &str| {
-                let file = vals
-                    .iter()
-                    .find(|(have, _)| have == k)
-                    .map(|(_, v)| v.clone());
+                let file = value_of(&vals, k).map(str::to_string);
                 if SETTINGS_FILE_KEYS.contains(&k) && k != "CGPU_CONTAINER_ID" {
                     file
                 } else {
@@ -738,10 +760,7 @@ pub fn with_settings_file(
         }
         Err(e) => e,
     };
-    let mut c = from_lookup(get, cgroup);
-    c.mode = Mode::Enforce;
-    c.visible = Some(Vec::new());
-    c.errors.clear();
+    let c = no_gpu(get, cgroup);
     let msg = format!(
         "cgpu: the host's settings for this container ({path}): {failure}: no GPU is visible to it until they are fixed (cgpuctl settings on the host)"
     );
@@ -757,7 +776,7 @@ pub fn ignored_by_settings_file(env: &dyn Fn(&str) -> Option<String>, text: &str
         .filter(|k| **k != "CGPU_CONTAINER_ID")
         .filter_map(|k| {
             let mine = env(k)?;
-            let host = vals.iter().find(|(h, _)| h == k).map(|(_, v)| v.as_str());
+            let host = value_of(&vals, k);
             (host != Some(mine.trim())).then(|| format!("{k}={mine}"))
         })
         .collect()

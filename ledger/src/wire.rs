@@ -317,6 +317,85 @@ impl Reply {
     }
 }
 
+/// The address of the Unix socket at `path` and its length; an error
+/// naming the path when it does not fit `sun_path` (with its NUL).
+pub fn sockaddr(path: &std::path::Path) -> std::io::Result<(libc::sockaddr_un, libc::socklen_t)> {
+    // SAFETY: an all-zero sockaddr_un is valid.
+    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let b = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+    if b.len() >= a.sun_path.len() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{}: too long for a socket path", path.display()),
+        ));
+    }
+    for (d, s) in a.sun_path.iter_mut().zip(b) {
+        *d = *s as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + b.len() + 1) as libc::socklen_t;
+    Ok((a, len))
+}
+
+/// Each send and receive on socket `fd` waits at most `wait` (`SO_SNDTIMEO`
+/// and `SO_RCVTIMEO`; a zero `wait` waits without end).
+pub fn set_timeouts(
+    fd: std::os::fd::BorrowedFd<'_>,
+    wait: std::time::Duration,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let tv = libc::timeval {
+        tv_sec: wait.as_secs() as libc::time_t,
+        tv_usec: wait.subsec_micros() as libc::suseconds_t,
+    };
+    for opt in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO] {
+        // SAFETY: a valid descriptor and an option of its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&tv as *const libc::timeval).cast(),
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// A connection to the agent's socket at `path`: a `SOCK_SEQPACKET` Unix
+/// socket, close-on-exec, connected. With `timeout`, each send and receive
+/// on it waits at most that long, and so does the connect itself when the
+/// agent's backlog is full. A path too long for a socket address is an
+/// `InvalidInput` error naming it (the one error made here: the others are
+/// the system's, and allocate nothing).
+pub fn connect(
+    path: &std::path::Path,
+    timeout: Option<std::time::Duration>,
+) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+    let (a, len) = sockaddr(path)?;
+    // SAFETY: plain socket(2).
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor just made, owned by nothing else (closed when
+    // `fd` drops, on every error below).
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if let Some(wait) = timeout {
+        set_timeouts(fd.as_fd(), wait)?;
+    }
+    // SAFETY: a valid descriptor and an address of `len` bytes.
+    if unsafe { libc::connect(fd.as_raw_fd(), (&a as *const libc::sockaddr_un).cast(), len) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -161,7 +161,9 @@ impl Client {
     fn set_wait(c: &mut Conn, wait: Duration) {
         c.wait = wait;
         if c.fd >= 0 {
-            set_timeouts(c.fd, wait);
+            // SAFETY: the connection's descriptor, open while `c` holds it.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(c.fd) };
+            let _ = crate::ledger::wire::set_timeouts(fd, wait);
         }
     }
 
@@ -363,47 +365,17 @@ impl Client {
 /// A new connection to the agent's socket `sock` (close-on-exec), whose
 /// sends and receives wait at most `wait`; the cause when there is none.
 pub fn connect_agent(sock: &Path, wait: Duration) -> Result<i32, String> {
-    let unreachable = |what: &str| {
-        format!(
-            "{what} {}: {}",
-            sock.display(),
-            std::io::Error::last_os_error()
-        )
-    };
-    // SAFETY: plain socket creation.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(unreachable("cannot make a socket for"));
+    // No allocation unless it fails (then the message is made).
+    match crate::ledger::wire::connect(sock, Some(wait)) {
+        Ok(fd) => Ok(std::os::fd::IntoRawFd::into_raw_fd(fd)),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput && e.raw_os_error().is_none() => {
+            Err(format!("the socket path {} is too long", sock.display()))
+        }
+        Err(e) => Err(format!(
+            "cannot connect to the agent's socket {}: {e}",
+            sock.display()
+        )),
     }
-    // SAFETY: a zeroed sockaddr_un is valid; the path is copied below
-    // within its bounds.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let path = std::os::unix::ffi::OsStrExt::as_bytes(sock.as_os_str());
-    if path.len() >= addr.sun_path.len() {
-        // SAFETY: our descriptor.
-        unsafe { libc::close(fd) };
-        return Err(format!("the socket path {} is too long", sock.display()));
-    }
-    for (d, s) in addr.sun_path.iter_mut().zip(path) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: valid descriptor, address of its size.
-    let ok = set_timeouts(fd, wait)
-        && unsafe {
-            libc::connect(
-                fd,
-                (&addr as *const libc::sockaddr_un).cast(),
-                std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
-            ) == 0
-        };
-    if !ok {
-        let f = unreachable("cannot connect to the agent's socket");
-        // SAFETY: our descriptor, not published.
-        unsafe { libc::close(fd) };
-        return Err(f);
-    }
-    Ok(fd)
 }
 
 /// Has the peer of connection `fd` closed it (never waits)?
@@ -419,30 +391,6 @@ fn hung_up(fd: i32) -> bool {
 }
 
 /// Set a socket's send and receive timeouts to `wait`; false on failure.
-fn set_timeouts(fd: i32, wait: Duration) -> bool {
-    let tv = libc::timeval {
-        tv_sec: wait.as_secs() as libc::time_t,
-        tv_usec: wait.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: valid descriptor, option pointers of the right size.
-    unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-        ) == 0
-            && libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_SNDTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            ) == 0
-    }
-}
-
 fn hash(s: &str) -> u64 {
     // FNV-1a: only to tell one message from the next.
     s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {

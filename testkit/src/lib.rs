@@ -13,6 +13,10 @@
 //! - [`SimEnv`]: a fresh simulated machine (temp state dir, `CGPU_SIM_*`,
 //!   `LD_LIBRARY_PATH`, optional `LD_PRELOAD`) to spawn processes in.
 //! - [`sim_stats`]: the state directory read through `cgpu-sim-stat --json`.
+//! - [`secure`]: the secure-mode rig (tenants of uid 65534, cgroups of the
+//!   test's own, the host's settings, `cgpu-agent --secure` serving).
+
+pub mod secure;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -615,6 +619,16 @@ impl SimEnv {
     /// The state directory through `cgpu-sim-stat --json`.
     pub fn stats(&self) -> SimStats {
         sim_stats(&self.state_dir)
+    }
+
+    /// What the simulated driver says live process `pid` holds, bytes.
+    pub fn live_bytes(&self, pid: u32) -> u64 {
+        self.stats()
+            .processes
+            .iter()
+            .filter(|p| p.alive && p.pid == pid)
+            .map(|p| p.mem_bytes)
+            .sum()
     }
 }
 

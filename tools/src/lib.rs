@@ -217,37 +217,10 @@ pub fn mode_of(dir: &Path) -> String {
         return cooperative();
     }
     let sock = dir.join(cgpu_ledger::wire::SOCKET_NAME);
-    if seqpacket_answers(&sock) {
+    if cgpu_ledger::wire::connect(&sock, None).is_ok() {
         "secure".into()
     } else {
         "secure (agent not answering)".into()
-    }
-}
-
-/// Does a `SOCK_SEQPACKET` listener accept a connection on `sock`?
-fn seqpacket_answers(sock: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: an all-zero sockaddr_un is valid.
-    let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    a.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    let b = sock.as_os_str().as_bytes();
-    if b.len() >= a.sun_path.len() {
-        return false;
-    }
-    for (d, s) in a.sun_path.iter_mut().zip(b) {
-        *d = *s as libc::c_char;
-    }
-    // SAFETY: plain socket(2).
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return false;
-    }
-    let len = (std::mem::size_of::<libc::sa_family_t>() + b.len() + 1) as libc::socklen_t;
-    // SAFETY: a valid address of `len` bytes; `fd` is ours and closed here.
-    unsafe {
-        let ok = libc::connect(fd, (&a as *const libc::sockaddr_un).cast(), len) == 0;
-        libc::close(fd);
-        ok
     }
 }
 
@@ -478,7 +451,7 @@ pub fn apply_util(prev: &Sample, cur: &mut Sample) {
     apply_ledger_util(prev, cur);
     let native = cur.report.gpus_ok().any(|g| g.policy == NATIVE_POLICY);
     if native {
-        apply_native_util(prev, cur, nvml::Nvml::get());
+        apply_native_util(prev, cur, nvml::get());
     }
 }
 
@@ -494,13 +467,15 @@ pub fn apply_native_util(prev: &Sample, cur: &mut Sample, nvml: Option<&nvml::Nv
         if g.policy != NATIVE_POLICY {
             continue;
         }
-        let per = nvml.and_then(|n| n.process_util(&g.uuid, since_us));
+        let per = nvml.and_then(|n| nvml::process_util(n, &g.uuid, since_us));
         // NVML's host pids as the ledger names them (pid in own namespace).
         let by_ns: HashMap<(i32, u64), f64> = per
             .iter()
             .flatten()
             .filter_map(|(&host, &u)| {
-                let id = *ids.entry(host).or_insert_with(|| nvml::ns_identity(host));
+                let id = *ids
+                    .entry(host)
+                    .or_insert_with(|| cgpu_ledger::identity::ns_pid(host));
                 id.map(|i| (i, u))
             })
             .collect();

@@ -10,6 +10,7 @@ use cgpu_cluster::signing::DecisionKey;
 use cgpu_cluster_core::decision::Decision;
 use cgpu_cluster_core::placement::Policy;
 use cgpu_cluster_testkit::apiserver::ApiServer;
+use cgpu_testkit::secure::{self as rig, AgentClient, Cgroups, SecureAgent};
 use cgpu_testkit::{artifacts, cuclient, field, line, LinkMode, SimEnv};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -1343,24 +1344,17 @@ async fn compute_shares_never_sum_past_a_whole_gpu() {
 /// as the kubelet names a pod's (`…/pod<uid>/<container id>`), speaking to the agent with `cgpu-agent client`. `pod`: (pod
 /// uid of the bind, container name, pod uid of the cgroup); `None`: a host
 /// process (no bind, no cgroup).
-struct Tenant {
-    child: Child,
-    stdin: std::process::ChildStdin,
-    out: std::io::BufReader<std::process::ChildStdout>,
-}
+struct Tenant(AgentClient);
 
 impl Tenant {
     fn start(
         dir: &std::path::Path,
         sock: &std::path::Path,
         pod: Option<(&str, &str, &str)>,
+        cgroups: &Cgroups,
     ) -> Tenant {
         let agent = artifacts().profile_dir.join("cgpu-agent");
-        let run = format!(
-            "exec setpriv --reuid 65534 --regid 65534 --clear-groups {} client {}",
-            agent.display(),
-            sock.display()
-        );
+        let run = rig::exec_as_nobody(&format!("{} client {}", agent.display(), sock.display()));
         let script = match pod {
             Some((uid, container, _)) => {
                 let bind = dir.join(format!("kubelet/pods/{uid}/containers/{container}"));
@@ -1373,7 +1367,7 @@ impl Tenant {
             }
             None => run,
         };
-        let mut child = std::process::Command::new("unshare")
+        let child = std::process::Command::new("unshare")
             .args(["-m", "--propagation", "private", "sh", "-c", &script])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -1383,73 +1377,20 @@ impl Tenant {
         if let Some((_, _, cg_uid)) = pod {
             // The same process execs the client, which connects at its
             // first command: it asks from this cgroup.
-            let cg = Tenant::cgroup_root().join(format!(
+            let cg = cgroups.make(format!(
                 "kubepods/pod{cg_uid}/{:08x}{}",
                 child.id(),
                 "c".repeat(56)
             ));
-            std::fs::create_dir_all(&cg).expect("create a cgroup (root)");
-            std::fs::write(cg.join("cgroup.procs"), child.id().to_string()).unwrap();
+            rig::enter(&cg, child.id());
         }
-        Tenant {
-            stdin: child.stdin.take().unwrap(),
-            out: std::io::BufReader::new(child.stdout.take().unwrap()),
-            child,
-        }
-    }
-
-    fn cgroup_root() -> PathBuf {
-        PathBuf::from(format!(
-            "{}/cgpu-e2e-{}",
-            cgpu_testkit::cgroup_root(),
-            std::process::id()
-        ))
-    }
-
-    /// Removes the cgroups made (their processes gone), deepest first.
-    fn remove_cgroups() {
-        let mut dirs = Vec::new();
-        let mut stack = vec![Tenant::cgroup_root()];
-        while let Some(d) = stack.pop() {
-            if let Ok(rd) = std::fs::read_dir(&d) {
-                for e in rd.flatten() {
-                    if e.file_type().is_ok_and(|t| t.is_dir()) {
-                        stack.push(e.path());
-                    }
-                }
-            }
-            dirs.push(d);
-        }
-        for d in dirs.iter().rev() {
-            let _ = std::fs::remove_dir(d);
-        }
+        Tenant(AgentClient::new(child, Duration::from_secs(120)))
     }
 
     /// One command, its reply as (status, used, quota).
     fn ask(&mut self, line: &str) -> (String, u64, u64) {
-        use std::io::{BufRead, Write};
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut l = String::new();
-        self.out.read_line(&mut l).unwrap();
-        let f = |k: &str| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix(&format!("{k}=")))
-                .unwrap_or_else(|| panic!("{line:?}: no {k} in {l:?}"))
-                .to_string()
-        };
-        (
-            f("status"),
-            f("used").parse().unwrap(),
-            f("quota").parse().unwrap(),
-        )
-    }
-}
-
-impl Drop for Tenant {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let r = self.0.ask(line);
+        (r.status, r.used, r.quota)
     }
 }
 
@@ -1463,10 +1404,8 @@ impl Drop for Tenant {
 /// gone, its settings file is removed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(
-        unsafe { libc::geteuid() },
-        0,
+    assert!(
+        rig::is_root(),
         "secure mode runs the agent as root and its tenants as uid 65534"
     );
     let settings = std::env::temp_dir()
@@ -1513,60 +1452,39 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
         .unwrap()
         .to_string();
 
-    // The agent, as the DaemonSet runs it.
-    let agent = c
-        .sim
-        .command(artifacts().profile_dir.join("cgpu-agent"))
-        .args(["--secure", "--settings-dir", &settings_s, "--ledger-dir"])
-        .arg(&ledger)
-        .args(["--interval", "500ms"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cgpu-agent");
-    // Killed when the test ends, whichever way.
-    let mut agent = Killed(agent);
-    let agent = &mut agent.0;
-    let seen = {
-        use std::io::BufRead;
-        let mut r = std::io::BufReader::new(agent.stderr.take().unwrap());
-        let mut seen = Vec::new();
-        let mut l = String::new();
-        while r.read_line(&mut l).unwrap_or(0) > 0 {
-            seen.push(std::mem::take(&mut l));
-            if seen.last().unwrap().contains("secure: serving") {
-                break;
-            }
-        }
-        std::thread::spawn(move || std::io::copy(&mut r, &mut std::io::sink()));
-        seen
-    };
-    assert!(
-        seen.last().is_some_and(|l| l.contains("secure: serving")),
-        "the agent did not start: {seen:?}"
+    // The agent, as the DaemonSet runs it; killed when the test ends,
+    // whichever way.
+    let agent = SecureAgent::start(
+        &mut rig::secure_agent_command(
+            c.sim.command(artifacts().profile_dir.join("cgpu-agent")),
+            &ledger,
+            &settings,
+            "500ms",
+        ),
+        Duration::from_secs(120),
     );
+    assert!(agent.is_ok(), "the agent did not start: {:?}", agent.err());
+    let _agent = agent;
     let sock = ledger.join("agent.sock");
     // The scratch directory must let uid 65534 reach the socket.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&c.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    rig::set_mode(&c.dir, 0o755);
 
     const GIB: u64 = 1 << 30;
     // Declared before the tenants, so dropped after them, even on a panic.
-    let _cgroups = CgroupsMade;
+    let cgroups = Cgroups::new(&format!("cgpu-e2e-{}", std::process::id()));
     // What each container's process sees in cooperative mode too: its
     // share of the V100 (16160 MiB) by ALIYUN_COM_GPU_MEM_DEV=15.
     let v100 = 16160u64 << 20;
     let (qa, qb) = (v100 * 3 / 15, v100 * 5 / 15);
     assert_eq!(qa, 3232 << 20);
-    let mut ta = Tenant::start(&c.dir, &sock, Some((&ua, "cuda", &ua)));
-    let mut tb = Tenant::start(&c.dir, &sock, Some((&ub, "cuda", &ub)));
+    let mut ta = Tenant::start(&c.dir, &sock, Some((&ua, "cuda", &ua)), &cgroups);
+    let mut tb = Tenant::start(&c.dir, &sock, Some((&ub, "cuda", &ub)), &cgroups);
     // A process of pod a that shows pod b's bind (as one that can mount in
     // a user namespace could, hiding its own): its cgroup is pod a's, so
     // the agent gives it nothing.
-    let mut forger = Tenant::start(&c.dir, &sock, Some((&ub, "cuda", &ua)));
+    let mut forger = Tenant::start(&c.dir, &sock, Some((&ub, "cuda", &ua)), &cgroups);
     assert_eq!(forger.ask(&format!("hello {gpu}")).0, "Unknown");
-    let mut host_proc = Tenant::start(&c.dir, &sock, None);
+    let mut host_proc = Tenant::start(&c.dir, &sock, None, &cgroups);
     assert_eq!(ta.ask(&format!("hello {gpu}")), ("Ok".into(), 0, qa));
     assert_eq!(
         ta.ask(&format!("reserve {gpu} {}", 2 * GIB)),
@@ -1594,9 +1512,8 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
     // ledger directory and gets its quota from it.
     assert_eq!(ta.ask(&format!("release {gpu} {qa}")), ("Ok".into(), 0, qa));
     // The simulated driver's state stands for the device: every uid uses it.
-    share_tree(&c.sim.state_dir);
-    let cuda = Tenant::cgroup_root().join(format!("kubepods/pod{ua}/{}", "d".repeat(64)));
-    std::fs::create_dir_all(&cuda).unwrap();
+    rig::share_tree(&c.sim.state_dir);
+    let cuda = cgroups.make(format!("kubepods/pod{ua}/{}", "d".repeat(64)));
     let bind = c
         .dir
         .join(format!("kubelet/pods/{ua}/containers/cuda/4a7b9c2e"));
@@ -1606,17 +1523,19 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
     lib.envs(sa.env_on_host())
         .args(["-m", "--propagation", "private", "sh", "-c"])
         .arg(format!(
-            "mount --bind {} {} && read go && exec setpriv --reuid 65534 --regid 65534 \
-             --clear-groups {} meminfo alloc_until_oom 67108864",
+            "mount --bind {} {} && read go && {}",
             bind.display(),
             dst.display(),
-            cuclient(LinkMode::Link).display()
+            rig::exec_as_nobody(&format!(
+                "{} meminfo alloc_until_oom 67108864",
+                cuclient(LinkMode::Link).display()
+            ))
         ))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut p = lib.spawn().unwrap();
-    std::fs::write(cuda.join("cgroup.procs"), p.id().to_string()).unwrap();
+    rig::enter(&cuda, p.id());
     {
         use std::io::Write;
         writeln!(p.stdin.as_mut().unwrap(), "go").unwrap();
@@ -1679,39 +1598,4 @@ async fn secure_mode_gives_each_container_its_quota_through_the_agent() {
     drop(ta);
     drop(host_proc);
     drop(forger);
-}
-
-/// Makes a directory tree usable by every uid.
-fn share_tree(p: &std::path::Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let Ok(md) = std::fs::symlink_metadata(p) else {
-        return;
-    };
-    if md.is_dir() {
-        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777));
-        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
-            share_tree(&e.path());
-        }
-    } else if md.is_file() {
-        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666));
-    }
-}
-
-/// A child process killed when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Removes the tenants' cgroups when dropped.
-struct CgroupsMade;
-
-impl Drop for CgroupsMade {
-    fn drop(&mut self) {
-        Tenant::remove_cgroups();
-    }
 }
