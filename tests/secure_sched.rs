@@ -14,18 +14,19 @@ mod interpose_common;
 
 use cgpu::ledger::Ledger;
 use cgpu::scheduler::words::{container as cw, gpu as gw};
+use cgpu_testkit::secure::{
+    as_nobody, enter, host_settings, secure_agent_command, set_mode, share_tree, AgentClient,
+    Cgroups, SecureAgent,
+};
 use cgpu_testkit::LinkMode;
 use interpose_common::*;
 use std::io::{BufRead, BufReader};
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::time::Duration;
 
 const T4: &str = "15109:Tesla T4";
-const TENANT: u32 = 65534;
 
 /// One container: its id (the cgroup's name, how the agent finds it).
 struct Ctr {
@@ -36,44 +37,37 @@ struct Ctr {
 /// A host in secure mode with the node agent and `n` containers.
 struct Host {
     m: Machine,
-    agent: Option<Child>,
+    agent: Option<SecureAgent>,
     settings: PathBuf,
     ctrs: Vec<Ctr>,
-    base: PathBuf,
+    _cgroups: Cgroups,
 }
 
 impl Host {
     /// Containers of weights `weights`, each 2 GiB.
     fn new(name: &str, weights: &[u32]) -> Host {
         let m = Machine::new(name, T4);
-        std::fs::set_permissions(&m.root, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(&m.ledger, std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(&m.state, std::fs::Permissions::from_mode(0o777)).unwrap();
+        set_mode(&m.root, 0o755);
+        set_mode(&m.ledger, 0o755);
+        set_mode(&m.state, 0o777);
         let settings = m.root.join("containers");
         std::fs::create_dir_all(&settings).unwrap();
-        let base = PathBuf::from(format!(
-            "{}/cgpu-secure-sched-{}-{name}",
-            cgpu_testkit::cgroup_root(),
-            std::process::id()
-        ));
+        let cgroups = Cgroups::new(&format!("cgpu-secure-sched-{}-{name}", std::process::id()));
         let mut ctrs = Vec::new();
         for (i, w) in weights.iter().enumerate() {
             let digit = char::from_digit(10 + i as u32, 16).unwrap();
             let id = format!("{:08x}{}", std::process::id(), digit.to_string().repeat(56));
-            let cgroup = base.join(&id);
-            std::fs::create_dir_all(&cgroup).expect("a cgroup (root; cgroup v2, or v1 with pids)");
-            let o = Command::new(cgpu_testkit::artifacts().profile_dir.join("cgpuctl"))
-                .args([
-                    "settings",
-                    &id,
+            let cgroup = cgroups.make(&id);
+            host_settings(
+                &settings,
+                &id,
+                &[
                     "ALIYUN_COM_GPU_MEM_CONTAINER=2",
                     &format!("ALIYUN_COM_GPU_SCHD_WEIGHT={w}"),
-                ])
-                .arg("--settings-dir")
-                .arg(&settings)
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                ],
+                None,
+            )
+            .unwrap();
             ctrs.push(Ctr { id, cgroup });
         }
         let mut h = Host {
@@ -81,46 +75,25 @@ impl Host {
             agent: None,
             settings,
             ctrs,
-            base,
+            _cgroups: cgroups,
         };
         h.start_agent();
         h
     }
 
     fn start_agent(&mut self) {
-        let mut c = self
+        let base = self
             .m
             .bare(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
-        c.args(["--secure", "--interval", "1s", "--ledger-dir"])
-            .arg(&self.m.ledger)
-            .arg("--settings-dir")
-            .arg(&self.settings)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut agent = c.spawn().expect("cgpu-agent");
-        let mut err = BufReader::new(agent.stderr.take().unwrap());
-        let mut log = String::new();
-        loop {
-            let mut l = String::new();
-            assert!(err.read_line(&mut l).unwrap() > 0, "the agent ended: {log}");
-            log.push_str(&l);
-            if l.contains("secure: serving") {
-                break;
-            }
-        }
-        std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::stderr()));
+        let mut c = secure_agent_command(base, &self.m.ledger, &self.settings, "1s");
+        let agent = SecureAgent::start(&mut c, Duration::from_secs(120))
+            .unwrap_or_else(|log| panic!("the agent did not serve: {log:?}"));
         self.agent = Some(agent);
-        // The simulated device's state, which the agent (root) opened
-        // first, stays the tenants' to use too (a real device node is
-        // everyone's).
         share_tree(&self.m.state);
     }
 
     fn kill_agent(&mut self) {
-        if let Some(mut a) = self.agent.take() {
-            let _ = a.kill();
-            let _ = a.wait();
-        }
+        self.agent = None;
     }
 
     /// The GPU's ledger, as root (the agent's file).
@@ -163,19 +136,11 @@ impl Host {
             c.envs(vars);
             c
         };
-        c.arg("wait_file")
-            .arg(&go)
-            .args(args)
-            .uid(TENANT)
-            .gid(TENANT);
+        as_nobody(c.arg("wait_file").arg(&go).args(args));
         c.stdout(Stdio::piped()).stderr(Stdio::inherit());
         let mut ch = c.spawn().expect("spawn tenant");
         let out = BufReader::new(ch.stdout.take().unwrap());
-        std::fs::write(
-            self.ctrs[i].cgroup.join("cgroup.procs"),
-            ch.id().to_string(),
-        )
-        .unwrap();
+        enter(&self.ctrs[i].cgroup, ch.id());
         std::fs::write(&go, "").unwrap();
         let mut k = Kid(ch, out);
         assert_eq!(k.line(), "wait_file ok");
@@ -188,30 +153,6 @@ impl Host {
         kids.iter()
             .map(|k| s.process(k.0.id(), 0).map_or(0, |p| p.device_time_ns))
             .collect()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        self.kill_agent();
-        for c in &self.ctrs {
-            let _ = std::fs::remove_dir(&c.cgroup);
-        }
-        let _ = std::fs::remove_dir(&self.base);
-    }
-}
-
-fn share_tree(p: &Path) {
-    let Ok(md) = std::fs::symlink_metadata(p) else {
-        return;
-    };
-    if md.is_dir() {
-        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777));
-        for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
-            share_tree(&e.path());
-        }
-    } else if md.is_file() {
-        let _ = std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o666));
     }
 }
 
@@ -496,49 +437,19 @@ fn device_time_outside_the_slices_is_charged_to_its_container() {
     );
 }
 
-/// `cgpu-agent client` as a tenant of container `i` (commands on stdin,
-/// one answer line each): a process that speaks the protocol itself.
-struct Raw {
-    child: Child,
-    input: std::process::ChildStdin,
-    out: BufReader<std::process::ChildStdout>,
-}
-
-impl Raw {
-    fn start(h: &Host, i: usize) -> Raw {
-        let mut c = Command::new(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
+/// `cgpu-agent client` as a tenant of container `i`: a process that
+/// speaks the protocol itself.
+fn raw_client(h: &Host, i: usize) -> AgentClient {
+    let mut c = Command::new(cgpu_testkit::artifacts().profile_dir.join("cgpu-agent"));
+    as_nobody(
         c.arg("client")
             .arg(h.m.ledger.join(cgpu::ledger::wire::SOCKET_NAME))
-            .uid(TENANT)
-            .gid(TENANT)
             .stdin(Stdio::piped())
-            .stdout(Stdio::piped());
-        let mut child = c.spawn().expect("cgpu-agent client");
-        std::fs::write(
-            h.ctrs[i].cgroup.join("cgroup.procs"),
-            child.id().to_string(),
-        )
-        .unwrap();
-        let input = child.stdin.take().unwrap();
-        let out = BufReader::new(child.stdout.take().unwrap());
-        Raw { child, input, out }
-    }
-
-    fn say(&mut self, cmd: &str) -> String {
-        use std::io::Write;
-        writeln!(self.input, "{cmd}").unwrap();
-        self.input.flush().unwrap();
-        let mut l = String::new();
-        self.out.read_line(&mut l).unwrap();
-        l.trim_end().to_string()
-    }
-}
-
-impl Drop for Raw {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+            .stdout(Stdio::piped()),
+    );
+    let child = c.spawn().expect("cgpu-agent client");
+    enter(&h.ctrs[i].cgroup, child.id());
+    AgentClient::new(child, Duration::from_secs(60))
 }
 
 #[test]
@@ -549,10 +460,10 @@ fn a_process_scribbling_on_its_page_moves_only_its_own_container() {
     // drained or did not); B and C: busy under the library. Equal shares.
     let h = Host::new("scribble", &[1, 1, 1]);
     let uuid = h.ledger().uuid();
-    let mut a = Raw::start(&h, 0);
-    assert!(a.say(&format!("hello {uuid}")).contains("status=Ok"));
-    assert!(a.say(&format!("reserve {uuid} 4096")).contains("status=Ok"));
-    let s = a.say(&format!("sched {uuid}"));
+    let mut a = raw_client(&h, 0);
+    assert_eq!(a.ask(&format!("hello {uuid}")).status, "Ok");
+    assert_eq!(a.ask(&format!("reserve {uuid} 4096")).status, "Ok");
+    let s = a.cmd(&format!("sched {uuid}"));
     assert!(s.starts_with("sched Ok") && s.ends_with("page=true"), "{s}");
     let b = busy(30_000);
     let mut kb = h.tenant(1, &args(&b));
@@ -566,9 +477,7 @@ fn a_process_scribbling_on_its_page_moves_only_its_own_container() {
     Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
     let slots = [h.slot(&l, 0), h.slot(&l, 1), h.slot(&l, 2)];
     // Scribbling from now on, in the background.
-    use std::io::Write;
-    writeln!(a.input, "scribble 20000").unwrap();
-    a.input.flush().unwrap();
+    a.send("scribble 20000");
     std::thread::sleep(Duration::from_millis(3000));
     let charged = || -> Vec<u64> {
         slots
