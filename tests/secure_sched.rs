@@ -506,3 +506,40 @@ fn a_process_scribbling_on_its_page_moves_only_its_own_container() {
         "the scribbling container held more than its share: {share_a:.3}"
     );
 }
+
+#[test]
+fn a_hung_agent_never_leaves_a_waiting_launch_waiting_for_good() {
+    // The agent stops answering (SIGSTOP: a hung scheduler) while one
+    // container holds the GPU and the other waits: the waiting one goes on
+    // unscheduled once the agent's beat is 2 s old.
+    let h = Host::new("hung", &[1, 1]);
+    let a = busy(30_000);
+    let mut ka = h.tenant(0, &args(&a));
+    let mut kb = h.tenant(1, &args(&a));
+    for k in [&mut ka, &mut kb] {
+        assert!(k.line().starts_with("init ok"));
+        assert!(k.line().starts_with("alloc ok"));
+        assert_eq!(k.line(), "ready");
+    }
+    let l = h.ledger();
+    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let agent = h.agent.as_ref().unwrap().id() as i32;
+    // SAFETY: the agent is a child of ours.
+    unsafe { libc::kill(agent, libc::SIGSTOP) };
+    std::thread::sleep(Duration::from_millis(3000));
+    let t0 = h.device_time(&[&ka, &kb]);
+    std::thread::sleep(Duration::from_millis(2000));
+    let t1 = h.device_time(&[&ka, &kb]);
+    // SAFETY: as above.
+    unsafe { libc::kill(agent, libc::SIGCONT) };
+    let ran: Vec<u64> = t1.iter().zip(&t0).map(|(b, a)| b - a).collect();
+    eprintln!(
+        "with the agent stopped: A ran {} ns, B ran {} ns in 2 s",
+        ran[0], ran[1]
+    );
+    assert!(
+        ran[0] > 0 && ran[1] > 0,
+        "a container waited for a stopped agent: {ran:?}"
+    );
+}

@@ -540,6 +540,8 @@ impl Sched {
             sleep_ns = REST_NS;
             for g in 0..self.gpus.len() {
                 sleep_ns = sleep_ns.min(self.step(g, now));
+                // Alive: processes that wait look at this (see `AGENT_BEAT`).
+                self.gpus[g].g(gw::AGENT_BEAT).store(now, Release);
             }
         }
     }

@@ -65,6 +65,11 @@ pub mod gpu {
     /// [`super::note_arrival`]). A weight 0 an operator set is not in it.
     pub const WEIGHTLESS: usize = 17;
     pub const WEIGHTLESS_WORDS: usize = crate::MAX_CONTAINERS / 64;
+    /// Secure mode: when the node agent's scheduler last looked at the GPU
+    /// (`CLOCK_MONOTONIC` ns, at least every 100 ms while it runs). A
+    /// waiting process that sees it stale launches unscheduled rather than
+    /// wait for a scheduler that does not answer.
+    pub const AGENT_BEAT: usize = WEIGHTLESS + WEIGHTLESS_WORDS;
 }
 
 /// Per-container words (`ContainerSlot::sched[..]`).
@@ -475,6 +480,7 @@ mod tests {
         assert_eq!(container::DRAIN + container::SET_WORDS, container::OWED_NS);
         const { assert!(container::LAST_SLICE_NS < crate::SCHED_CONTAINER_WORDS) };
         const { assert!(gpu::WEIGHTLESS + gpu::WEIGHTLESS_WORDS <= crate::SCHED_GPU_WORDS) };
+        const { assert!(gpu::AGENT_BEAT < crate::SCHED_GPU_WORDS) };
         const { assert!(gpu::DRAIN_COUNT < crate::SCHED_GPU_WORDS) };
         // Any process may write the token: an out-of-range holder is no slot.
         let last = crate::MAX_CONTAINERS - 1;

@@ -50,6 +50,10 @@ const RETRY_NS: u64 = 1_000_000_000;
 const WAIT_NS: u64 = 50_000_000;
 /// Launch allowance assumed before the agent wrote one.
 const DEFAULT_ALLOW: u64 = 8;
+/// A scheduler that has not looked at the GPU for this long does not
+/// answer (its thread stopped or hangs): a waiting launch passes
+/// unscheduled rather than wait for it.
+const AGENT_STALE_NS: u64 = 2_000_000_000;
 
 thread_local! {
     /// This thread's admitted launches in flight and their gate.
@@ -125,6 +129,7 @@ impl SecureGate {
     #[inline(never)]
     fn admit_slow(&self) -> bool {
         let mut since: Option<u64> = None;
+        let mut rang: Option<u64> = None;
         let admitted = loop {
             if self.stop.load(Acquire) || self.dead.load(Acquire) {
                 break false;
@@ -154,11 +159,25 @@ impl SecureGate {
                 }
             }
             self.in_launch.fetch_sub(1, SeqCst);
+            let now = now_ns();
             if since.is_none() {
-                since = Some(now_ns());
+                since = Some(now);
                 self.w(pw::WANTS).fetch_add(1, SeqCst);
             }
-            self.ring();
+            let beat = self.ledger.file().header.sched[gw::AGENT_BEAT].load(Acquire);
+            if beat != 0 && now.saturating_sub(beat) > AGENT_STALE_NS {
+                say_stale();
+                break false;
+            }
+            // Ring when starting to wait, and again when a whole wait
+            // passed with the token unchanged (the agent may have slept
+            // through the first).
+            if rang != Some(w) {
+                self.ring();
+                rang = Some(w);
+            } else {
+                rang = None;
+            }
             futex_wait(self.token(), w as u32, WAIT_NS);
         };
         if let Some(t0) = since {
@@ -364,6 +383,17 @@ fn attach(slot: usize, dev: Option<usize>) -> *const SecureGate {
             say_once("the scheduler's attach panicked");
             std::ptr::null()
         }
+    }
+}
+
+/// Said once per process: the agent's scheduler stopped looking at a GPU.
+fn say_stale() {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, AcqRel) {
+        tracing::warn!(
+            "cgpu: the node agent's scheduler has not answered for {} s: kernel launches that would wait pass unscheduled until it does",
+            AGENT_STALE_NS / 1_000_000_000
+        );
     }
 }
 
