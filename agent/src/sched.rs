@@ -27,7 +27,7 @@
 //! while its work still runs takes GPU time the device's per-process time,
 //! reported by the agent, shows; the library never does).
 
-use cgpu_ledger::decide::{allowance, decide, update_estimate, Decision, Entry};
+use cgpu_ledger::decide::{allowance, decide_with, update_estimate, Decision, Entry, Params};
 use cgpu_ledger::page::{self, word as pw, Page};
 use cgpu_ledger::words::{container as cw, gpu as gw, Token, DRAINING, IDLE, RUNNING};
 use cgpu_ledger::{Ledger, MAX_CONTAINERS, MAX_PROCESSES, SLOT_LIVE};
@@ -48,24 +48,27 @@ const WATCH_NS: u64 = 1_000_000;
 /// The longest sleep with nothing due (a wake-up packet or a new process
 /// ends it sooner).
 const REST_NS: u64 = 100_000_000;
+/// Wake-up packets read from one connection in one turn.
+const RUNG_MAX: usize = 64;
 
 /// One process on one GPU, as the scheduler knows it.
 pub struct Participant {
     /// The scheduling connection (the agent's end).
-    pub conn: OwnedFd,
-    pub gpu: usize,
-    pub container: usize,
-    pub process: usize,
+    conn: OwnedFd,
+    gpu: usize,
+    container: usize,
+    process: usize,
+    /// The container's identity key when it joined: a row reused by
+    /// another container since is not this process's.
+    key: u64,
     /// On the host.
-    pub pid: u32,
+    pid: u32,
     /// Stopped (`SIGSTOP`, a debugger) when last looked at, and when.
     stopped: bool,
     looked_at: u64,
-    /// A drain gave up on it: until then (monotonic ns) its drains are
-    /// waited for at most [`SUSPECT_LIMIT_NS`].
-    suspect_until: u64,
-    /// The process's page, mapped by the agent (unmapped when it goes).
-    pub page: &'static Page,
+    /// The process's page, mapped by the agent (unmapped when it goes;
+    /// private so that no reference outlives it).
+    page: &'static Page,
     /// Its page's (`SLICE_OF`, `SLICE_LAUNCHES`) and `THROTTLED_NS` when
     /// last looked at.
     seen: (u64, u64),
@@ -73,10 +76,12 @@ pub struct Participant {
 }
 
 impl Participant {
+    /// `page` was mapped by [`page::map`] for this participant alone; it
+    /// is unmapped when the participant is dropped.
     pub fn new(
         conn: OwnedFd,
         gpu: usize,
-        (container, process): (usize, usize),
+        (container, process, key): (usize, usize, u64),
         pid: u32,
         page: &'static Page,
     ) -> Participant {
@@ -85,10 +90,10 @@ impl Participant {
             gpu,
             container,
             process,
+            key,
             pid,
             stopped: false,
             looked_at: 0,
-            suspect_until: 0,
             page,
             seen: (0, 0),
             throttled_seen: page.w(pw::THROTTLED_NS).load(Acquire),
@@ -136,6 +141,24 @@ impl Participant {
             self.looked_at = now;
             self.stopped = is_stopped(self.pid);
         }
+    }
+
+    /// Is it still the process of the row and slot it joined as: its
+    /// process slot live and naming it, its row still its container's? A
+    /// process whose memory connection ended (its slot given back, maybe
+    /// to another container) is not.
+    fn still_placed(&self, f: &cgpu_ledger::LedgerFile) -> bool {
+        let (Some(ps), Some(cs)) = (
+            f.processes.get(self.process),
+            f.containers.get(self.container),
+        ) else {
+            return false;
+        };
+        ps.state.load(Acquire) == SLOT_LIVE
+            && ps.host_pid() == Some(self.pid)
+            && ps.container.load(Acquire) as usize == self.container
+            && cs.state.load(Acquire) == SLOT_LIVE
+            && cs.key.load(Acquire) == self.key
     }
 }
 
@@ -193,7 +216,13 @@ impl Handle {
         if !self.alive() {
             return;
         }
-        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+        let mut inbox = self.inbox.lock().unwrap_or_else(|e| e.into_inner());
+        inbox.push(p);
+        if !self.alive() {
+            // The thread ended meanwhile (it cleared the inbox first).
+            inbox.clear();
+        }
+        drop(inbox);
         let one: u64 = 1;
         // SAFETY: an eventfd of ours; 8 bytes from a live u64.
         unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
@@ -219,7 +248,14 @@ struct Gpu {
     /// tenure).
     running_seq: u32,
     tenure_first: u32,
+    /// The holder's identity key when its slice was granted (a row reused
+    /// since is not charged for it).
+    holder_key: u64,
     last_refill: u64,
+    /// Containers (by key) a drain gave up on, until when (monotonic ns):
+    /// their drains are waited for at most [`SUSPECT_LIMIT_NS`], whatever
+    /// connection their processes come back on.
+    suspects: HashMap<u64, u64>,
 }
 
 impl Gpu {
@@ -263,6 +299,15 @@ fn now_ns() -> u64 {
 const HELD_MARGIN_US: u64 = 5_000;
 /// Slices remembered, per GPU (a pass interval's worth and more).
 const HELD_KEEP_US: u64 = 120_000_000;
+/// The most a container's pending debit (or give-back) holds.
+const DEBIT_MAX_NS: i64 = 10_000_000_000;
+
+impl Feed {
+    fn debit(&mut self, uuid: &str, key: u64, ns: i64) {
+        let d = self.debits.entry((uuid.to_owned(), key)).or_insert(0);
+        *d = d.saturating_add(ns).clamp(-DEBIT_MAX_NS, DEBIT_MAX_NS);
+    }
+}
 
 /// One slice, realtime µs (`end_us` `u64::MAX`: still held).
 struct HeldSlice {
@@ -275,8 +320,9 @@ struct HeldSlice {
 struct Feed {
     /// Per GPU UUID (present only where this agent schedules).
     held: HashMap<String, VecDeque<HeldSlice>>,
-    /// (GPU UUID, container key, ns) not charged yet; negative: given back.
-    debits: Vec<(String, u64, i64)>,
+    /// Per (GPU UUID, container key): ns not charged yet (negative: to give
+    /// back), within ±[`DEBIT_MAX_NS`].
+    debits: HashMap<(String, u64), i64>,
 }
 
 static FEED: std::sync::LazyLock<Mutex<Feed>> = std::sync::LazyLock::new(Default::default);
@@ -326,27 +372,13 @@ fn container_time(uuid: &str, key: u64, from_us: u64, to_us: u64, ns: u64) {
     let Some(held) = f.held.get(uuid) else {
         return;
     };
-    let now = realtime_us();
-    // Each container's held time in the period, ns.
-    let mut by_key: Vec<(u64, u64)> = Vec::new();
-    for h in held {
-        let a = h.start_us.saturating_sub(HELD_MARGIN_US).max(from_us);
-        let b = h.end_us.min(now).saturating_add(HELD_MARGIN_US).min(to_us);
-        let d = b.saturating_sub(a) * 1000;
-        if d == 0 {
-            continue;
-        }
-        match by_key.iter_mut().find(|(k, _)| *k == h.key) {
-            Some(e) => e.1 += d,
-            None => by_key.push((h.key, d)),
-        }
-    }
+    let by_key = held_by_key(held, from_us, to_us, realtime_us());
     let mine = by_key.iter().find(|(k, _)| *k == key).map_or(0, |e| e.1);
     let outside = ns.saturating_sub(mine.saturating_add(slack_ns(to_us - from_us)));
     if outside == 0 {
         return;
     }
-    f.debits.push((uuid.to_owned(), key, outside as i64));
+    f.debit(uuid, key, outside as i64);
     // It ran in other containers' slices: they are charged for time they
     // did not have, which is given back to them in proportion to what
     // each held then.
@@ -354,8 +386,47 @@ fn container_time(uuid: &str, key: u64, from_us: u64, to_us: u64, ns: u64) {
     if others > 0 {
         for (k, d) in by_key.iter().filter(|(k, _)| *k != key) {
             let back = (outside as u128 * *d as u128 / others as u128).min(*d as u128) as i64;
-            f.debits.push((uuid.to_owned(), *k, -back));
+            f.debit(uuid, *k, -back);
         }
+    }
+}
+
+/// Each container's (by key) held time within (`from_us`, `to_us`], ns:
+/// its slices widened by [`HELD_MARGIN_US`] at each end and clipped to the
+/// period, overlaps merged (widened neighbours overlap), then summed.
+fn held_by_key(held: &VecDeque<HeldSlice>, from_us: u64, to_us: u64, now: u64) -> Vec<(u64, u64)> {
+    let mut spans: Vec<(u64, u64, u64)> = held
+        .iter()
+        .map(|h| {
+            let a = h.start_us.saturating_sub(HELD_MARGIN_US).max(from_us);
+            let b = h.end_us.min(now).saturating_add(HELD_MARGIN_US).min(to_us);
+            (h.key, a, b)
+        })
+        .filter(|&(_, a, b)| b > a)
+        .collect();
+    spans.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    let mut open: Option<(u64, u64, u64)> = None;
+    for (k, a, b) in spans {
+        match open {
+            Some((ok, oa, ob)) if ok == k && a <= ob => open = Some((ok, oa, ob.max(b))),
+            _ => {
+                if let Some((ok, oa, ob)) = open.replace((k, a, b)) {
+                    add_span(&mut out, ok, ob - oa);
+                }
+            }
+        }
+    }
+    if let Some((ok, oa, ob)) = open {
+        add_span(&mut out, ok, ob - oa);
+    }
+    out
+}
+
+fn add_span(out: &mut Vec<(u64, u64)>, key: u64, us: u64) {
+    match out.iter_mut().find(|(k, _)| *k == key) {
+        Some(e) => e.1 += us * 1000,
+        None => out.push((key, us * 1000)),
     }
 }
 
@@ -393,7 +464,7 @@ fn feed_held(uuid: &str, key: u64, holds: bool) {
 fn take_debits(uuid: &str) -> Vec<(u64, i64)> {
     let mut f = feed();
     let mut out = Vec::new();
-    f.debits.retain(|(u, k, ns)| {
+    f.debits.retain(|(u, k), ns| {
         if u == uuid {
             out.push((*k, *ns));
             false
@@ -432,6 +503,8 @@ pub fn start(ledgers: Vec<Arc<Ledger>>) -> std::io::Result<Handle> {
                 active_at: now,
                 running_seq: 0,
                 tenure_first: 0,
+                holder_key: 0,
+                suspects: HashMap::new(),
                 last_refill: now,
             };
             feed_gpu(&g.ledger.uuid());
@@ -532,7 +605,9 @@ impl Sched {
                     .map(|(f, _)| *f)
                     .collect();
                 for f in old {
-                    self.parts.remove(&f);
+                    if let Some(q) = self.parts.remove(&f) {
+                        self.account(&q);
+                    }
                 }
                 self.parts.insert(fd, p);
             }
@@ -546,26 +621,37 @@ impl Sched {
         }
     }
 
-    /// A packet, or the end, on a scheduling connection.
+    /// Packets, or the end, on a scheduling connection. At most
+    /// [`RUNG_MAX`] packets a turn: a process that floods its connection
+    /// cannot keep the thread from its decisions (the rest wake the next
+    /// turn: the epoll set is level-triggered).
     fn rung(&mut self, fd: RawFd) {
         let mut buf = [0u8; 16];
-        loop {
+        for _ in 0..RUNG_MAX {
             // SAFETY: `buf` holds that many writable bytes.
             let n =
                 unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
             if n > 0 {
                 continue;
             }
-            let ended =
-                n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::WouldBlock;
+            let e = std::io::Error::last_os_error();
+            let ended = n == 0
+                || !matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                );
             if ended {
-                // The process ended: its place goes (closing the descriptor
-                // takes it out of the epoll set).
-                if let Some(p) = self.parts.remove(&fd) {
-                    self.account(&p);
-                }
+                self.drop_participant(fd);
             }
             return;
+        }
+    }
+
+    /// The process of connection `fd` ended (or is no longer placed): its
+    /// place goes (closing the descriptor takes it out of the epoll set).
+    fn drop_participant(&mut self, fd: RawFd) {
+        if let Some(p) = self.parts.remove(&fd) {
+            self.account(&p);
         }
     }
 
@@ -584,6 +670,18 @@ impl Sched {
     fn step(&mut self, gi: usize, now: u64) -> u64 {
         let ledger = self.gpus[gi].ledger.clone();
         let f = ledger.file();
+        // A process whose memory connection ended (its slot given back,
+        // maybe to another container since) is scheduled no more: its
+        // connection closes, and its gate attaches anew.
+        let gone: Vec<RawFd> = self
+            .parts
+            .iter()
+            .filter(|(_, p)| p.gpu == gi && !p.still_placed(f))
+            .map(|(fd, _)| *fd)
+            .collect();
+        for fd in gone {
+            self.drop_participant(fd);
+        }
         let k = cgpu_ledger::words::knobs(f);
         let mut wants = [false; MAX_CONTAINERS];
         let mut holder_busy = false;
@@ -666,33 +764,31 @@ impl Sched {
                 };
                 let tenure = (g.tenure_first, g.running_seq);
                 let waited = now.saturating_sub(g.drain_since);
-                let pending = |p: &Participant| {
-                    p.gpu == gi
-                        && p.container == h
-                        && p.undrained(tenure)
-                        && waited
-                            < if now < p.suspect_until {
-                                SUSPECT_LIMIT_NS
-                            } else {
-                                DRAIN_LIMIT_NS
-                            }
+                // A container a drain gave up on lately is waited for
+                // briefly (whatever connection its processes come back on).
+                let limit = match g.suspects.get(&g.holder_key) {
+                    Some(&until) if now < until => SUSPECT_LIMIT_NS,
+                    _ => DRAIN_LIMIT_NS,
                 };
-                if self.parts.values().any(pending) {
+                let pending = self
+                    .parts
+                    .values()
+                    .any(|p| p.gpu == gi && p.container == h && p.undrained(tenure));
+                if pending && waited < limit {
                     return WATCH_NS;
                 }
-                let mut late = false;
-                for p in self.parts.values_mut() {
-                    if p.gpu == gi && p.container == h && p.undrained(tenure) {
-                        // Given up on: suspect for a while.
-                        late |= now >= p.suspect_until;
-                        p.suspect_until = now + SUSPECT_NS;
+                if pending {
+                    let g = &mut self.gpus[gi];
+                    let was = g.suspects.insert(g.holder_key, now + SUSPECT_NS);
+                    g.suspects.retain(|_, until| *until > now);
+                    if was.is_none_or(|until| until <= now) {
+                        eprintln!(
+                            "cgpu-agent: GPU {gi}: a process of container slot {h} did not drain within {} ms: the GPU changes hands anyway; its container's drains are waited for at most {} ms for {} s",
+                            waited / 1_000_000,
+                            SUSPECT_LIMIT_NS / 1_000_000,
+                            SUSPECT_NS / 1_000_000_000
+                        );
                     }
-                }
-                if late {
-                    eprintln!(
-                        "cgpu-agent: GPU {gi}: a process of container slot {h} did not drain within {} ms: the GPU changes hands anyway",
-                        DRAIN_LIMIT_NS / 1_000_000
-                    );
                 }
                 self.charge_and_decide(gi, now, Some(h), &wants);
                 0
@@ -767,6 +863,10 @@ impl Sched {
         let f = ledger.file();
         let k = cgpu_ledger::words::knobs(f);
         let mut charge = None;
+        // A holder's row reused by another container since its slice was
+        // granted: nobody is charged for it.
+        let holder =
+            holder.filter(|&h| f.containers[h].key.load(Acquire) == self.gpus[gi].holder_key);
         if let Some(h) = holder {
             let g = &self.gpus[gi];
             let held = now
@@ -822,7 +922,14 @@ impl Sched {
             };
         }
         let g = &mut self.gpus[gi];
-        let d = decide(&k, now, g.last_refill, charge, &mut es);
+        // Debt down to the longest a holder can be charged (its longest
+        // slice and a drain given up on): a container that makes the GPU
+        // wait for its drain pays for all of it.
+        let mut params = Params::for_knobs(&k);
+        params.floor_ns = params
+            .floor_ns
+            .min(-((8 * params.slice_ns + DRAIN_LIMIT_NS) as i64));
+        let d = decide_with(&k, &params, now, g.last_refill, charge, &mut es);
         g.last_refill = now;
         g.g(gw::LAST_REFILL).store(now, Relaxed);
         for (s, e) in f.containers.iter().zip(&es) {
@@ -849,6 +956,7 @@ impl Sched {
                 if !(t.state == RUNNING && t.holder == Some(c)) {
                     g.tenure_first = next.seq;
                 }
+                g.holder_key = f.containers[c].key.load(Acquire);
                 g.running_seq = next.seq;
                 g.publish(next);
             }

@@ -794,7 +794,15 @@ impl Server {
         else {
             return refuse(self, Status::NoGpu);
         };
-        let Some(peer) = self.conns.get(&fd).and_then(|c| c.peer.clone()) else {
+        let Some(conn) = self.conns.get(&fd) else {
+            return;
+        };
+        // A scheduling connection carries nothing else: one that joined a
+        // GPU keeps its memberships on this loop (closed with them).
+        if !conn.joined.is_empty() {
+            return refuse(self, Status::BadRequest);
+        }
+        let Some(peer) = conn.peer.clone() else {
             return refuse(self, Status::Unknown);
         };
         if start_time(peer.pid) != Some(peer.start) {
@@ -819,6 +827,9 @@ impl Server {
         let Some(h) = self.sched.clone().filter(|h| h.alive()) else {
             return refuse(self, Status::Unknown);
         };
+        let key_now = self.gpus[g].ledger.file().containers[container]
+            .key
+            .load(std::sync::atomic::Ordering::Acquire);
         let made = page::create("cgpu-sched").and_then(|pf| {
             let pg = page::map(pf.as_raw_fd())?;
             let c = &self.gpus[g].ledger.file().containers[container];
@@ -865,7 +876,7 @@ impl Server {
         h.add(sched::Participant::new(
             owned,
             g,
-            (container, process),
+            (container, process, key_now),
             peer.pid,
             pg,
         ));
@@ -1165,8 +1176,10 @@ pub fn client(sock: &Path) -> i32 {
     // Connected at the first command that needs it (and again after
     // `reconnect`), so that the process can be placed first.
     let mut fd: Option<i32> = None;
-    // A scheduling page the agent handed over (`sched`), kept mapped.
+    // A scheduling page the agent handed over (`sched`), kept mapped, and
+    // its connection and the container slot it names.
     let mut page: Option<&'static page::Page> = None;
+    let mut sched: Option<(i32, u32)> = None;
     for line in stdin.lock().lines() {
         let Ok(line) = line else { break };
         let w: Vec<&str> = line.split_whitespace().collect();
@@ -1179,7 +1192,7 @@ pub fn client(sock: &Path) -> i32 {
         }
         let needs = matches!(
             w.first(),
-            Some(&("hello" | "reserve" | "release" | "raw" | "reconnect" | "bench"))
+            Some(&("hello" | "reserve" | "release" | "raw" | "reconnect" | "bench" | "sched-here"))
         );
         if needs && fd.is_none() {
             match connect_to(sock) {
@@ -1257,36 +1270,79 @@ pub fn client(sock: &Path) -> i32 {
                     ns[ns.len() - 1]
                 )
             }
-            ["sched", gpu] => match connect_to(sock) {
-                // A scheduling connection of its own, kept open.
-                Ok(x) => {
+            ["sched", gpu] => {
+                let (text, got) = sched_attach(sock, seq, gpu);
+                if let Some((x, p, c)) = got {
                     extra.push(x);
-                    let r = Request::new(Op::Sched, seq, gpu, 0).map(|r| r.encode());
-                    let sent = r.is_some_and(|b| {
-                        // SAFETY: `b` holds that many bytes.
-                        let n = unsafe {
-                            libc::send(x, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL)
-                        };
-                        n == b.len() as isize
-                    });
-                    let mut b = [0u8; 256];
-                    match page::recv_fds(x, &mut b) {
-                        Ok((n, fds)) if sent && n > 0 => {
-                            let reply = Reply::decode(&b[..n.min(b.len())])
-                                .map(|r| format!("{:?} container={}", r.status, r.container))
-                                .unwrap_or_else(|e| format!("error {e}"));
-                            let mapped = fds.first().and_then(|f| {
-                                page::is_sealed_page(f.as_raw_fd())
-                                    .then(|| page::map(f.as_raw_fd()).ok())
-                                    .flatten()
-                            });
-                            page = mapped.or(page);
-                            format!("sched {reply} page={}", mapped.is_some())
+                    sched = Some((x, c));
+                    page = Some(p);
+                }
+                text
+            }
+            // `Sched` on the connection that said `Hello` (refused).
+            ["sched-here", gpu] => exchange_req(c, Op::Sched, seq, gpu, 0),
+            ["ring", n] => match sched {
+                // `n` wake-up packets as fast as they go (a flood).
+                Some((x, _)) => {
+                    let n: u64 = n.parse().unwrap_or(1);
+                    let mut sent = 0u64;
+                    for _ in 0..n {
+                        // SAFETY: our connection; one byte from a live buffer.
+                        let r =
+                            unsafe { libc::send(x, [1u8].as_ptr().cast(), 1, libc::MSG_NOSIGNAL) };
+                        sent += u64::from(r == 1);
+                    }
+                    format!("rang {sent}")
+                }
+                None => "error no sched".to_string(),
+            },
+            ["stall", gpu, ms, every] => match (sched, page) {
+                // For `ms`: always wants the GPU and, whenever its
+                // container holds it, says it launched in that slice and
+                // never drains; takes a fresh scheduling connection every
+                // `every` ms (a hostile process).
+                (Some((_, mut container)), Some(mut p)) => {
+                    let ms: u64 = ms.parse().unwrap_or(0);
+                    let every = Duration::from_millis(every.parse().unwrap_or(500));
+                    let dir = sock.parent().unwrap_or(Path::new("/"));
+                    match Ledger::open_read_only(&Ledger::live_path(dir, gpu)) {
+                        Ok(l) => {
+                            let t0 = Instant::now();
+                            let mut fresh = Instant::now();
+                            let mut again = 0;
+                            while t0.elapsed() < Duration::from_millis(ms) {
+                                let t = cgpu_ledger::words::Token::unpack(
+                                    l.file().header.sched[cgpu_ledger::words::gpu::TOKEN]
+                                        .load(std::sync::atomic::Ordering::Acquire),
+                                );
+                                // It always wants the GPU.
+                                p.w(page::word::WANTS)
+                                    .store(1, std::sync::atomic::Ordering::SeqCst);
+                                if t.state == cgpu_ledger::words::RUNNING
+                                    && t.holder == Some(container as usize)
+                                {
+                                    p.w(page::word::LAUNCHED).store(
+                                        u64::from(t.seq),
+                                        std::sync::atomic::Ordering::SeqCst,
+                                    );
+                                }
+                                if fresh.elapsed() >= every {
+                                    fresh = Instant::now();
+                                    if let (_, Some((x, np, c))) = sched_attach(sock, seq, gpu) {
+                                        extra.push(x);
+                                        p = np;
+                                        container = c;
+                                        again += 1;
+                                    }
+                                }
+                                std::thread::sleep(Duration::from_micros(200));
+                            }
+                            format!("stalled reconnected={again}")
                         }
-                        _ => "sched closed".to_string(),
+                        Err(e) => format!("error {e}"),
                     }
                 }
-                Err(e) => format!("error connect: {e}"),
+                _ => "error no sched".to_string(),
             },
             ["scribble", n] => match page {
                 // Garbage in every word of its own page, `n` rounds (a
@@ -1359,6 +1415,52 @@ fn lock_read(path: &str) -> std::io::Result<i32> {
         return Err(e);
     }
     Ok(fd)
+}
+
+/// `Sched` on a new connection: the answer line, and the connection, its
+/// page (mapped, leaked) and the container slot it names when granted.
+fn sched_attach(
+    sock: &Path,
+    seq: u64,
+    gpu: &str,
+) -> (String, Option<(i32, &'static page::Page, u32)>) {
+    let x = match connect_to(sock) {
+        Ok(x) => x,
+        Err(e) => return (format!("error connect: {e}"), None),
+    };
+    let r = Request::new(Op::Sched, seq, gpu, 0).map(|r| r.encode());
+    let sent = r.is_some_and(|b| {
+        // SAFETY: `b` holds that many bytes.
+        let n = unsafe { libc::send(x, b.as_ptr().cast(), b.len(), libc::MSG_NOSIGNAL) };
+        n == b.len() as isize
+    });
+    let mut b = [0u8; 256];
+    let (text, got) = match page::recv_fds(x, &mut b) {
+        Ok((n, fds)) if sent && n > 0 => {
+            let reply = Reply::decode(&b[..n.min(b.len())]);
+            let mapped = fds.first().and_then(|f| page::map(f.as_raw_fd()).ok());
+            let text = match &reply {
+                Ok(r) => format!(
+                    "sched {:?} container={} page={}",
+                    r.status,
+                    r.container,
+                    mapped.is_some()
+                ),
+                Err(e) => format!("sched error {e}"),
+            };
+            let got = match (reply, mapped) {
+                (Ok(r), Some(p)) if r.status == Status::Ok => Some((x, p, r.container)),
+                _ => None,
+            };
+            (text, got)
+        }
+        _ => ("sched closed".to_string(), None),
+    };
+    if got.is_none() {
+        // SAFETY: our descriptor, not kept.
+        unsafe { libc::close(x) };
+    }
+    (text, got)
 }
 
 fn exchange_req(fd: i32, op: Op, seq: u64, gpu: &str, bytes: u64) -> String {

@@ -75,8 +75,21 @@ pub fn decide(
     charge: Option<(usize, u64)>,
     es: &mut [Entry],
 ) -> Decision {
+    decide_with(k, &Params::for_knobs(k), now, last_refill, charge, es)
+}
+
+/// [`decide`] with bucket bounds of the caller's (the node agent carries
+/// more debt: a drain it gave up on is charged in full).
+pub fn decide_with(
+    k: &Knobs,
+    p: &Params,
+    now: u64,
+    last_refill: u64,
+    charge: Option<(usize, u64)>,
+    es: &mut [Entry],
+) -> Decision {
     assert!(es.len() <= MAX_CONTAINERS);
-    let p = Params::for_knobs(k);
+    let p = *p;
     let holder = charge.map(|(c, _)| c);
     let mut ms = [Member::default(); MAX_CONTAINERS];
     for (i, e) in es.iter().enumerate() {

@@ -93,8 +93,15 @@ pub fn create(name: &str) -> io::Result<OwnedFd> {
 }
 
 /// Map a page read-write, shared. The mapping lives for the process's life
-/// (the caller leaks it) or until [`unmap`].
+/// (the caller leaks it) or until [`unmap`]. Only a sealed page
+/// ([`is_sealed_page`]) is mapped: a shorter file would fault on access.
 pub fn map(fd: RawFd) -> io::Result<&'static Page> {
+    if !is_sealed_page(fd) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a sealed scheduling page",
+        ));
+    }
     // SAFETY: a fresh shared mapping of PAGE_LEN bytes of a descriptor the
     // caller holds; the kernel picks the address.
     let p = unsafe {

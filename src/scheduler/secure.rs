@@ -15,9 +15,13 @@
 //!   for launches in flight, synchronises its contexts and writes
 //!   `DRAINED`, then rings.
 //!
-//! A process the agent cannot place (no scheduling in that agent, the
-//! process not placed on the GPU yet) launches unscheduled and tries again
-//! a second later; the reason is said once.
+//! Attaching (asking the agent for the page) is done by a thread of its
+//! own, never by a launching thread: launches pass unscheduled until the
+//! gate is there. A process the agent cannot place (no scheduling in that
+//! agent, the process not placed on the GPU yet) is asked for again a
+//! second later; the reason is said once. A gate whose agent went away
+//! (its connection ended) or stopped answering (its beat in the ledger
+//! older than 2 s) lets launches pass unscheduled.
 
 use super::contexts::Contexts;
 use super::gate::DriverOps;
@@ -77,6 +81,8 @@ pub struct SecureGate {
     /// The scheduling connection ended (the agent went away): launches
     /// pass unscheduled until a new gate is attached.
     dead: AtomicBool,
+    /// When a waiting thread last rang (monotonic ns).
+    rung_at: AtomicU64,
 }
 
 impl SecureGate {
@@ -96,14 +102,16 @@ impl SecureGate {
     #[inline]
     fn admit(&self) -> bool {
         self.in_launch.fetch_add(1, SeqCst);
+        // `SLICE_OF` before the token: whoever wrote it wrote `LAUNCHED`
+        // first, so the agent, which publishes DRAINING before it reads
+        // `LAUNCHED`, sees it if this thread sees the slice still running.
+        let of = self.w(pw::SLICE_OF).load(Acquire);
         let w = self.token().load(SeqCst);
-        if (w >> 32) as u32 == self.running_hi {
-            let seq = u64::from(w as u32);
-            if self.w(pw::SLICE_OF).load(Relaxed) == seq
-                && self.w(pw::SLICE_LAUNCHES).fetch_add(1, Relaxed) < self.allow()
-            {
-                return true;
-            }
+        if (w >> 32) as u32 == self.running_hi
+            && of == u64::from(w as u32)
+            && self.w(pw::SLICE_LAUNCHES).fetch_add(1, Relaxed) < self.allow()
+        {
+            return true;
         }
         self.in_launch.fetch_sub(1, SeqCst);
         self.admit_slow()
@@ -129,7 +137,6 @@ impl SecureGate {
     #[inline(never)]
     fn admit_slow(&self) -> bool {
         let mut since: Option<u64> = None;
-        let mut rang: Option<u64> = None;
         let admitted = loop {
             if self.stop.load(Acquire) || self.dead.load(Acquire) {
                 break false;
@@ -141,16 +148,17 @@ impl SecureGate {
             let w = self.token().load(SeqCst);
             if (w >> 32) as u32 == self.running_hi {
                 let seq = u64::from(w as u32);
-                if self.w(pw::SLICE_OF).load(Relaxed) != seq {
+                if self.w(pw::SLICE_OF).load(Acquire) != seq {
                     // My first launch in this slice: record the context,
-                    // say so (the drain's condition), then check that the
-                    // slice did not end meanwhile (the agent publishes
-                    // DRAINING before it reads `LAUNCHED`: one of the two
-                    // sees the other).
+                    // say so (the drain's condition: `LAUNCHED`, before
+                    // the slice's `SLICE_OF` that other threads' fast path
+                    // reads), then check that the slice did not end
+                    // meanwhile (the agent publishes DRAINING before it
+                    // reads `LAUNCHED`: one of the two sees the other).
                     self.ctxs.register();
-                    self.w(pw::SLICE_LAUNCHES).store(0, Relaxed);
-                    self.w(pw::SLICE_OF).store(seq, Relaxed);
                     self.w(pw::LAUNCHED).store(seq, SeqCst);
+                    self.w(pw::SLICE_LAUNCHES).store(0, Relaxed);
+                    self.w(pw::SLICE_OF).store(seq, Release);
                 }
                 if self.token().load(SeqCst) == w
                     && self.w(pw::SLICE_LAUNCHES).fetch_add(1, Relaxed) < self.allow()
@@ -160,25 +168,34 @@ impl SecureGate {
             }
             self.in_launch.fetch_sub(1, SeqCst);
             let now = now_ns();
+            let mut first_wait = false;
             if since.is_none() {
                 since = Some(now);
-                self.w(pw::WANTS).fetch_add(1, SeqCst);
+                first_wait = self.w(pw::WANTS).fetch_add(1, SeqCst) == 0;
             }
             let beat = self.ledger.file().header.sched[gw::AGENT_BEAT].load(Acquire);
             if beat != 0 && now.saturating_sub(beat) > AGENT_STALE_NS {
                 say_stale();
                 break false;
             }
-            // Ring when starting to wait, and again when a whole wait
-            // passed with the token unchanged (the agent may have slept
-            // through the first).
-            if rang != Some(w) {
+            // Ring when the process starts to want the GPU, and at most
+            // every `WAIT_NS` per process while it waits (the agent may
+            // have slept through the first): never once per waiting
+            // thread per change of the token.
+            if first_wait || now.saturating_sub(self.rung_at.load(Relaxed)) >= WAIT_NS {
+                self.rung_at.store(now, Relaxed);
                 self.ring();
-                rang = Some(w);
-            } else {
-                rang = None;
             }
-            futex_wait(self.token(), w as u32, WAIT_NS);
+            // Until the token changes or `WAIT_NS` passed: a wake-up with
+            // the token unchanged (anyone may wake the word) sleeps on.
+            let deadline = now + WAIT_NS;
+            loop {
+                let left = deadline.saturating_sub(now_ns());
+                if left == 0 || self.token().load(Acquire) != w {
+                    break;
+                }
+                futex_wait(self.token(), w as u32, left);
+            }
         };
         if let Some(t0) = since {
             self.w(pw::WANTS).fetch_sub(1, SeqCst);
@@ -295,12 +312,12 @@ fn gate() -> *const SecureGate {
         v => v == 1,
     };
     if !several {
-        return usable(ONE.load(Acquire)).unwrap_or_else(|| attach(MAX_DEVS, None));
+        return usable(ONE.load(Acquire)).unwrap_or_else(|| request(MAX_DEVS, None));
     }
     let Some(dev) = current_device() else {
         return std::ptr::null();
     };
-    usable(PER_DEV[dev].load(Acquire)).unwrap_or_else(|| attach(dev, Some(dev)))
+    usable(PER_DEV[dev].load(Acquire)).unwrap_or_else(|| request(dev, Some(dev)))
 }
 
 /// `Some(p)` when `p` is a live gate of this fork generation; `Some(null)`
@@ -333,18 +350,21 @@ fn current_device() -> Option<usize> {
     usize::try_from(dev).ok().filter(|&d| d < MAX_DEVS)
 }
 
-/// Attach to the scheduler of device `dev` (`None`: the current context's,
-/// one GPU) unless an attempt failed less than [`RETRY_NS`] ago.
+/// Ask the attacher thread to attach gate `slot` (a device index, or
+/// [`MAX_DEVS`] for the one GPU of a process that sees one) to the
+/// scheduler of device `dev` (`None`: the calling thread's context's),
+/// unless an attempt began less than [`RETRY_NS`] ago. The launch passes
+/// unscheduled meanwhile: the calling thread never waits for the agent.
 #[cold]
 #[inline(never)]
-fn attach(slot: usize, dev: Option<usize>) -> *const SecureGate {
+fn request(slot: usize, dev: Option<usize>) -> *const SecureGate {
     let now = now_ns();
     let generation = fork::generation();
     let next = NEXT_TRY[slot].load(Acquire);
     if TRY_GEN[slot].load(Acquire) == generation && now < next {
         return std::ptr::null();
     }
-    // One thread tries; others launch unscheduled meanwhile.
+    // One thread asks; others launch unscheduled meanwhile.
     if NEXT_TRY[slot]
         .compare_exchange(next, now + RETRY_NS, AcqRel, Acquire)
         .is_err()
@@ -352,12 +372,59 @@ fn attach(slot: usize, dev: Option<usize>) -> *const SecureGate {
         return std::ptr::null();
     }
     TRY_GEN[slot].store(generation, Release);
-    let r = std::panic::catch_unwind(|| -> Result<&'static SecureGate, String> {
-        let gpu = match dev {
-            Some(d) => crate::memory::cuda_gpu(d as i32),
-            None => crate::memory::current_gpu(),
+    let Some(dev) = dev.or_else(current_device) else {
+        return std::ptr::null();
+    };
+    REQUEST[slot].store(dev as i32 + 1, Release);
+    wake_attacher(generation);
+    std::ptr::null()
+}
+
+/// Attach requests: per gate slot, the device + 1 (0: none).
+static REQUEST: [AtomicI32; MAX_DEVS + 1] = [const { AtomicI32::new(0) }; MAX_DEVS + 1];
+
+/// The attacher thread of this fork generation (started at the first
+/// request), woken by each request.
+fn wake_attacher(generation: u64) {
+    static ATTACHER: parking_lot::Mutex<Option<(u64, std::thread::Thread)>> =
+        parking_lot::Mutex::new(None);
+    let mut a = ATTACHER.lock();
+    match &*a {
+        Some((g, t)) if *g == generation => t.unpark(),
+        _ => {
+            match std::thread::Builder::new()
+                .name("cgpu-attach".into())
+                .spawn(move || attacher_loop(generation))
+            {
+                Ok(h) => *a = Some((generation, h.thread().clone())),
+                Err(e) => say_once(&format!("cannot start the attaching thread: {e}")),
+            }
         }
-        .ok_or("no GPU of this process's context is accounted")?;
+    }
+}
+
+/// Attach what is asked for, until the process exits or forks away.
+fn attacher_loop(generation: u64) {
+    while generation == fork::current() && !EXITING.load(Acquire) {
+        for (slot, req) in REQUEST.iter().enumerate() {
+            let r = req.swap(0, AcqRel);
+            if r > 0 {
+                attach(slot, r as usize - 1);
+            }
+        }
+        std::thread::park_timeout(Duration::from_secs(1));
+    }
+}
+
+/// Set at exit: nothing is attached any more.
+static EXITING: AtomicBool = AtomicBool::new(false);
+
+/// Attach gate `slot` to the scheduler of device `dev` (on the attacher
+/// thread: it may wait for the agent).
+fn attach(slot: usize, dev: usize) {
+    let r = std::panic::catch_unwind(|| -> Result<&'static SecureGate, String> {
+        let gpu = crate::memory::cuda_gpu(dev as i32)
+            .ok_or("no GPU of this process's context is accounted")?;
         let (sock, uuid, ledger) = gpu
             .secure_sched()
             .ok_or("the node agent has not placed this process on the GPU yet")?;
@@ -365,24 +432,18 @@ fn attach(slot: usize, dev: Option<usize>) -> *const SecureGate {
         let ledger: &'static Ledger = unsafe { &*(ledger as *const Ledger) };
         make(&sock, uuid, ledger)
     });
-    let target = match dev {
-        Some(d) => &PER_DEV[d],
-        None => &ONE,
+    let target = if slot == MAX_DEVS {
+        &ONE
+    } else {
+        &PER_DEV[slot]
     };
     match r {
         Ok(Ok(g)) => {
             target.store(g as *const SecureGate as *mut SecureGate, Release);
             tracing::debug!("cgpu: compute scheduling on (by the node agent)");
-            g
         }
-        Ok(Err(why)) => {
-            say_once(&why);
-            std::ptr::null()
-        }
-        Err(_) => {
-            say_once("the scheduler's attach panicked");
-            std::ptr::null()
-        }
+        Ok(Err(why)) => say_once(&why),
+        Err(_) => say_once("the scheduler's attach panicked"),
     }
 }
 
@@ -466,12 +527,17 @@ fn make(
         ctxs: Contexts::new(drv),
         stop: AtomicBool::new(false),
         dead: AtomicBool::new(false),
+        rung_at: AtomicU64::new(0),
     }));
     std::thread::Builder::new()
         .name("cgpu-sched".into())
         .spawn(move || g.helper_loop())
         .map_err(|e| {
             g.stop.store(true, Release);
+            let fd = g.conn.swap(-1, AcqRel);
+            // SAFETY: our descriptor, published only in this gate, which
+            // is never used (it was not stored anywhere).
+            unsafe { libc::close(fd) };
             format!("cannot start the scheduler's thread: {e}")
         })?;
     super::register_handlers();
@@ -490,6 +556,7 @@ fn each(mut f: impl FnMut(&SecureGate)) {
 
 /// At exit: stop holding launches back and stop the helpers.
 pub(super) fn detach() {
+    EXITING.store(true, Release);
     each(|g| g.stop.store(true, Release));
 }
 
@@ -553,6 +620,7 @@ pub fn gate_for_bench(
         ctxs: Contexts::new(drv),
         stop: AtomicBool::new(false),
         dead: AtomicBool::new(false),
+        rung_at: AtomicU64::new(0),
     }))
 }
 
