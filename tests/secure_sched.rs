@@ -121,17 +121,33 @@ impl Host {
             .expect("the container's row")
     }
 
+    /// A process of each container of `which` (`true`: under the library)
+    /// keeping 1 ms kernels queued for `ms`, each ready (placed by the
+    /// agent: its allocation said Hello).
+    fn busy(&self, which: &[(usize, bool)], ms: u64) -> Vec<Kid> {
+        let a = busy(ms);
+        let mut kids: Vec<Kid> = which
+            .iter()
+            .map(|&(i, lib)| self.run_in(i, &args(&a), lib))
+            .collect();
+        for k in &mut kids {
+            assert!(k.line().starts_with("init ok"));
+            assert!(k.line().starts_with("alloc ok"));
+            assert_eq!(k.line(), "ready");
+        }
+        kids
+    }
+
+    /// The GPU's ledger, with its policy set to `policy` first.
+    fn with_policy(&self, policy: u32) -> Ledger {
+        let l = self.ledger();
+        Ledger::open(l.path()).unwrap().set_policy(policy).unwrap();
+        l
+    }
+
     /// A cuclient of container `i` running `args`, as the tenant uid, in
-    /// the container's cgroup before its first CUDA call.
-    fn tenant(&self, i: usize, args: &[&str]) -> Kid {
-        self.run_in(i, args, true)
-    }
-
-    /// The same without the library (a program that unset `LD_PRELOAD`).
-    fn bypass(&self, i: usize, args: &[&str]) -> Kid {
-        self.run_in(i, args, false)
-    }
-
+    /// the container's cgroup before its first CUDA call; `preload`: under
+    /// the library (else a program that unset `LD_PRELOAD`).
     fn run_in(&self, i: usize, args: &[&str], preload: bool) -> Kid {
         let go = self.m.root.join(format!("go-{i}-{}-{preload}", args.len()));
         let exe = cgpu_testkit::cuclient(LinkMode::Link);
@@ -215,17 +231,13 @@ fn slices(l: &Ledger, slots: &[usize]) -> (Vec<u64>, u64) {
 #[test]
 fn weights_one_to_two_hold_with_the_agent_holding_the_token() {
     let h = Host::new("weights", &[1, 2]);
-    let a = busy(12_000);
-    let mut ka = h.tenant(0, &args(&a));
-    let mut kb = h.tenant(1, &args(&a));
-    for k in [&mut ka, &mut kb] {
-        assert!(k.line().starts_with("init ok"));
-        assert!(k.line().starts_with("alloc ok"));
-        assert_eq!(k.line(), "ready");
-    }
-    let l = h.ledger();
+    let [ka, kb]: [Kid; 2] = h
+        .busy(&[(0, true), (1, true)], 12_000)
+        .try_into()
+        .ok()
+        .unwrap();
     // Weighted preemptive (the weights' shares while both are busy).
-    Ledger::open(l.path()).unwrap().set_policy(2).unwrap();
+    let l = h.with_policy(2);
     std::thread::sleep(Duration::from_millis(1500));
     let slots = [h.slot(&l, 0), h.slot(&l, 1)];
     let (s0, g0) = slices(&l, &slots);
@@ -256,16 +268,12 @@ fn weights_one_to_two_hold_with_the_agent_holding_the_token() {
 #[test]
 fn a_holder_killed_never_leaves_the_other_container_waiting() {
     let h = Host::new("killed", &[1, 1]);
-    let a = busy(20_000);
-    let mut ka = h.tenant(0, &args(&a));
-    let mut kb = h.tenant(1, &args(&a));
-    for k in [&mut ka, &mut kb] {
-        assert!(k.line().starts_with("init ok"));
-        assert!(k.line().starts_with("alloc ok"));
-        assert_eq!(k.line(), "ready");
-    }
-    let l = h.ledger();
-    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    let [mut ka, kb]: [Kid; 2] = h
+        .busy(&[(0, true), (1, true)], 20_000)
+        .try_into()
+        .ok()
+        .unwrap();
+    let l = h.with_policy(1);
     std::thread::sleep(Duration::from_millis(1000));
     // Kill A while it holds the GPU (or is about to: either way its
     // connection ends mid-slice or mid-drain).
@@ -306,11 +314,7 @@ fn a_holder_killed_never_leaves_the_other_container_waiting() {
 #[test]
 fn launches_never_hang_while_the_agent_restarts_and_are_scheduled_again_after() {
     let mut h = Host::new("restart", &[1]);
-    let a = busy(30_000);
-    let mut ka = h.tenant(0, &args(&a));
-    assert!(ka.line().starts_with("init ok"));
-    assert!(ka.line().starts_with("alloc ok"));
-    assert_eq!(ka.line(), "ready");
+    let [ka]: [Kid; 1] = h.busy(&[(0, true)], 30_000).try_into().ok().unwrap();
     let slot = {
         let l = h.ledger();
         let c = h.slot(&l, 0);
@@ -352,16 +356,12 @@ fn launches_never_hang_while_the_agent_restarts_and_are_scheduled_again_after() 
 #[test]
 fn a_holder_stopped_loses_its_turn_and_the_other_runs_alone() {
     let h = Host::new("stopped", &[1, 1]);
-    let a = busy(20_000);
-    let mut ka = h.tenant(0, &args(&a));
-    let mut kb = h.tenant(1, &args(&a));
-    for k in [&mut ka, &mut kb] {
-        assert!(k.line().starts_with("init ok"));
-        assert!(k.line().starts_with("alloc ok"));
-        assert_eq!(k.line(), "ready");
-    }
-    let l = h.ledger();
-    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    let [ka, kb]: [Kid; 2] = h
+        .busy(&[(0, true), (1, true)], 20_000)
+        .try_into()
+        .ok()
+        .unwrap();
+    let l = h.with_policy(1);
     let (slot_a, slot_b) = (h.slot(&l, 0), h.slot(&l, 1));
     let token =
         || cgpu::scheduler::words::Token::unpack(l.file().header.sched[gw::TOKEN].load(Acquire));
@@ -408,17 +408,12 @@ fn device_time_outside_the_slices_is_charged_to_its_container() {
     // quarter of the GPU); charged to A and given back to B, each
     // container gets about half.
     let h = Host::new("outside", &[1, 1]);
-    let a = busy(30_000);
-    let mut la = h.tenant(0, &args(&a));
-    let mut lb = h.tenant(1, &args(&a));
-    let mut x = h.bypass(0, &args(&a));
-    for k in [&mut la, &mut lb, &mut x] {
-        assert!(k.line().starts_with("init ok"));
-        assert!(k.line().starts_with("alloc ok"));
-        assert_eq!(k.line(), "ready");
-    }
-    let l = h.ledger();
-    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    let [la, lb, x]: [Kid; 3] = h
+        .busy(&[(0, true), (1, true), (0, false)], 30_000)
+        .try_into()
+        .ok()
+        .unwrap();
+    h.with_policy(1);
     // The agent's passes (every second) feed the device's time in; the
     // buckets settle within a few seconds.
     let mut t0 = h.device_time(&[&la, &x, &lb]);
@@ -474,16 +469,12 @@ fn a_process_scribbling_on_its_page_moves_only_its_own_container() {
     assert_eq!(a.ask(&format!("reserve {uuid} 4096")).status, "Ok");
     let s = a.cmd(&format!("sched {uuid}"));
     assert!(s.starts_with("sched Ok") && s.ends_with("page=true"), "{s}");
-    let b = busy(30_000);
-    let mut kb = h.tenant(1, &args(&b));
-    let mut kc = h.tenant(2, &args(&b));
-    for k in [&mut kb, &mut kc] {
-        assert!(k.line().starts_with("init ok"));
-        assert!(k.line().starts_with("alloc ok"));
-        assert_eq!(k.line(), "ready");
-    }
-    let l = h.ledger();
-    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    let [kb, kc]: [Kid; 2] = h
+        .busy(&[(1, true), (2, true)], 30_000)
+        .try_into()
+        .ok()
+        .unwrap();
+    let l = h.with_policy(1);
     let slots = [h.slot(&l, 0), h.slot(&l, 1), h.slot(&l, 2)];
     // Scribbling from now on, in the background.
     a.send("scribble 20000");
@@ -522,16 +513,12 @@ fn a_hung_agent_never_leaves_a_waiting_launch_waiting_for_good() {
     // container holds the GPU and the other waits: the waiting one goes on
     // unscheduled once the agent's beat is 2 s old.
     let h = Host::new("hung", &[1, 1]);
-    let a = busy(30_000);
-    let mut ka = h.tenant(0, &args(&a));
-    let mut kb = h.tenant(1, &args(&a));
-    for k in [&mut ka, &mut kb] {
-        assert!(k.line().starts_with("init ok"));
-        assert!(k.line().starts_with("alloc ok"));
-        assert_eq!(k.line(), "ready");
-    }
-    let l = h.ledger();
-    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    let [ka, kb]: [Kid; 2] = h
+        .busy(&[(0, true), (1, true)], 30_000)
+        .try_into()
+        .ok()
+        .unwrap();
+    h.with_policy(1);
     std::thread::sleep(Duration::from_millis(1000));
     let agent = h.agent.as_ref().unwrap().id() as i32;
     // SAFETY: the agent is a child of ours.
@@ -600,13 +587,8 @@ fn a_process_that_never_drains_holds_no_more_than_its_share() {
     assert_eq!(a.ask(&format!("hello {uuid}")).status, "Ok");
     assert_eq!(a.ask(&format!("reserve {uuid} 4096")).status, "Ok");
     assert!(a.cmd(&format!("sched {uuid}")).starts_with("sched Ok"));
-    let b = busy(30_000);
-    let mut kb = h.tenant(1, &args(&b));
-    assert!(kb.line().starts_with("init ok"));
-    assert!(kb.line().starts_with("alloc ok"));
-    assert_eq!(kb.line(), "ready");
-    let l = h.ledger();
-    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    let [kb]: [Kid; 1] = h.busy(&[(1, true)], 30_000).try_into().ok().unwrap();
+    let l = h.with_policy(1);
     let slots = [h.slot(&l, 0), h.slot(&l, 1)];
     a.send(&format!("stall {uuid} 20000 2500"));
     std::thread::sleep(Duration::from_millis(4000));
@@ -667,16 +649,12 @@ fn a_flood_of_wake_ups_never_stops_the_agents_scheduler() {
     assert_eq!(a.ask(&format!("hello {uuid}")).status, "Ok");
     assert_eq!(a.ask(&format!("reserve {uuid} 4096")).status, "Ok");
     assert!(a.cmd(&format!("sched {uuid}")).starts_with("sched Ok"));
-    let b = busy(30_000);
-    let mut kb = h.tenant(1, &args(&b));
-    let mut kc = h.tenant(2, &args(&b));
-    for k in [&mut kb, &mut kc] {
-        assert!(k.line().starts_with("init ok"));
-        assert!(k.line().starts_with("alloc ok"));
-        assert_eq!(k.line(), "ready");
-    }
-    let l = h.ledger();
-    Ledger::open(l.path()).unwrap().set_policy(1).unwrap();
+    let [kb, kc]: [Kid; 2] = h
+        .busy(&[(1, true), (2, true)], 30_000)
+        .try_into()
+        .ok()
+        .unwrap();
+    let l = h.with_policy(1);
     a.send("ring 100000000");
     std::thread::sleep(Duration::from_millis(1000));
     let t0 = h.device_time(&[&kb, &kc]);
