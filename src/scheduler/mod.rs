@@ -131,18 +131,46 @@ pub fn admit_launch(stream: Stream) {
         }
         g = fresh;
     }
-    ADMITTED.with(|a| {
-        let (old, n) = a.get();
-        if n > 0 && old != g {
-            // A second device in one multi-device launch: the first
-            // one's admissions end here (documented approximation).
-            // SAFETY: as above.
-            (0..n).for_each(|_| unsafe { &*old }.done());
-            a.set((g, 1));
-        } else {
-            a.set((g, n + 1));
-        }
-    });
+    ADMITTED.with(|a| admitted(a, g));
+}
+
+/// A gate's end of an admitted launch (both modes' gates).
+pub(crate) trait Admits {
+    fn done(&self);
+}
+
+impl Admits for Gate {
+    #[inline]
+    fn done(&self) {
+        Gate::done(self)
+    }
+}
+
+/// The calling thread's launch was admitted by gate `g`: counted in `a`,
+/// the thread's (gate, admissions in flight).
+#[inline]
+fn admitted<G: Admits>(a: &Cell<(*const G, u32)>, g: *const G) {
+    let (old, n) = a.get();
+    if n > 0 && old != g {
+        // A second device in one multi-device launch: the first one's
+        // admissions end here (documented approximation).
+        // SAFETY: gates are leaked when made and never freed.
+        (0..n).for_each(|_| unsafe { &*old }.done());
+        a.set((g, 1));
+    } else {
+        a.set((g, n + 1));
+    }
+}
+
+/// The calling thread's launch returned: one admission of `a` ends.
+#[inline]
+fn launch_ended<G: Admits>(a: &Cell<(*const G, u32)>) {
+    let (g, n) = a.get();
+    if n > 0 {
+        a.set((g, n - 1));
+        // SAFETY: gates are leaked when made and never freed.
+        unsafe { &*g }.done();
+    }
 }
 
 /// Called by every launch hook after the real driver returned `_result`.
@@ -151,14 +179,7 @@ pub fn launched(_stream: Stream, _result: CUresult) {
     if SECURE_MODE.load(Relaxed) {
         return secure::launched();
     }
-    ADMITTED.with(|a| {
-        let (g, n) = a.get();
-        if n > 0 {
-            a.set((g, n - 1));
-            // SAFETY: as in `admit_launch`.
-            unsafe { &*g }.done();
-        }
-    });
+    ADMITTED.with(launch_ended);
 }
 
 /// No single gate of this fork generation: attach (first launch, also in

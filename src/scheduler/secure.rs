@@ -273,30 +273,21 @@ pub(super) fn admit_launch() {
     }
     // SAFETY: gates are leaked when made and never freed.
     if unsafe { &*g }.admit() {
-        ADMITTED.with(|a| {
-            let (old, n) = a.get();
-            if n > 0 && old != g {
-                // SAFETY: as above.
-                (0..n).for_each(|_| unsafe { &*old }.done());
-                a.set((g, 1));
-            } else {
-                a.set((g, n + 1));
-            }
-        });
+        ADMITTED.with(|a| super::admitted(a, g));
     }
 }
 
 /// Called by `launched` in secure mode.
 #[inline]
 pub(super) fn launched() {
-    ADMITTED.with(|a| {
-        let (g, n) = a.get();
-        if n > 0 {
-            a.set((g, n - 1));
-            // SAFETY: gates are leaked and never freed.
-            unsafe { &*g }.done();
-        }
-    });
+    ADMITTED.with(super::launch_ended);
+}
+
+impl super::Admits for SecureGate {
+    #[inline]
+    fn done(&self) {
+        SecureGate::done(self)
+    }
 }
 
 /// The gate of this launch's GPU, attaching (rate-limited) when there is
