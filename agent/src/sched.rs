@@ -660,7 +660,11 @@ impl Sched {
         let Some(g) = self.gpus.get(p.gpu) else {
             return;
         };
-        let cs = &g.ledger.file().containers[p.container].sched;
+        let c = &g.ledger.file().containers[p.container];
+        if c.key.load(Acquire) != p.key {
+            return; // its row is another container's now
+        }
+        let cs = &c.sched;
         let t = p.page.w(pw::THROTTLED_NS).load(Acquire);
         cs[cw::THROTTLED_NS].fetch_add(t.wrapping_sub(p.throttled_seen).min(1 << 40), Relaxed);
     }
