@@ -265,50 +265,58 @@ fn weights_one_to_two_hold_with_the_agent_holding_the_token() {
     );
 }
 
-#[test]
-fn a_holder_killed_never_leaves_the_other_container_waiting() {
-    let h = Host::new("killed", &[1, 1]);
+/// Two busy containers of equal shares; once A holds the GPU, `to_a` is
+/// done to A's process, and after `settle` B must have the GPU to itself:
+/// over 2 s it ran, every slice granted was its own, and it was held back
+/// for less than 1 s (waiting for A's drain would hold it back for the
+/// drain limit, 2 s: the whole window; what is left is the agent's thread
+/// being late to renew B's slices on a busy host).
+fn b_alone_after(name: &str, what: &str, to_a: impl FnOnce(&mut Kid), settle: Duration) {
+    let h = Host::new(name, &[1, 1]);
     let [mut ka, kb]: [Kid; 2] = h
         .busy(&[(0, true), (1, true)], 20_000)
         .try_into()
         .ok()
         .unwrap();
     let l = h.with_policy(1);
-    std::thread::sleep(Duration::from_millis(1000));
-    // Kill A while it holds the GPU (or is about to: either way its
-    // connection ends mid-slice or mid-drain).
     let (slot_a, slot_b) = (h.slot(&l, 0), h.slot(&l, 1));
     let token =
         || cgpu::scheduler::words::Token::unpack(l.file().header.sched[gw::TOKEN].load(Acquire));
     let held = eventually(Duration::from_secs(10), || token().holder == Some(slot_a));
     assert!(held.is_some(), "A never held the GPU");
-    let _ = ka.0.kill();
-    let _ = ka.0.wait();
-    std::thread::sleep(Duration::from_millis(500));
+    to_a(&mut ka);
+    std::thread::sleep(settle);
+    let throttled = || l.file().containers[slot_b].sched[cw::THROTTLED_NS].load(Acquire);
     let (s0, g0) = slices(&l, &[slot_a, slot_b]);
-    let t0 = h.device_time(&[&kb]);
-    let thr0 = l.file().containers[slot_b].sched[cw::THROTTLED_NS].load(Acquire);
+    let (t0, thr0) = (h.device_time(&[&kb]), throttled());
     std::thread::sleep(Duration::from_millis(2000));
-    let t1 = h.device_time(&[&kb]);
+    let (t1, thr1) = (h.device_time(&[&kb]), throttled());
     let (s1, g1) = slices(&l, &[slot_a, slot_b]);
-    let thr1 = l.file().containers[slot_b].sched[cw::THROTTLED_NS].load(Acquire);
-    let ran = t1[0] - t0[0];
-    let held_back = thr1 - thr0;
+    let (ran, held_back) = (t1[0] - t0[0], thr1 - thr0);
     eprintln!(
-        "B alone after A's kill: ran {ran} ns (sim), held back {held_back} ns, {} of the GPU's {} slices",
+        "B after A was {what}: ran {ran} ns (sim), held back {held_back} ns, {} of the GPU's {} slices (A {})",
         s1[1] - s0[1],
-        g1 - g0
+        g1 - g0,
+        s1[0] - s0[0]
     );
     assert!(ran > 0, "B did not run");
-    assert_eq!(s1[0], s0[0], "a dead container was given slices");
-    // Waiting for the other container's drain would hold B back for the
-    // drain limit (2 s: the whole window); what is left is the agent's
-    // thread being late to renew B's slices on a busy host.
+    assert_eq!(s1[0], s0[0], "A, {what}, was given slices");
     assert_eq!(s1[1] - s0[1], g1 - g0, "slices went to another container");
     assert!(
         held_back < 1_000_000_000,
         "B was held back {held_back} ns in 2 s"
     );
+}
+
+#[test]
+fn a_holder_killed_never_leaves_the_other_container_waiting() {
+    // Killed while it holds the GPU (or is about to: either way its
+    // connection ends mid-slice or mid-drain).
+    let kill = |a: &mut Kid| {
+        let _ = a.0.kill();
+        let _ = a.0.wait();
+    };
+    b_alone_after("killed", "killed", kill, Duration::from_millis(500));
 }
 
 #[test]
@@ -355,48 +363,12 @@ fn launches_never_hang_while_the_agent_restarts_and_are_scheduled_again_after() 
 
 #[test]
 fn a_holder_stopped_loses_its_turn_and_the_other_runs_alone() {
-    let h = Host::new("stopped", &[1, 1]);
-    let [ka, kb]: [Kid; 2] = h
-        .busy(&[(0, true), (1, true)], 20_000)
-        .try_into()
-        .ok()
-        .unwrap();
-    let l = h.with_policy(1);
-    let (slot_a, slot_b) = (h.slot(&l, 0), h.slot(&l, 1));
-    let token =
-        || cgpu::scheduler::words::Token::unpack(l.file().header.sched[gw::TOKEN].load(Acquire));
-    let held = eventually(Duration::from_secs(10), || token().holder == Some(slot_a));
-    assert!(held.is_some(), "A never held the GPU");
-    // SAFETY: a child of ours.
-    unsafe { libc::kill(ka.0.id() as i32, libc::SIGSTOP) };
+    // SAFETY: a child of ours (Kid's drop kills it, stopped or not).
+    let stop = |a: &mut Kid| unsafe {
+        libc::kill(a.0.id() as i32, libc::SIGSTOP);
+    };
     // One drain may wait for it (the drain limit) before it is seen stopped.
-    std::thread::sleep(Duration::from_millis(3000));
-    let (s0, g0) = slices(&l, &[slot_a, slot_b]);
-    let t0 = h.device_time(&[&kb]);
-    let thr0 = l.file().containers[slot_b].sched[cw::THROTTLED_NS].load(Acquire);
-    std::thread::sleep(Duration::from_millis(2000));
-    let t1 = h.device_time(&[&kb]);
-    let (s1, g1) = slices(&l, &[slot_a, slot_b]);
-    let thr1 = l.file().containers[slot_b].sched[cw::THROTTLED_NS].load(Acquire);
-    // SAFETY: as above.
-    unsafe { libc::kill(ka.0.id() as i32, libc::SIGCONT) };
-    let (ran, held_back) = (t1[0] - t0[0], thr1 - thr0);
-    eprintln!(
-        "B beside a stopped A: ran {ran} ns (sim), held back {held_back} ns, {} of the GPU's {} slices (A {})",
-        s1[1] - s0[1],
-        g1 - g0,
-        s1[0] - s0[0]
-    );
-    assert!(ran > 0, "B did not run");
-    assert_eq!(s1[0], s0[0], "a stopped container was given slices");
-    // Waiting for the other container's drain would hold B back for the
-    // drain limit (2 s: the whole window); what is left is the agent's
-    // thread being late to renew B's slices on a busy host.
-    assert_eq!(s1[1] - s0[1], g1 - g0, "slices went to another container");
-    assert!(
-        held_back < 1_000_000_000,
-        "B was held back {held_back} ns in 2 s"
-    );
+    b_alone_after("stopped", "stopped", stop, Duration::from_millis(3000));
 }
 
 #[test]
