@@ -16,7 +16,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
@@ -28,13 +28,9 @@ fn agent_bin() -> &'static str {
     env!("CARGO_BIN_EXE_cgpu-agent")
 }
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// A runtime container id (64 hex) unique to this test process and call.
+/// A runtime container id unique to this test process and call.
 fn container_id() -> String {
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    // The first 12 digits (the row's name) differ between calls.
-    format!("{:04x}{:08x}{}", n, std::process::id(), "e".repeat(52))
+    cgpu_testkit::secure::container_id('e')
 }
 
 /// The simulated host: the GPU, the ledger directory (the agent makes

@@ -17,7 +17,6 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
@@ -31,12 +30,9 @@ fn agent_bin() -> &'static str {
     env!("CARGO_BIN_EXE_cgpu-agent")
 }
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// A runtime container id (64 hex) unique to this test process and call.
+/// A runtime container id unique to this test process and call.
 fn container_id() -> String {
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    format!("{:04x}{:08x}{}", n, std::process::id(), "d".repeat(52))
+    cgpu_testkit::secure::container_id('d')
 }
 
 /// The simulated host: its GPU, the agent (with the test's policy), the

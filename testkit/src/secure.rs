@@ -26,6 +26,20 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// A runtime container id (64 hex digits) unique to this test process and
+/// call, padded with `fill` (a hex digit: one per test file keeps their
+/// ids apart); its first 12 digits (a row's name) differ between calls.
+pub fn container_id(fill: char) -> String {
+    static SEQ: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "{:04x}{:08x}{}",
+        n,
+        std::process::id(),
+        fill.to_string().repeat(52)
+    )
+}
+
 /// `c` runs as the tenant uid and gid ([`NOBODY`]).
 pub fn as_nobody(c: &mut Command) -> &mut Command {
     c.uid(NOBODY).gid(NOBODY)
