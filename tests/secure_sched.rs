@@ -428,6 +428,18 @@ fn raw_client(h: &Host, i: usize) -> AgentClient {
     AgentClient::new(child, Duration::from_secs(60))
 }
 
+/// [`raw_client`], placed on the GPU (`Hello`, a 4 KiB reservation) and
+/// holding a scheduling page; and the GPU's UUID.
+fn scheduled_raw_client(h: &Host, i: usize) -> (AgentClient, String) {
+    let uuid = h.ledger().uuid();
+    let mut a = raw_client(h, i);
+    assert_eq!(a.ask(&format!("hello {uuid}")).status, "Ok");
+    assert_eq!(a.ask(&format!("reserve {uuid} 4096")).status, "Ok");
+    let s = a.cmd(&format!("sched {uuid}"));
+    assert!(s.starts_with("sched Ok") && s.ends_with("page=true"), "{s}");
+    (a, uuid)
+}
+
 #[test]
 fn a_process_scribbling_on_its_page_moves_only_its_own_container() {
     // A: a process that joins through the protocol, takes a scheduling page
@@ -435,12 +447,7 @@ fn a_process_scribbling_on_its_page_moves_only_its_own_container() {
     // wants the GPU, that it launched in slices it never held, that it
     // drained or did not); B and C: busy under the library. Equal shares.
     let h = Host::new("scribble", &[1, 1, 1]);
-    let uuid = h.ledger().uuid();
-    let mut a = raw_client(&h, 0);
-    assert_eq!(a.ask(&format!("hello {uuid}")).status, "Ok");
-    assert_eq!(a.ask(&format!("reserve {uuid} 4096")).status, "Ok");
-    let s = a.cmd(&format!("sched {uuid}"));
-    assert!(s.starts_with("sched Ok") && s.ends_with("page=true"), "{s}");
+    let (mut a, _) = scheduled_raw_client(&h, 0);
     let [kb, kc]: [Kid; 2] = h
         .busy(&[(1, true), (2, true)], 30_000)
         .try_into()
@@ -554,11 +561,7 @@ fn a_process_that_never_drains_holds_no_more_than_its_share() {
     // given up on costs the drain limit (charged to A); from then on A is
     // waited for 50 ms at most, whatever connection it comes back on.
     let h = Host::new("stall", &[1, 1]);
-    let uuid = h.ledger().uuid();
-    let mut a = raw_client(&h, 0);
-    assert_eq!(a.ask(&format!("hello {uuid}")).status, "Ok");
-    assert_eq!(a.ask(&format!("reserve {uuid} 4096")).status, "Ok");
-    assert!(a.cmd(&format!("sched {uuid}")).starts_with("sched Ok"));
+    let (mut a, uuid) = scheduled_raw_client(&h, 0);
     let [kb]: [Kid; 1] = h.busy(&[(1, true)], 30_000).try_into().ok().unwrap();
     let l = h.with_policy(1);
     let slots = [h.slot(&l, 0), h.slot(&l, 1)];
@@ -616,11 +619,7 @@ fn a_flood_of_wake_ups_never_stops_the_agents_scheduler() {
     // agent's scheduler goes on deciding (its beat in the ledger stays
     // fresh), and two busy containers keep equal parts.
     let h = Host::new("flood", &[1, 1, 1]);
-    let uuid = h.ledger().uuid();
-    let mut a = raw_client(&h, 0);
-    assert_eq!(a.ask(&format!("hello {uuid}")).status, "Ok");
-    assert_eq!(a.ask(&format!("reserve {uuid} 4096")).status, "Ok");
-    assert!(a.cmd(&format!("sched {uuid}")).starts_with("sched Ok"));
+    let (mut a, _) = scheduled_raw_client(&h, 0);
     let [kb, kc]: [Kid; 2] = h
         .busy(&[(1, true), (2, true)], 30_000)
         .try_into()
